@@ -1,0 +1,352 @@
+"""The one place that wires the stages: read -> cache -> assess -> render -> diff -> patch.
+
+``Agent.tick()`` runs one pass and can be called alone (tests, ``omaticaya once``);
+``Agent.run()`` calls it from an APScheduler 3.x ``BlockingScheduler`` (one instance at a time,
+misfires coalesced) until SIGTERM/SIGINT, then finishes the tick in flight, removes the dynamic
+labels (unless ``cleanup_on_exit`` is off) and returns.
+
+The Node's metadata is cached from the last GET or merge-patch response, so a tick in which no
+value changed sends no request at all. The telemetry annotation is rewritten with any label
+change and otherwise once per ``heartbeat_s``; each patch response is checked against the
+desired state, so a Node that was re-created or edited by hand is put right at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from loguru import logger
+from prometheus_client import Histogram
+
+from .health import NodeHealth, XidLedger, XidPolicy, assess
+from .kube import KubeError, KubeForbidden, NodeClient, NodeNotFound
+from .labels import TELEMETRY, Desired, is_static, render
+from .patch import MergePatch, NodeMeta, apply_patch, diff, removal_patch
+from .settings import Settings
+from .snapshot import NodeSnapshot, Reader
+
+__all__ = ["Agent", "SnapshotCache", "TickResult"]
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one tick saw and did: ``patch`` is the merge patch computed (``None``: nothing
+    changed), ``sent`` whether it reached the API server."""
+
+    snapshot: NodeSnapshot
+    health: NodeHealth
+    desired: Desired
+    patch: MergePatch | None
+    sent: bool
+
+
+class SnapshotCache:
+    """The last tick's results and the times of the last good read and patch.
+
+    Written by the tick thread, read by ``/metrics`` and the probes; each attribute is replaced
+    whole, so readers never see a half-written value. Times are ``time.monotonic()`` seconds.
+    """
+
+    def __init__(self) -> None:
+        self.last: TickResult | None = None
+        self.last_read_ok_s: float | None = None
+        self.last_api_ok_s: float | None = None
+        self.last_patch_ok_s: float | None = None
+        self.last_patch_wall_s: float | None = None
+        self.patches_sent = 0
+        self.labels_changed = 0
+        self.ticks = 0
+        self.tick_errors = 0
+        self.tick_seconds = Histogram(
+            "omaticaya_tick_duration_seconds",
+            "Wall time of one tick: read, render, diff and patch.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=None,
+        )
+
+    def store(self, result: TickResult, now_s: float) -> None:
+        self.last = result
+        if result.snapshot.error is None:
+            self.last_read_ok_s = now_s
+
+
+class Agent:
+    """Labels one Node from one reader.
+
+    - ``node``: the Kubernetes edge; ``None`` (dry run without API) diffs against an empty Node.
+    - ``dry_run``: compute patches but never send them (the Node is still read if reachable).
+    - ``clock``: monotonic seconds for heartbeat and probe bookkeeping.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        reader: Reader,
+        node: NodeClient | None,
+        *,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.reader = reader
+        self.node = node
+        self.dry_run = dry_run
+        self.clock = clock
+        self.cache = SnapshotCache()
+        self.policy = XidPolicy(
+            ignore=settings.xid_ignore,
+            all_fatal=settings.xid_all_fatal,
+            quiet_s=settings.xid_quiet_s,
+        )
+        self.ledger = XidLedger(self.policy)
+        self.telemetry_key = f"{settings.prefix}/{TELEMETRY}"
+        self.events_posted: Counter[str] = Counter()
+        self._meta: NodeMeta | None = None
+        self._telemetry_at_s: float | None = None
+        self._api_failing_since: float | None = None
+        self._nvml_failing = False
+        self._tick_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._scheduler: Any = None
+
+    # -- one tick --------------------------------------------------------------------------
+
+    def evaluate(self) -> tuple[NodeSnapshot, NodeHealth, Desired]:
+        """Read, assess and render, with no API request."""
+        snapshot = self.reader.read()
+        self.ledger.record(snapshot.xid_events)
+        health = assess(snapshot, self.ledger.recent(snapshot.clock_s), self.policy)
+        desired = render(snapshot, health, self.settings)
+        for key, value in desired.dropped:
+            logger.warning("dropped invalid label {}={!r}", key, value)
+        self._log_nvml(snapshot)
+        return snapshot, health, desired
+
+    def _log_nvml(self, snapshot: NodeSnapshot) -> None:
+        if snapshot.error is not None and not self._nvml_failing:
+            logger.error("NVML cannot be read ({}): gpu.health=Unknown, retrying", snapshot.error)
+        elif snapshot.error is None and self._nvml_failing:
+            logger.info("NVML readable again: {} GPUs", len(snapshot.gpus))
+        self._nvml_failing = snapshot.error is not None
+
+    def _current(self) -> NodeMeta:
+        if self._meta is None:
+            if self.node is None:
+                self._meta = NodeMeta(name=self.settings.node_name or "")
+            else:
+                self._meta = self.node.get_node()
+        return self._meta
+
+    def _diff(self, desired: Desired, current: NodeMeta, now_s: float) -> MergePatch | None:
+        refresh = (
+            self._telemetry_at_s is None
+            or now_s - self._telemetry_at_s >= self.settings.heartbeat_s
+        )
+        return diff(
+            desired.labels,
+            desired.annotations,
+            current,
+            self.settings.prefix,
+            volatile=(self.telemetry_key,),
+            refresh=refresh,
+        )
+
+    def _send(self, patch: MergePatch, now_s: float) -> None:
+        assert self.node is not None
+        before = self._meta
+        self._meta = self.node.patch_node(patch)
+        self.cache.patches_sent += 1
+        self.cache.labels_changed += len(patch["metadata"].get("labels", {}))
+        self.cache.last_patch_ok_s = now_s
+        self.cache.last_patch_wall_s = time.time()
+        if self.telemetry_key in patch["metadata"].get("annotations", {}):
+            self._telemetry_at_s = now_s
+        if before is not None and before.uid and self._meta.uid != before.uid:
+            logger.warning("Node {} was re-created (uid changed): relabelling", self._meta.name)
+
+    def tick(self) -> TickResult:
+        """One pass: read -> cache -> assess -> render -> diff -> patch.
+
+        Returns what was done. Raises ``KubeError`` when the API server cannot be reached or
+        refuses (after the edge's retries); the reading is cached before that.
+        """
+        with self._tick_lock:
+            started = time.perf_counter()
+            now_s = self.clock()
+            snapshot, health, desired = self.evaluate()
+            previous = self.cache.last
+            result = TickResult(snapshot, health, desired, None, False)
+            self.cache.store(result, now_s)
+            try:
+                current = self._current() if self.node is not None else self._offline_meta()
+                patch = self._diff(desired, current, now_s)
+                sent = False
+                if patch is not None and not self.dry_run and self.node is not None:
+                    self._send(patch, now_s)
+                    sent = True
+                    again = self._diff(desired, self._meta, now_s)  # type: ignore[arg-type]
+                    if again is not None:  # re-created or edited behind our back
+                        self._send(again, now_s)
+                elif patch is not None and self.node is None:
+                    self._meta = apply_patch(current, patch)
+                self._api_ok(now_s)
+                if previous is not None and self.node is not None and not self.dry_run:
+                    self._post_health_events(previous.health, health)
+            except NodeNotFound as exc:
+                self._meta = None
+                self._api_failed(exc, now_s)
+                raise
+            except KubeError as exc:
+                self._api_failed(exc, now_s)
+                raise
+            finally:
+                self.cache.ticks += 1
+                self.cache.tick_seconds.observe(time.perf_counter() - started)
+            result = TickResult(snapshot, health, desired, patch, sent)
+            self.cache.store(result, now_s)
+            return result
+
+    def _offline_meta(self) -> NodeMeta:
+        if self._meta is None:
+            self._meta = NodeMeta(name=self.settings.node_name or "")
+        return self._meta
+
+    def _api_ok(self, now_s: float) -> None:
+        self.cache.last_api_ok_s = now_s
+        if self._api_failing_since is not None:
+            logger.info(
+                "Kubernetes API reachable again after {:.1f}s", now_s - self._api_failing_since
+            )
+            self._api_failing_since = None
+
+    def _api_failed(self, exc: KubeError, now_s: float) -> None:
+        if self._api_failing_since is None:
+            self._api_failing_since = now_s
+            hint = " (check RBAC)" if isinstance(exc, KubeForbidden) else ""
+            logger.error("Kubernetes API request failed{}: {}; will retry each tick", hint, exc)
+        else:
+            logger.debug("Kubernetes API still failing: {}", exc)
+
+    def _post_health_events(self, before: NodeHealth, after: NodeHealth) -> None:
+        for index, gpu in after.gpus.items():
+            old = before.gpus.get(index)
+            if old is None or old.healthy == gpu.healthy:
+                continue
+            reason = "GpuRecovered" if gpu.healthy else "GpuUnhealthy"
+            detail = "healthy again" if gpu.healthy else "unhealthy: " + ",".join(gpu.reasons)
+            try:
+                self.node.create_node_event(  # type: ignore[union-attr]
+                    node_uid=self._meta.uid if self._meta else "",
+                    reason=reason,
+                    message=f"GPU {index} {detail}",
+                    warning=not gpu.healthy,
+                )
+                self.events_posted[reason] += 1
+            except KubeError as exc:
+                logger.warning("could not post Event {} for GPU {}: {}", reason, index, exc)
+
+    def safe_tick(self) -> None:
+        """``tick()`` for the scheduler: every failure is logged (once per outage) and counted,
+        never raised, so the schedule goes on."""
+        if self._stopping.is_set():
+            return
+        try:
+            self.tick()
+        except KubeError:
+            pass  # logged once per outage in _api_failed
+        except Exception:  # noqa: BLE001 - the daemon must survive any bug in one tick
+            self.cache.tick_errors += 1
+            logger.exception("tick failed")
+
+    # -- cleanup -----------------------------------------------------------------------------
+
+    def cleanup(self, *, keep_static: bool) -> MergePatch | None:
+        """Remove our keys from the Node: the dynamic ones (``keep_static``) or all of them.
+
+        Reads the Node first (the cache may be stale after an outage). Returns the patch sent,
+        or ``None`` when there was nothing to remove. Raises ``KubeError``."""
+        if self.node is None:
+            return None
+        current = self.node.get_node()
+        prefix = self.settings.prefix
+        keep = [k for k in current.labels if keep_static and is_static(k, prefix)]
+        patch = removal_patch(current, prefix, keep=keep)
+        if patch is not None and not self.dry_run:
+            self._meta = self.node.patch_node(patch)
+        return patch
+
+    # -- the daemon ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Tick on the schedule until SIGTERM/SIGINT, then clean up (see module docstring)."""
+        from apscheduler.schedulers.blocking import BlockingScheduler
+
+        schedule = self.settings.schedule
+        period_s = schedule.period_s()
+        scheduler = BlockingScheduler(
+            timezone=timezone.utc,
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        scheduler.add_job(
+            self.safe_tick,
+            schedule.trigger(),
+            id="tick",
+            name="omaticaya tick",
+            next_run_time=datetime.now(timezone.utc),
+        )
+        self._scheduler = scheduler
+
+        def stop(signum: int, _frame: Any) -> None:
+            logger.info("{} received: finishing the tick in flight", signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        logger.info(
+            "agent started: node={} schedule={!r} (~{:.3g}s) reader={} prefix={}",
+            self.settings.node_name,
+            schedule.text,
+            period_s,
+            type(self.reader).__name__,
+            self.settings.prefix,
+        )
+        scheduler.start()
+        with self._tick_lock:  # wait for a tick in flight
+            pass
+        self._on_exit()
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the tick in flight; safe from a signal handler."""
+        self._stopping.set()
+        if self._scheduler is not None and self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+
+    @property
+    def running(self) -> bool:
+        """True while the scheduler runs (the ``/healthz`` probe)."""
+        return bool(self._scheduler is not None and self._scheduler.running)
+
+    def _on_exit(self) -> None:
+        if self.settings.cleanup_on_exit and not self.dry_run:
+            try:
+                patch = self.cleanup(keep_static=True)
+                removed = len((patch or {}).get("metadata", {}).get("labels", {}))
+                logger.info("removed {} dynamic labels from Node {}", removed, self.node_name)
+            except KubeError as exc:
+                logger.error("could not remove dynamic labels on exit: {}", exc)
+        self.reader.close()
+        if self.node is not None:
+            self.node.close()
+        logger.info("agent stopped")
+
+    @property
+    def node_name(self) -> str:
+        return self.settings.node_name or ""
+

@@ -1,0 +1,248 @@
+"""The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``.
+
+Flags override the environment (``OMATICAYA_*``, ``NODE_NAME``) and ``.env``. Bad input ends
+with exit status 2 and one line per problem, never a traceback; an API failure in ``once`` or
+``cleanup`` ends with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .settings import Settings, SettingsError, load_settings
+
+__all__ = ["main", "build_parser"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", dest="node_name", help="Node to label (default: $NODE_NAME)")
+    p.add_argument("--trace", type=str, help="replay this NVML trace instead of reading NVML")
+    p.add_argument("--schedule", help="crontab, 6-field cron or '@every 10s'")
+    p.add_argument("--prefix", help="label key prefix (default omaticaya.io)")
+    p.add_argument("--memory-step-mib", type=str, help="memory labels round down to this")
+    p.add_argument("--utilization-step-pct", type=str, help="utilisation labels round to this")
+    p.add_argument(
+        "--per-gpu-labels", action=argparse.BooleanOptionalAction, default=None,
+        help="publish gpu-N.* labels",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster or $KUBECONFIG)")
+    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON log lines"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (sub-commands and their flags)."""
+    parser = argparse.ArgumentParser(
+        prog="omaticaya",
+        description="Publish live NVIDIA GPU state (NVML) as Kubernetes Node labels.",
+    )
+    parser.add_argument("--version", action="version", version=f"omaticaya {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="the agent: tick on the schedule until SIGTERM")
+    _common(run)
+    run.add_argument(
+        "--cleanup-on-exit", action=argparse.BooleanOptionalAction, default=None,
+        help="remove dynamic labels on SIGTERM (default on)",
+    )
+    run.add_argument("--metrics-port", type=str, help="port of /metrics /healthz /readyz; 0: off")
+    run.add_argument("--trace-speed", type=float, default=1.0, help="replay speed factor")
+
+    once = sub.add_parser("once", help="one tick, then exit")
+    _common(once)
+    once.add_argument("--trace-at", type=float, help="trace time in seconds to read")
+    once.add_argument("--dry-run", action="store_true", help="print the patch, do not send it")
+
+    show = sub.add_parser("show", help="print the snapshot and labels (no API call)")
+    _common(show)
+    show.add_argument("--trace-at", type=float, help="trace time in seconds to read")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    cleanup = sub.add_parser("cleanup", help="remove every key under the prefix from the Node")
+    _common(cleanup)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    fields = set(Settings.model_fields)
+    overrides = {k: v for k, v in vars(args).items() if k in fields}
+    return load_settings(**overrides)
+
+
+class UsageError(Exception):
+    """Bad command-line use; printed as one line, exit status 2."""
+
+
+def _reader(settings: Settings, args: argparse.Namespace) -> Any:
+    at_s = getattr(args, "trace_at", None)
+    if settings.trace is not None:
+        from .replay import TraceReader
+
+        return TraceReader(
+            settings.trace,
+            at_s=at_s,
+            window_s=settings.schedule.period_s(),
+            speed=getattr(args, "trace_speed", 1.0),
+        )
+    if at_s is not None:
+        raise UsageError("--trace-at needs --trace or OMATICAYA_TRACE")
+    from .nvml import NvmlReader
+
+    return NvmlReader(watch_xid=args.command == "run")
+
+
+def _node(settings: Settings, args: argparse.Namespace) -> Any:
+    if not settings.node_name:
+        raise UsageError(
+            "NODE_NAME is not set: expected the Node name (the downward API's spec.nodeName) "
+            "or --node NAME"
+        )
+    from .kube import NodeClient
+
+    return NodeClient(
+        settings.node_name, kubeconfig=args.kubeconfig, timeout_s=settings.kube_timeout_s
+    )
+
+
+def _show(result: Any, as_json: bool) -> str:
+    snap, health, desired = result
+    if as_json:
+        return json.dumps(
+            {"labels": desired.labels, "annotations": desired.annotations}, indent=2, sort_keys=True
+        )
+    lines = [
+        f"source {snap.source}  read_at {snap.read_at.isoformat(timespec='seconds')}  "
+        f"driver {snap.driver_version or '-'}  health {health.state}"
+        + (f"  error {snap.error}" if snap.error else ""),
+        "",
+        f"{'GPU':>3}  {'PRODUCT':<24} {'FREE MiB':>9} {'TOTAL MiB':>9} {'UTIL %':>6} "
+        f"{'TEMP C':>6} {'POWER W':>7}  HEALTH",
+    ]
+
+    def cell(v: Any, fmt: str = "{}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    for g in snap.gpus:
+        gh = health.gpus[g.index]
+        state = str(gh.state) + (f" ({','.join(gh.reasons)})" if gh.reasons else "")
+        lines.append(
+            f"{g.index:>3}  {(g.product or '-')[:24]:<24} {cell(g.memory_free_mib):>9} "
+            f"{cell(g.memory_total_mib):>9} {cell(g.utilization_pct, '{:.0f}'):>6} "
+            f"{cell(g.temperature_c):>6} {cell(g.power_w, '{:.0f}'):>7}  {state}"
+        )
+    lines += ["", "LABELS"]
+    lines += [f"  {k}={v}" for k, v in sorted(desired.labels.items())]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``omaticaya`` console script. Returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from .kube import KubeError
+    from .logs import setup_logging
+    from .replay import TraceError
+
+    try:
+        settings = _settings(args)
+        setup_logging(settings.log_level, settings.log_json)
+        return _dispatch(args, settings)
+    except (SettingsError, TraceError, UsageError) as exc:
+        for line in str(exc).splitlines():
+            print(f"omaticaya: {line}", file=sys.stderr)
+        return 2
+    except KubeError as exc:
+        print(f"omaticaya: {exc}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    from .agent import Agent
+
+    if args.command == "show":
+        agent = Agent(settings, _reader(settings, args), None, dry_run=True)
+        print(_show(agent.evaluate(), args.json))
+        return 0
+    if args.command == "cleanup":
+        agent = Agent(settings, _NoReader(), _node(settings, args))
+        patch = agent.cleanup(keep_static=False)
+        removed = sum(len(v) for v in (patch or {}).get("metadata", {}).values())
+        print(f"removed {removed} keys under {settings.prefix}/ from Node {settings.node_name}")
+        return 0
+    if args.command == "once":
+        return _once(args, settings)
+    return _run(args, settings)
+
+
+def _once(args: argparse.Namespace, settings: Settings) -> int:
+    from loguru import logger
+
+    from .agent import Agent
+    from .kube import KubeError
+
+    node = None
+    if settings.node_name or not args.dry_run:
+        try:
+            node = _node(settings, args)
+        except KubeError as exc:
+            if not args.dry_run:
+                raise
+            logger.warning("no API server ({}): diffing against an empty Node", exc)
+    agent = Agent(settings, _reader(settings, args), node, dry_run=args.dry_run)
+    try:
+        result = agent.tick()
+    except KubeError:
+        if not args.dry_run:
+            raise
+        agent.node = None
+        result = agent.tick()
+    if args.dry_run:
+        print(json.dumps(result.patch, indent=2, sort_keys=True) if result.patch else "no change")
+    else:
+        changed = len((result.patch or {}).get("metadata", {}).get("labels", {}))
+        print(
+            f"Node {settings.node_name}: health {result.health.state}, "
+            + (f"{changed} labels changed" if result.sent else "no change")
+        )
+    return 0
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from loguru import logger
+
+    from .agent import Agent
+
+    reader = _reader(settings, args)
+    if settings.fail_on_init_error:
+        first = reader.read()
+        if first.error is not None:
+            logger.error("NVML failed to start ({}) and fail_on_init_error is set", first.error)
+            return 1
+    agent = Agent(settings, reader, _node(settings, args))
+    server = None
+    if settings.metrics_port:
+        from .metrics import serve
+
+        server = serve(agent, settings.metrics_address, settings.metrics_port)
+    try:
+        agent.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+    return 0
+
+
+class _NoReader:
+    """Reader for ``cleanup``, which reads no GPU."""
+
+    def read(self) -> Any:  # pragma: no cover - never called
+        raise RuntimeError("cleanup reads no GPU")
+
+    def close(self) -> None:
+        pass

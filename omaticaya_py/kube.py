@@ -1,0 +1,288 @@
+"""Kubernetes edge: the only module that imports the ``kubernetes`` client.
+
+Reads the agent's own Node, sends JSON merge patches (``application/merge-patch+json``) to its
+metadata, and posts Events about it. Configuration comes from the in-cluster service account
+(``KUBERNETES_SERVICE_HOST`` set) or from ``KUBECONFIG`` / ``~/.kube/config``.
+
+Failures are raised as this module's own exceptions (``KubeError`` and subclasses, the client's
+exception chained as ``__cause__``) so that the rest of the agent never handles library types.
+Transient failures (connection refused or reset, timeouts, 409, 429, 5xx) are retried here with
+exponential backoff and full jitter by tenacity, honouring ``Retry-After``; a 401 reloads the
+credentials once (a rotated service-account token); 403 and 404 are not retried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import tenacity
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from loguru import logger
+
+from .patch import MergePatch, NodeMeta
+
+__all__ = [
+    "KubeError",
+    "KubeUnavailable",
+    "KubeForbidden",
+    "NodeNotFound",
+    "KubeRejected",
+    "NodeClient",
+]
+
+T = TypeVar("T")
+MERGE_PATCH = "application/merge-patch+json"
+_TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+
+
+class KubeError(RuntimeError):
+    """A Kubernetes API request failed. ``status`` is the HTTP status (``None`` when no answer
+    came back); ``verb`` names the operation (``get``, ``patch``, ``create``)."""
+
+    def __init__(self, message: str, *, status: int | None = None, verb: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.verb = verb
+        self.retry_after_s: float | None = None
+
+
+class KubeUnavailable(KubeError):
+    """No answer, a timeout, or a transient status (409, 429, 5xx) after the retries."""
+
+
+class KubeForbidden(KubeError):
+    """401/403: the credentials are wrong or RBAC does not allow the request."""
+
+
+class NodeNotFound(KubeError):
+    """404: the Node does not exist (deleted, or ``NODE_NAME`` is wrong)."""
+
+
+class KubeRejected(KubeError):
+    """Any other 4xx: the API server refused the request (a bug, not a fault to retry)."""
+
+
+def _retry_after_s(exc: ApiException) -> float | None:
+    headers = getattr(exc, "headers", None) or {}
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _wrap(exc: Exception, verb: str, what: str) -> KubeError:
+    if isinstance(exc, ApiException):
+        status = exc.status
+        reason = (exc.reason or "").strip()
+        detail = ""
+        try:
+            detail = json.loads(exc.body or "{}").get("message", "")
+        except (ValueError, AttributeError):
+            pass
+        message = f"{verb} {what}: HTTP {status} {reason}" + (f": {detail}" if detail else "")
+        kind: type[KubeError]
+        if status == 404:
+            kind = NodeNotFound
+        elif status in (401, 403):
+            kind = KubeForbidden
+            if status == 403:
+                message += " (RBAC: the agent needs get and patch on nodes, create/patch on events)"
+        elif status in _TRANSIENT_STATUS or status is None or status >= 500:
+            kind = KubeUnavailable
+        else:
+            kind = KubeRejected
+        err = kind(message, status=status, verb=verb)
+        err.retry_after_s = _retry_after_s(exc)
+        return err
+    return KubeUnavailable(f"{verb} {what}: {type(exc).__name__}: {exc}", verb=verb)
+
+
+class _Wait(tenacity.wait.wait_base):
+    """Exponential backoff with full jitter, but never shorter than a ``Retry-After``."""
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self.backoff = tenacity.wait_random_exponential(multiplier=initial_s, max=max_s)
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        retry_after = getattr(exc, "retry_after_s", None) or 0.0
+        return max(float(retry_after), self.backoff(retry_state))
+
+
+class NodeClient:
+    """Reads and patches one Node (``/api/v1/nodes/{node_name}``) and posts its Events.
+
+    - ``kubeconfig``: path, else in-cluster config when ``KUBERNETES_SERVICE_HOST`` is set, else
+      the default kubeconfig. ``in_cluster_loader`` (tests) replaces the in-cluster loading.
+    - ``timeout_s``: per request; ``attempts`` and ``backoff_s``/``backoff_max_s`` bound the
+      retries of one call; ``sleep`` is tenacity's sleep (tests pass a no-op).
+    - ``requests`` counts requests by ``(verb, result)``, result being the HTTP status or
+      ``"error"`` for no answer (read by the metrics collector).
+    Raises ``KubeError`` subclasses; a bad or missing configuration raises ``KubeError``.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        kubeconfig: str | None = None,
+        in_cluster_loader: Callable[[client.Configuration], None] | None = None,
+        timeout_s: float = 10.0,
+        attempts: int = 4,
+        backoff_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        sleep: Callable[[float], None] = tenacity.nap.sleep,
+    ) -> None:
+        self.node_name = node_name
+        self.timeout_s = timeout_s
+        self._kubeconfig = kubeconfig
+        self._in_cluster_loader = in_cluster_loader
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self._retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(KubeUnavailable),
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=_Wait(backoff_s, backoff_max_s),
+            sleep=sleep,
+            reraise=True,
+        )
+        self._api = self._connect()
+
+    # -- configuration -------------------------------------------------------------------
+
+    def _connect(self) -> client.CoreV1Api:
+        cfg = client.Configuration()
+        try:
+            if self._in_cluster_loader is not None:
+                self._in_cluster_loader(cfg)
+            elif self._kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config(client_configuration=cfg)
+            else:
+                config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
+        except (config.ConfigException, OSError, ValueError) as exc:
+            raise KubeError(f"no Kubernetes configuration: {exc}") from exc
+        cfg.retries = urllib3.Retry(total=0, connect=0, read=0, redirect=0, status=0)
+        return client.CoreV1Api(client.ApiClient(cfg))
+
+    @property
+    def server(self) -> str:
+        """The API server URL in use."""
+        return str(self._api.api_client.configuration.host)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _call(self, verb: str, what: str, fn: Callable[[], Any]) -> Any:
+        reloaded = False
+
+        def attempt() -> Any:
+            nonlocal reloaded
+            try:
+                response = fn()
+            except ApiException as exc:
+                self.requests[(verb, str(exc.status))] += 1
+                if exc.status == 401 and not reloaded:  # rotated token: reload once, retry
+                    reloaded = True
+                    self._api = self._connect()
+                    try:
+                        response = fn()
+                    except ApiException as exc2:
+                        self.requests[(verb, str(exc2.status))] += 1
+                        raise _wrap(exc2, verb, what) from exc2
+                    except (urllib3.exceptions.HTTPError, OSError) as exc2:
+                        self.requests[(verb, "error")] += 1
+                        raise _wrap(exc2, verb, what) from exc2
+                    self.requests[(verb, str(response.status))] += 1
+                    return response
+                raise _wrap(exc, verb, what) from exc
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                self.requests[(verb, "error")] += 1
+                raise _wrap(exc, verb, what) from exc
+            self.requests[(verb, str(response.status))] += 1
+            return response
+
+        return self._retrying(attempt)
+
+    @staticmethod
+    def _meta(response: Any) -> NodeMeta:
+        body = json.loads(response.data)
+        meta = body.get("metadata", {})
+        return NodeMeta(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            labels=meta.get("labels") or {},
+            annotations=meta.get("annotations") or {},
+        )
+
+    def _api_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        # Looked up at call time: a 401 swaps in a new CoreV1Api with fresh credentials.
+        return getattr(self._api, method)(
+            *args, _preload_content=False, _request_timeout=self.timeout_s, **kwargs
+        )
+
+    def get_node(self) -> NodeMeta:
+        """GET the Node; returns its name, uid, labels and annotations.
+
+        Raises ``NodeNotFound``, ``KubeForbidden``, ``KubeUnavailable``, ``KubeRejected``."""
+        response = self._call(
+            "get", f"node {self.node_name}", lambda: self._api_call("read_node", self.node_name)
+        )
+        return self._meta(response)
+
+    def patch_node(self, patch: MergePatch) -> NodeMeta:
+        """PATCH the Node with a JSON merge patch (RFC 7386) and return the Node as stored.
+
+        Raises as ``get_node``."""
+        response = self._call(
+            "patch",
+            f"node {self.node_name}",
+            lambda: self._api_call(
+                "patch_node", self.node_name, patch, _content_type=MERGE_PATCH
+            ),
+        )
+        return self._meta(response)
+
+    def create_node_event(
+        self, *, node_uid: str, reason: str, message: str, warning: bool, namespace: str = "default"
+    ) -> None:
+        """POST a core/v1 Event about the Node (as the kubelet does, in ``namespace``).
+
+        ``reason`` is CamelCase (``GpuUnhealthy``), ``warning`` picks type Warning or Normal;
+        reporting component ``omaticaya``, instance the Node name. Raises ``KubeError``."""
+        now = datetime.now(timezone.utc)
+        stamp = now.strftime("%Y%m%d%H%M%S%f")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.node_name}.omaticaya.{stamp}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": node_uid or self.node_name,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "omaticaya", "host": self.node_name},
+            "reportingComponent": "omaticaya",
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "lastTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "count": 1,
+        }
+        self._call(
+            "create",
+            f"event {reason} on node {self.node_name}",
+            lambda: self._api_call("create_namespaced_event", namespace, body),
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._api.api_client.close()

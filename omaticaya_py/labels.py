@@ -1,0 +1,247 @@
+"""Render: a snapshot and its health -> the labels and annotations the Node should carry.
+
+Pure functions, no I/O. Every key is ``<prefix>/<name>``; every value is checked against the
+Kubernetes label-value rules and a bad one is dropped (and reported in ``Desired.dropped``),
+never sent. Numbers are integers so that ``nodeAffinity`` ``Gt``/``Lt`` work on them, and are
+quantised (memory rounded down to ``memory_step_mib``, utilisation rounded to
+``utilization_step_pct``) so that noise does not turn into API writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from . import __version__
+from .health import NodeHealth
+from .settings import Settings
+from .snapshot import NodeSnapshot
+
+__all__ = [
+    "Desired",
+    "STATIC_NAMES",
+    "TELEMETRY",
+    "is_static",
+    "is_valid_key",
+    "is_valid_value",
+    "quantise_down",
+    "quantise_nearest",
+    "render",
+    "sanitise_value",
+    "telemetry",
+]
+
+Labels = Mapping[str, str]
+
+#: Annotation name (under the prefix) holding the whole snapshot as compact JSON.
+TELEMETRY = "telemetry"
+#: Label names that describe the hardware, not its state: kept on graceful exit.
+STATIC_NAMES = frozenset(
+    {
+        "gpu.count",
+        "gpu.product",
+        "gpu.product.mixed",
+        "gpu.family",
+        "gpu.compute.major",
+        "gpu.compute.minor",
+        "cuda.driver.major",
+        "cuda.driver.minor",
+        "gpu.memory.total-mib",
+    }
+)
+
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_BAD_CHARS = re.compile(r"[^-A-Za-z0-9_.]+")
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+
+
+def is_valid_key(key: str) -> bool:
+    """True if ``key`` is a Kubernetes qualified name (``[prefix/]name``) usable as a label key."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _PREFIX.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_NAME.match(name))
+
+
+def is_valid_value(value: str) -> bool:
+    """True if ``value`` is a valid label value: at most 63 characters of ``[-A-Za-z0-9_.]``,
+    starting and ending alphanumeric (or empty)."""
+    return len(value) <= 63 and bool(_VALUE.match(value))
+
+
+def sanitise_value(text: str) -> str:
+    """Turn free text (an NVML product name) into a label value: runs of other characters
+    become ``-``, the ends are trimmed to alphanumerics, at most 63 characters.
+
+    ``"NVIDIA H100 80GB HBM3"`` -> ``"NVIDIA-H100-80GB-HBM3"``.
+    """
+    value = _BAD_CHARS.sub("-", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def quantise_down(value: float, step: int) -> int:
+    """``value`` rounded down to a multiple of ``step`` (memory: a label never promises more)."""
+    return int(value // step) * step
+
+
+def quantise_nearest(value: float, step: int) -> int:
+    """``value`` rounded half up to the nearest multiple of ``step`` (utilisation)."""
+    return int((value + step / 2) // step) * step
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the Node should carry under the prefix: full keys -> values.
+
+    ``dropped`` lists ``(key, value)`` pairs that failed validation and were left out.
+    """
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    dropped: tuple[tuple[str, str], ...] = field(default=())
+
+
+def _node_labels(snapshot: NodeSnapshot, health: NodeHealth, s: Settings) -> dict[str, str]:
+    out: dict[str, str] = {"gpu.health": str(health.state)}
+    if snapshot.error is not None:
+        return out  # nothing else can be trusted: numbers would be stale
+    gpus = snapshot.gpus
+    out["gpu.count"] = str(len(gpus))
+    products = Counter(g.product for g in gpus if g.product)
+    if products:
+        product, _ = products.most_common(1)[0]
+        out["gpu.product"] = sanitise_value(product)
+        if len(products) > 1:
+            out["gpu.product.mixed"] = "true"
+        ref = next(g for g in gpus if g.product == product)
+        if ref.architecture:
+            out["gpu.family"] = ref.architecture
+        if ref.compute_major is not None and ref.compute_minor is not None:
+            out["gpu.compute.major"] = str(ref.compute_major)
+            out["gpu.compute.minor"] = str(ref.compute_minor)
+    if snapshot.cuda_driver_version is not None:
+        out["cuda.driver.major"] = str(snapshot.cuda_driver_version[0])
+        out["cuda.driver.minor"] = str(snapshot.cuda_driver_version[1])
+    totals = [g.memory_total_mib for g in gpus if g.memory_total_mib is not None]
+    if totals:
+        out["gpu.memory.total-mib"] = str(min(totals))
+
+    healthy = [g for g in gpus if health.gpus[g.index].healthy]
+    free = [g.memory_free_mib for g in healthy if g.memory_free_mib is not None]
+    mem_step = s.memory_step_mib
+    out["gpu.memory.free-mib"] = str(quantise_down(max(free), mem_step) if free else 0)
+    out["gpu.memory.free-total-mib"] = str(quantise_down(sum(free), mem_step) if free else 0)
+    utils = [g.utilization_pct for g in healthy if g.utilization_pct is not None]
+    if utils:
+        out["gpu.utilization-pct"] = str(quantise_nearest(min(utils), s.utilization_step_pct))
+    idle = sum(
+        1
+        for g in healthy
+        if not g.process_count
+        and g.utilization_pct is not None
+        and g.utilization_pct < s.idle_utilization_pct
+    )
+    out["gpu.idle-count"] = str(idle)
+    out["gpu.healthy-count"] = str(len(healthy))
+
+    if s.per_gpu_labels:
+        for g in gpus:
+            n = f"gpu-{g.index}"
+            out[f"{n}.health"] = str(health.gpus[g.index].state)
+            if g.error is not None:
+                continue
+            if g.memory_free_mib is not None:
+                out[f"{n}.memory.free-mib"] = str(quantise_down(g.memory_free_mib, mem_step))
+            if g.utilization_pct is not None:
+                out[f"{n}.utilization-pct"] = str(
+                    quantise_nearest(g.utilization_pct, s.utilization_step_pct)
+                )
+            if g.temperature_c is not None:
+                out[f"{n}.temperature-c"] = str(g.temperature_c)
+    return out
+
+
+def telemetry(snapshot: NodeSnapshot, health: NodeHealth) -> str:
+    """The telemetry annotation: the snapshot as compact JSON, keys sorted.
+
+    Shape: ``{"agent", "read_at" (RFC 3339), "source", "health", "driver", "cuda",
+    "error"?, "gpus": [{"index", "uuid", "product", "memory_total_mib", "memory_free_mib",
+    "memory_used_mib", "utilization_pct", "temperature_c", "power_w", "ecc_uncorrected_volatile",
+    "ecc_corrected_volatile", "remapped_rows_pending", "remapped_rows_failure",
+    "process_count", "health", "reasons"}]}``; absent (NotSupported) values are ``null``.
+    """
+    gpus = []
+    for g in snapshot.gpus:
+        gh = health.gpus[g.index]
+        gpus.append(
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "product": g.product,
+                "memory_total_mib": g.memory_total_mib,
+                "memory_free_mib": g.memory_free_mib,
+                "memory_used_mib": g.memory_used_mib,
+                "utilization_pct": None if g.utilization_pct is None else round(g.utilization_pct, 1),
+                "temperature_c": g.temperature_c,
+                "power_w": None if g.power_w is None else round(g.power_w, 1),
+                "ecc_uncorrected_volatile": g.ecc_uncorrected_volatile,
+                "ecc_corrected_volatile": g.ecc_corrected_volatile,
+                "remapped_rows_pending": g.remapped_rows_pending,
+                "remapped_rows_failure": g.remapped_rows_failure,
+                "process_count": g.process_count,
+                "health": str(gh.state),
+                "reasons": list(gh.reasons),
+                **({"error": g.error} if g.error else {}),
+            }
+        )
+    doc: dict[str, object] = {
+        "agent": __version__,
+        "read_at": snapshot.read_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "source": snapshot.source,
+        "health": str(health.state),
+        "driver": snapshot.driver_version,
+        "cuda": ".".join(map(str, snapshot.cuda_driver_version))
+        if snapshot.cuda_driver_version
+        else None,
+        "gpus": gpus,
+    }
+    if snapshot.error is not None:
+        doc["error"] = snapshot.error
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def render(snapshot: NodeSnapshot, health: NodeHealth, settings: Settings) -> Desired:
+    """Desired labels and annotations (full keys under ``settings.prefix``) for this snapshot.
+
+    Labels follow the schema in the README (node aggregates, static facts, per-GPU keys when
+    ``per_gpu_labels``); the one annotation is ``<prefix>/telemetry``. Invalid keys or values
+    are dropped and listed in ``Desired.dropped``.
+    """
+    prefix = settings.prefix
+    labels: dict[str, str] = {}
+    dropped: list[tuple[str, str]] = []
+    for name, value in _node_labels(snapshot, health, settings).items():
+        key = f"{prefix}/{name}"
+        if is_valid_key(key) and is_valid_value(value):
+            labels[key] = value
+        else:
+            dropped.append((key, value))
+    annotations: dict[str, str] = {}
+    key = f"{prefix}/{TELEMETRY}"
+    value = telemetry(snapshot, health)
+    if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
+        annotations[key] = value
+    else:
+        dropped.append((key, value[:80]))
+    return Desired(labels=labels, annotations=annotations, dropped=tuple(dropped))
+
+
+def is_static(key: str, prefix: str) -> bool:
+    """True for a label key that names hardware facts (kept on graceful exit)."""
+    return key.removeprefix(prefix + "/") in STATIC_NAMES
+

@@ -1,0 +1,187 @@
+"""Prometheus metrics and probes on one port: ``/metrics``, ``/healthz``, ``/readyz``.
+
+``AgentCollector`` yields metric families from values the agent already holds (its
+``SnapshotCache``, the reader's NVML error counts, the Kubernetes edge's request counts), so a
+scrape costs no NVML call and no API request. Names follow Prometheus conventions: base units
+(bytes, seconds, watts, celsius, ratio), ``_total`` for counters.
+
+- ``/healthz``: 200 while the scheduler runs.
+- ``/readyz``: 200 when NVML was read and the API server answered (or needed no request)
+  within the last ``3 * schedule period`` (at least 30 s); 503 with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Callable, Iterator
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+__all__ = ["AgentCollector", "MetricsServer", "readiness", "serve", "make_app"]
+
+MIB = 1024 * 1024
+
+
+class AgentCollector(Collector):
+    """Collector over one ``Agent``'s cache. Register it in a ``CollectorRegistry``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        agent = self.agent
+        cache = agent.cache
+        info = GaugeMetricFamily(
+            "omaticaya_build_info", "Agent version.", labels=["version", "python"]
+        )
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+
+        last = cache.last
+        gauges = {
+            name: GaugeMetricFamily(f"omaticaya_gpu_{name}", doc, labels=["gpu", "uuid"])
+            for name, doc in (
+                ("memory_free_bytes", "Free GPU memory (nvmlDeviceGetMemoryInfo)."),
+                ("memory_used_bytes", "Used GPU memory, driver reservation included."),
+                ("memory_total_bytes", "Total GPU memory."),
+                ("utilization_ratio", "GPU utilisation, mean over the last interval (0-1)."),
+                ("temperature_celsius", "GPU temperature."),
+                ("power_watts", "GPU power draw."),
+                ("healthy", "1 when the GPU is healthy by the agent's rules, else 0."),
+            )
+        }
+        node_health = GaugeMetricFamily(
+            "omaticaya_node_health", "1 for the node's current gpu.health state.", labels=["state"]
+        )
+        if last is not None:
+            for g in last.snapshot.gpus:
+                key = [str(g.index), g.uuid or ""]
+                for name, value, scale in (
+                    ("memory_free_bytes", g.memory_free_mib, MIB),
+                    ("memory_used_bytes", g.memory_used_mib, MIB),
+                    ("memory_total_bytes", g.memory_total_mib, MIB),
+                    ("utilization_ratio", g.utilization_pct, 0.01),
+                    ("temperature_celsius", g.temperature_c, 1),
+                    ("power_watts", g.power_w, 1),
+                ):
+                    if value is not None:
+                        gauges[name].add_metric(key, value * scale)
+                gauges["healthy"].add_metric(key, 1 if last.health.gpus[g.index].healthy else 0)
+            for state in ("Healthy", "Degraded", "Unhealthy", "Unknown"):
+                node_health.add_metric([state], 1 if str(last.health.state) == state else 0)
+        yield from gauges.values()
+        yield node_health
+
+        nvml_errors = CounterMetricFamily(
+            "omaticaya_nvml_errors", "NVML calls that failed, by call and error.",
+            labels=["call", "error"],
+        )
+        for (call, error), n in sorted(getattr(agent.reader, "errors", {}).items()):
+            nvml_errors.add_metric([call, error], n)
+        yield nvml_errors
+
+        requests = CounterMetricFamily(
+            "omaticaya_api_requests", "Kubernetes API requests, by verb and result.",
+            labels=["verb", "result"],
+        )
+        for (verb, result), n in sorted(getattr(agent.node, "requests", {}).items()):
+            requests.add_metric([verb, result], n)
+        yield requests
+
+        for name, doc, value in (
+            ("omaticaya_ticks", "Ticks run.", cache.ticks),
+            ("omaticaya_tick_errors", "Ticks that failed on an unexpected error.", cache.tick_errors),
+            ("omaticaya_patches", "Merge patches sent to the Node.", cache.patches_sent),
+            ("omaticaya_labels_changed", "Label keys set or removed by patches.", cache.labels_changed),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        events = CounterMetricFamily(
+            "omaticaya_events", "Kubernetes Events posted, by reason.", labels=["reason"]
+        )
+        for reason, n in sorted(agent.events_posted.items()):
+            events.add_metric([reason], n)
+        yield events
+        if cache.last_patch_wall_s is not None:
+            yield GaugeMetricFamily(
+                "omaticaya_last_patch_timestamp_seconds",
+                "Unix time of the last successful patch.",
+                value=cache.last_patch_wall_s,
+            )
+        yield from cache.tick_seconds.collect()
+
+
+def readiness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
+    """(ready, reason) for ``/readyz`` (see the module docstring)."""
+    now_s = agent.clock() if now_s is None else now_s
+    horizon = max(3 * agent.settings.schedule.period_s(), 30.0)
+    cache = agent.cache
+    if cache.last_read_ok_s is None or now_s - cache.last_read_ok_s > horizon:
+        return False, "no successful NVML read recently"
+    if cache.last_api_ok_s is None or now_s - cache.last_api_ok_s > horizon:
+        return False, "Kubernetes API not reached recently"
+    return True, "ok"
+
+
+def make_app(agent: Agent, registry: CollectorRegistry) -> Callable[..., Any]:
+    """The WSGI application: prometheus-client's exposition on ``/metrics`` plus the probes."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/healthz":
+            ok, reason = agent.running, "ok" if agent.running else "scheduler not running"
+        elif path == "/readyz":
+            ok, reason = readiness(agent)
+        else:
+            return metrics_app(environ, start_response)
+        status = "200 OK" if ok else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [reason.encode() + b"\n"]
+
+    return app
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+class MetricsServer:
+    """A running metrics/probe server; ``port`` is the bound port, ``shutdown()`` stops it."""
+
+    def __init__(self, server: WSGIServer) -> None:
+        self._server = server
+        self.port = server.server_port
+        self._thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def serve(agent: Agent, address: str, port: int) -> MetricsServer:
+    """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``address:port`` in a thread.
+
+    Raises ``OSError`` when the port cannot be bound."""
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent))
+    server = make_server(
+        address, port, make_app(agent, registry), server_class=_Server, handler_class=_QuietHandler
+    )
+    return MetricsServer(server)

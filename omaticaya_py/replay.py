@@ -1,0 +1,339 @@
+"""Trace reader: replays a recorded NVML trace (format version 1) as if it were NVML.
+
+Same interface as ``nvml.NvmlReader``: ``read() -> NodeSnapshot``. A trace is validated once at
+load with pydantic; a bad one raises ``TraceError`` naming the file and the place
+(``samples[3].gpus[0].index: Field required``). Any number of GPUs replays; errors are replayed
+as recorded (a field's ``nvml_error`` becomes ``None`` = absent, a GPU's becomes
+``GpuReading.error``, a sample's becomes ``NodeSnapshot.error``).
+
+Time: ``at_s`` pins the trace time (``once``/``show --trace-at``); otherwise trace time follows
+the wall clock from the first read, looping at the end. Utilisation is the mean of the samples
+since the previous read (on the first read: over ``window_s``); Xid events are those of the
+samples since the previous read (on the first read: every one up to the trace time).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .snapshot import ARCHITECTURES, GpuReading, NodeSnapshot, XidEvent
+
+__all__ = ["TraceError", "Trace", "TraceReader", "load_trace"]
+
+MIB = 1024 * 1024
+
+
+class TraceError(ValueError):
+    """A trace file cannot be read or does not follow the format; ``str()`` is one line per
+    problem, each starting with the file name."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class NvmlErr(_Model):
+    nvml_error: str
+    message: str = ""
+
+
+class MemoryBytes(_Model):
+    total: int
+    used: int
+    free: int
+
+
+class UtilizationPct(_Model):
+    gpu: float
+    memory: float | None = None
+
+
+class RemappedRows(_Model):
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: int = 0
+    failure: int = 0
+
+
+class Process(_Model):
+    pid: int
+    usedGpuMemory: int | None = None
+
+
+class GpuSample(_Model):
+    index: int
+    nvml_error: str | None = None
+    message: str = ""
+    memory_bytes: MemoryBytes | NvmlErr | None = None
+    utilization_pct: UtilizationPct | NvmlErr | None = None
+    temperature_c: float | NvmlErr | None = None
+    power_mw: float | NvmlErr | None = None
+    performance_state: int | NvmlErr | None = None
+    ecc_uncorrected_volatile: int | NvmlErr | None = None
+    ecc_corrected_volatile: int | NvmlErr | None = None
+    remapped_rows: RemappedRows | NvmlErr | None = None
+    compute_processes: list[Process] | NvmlErr | None = None
+
+
+class XidRecord(_Model):
+    index: int
+    xid: int
+
+
+class Sample(_Model):
+    t: float
+    gpus: list[GpuSample] | None = None
+    nvml_error: str | None = None
+    message: str = ""
+    xid_events: list[XidRecord] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _gpus_or_error(self) -> Sample:
+        if self.gpus is None and self.nvml_error is None:
+            raise ValueError("a sample needs 'gpus' or 'nvml_error'")
+        return self
+
+
+class Device(_Model):
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    architecture: int | None = None
+    cuda_compute_capability: tuple[int, int] | None = None
+
+
+class Trace(_Model):
+    """A whole trace document (format in ``tests/data/README.md`` / the project docs)."""
+
+    samples: list[Sample] = Field(min_length=1)
+    devices: list[Device] = Field(default_factory=list)
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    interval_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Trace:
+        ts = [s.t for s in self.samples]
+        if any(b < a for a, b in zip(ts, ts[1:])):
+            raise ValueError("samples must be in order of 't'")
+        return self
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part[:1].isupper() or part in {"int", "float", "str", "bool", "none"} or "[" in part:
+            continue  # union member tags pydantic adds to the location
+        else:
+            out += ("." if out else "") + part
+    return out or "(top level)"
+
+
+def load_trace(path: Path | str) -> Trace:
+    """Read and validate a trace file. Raises ``TraceError`` (file and place named)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(raw, dict):
+        raise TraceError(f"{path}: (top level): expected a JSON object")
+    try:
+        return Trace.model_validate(raw)
+    except ValidationError as exc:
+        seen: list[str] = []
+        for err in exc.errors():
+            line = f"{path}: {_where(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            if line not in seen:
+                seen.append(line)
+        raise TraceError("\n".join(seen[:5])) from None
+
+
+def _ok(value: Any) -> Any:
+    return None if isinstance(value, NvmlErr) else value
+
+
+def _reading(sample: GpuSample, device: Device | None) -> GpuReading:
+    static: dict[str, Any] = {}
+    if device is not None:
+        cc = device.cuda_compute_capability
+        static = {
+            "uuid": device.uuid,
+            "product": device.name,
+            "architecture": ARCHITECTURES.get(device.architecture or -1),
+            "compute_major": cc[0] if cc else None,
+            "compute_minor": cc[1] if cc else None,
+        }
+    if sample.nvml_error is not None:
+        return GpuReading(index=sample.index, error=sample.nvml_error, **static)
+    mem = _ok(sample.memory_bytes)
+    util = _ok(sample.utilization_pct)
+    remap = _ok(sample.remapped_rows)
+    procs = _ok(sample.compute_processes)
+    temp = _ok(sample.temperature_c)
+    power = _ok(sample.power_mw)
+    return GpuReading(
+        index=sample.index,
+        memory_total_mib=mem.total // MIB if mem else None,
+        memory_used_mib=mem.used // MIB if mem else None,
+        memory_free_mib=mem.free // MIB if mem else None,
+        utilization_pct=util.gpu if util else None,
+        memory_utilization_pct=util.memory if util else None,
+        temperature_c=int(temp) if temp is not None else None,
+        power_w=power / 1000.0 if power is not None else None,
+        performance_state=_ok(sample.performance_state),
+        ecc_uncorrected_volatile=_ok(sample.ecc_uncorrected_volatile),
+        ecc_corrected_volatile=_ok(sample.ecc_corrected_volatile),
+        remapped_rows_pending=bool(remap.pending) if remap else None,
+        remapped_rows_failure=bool(remap.failure) if remap else None,
+        process_count=len(procs) if procs is not None else None,
+        **static,
+    )
+
+
+@dataclass(frozen=True)
+class _Frame:
+    t: float
+    gpus: tuple[GpuReading, ...]
+    error: str | None
+    xids: tuple[tuple[int, int], ...]
+    util_pct: dict[int, float]
+
+
+class TraceReader:
+    """``Reader`` over a trace file.
+
+    - ``at_s``: fixed trace time in seconds (the latest sample with ``t <= at_s`` is read).
+    - ``window_s``: utilisation averaging window of the first read.
+    - ``clock``: seconds, monotonic; trace time = ``speed * (clock() - first read)``, looping.
+    Raises ``TraceError`` at construction for a bad trace.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        at_s: float | None = None,
+        window_s: float = 10.0,
+        loop: bool = True,
+        speed: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = Path(path)
+        trace = load_trace(self.path)
+        devices = {d.index: d for d in trace.devices}
+        v = trace.cuda_driver_version
+        self.driver_version = trace.driver_version
+        self.cuda_driver_version = (v // 1000, (v % 1000) // 10) if v else None
+        self.frames = tuple(
+            _Frame(
+                t=s.t,
+                gpus=tuple(_reading(g, devices.get(g.index)) for g in (s.gpus or ())),
+                error=s.nvml_error,
+                xids=tuple((x.index, x.xid) for x in s.xid_events),
+                util_pct={},
+            )
+            for s in trace.samples
+        )
+        for frame in self.frames:
+            frame.util_pct.update(
+                (g.index, g.utilization_pct) for g in frame.gpus if g.utilization_pct is not None
+            )
+        self._times = [f.t for f in self.frames]
+        last = self.frames[-1].t
+        self.period_s = last + (trace.interval_s or (last / max(len(self.frames) - 1, 1)) or 1.0)
+        self.at_s = at_s
+        self.window_s = window_s
+        self.loop = loop
+        self.speed = speed
+        self.clock = clock
+        self._start: float | None = None
+        self._prev_s: float | None = None  # unwrapped trace time of the previous read
+
+    def _frames_between(self, lo: float, hi: float) -> list[tuple[float, _Frame]]:
+        """Frames with unwrapped time in (lo, hi], as (unwrapped time, frame)."""
+        out: list[tuple[float, _Frame]] = []
+        if hi < lo:
+            return out
+        if not self.loop:
+            i, j = bisect.bisect_right(self._times, lo), bisect.bisect_right(self._times, hi)
+            return [(f.t, f) for f in self.frames[i:j]]
+        cycle = int(max(lo, 0.0) // self.period_s)
+        while cycle * self.period_s <= hi:
+            base = cycle * self.period_s
+            i = bisect.bisect_right(self._times, lo - base) if lo >= base else 0
+            j = bisect.bisect_right(self._times, hi - base)
+            out.extend((base + f.t, f) for f in self.frames[i:j])
+            cycle += 1
+        return out
+
+    def now_s(self) -> float:
+        """Current unwrapped trace time in seconds."""
+        if self.at_s is not None:
+            return self.at_s
+        now = self.clock()
+        if self._start is None:
+            self._start = now
+        return (now - self._start) * self.speed
+
+    def read(self) -> NodeSnapshot:
+        """The snapshot at the current trace time (see the class docstring)."""
+        now = self.now_s()
+        wrapped = now % self.period_s if self.loop else now
+        i = max(bisect.bisect_right(self._times, wrapped) - 1, 0)
+        frame = self.frames[i]
+        first = self._prev_s is None
+        lo = (now - self.window_s) if first else self._prev_s
+        window = self._frames_between(lo, now)
+        xid_lo = -1.0 if first else self._prev_s
+        events = tuple(
+            XidEvent(index=idx, xid=xid, at_s=t)
+            for t, f in self._frames_between(xid_lo, now)
+            for idx, xid in f.xids
+        )
+        self._prev_s = now
+        read_at = datetime.now(timezone.utc)
+        if frame.error is not None:
+            return NodeSnapshot(
+                read_at=read_at,
+                clock_s=now,
+                error=frame.error,
+                xid_events=events,
+                source=f"trace:{self.path.name}",
+            )
+        gpus = frame.gpus
+        if len(window) > 1:
+            gpus = tuple(self._mean_utilization(g, window) for g in gpus)
+        return NodeSnapshot(
+            read_at=read_at,
+            clock_s=now,
+            gpus=gpus,
+            driver_version=self.driver_version,
+            cuda_driver_version=self.cuda_driver_version,
+            xid_events=events,
+            source=f"trace:{self.path.name}",
+        )
+
+    @staticmethod
+    def _mean_utilization(gpu: GpuReading, window: list[tuple[float, _Frame]]) -> GpuReading:
+        index = gpu.index
+        values = [f.util_pct[index] for _, f in window if index in f.util_pct]
+        if not values or gpu.error is not None:
+            return gpu
+        return replace(gpu, utilization_pct=sum(values) / len(values))
+
+    def close(self) -> None:
+        """Nothing to release; present for the ``Reader`` interface."""

@@ -1,0 +1,266 @@
+"""Settings: environment ``OMATICAYA_*``, a ``.env`` file, and CLI flags (which win).
+
+One class, parsed by pydantic-settings. A bad value raises ``SettingsError`` whose message is
+one line per bad setting naming the variable and the expected form; the CLI prints it and exits
+with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Schedule", "Settings", "SettingsError", "load_settings", "parse_schedule"]
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_DURATION_UNITS_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+SCHEDULE_FORM = (
+    "a 5-field crontab ('*/5 * * * *'), 6 fields with seconds first ('*/5 * * * * ?'), "
+    "'@every 30s' (h, m, s, ms) or @hourly/@daily"
+)
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; ``str()`` is one line per bad setting, ready to print."""
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A parsed polling schedule.
+
+    ``interval_s`` is set for ``@every``; ``cron`` holds APScheduler ``CronTrigger`` keyword
+    fields (second, minute, hour, day, month, day_of_week) otherwise. ``text`` is what the user
+    wrote.
+    """
+
+    text: str
+    interval_s: float | None = None
+    cron: tuple[tuple[str, str], ...] | None = None
+
+    def trigger(self, timezone: Any = "UTC") -> Any:
+        """An APScheduler 3.x trigger (``IntervalTrigger`` or ``CronTrigger``) for this schedule."""
+        from apscheduler.triggers.cron import CronTrigger
+        from apscheduler.triggers.interval import IntervalTrigger
+
+        if self.interval_s is not None:
+            return IntervalTrigger(seconds=self.interval_s, timezone=timezone)
+        return CronTrigger(timezone=timezone, **dict(self.cron or ()))
+
+    def period_s(self) -> float:
+        """Seconds between two runs (for cron: between the next two fire times from now)."""
+        if self.interval_s is not None:
+            return self.interval_s
+        from datetime import datetime, timezone
+
+        trigger = self.trigger()
+        now = datetime.now(timezone.utc)
+        first = trigger.get_next_fire_time(None, now)
+        second = trigger.get_next_fire_time(first, first + timedelta(microseconds=1))
+        return (second - first).total_seconds()
+
+
+def _cron_weekdays(field: str) -> str:
+    """Translate crontab weekday numbers (0 or 7 = Sunday) into APScheduler 3.x names.
+
+    APScheduler 3.x counts 0 as Monday (its docs call it a historical mistake), so a numeric
+    crontab weekday would otherwise fire on the wrong day.
+    """
+
+    def one(part: str) -> str:
+        step = ""
+        if "/" in part:
+            part, step = part.split("/", 1)
+            step = "/" + step
+        if re.fullmatch(r"\d+-\d+", part):
+            lo, hi = (int(x) for x in part.split("-"))
+            if lo > 7 or hi > 7:
+                raise ValueError(f"weekday out of range in {part!r}")
+            if lo == 0 and hi >= 1:  # sun-... wraps in APScheduler's Monday-first week
+                return f"sun,mon-{_CRON_WEEKDAYS[hi]}{step}" if hi < 7 else f"*{step}"
+            return f"{_CRON_WEEKDAYS[lo]}-{_CRON_WEEKDAYS[hi]}{step}"
+        if re.fullmatch(r"\d+", part):
+            if int(part) > 7:
+                raise ValueError(f"weekday out of range in {part!r}")
+            return _CRON_WEEKDAYS[int(part)] + step
+        return part + step
+
+    return ",".join(one(p) for p in field.split(","))
+
+
+def parse_schedule(text: str) -> Schedule:
+    """Parse a schedule string.
+
+    Accepts a 5-field crontab (minute hour day month weekday), 6 fields with seconds first as
+    the Go Omaticaya wrote them (``*/5 * * * * ?``; ``?`` means ``*``), ``@every <duration>``
+    (Go duration: ``30s``, ``1m30s``, ``500ms``) and the @hourly-style macros.
+
+    Raises ``ValueError`` naming the expected form.
+    """
+    raw = text.strip()
+    spec = _MACROS.get(raw.lower(), raw)
+    if spec.lower().startswith("@every"):
+        duration = spec[len("@every") :].strip()
+        if not duration or _DURATION_PART.sub("", duration) != "":
+            raise ValueError(f"expected {SCHEDULE_FORM}")
+        seconds = sum(float(n) * _DURATION_UNITS_S[u] for n, u in _DURATION_PART.findall(duration))
+        if seconds < 0.1:
+            raise ValueError("@every needs at least 100ms")
+        return Schedule(text=raw, interval_s=seconds)
+    fields = spec.replace("?", "*").split()
+    if len(fields) == 5:
+        fields = ["0", *fields]
+    if len(fields) != 6:
+        raise ValueError(f"expected {SCHEDULE_FORM}")
+    names = ("second", "minute", "hour", "day", "month", "day_of_week")
+    cron = dict(zip(names, fields))
+    try:
+        cron["day_of_week"] = _cron_weekdays(cron["day_of_week"])
+        from apscheduler.triggers.cron import CronTrigger
+
+        CronTrigger(timezone="UTC", **cron)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; expected {SCHEDULE_FORM}") from None
+    return Schedule(text=raw, cron=tuple(cron.items()))
+
+
+class Settings(BaseSettings):
+    """Every setting of the agent. Environment names are ``OMATICAYA_<FIELD>`` in upper case,
+    except the Node name, which is ``NODE_NAME`` as the downward API sets it."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="OMATICAYA_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+    schedule: Annotated[Schedule, NoDecode] = Field(
+        default="@every 10s",  # type: ignore[assignment]
+        description="When to read the GPUs and update the Node: crontab, 6-field, or @every.",
+    )
+    node_name: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("NODE_NAME", "OMATICAYA_NODE_NAME", "node_name"),
+        description="Name of the Node to label (downward API spec.nodeName).",
+    )
+    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
+    memory_step_mib: int = Field(default=1024, ge=1, description="Memory labels round down to this.")
+    utilization_step_pct: int = Field(
+        default=10, ge=1, le=100, description="Utilisation labels round to this."
+    )
+    idle_utilization_pct: float = Field(
+        default=5, ge=0, le=100, description="A GPU under this with no process counts as idle."
+    )
+    per_gpu_labels: bool = Field(default=True, description="Publish gpu-N.* labels.")
+    cleanup_on_exit: bool = Field(default=True, description="Remove dynamic labels on SIGTERM.")
+    trace: Path | None = Field(default=None, description="Replay this trace instead of NVML.")
+    log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
+    log_level: Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"] = (
+        "INFO"
+    )
+    xid_ignore: Annotated[frozenset[int], NoDecode] = Field(
+        default=frozenset({13, 31, 43, 45, 68, 109}),
+        description="Xid codes that are application faults, not GPU faults.",
+    )
+    xid_all_fatal: bool = Field(default=False, description="Treat every Xid as fatal.")
+    xid_quiet_s: float = Field(default=600, ge=0, description="A fatal Xid marks a GPU for this long.")
+    heartbeat_s: float = Field(
+        default=300, gt=0, description="Rewrite the telemetry annotation at least this often."
+    )
+    metrics_port: int = Field(default=9402, ge=0, le=65535, description="0 turns /metrics off.")
+    metrics_address: str = Field(default="0.0.0.0", description="Address /metrics binds to.")
+    fail_on_init_error: bool = Field(
+        default=False, description="Exit when NVML cannot start, instead of reporting Unknown."
+    )
+    kube_timeout_s: float = Field(default=10, gt=0, description="Timeout of one API request.")
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _parse_schedule(cls, value: Any) -> Schedule:
+        if isinstance(value, Schedule):
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"expected {SCHEDULE_FORM}")
+        return parse_schedule(value)
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
+            raise ValueError(
+                "expected a DNS subdomain of at most 253 characters, like 'omaticaya.io'"
+            )
+        return value
+
+    @field_validator("xid_ignore", mode="before")
+    @classmethod
+    def _parse_xids(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+            if not all(p.isdigit() for p in parts):
+                raise ValueError("expected a comma-separated list of Xid numbers, like '13,31,43'")
+            return frozenset(int(p) for p in parts)
+        return value
+
+    @field_validator("node_name")
+    @classmethod
+    def _check_node(cls, value: str | None) -> str | None:
+        if value is not None and not (len(value) <= 253 and DNS_SUBDOMAIN.match(value)):
+            raise ValueError("expected a Node name (DNS subdomain), like 'gpu-node-1'")
+        return value
+
+
+_EXPECTED = {
+    "bool_parsing": "expected true or false",
+    "int_parsing": "expected an integer",
+    "float_parsing": "expected a number",
+    "literal_error": None,
+}
+
+
+def _variable(loc: tuple[Any, ...]) -> str:
+    name = str(loc[0]) if loc else "?"
+    if name in ("node_name", "NODE_NAME", "OMATICAYA_NODE_NAME"):
+        return "NODE_NAME"
+    return f"OMATICAYA_{name.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build ``Settings`` from the environment and ``.env``, with ``overrides`` (CLI flags) on top.
+
+    ``None`` overrides are ignored, so unset CLI flags fall back to the environment.
+    Raises ``SettingsError`` with one line per bad setting.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            var = _variable(err["loc"])
+            value = err.get("input")
+            expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+            lines.append(f"invalid setting {var}={value!r}: {expected}")
+        raise SettingsError("\n".join(lines)) from None
