@@ -69,15 +69,17 @@ def diff(
 
     Returns ``{"metadata": {"labels": {...}, "annotations": {...}}}`` with only the sections
     that change, or ``None`` when nothing would change (then no API request is made).
-    ``volatile`` names annotation keys written only with another change, when missing, or on
-    ``refresh``.
+    ``volatile`` names annotation keys written only with a label change or when missing;
+    ``refresh`` (the heartbeat is due) writes them even when unchanged, so that the patch
+    response shows the Node as it is (re-created, or edited by hand).
     """
     labels = diff_section(desired_labels, current.labels, prefix)
     annotations = diff_section(desired_annotations, current.annotations, prefix)
-    if not (labels or refresh):
-        for key in volatile:
-            if key in annotations and key in current.annotations:
-                del annotations[key]
+    for key in volatile:
+        if refresh and key in desired_annotations:
+            annotations[key] = desired_annotations[key]  # heartbeat: rewrite even if equal
+        elif not labels and key in annotations and key in current.annotations:
+            del annotations[key]
     if not labels and not annotations:
         return None
     metadata: dict[str, Any] = {}

@@ -1,0 +1,68 @@
+"""Shared fixtures: the real dev cluster, an admin client, and throwaway Nodes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.devcluster import DevCluster, dev_cluster  # noqa: F401  (session fixture)
+
+DATA = Path(__file__).parent / "data"
+H100_TRACE = DATA / "h100-trace.json"
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def admin_api(dev_cluster: DevCluster):  # noqa: F811
+    """``kubernetes.client.CoreV1Api`` as cluster admin (client certificate)."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(dev_cluster.kubeconfig), client_configuration=cfg)
+    api = client.CoreV1Api(client.ApiClient(cfg))
+    yield api
+    api.api_client.close()
+
+
+@pytest.fixture
+def make_node(admin_api) -> Iterator[Callable[..., str]]:
+    """Create Nodes with a unique name and foreign labels/annotations; delete them after."""
+    created: list[str] = []
+
+    def make(labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> str:
+        name = f"gpu-node-{os.getpid()}-{next(_names)}"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "nvidia.com/gpu.present": "true",
+                    **(labels or {}),
+                },
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
+            },
+        }
+        admin_api.create_node(body)
+        created.append(name)
+        return name
+
+    yield make
+    from kubernetes.client.exceptions import ApiException
+
+    for name in created:
+        try:
+            admin_api.delete_node(name)
+        except ApiException:
+            pass
+
+
+def node_metadata(admin_api, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) of a Node, read as admin."""
+    node = admin_api.read_node(name)
+    return dict(node.metadata.labels or {}), dict(node.metadata.annotations or {})
