@@ -24,7 +24,6 @@ import tenacity
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from loguru import logger
 
 from .patch import MergePatch, NodeMeta
 

@@ -241,7 +241,7 @@ class NvmlReader:
             )
         except pynvml.NVMLError_NotFound:  # no sample newer than last_ts
             samples = None
-        except (pynvml.NVMLError,) as exc:
+        except pynvml.NVMLError as exc:
             if isinstance(exc, _LOST + _LIBRARY_GONE):
                 raise
             samples = None

@@ -123,7 +123,7 @@ class Trace(_Model):
     @model_validator(mode="after")
     def _ordered(self) -> Trace:
         ts = [s.t for s in self.samples]
-        if any(b < a for a, b in zip(ts, ts[1:])):
+        if any(b < a for a, b in zip(ts, ts[1:], strict=False)):
             raise ValueError("samples must be in order of 't'")
         return self
 

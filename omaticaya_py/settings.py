@@ -130,7 +130,7 @@ def parse_schedule(text: str) -> Schedule:
     if len(fields) != 6:
         raise ValueError(f"expected {SCHEDULE_FORM}")
     names = ("second", "minute", "hour", "day", "month", "day_of_week")
-    cron = dict(zip(names, fields))
+    cron = dict(zip(names, fields, strict=True))
     try:
         cron["day_of_week"] = _cron_weekdays(cron["day_of_week"])
         from apscheduler.triggers.cron import CronTrigger
