@@ -111,6 +111,9 @@ class Agent:
         self._meta: NodeMeta | None = None
         self._telemetry_at_s: float | None = None
         self._api_failing_since: float | None = None
+        self._forbidden = 0  # consecutive 401/403 answers
+        self._api_paused_until_s = float("-inf")
+        self.period_s = settings.schedule.period_s()
         self._nvml_failing = False
         self._tick_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -184,6 +187,9 @@ class Agent:
             previous = self.cache.last
             result = TickResult(snapshot, health, desired, None, False)
             self.cache.store(result, now_s)
+            if now_s < self._api_paused_until_s:  # RBAC refused us: do not hammer
+                self.cache.ticks += 1
+                return result
             try:
                 current = self._current() if self.node is not None else self._offline_meta()
                 patch = self._diff(desired, current, now_s)
@@ -220,6 +226,7 @@ class Agent:
 
     def _api_ok(self, now_s: float) -> None:
         self.cache.last_api_ok_s = now_s
+        self._forbidden = 0
         if self._api_failing_since is not None:
             logger.info(
                 "Kubernetes API reachable again after {:.1f}s", now_s - self._api_failing_since
@@ -227,6 +234,11 @@ class Agent:
             self._api_failing_since = None
 
     def _api_failed(self, exc: KubeError, now_s: float) -> None:
+        if isinstance(exc, KubeForbidden):
+            # a refusal will not fix itself within seconds: back off, doubling, up to 5 min
+            self._forbidden += 1
+            pause_s = min(300.0, self.period_s * 2 ** (self._forbidden - 1))
+            self._api_paused_until_s = now_s + pause_s
         if self._api_failing_since is None:
             self._api_failing_since = now_s
             hint = " (check RBAC)" if isinstance(exc, KubeForbidden) else ""
@@ -289,7 +301,7 @@ class Agent:
         from apscheduler.schedulers.blocking import BlockingScheduler
 
         schedule = self.settings.schedule
-        period_s = schedule.period_s()
+        period_s = self.period_s
         scheduler = BlockingScheduler(
             timezone=timezone.utc,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},

@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import tenacity
 import urllib3
 from kubernetes import client, config
+from kubernetes.config import incluster_config
 from kubernetes.client.exceptions import ApiException
 
 from .patch import MergePatch, NodeMeta
@@ -119,8 +120,9 @@ class _Wait(tenacity.wait.wait_base):
 class NodeClient:
     """Reads and patches one Node (``/api/v1/nodes/{node_name}``) and posts its Events.
 
-    - ``kubeconfig``: path, else in-cluster config when ``KUBERNETES_SERVICE_HOST`` is set, else
-      the default kubeconfig. ``in_cluster_loader`` (tests) replaces the in-cluster loading.
+    - ``kubeconfig``: path, else in-cluster config when ``KUBERNETES_SERVICE_HOST`` is set in
+      ``environ`` (service-account ``token_file`` and ``ca_file``; a rotated token file is
+      re-read before the next request), else the default kubeconfig.
     - ``timeout_s``: per request; ``attempts`` and ``backoff_s``/``backoff_max_s`` bound the
       retries of one call; ``sleep`` is tenacity's sleep (tests pass a no-op).
     - ``requests`` counts requests by ``(verb, result)``, result being the HTTP status or
@@ -133,7 +135,9 @@ class NodeClient:
         node_name: str,
         *,
         kubeconfig: str | None = None,
-        in_cluster_loader: Callable[[client.Configuration], None] | None = None,
+        environ: Mapping[str, str] | None = None,
+        token_file: str = incluster_config.SERVICE_TOKEN_FILENAME,
+        ca_file: str = incluster_config.SERVICE_CERT_FILENAME,
         timeout_s: float = 10.0,
         attempts: int = 4,
         backoff_s: float = 0.2,
@@ -143,7 +147,10 @@ class NodeClient:
         self.node_name = node_name
         self.timeout_s = timeout_s
         self._kubeconfig = kubeconfig
-        self._in_cluster_loader = in_cluster_loader
+        self._environ = os.environ if environ is None else environ
+        self._token_file = token_file
+        self._ca_file = ca_file
+        self._token_stamp: tuple[int, int] | None = None
         self.requests: Counter[tuple[str, str]] = Counter()
         self._retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(KubeUnavailable),
@@ -159,16 +166,41 @@ class NodeClient:
     def _connect(self) -> client.CoreV1Api:
         cfg = client.Configuration()
         try:
-            if self._in_cluster_loader is not None:
-                self._in_cluster_loader(cfg)
-            elif self._kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config(client_configuration=cfg)
+            if self._kubeconfig is None and self._environ.get("KUBERNETES_SERVICE_HOST"):
+                incluster_config.InClusterConfigLoader(
+                    token_filename=self._token_file,
+                    cert_filename=self._ca_file,
+                    environ=self._environ,
+                ).load_and_set(cfg)
+                self._token_stamp = self._stamp()
+                cfg.refresh_api_key_hook = self._reload_rotated_token
             else:
                 config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
         except (config.ConfigException, OSError, ValueError) as exc:
             raise KubeError(f"no Kubernetes configuration: {exc}") from exc
         cfg.retries = urllib3.Retry(total=0, connect=0, read=0, redirect=0, status=0)
         return client.CoreV1Api(client.ApiClient(cfg))
+
+    def _stamp(self) -> tuple[int, int]:
+        st = os.stat(self._token_file)
+        return (st.st_mtime_ns, st.st_size)
+
+    def _reload_rotated_token(self, cfg: client.Configuration) -> None:
+        """Before each request: re-read the service-account token when its file changed.
+
+        The kubelet rotates projected tokens by swapping the file; the client's own loader
+        would keep the old token for up to a minute."""
+        try:
+            stamp = self._stamp()
+            if stamp == self._token_stamp:
+                return
+            with open(self._token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError:
+            return  # keep the token we have; a 401 will say so
+        if token:
+            cfg.api_key["BearerToken"] = "bearer " + token
+            self._token_stamp = stamp
 
     @property
     def server(self) -> str:

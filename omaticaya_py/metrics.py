@@ -124,7 +124,7 @@ class AgentCollector(Collector):
 def readiness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
     """(ready, reason) for ``/readyz`` (see the module docstring)."""
     now_s = agent.clock() if now_s is None else now_s
-    horizon = max(3 * agent.settings.schedule.period_s(), 30.0)
+    horizon = max(3 * agent.period_s, 30.0)
     cache = agent.cache
     if cache.last_read_ok_s is None or now_s - cache.last_read_ok_s > horizon:
         return False, "no successful NVML read recently"

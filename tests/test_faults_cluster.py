@@ -1,0 +1,270 @@
+"""API faults, each against the real kube-apiserver from scripts/dev-cluster.
+
+Status faults (409, 429, 5xx) and a slow PATCH are injected by ``tests/faultproxy.py``, which
+forwards everything else to the real API server; outages and restarts stop and start the real
+kube-apiserver process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from omaticaya_py.agent import Agent
+from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient
+from omaticaya_py.labels import STATIC_NAMES
+from omaticaya_py.nvml import NvmlReader, nvml_available
+from omaticaya_py.replay import TraceReader
+from omaticaya_py.settings import load_settings
+from tests.conftest import H100_TRACE, node_metadata
+from tests.faultproxy import Fault, FaultProxy
+
+pytestmark = pytest.mark.cluster
+P = "omaticaya.io/"
+
+
+@pytest.fixture
+def proxy(dev_cluster):
+    p = FaultProxy(dev_cluster)
+    yield p
+    p.close()
+
+
+def test_transient_statuses_are_retried_with_backoff_and_retry_after(
+    proxy, make_node, admin_api, tmp_path
+):
+    node = make_node()
+    naps: list[float] = []
+    client = NodeClient(
+        node, kubeconfig=str(proxy.kubeconfig(tmp_path / "kc")), attempts=5, sleep=naps.append
+    )
+    proxy.inject(
+        Fault("PATCH", status=429, retry_after_s=2),
+        Fault("PATCH", status=503),
+        Fault("PATCH", status=409),
+        Fault("PATCH", status=500),
+    )
+    meta = client.patch_node({"metadata": {"labels": {P + "x": "1"}}})
+    assert meta.labels[P + "x"] == "1"
+    assert node_metadata(admin_api, node)[0][P + "x"] == "1"
+    assert [s for m, _, s in proxy.seen if m == "PATCH"] == [429, 503, 409, 500, 200]
+    assert len(naps) == 4
+    assert naps[0] >= 2.0  # Retry-After honoured
+    assert all(0 <= n <= 5.0 for n in naps[1:])  # jittered exponential backoff, capped
+    assert client.requests == {
+        ("patch", "429"): 1, ("patch", "503"): 1, ("patch", "409"): 1,
+        ("patch", "500"): 1, ("patch", "200"): 1,
+    }
+
+
+def test_retries_are_bounded(proxy, make_node, tmp_path):
+    node = make_node()
+    client = NodeClient(
+        node, kubeconfig=str(proxy.kubeconfig(tmp_path / "kc")), attempts=3, sleep=lambda s: None
+    )
+    proxy.inject(*[Fault("GET", status=503)] * 3)
+    with pytest.raises(KubeUnavailable, match="503"):
+        client.get_node()
+    assert client.requests == {("get", "503"): 3}
+
+
+def test_forbidden_is_reported_and_not_hammered(dev_cluster, admin_api, make_node, tmp_path):
+    node = make_node()
+    sa = f"norbac-agent-{os.getpid()}"
+    admin_api.create_namespaced_service_account("default", {"metadata": {"name": sa}})
+    token = admin_api.create_namespaced_service_account_token(
+        sa, "default", {"spec": {"audiences": [], "expirationSeconds": 600}}
+    ).status.token
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    port = dev_cluster.ports()["APISERVER_PORT"]
+    environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)}
+    client = NodeClient(
+        node, environ=environ, token_file=str(token_file), ca_file=str(dev_cluster.ca_file),
+        sleep=lambda s: None,
+    )
+    clock = [0.0]
+    settings = load_settings(node_name=node, schedule="@every 10s")
+    agent = Agent(
+        settings, TraceReader(H100_TRACE, at_s=3.0), client, clock=lambda: clock[0]
+    )
+    for tick in range(60):  # ten minutes of ticks
+        clock[0] = tick * 10.0
+        agent.safe_tick()
+    # 10 s, 20 s, 40 s, 80 s, 160 s, then every 300 s: 6 tries in 600 s, not 60
+    assert client.requests == {("get", "403"): 6}
+    with pytest.raises(KubeForbidden, match="RBAC"):
+        client.get_node()
+
+
+def test_rotated_in_cluster_token_is_used_by_the_next_request(
+    dev_cluster, admin_api, make_node, tmp_path
+):
+    """In-cluster config with files we rotate; tokens from the TokenRequest API."""
+    node = make_node()
+    from kubernetes import client as k
+
+    rbac = k.RbacAuthorizationV1Api(admin_api.api_client)
+    suffix = os.getpid()
+    rbac.create_cluster_role(
+        {"metadata": {"name": f"nodes-{suffix}"},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]}
+    )
+    users = []
+    for who in ("old", "new"):
+        name = f"agent-{who}-{suffix}"
+        admin_api.create_namespaced_service_account("default", {"metadata": {"name": name}})
+        rbac.create_cluster_role_binding(
+            {"metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                         "name": f"nodes-{suffix}"},
+             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]}
+        )
+        users.append(name)
+    tokens = [
+        admin_api.create_namespaced_service_account_token(
+            name, "default", {"spec": {"audiences": [], "expirationSeconds": 600}}
+        ).status.token
+        for name in users
+    ]
+    token_file = tmp_path / "token"
+    token_file.write_text(tokens[0])
+    port = dev_cluster.ports()["APISERVER_PORT"]
+    client = NodeClient(
+        node,
+        environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)},
+        token_file=str(token_file),
+        ca_file=str(dev_cluster.ca_file),
+    )
+    client.patch_node({"metadata": {"labels": {P + "who": "old"}}})
+    time.sleep(0.01)
+    tmp = tmp_path / "token.new"  # rotate the way the kubelet does: write, then rename
+    tmp.write_text(tokens[1])
+    tmp.rename(token_file)
+    client.patch_node({"metadata": {"labels": {P + "who": "new"}}})
+
+    patchers = []
+    for line in dev_cluster.audit_lines():
+        event = json.loads(line)
+        ref = event.get("objectRef", {})
+        if event.get("verb") == "patch" and ref.get("name") == node:
+            patchers.append(event["user"]["username"])
+    assert patchers == [f"system:serviceaccount:default:{u}" for u in users]
+
+
+def _run_agent(env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "omaticaya_py", "run"],
+        env=dict(env, PYTHONUNBUFFERED="1", OMATICAYA_METRICS_PORT="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _read_at(admin_api, node: str) -> datetime | None:
+    try:
+        raw = node_metadata(admin_api, node)[1].get(P + "telemetry")
+    except Exception:  # noqa: BLE001 - API server down
+        return None
+    if raw is None:
+        return None
+    return datetime.fromisoformat(json.loads(raw)["read_at"].replace("Z", "+00:00"))
+
+
+def _wait_fresh(admin_api, node: str, since: datetime, timeout_s: float) -> float:
+    """Seconds until the telemetry's read_at is at or after ``since``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        read_at = _read_at(admin_api, node)
+        if read_at is not None and read_at >= since.replace(microsecond=0):
+            return time.monotonic() - start
+        time.sleep(0.1)
+    pytest.fail(f"telemetry not refreshed within {timeout_s}s")
+
+
+@pytest.mark.slow
+def test_api_outage_and_restart(dev_cluster, admin_api, make_node):
+    """API server down for 30 s, then back; then restarted as a new process."""
+    node = make_node()
+    env = dict(
+        dev_cluster.env(), NODE_NAME=node, OMATICAYA_TRACE=str(H100_TRACE),
+        OMATICAYA_SCHEDULE="@every 1s", OMATICAYA_HEARTBEAT_S="1",
+    )
+    proc = _run_agent(env)
+    try:
+        _wait_fresh(admin_api, node, datetime.now(timezone.utc), 20)
+        dev_cluster.stop_apiserver()
+        time.sleep(30)
+        assert proc.poll() is None, "the agent must keep running"
+        dev_cluster.start_apiserver()
+        back = datetime.now(timezone.utc)
+        recovered_s = _wait_fresh(admin_api, node, back, 10)
+        assert recovered_s <= 2.5, f"patched {recovered_s:.1f}s after recovery (interval 1s)"
+
+        dev_cluster.restart_apiserver()  # a new process, same etcd
+        back = datetime.now(timezone.utc)
+        assert _wait_fresh(admin_api, node, back, 10) <= 2.5
+        time.sleep(1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    outage_lines = [l for l in stderr.splitlines() if "Kubernetes API request failed" in l]
+    assert len(outage_lines) == 2, stderr  # once per outage, not once per tick
+    assert stderr.count("Kubernetes API reachable again") == 2
+    assert "Traceback" not in stderr
+
+
+def test_sigterm_while_a_patch_is_in_flight(dev_cluster, admin_api, make_node, proxy, tmp_path):
+    node = make_node(labels={"nvidia.com/gpu.present": "true"})
+    env = dict(
+        os.environ,
+        KUBECONFIG=str(proxy.kubeconfig(tmp_path / "kc")),
+        NODE_NAME=node,
+        OMATICAYA_TRACE=str(H100_TRACE),
+        OMATICAYA_SCHEDULE="@every 1s",
+    )
+    proxy.inject(Fault("GET"), Fault("PATCH", delay_s=3.0))  # the first PATCH hangs for 3 s
+    proc = _run_agent(env)
+    try:
+        assert proxy.in_flight.wait(20), "the agent never sent its first patch"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    labels, annotations = node_metadata(admin_api, node)
+    ours = {k.removeprefix(P) for k in labels if k.startswith(P)}
+    assert ours and ours <= STATIC_NAMES  # the patch completed, then cleanup removed the rest
+    assert P + "telemetry" not in annotations
+    methods = [m for m, _, _ in proxy.seen]
+    assert methods[-2:] == ["GET", "PATCH"]  # cleanup: read the Node, remove dynamic keys
+
+
+def test_without_nvml_health_is_unknown_and_numbers_are_absent(dev_cluster, admin_api, make_node):
+    """The real NVML library on a machine without a GPU or driver: Unknown, no numbers."""
+    if nvml_available():
+        pytest.skip("a GPU is present: this test needs a machine where NVML cannot start")
+    node = make_node()
+    stale = {P + "gpu.memory.free-mib": "80896", P + "gpu-0.utilization-pct": "100"}
+    admin_api.patch_node(node, {"metadata": {"labels": stale}})
+    settings = load_settings(node_name=node)
+    client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
+    agent = Agent(settings, NvmlReader(watch_xid=False), client)
+    result = agent.tick()
+    assert result.snapshot.error is not None and result.snapshot.error.startswith("NVMLError")
+    labels, _ = node_metadata(admin_api, node)
+    assert {k: v for k, v in labels.items() if k.startswith(P)} == {P + "gpu.health": "Unknown"}
+    assert agent.reader.errors[("nvmlInit", result.snapshot.error)] == 1
+    agent.tick()  # retried every tick
+    assert agent.reader.errors[("nvmlInit", result.snapshot.error)] == 2
