@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import tenacity
 import urllib3
 from kubernetes import client, config
-from kubernetes.config import incluster_config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import incluster_config
 
 from .patch import MergePatch, NodeMeta
 

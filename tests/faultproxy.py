@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import ssl
 import threading
 import time
 from collections import deque

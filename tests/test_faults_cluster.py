@@ -217,7 +217,7 @@ def test_api_outage_and_restart(dev_cluster, admin_api, make_node):
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
-    outage_lines = [l for l in stderr.splitlines() if "Kubernetes API request failed" in l]
+    outage_lines = [s for s in stderr.splitlines() if "Kubernetes API request failed" in s]
     assert len(outage_lines) == 2, stderr  # once per outage, not once per tick
     assert stderr.count("Kubernetes API reachable again") == 2
     assert "Traceback" not in stderr
