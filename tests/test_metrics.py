@@ -1,0 +1,157 @@
+"""/metrics, /healthz and /readyz: the collector on its own, then a running agent scraped over
+HTTP while it replays the H100 trace against the real API server."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from omaticaya_py.agent import Agent
+from omaticaya_py.metrics import AgentCollector, readiness
+from omaticaya_py.replay import TraceReader
+from omaticaya_py.settings import load_settings
+from tests.conftest import H100_TRACE
+
+MIB = 1024 * 1024
+
+
+def collect(agent: Agent) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent))
+    return registry
+
+
+def test_collector_reads_the_cache_only():
+    agent = Agent(load_settings(node_name="n"), TraceReader(H100_TRACE, at_s=14.0), None)
+    registry = collect(agent)
+    assert registry.get_sample_value("omaticaya_gpu_memory_free_bytes", {"gpu": "0", "uuid": ""}) is None
+    agent.tick()
+    uuid = "GPU-178dd196-7fda-b7ae-a94e-630097a14ca4"
+    key = {"gpu": "0", "uuid": uuid}
+    snap = agent.cache.last.snapshot.gpus[0]
+    cases = {
+        "omaticaya_gpu_memory_free_bytes": snap.memory_free_mib * MIB,
+        "omaticaya_gpu_memory_used_bytes": snap.memory_used_mib * MIB,
+        "omaticaya_gpu_memory_total_bytes": 81559 * MIB,
+        "omaticaya_gpu_temperature_celsius": snap.temperature_c,
+        "omaticaya_gpu_power_watts": snap.power_w,
+        "omaticaya_gpu_utilization_ratio": snap.utilization_pct / 100,
+        "omaticaya_gpu_healthy": 1,
+    }
+    for name, expected in cases.items():
+        assert registry.get_sample_value(name, key) == pytest.approx(expected), name
+    assert registry.get_sample_value("omaticaya_node_health", {"state": "Healthy"}) == 1
+    assert registry.get_sample_value("omaticaya_node_health", {"state": "Unknown"}) == 0
+    assert registry.get_sample_value("omaticaya_ticks_total") == 1
+    assert registry.get_sample_value("omaticaya_tick_duration_seconds_count") == 1
+    reads_before = agent.reader._prev_s
+    for _ in range(3):
+        collect(agent).collect()
+    assert agent.reader._prev_s == reads_before  # a scrape reads no GPU
+
+
+@pytest.mark.parametrize(
+    ("read_ago_s", "api_ago_s", "ready", "reason"),
+    [
+        (1, 1, True, "ok"),
+        (None, None, False, "no successful NVML read recently"),
+        (100, 1, False, "no successful NVML read recently"),
+        (1, None, False, "Kubernetes API not reached recently"),
+        (1, 100, False, "Kubernetes API not reached recently"),
+    ],
+)
+def test_readiness(read_ago_s, api_ago_s, ready, reason):
+    agent = Agent(load_settings(node_name="n", schedule="@every 10s"), TraceReader(H100_TRACE), None)
+    now = 1000.0
+    agent.cache.last_read_ok_s = None if read_ago_s is None else now - read_ago_s
+    agent.cache.last_api_ok_s = None if api_ago_s is None else now - api_ago_s
+    assert readiness(agent, now) == (ready, reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.cluster
+def test_scrape_a_running_agent(dev_cluster, make_node):
+    node = make_node()
+    port = free_port()
+    env = dict(
+        dev_cluster.env(),
+        NODE_NAME=node,
+        OMATICAYA_TRACE=str(H100_TRACE),
+        OMATICAYA_SCHEDULE="@every 1s",
+        OMATICAYA_METRICS_PORT=str(port),
+        OMATICAYA_METRICS_ADDRESS="127.0.0.1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omaticaya_py", "run"], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if get(base + "/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("agent never became ready")
+        time.sleep(2.5)
+        assert get(base + "/healthz") == (200, "ok\n")
+        assert get(base + "/readyz") == (200, "ok\n")
+        status, text = get(base + "/metrics")
+        assert status == 200
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    gpu = {"gpu": "0", "uuid": "GPU-178dd196-7fda-b7ae-a94e-630097a14ca4"}
+    assert value("omaticaya_gpu_memory_total_bytes", **gpu) == 81559 * MIB
+    assert 40_000 * MIB < value("omaticaya_gpu_memory_free_bytes", **gpu) <= 81559 * MIB
+    assert 0 <= value("omaticaya_gpu_utilization_ratio", **gpu) <= 1
+    assert 30 <= value("omaticaya_gpu_temperature_celsius", **gpu) <= 90
+    assert value("omaticaya_gpu_healthy", **gpu) == 1
+    assert value("omaticaya_node_health", state="Healthy") == 1
+    assert value("omaticaya_api_requests_total", verb="get", result="200") == 1
+    assert value("omaticaya_api_requests_total", verb="patch", result="200") >= 1
+    assert value("omaticaya_patches_total") == value(
+        "omaticaya_api_requests_total", verb="patch", result="200"
+    )
+    assert value("omaticaya_labels_changed_total") >= 18
+    assert value("omaticaya_ticks_total") >= 3
+    assert value("omaticaya_tick_duration_seconds_count") == value("omaticaya_ticks_total")
+    assert abs(value("omaticaya_last_patch_timestamp_seconds") - time.time()) < 60
+    build = [k for k in samples if k[0] == "omaticaya_build_info"]
+    assert len(build) == 1 and dict(build[0][1])["version"]
