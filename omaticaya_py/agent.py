@@ -126,7 +126,8 @@ class Agent:
         snapshot = self.reader.read()
         self.ledger.record(snapshot.xid_events)
         health = assess(snapshot, self.ledger.recent(snapshot.clock_s), self.policy)
-        desired = render(snapshot, health, self.settings)
+        previous = self.cache.last.desired.labels if self.cache.last is not None else None
+        desired = render(snapshot, health, self.settings, previous)
         for key, value in desired.dropped:
             logger.warning("dropped invalid label {}={!r}", key, value)
         self._log_nvml(snapshot)

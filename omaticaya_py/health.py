@@ -108,7 +108,7 @@ def assess_gpu(gpu: GpuReading, fatal_xids: Iterable[int] = ()) -> GpuHealth:
         reasons.append("remap-pending")
     if gpu.remapped_rows_failure:
         reasons.append("remap-failure")
-    if gpu.ecc_uncorrected_volatile:
+    if (gpu.ecc_uncorrected_volatile or 0) > 0:
         reasons.append("ecc-dbe")
     reasons.extend(f"xid-{x}" for x in sorted(set(fatal_xids)))
     return GpuHealth(index=gpu.index, reasons=tuple(reasons))

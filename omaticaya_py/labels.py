@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timezone
 
 from . import __version__
 from .health import NodeHealth
@@ -31,6 +32,8 @@ __all__ = [
     "quantise_nearest",
     "render",
     "sanitise_value",
+    "stable_down",
+    "stable_nearest",
     "telemetry",
 ]
 
@@ -62,8 +65,8 @@ MAX_ANNOTATIONS_BYTES = 256 * 1024
 
 def is_valid_key(key: str) -> bool:
     """True if ``key`` is a Kubernetes qualified name (``[prefix/]name``) usable as a label key."""
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _PREFIX.match(prefix)):
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix)):
         return False
     return 0 < len(name) <= 63 and bool(_NAME.match(name))
 
@@ -91,7 +94,28 @@ def quantise_down(value: float, step: int) -> int:
 
 def quantise_nearest(value: float, step: int) -> int:
     """``value`` rounded half up to the nearest multiple of ``step`` (utilisation)."""
+    if isinstance(value, int):  # exact for any size
+        return (2 * value + step) // (2 * step) * step
     return int((value + step / 2) // step) * step
+
+
+def stable_down(raw: float, step: int, previous: int | None, margin: float) -> int:
+    """``quantise_down`` with hysteresis: the value drops as soon as the reading does (a label
+    never promises more free memory than there is) but rises only once the reading passes the
+    next step edge by ``margin``."""
+    value = quantise_down(raw, step)
+    if previous is None or value <= previous:
+        return value
+    return max(previous, quantise_down(raw - margin, step))
+
+
+def stable_nearest(raw: float, step: int, previous: int | None, margin: float) -> int:
+    """``quantise_nearest`` with hysteresis: the previous value is kept while the reading stays
+    within half a step plus ``margin`` of it."""
+    value = quantise_nearest(raw, step)
+    if previous is None or value == previous or abs(raw - previous) >= step / 2 + margin:
+        return value
+    return previous
 
 
 @dataclass(frozen=True)
@@ -106,8 +130,22 @@ class Desired:
     dropped: tuple[tuple[str, str], ...] = field(default=())
 
 
-def _node_labels(snapshot: NodeSnapshot, health: NodeHealth, s: Settings) -> dict[str, str]:
+def _node_labels(
+    snapshot: NodeSnapshot, health: NodeHealth, s: Settings, previous: Mapping[str, str]
+) -> dict[str, str]:
     out: dict[str, str] = {"gpu.health": str(health.state)}
+    share = s.hysteresis_pct / 100
+
+    def before(name: str) -> int | None:
+        value = previous.get(f"{s.prefix}/{name}")
+        return int(value) if value is not None and value.isdigit() else None
+
+    def down(name: str, raw: float, step: int) -> str:
+        return str(stable_down(raw, step, before(name), share * step))
+
+    def nearest(name: str, raw: float, step: int) -> str:
+        return str(stable_nearest(raw, step, before(name), share * step))
+
     if snapshot.error is not None:
         return out  # nothing else can be trusted: numbers would be stale
     gpus = snapshot.gpus
@@ -133,12 +171,14 @@ def _node_labels(snapshot: NodeSnapshot, health: NodeHealth, s: Settings) -> dic
 
     healthy = [g for g in gpus if health.gpus[g.index].healthy]
     free = [g.memory_free_mib for g in healthy if g.memory_free_mib is not None]
-    mem_step = s.memory_step_mib
-    out["gpu.memory.free-mib"] = str(quantise_down(max(free), mem_step) if free else 0)
-    out["gpu.memory.free-total-mib"] = str(quantise_down(sum(free), mem_step) if free else 0)
+    mem_step, util_step = s.memory_step_mib, s.utilization_step_pct
+    out["gpu.memory.free-mib"] = down("gpu.memory.free-mib", max(free), mem_step) if free else "0"
+    out["gpu.memory.free-total-mib"] = (
+        down("gpu.memory.free-total-mib", sum(free), mem_step) if free else "0"
+    )
     utils = [g.utilization_pct for g in healthy if g.utilization_pct is not None]
     if utils:
-        out["gpu.utilization-pct"] = str(quantise_nearest(min(utils), s.utilization_step_pct))
+        out["gpu.utilization-pct"] = nearest("gpu.utilization-pct", min(utils), util_step)
     idle = sum(
         1
         for g in healthy
@@ -156,13 +196,15 @@ def _node_labels(snapshot: NodeSnapshot, health: NodeHealth, s: Settings) -> dic
             if g.error is not None:
                 continue
             if g.memory_free_mib is not None:
-                out[f"{n}.memory.free-mib"] = str(quantise_down(g.memory_free_mib, mem_step))
+                out[f"{n}.memory.free-mib"] = down(f"{n}.memory.free-mib", g.memory_free_mib, mem_step)
             if g.utilization_pct is not None:
-                out[f"{n}.utilization-pct"] = str(
-                    quantise_nearest(g.utilization_pct, s.utilization_step_pct)
+                out[f"{n}.utilization-pct"] = nearest(
+                    f"{n}.utilization-pct", g.utilization_pct, util_step
                 )
-            if g.temperature_c is not None:
-                out[f"{n}.temperature-c"] = str(g.temperature_c)
+            if g.temperature_c is not None and g.temperature_c >= 0:
+                out[f"{n}.temperature-c"] = nearest(
+                    f"{n}.temperature-c", g.temperature_c, s.temperature_step_c
+                )
     return out
 
 
@@ -201,7 +243,9 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth) -> str:
         )
     doc: dict[str, object] = {
         "agent": __version__,
-        "read_at": snapshot.read_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "read_at": snapshot.read_at.astimezone(timezone.utc)
+        .isoformat(timespec="seconds")
+        .replace("+00:00", "Z"),
         "source": snapshot.source,
         "health": str(health.state),
         "driver": snapshot.driver_version,
@@ -215,19 +259,25 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth) -> str:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
-def render(snapshot: NodeSnapshot, health: NodeHealth, settings: Settings) -> Desired:
+def render(
+    snapshot: NodeSnapshot,
+    health: NodeHealth,
+    settings: Settings,
+    previous: Mapping[str, str] | None = None,
+) -> Desired:
     """Desired labels and annotations (full keys under ``settings.prefix``) for this snapshot.
 
     Labels follow the schema in the README (node aggregates, static facts, per-GPU keys when
     ``per_gpu_labels``); the one annotation is ``<prefix>/telemetry``. Invalid keys or values
-    are dropped and listed in ``Desired.dropped``.
+    are dropped and listed in ``Desired.dropped``. ``previous`` (the labels rendered last
+    tick) turns on hysteresis for the rounded numbers (``settings.hysteresis_pct``).
     """
     prefix = settings.prefix
     labels: dict[str, str] = {}
     dropped: list[tuple[str, str]] = []
-    for name, value in _node_labels(snapshot, health, settings).items():
+    for name, value in _node_labels(snapshot, health, settings, previous or {}).items():
         key = f"{prefix}/{name}"
-        if is_valid_key(key) and is_valid_value(value):
+        if is_valid_key(key) and is_valid_value(value) and (value or name == "gpu.product.mixed"):
             labels[key] = value
         else:
             dropped.append((key, value))

@@ -7,6 +7,7 @@ with status 2, without a traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,31 +79,46 @@ class Schedule:
 
 
 def _cron_weekdays(field: str) -> str:
-    """Translate crontab weekday numbers (0 or 7 = Sunday) into APScheduler 3.x names.
+    """Translate a crontab weekday field (0 or 7 = Sunday; names; ranges; steps) into the
+    explicit list of APScheduler 3.x day names it means.
 
-    APScheduler 3.x counts 0 as Monday (its docs call it a historical mistake), so a numeric
-    crontab weekday would otherwise fire on the wrong day.
+    APScheduler 3.x counts 0 as Monday (its docs call it a historical mistake) and ignores
+    steps on name ranges, so the field is expanded to the set of days first. Raises
+    ``ValueError`` for a day out of range or a reversed range.
     """
+    if field == "*":
+        return "*"
 
-    def one(part: str) -> str:
-        step = ""
-        if "/" in part:
-            part, step = part.split("/", 1)
-            step = "/" + step
-        if re.fullmatch(r"\d+-\d+", part):
-            lo, hi = (int(x) for x in part.split("-"))
-            if lo > 7 or hi > 7:
-                raise ValueError(f"weekday out of range in {part!r}")
-            if lo == 0 and hi >= 1:  # sun-... wraps in APScheduler's Monday-first week
-                return f"sun,mon-{_CRON_WEEKDAYS[hi]}{step}" if hi < 7 else f"*{step}"
-            return f"{_CRON_WEEKDAYS[lo]}-{_CRON_WEEKDAYS[hi]}{step}"
-        if re.fullmatch(r"\d+", part):
-            if int(part) > 7:
-                raise ValueError(f"weekday out of range in {part!r}")
-            return _CRON_WEEKDAYS[int(part)] + step
-        return part + step
+    def day(token: str) -> int:
+        token = token.lower()
+        if token.isdigit():
+            if int(token) > 7:
+                raise ValueError(f"weekday out of range 0-7: {token!r}")
+            return int(token)
+        if token[:3] in _CRON_WEEKDAYS[:7]:
+            return _CRON_WEEKDAYS.index(token[:3])
+        raise ValueError(f"bad weekday {token!r}")
 
-    return ",".join(one(p) for p in field.split(","))
+    days: set[int] = set()
+    for part in field.split(","):
+        base, _, step_text = part.partition("/")
+        if step_text and not step_text.isdigit() or step_text == "0":
+            raise ValueError(f"bad weekday step in {part!r}")
+        step = int(step_text) if step_text else 1
+        if base == "*":
+            lo, hi = 0, 6
+        elif "-" in base:
+            first, _, last = base.partition("-")
+            lo, hi = day(first), day(last)
+        else:
+            lo = day(base)
+            hi = 6 if step_text else lo
+        if lo > hi:
+            raise ValueError(f"reversed weekday range {part!r}")
+        days.update(d % 7 for d in range(lo, hi + 1, step))
+    if len(days) == 7:
+        return "*"
+    return ",".join(_CRON_WEEKDAYS[d] for d in sorted(days))
 
 
 def parse_schedule(text: str) -> Schedule:
@@ -169,6 +185,16 @@ class Settings(BaseSettings):
     utilization_step_pct: int = Field(
         default=10, ge=1, le=100, description="Utilisation labels round to this."
     )
+    temperature_step_c: int = Field(
+        default=5, ge=1, le=50, description="Temperature labels round to this."
+    )
+    hysteresis_pct: float = Field(
+        default=20,
+        ge=0,
+        le=50,
+        description="A rounded label moves only when the reading passes the step edge by this "
+        "share of a step (0: off).",
+    )
     idle_utilization_pct: float = Field(
         default=5, ge=0, le=100, description="A GPU under this with no process counts as idle."
     )
@@ -203,6 +229,32 @@ class Settings(BaseSettings):
         if not isinstance(value, str):
             raise ValueError(f"expected {SCHEDULE_FORM}")
         return parse_schedule(value)
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _empty_trace(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError("expected an existing trace file (JSON, format version 1)")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError("expected an IP address to bind, like '0.0.0.0' or '::'") from None
+        return value
 
     @field_validator("prefix")
     @classmethod

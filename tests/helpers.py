@@ -1,0 +1,145 @@
+"""Small builders for the pure-stage tests: readings, snapshots, settings, expected label maps.
+
+Defaults are a healthy, idle NVIDIA H100 80GB HBM3 as the real trace (``tests/data/h100-trace.json``)
+records it: 81559 MiB total, 81079 MiB free, 40 C, 120 W, no ECC error, no remapped rows, no process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from omaticaya_py.health import NodeHealth, XidPolicy, assess
+from omaticaya_py.labels import Desired, render
+from omaticaya_py.settings import Settings
+from omaticaya_py.snapshot import GpuReading, NodeSnapshot, XidEvent
+
+DATA = Path(__file__).parent / "data"
+H100_TRACE = DATA / "h100-trace.json"
+FAULTS_TRACE = DATA / "faults-trace.json"
+MULTI_TRACE = DATA / "multi-gpu-trace.json"
+
+H100 = "NVIDIA H100 80GB HBM3"
+H100_LABEL = "NVIDIA-H100-80GB-HBM3"
+H100_TOTAL_MIB = 81559
+H100_IDLE_FREE_MIB = 81079
+READ_AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
+PREFIX = "omaticaya.io"
+
+
+def gpu(
+    index: int = 0,
+    memory_free_mib: int | None = H100_IDLE_FREE_MIB,
+    utilization_pct: float | None = 0.0,
+    **kw: Any,
+) -> GpuReading:
+    """A reading of one H100; any field can be overridden (``None``: NotSupported)."""
+    fields: dict[str, Any] = {
+        "uuid": f"GPU-{index:08d}-7fda-b7ae-a94e-630097a14ca4",
+        "product": H100,
+        "architecture": "hopper",
+        "compute_major": 9,
+        "compute_minor": 0,
+        "memory_total_mib": H100_TOTAL_MIB,
+        "memory_used_mib": None
+        if memory_free_mib is None
+        else H100_TOTAL_MIB - memory_free_mib,
+        "memory_free_mib": memory_free_mib,
+        "utilization_pct": utilization_pct,
+        "memory_utilization_pct": 0.0,
+        "temperature_c": 40,
+        "power_w": 120.0,
+        "performance_state": 0,
+        "ecc_uncorrected_volatile": 0,
+        "ecc_corrected_volatile": 0,
+        "remapped_rows_pending": False,
+        "remapped_rows_failure": False,
+        "process_count": 0,
+    }
+    fields.update(kw)
+    return GpuReading(index=index, **fields)
+
+
+def lost(index: int, error: str = "NVMLError_GpuIsLost", **kw: Any) -> GpuReading:
+    """A GPU whose read failed: only the index and the static facts are known."""
+    fields: dict[str, Any] = {
+        "uuid": f"GPU-{index:08d}-7fda-b7ae-a94e-630097a14ca4",
+        "product": H100,
+        "architecture": "hopper",
+        "compute_major": 9,
+        "compute_minor": 0,
+    }
+    fields.update(kw)
+    return GpuReading(index=index, error=error, **fields)
+
+
+def snapshot(
+    *gpus: GpuReading,
+    error: str | None = None,
+    xid_events: Iterable[XidEvent] = (),
+    clock_s: float = 100.0,
+    cuda: tuple[int, int] | None = (13, 0),
+    driver: str | None = "580.159.04",
+    read_at: datetime = READ_AT,
+) -> NodeSnapshot:
+    """A node snapshot; with ``error`` (library failure) the GPUs are dropped, as readers do."""
+    return NodeSnapshot(
+        read_at=read_at,
+        clock_s=clock_s,
+        gpus=() if error else tuple(gpus),
+        driver_version=None if error else driver,
+        cuda_driver_version=None if error else cuda,
+        error=error,
+        xid_events=tuple(xid_events),
+        source="test",
+    )
+
+
+def xid(index: int, code: int, at_s: float = 90.0) -> XidEvent:
+    return XidEvent(index=index, xid=code, at_s=at_s)
+
+
+def settings(**overrides: Any) -> Settings:
+    """Settings from defaults plus ``overrides`` (no ``.env`` file read)."""
+    return Settings(_env_file=None, **overrides)  # type: ignore[call-arg]
+
+
+def policy_of(s: Settings) -> XidPolicy:
+    """The Xid policy the agent derives from settings."""
+    return XidPolicy(ignore=s.xid_ignore, all_fatal=s.xid_all_fatal, quiet_s=s.xid_quiet_s)
+
+
+def evaluate(
+    snap: NodeSnapshot,
+    s: Settings | None = None,
+    recent: Iterable[XidEvent] | None = None,
+) -> tuple[NodeHealth, Desired]:
+    """assess + render, the pure part of one tick. ``recent`` defaults to the snapshot's events."""
+    s = s or settings()
+    health = assess(snap, snap.xid_events if recent is None else recent, policy_of(s))
+    return health, render(snap, health, s)
+
+
+def rendered_labels(snap: NodeSnapshot, s: Settings | None = None, **kw: Any) -> dict[str, str]:
+    return evaluate(snap, s, **kw)[1].labels
+
+
+def prefixed(names: Mapping[str, str], prefix: str = PREFIX) -> dict[str, str]:
+    """Short label names -> full keys under ``prefix``."""
+    return {f"{prefix}/{k}": v for k, v in names.items()}
+
+
+def h100_static(count: int, *, product: str = H100_LABEL, total: int = H100_TOTAL_MIB) -> dict[str, str]:
+    """The hardware-fact labels of ``count`` H100s on CUDA driver 13.0 (short names)."""
+    return {
+        "gpu.count": str(count),
+        "gpu.product": product,
+        "gpu.family": "hopper",
+        "gpu.compute.major": "9",
+        "gpu.compute.minor": "0",
+        "cuda.driver.major": "13",
+        "cuda.driver.minor": "0",
+        "gpu.memory.total-mib": str(total),
+    }
