@@ -114,6 +114,7 @@ class Agent:
         self._forbidden = 0  # consecutive 401/403 answers
         self._api_paused_until_s = float("-inf")
         self.period_s = settings.schedule.period_s()
+        self._slow_warned_s = float("-inf")
         self._nvml_failing = False
         self._tick_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -270,6 +271,7 @@ class Agent:
         never raised, so the schedule goes on."""
         if self._stopping.is_set():
             return
+        started = self.clock()
         try:
             self.tick()
         except KubeError:
@@ -277,6 +279,13 @@ class Agent:
         except Exception:  # noqa: BLE001 - the daemon must survive any bug in one tick
             self.cache.tick_errors += 1
             logger.exception("tick failed")
+        took_s = self.clock() - started
+        if took_s > self.period_s / 2 and started - self._slow_warned_s > 300:
+            self._slow_warned_s = started
+            logger.warning(
+                "a tick took {:.2f}s, more than half the {:.3g}s interval; later ticks may be "
+                "skipped (warned at most every 5 min)", took_s, self.period_s
+            )
 
     # -- cleanup -----------------------------------------------------------------------------
 

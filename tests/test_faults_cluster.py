@@ -218,8 +218,10 @@ def test_api_outage_and_restart(dev_cluster, admin_api, make_node):
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     outage_lines = [s for s in stderr.splitlines() if "Kubernetes API request failed" in s]
-    assert len(outage_lines) == 2, stderr  # once per outage, not once per tick
-    assert stderr.count("Kubernetes API reachable again") == 2
+    # once per outage, not once per tick (~30 failed ticks); a restart may be short enough for
+    # the retries inside one tick to ride it out, and then nothing is logged at all
+    assert 1 <= len(outage_lines) <= 2, stderr
+    assert stderr.count("Kubernetes API reachable again") == len(outage_lines)
     assert "Traceback" not in stderr
 
 
@@ -268,3 +270,57 @@ def test_without_nvml_health_is_unknown_and_numbers_are_absent(dev_cluster, admi
     assert agent.reader.errors[("nvmlInit", result.snapshot.error)] == 1
     agent.tick()  # retried every tick
     assert agent.reader.errors[("nvmlInit", result.snapshot.error)] == 2
+
+
+FAULTS_TRACE = H100_TRACE.parent / "faults-trace.json"
+
+
+def test_fault_trace_gives_the_right_labels_and_events(dev_cluster, admin_api, make_node):
+    """Xid 79 on GPU 2, remapped rows pending on GPU 1, GPU 3 lost, the driver gone: labels
+    and Events at each point, and recovery without a restart."""
+    node = make_node()
+    clock = [0.0]
+    settings = load_settings(node_name=node, xid_quiet_s=8)
+    reader = TraceReader(FAULTS_TRACE, loop=False, window_s=1.0, clock=lambda: clock[0])
+    client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
+    agent = Agent(settings, reader, client, clock=lambda: clock[0])
+    states: dict[int, dict[str, str]] = {}
+    for t in range(40):
+        clock[0] = float(t)
+        agent.tick()
+        labels = node_metadata(admin_api, node)[0]
+        states[t] = {k.removeprefix(P): v for k, v in labels.items() if k.startswith(P)}
+
+    def health(t: int) -> tuple[str, ...]:
+        s = states[t]
+        return (s["gpu.health"], *(s.get(f"gpu-{i}.health", "-") for i in range(4)))
+
+    assert health(3) == ("Healthy", "Healthy", "Healthy", "Healthy", "Healthy")
+    assert health(6) == health(3)  # Xid 13 is an application fault: ignored
+    assert health(10) == ("Degraded", "Healthy", "Unhealthy", "Healthy", "Healthy")  # remap
+    assert health(15) == health(3)  # pending rows cleared: recovered
+    assert health(20) == ("Degraded", "Healthy", "Healthy", "Unhealthy", "Healthy")  # Xid 79
+    assert health(24) == ("Degraded", "Healthy", "Healthy", "Unhealthy", "Unhealthy")  # lost
+    assert health(28) == health(3)  # quiet window over, GPU 3 back
+    assert states[32] == {"gpu.health": "Unknown"}  # driver gone: numbers removed
+    assert states[33] == states[32]
+    assert health(35) == health(3)  # NVML back: labels return without a restart
+    assert states[35]["gpu.healthy-count"] == "4"
+    assert states[24]["gpu.healthy-count"] == "2"
+    assert "gpu-3.memory.free-mib" not in states[24]  # a lost GPU's numbers are removed
+
+    events = admin_api.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node}"
+    ).items
+    seen = sorted(  # names end in a microsecond timestamp: chronological
+        (e.metadata.name, e.reason, e.type, e.message, e.reporting_component) for e in events
+    )
+    assert [(r, ty, m, c) for _, r, ty, m, c in seen] == [
+        ("GpuUnhealthy", "Warning", "GPU 1 unhealthy: remap-pending", "omaticaya"),
+        ("GpuRecovered", "Normal", "GPU 1 healthy again", "omaticaya"),
+        ("GpuUnhealthy", "Warning", "GPU 2 unhealthy: xid-79", "omaticaya"),
+        ("GpuUnhealthy", "Warning", "GPU 3 unhealthy: lost", "omaticaya"),
+        ("GpuRecovered", "Normal", "GPU 2 healthy again", "omaticaya"),
+        ("GpuRecovered", "Normal", "GPU 3 healthy again", "omaticaya"),
+    ]
+    assert all(e.involved_object.kind == "Node" for e in events)
