@@ -193,7 +193,7 @@ class Agent:
                 self.cache.ticks += 1
                 return result
             try:
-                current = self._current() if self.node is not None else self._offline_meta()
+                current = self._current()
                 patch = self._diff(desired, current, now_s)
                 sent = False
                 if patch is not None and not self.dry_run and self.node is not None:
@@ -220,11 +220,6 @@ class Agent:
             result = TickResult(snapshot, health, desired, patch, sent)
             self.cache.store(result, now_s)
             return result
-
-    def _offline_meta(self) -> NodeMeta:
-        if self._meta is None:
-            self._meta = NodeMeta(name=self.settings.node_name or "")
-        return self._meta
 
     def _api_ok(self, now_s: float) -> None:
         self.cache.last_api_ok_s = now_s

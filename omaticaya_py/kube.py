@@ -18,7 +18,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 import tenacity
 import urllib3
@@ -37,7 +37,6 @@ __all__ = [
     "NodeClient",
 ]
 
-T = TypeVar("T")
 MERGE_PATCH = "application/merge-patch+json"
 _TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
 
@@ -218,19 +217,10 @@ class NodeClient:
                 response = fn()
             except ApiException as exc:
                 self.requests[(verb, str(exc.status))] += 1
-                if exc.status == 401 and not reloaded:  # rotated token: reload once, retry
+                if exc.status == 401 and not reloaded:  # credentials replaced: reload once
                     reloaded = True
                     self._api = self._connect()
-                    try:
-                        response = fn()
-                    except ApiException as exc2:
-                        self.requests[(verb, str(exc2.status))] += 1
-                        raise _wrap(exc2, verb, what) from exc2
-                    except (urllib3.exceptions.HTTPError, OSError) as exc2:
-                        self.requests[(verb, "error")] += 1
-                        raise _wrap(exc2, verb, what) from exc2
-                    self.requests[(verb, str(response.status))] += 1
-                    return response
+                    return attempt()
                 raise _wrap(exc, verb, what) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 self.requests[(verb, "error")] += 1
