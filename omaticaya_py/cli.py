@@ -1,4 +1,4 @@
-"""The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``.
+"""The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``, ``extender``.
 
 Flags override the environment (``OMATICAYA_*``, ``NODE_NAME``) and ``.env``. Bad input ends
 with exit status 2 and one line per problem, never a traceback; an API failure in ``once`` or
@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cleanup = sub.add_parser("cleanup", help="remove every key under the prefix from the Node")
     _common(cleanup)
+
+    from . import extender
+
+    extender.add_subcommand(sub)
     return parser
 
 
@@ -145,6 +149,10 @@ def _show(result: Any, as_json: bool) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``omaticaya`` console script. Returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "extender":  # a separate service with its own settings
+        from . import extender
+
+        return extender.run(args)
     from .kube import KubeError
     from .logs import setup_logging
     from .replay import TraceError

@@ -307,3 +307,220 @@ class NodeClient:
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._api.api_client.close()
+
+# -- a cache of every Node (list + watch), for the scheduler extender ------------------------
+# (imports of this section kept here: the module above is the agent's and stays as it was)
+
+import random  # noqa: E402
+import threading  # noqa: E402
+from typing import Generic, TypeVar  # noqa: E402
+
+from kubernetes.watch.watch import iter_resp_lines as _watch_lines  # noqa: E402
+
+V = TypeVar("V")
+
+
+class NodeCache(Generic[V]):
+    """An informer-style cache of every Node: one LIST, then a WATCH from its resourceVersion,
+    in a daemon thread. Readers (``get``, ``snapshot``) never call the API.
+
+    Each Node's metadata (``NodeMeta``: name, uid, labels, annotations) goes through
+    ``transform`` once per event and the result is stored, so that the work of parsing a Node is
+    done when it changes, not when it is read. A watch that ends (server timeout, dropped
+    connection) resumes from the last resourceVersion; an expired one (410 Gone) lists again.
+    Failures are wrapped in ``KubeError`` types, passed to ``on_error`` and retried with
+    exponential backoff (``backoff_s`` to ``backoff_max_s``); while the API is unreachable the
+    last known state stays (``synced`` stays true once the first LIST succeeded).
+
+    Configuration as ``NodeClient`` (``kubeconfig``, in-cluster service account otherwise).
+    RBAC: ``list`` and ``watch`` on ``nodes``.
+    """
+
+    def __init__(
+        self,
+        transform: Callable[[NodeMeta], V],
+        *,
+        kubeconfig: str | None = None,
+        environ: Mapping[str, str] | None = None,
+        timeout_s: float = 10.0,
+        watch_timeout_s: int = 300,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        on_error: Callable[[KubeError], None] | None = None,
+    ) -> None:
+        self._transform = transform
+        self._timeout_s = timeout_s
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff_s = backoff_s
+        self._backoff_max_s = backoff_max_s
+        self._on_error = on_error
+        # NodeClient brings the configuration, token rotation and request accounting; its
+        # retries are kept to one attempt: this loop does its own backoff.
+        self._client = NodeClient(
+            "", kubeconfig=kubeconfig, environ=environ, timeout_s=timeout_s, attempts=1
+        )
+        self._items: dict[str, V] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._response: Any = None
+        self.resource_version = ""
+        self.lists = 0
+        self.events = 0
+        self.last_error: KubeError | None = None
+
+    @property
+    def server(self) -> str:
+        """The API server URL in use."""
+        return self._client.server
+
+    @property
+    def synced(self) -> bool:
+        """True once the first LIST has been stored."""
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout_s: float | None = None) -> bool:
+        """Block until the first LIST is stored (or the timeout passes); returns ``synced``."""
+        return self._synced.wait(timeout_s)
+
+    def get(self, name: str) -> V | None:
+        """The stored value for Node ``name``, or ``None`` when the cache has no such Node."""
+        return self._items.get(name)
+
+    def snapshot(self) -> dict[str, V]:
+        """A copy of every stored value by Node name."""
+        with self._lock:
+            return dict(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def start(self) -> NodeCache[V]:
+        """Start the list+watch thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="node-cache", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread (closes the open watch) and the HTTP connection pool."""
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.close()
+            except Exception:  # noqa: BLE001 - closing a half-dead socket
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._client.close()
+
+    def _report(self, err: KubeError) -> None:
+        self.last_error = err
+        if self._on_error is not None:
+            self._on_error(err)
+
+    def _run(self) -> None:
+        failures = 0
+        need_list = True
+        while not self._stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                need_list = self._watch()
+                failures = 0
+            except KubeError as err:
+                if self._stop.is_set():
+                    break
+                if err.status == 410:
+                    need_list = True
+                    continue
+                self._report(err)
+                failures += 1
+                delay = min(self._backoff_max_s, self._backoff_s * 2 ** min(failures, 10))
+                self._stop.wait(random.uniform(delay / 2, delay))
+
+    def _store(self, meta: dict[str, Any]) -> tuple[str, V]:
+        node = NodeMeta(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            labels=meta.get("labels") or {},
+            annotations=meta.get("annotations") or {},
+        )
+        return node.name, self._transform(node)
+
+    def _list(self) -> None:
+        response = self._client._call(
+            "list", "nodes", lambda: self._client._api_call("list_node")
+        )
+        try:
+            body = json.loads(response.data)
+        except ValueError as exc:
+            raise KubeUnavailable(f"list nodes: bad JSON: {exc}", verb="list") from exc
+        items = dict(self._store(item.get("metadata") or {}) for item in body.get("items") or [])
+        with self._lock:
+            self._items = items
+        self.resource_version = (body.get("metadata") or {}).get("resourceVersion", "")
+        self.lists += 1
+        self._synced.set()
+
+    def _watch(self) -> bool:
+        """One WATCH until the server ends it. Returns True when a new LIST is needed."""
+        what = "nodes"
+        try:
+            self._response = self._client._api.list_node(
+                watch=True,
+                resource_version=self.resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self._watch_timeout_s,
+                _preload_content=False,
+                _request_timeout=(self._timeout_s, self._watch_timeout_s + self._timeout_s),
+            )
+            for line in _watch_lines(self._response):
+                if self._stop.is_set():
+                    return False
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    code = obj.get("code")
+                    if code == 410:
+                        return True
+                    raise KubeUnavailable(
+                        f"watch {what}: {code} {obj.get('message', '')}".strip(),
+                        status=code, verb="watch",
+                    )
+                meta = obj.get("metadata") or {}
+                if meta.get("resourceVersion"):
+                    self.resource_version = meta["resourceVersion"]
+                if kind in ("ADDED", "MODIFIED"):
+                    name, value = self._store(meta)
+                    with self._lock:
+                        self._items[name] = value
+                elif kind == "DELETED":
+                    with self._lock:
+                        self._items.pop(meta.get("name", ""), None)
+                self.events += 1
+            return False
+        except ApiException as exc:
+            if exc.status == 410:
+                return True
+            raise _wrap(exc, "watch", what) from exc
+        except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError) as exc:
+            # (AttributeError: http.client's read on a response that stop() closed)
+            if self._stop.is_set():
+                return False
+            raise _wrap(exc, "watch", what) from exc
+        finally:
+            response, self._response = self._response, None
+            if response is not None:
+                try:
+                    response.release_conn()
+                except Exception:  # noqa: BLE001
+                    pass

@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 __all__ = ["Schedule", "Settings", "SettingsError", "load_settings", "parse_schedule"]
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: the name part of an extended resource (a qualified name: ``gpu``, ``gpu.shared``).
+EXTENDED_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _DURATION_UNITS_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -281,6 +283,45 @@ class Settings(BaseSettings):
     def _check_node(cls, value: str | None) -> str | None:
         if value is not None and not (len(value) <= 253 and DNS_SUBDOMAIN.match(value)):
             raise ValueError("expected a Node name (DNS subdomain), like 'gpu-node-1'")
+        return value
+
+    # -- device plugin (omaticaya_py/device_plugin.py) ---------------------------------------
+    device_plugin: bool = Field(
+        default=False, description="Also serve the GPUs to the kubelet as a device plugin."
+    )
+    device_plugin_resource: str = Field(
+        default="nvidia.com/gpu", description="Extended resource name the device plugin serves."
+    )
+    device_plugin_dir: Path = Field(
+        default=Path("/var/lib/kubelet/device-plugins"),
+        description="The kubelet's device-plugins folder (kubelet.sock and the plugin socket).",
+    )
+
+    @field_validator("device_plugin_resource")
+    @classmethod
+    def _check_resource(cls, value: str) -> str:
+        value = value.strip()
+        domain, slash, name = value.partition("/")
+        if (
+            not slash
+            or len(domain) > 253
+            or not DNS_SUBDOMAIN.match(domain)
+            or domain == "kubernetes.io"
+            or domain.endswith(".kubernetes.io")
+            or len(name) > 63
+            or not EXTENDED_RESOURCE_NAME.match(name)
+        ):
+            raise ValueError(
+                "expected an extended resource name <domain>/<name> outside kubernetes.io, "
+                "like 'nvidia.com/gpu'"
+            )
+        return value
+
+    @field_validator("device_plugin_dir")
+    @classmethod
+    def _check_plugin_dir(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("expected an absolute folder path, like '/var/lib/kubelet/device-plugins'")
         return value
 
 

@@ -105,6 +105,60 @@ class DevCluster:
     def down(self) -> None:
         _run_script(self.state_dir, "down")
 
+    # --- kube-scheduler ---------------------------------------------------
+    def start_scheduler(self) -> None:
+        """Start the default kube-scheduler (``up --scheduler``; builds it on first use, ~40 s
+        with the apiserver's build cache). Idempotent."""
+        _run_script(self.state_dir, "up", "--scheduler", timeout=UP_TIMEOUT_S)
+
+    def spawn_scheduler(self, config: Path, log: Path) -> subprocess.Popen[bytes]:
+        """Start one more kube-scheduler with ``--config`` (a KubeSchedulerConfiguration that
+        names this cluster's kubeconfig); no serving port (``--port 0 --secure-port 0``).
+        The caller stops it (``terminate()``)."""
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                [
+                    str(scheduler_binary()),
+                    "--config", str(config),
+                    "--port", "0",
+                    "--secure-port", "0",
+                    "--v", "2",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    # --- kubelet (+ containerd) -------------------------------------------
+    def start_kubelet(self) -> str:
+        """Start containerd and a real kubelet registered as a Node (``up --kubelet``; builds
+        the kubelet on first use, ~80 s with the apiserver's build cache; needs Linux and
+        root). Waits for the Node to be Ready and returns its name. Idempotent."""
+        _run_script(self.state_dir, "up", "--kubelet", timeout=UP_TIMEOUT_S)
+        return self.kubelet_node
+
+    @property
+    def kubelet_node(self) -> str:
+        """Name of the kubelet's Node (``kubelet/kubelet.env``)."""
+        for line in (self.state_dir / "kubelet" / "kubelet.env").read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key == "KUBELET_NODE":
+                return value.strip()
+        raise DevClusterError("no KUBELET_NODE in kubelet/kubelet.env")
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet only: containerd and the pods' containers keep running."""
+        _run_script(self.state_dir, "stop-kubelet")
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet and start it again; waits for its Node to be Ready."""
+        self.stop_kubelet()
+        _run_script(self.state_dir, "start-kubelet", timeout=120)
+
+    def kubelet_down(self) -> None:
+        """Stop the kubelet, every container it started, and containerd."""
+        _run_script(self.state_dir, "down-kubelet")
+
     # --- helpers for stdlib clients --------------------------------------
     def ssl_context(self) -> ssl.SSLContext:
         """TLS context trusting the cluster CA and presenting the admin cert."""
@@ -131,6 +185,12 @@ class DevCluster:
                 return resp.status == 200 and resp.read().strip() == b"ok"
         except (urllib.error.URLError, OSError):
             return False
+
+
+def scheduler_binary() -> Path:
+    """The cached kube-scheduler binary (built by ``scripts/dev-cluster build --scheduler``)."""
+    cache = Path(os.environ.get("OMATICAYA_CACHE") or Path.home() / ".cache" / "omaticaya")
+    return cache / "k8s-v1.20.2" / "bin" / "kube-scheduler"
 
 
 def start_dev_cluster(state_dir: Path, *, scheduler: bool = False) -> DevCluster:

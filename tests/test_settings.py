@@ -58,6 +58,9 @@ def test_defaults() -> None:
         "metrics_address": "0.0.0.0",
         "fail_on_init_error": False,
         "kube_timeout_s": 10,
+        "device_plugin": False,
+        "device_plugin_resource": "nvidia.com/gpu",
+        "device_plugin_dir": Path("/var/lib/kubelet/device-plugins"),
     }
 
 
@@ -108,6 +111,9 @@ VALID_ENV = [
     ("OMATICAYA_METRICS_ADDRESS", "127.0.0.1", "metrics_address", "127.0.0.1"),
     ("OMATICAYA_FAIL_ON_INIT_ERROR", "true", "fail_on_init_error", True),
     ("OMATICAYA_KUBE_TIMEOUT_S", "2.5", "kube_timeout_s", 2.5),
+    ("OMATICAYA_DEVICE_PLUGIN", "true", "device_plugin", True),
+    ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "example.com/gpu", "device_plugin_resource", "example.com/gpu"),
+    ("OMATICAYA_DEVICE_PLUGIN_DIR", "/tmp/dp", "device_plugin_dir", Path("/tmp/dp")),
 ]
 
 
@@ -330,6 +336,10 @@ BAD_ENV = [
     ("OMATICAYA_FAIL_ON_INIT_ERROR", "nah", "expected true or false"),
     ("OMATICAYA_KUBE_TIMEOUT_S", "0", "greater than 0"),
     ("OMATICAYA_KUBE_TIMEOUT_S", "soon", "expected a number"),
+    ("OMATICAYA_DEVICE_PLUGIN", "maybe", "expected true or false"),
+    ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "gpu", "extended resource name"),
+    ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "kubernetes.io/gpu", "outside kubernetes.io"),
+    ("OMATICAYA_DEVICE_PLUGIN_DIR", "device-plugins", "absolute folder path"),
 ]
 
 #: Settings that accept any value, so no bad one exists.

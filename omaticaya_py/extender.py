@@ -1,0 +1,790 @@
+"""``omaticaya extender``: a kube-scheduler extender that places pods by live GPU state.
+
+The scheduler POSTs ``ExtenderArgs`` (``k8s.io/kube-scheduler/extender/v1``: ``Pod``, and
+``Nodes`` (a v1.NodeList) or, when the extender is ``nodeCacheCapable``, ``NodeNames``) to
+``/filter`` and ``/prioritize``. Answers: ``ExtenderFilterResult`` (``Nodes`` or ``NodeNames``,
+``FailedNodes`` name -> reason, ``Error``) and a ``HostPriorityList`` (``[{"Host", "Score"}]``,
+scores 0..10 = ``MaxExtenderPriority`` of the 1.20 scheduler). Field names are the Go names: the
+Go types have no JSON tags.
+
+A pod states its need with the annotation ``<prefix>/gpu-memory-mib`` (free MiB on each GPU) and
+optionally ``<prefix>/gpu-count`` (GPUs, default 1). A pod without it passes through untouched
+(every node passes, every score is 0).
+
+Filter, per node, from the agent's labels and its ``<prefix>/telemetry`` annotation:
+
+- no Omaticaya data on the node (or the node is unknown to the cache), or telemetry older than
+  ``ttl_s + grace_s`` (``read_at`` is refreshed at least every agent heartbeat): the node's GPU
+  state is unknown; it fails, unless ``fail_open`` (then it passes, with score 0);
+- ``gpu.health`` Unhealthy or Unknown: fails;
+- fewer than ``gpu-count`` healthy GPUs with ``gpu-memory-mib`` free: fails.
+
+Prioritize: among the nodes that fit, ``binpack`` gives 10 to the node with the least free
+memory on its healthy GPUs and 1 to the one with the most; ``spread`` the reverse. Nodes that do
+not fit (or are unknown) get 0.
+
+The pure part (``parse_node``, ``parse_need``, ``filter_nodes``, ``prioritize_nodes``,
+``handle_filter``, ``handle_prioritize``) has no I/O; ``create_app`` wraps it in a Starlette app;
+``run`` serves it with uvicorn, node data from ``kube.NodeCache`` (list + watch of Nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from loguru import logger as log
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .settings import DNS_SUBDOMAIN, SettingsError
+
+__all__ = [
+    "MAX_PRIORITY",
+    "ExtenderSettings",
+    "GpuInfo",
+    "Need",
+    "NodeGpuState",
+    "Verdict",
+    "add_subcommand",
+    "create_app",
+    "filter_nodes",
+    "handle_filter",
+    "handle_prioritize",
+    "load_extender_settings",
+    "parse_need",
+    "parse_node",
+    "prioritize_nodes",
+    "run",
+]
+
+#: ``MaxExtenderPriority`` of ``k8s.io/kube-scheduler/extender/v1`` in Kubernetes 1.20.
+MAX_PRIORITY = 10
+MIN_PRIORITY = 0
+
+BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
+
+
+# ---------------------------------------------------------------------------- settings ----
+
+
+class ExtenderSettings(BaseSettings):
+    """Settings of the extender: environment ``OMATICAYA_EXTENDER_<FIELD>``, ``.env``, flags."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="OMATICAYA_EXTENDER_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+        validate_default=True,
+    )
+
+    address: str = Field(
+        default="127.0.0.1",
+        description="Address to listen on (the scheduler runs in the same pod: loopback).",
+    )
+    port: int = Field(default=8888, ge=1, le=65535, description="Port to listen on.")
+    strategy: Literal["binpack", "spread"] = Field(
+        default="binpack",
+        description="binpack: prefer the least free GPU memory that fits; spread: the most.",
+    )
+    ttl_s: float = Field(
+        default=300,
+        gt=0,
+        description="Telemetry older than this (plus grace_s) is stale: the agent's heartbeat.",
+    )
+    grace_s: float = Field(
+        default=60, ge=0, description="Allowance on top of ttl_s (agent schedule, clock skew)."
+    )
+    fail_open: bool = Field(
+        default=False,
+        description="Let nodes whose GPU state is unknown or stale pass the filter.",
+    )
+    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
+    kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
+    log_level: Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
+            raise ValueError(
+                "expected a DNS subdomain of at most 253 characters, like 'omaticaya.io'"
+            )
+        return value
+
+    @field_validator("strategy", "log_level", mode="before")
+    @classmethod
+    def _normalise(cls, value: Any, info: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        return value.upper() if info.field_name == "log_level" else value.lower()
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                "expected an IP address to bind, like '127.0.0.1' or '0.0.0.0'"
+            ) from None
+        return value
+
+
+_EXPECTED = {
+    "bool_parsing": "expected true or false",
+    "int_parsing": "expected an integer",
+    "float_parsing": "expected a number",
+    "literal_error": None,
+}
+
+
+def load_extender_settings(**overrides: Any) -> ExtenderSettings:
+    """``ExtenderSettings`` from the environment and ``.env``, with ``overrides`` (flags; ``None``
+    ignored) on top. Raises ``SettingsError``: one line per bad setting, naming the variable."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return ExtenderSettings(**given)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            var = f"OMATICAYA_EXTENDER_{str(err['loc'][0] if err['loc'] else '?').upper()}"
+            expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+            lines.append(f"invalid setting {var}={err.get('input')!r}: {expected}")
+        raise SettingsError("\n".join(lines)) from None
+
+
+# ------------------------------------------------------------------------- node state ----
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    free_mib: int
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpuState:
+    """What the extender knows about one node's GPUs, parsed once per Node change.
+
+    ``known`` is False when the node carries no Omaticaya data at all; ``health`` is the
+    ``gpu.health`` label (or the telemetry's); ``read_at`` is epoch seconds (``None``: no
+    telemetry annotation); ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs."""
+
+    name: str
+    known: bool = False
+    health: str | None = None
+    read_at: float | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    free_total_mib: int = 0
+    problem: str | None = None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value == value:
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def _read_at(text: Any) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        return None
+    return stamp.timestamp()
+
+
+_PER_GPU = re.compile(r"^gpu-(\d+)\.(memory\.free-mib|health)$")
+
+
+def parse_node(
+    name: str,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    prefix: str = "omaticaya.io",
+) -> NodeGpuState:
+    """A node's GPU state from its labels and the ``<prefix>/telemetry`` annotation.
+
+    Per-GPU data comes from the telemetry (exact MiB) when it parses, else from the
+    ``gpu-N.*`` labels, else from the node aggregates (``gpu.memory.free-mib`` on one GPU,
+    ``gpu.healthy-count`` GPUs)."""
+    labels = labels or {}
+    annotations = annotations or {}
+    p = prefix + "/"
+    mine = {k[len(p) :]: v for k, v in labels.items() if k.startswith(p)}
+    raw = annotations.get(p + "telemetry")
+    doc: dict[str, Any] | None = None
+    problem = None
+    if raw is not None:
+        try:
+            loaded = json.loads(raw)
+            doc = loaded if isinstance(loaded, dict) else None
+        except ValueError:
+            doc = None
+        if doc is None:
+            problem = "unreadable telemetry annotation"
+    health = mine.get("gpu.health") or (doc.get("health") if doc else None)
+    if not mine and doc is None:
+        return NodeGpuState(name=name, problem=problem)
+    read_at = _read_at(doc.get("read_at")) if doc else None
+    if doc is not None and read_at is None:
+        problem = "telemetry annotation without a valid read_at"
+
+    gpus: list[GpuInfo] = []
+    if doc is not None and isinstance(doc.get("gpus"), list):
+        for g in doc["gpus"]:
+            if not isinstance(g, dict):
+                continue
+            index, free = _int(g.get("index")), _int(g.get("memory_free_mib"))
+            if index is None:
+                continue
+            gpus.append(
+                GpuInfo(index, free or 0, g.get("health") == "Healthy" and free is not None)
+            )
+    if not gpus:
+        per: dict[int, dict[str, str]] = {}
+        for key, value in mine.items():
+            m = _PER_GPU.match(key)
+            if m:
+                per.setdefault(int(m.group(1)), {})[m.group(2)] = value
+        for index in sorted(per):
+            free = _int(per[index].get("memory.free-mib"))
+            gpus.append(
+                GpuInfo(
+                    index, free or 0, per[index].get("health") == "Healthy" and free is not None
+                )
+            )
+    if not gpus:
+        free = _int(mine.get("gpu.memory.free-mib"))
+        healthy = _int(mine.get("gpu.healthy-count")) or 0
+        if free is not None and healthy > 0:
+            # only aggregates: the best GPU has `free`; assume no more than that on the others,
+            # capped by the free total
+            total = _int(mine.get("gpu.memory.free-total-mib")) or free
+            left = total
+            for index in range(healthy):
+                share = min(free, left)
+                gpus.append(GpuInfo(index, share, True))
+                left -= share
+    free_total = sum(g.free_mib for g in gpus if g.healthy)
+    return NodeGpuState(
+        name=name,
+        known=True,
+        health=health,
+        read_at=read_at,
+        gpus=tuple(gpus),
+        free_total_mib=free_total,
+        problem=problem,
+    )
+
+
+def state_from_object(node: Mapping[str, Any], prefix: str) -> NodeGpuState:
+    """``parse_node`` on a v1.Node document (as the scheduler sends in ``Nodes.items``)."""
+    meta = node.get("metadata") or {}
+    return parse_node(meta.get("name", ""), meta.get("labels"), meta.get("annotations"), prefix)
+
+
+# ------------------------------------------------------------------------------ rules ----
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a pod asks for: ``count`` GPUs with ``memory_mib`` free each. ``error`` is set when
+    the annotations are malformed (every node then fails with that message)."""
+
+    memory_mib: int
+    count: int = 1
+    error: str | None = None
+
+
+_QUANTITY = re.compile(r"^\s*(\d+)\s*(Mi|MiB|Gi|GiB|Ti|TiB)?\s*$")
+_FACTOR = {None: 1, "Mi": 1, "MiB": 1, "Gi": 1024, "GiB": 1024, "Ti": 1024**2, "TiB": 1024**2}
+
+
+def parse_need(pod: Mapping[str, Any] | None, prefix: str = "omaticaya.io") -> Need | None:
+    """The pod's need from ``<prefix>/gpu-memory-mib`` (MiB, or with a ``Gi``/``Mi`` suffix)
+    and ``<prefix>/gpu-count``; ``None`` when the pod has no ``gpu-memory-mib`` annotation."""
+    annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+    mem_key, count_key = f"{prefix}/gpu-memory-mib", f"{prefix}/gpu-count"
+    if mem_key not in annotations:
+        return None
+    raw_mem, raw_count = str(annotations[mem_key]), str(annotations.get(count_key, "1"))
+    m = _QUANTITY.match(raw_mem)
+    if not m:
+        return Need(
+            0, 1, f"pod annotation {mem_key}={raw_mem!r} is not a whole number of MiB (or Gi)"
+        )
+    memory = int(m.group(1)) * _FACTOR[m.group(2)]
+    count = _int(raw_count)
+    if count is None or count < 1:
+        return Need(
+            memory, 1, f"pod annotation {count_key}={raw_count!r} is not a whole number ≥ 1"
+        )
+    return Need(memory, count)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A node's filter result: ``ok`` (passes), ``reason`` (why not: ends up in the pod's
+    FailedScheduling event), ``fits`` (passes on known, fresh data: it gets a score)."""
+
+    ok: bool
+    reason: str = ""
+    fits: bool = False
+
+
+def _gpus_text(count: int) -> str:
+    return "a GPU" if count == 1 else f"{count} GPUs"
+
+
+def judge(
+    state: NodeGpuState | None,
+    need: Need,
+    *,
+    now: float,
+    ttl_s: float,
+    grace_s: float,
+    fail_open: bool,
+    prefix: str = "omaticaya.io",
+) -> Verdict:
+    """The filter rule for one node (``state`` ``None``: the node is not in the cache)."""
+    unknown = Verdict(True) if fail_open else None
+    if need.error:
+        return Verdict(False, need.error)
+    if state is None:
+        return unknown or Verdict(False, "node(s) not yet in the omaticaya extender's cache")
+    if not state.known:
+        return unknown or Verdict(
+            False, f"node(s) had no GPU telemetry ({prefix} labels missing: no agent)"
+        )
+    if state.read_at is None:
+        why = state.problem or "no telemetry annotation"
+        return unknown or Verdict(False, f"node(s) had unusable GPU telemetry ({why})")
+    if now - state.read_at > ttl_s + grace_s:
+        return unknown or Verdict(
+            False,
+            f"node(s) had stale GPU telemetry ({prefix}/telemetry read_at older than "
+            f"{ttl_s + grace_s:g}s: agent not reporting)",
+        )
+    if state.health in BAD_HEALTH or state.health is None:
+        return Verdict(False, f"node(s) had GPU health {state.health or 'Unknown'} ({prefix})")
+    fitting = sum(1 for g in state.gpus if g.healthy and g.free_mib >= need.memory_mib)
+    if fitting < need.count:
+        return Verdict(
+            False,
+            f"node(s) had no room: pod needs {_gpus_text(need.count)} with "
+            f"{need.memory_mib} MiB free ({prefix})",
+        )
+    return Verdict(True, fits=True)
+
+
+def filter_nodes(
+    need: Need | None,
+    states: Iterable[tuple[str, NodeGpuState | None]],
+    *,
+    now: float,
+    ttl_s: float,
+    grace_s: float,
+    fail_open: bool,
+    prefix: str = "omaticaya.io",
+) -> tuple[list[str], dict[str, str]]:
+    """(names that pass, {name: reason} for those that fail), in input order."""
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    if need is None:
+        return [name for name, _ in states], failed
+    for name, state in states:
+        v = judge(
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=fail_open, prefix=prefix
+        )
+        if v.ok:
+            passed.append(name)
+        else:
+            failed[name] = v.reason
+    return passed, failed
+
+
+def prioritize_nodes(
+    need: Need | None,
+    states: Iterable[tuple[str, NodeGpuState | None]],
+    *,
+    strategy: str,
+    now: float,
+    ttl_s: float,
+    grace_s: float,
+    prefix: str = "omaticaya.io",
+) -> list[dict[str, Any]]:
+    """A HostPriorityList: ``[{"Host": name, "Score": 0..10}]`` in input order.
+
+    Fitting nodes score 1..10 by the free memory on their healthy GPUs, linearly between the
+    least and the most free among them (all equal: 10); ``binpack`` gives 10 to the least free,
+    ``spread`` to the most. Others (or every node for a pod without a need): 0."""
+    items = list(states)
+    if need is None or need.error:
+        return [{"Host": name, "Score": MIN_PRIORITY} for name, _ in items]
+    free: dict[str, int] = {}
+    for name, state in items:
+        v = judge(
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=False, prefix=prefix
+        )
+        if v.fits and state is not None:
+            free[name] = state.free_total_mib
+    out = []
+    lo, hi = (min(free.values()), max(free.values())) if free else (0, 0)
+    span = hi - lo
+    for name, _ in items:
+        if name not in free:
+            score = MIN_PRIORITY
+        elif span == 0:
+            score = MAX_PRIORITY
+        else:
+            frac = (free[name] - lo) / span  # 0: least free, 1: most free
+            if strategy == "binpack":
+                frac = 1.0 - frac
+            score = 1 + round(frac * (MAX_PRIORITY - 1))
+        out.append({"Host": name, "Score": score})
+    return out
+
+
+# ------------------------------------------------------------------- protocol handlers ----
+
+
+Lookup = Callable[[str], "NodeGpuState | None"]
+
+
+@dataclass
+class Extender:
+    """The protocol handlers bound to settings and a node lookup (the cache's ``get``)."""
+
+    settings: ExtenderSettings
+    lookup: Lookup = field(default=lambda name: None)
+    clock: Callable[[], float] = time.time
+    synced: Callable[[], bool] = field(default=lambda: True)
+
+    def _states(
+        self, args: Mapping[str, Any]
+    ) -> tuple[list[tuple[str, NodeGpuState | None]], bool]:
+        """[(name, state)] and whether the request used NodeNames (cache mode)."""
+        prefix = self.settings.prefix
+        if args.get("NodeNames") is not None:
+            return [(n, self.lookup(n)) for n in args["NodeNames"]], True
+        items = ((args.get("Nodes") or {}).get("items")) or []
+        return [
+            ((node.get("metadata") or {}).get("name", ""), state_from_object(node, prefix))
+            for node in items
+        ], False
+
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        s = self.settings
+        need = parse_need(args.get("Pod"), s.prefix)
+        states, by_name = self._states(args)
+        if by_name and need is not None and not self.synced() and not s.fail_open:
+            # no data yet: say so instead of failing every node one by one
+            passed, failed = (
+                [],
+                {
+                    n: "node(s) not checked: the omaticaya extender's node cache is not synced yet"
+                    for n, _ in states
+                },
+            )
+        else:
+            passed, failed = filter_nodes(
+                need,
+                states,
+                now=self.clock(),
+                ttl_s=s.ttl_s,
+                grace_s=s.grace_s,
+                fail_open=s.fail_open,
+                prefix=s.prefix,
+            )
+        result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
+        if by_name:
+            result["NodeNames"] = passed
+            result["Nodes"] = None
+        else:
+            keep = set(passed)
+            nodes = args.get("Nodes") or {}
+            result["Nodes"] = {
+                **{k: v for k, v in nodes.items() if k != "items"},
+                "items": [
+                    n
+                    for n in nodes.get("items") or []
+                    if (n.get("metadata") or {}).get("name") in keep
+                ],
+            }
+            result["NodeNames"] = None
+        return result
+
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        s = self.settings
+        need = parse_need(args.get("Pod"), s.prefix)
+        states, _ = self._states(args)
+        return prioritize_nodes(
+            need,
+            states,
+            strategy=s.strategy,
+            now=self.clock(),
+            ttl_s=s.ttl_s,
+            grace_s=s.grace_s,
+            prefix=s.prefix,
+        )
+
+
+def handle_filter(
+    args: Mapping[str, Any],
+    settings: ExtenderSettings,
+    lookup: Lookup | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """ExtenderArgs -> ExtenderFilterResult (pure; ``lookup`` resolves ``NodeNames``)."""
+    ext = Extender(settings, lookup or (lambda name: None))
+    if now is not None:
+        ext.clock = lambda: now
+    return ext.filter(args)
+
+
+def handle_prioritize(
+    args: Mapping[str, Any],
+    settings: ExtenderSettings,
+    lookup: Lookup | None = None,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """ExtenderArgs -> HostPriorityList (pure; ``lookup`` resolves ``NodeNames``)."""
+    ext = Extender(settings, lookup or (lambda name: None))
+    if now is not None:
+        ext.clock = lambda: now
+    return ext.prioritize(args)
+
+
+# ------------------------------------------------------------------------------- app ----
+
+
+def create_app(extender: Extender) -> Any:
+    """The Starlette app: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``,
+    ``GET /readyz`` (503 until the node cache has synced)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    def answer(body: Any) -> Response:
+        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+    async def read_args(request: Request) -> dict[str, Any] | None:
+        try:
+            args = json.loads(await request.body())
+        except ValueError:
+            return None
+        return args if isinstance(args, dict) else None
+
+    async def filter_(request: Request) -> Response:
+        args = await read_args(request)
+        if args is None:
+            return JSONResponse(
+                {
+                    "Nodes": None,
+                    "NodeNames": None,
+                    "FailedNodes": {},
+                    "Error": "bad ExtenderArgs JSON",
+                },
+                status_code=400,
+            )
+        try:
+            return answer(extender.filter(args))
+        except Exception as exc:  # noqa: BLE001 - answer the scheduler, never drop the request
+            log.exception("filter failed")
+            return answer(
+                {
+                    "Nodes": None,
+                    "NodeNames": None,
+                    "FailedNodes": {},
+                    "Error": f"omaticaya extender: {exc}",
+                }
+            )
+
+    async def prioritize(request: Request) -> Response:
+        args = await read_args(request)
+        if args is None:
+            return JSONResponse([], status_code=400)
+        return answer(extender.prioritize(args))
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if extender.synced():
+            return PlainTextResponse("ok")
+        return PlainTextResponse("node cache not synced", status_code=503)
+
+    return Starlette(
+        routes=[
+            Route("/filter", filter_, methods=["POST"]),
+            Route("/prioritize", prioritize, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ]
+    )
+
+
+# ----------------------------------------------------------------------- command line ----
+
+
+def add_subcommand(sub: Any) -> None:
+    """Add ``extender`` to the ``omaticaya`` sub-parsers (``argparse`` ``add_subparsers()``)."""
+    p = sub.add_parser(
+        "extender", help="kube-scheduler extender: filter/prioritize pods by live GPU state"
+    )
+    p.set_defaults(command="extender")
+    p.add_argument("--address", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=str, help="port to listen on (default 8888)")
+    p.add_argument("--strategy", help="binpack (default) or spread")
+    p.add_argument("--ttl-s", dest="ttl_s", type=str, help="telemetry TTL in seconds (default 300)")
+    p.add_argument(
+        "--grace-s", dest="grace_s", type=str, help="grace on top of the TTL (default 60)"
+    )
+    p.add_argument(
+        "--fail-open",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let nodes with unknown or stale GPU state pass (default: fail closed)",
+    )
+    p.add_argument("--prefix", help="label key prefix (default omaticaya.io)")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster or $KUBECONFIG)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON log lines"
+    )
+
+
+class _Server:
+    """uvicorn in this thread, stopped by ``stop()`` (from a signal handler or another thread)."""
+
+    def __init__(self, app: Any, settings: ExtenderSettings) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            app,
+            host=settings.address,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            access_log=settings.log_level == "DEBUG",
+            lifespan="off",
+        )
+        self.server = uvicorn.Server(config)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+
+def serve(
+    settings: ExtenderSettings,
+    *,
+    ready: threading.Event | None = None,
+    stop: threading.Event | None = None,
+    cache_factory: Callable[..., Any] | None = None,
+) -> int:
+    """Start the node cache and serve until ``stop`` is set (or SIGTERM/SIGINT when run in the
+    main thread). Returns the exit status. ``ready`` is set once the socket listens."""
+    from .kube import KubeError, NodeCache
+
+    prefix = settings.prefix
+
+    def transform(meta: Any) -> NodeGpuState:
+        return parse_node(meta.name, meta.labels, meta.annotations, prefix)
+
+    def on_error(err: KubeError) -> None:
+        log.warning("node cache: {}", err)
+
+    try:
+        cache = (cache_factory or NodeCache)(
+            transform, kubeconfig=settings.kubeconfig, on_error=on_error
+        )
+    except KubeError as err:
+        log.error("{}", err)
+        return 1
+    cache.start()
+    ext = Extender(settings, cache.get, synced=lambda: cache.synced)
+    server = _Server(create_app(ext), settings)
+    stopper = None
+    if stop is not None:
+        stopper = threading.Thread(
+            target=lambda: (stop.wait(), server.stop()), name="extender-stop", daemon=True
+        )
+        stopper.start()
+    if ready is not None:
+
+        def watch_started() -> None:
+            while not server.server.started and not server.server.should_exit:
+                time.sleep(0.02)
+            ready.set()
+
+        threading.Thread(target=watch_started, daemon=True).start()
+    log.info(
+        "extender on {}:{} strategy={} ttl={:g}s+{:g}s fail_open={} prefix={}",
+        settings.address,
+        settings.port,
+        settings.strategy,
+        settings.ttl_s,
+        settings.grace_s,
+        settings.fail_open,
+        prefix,
+    )
+    try:
+        server.server.run()
+    finally:
+        cache.stop()
+    return 0 if server.server.started else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """``omaticaya extender``: serve until SIGTERM/SIGINT. Exit 2 with one line per bad setting."""
+    fields = set(ExtenderSettings.model_fields)
+    overrides = {k: v for k, v in vars(args).items() if k in fields}
+    try:
+        settings = load_extender_settings(**overrides)
+    except SettingsError as err:
+        print(f"omaticaya extender: {err}".replace("\n", "\nomaticaya extender: "), file=sys.stderr)
+        return 2
+    from .logs import setup_logging
+
+    setup_logging(settings.log_level, settings.log_json)
+    # uvicorn handles SIGTERM/SIGINT in the main thread: it stops accepting, finishes the
+    # requests in flight and returns
+    return serve(settings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m omaticaya_py.extender [flags]``."""
+    parser = argparse.ArgumentParser(prog="omaticaya")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommand(sub)
+    return run(parser.parse_args(["extender", *(argv or [])]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,418 @@
+"""End to end: pods placed by live GPU state on a real kube-apiserver + kube-scheduler v1.20.2.
+
+Five Nodes, each labelled by a real agent (``omaticaya run`` replaying a one-GPU trace, ticking
+every second, heartbeat 1 s, so ``read_at`` stays fresh):
+
+    big    70000 MiB free, Healthy
+    mid    35000 MiB free, Healthy
+    small  20000 MiB free, Healthy
+    sick   70000 MiB free, Unhealthy (uncorrectable ECC error)
+    crash  (extender tests) 60000 MiB free, Healthy; its agent is killed with SIGKILL
+
+1. The stock scheduler with ``nodeAffinity`` on the labels (``examples/scheduler/pod-affinity.yaml``).
+2. Two more kube-schedulers from ``examples/scheduler/scheduler-config.yaml``, each with its own
+   in-process ``omaticaya extender`` (binpack / spread), pods annotated
+   ``omaticaya.io/gpu-memory-mib``.
+
+Everything listens on 127.0.0.1. No kubelet runs: the test makes Nodes schedulable itself (taint
+removed, capacity and a Ready condition set through the status subresource) and creates the
+``default`` ServiceAccount (no controller-manager).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.devcluster import DevCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "scheduler"
+H100_TRACE = REPO / "tests" / "data" / "h100-trace.json"
+MIB = 1024 * 1024
+TTL_S, GRACE_S = 4.0, 1.0
+
+FREE = {"big": 70000, "mid": 35000, "small": 20000, "sick": 70000, "crash": 60000}
+
+
+def write_trace(path: Path, free_mib: int, *, unhealthy: bool = False) -> Path:
+    """A two-sample trace of one H100 with ``free_mib`` free (and an ECC error if unhealthy)."""
+    base = json.loads(H100_TRACE.read_text())
+    sample = base["samples"][0]
+    g = copy.deepcopy(sample["gpus"][0])
+    total = g["memory_bytes"]["total"]
+    free = free_mib * MIB
+    g["memory_bytes"].update(free=free, used=total - free)
+    if "memory_v2_bytes" in g:
+        g["memory_v2_bytes"].update(free=free, used=total - free - g["memory_v2_bytes"]["reserved"])
+    if unhealthy:
+        g["ecc_uncorrected_volatile"] = 1
+    base["samples"] = [{"t": 0.0, "gpus": [g]}, {"t": 1.0, "gpus": [copy.deepcopy(g)]}]
+    base["phases"] = [{"t": 0.0, "phase": "steady"}]
+    path.write_text(json.dumps(base))
+    return path
+
+
+# ------------------------------------------------------------------------------ fixtures ----
+
+
+@pytest.fixture(scope="module")
+def cluster(dev_cluster: DevCluster) -> DevCluster:
+    dev_cluster.start_scheduler()
+    return dev_cluster
+
+
+@pytest.fixture(scope="module")
+def api(cluster: DevCluster) -> Iterator[Any]:
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=cfg)
+    core = client.CoreV1Api(client.ApiClient(cfg))
+    yield core
+    core.api_client.close()
+
+
+@pytest.fixture(scope="module")
+def namespace(api: Any) -> Iterator[str]:
+    name = f"sched-{os.getpid()}"
+    api.create_namespace({"metadata": {"name": name}})
+    api.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+    yield name
+    api.delete_namespace(name)
+
+
+def schedulable(api: Any, name: str) -> None:
+    """What a kubelet and the node lifecycle controller would do: Ready, capacity, no taint."""
+    api.patch_node(name, {"spec": {"taints": None}})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    api.patch_node_status(
+        name,
+        {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "test",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        },
+    )
+
+
+class Agents:
+    """``omaticaya run`` processes, one per Node, replaying one-GPU traces."""
+
+    def __init__(self, cluster: DevCluster, tmp: Path) -> None:
+        self.cluster, self.tmp = cluster, tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, free_mib: int, *, unhealthy: bool = False) -> None:
+        trace = write_trace(self.tmp / f"{node}.json", free_mib, unhealthy=unhealthy)
+        env = dict(
+            self.cluster.env(),
+            OMATICAYA_METRICS_PORT="0",
+            OMATICAYA_HEARTBEAT_S="1",
+            OMATICAYA_CLEANUP_ON_EXIT="true",
+        )
+        with open(self.tmp / f"{node}.log", "ab") as log:
+            self.procs[node] = subprocess.Popen(
+                [sys.executable, "-m", "omaticaya_py", "run", "--node", node, "--trace",
+                 str(trace), "--schedule", "@every 1s"],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            )  # fmt: skip
+
+    def kill(self, node: str) -> None:
+        """SIGKILL: the agent dies without cleaning up; its labels stay, ``read_at`` freezes."""
+        proc = self.procs.pop(node)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def nodes(api: Any, cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory):
+    """{role: node name}: big, mid, small, sick (crash is per test), labelled by live agents."""
+    tmp = tmp_path_factory.mktemp("agents")
+    agents = Agents(cluster, tmp)
+    names = {role: f"sched-{role}-{os.getpid()}" for role in ("big", "mid", "small", "sick")}
+    try:
+        for role, name in names.items():
+            api.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+            schedulable(api, name)
+            agents.start(name, FREE[role], unhealthy=role == "sick")
+        prefix = "omaticaya.io/"
+
+        def labelled() -> bool:
+            for name in names.values():
+                labels = api.read_node(name).metadata.labels or {}
+                if prefix + "gpu.health" not in labels:
+                    return False
+            return True
+
+        wait_for("the agents to label the nodes", labelled, 30)
+        yield {"names": names, "agents": agents, "tmp": tmp}
+    finally:
+        agents.stop_all()
+        for name in names.values():
+            try:
+                api.delete_node(name)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def load_pod(path: Path, name: str, **changes: Any) -> dict[str, Any]:
+    pod = yaml.safe_load(path.read_text())
+    pod["metadata"]["name"] = name
+    for key, value in changes.items():
+        if key == "annotations":
+            pod["metadata"].setdefault("annotations", {}).update(value)
+        else:
+            pod["spec"][key] = value
+    return pod
+
+
+def bound_node(api: Any, ns: str, pod: str, timeout_s: float = 20) -> str:
+    return wait_for(
+        f"pod {pod} to be bound",
+        lambda: api.read_namespaced_pod(pod, ns).spec.node_name,
+        timeout_s,
+    )
+
+
+def unschedulable_message(api: Any, ns: str, pod: str, timeout_s: float = 20) -> str:
+    def check() -> str | None:
+        p = api.read_namespaced_pod(pod, ns)
+        assert not p.spec.node_name, f"{pod} was bound to {p.spec.node_name}"
+        for c in p.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                return c.message
+        return None
+
+    return wait_for(f"pod {pod} to be Unschedulable", check, timeout_s)
+
+
+# ---------------------------------------------------------------- 1. stock scheduler ----
+
+
+def test_affinity_pod_binds_to_the_node_with_room(api, namespace, nodes):
+    pod = load_pod(EXAMPLES / "pod-affinity.yaml", "affinity-fits")
+    api.create_namespaced_pod(namespace, pod)
+    assert bound_node(api, namespace, "affinity-fits") == nodes["names"]["big"]
+
+
+def test_affinity_pod_that_fits_nowhere_stays_pending_with_the_reason(api, namespace, nodes):
+    pod = load_pod(EXAMPLES / "pod-affinity.yaml", "affinity-too-big")
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = ["75000"]
+    api.create_namespaced_pod(namespace, pod)
+    message = unschedulable_message(api, namespace, "affinity-too-big")
+    assert "node(s) didn't match Pod's node affinity" in message, message
+
+
+def test_affinity_never_picks_the_unhealthy_node(api, namespace, nodes):
+    """Health In [Healthy, Degraded] excludes sick (70000 free, Unhealthy) though it has room."""
+    for i in range(3):
+        pod = load_pod(EXAMPLES / "pod-affinity.yaml", f"affinity-health-{i}")
+        api.create_namespaced_pod(namespace, pod)
+    for i in range(3):
+        assert bound_node(api, namespace, f"affinity-health-{i}") == nodes["names"]["big"]
+
+
+# -------------------------------------------------------------- 2. with the extender ----
+
+
+class ExtenderScheduler:
+    """An in-process ``omaticaya extender`` (real HTTP on 127.0.0.1, real Node cache) and a
+    kube-scheduler from ``examples/scheduler/scheduler-config.yaml`` that calls it."""
+
+    def __init__(self, cluster: DevCluster, tmp: Path, name: str, strategy: str) -> None:
+        from omaticaya_py.extender import ExtenderSettings, serve
+
+        port = _free_port()
+        settings = ExtenderSettings(
+            address="127.0.0.1",
+            port=port,
+            strategy=strategy,
+            ttl_s=TTL_S,
+            grace_s=GRACE_S,
+            kubeconfig=str(cluster.kubeconfig),
+        )
+        self.ready, self.stop_event = threading.Event(), threading.Event()
+        self.thread = threading.Thread(
+            target=serve, args=(settings,), kwargs={"ready": self.ready, "stop": self.stop_event},
+            daemon=True,
+        )  # fmt: skip
+        self.thread.start()
+        assert self.ready.wait(15), "extender did not start"
+        config = yaml.safe_load((EXAMPLES / "scheduler-config.yaml").read_text())
+        config["clientConnection"]["kubeconfig"] = str(cluster.kubeconfig)
+        config["leaderElection"] = {"leaderElect": False}
+        health_port = _free_port()
+        config["healthzBindAddress"] = f"127.0.0.1:{health_port}"
+        config["metricsBindAddress"] = f"127.0.0.1:{health_port}"
+        config["profiles"][0]["schedulerName"] = name
+        config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
+        path = tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.log = tmp / f"{name}.log"
+        self.proc = cluster.spawn_scheduler(path, self.log)
+        self.name = name
+
+        def healthy() -> bool:
+            if self.proc.poll() is not None:
+                tail = "\n".join(self.log.read_text().splitlines()[-5:])
+                raise AssertionError(f"kube-scheduler {name} exited {self.proc.returncode}: {tail}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(f"kube-scheduler {name} /healthz", healthy, 20)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.stop_event.set()
+        self.thread.join(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def schedulers(cluster, nodes, tmp_path_factory) -> Iterator[dict[str, ExtenderScheduler]]:
+    tmp = tmp_path_factory.mktemp("schedulers")
+    made: dict[str, ExtenderScheduler] = {}
+    try:
+        made["binpack"] = ExtenderScheduler(cluster, tmp, "omaticaya-scheduler", "binpack")
+        made["spread"] = ExtenderScheduler(cluster, tmp, "omaticaya-spread", "spread")
+        yield made
+    finally:
+        for s in made.values():
+            s.close()
+
+
+def gpu_pod(name: str, scheduler: str, mib: int = 30720, count: int | None = None) -> dict:
+    annotations = {"omaticaya.io/gpu-memory-mib": str(mib)}
+    if count is not None:
+        annotations["omaticaya.io/gpu-count"] = str(count)
+    return load_pod(
+        EXAMPLES / "pod-extender.yaml", name, schedulerName=scheduler, annotations=annotations
+    )
+
+
+def test_binpack_picks_the_tighter_fit(api, namespace, nodes, schedulers):
+    api.create_namespaced_pod(namespace, gpu_pod("binpack-30g", "omaticaya-scheduler"))
+    assert bound_node(api, namespace, "binpack-30g") == nodes["names"]["mid"]
+
+
+def test_spread_picks_the_emptier_node(api, namespace, nodes, schedulers):
+    api.create_namespaced_pod(namespace, gpu_pod("spread-30g", "omaticaya-spread"))
+    assert bound_node(api, namespace, "spread-30g") == nodes["names"]["big"]
+
+
+def test_pod_that_fits_nowhere_stays_pending_with_readable_reasons(
+    api, namespace, nodes, schedulers
+):
+    api.create_namespaced_pod(namespace, gpu_pod("binpack-75g", "omaticaya-scheduler", 75000))
+    message = unschedulable_message(api, namespace, "binpack-75g")
+    assert "node(s) had no room: pod needs a GPU with 75000 MiB free (omaticaya.io)" in message
+    assert "node(s) had GPU health Unhealthy (omaticaya.io)" in message
+
+
+def test_unhealthy_node_is_never_chosen(api, namespace, nodes, schedulers):
+    """sick has the most free memory: spread would pick it, were it healthy."""
+    for i in range(3):
+        api.create_namespaced_pod(namespace, gpu_pod(f"spread-health-{i}", "omaticaya-spread"))
+    for i in range(3):
+        assert bound_node(api, namespace, f"spread-health-{i}") != nodes["names"]["sick"]
+
+
+def test_node_whose_agent_died_is_skipped_after_the_ttl(api, namespace, nodes, schedulers):
+    crash = f"sched-crash-{os.getpid()}"
+    agents: Agents = nodes["agents"]
+    api.create_node({"metadata": {"name": crash, "labels": {"kubernetes.io/hostname": crash}}})
+    try:
+        schedulable(api, crash)
+        agents.start(crash, FREE["crash"])
+        wait_for(
+            "the crash node's labels",
+            lambda: "omaticaya.io/gpu.health" in (api.read_node(crash).metadata.labels or {}),
+            30,
+        )
+        # binpack for 50000 MiB: crash (60000) is the tightest fit of big (70000) and crash
+        api.create_namespaced_pod(namespace, gpu_pod("before-crash", "omaticaya-scheduler", 50000))
+        assert bound_node(api, namespace, "before-crash") == crash
+        agents.kill(crash)
+        killed = time.monotonic()
+        labels = api.read_node(crash).metadata.labels or {}
+        assert labels.get("omaticaya.io/gpu.memory.free-mib"), "SIGKILL must leave the labels"
+        time.sleep(max(0.0, TTL_S + GRACE_S + 1.5 - (time.monotonic() - killed)))
+        api.create_namespaced_pod(namespace, gpu_pod("after-crash", "omaticaya-scheduler", 50000))
+        assert bound_node(api, namespace, "after-crash") == nodes["names"]["big"]
+        # and a pod only the crashed node could hold says why it waits
+        api.create_namespaced_pod(namespace, gpu_pod("only-crash", "omaticaya-scheduler", 71000))
+        message = unschedulable_message(api, namespace, "only-crash")
+        assert "node(s) had stale GPU telemetry" in message, message
+    finally:
+        api.delete_node(crash)
+
+
+def test_pod_without_the_annotation_passes_through(api, namespace, nodes, schedulers):
+    pod = load_pod(EXAMPLES / "pod-extender.yaml", "no-need", schedulerName="omaticaya-scheduler")
+    del pod["metadata"]["annotations"]
+    api.create_namespaced_pod(namespace, pod)
+    assert bound_node(api, namespace, "no-need")  # any node, the sick one included
