@@ -119,6 +119,8 @@ class Agent:
         self._tick_lock = threading.Lock()
         self._stopping = threading.Event()
         self._scheduler: Any = None
+        #: called with each TickResult once it is cached (the device plugin listens here)
+        self.on_tick: list[Callable[[TickResult], None]] = []
 
     # -- one tick --------------------------------------------------------------------------
 
@@ -189,6 +191,7 @@ class Agent:
             previous = self.cache.last
             result = TickResult(snapshot, health, desired, None, False)
             self.cache.store(result, now_s)
+            self._notify(result)  # health is known before any API request: tell listeners now
             if now_s < self._api_paused_until_s:  # RBAC refused us: do not hammer
                 self.cache.ticks += 1
                 return result
@@ -219,7 +222,15 @@ class Agent:
                 self.cache.tick_seconds.observe(time.perf_counter() - started)
             result = TickResult(snapshot, health, desired, patch, sent)
             self.cache.store(result, now_s)
+            self._notify(result)
             return result
+
+    def _notify(self, result: TickResult) -> None:
+        for listener in self.on_tick:
+            try:
+                listener(result)
+            except Exception:  # noqa: BLE001 - a listener must not stop the agent
+                logger.exception("on_tick listener failed")
 
     def _api_ok(self, now_s: float) -> None:
         self.cache.last_api_ok_s = now_s

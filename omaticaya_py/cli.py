@@ -1,4 +1,5 @@
-"""The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``, ``extender``.
+"""The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``, ``extender``,
+``device-plugin``.
 
 Flags override the environment (``OMATICAYA_*``, ``NODE_NAME``) and ``.env``. Bad input ends
 with exit status 2 and one line per problem, never a traceback; an API failure in ``once`` or
@@ -68,9 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove every key under the prefix from the Node")
     _common(cleanup)
 
-    from . import extender
+    from . import device_plugin, extender
 
     extender.add_subcommand(sub)
+    device_plugin.add_subcommand(sub)
     return parser
 
 
@@ -185,6 +187,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "once":
         return _once(args, settings)
+    if args.command == "device-plugin":
+        from .device_plugin import run as run_device_plugin
+
+        return run_device_plugin(args, settings)
     return _run(args, settings)
 
 
@@ -238,9 +244,17 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         from .metrics import serve
 
         server = serve(agent, settings.metrics_address, settings.metrics_port)
+    plugin = None
+    if settings.device_plugin:
+        from .device_plugin import DevicePlugin
+
+        plugin = DevicePlugin.from_settings(agent, settings)
+        plugin.start()
     try:
         agent.run()
     finally:
+        if plugin is not None:
+            plugin.stop()
         if server is not None:
             server.shutdown()
     return 0

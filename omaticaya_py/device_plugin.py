@@ -1,0 +1,537 @@
+"""Kubernetes device plugin (API ``v1beta1``): the node's GPUs as an extended resource.
+
+It serves the kubelet from the agent's own reading: one reader, one health model, one cache
+(``Agent.cache.last``, the latest ``TickResult``), so one DaemonSet and one NVML session label
+the Node and advertise the GPUs. Devices are the GPUs by UUID (in replay mode the GPUs of the
+trace); each is ``Healthy`` exactly while the health rules (``health.py``) find nothing wrong
+with it, and turns ``Healthy`` again when it recovers, which NVIDIA's plugin cannot do.
+
+- ``ListAndWatch`` sends the device list, then a new one whenever a device's health changes
+  (the cache is polled every ``poll_s``; ``notify()`` wakes the streams at once).
+- ``GetPreferredAllocation`` prefers healthy GPUs with the most free memory by the live reading
+  (memory held by processes Kubernetes does not know about counts), honouring must-include.
+- ``Allocate`` returns ``NVIDIA_VISIBLE_DEVICES=<uuid,...>`` for the NVIDIA container runtime
+  and refuses an unknown or unhealthy GPU; ``PreStartContainer`` refuses a GPU that turned
+  unhealthy since allocation.
+- Registration: the plugin serves ``<dir>/<socket>`` and registers on ``<dir>/kubelet.sock``.
+  A kubelet that restarts deletes every socket in the folder and creates a new
+  ``kubelet.sock``; the folder is watched (``watchdog``, inotify) and the plugin re-serves and
+  re-registers at once, with a periodic check as a backstop.
+
+This module imports neither ``pynvml`` nor ``kubernetes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from loguru import logger
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from .deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from .settings import Settings
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_PLUGIN_DIR",
+    "DeviceState",
+    "DevicePlugin",
+    "add_subcommand",
+    "preferred",
+    "run",
+    "socket_name_for",
+]
+
+API_VERSION = "v1beta1"
+#: The kubelet (v1.20) always serves its registration socket here, whatever ``--root-dir``.
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    """One advertised device: ``id`` is the GPU UUID; ``reasons`` why it is unhealthy."""
+
+    id: str
+    index: int
+    healthy: bool
+    reasons: tuple[str, ...] = ()
+    free_mib: int | None = None
+
+    @property
+    def health(self) -> str:
+        return HEALTHY if self.healthy else UNHEALTHY
+
+
+def socket_name_for(resource_name: str) -> str:
+    """The plugin's socket file name for a resource: ``omaticaya-nvidia.com-gpu.sock``."""
+    return "omaticaya-" + re.sub(r"[^A-Za-z0-9_.-]", "-", resource_name) + ".sock"
+
+
+def preferred(
+    states: dict[str, DeviceState],
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+) -> list[str]:
+    """The preferred ``size`` devices out of ``available``: every must-include device first,
+    then healthy before unhealthy, most free memory (live reading) first, lowest index on a
+    tie. Devices the plugin does not know come last."""
+    chosen = list(dict.fromkeys(must_include))
+    rest = [d for d in dict.fromkeys(available) if d not in chosen]
+
+    def key(device_id: str) -> tuple[bool, int, int, str]:
+        s = states.get(device_id)
+        if s is None:
+            return (True, 1, 1 << 30, device_id)
+        free = s.free_mib if s.free_mib is not None else -1
+        return (not s.healthy, -free, s.index, device_id)
+
+    rest.sort(key=key)
+    return chosen + rest[: max(size - len(chosen), 0)]
+
+
+class _FolderHandler(FileSystemEventHandler):
+    """Wakes the plugin when ``kubelet.sock`` is (re)created or our socket is removed."""
+
+    def __init__(self, plugin: DevicePlugin) -> None:
+        self.plugin = plugin
+
+    def _name(self, path: Any) -> str:
+        return os.path.basename(os.fsdecode(path))
+
+    def on_created(self, event: FileSystemEvent) -> None:
+        if self._name(event.src_path) == KUBELET_SOCKET:
+            self.plugin._kubelet_changed()
+
+    def on_deleted(self, event: FileSystemEvent) -> None:
+        if self._name(event.src_path) in (KUBELET_SOCKET, self.plugin.socket_name):
+            self.plugin._kick.set()
+
+    def on_moved(self, event: FileSystemEvent) -> None:
+        if self._name(getattr(event, "dest_path", "")) == KUBELET_SOCKET:
+            self.plugin._kubelet_changed()
+
+
+class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
+    """The device plugin servicer and its registration with the kubelet.
+
+    - ``source``: an ``Agent`` (its ``.cache`` is used) or a ``SnapshotCache`` (``.last`` is
+      the latest ``TickResult``), ticked by someone else.
+    - ``resource_name``: the extended resource (``nvidia.com/gpu``).
+    - ``plugin_dir``: the kubelet's device-plugins folder (``kubelet.sock`` is in it, and the
+      plugin's socket goes in it).
+    - ``devices``: ``(index, uuid)`` known before the first reading (a trace's GPUs), so a GPU
+      that is gone or unreadable stays listed, as Unhealthy.
+    - ``poll_s``: how often streams look at the cache; ``resync_s``: how often the registration
+      is checked besides the folder events.
+
+    ``start()`` serves and registers in a background thread; ``stop()`` undoes it.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        resource_name: str = "nvidia.com/gpu",
+        plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
+        socket_name: str | None = None,
+        devices: Iterable[tuple[int, str]] = (),
+        poll_s: float = 0.2,
+        resync_s: float = 5.0,
+        first_read_timeout_s: float = 30.0,
+    ) -> None:
+        self._source = source
+        self._cache = getattr(source, "cache", source)
+        self.resource_name = resource_name
+        self.plugin_dir = Path(plugin_dir)
+        self.socket_name = socket_name or socket_name_for(resource_name)
+        self.socket_path = self.plugin_dir / self.socket_name
+        self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self.poll_s = poll_s
+        self.resync_s = resync_s
+        self.first_read_timeout_s = first_read_timeout_s
+        self._known: dict[str, int] = {uuid: index for index, uuid in devices}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._kick = threading.Event()
+        self._stopping = threading.Event()
+        self._server: grpc.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._observer: Any = None
+        self._registered_to: tuple[int, int] | None = None
+        self._logged: dict[str, bool] = {}
+        self.registrations = 0
+        self.serves = 0
+
+    @classmethod
+    def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePlugin:
+        """A plugin configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its GPUs are the
+        devices from the start."""
+        devices = kwargs.pop("devices", None)
+        if devices is None and settings.trace is not None:
+            devices = trace_devices(settings.trace)
+        return cls(
+            source,
+            resource_name=settings.device_plugin_resource,
+            plugin_dir=settings.device_plugin_dir,
+            devices=devices or (),
+            **kwargs,
+        )
+
+    # -- the devices, from the agent's cache ----------------------------------------------
+
+    def devices(self) -> list[DeviceState]:
+        """Every known GPU with its health from the latest reading, in index order."""
+        last = self._cache.last
+        with self._lock:
+            if last is None:
+                states = [
+                    DeviceState(uuid, index, False, ("no-reading",))
+                    for uuid, index in self._known.items()
+                ]
+                return sorted(states, key=lambda s: (s.index, s.id))
+            snapshot, health = last.snapshot, last.health
+            by_index = {index: uuid for uuid, index in self._known.items()}
+            readings: dict[str, Any] = {}
+            for gpu in snapshot.gpus:
+                uuid = gpu.uuid or by_index.get(gpu.index)
+                if uuid is None:
+                    continue  # never read its UUID: nothing to advertise
+                self._known[uuid] = gpu.index
+                readings[uuid] = gpu
+            states = []
+            for uuid, index in self._known.items():
+                gpu = readings.get(uuid)
+                if snapshot.error is not None:
+                    states.append(DeviceState(uuid, index, False, (snapshot.error,)))
+                elif gpu is None:
+                    states.append(DeviceState(uuid, index, False, ("absent",)))
+                else:
+                    gh = health.gpus.get(gpu.index)
+                    reasons = gh.reasons if gh is not None else ("unassessed",)
+                    states.append(
+                        DeviceState(uuid, gpu.index, not reasons, reasons, gpu.memory_free_mib)
+                    )
+        states.sort(key=lambda s: (s.index, s.id))
+        self._log_changes(states)
+        return states
+
+    def _log_changes(self, states: list[DeviceState]) -> None:
+        with self._lock:
+            for s in states:
+                before = self._logged.get(s.id)
+                if before == s.healthy:
+                    continue
+                self._logged[s.id] = s.healthy
+                if s.healthy and before is not None:
+                    logger.info("device plugin: GPU {} {} healthy again", s.index, s.id)
+                elif not s.healthy:
+                    logger.warning(
+                        "device plugin: GPU {} {} unhealthy ({})", s.index, s.id, ",".join(s.reasons)
+                    )
+
+    def notify(self) -> None:
+        """Wake every ``ListAndWatch`` stream now (call after each tick)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- the gRPC service ------------------------------------------------------------------
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return api_pb2.DevicePluginOptions(
+            pre_start_required=True, get_preferred_allocation_available=True
+        )
+
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
+        sent: tuple[tuple[str, str], ...] | None = None
+        while not self._stopping.is_set() and context.is_active():
+            states = self.devices()
+            now = tuple((s.id, s.health) for s in states)
+            if now != sent:
+                logger.debug("device plugin: ListAndWatch sends {}", now)
+                yield api_pb2.ListAndWatchResponse(
+                    devices=[api_pb2.Device(ID=d, health=h) for d, h in now]
+                )
+                sent = now
+            with self._changed:
+                self._changed.wait(self.poll_s)
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        states = {s.id: s for s in self.devices()}
+        responses = []
+        for req in request.container_requests:
+            ids = preferred(
+                states,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+                req.allocation_size,
+            )
+            logger.info(
+                "device plugin: preferred {} of {} (must include {})",
+                ids,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+            )
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        states = {s.id: s for s in self.devices()}
+        responses = []
+        for req in request.container_requests:
+            ids = list(req.devicesIDs)
+            self._refuse(ids, states, context, "allocate")
+            logger.info("device plugin: allocate {}", ids)
+            responses.append(
+                api_pb2.ContainerAllocateResponse(envs={VISIBLE_DEVICES_ENV: ",".join(ids)})
+            )
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
+        ids = list(request.devicesIDs)
+        self._refuse(ids, {s.id: s for s in self.devices()}, context, "start a container on")
+        return api_pb2.PreStartContainerResponse()
+
+    def _refuse(
+        self, ids: list[str], states: dict[str, DeviceState], context: Any, what: str
+    ) -> None:
+        unknown = [d for d in ids if d not in states]
+        if unknown:
+            logger.warning("device plugin: refused to {} unknown devices {}", what, unknown)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices: {unknown}")
+        bad = [states[d] for d in ids if not states[d].healthy]
+        if bad:
+            detail = "; ".join(f"GPU {s.index} {s.id}: {','.join(s.reasons)}" for s in bad)
+            logger.warning("device plugin: refused to {} unhealthy GPUs: {}", what, detail)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unhealthy: {detail}")
+
+    # -- serving and registration ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Serve and register in a background thread; watch the folder for kubelet restarts."""
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self._stopping.clear()
+        listeners = getattr(self._source, "on_tick", None)
+        if isinstance(listeners, list) and self._on_tick not in listeners:
+            listeners.append(self._on_tick)  # wake the streams as soon as a tick is cached
+        observer = Observer()
+        observer.schedule(_FolderHandler(self), str(self.plugin_dir), recursive=False)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+        self._thread = threading.Thread(target=self._manage, name="device-plugin", daemon=True)
+        self._thread.start()
+
+    def _on_tick(self, _result: object) -> None:
+        self.notify()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving: end the streams, close the server, remove the socket."""
+        self._stopping.set()
+        self._kick.set()
+        self.notify()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+            self._observer = None
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._stop_server(grace_s)
+        logger.info("device plugin stopped")
+
+    def wait_registered(self, timeout_s: float) -> bool:
+        """True once registered with the kubelet (for tests and start-up checks)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.registrations:
+                return True
+            time.sleep(0.05)
+        return bool(self.registrations)
+
+    def _kubelet_changed(self) -> None:
+        self._registered_to = None
+        self._kick.set()
+
+    def _stop_server(self, grace_s: float) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace_s).wait(grace_s + 1)
+        try:
+            if self.socket_path.is_socket():
+                self.socket_path.unlink()
+        except OSError:
+            pass
+
+    def _serve(self) -> None:
+        """(Re)start the gRPC server on our socket."""
+        self._stop_server(0)
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="device-plugin-rpc")
+        )
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
+        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
+            raise OSError(f"cannot listen on {self.socket_path}")
+        server.start()
+        self._server = server
+        self.serves += 1
+        self._registered_to = None  # a new server must be registered again
+        logger.info("device plugin serving {} on {}", self.resource_name, self.socket_path)
+
+    def _kubelet_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.kubelet_socket)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_ctime_ns)
+
+    def _register(self) -> None:
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.socket_name,
+            resource_name=self.resource_name,
+            options=api_pb2.DevicePluginOptions(
+                pre_start_required=True, get_preferred_allocation_available=True
+            ),
+        )
+        with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+            api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=5)
+
+    def _manage(self) -> None:
+        deadline = time.monotonic() + self.first_read_timeout_s
+        while self._cache.last is None and time.monotonic() < deadline:
+            if self._stopping.wait(0.05):
+                return
+        backoff_s = 0.0
+        while not self._stopping.is_set():
+            try:
+                if self._server is None or not self.socket_path.exists():
+                    if self._server is not None:
+                        logger.warning("device plugin socket {} removed: serving again",
+                                       self.socket_path)
+                    self._serve()
+                ident = self._kubelet_identity()
+                if ident is not None and ident != self._registered_to:
+                    self._register()
+                    self._registered_to = ident
+                    self.registrations += 1
+                    logger.info(
+                        "device plugin registered {} with the kubelet ({})",
+                        self.resource_name,
+                        self.kubelet_socket,
+                    )
+                backoff_s = 0.0
+            except (grpc.RpcError, OSError) as exc:
+                backoff_s = min(max(backoff_s * 2, 0.5), 10.0)
+                detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
+                logger.warning(
+                    "device plugin: registration with {} failed ({}); retrying in {:.1f}s",
+                    self.kubelet_socket,
+                    detail,
+                    backoff_s,
+                )
+            self._kick.wait(backoff_s or self.resync_s)
+            self._kick.clear()
+
+
+def trace_devices(path: Path | str) -> list[tuple[int, str]]:
+    """``(index, uuid)`` of the GPUs a trace describes (its ``devices``, else its samples)."""
+    from .replay import TraceReader
+
+    reader = TraceReader(path)
+    found: dict[str, int] = {}
+    for frame in reader.frames:
+        for gpu in frame.gpus:
+            if gpu.uuid:
+                found.setdefault(gpu.uuid, gpu.index)
+    return sorted(((i, u) for u, i in found.items()), key=lambda t: t[0])
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def add_subcommand(sub: Any) -> None:
+    """Add ``omaticaya device-plugin`` to the CLI's sub-parsers."""
+    p = sub.add_parser(
+        "device-plugin",
+        help="serve the GPUs to the kubelet as a device plugin (no Node labels)",
+        description="Read the GPUs on the schedule and serve them to the kubelet as the "
+        "extended resource OMATICAYA_DEVICE_PLUGIN_RESOURCE, with live health.",
+    )
+    p.add_argument("--trace", type=str, help="replay this NVML trace instead of reading NVML")
+    p.add_argument("--trace-speed", type=float, default=1.0, help="replay speed factor")
+    p.add_argument("--schedule", help="crontab, 6-field cron or '@every 10s'")
+    p.add_argument(
+        "--resource", dest="device_plugin_resource", help="extended resource (nvidia.com/gpu)"
+    )
+    p.add_argument(
+        "--plugin-dir",
+        dest="device_plugin_dir",
+        help="the kubelet's device-plugins folder (/var/lib/kubelet/device-plugins)",
+    )
+    p.add_argument("--metrics-port", type=str, help="port of /metrics /healthz /readyz; 0: off")
+    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON log lines"
+    )
+
+
+def _reader(settings: Settings, args: argparse.Namespace) -> Any:
+    if settings.trace is not None:
+        from .replay import TraceReader
+
+        return TraceReader(
+            settings.trace,
+            window_s=settings.schedule.period_s(),
+            speed=getattr(args, "trace_speed", 1.0) or 1.0,
+        )
+    from .nvml import NvmlReader
+
+    return NvmlReader(watch_xid=True)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """``omaticaya device-plugin``: tick the reader on the schedule (no API server needed) and
+    serve the device plugin until SIGTERM/SIGINT. Returns the exit status."""
+    from .agent import Agent
+
+    reader = _reader(settings, args)
+    if settings.fail_on_init_error:
+        first = reader.read()
+        if first.error is not None:
+            logger.error("NVML failed to start ({}) and fail_on_init_error is set", first.error)
+            return 1
+    agent = Agent(settings, reader, None, dry_run=True)
+    plugin = DevicePlugin.from_settings(agent, settings)
+    server = None
+    if settings.metrics_port:
+        from .metrics import serve
+
+        server = serve(agent, settings.metrics_address, settings.metrics_port)
+    plugin.start()
+    try:
+        agent.run()
+    finally:
+        plugin.stop()
+        if server is not None:
+            server.shutdown()
+    return 0

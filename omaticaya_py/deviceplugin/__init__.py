@@ -1,0 +1,1 @@
+"""Kubernetes kubelet device plugin API (generated gRPC code)."""
