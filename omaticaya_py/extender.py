@@ -43,10 +43,10 @@ from datetime import datetime
 from typing import Any, Literal
 
 from loguru import logger as log
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .settings import DNS_SUBDOMAIN, SettingsError
+from .settings import SettingsError, check_prefix, load
 
 __all__ = [
     "MAX_PRIORITY",
@@ -118,12 +118,7 @@ class ExtenderSettings(BaseSettings):
     @field_validator("prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
-            raise ValueError(
-                "expected a DNS subdomain of at most 253 characters, like 'omaticaya.io'"
-            )
-        return value
+        return check_prefix(value)
 
     @field_validator("strategy", "log_level", mode="before")
     @classmethod
@@ -145,27 +140,10 @@ class ExtenderSettings(BaseSettings):
         return value
 
 
-_EXPECTED = {
-    "bool_parsing": "expected true or false",
-    "int_parsing": "expected an integer",
-    "float_parsing": "expected a number",
-    "literal_error": None,
-}
-
-
 def load_extender_settings(**overrides: Any) -> ExtenderSettings:
     """``ExtenderSettings`` from the environment and ``.env``, with ``overrides`` (flags; ``None``
     ignored) on top. Raises ``SettingsError``: one line per bad setting, naming the variable."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return ExtenderSettings(**given)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            var = f"OMATICAYA_EXTENDER_{str(err['loc'][0] if err['loc'] else '?').upper()}"
-            expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
-            lines.append(f"invalid setting {var}={err.get('input')!r}: {expected}")
-        raise SettingsError("\n".join(lines)) from None
+    return load(ExtenderSettings, **overrides)
 
 
 # ------------------------------------------------------------------------- node state ----

@@ -12,12 +12,22 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Schedule", "Settings", "SettingsError", "load_settings", "parse_schedule"]
+__all__ = [
+    "Schedule",
+    "Settings",
+    "SettingsError",
+    "check_prefix",
+    "load",
+    "load_settings",
+    "parse_schedule",
+]
+
+S = TypeVar("S", bound=BaseSettings)
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: the name part of an extended resource (a qualified name: ``gpu``, ``gpu.shared``).
@@ -261,12 +271,7 @@ class Settings(BaseSettings):
     @field_validator("prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
-            raise ValueError(
-                "expected a DNS subdomain of at most 253 characters, like 'omaticaya.io'"
-            )
-        return value
+        return check_prefix(value)
 
     @field_validator("xid_ignore", mode="before")
     @classmethod
@@ -333,27 +338,39 @@ _EXPECTED = {
 }
 
 
-def _variable(loc: tuple[Any, ...]) -> str:
-    name = str(loc[0]) if loc else "?"
-    if name in ("node_name", "NODE_NAME", "OMATICAYA_NODE_NAME"):
-        return "NODE_NAME"
-    return f"OMATICAYA_{name.upper()}"
+def check_prefix(value: str) -> str:
+    """A label key prefix, trimmed of spaces and a trailing ``/``.
+
+    Raises ``ValueError`` unless it is a DNS subdomain of at most 253 characters."""
+    value = value.strip().rstrip("/")
+    if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
+        raise ValueError("expected a DNS subdomain of at most 253 characters, like 'omaticaya.io'")
+    return value
+
+
+def load(cls: type[S], **overrides: Any) -> S:
+    """Build a settings class from the environment and ``.env``, with ``overrides`` (CLI flags)
+    on top; ``None`` overrides are ignored, so unset flags fall back to the environment.
+
+    Raises ``SettingsError``: one line per bad setting, naming its environment variable
+    (``<env_prefix><FIELD>``, or ``NODE_NAME``) and the expected form."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return cls(**given)
+    except ValidationError as exc:
+        env_prefix = cls.model_config.get("env_prefix", "")
+        lines = []
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            var = "NODE_NAME" if name in _NODE_NAME_ALIASES else f"{env_prefix}{name.upper()}"
+            expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+            lines.append(f"invalid setting {var}={err.get('input')!r}: {expected}")
+        raise SettingsError("\n".join(lines)) from None
+
+
+_NODE_NAME_ALIASES = ("node_name", "NODE_NAME", "OMATICAYA_NODE_NAME")
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build ``Settings`` from the environment and ``.env``, with ``overrides`` (CLI flags) on top.
-
-    ``None`` overrides are ignored, so unset CLI flags fall back to the environment.
-    Raises ``SettingsError`` with one line per bad setting.
-    """
-    given = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return Settings(**given)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            var = _variable(err["loc"])
-            value = err.get("input")
-            expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
-            lines.append(f"invalid setting {var}={value!r}: {expected}")
-        raise SettingsError("\n".join(lines)) from None
+    """``load(Settings, **overrides)``: the agent's settings (see ``load``)."""
+    return load(Settings, **overrides)
