@@ -28,7 +28,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,22 +87,31 @@ def preferred(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
+    distance: Callable[[str, str], int | None] | None = None,
 ) -> list[str]:
     """The preferred ``size`` devices out of ``available``: every must-include device first,
-    then healthy before unhealthy, most free memory (live reading) first, lowest index on a
-    tie. Devices the plugin does not know come last."""
+    then, one at a time, healthy before unhealthy, most free memory (live reading) first, then
+    the closest in topology to those already chosen (``distance(a, b)``: NVML's common-ancestor
+    level, lower is closer; used on real NVML), lowest index on a tie. Devices the plugin does
+    not know come last."""
     chosen = list(dict.fromkeys(must_include))
     rest = [d for d in dict.fromkeys(available) if d not in chosen]
 
-    def key(device_id: str) -> tuple[bool, int, int, str]:
+    def key(device_id: str) -> tuple[bool, int, int, int, str]:
         s = states.get(device_id)
+        far = 0
+        if distance is not None and chosen:
+            far = max((distance(device_id, c) or 0) for c in chosen)
         if s is None:
-            return (True, 1, 1 << 30, device_id)
+            return (True, 1, far, 1 << 30, device_id)
         free = s.free_mib if s.free_mib is not None else -1
-        return (not s.healthy, -free, s.index, device_id)
+        return (not s.healthy, -free, far, s.index, device_id)
 
-    rest.sort(key=key)
-    return chosen + rest[: max(size - len(chosen), 0)]
+    while rest and len(chosen) < size:
+        best = min(rest, key=key)
+        chosen.append(best)
+        rest.remove(best)
+    return chosen
 
 
 class _FolderHandler(FileSystemEventHandler):
@@ -156,6 +165,8 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
         first_read_timeout_s: float = 30.0,
     ) -> None:
         self._source = source
+        # on real NVML the agent's reader knows the PCIe/NVLink topology between two GPUs
+        self._topology = getattr(getattr(source, "reader", None), "topology_level", None)
         self._cache = getattr(source, "cache", source)
         self.resource_name = resource_name
         self.plugin_dir = Path(plugin_dir)
@@ -280,6 +291,7 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
                 list(req.available_deviceIDs),
                 list(req.must_include_deviceIDs),
                 req.allocation_size,
+                self._topology,
             )
             logger.info(
                 "device plugin: preferred {} of {} (must include {})",

@@ -95,6 +95,7 @@ class NvmlReader:
         self._events: list[XidEvent] = []
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
+        self._topology: dict[tuple[str, str], int | None] = {}
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -222,6 +223,30 @@ class NvmlReader:
         with self._lock:
             events, self._events = tuple(self._events), []
         return events
+
+    # -- topology ------------------------------------------------------------------------
+
+    def topology_level(self, uuid_a: str, uuid_b: str) -> int | None:
+        """``nvmlDeviceGetTopologyCommonAncestor`` between two GPUs by UUID: 0 same board,
+        10 one PCIe switch, 20 several switches, 30 host bridge, 40 same NUMA node, 50 across
+        the system (``NVML_TOPOLOGY_*``); lower is closer. ``None`` when unknown. Cached."""
+        key = (uuid_a, uuid_b) if uuid_a <= uuid_b else (uuid_b, uuid_a)
+        if key in self._topology:
+            return self._topology[key]
+        handles = {d.uuid: d.handle for d in self._devices or ()}
+        level = None
+        if uuid_a in handles and uuid_b in handles:
+            try:
+                level = self._call(
+                    "nvmlDeviceGetTopologyCommonAncestor",
+                    pynvml.nvmlDeviceGetTopologyCommonAncestor,
+                    handles[uuid_a],
+                    handles[uuid_b],
+                )
+            except pynvml.NVMLError:
+                level = None
+            self._topology[key] = level
+        return level
 
     # -- reading -------------------------------------------------------------------------
 

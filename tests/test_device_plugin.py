@@ -376,3 +376,30 @@ def test_resource_name_refused(bad: str, monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SettingsError, match="OMATICAYA_DEVICE_PLUGIN_RESOURCE"):
         load_settings(device_plugin_resource=bad)
+
+
+# NVML topology levels between four idle GPUs: 0-1 on one board, 2-3 on another, across the system
+_LEVELS = {frozenset("ab"): 10, frozenset("cd"): 10}
+
+
+def _level(x: str, y: str) -> int:
+    return _LEVELS.get(frozenset((x, y)), 50)
+
+
+@pytest.mark.parametrize(
+    ("must", "size", "expected"),
+    [
+        pytest.param([], 2, ["a", "b"], id="closest-pair-by-index"),
+        pytest.param(["c"], 2, ["c", "d"], id="partner-of-must-include"),
+        pytest.param(["b"], 3, ["b", "a", "c"], id="fills-closest-first"),
+    ],
+)
+def test_preferred_topology_breaks_ties_between_equally_free_gpus(must, size, expected) -> None:
+    states = {d: DeviceState(d, i, True, free_mib=80896) for i, d in enumerate("abcd")}
+    assert preferred(states, list("abcd"), must, size, _level) == expected
+
+
+def test_preferred_free_memory_beats_topology() -> None:
+    states = {d: DeviceState(d, i, True, free_mib=80896) for i, d in enumerate("abcd")}
+    states["d"] = DeviceState("d", 3, True, free_mib=1024)
+    assert preferred(states, list("abcd"), ["c"], 2, _level) == ["c", "a"]
