@@ -269,6 +269,7 @@ class TraceReader:
         self.clock = clock
         self._start: float | None = None
         self._prev_s: float | None = None  # unwrapped trace time of the previous read
+        self._averaged: dict[tuple[int, float], GpuReading] = {}
 
     def _frames_between(self, lo: float, hi: float) -> list[tuple[float, _Frame]]:
         """Frames with unwrapped time in (lo, hi], as (unwrapped time, frame)."""
@@ -305,11 +306,10 @@ class TraceReader:
         first = self._prev_s is None
         lo = (now - self.window_s) if first else self._prev_s
         window = self._frames_between(lo, now)
-        xid_lo = -1.0 if first else self._prev_s
+        # Xid events: every one up to now on the first read, else those of the same window
+        xid_frames = self._frames_between(-1.0, now) if first else window
         events = tuple(
-            XidEvent(index=idx, xid=xid, at_s=t)
-            for t, f in self._frames_between(xid_lo, now)
-            for idx, xid in f.xids
+            XidEvent(index=idx, xid=xid, at_s=t) for t, f in xid_frames for idx, xid in f.xids
         )
         self._prev_s = now
         read_at = datetime.now(timezone.utc)
@@ -323,7 +323,7 @@ class TraceReader:
             )
         gpus = frame.gpus
         if len(window) > 1:
-            gpus = tuple(self._mean_utilization(g, window) for g in gpus)
+            gpus = self._mean_utilization(gpus, window)
         return NodeSnapshot(
             read_at=read_at,
             clock_s=now,
@@ -334,13 +334,38 @@ class TraceReader:
             source=f"trace:{self.path.name}",
         )
 
-    @staticmethod
-    def _mean_utilization(gpu: GpuReading, window: list[tuple[float, _Frame]]) -> GpuReading:
-        index = gpu.index
-        values = [f.util_pct[index] for _, f in window if index in f.util_pct]
-        if not values or gpu.error is not None:
-            return gpu
-        return replace(gpu, utilization_pct=sum(values) / len(values))
+    def _mean_utilization(
+        self, gpus: tuple[GpuReading, ...], window: list[tuple[float, _Frame]]
+    ) -> tuple[GpuReading, ...]:
+        """``gpus`` with ``utilization_pct`` replaced by the mean over ``window`` (GPUs with an
+        error, or with no utilisation in the window, unchanged).
+
+        One pass over the window for all GPUs; the averaged reading is remembered per (recorded
+        reading, mean), so that a steady trace builds no new object (bench/tick.py)."""
+        values: dict[int, list[float]] = {}
+        for _, f in window:
+            for index, value in f.util_pct.items():
+                got = values.get(index)
+                if got is None:
+                    values[index] = [value]
+                else:
+                    got.append(value)
+        memo = self._averaged
+        out = []
+        for gpu in gpus:
+            seen = values.get(gpu.index)
+            if not seen or gpu.error is not None:
+                out.append(gpu)
+                continue
+            mean = sum(seen) / len(seen)
+            key = (id(gpu), mean)  # gpu is one of self.frames' readings: alive as long as we are
+            averaged = memo.get(key)
+            if averaged is None:
+                if len(memo) >= 4096:
+                    memo.clear()
+                averaged = memo[key] = replace(gpu, utilization_pct=mean)
+            out.append(averaged)
+        return tuple(out)
 
     def close(self) -> None:
         """Nothing to release; present for the ``Reader`` interface."""

@@ -1,0 +1,267 @@
+"""API load per node-hour: this agent vs an Omaticaya-style and a GFD-style writer.
+
+The recorded H100 trace is replayed at a fixed schedule (default 5 s, the original
+Omaticaya's) for one simulated hour against a real kube-apiserver: a fake clock drives both
+the trace and the agent, so the hour takes seconds, while every request is a real HTTP
+request to the API server. Three writers run side by side, each on its own Node, reading the
+same trace at the same trace time:
+
+- agent:        ``omaticaya_py.agent.Agent`` + ``NodeClient`` (merge patch only on a change of a
+                quantised value, telemetry heartbeat every 300 s).
+- omaticaya-go: the original's loop: GET the Node + PUT the whole Node every tick, labels
+                holding the unquantised free memory (MiB) of every GPU.
+- gfd-style:    GET every tick; merge-patch the labels when the rendered map differs, with no
+                quantisation (memory step 1 MiB, utilisation 1 %, temperature 1 C, no
+                hysteresis) and no telemetry annotation.
+
+Scenarios (one simulated hour each):
+- looping: the 26 s trace looped ~140 times: idle -> 30 GiB -> busy -> release, over and over
+           (a load change every few seconds: the worst case for a change-driven writer);
+- slow:    the same trace stretched over the hour (each phase lasts minutes, like real jobs);
+- idle:    the trace's idle phase looped (a quiet GPU, with its real noise).
+
+Requests and bytes are counted at the client's HTTP layer (urllib3 ``request()``: request line +
+headers + body before TLS) and cross-checked against the API server's audit log (requests on
+each Node, stage ResponseComplete) when the audit log is known.
+
+    .venv/bin/python bench/api_load.py                  # ~40 s, starts its own dev cluster
+    KUBECONFIG=... .venv/bin/python bench/api_load.py   # reuse a running API server
+    .venv/bin/python bench/api_load.py --quick          # 5 simulated minutes, one scenario
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    FakeClock,
+    HttpCount,
+    admin_api,
+    audit_counts,
+    bench_settings,
+    cluster,
+    count_api_client,
+    create_nodes,
+    delete_nodes,
+    emit,
+    header,
+    load_raw,
+    phase_samples,
+    table,
+    write_trace,
+)
+
+TARGET_RATIO = 100.0
+GROUP = f"api-load-{os.getpid()}"
+
+
+class GoStyleWriter:
+    """The original Omaticaya: every tick, GET the Node and PUT it back whole with the
+    unquantised free memory of every GPU in its labels."""
+
+    def __init__(self, api: Any, node: str, reader: Any) -> None:
+        self.api, self.node, self.reader = api, node, reader
+        self.count = count_api_client(api.api_client)
+        self.updates = 0
+
+    def tick(self) -> None:
+        snap = self.reader.read()
+        body = json.loads(self.api.read_node(self.node, _preload_content=False).data)
+        labels = body["metadata"].setdefault("labels", {})
+        labels["omaticaya/gpu.count"] = str(len(snap.gpus))
+        for g in snap.gpus:
+            labels[f"omaticaya/gpu-{g.index}.memory.free-mib"] = str(g.memory_free_mib)
+        self.api.replace_node(self.node, body, _preload_content=False)
+        self.updates += 1
+
+
+class GfdStyleWriter:
+    """GPU-Feature-Discovery-style: GET every tick, merge-patch the labels when the rendered
+    (unquantised) map differs from the Node's."""
+
+    def __init__(self, api: Any, node: str, reader: Any) -> None:
+        from omaticaya_py.health import assess
+        from omaticaya_py.labels import render
+        from omaticaya_py.patch import diff_section
+
+        self.api, self.node, self.reader = api, node, reader
+        self.count = count_api_client(api.api_client)
+        self.settings = bench_settings(
+            node_name=node, memory_step_mib=1, utilization_step_pct=1, temperature_step_c=1,
+            hysteresis_pct=0,
+        )
+        self._assess, self._render, self._diff = assess, render, diff_section
+        self.updates = 0
+
+    def tick(self) -> None:
+        snap = self.reader.read()
+        labels = self._render(snap, self._assess(snap), self.settings).labels
+        body = json.loads(self.api.read_node(self.node, _preload_content=False).data)
+        current = body["metadata"].get("labels") or {}
+        changes = self._diff(labels, current, self.settings.prefix)
+        if changes:
+            self.api.patch_node(
+                self.node, {"metadata": {"labels": changes}}, _preload_content=False,
+                _content_type="application/merge-patch+json",
+            )
+            self.updates += 1
+
+
+class AgentWriter:
+    def __init__(self, kubeconfig: str, node: str, reader: Any, clock: FakeClock, sched: str):
+        from omaticaya_py.agent import Agent
+        from omaticaya_py.kube import NodeClient
+
+        self.client = NodeClient(node, kubeconfig=kubeconfig)
+        self.count = count_api_client(self.client._api.api_client)  # noqa: SLF001
+        settings = bench_settings(node_name=node, schedule=sched, cleanup_on_exit=False)
+        self.agent = Agent(settings, reader, self.client, clock=clock)
+        self.heartbeats = 0  # patches that carry no label, only the telemetry annotation
+        patch_node = self.client.patch_node
+
+        def counted(patch: Any) -> Any:
+            if not patch.get("metadata", {}).get("labels"):
+                self.heartbeats += 1
+            return patch_node(patch)
+
+        self.client.patch_node = counted  # type: ignore[method-assign]
+
+    @property
+    def updates(self) -> int:
+        return self.agent.cache.patches_sent
+
+    def tick(self) -> None:
+        self.agent.tick()
+
+
+def scenario_trace(name: str) -> tuple[Path, float]:
+    """(trace path, replay speed) of a scenario."""
+    raw = load_raw()
+    if name == "idle":
+        return write_trace(phase_samples(raw, "idle"), "api-idle"), 1.0
+    path = write_trace(raw, "api-h100")
+    if name == "slow":
+        period = raw["samples"][-1]["t"] + raw["interval_s"]
+        return path, period / 3600.0
+    return path, 1.0
+
+
+def run_scenario(
+    kubeconfig: str, api_factory: Callable[[], Any], name: str, interval_s: float, hours: float,
+    audit: Path | None,
+) -> tuple[list[list[Any]], dict[str, float]]:
+    from omaticaya_py.replay import TraceReader
+
+    path, speed = scenario_trace(name)
+    clock = FakeClock()
+    sched = f"@every {interval_s:g}s"
+    nodes = {w: f"{GROUP}-{name}-{w}" for w in ("agent", "omaticaya-go", "gfd-style")}
+    create_nodes(api_factory(), list(nodes.values()), GROUP)
+
+    def reader() -> Any:
+        return TraceReader(path, window_s=interval_s, speed=speed, clock=clock)
+
+    writers: dict[str, Any] = {
+        "agent": AgentWriter(kubeconfig, nodes["agent"], reader(), clock, sched),
+        "omaticaya-go": GoStyleWriter(api_factory(), nodes["omaticaya-go"], reader()),
+        "gfd-style": GfdStyleWriter(api_factory(), nodes["gfd-style"], reader()),
+    }
+    ticks = int(round(hours * 3600 / interval_s))
+    started = time.perf_counter()
+    for _ in range(ticks):
+        for w in writers.values():
+            w.tick()
+        clock.advance(interval_s)
+    took = time.perf_counter() - started
+    per_hour = 1.0 / hours
+    audited = audit_counts(audit, set(nodes.values()))
+    base: HttpCount = writers["omaticaya-go"].count
+    rows, ratios = [], {}
+    for wname, w in writers.items():
+        c: HttpCount = w.count
+        by_verb = " ".join(f"{k}:{v}" for k, v in sorted(c.requests.items()))
+        audit_n = sum(audited[nodes[wname]].values()) if audited else float("nan")
+        ratio = base.total / c.total if c.total else float("inf")
+        ratios[wname] = ratio
+        rows.append([
+            name, wname, ticks, w.updates, getattr(w, "heartbeats", "-"), c.total * per_hour,
+            by_verb,
+            audit_n * per_hour if audited else "n/a", c.sent * per_hour / 1024,
+            c.received * per_hour / 1024, f"{ratio:.1f}x",
+            f"{base.sent / c.sent:.1f}x" if c.sent else "inf",
+        ])
+    if hasattr(writers["agent"], "client"):
+        writers["agent"].client.close()
+    ratios["_took_s"] = took
+    return rows, ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="5 simulated minutes, 'looping' only")
+    ap.add_argument("--interval-s", type=float, default=5.0, help="schedule (default 5 s)")
+    ap.add_argument("--minutes", type=float, default=60.0, help="simulated minutes per scenario")
+    ap.add_argument(
+        "--scenarios", nargs="+", default=["looping", "slow", "idle"],
+        choices=["looping", "slow", "idle"],
+    )
+    ap.add_argument("--kubeconfig", help="reuse this API server (default $KUBECONFIG or a new one)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.minutes, args.scenarios = 5.0, ["looping"]
+    from loguru import logger
+
+    logger.remove()
+    hours = args.minutes / 60
+    all_rows: list[list[Any]] = []
+    notes = []
+    with cluster(args.kubeconfig) as c:
+        admin = admin_api(c.kubeconfig)
+
+        def api_factory() -> Any:
+            return admin_api(c.kubeconfig)
+
+        try:
+            for name in args.scenarios:
+                rows, ratios = run_scenario(
+                    c.kubeconfig, api_factory, name, args.interval_s, hours, c.audit_log
+                )
+                all_rows += rows
+                got = ratios["agent"]
+                verdict = "met" if got >= TARGET_RATIO else f"missed: {got:.1f}x, needs {TARGET_RATIO:.0f}x"
+                notes.append(
+                    f"{name}: agent sends {got:.1f}x fewer requests than omaticaya-go "
+                    f"(target >= {TARGET_RATIO:.0f}x: {verdict}); "
+                    f"{ratios['gfd-style']:.1f}x for gfd-style; ran in {ratios['_took_s']:.1f} s"
+                )
+        finally:
+            delete_nodes(admin, GROUP)
+            admin.api_client.close()
+    emit(
+        header(
+            f"API load per node-hour at a {args.interval_s:g} s schedule "
+            f"({args.minutes:g} simulated minutes per scenario, scaled to one hour)"
+        ),
+        table(
+            ["scenario", "writer", "ticks", "updates", "of which heartbeat", "req/h", "by verb",
+             "audit req/h",
+             "KiB sent/h", "KiB recv/h", "req ratio", "sent ratio"],
+            all_rows,
+        ),
+        "ratios are omaticaya-go / writer (higher = fewer requests or bytes than the original)\n"
+        + "\n".join(notes),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The bench scripts still run: each in its tiny ``--quick`` mode, as a subprocess.
+
+Not timed: the figures are printed by the scripts and recorded in docs/benchmarks.md. The ones
+that talk to an API server reuse the session's dev cluster (``KUBECONFIG``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.devcluster import DevCluster
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+
+
+def run_bench(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=REPO,
+        env=env or {k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return proc
+
+
+def cluster_env(cluster: DevCluster) -> dict[str, str]:
+    env = cluster.env()
+    env["OMATICAYA_DEV_DIR"] = str(cluster.state_dir)
+    return env
+
+
+def test_tick_quick() -> None:
+    proc = run_bench("tick.py", "--quick", "--gpus", "1", "8")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "machine:" in out and "command:" in out
+    assert "nothing changed" in out and "everything changed" in out and "floor" in out
+    assert "target: 8 GPUs" in out
+
+
+def test_tick_nvml_exits_cleanly_without_a_gpu() -> None:
+    proc = run_bench("tick.py", "--nvml", "--quick")
+    if proc.returncode == 0:  # a GPU is here: the NVML table was printed
+        assert "NVML share" in proc.stdout
+        return
+    assert proc.returncode == 1
+    assert "NVML not available" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.cluster
+def test_api_load_quick(dev_cluster: DevCluster) -> None:
+    proc = run_bench("api_load.py", "--quick", env=cluster_env(dev_cluster))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for writer in ("agent", "omaticaya-go", "gfd-style"):
+        assert writer in out
+    assert "req ratio" in out and "fewer requests than omaticaya-go" in out
+
+
+@pytest.mark.cluster
+def test_fleet_quick(dev_cluster: DevCluster) -> None:
+    proc = run_bench(
+        "fleet.py", "--quick", "--nodes", "5", "--interval-s", "1", "--duration-s", "1",
+        env=cluster_env(dev_cluster),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "patches/s" in proc.stdout and "apiserver cores" in proc.stdout
+
+
+@pytest.mark.cluster
+def test_footprint_quick(dev_cluster: DevCluster) -> None:
+    proc = run_bench(
+        "footprint.py", "--quick", "--duration-s", "2", "--no-imports",
+        env=cluster_env(dev_cluster),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "spawn -> 1st patch s" in proc.stdout and "idle @ 5 s" in proc.stdout
+
+
+@pytest.mark.cluster
+def test_freshness_quick(dev_cluster: DevCluster) -> None:
+    proc = run_bench(
+        "freshness.py", "--quick", "--changes", "2", env=cluster_env(dev_cluster)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2/2" in proc.stdout, proc.stdout
