@@ -69,11 +69,37 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove every key under the prefix from the Node")
     _common(cleanup)
 
-    from . import device_plugin, extender
+    from . import extender  # light: its server imports wait until it runs
 
     extender.add_subcommand(sub)
-    device_plugin.add_subcommand(sub)
+    _device_plugin_parser(sub)  # defined here: the plugin module loads grpc, only when it runs
     return parser
+
+
+def _device_plugin_parser(sub: Any) -> None:
+    """Add ``omaticaya device-plugin`` to the CLI's sub-parsers."""
+    p = sub.add_parser(
+        "device-plugin",
+        help="serve the GPUs to the kubelet as a device plugin (no Node labels)",
+        description="Read the GPUs on the schedule and serve them to the kubelet as the "
+        "extended resource OMATICAYA_DEVICE_PLUGIN_RESOURCE, with live health.",
+    )
+    p.add_argument("--trace", type=str, help="replay this NVML trace instead of reading NVML")
+    p.add_argument("--trace-speed", type=float, default=1.0, help="replay speed factor")
+    p.add_argument("--schedule", help="crontab, 6-field cron or '@every 10s'")
+    p.add_argument(
+        "--resource", dest="device_plugin_resource", help="extended resource (nvidia.com/gpu)"
+    )
+    p.add_argument(
+        "--plugin-dir",
+        dest="device_plugin_dir",
+        help="the kubelet's device-plugins folder (/var/lib/kubelet/device-plugins)",
+    )
+    p.add_argument("--metrics-port", type=str, help="port of /metrics /healthz /readyz; 0: off")
+    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON log lines"
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:

@@ -47,7 +47,6 @@ __all__ = [
     "DEFAULT_PLUGIN_DIR",
     "DeviceState",
     "DevicePlugin",
-    "add_subcommand",
     "preferred",
     "run",
     "socket_name_for",
@@ -479,32 +478,6 @@ def trace_devices(path: Path | str) -> list[tuple[int, str]]:
 
 
 # -- the command ----------------------------------------------------------------------------
-
-
-def add_subcommand(sub: Any) -> None:
-    """Add ``omaticaya device-plugin`` to the CLI's sub-parsers."""
-    p = sub.add_parser(
-        "device-plugin",
-        help="serve the GPUs to the kubelet as a device plugin (no Node labels)",
-        description="Read the GPUs on the schedule and serve them to the kubelet as the "
-        "extended resource OMATICAYA_DEVICE_PLUGIN_RESOURCE, with live health.",
-    )
-    p.add_argument("--trace", type=str, help="replay this NVML trace instead of reading NVML")
-    p.add_argument("--trace-speed", type=float, default=1.0, help="replay speed factor")
-    p.add_argument("--schedule", help="crontab, 6-field cron or '@every 10s'")
-    p.add_argument(
-        "--resource", dest="device_plugin_resource", help="extended resource (nvidia.com/gpu)"
-    )
-    p.add_argument(
-        "--plugin-dir",
-        dest="device_plugin_dir",
-        help="the kubelet's device-plugins folder (/var/lib/kubelet/device-plugins)",
-    )
-    p.add_argument("--metrics-port", type=str, help="port of /metrics /healthz /readyz; 0: off")
-    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
-    p.add_argument(
-        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON log lines"
-    )
 
 
 def _reader(settings: Settings, args: argparse.Namespace) -> Any:

@@ -44,19 +44,6 @@ INTERVAL_S = 0.5  # the plugin's schedule
 #: status period, plus the plugin's start-up (trace time starts at its first tick)
 FOLLOW_S = INTERVAL_S + 1.0 + 1.5
 
-LAUNCH = """
-import argparse, sys
-from omaticaya_py import device_plugin
-from omaticaya_py.logs import setup_logging
-from omaticaya_py.settings import Settings, load_settings
-parser = argparse.ArgumentParser(prog="omaticaya")
-device_plugin.add_subcommand(parser.add_subparsers(dest="command", required=True))
-args = parser.parse_args(sys.argv[1:])
-fields = set(Settings.model_fields)
-settings = load_settings(**{k: v for k, v in vars(args).items() if k in fields})
-setup_logging(settings.log_level, settings.log_json)
-sys.exit(device_plugin.run(args, settings))
-"""
 
 
 def _kubelet_sock_in_use() -> bool:
@@ -90,7 +77,7 @@ class Plugin:
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable, "-c", LAUNCH, "device-plugin",
+                    sys.executable, "-m", "omaticaya_py", "device-plugin",
                     "--trace", str(FAULTS_TRACE), "--schedule", f"@every {int(INTERVAL_S * 1000)}ms",
                 ],
                 cwd=workdir,
