@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,8 +27,8 @@ from prometheus_client import Histogram
 
 from .health import NodeHealth, XidLedger, XidPolicy, assess
 from .kube import KubeError, KubeForbidden, NodeClient, NodeNotFound
-from .labels import TELEMETRY, Desired, is_static, render
-from .patch import MergePatch, NodeMeta, apply_patch, diff, removal_patch
+from .labels import TELEMETRY, Desired, is_static, render, telemetry_annotation
+from .patch import MergePatch, NodeMeta, apply_patch, diff, diff_section, removal_patch
 from .settings import Settings
 from .snapshot import NodeSnapshot, Reader
 
@@ -124,13 +124,15 @@ class Agent:
 
     # -- one tick --------------------------------------------------------------------------
 
-    def evaluate(self) -> tuple[NodeSnapshot, NodeHealth, Desired]:
-        """Read, assess and render, with no API request."""
+    def evaluate(self, with_telemetry: bool = True) -> tuple[NodeSnapshot, NodeHealth, Desired]:
+        """Read, assess and render, with no API request (``with_telemetry``: see ``render``)."""
         snapshot = self.reader.read()
         self.ledger.record(snapshot.xid_events)
         health = assess(snapshot, self.ledger.recent(snapshot.clock_s), self.policy)
         previous = self.cache.last.desired.labels if self.cache.last is not None else None
-        desired = render(snapshot, health, self.settings, previous)
+        desired = render(
+            snapshot, health, self.settings, previous, with_telemetry=with_telemetry
+        )
         for key, value in desired.dropped:
             logger.warning("dropped invalid label {}={!r}", key, value)
         self._log_nvml(snapshot)
@@ -151,11 +153,34 @@ class Agent:
                 self._meta = self.node.get_node()
         return self._meta
 
-    def _diff(self, desired: Desired, current: NodeMeta, now_s: float) -> MergePatch | None:
-        refresh = (
+    def _heartbeat_due(self, now_s: float) -> bool:
+        return (
             self._telemetry_at_s is None
             or now_s - self._telemetry_at_s >= self.settings.heartbeat_s
         )
+
+    def _with_telemetry(
+        self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, current: NodeMeta,
+        now_s: float,
+    ) -> Desired:
+        """``desired`` with the telemetry annotation: built afresh only when a patch will carry
+        it (a label changes, the heartbeat is due, or the Node lacks it), else the Node's own
+        value, so that a quiet tick costs no JSON encoding."""
+        key, prefix = self.telemetry_key, self.settings.prefix
+        if (
+            self._heartbeat_due(now_s)
+            or key not in current.annotations
+            or diff_section(desired.labels, current.labels, prefix)
+        ):
+            annotations, bad = telemetry_annotation(snapshot, health, prefix)
+            for k, v in bad:
+                logger.warning("dropped invalid annotation {}={!r}", k, v)
+        else:
+            annotations = {key: current.annotations[key]}
+        return replace(desired, annotations=annotations)
+
+    def _diff(self, desired: Desired, current: NodeMeta, now_s: float) -> MergePatch | None:
+        refresh = self._heartbeat_due(now_s)
         return diff(
             desired.labels,
             desired.annotations,
@@ -187,7 +212,7 @@ class Agent:
         with self._tick_lock:
             started = time.perf_counter()
             now_s = self.clock()
-            snapshot, health, desired = self.evaluate()
+            snapshot, health, desired = self.evaluate(with_telemetry=False)
             previous = self.cache.last
             result = TickResult(snapshot, health, desired, None, False)
             self.cache.store(result, now_s)
@@ -197,6 +222,7 @@ class Agent:
                 return result
             try:
                 current = self._current()
+                desired = self._with_telemetry(desired, snapshot, health, current, now_s)
                 patch = self._diff(desired, current, now_s)
                 sent = False
                 if patch is not None and not self.dry_run and self.node is not None:

@@ -35,6 +35,7 @@ __all__ = [
     "stable_down",
     "stable_nearest",
     "telemetry",
+    "telemetry_annotation",
 ]
 
 Labels = Mapping[str, str]
@@ -264,13 +265,16 @@ def render(
     health: NodeHealth,
     settings: Settings,
     previous: Mapping[str, str] | None = None,
+    *,
+    with_telemetry: bool = True,
 ) -> Desired:
     """Desired labels and annotations (full keys under ``settings.prefix``) for this snapshot.
 
     Labels follow the schema in the README (node aggregates, static facts, per-GPU keys when
-    ``per_gpu_labels``); the one annotation is ``<prefix>/telemetry``. Invalid keys or values
-    are dropped and listed in ``Desired.dropped``. ``previous`` (the labels rendered last
-    tick) turns on hysteresis for the rounded numbers (``settings.hysteresis_pct``).
+    ``per_gpu_labels``); the one annotation is ``<prefix>/telemetry`` (left out when
+    ``with_telemetry`` is false: the agent builds it only for a patch that carries it). Invalid
+    keys or values are dropped and listed in ``Desired.dropped``. ``previous`` (the labels
+    rendered last tick) turns on hysteresis for the rounded numbers (``settings.hysteresis_pct``).
     """
     prefix = settings.prefix
     labels: dict[str, str] = {}
@@ -285,18 +289,27 @@ def render(
             ok = value_ok(value)
             if ok is None:
                 ok = _memo_valid(_VALUE_OK, is_valid_value, value)
-        if ok and (value or name == "gpu.product.mixed"):
+        if ok and value:
             labels[key] = value
         else:
             dropped.append((key, value))
     annotations: dict[str, str] = {}
+    if with_telemetry:
+        annotations, bad = telemetry_annotation(snapshot, health, prefix)
+        dropped.extend(bad)
+    return Desired(labels=labels, annotations=annotations, dropped=tuple(dropped))
+
+
+def telemetry_annotation(
+    snapshot: NodeSnapshot, health: NodeHealth, prefix: str
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
+    invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
     value = telemetry(snapshot, health)
     if _memo_valid(_KEY_OK, is_valid_key, key) and len(value) < MAX_ANNOTATIONS_BYTES:
-        annotations[key] = value
-    else:
-        dropped.append((key, value[:80]))
-    return Desired(labels=labels, annotations=annotations, dropped=tuple(dropped))
+        return {key: value}, []
+    return {}, [(key, value[:80])]
 
 
 _KEY_OK: dict[str, bool] = {}
