@@ -350,7 +350,7 @@ class Agent:
         )
         scheduler.add_job(
             self.safe_tick,
-            schedule.trigger(),
+            schedule.trigger(jitter_s=self.settings.jitter_s),
             id="tick",
             name="omaticaya tick",
             next_run_time=datetime.now(timezone.utc),

@@ -68,14 +68,16 @@ class Schedule:
     interval_s: float | None = None
     cron: tuple[tuple[str, str], ...] | None = None
 
-    def trigger(self, timezone: Any = "UTC") -> Any:
-        """An APScheduler 3.x trigger (``IntervalTrigger`` or ``CronTrigger``) for this schedule."""
+    def trigger(self, timezone: Any = "UTC", jitter_s: float = 0) -> Any:
+        """An APScheduler 3.x trigger (``IntervalTrigger`` or ``CronTrigger``) for this schedule;
+        ``jitter_s`` delays each run by a random 0..jitter_s seconds (the trigger's ``jitter``)."""
         from apscheduler.triggers.cron import CronTrigger
         from apscheduler.triggers.interval import IntervalTrigger
 
+        jitter = jitter_s or None
         if self.interval_s is not None:
-            return IntervalTrigger(seconds=self.interval_s, timezone=timezone)
-        return CronTrigger(timezone=timezone, **dict(self.cron or ()))
+            return IntervalTrigger(seconds=self.interval_s, timezone=timezone, jitter=jitter)
+        return CronTrigger(timezone=timezone, jitter=jitter, **dict(self.cron or ()))
 
     def period_s(self) -> float:
         """Seconds between two runs (for cron: between the next two fire times from now)."""
@@ -223,6 +225,12 @@ class Settings(BaseSettings):
     )
     xid_all_fatal: bool = Field(default=False, description="Treat every Xid as fatal.")
     xid_quiet_s: float = Field(default=600, ge=0, description="A fatal Xid marks a GPU for this long.")
+    jitter_s: float = Field(
+        default=0,
+        ge=0,
+        description="Delay each run by a random 0..jitter_s seconds, so that a fleet on the "
+        "same cron schedule does not write in the same second (0: off).",
+    )
     heartbeat_s: float = Field(
         default=300, gt=0, description="Rewrite the telemetry annotation at least this often."
     )

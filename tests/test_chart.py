@@ -447,6 +447,7 @@ ENV_CASES = [
     ("xidAllFatal", {"xidAllFatal": True}, "OMATICAYA_XID_ALL_FATAL", "true"),
     ("xidQuietS", {"xidQuietS": 0}, "OMATICAYA_XID_QUIET_S", "0"),
     ("heartbeatS", {"heartbeatS": 60}, "OMATICAYA_HEARTBEAT_S", "60"),
+    ("jitterS", {"jitterS": 3}, "OMATICAYA_JITTER_S", "3"),
     ("metricsPort", {"metricsPort": 9500}, "OMATICAYA_METRICS_PORT", "9500"),
     ("metricsPort-off", {"metricsPort": 0}, "OMATICAYA_METRICS_PORT", "0"),
     ("failOnInitError", {"failOnInitError": True}, "OMATICAYA_FAIL_ON_INIT_ERROR", "true"),

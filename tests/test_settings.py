@@ -53,6 +53,7 @@ def test_defaults() -> None:
         "xid_ignore": frozenset({13, 31, 43, 45, 68, 109}),
         "xid_all_fatal": False,
         "xid_quiet_s": 600,
+        "jitter_s": 0,
         "heartbeat_s": 300,
         "metrics_port": 9402,
         "metrics_address": "0.0.0.0",
@@ -106,6 +107,7 @@ VALID_ENV = [
     ("OMATICAYA_XID_QUIET_S", "60.5", "xid_quiet_s", 60.5),
     ("OMATICAYA_XID_QUIET_S", "0", "xid_quiet_s", 0),
     ("OMATICAYA_HEARTBEAT_S", "30", "heartbeat_s", 30),
+    ("OMATICAYA_JITTER_S", "2.5", "jitter_s", 2.5),
     ("OMATICAYA_METRICS_PORT", "0", "metrics_port", 0),
     ("OMATICAYA_METRICS_PORT", "8080", "metrics_port", 8080),
     ("OMATICAYA_METRICS_ADDRESS", "127.0.0.1", "metrics_address", "127.0.0.1"),
@@ -330,6 +332,8 @@ BAD_ENV = [
     ("OMATICAYA_XID_QUIET_S", "ten minutes", "expected a number"),
     ("OMATICAYA_XID_QUIET_S", "-5", "greater than or equal to 0"),
     ("OMATICAYA_HEARTBEAT_S", "0", "greater than 0"),
+    ("OMATICAYA_JITTER_S", "-1", "greater than or equal to 0"),
+    ("OMATICAYA_JITTER_S", "some", "expected a number"),
     ("OMATICAYA_HEARTBEAT_S", "often", "expected a number"),
     ("OMATICAYA_METRICS_PORT", "http", "expected an integer"),
     ("OMATICAYA_METRICS_PORT", "70000", "less than or equal to 65535"),
@@ -425,3 +429,9 @@ def test_cli_bad_env_exits_2_with_one_line(tmp_path: Path, var, value, expected)
     assert lines[0].startswith(f"omaticaya: invalid setting {var}=")
     assert expected in lines[0]
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("text", ["@every 10s", "*/5 * * * * ?"])
+def test_trigger_jitter(text: str) -> None:
+    assert parse_schedule(text).trigger(jitter_s=2.5).jitter == 2.5
+    assert parse_schedule(text).trigger().jitter is None
