@@ -127,7 +127,7 @@ def _reader(settings: Settings, args: argparse.Namespace) -> Any:
         raise UsageError("--trace-at needs --trace or OMATICAYA_TRACE")
     from .nvml import NvmlReader
 
-    return NvmlReader(watch_xid=args.command == "run")
+    return NvmlReader(watch_xid=args.command in ("run", "device-plugin"))
 
 
 def _node(settings: Settings, args: argparse.Namespace) -> Any:
@@ -213,10 +213,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if args.command == "once":
         return _once(args, settings)
-    if args.command == "device-plugin":
-        from .device_plugin import run as run_device_plugin
-
-        return run_device_plugin(args, settings)
+    if args.command == "device-plugin":  # the plugin alone: read and serve, label no Node
+        return _run(args, settings.model_copy(update={"device_plugin": True}), label_node=False)
     return _run(args, settings)
 
 
@@ -253,7 +251,9 @@ def _once(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, settings: Settings) -> int:
+def _run(args: argparse.Namespace, settings: Settings, *, label_node: bool = True) -> int:
+    """The daemon: ``run`` (label the Node, and serve the device plugin when
+    ``settings.device_plugin``), or ``device-plugin`` (``label_node=False``: no API server)."""
     from loguru import logger
 
     from .agent import Agent
@@ -264,7 +264,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         if first.error is not None:
             logger.error("NVML failed to start ({}) and fail_on_init_error is set", first.error)
             return 1
-    agent = Agent(settings, reader, _node(settings, args))
+    if label_node:
+        agent = Agent(settings, reader, _node(settings, args))
+    else:
+        agent = Agent(settings, reader, None, dry_run=True)
     server = None
     if settings.metrics_port:
         from .metrics import serve

@@ -23,7 +23,6 @@ This module imports neither ``pynvml`` nor ``kubernetes``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import threading
@@ -48,7 +47,6 @@ __all__ = [
     "DeviceState",
     "DevicePlugin",
     "preferred",
-    "run",
     "socket_name_for",
 ]
 
@@ -478,45 +476,3 @@ def trace_devices(path: Path | str) -> list[tuple[int, str]]:
 
 
 # -- the command ----------------------------------------------------------------------------
-
-
-def _reader(settings: Settings, args: argparse.Namespace) -> Any:
-    if settings.trace is not None:
-        from .replay import TraceReader
-
-        return TraceReader(
-            settings.trace,
-            window_s=settings.schedule.period_s(),
-            speed=getattr(args, "trace_speed", 1.0) or 1.0,
-        )
-    from .nvml import NvmlReader
-
-    return NvmlReader(watch_xid=True)
-
-
-def run(args: argparse.Namespace, settings: Settings) -> int:
-    """``omaticaya device-plugin``: tick the reader on the schedule (no API server needed) and
-    serve the device plugin until SIGTERM/SIGINT. Returns the exit status."""
-    from .agent import Agent
-
-    reader = _reader(settings, args)
-    if settings.fail_on_init_error:
-        first = reader.read()
-        if first.error is not None:
-            logger.error("NVML failed to start ({}) and fail_on_init_error is set", first.error)
-            return 1
-    agent = Agent(settings, reader, None, dry_run=True)
-    plugin = DevicePlugin.from_settings(agent, settings)
-    server = None
-    if settings.metrics_port:
-        from .metrics import serve
-
-        server = serve(agent, settings.metrics_address, settings.metrics_port)
-    plugin.start()
-    try:
-        agent.run()
-    finally:
-        plugin.stop()
-        if server is not None:
-            server.shutdown()
-    return 0
