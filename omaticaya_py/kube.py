@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 MERGE_PATCH = "application/merge-patch+json"
+_NODE_PATH = "/api/v1/nodes/{name}"
 _TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
 
 
@@ -94,7 +95,7 @@ def _wrap(exc: Exception, verb: str, what: str) -> KubeError:
             kind = KubeForbidden
             if status == 403:
                 message += " (RBAC: the agent needs get and patch on nodes, create/patch on events)"
-        elif status in _TRANSIENT_STATUS or status is None or status >= 500:
+        elif status in _TRANSIENT_STATUS or not status or status >= 500:  # 0: no answer (TLS)
             kind = KubeUnavailable
         else:
             kind = KubeRejected
@@ -162,7 +163,7 @@ class NodeClient:
 
     # -- configuration -------------------------------------------------------------------
 
-    def _connect(self) -> client.CoreV1Api:
+    def _connect(self) -> client.ApiClient:
         cfg = client.Configuration()
         try:
             if self._kubeconfig is None and self._environ.get("KUBERNETES_SERVICE_HOST"):
@@ -178,7 +179,9 @@ class NodeClient:
         except (config.ConfigException, OSError, ValueError) as exc:
             raise KubeError(f"no Kubernetes configuration: {exc}") from exc
         cfg.retries = urllib3.Retry(total=0, connect=0, read=0, redirect=0, status=0)
-        return client.CoreV1Api(client.ApiClient(cfg))
+        # The ApiClient alone (not CoreV1Api): the typed API class costs ~21 MiB of RSS for three
+        # requests whose answers we read as plain JSON anyway.
+        return client.ApiClient(cfg)
 
     def _stamp(self) -> tuple[int, int]:
         st = os.stat(self._token_file)
@@ -204,7 +207,7 @@ class NodeClient:
     @property
     def server(self) -> str:
         """The API server URL in use."""
-        return str(self._api.api_client.configuration.host)
+        return str(self._api.configuration.host)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -241,18 +244,54 @@ class NodeClient:
             annotations=meta.get("annotations") or {},
         )
 
-    def _api_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        # Looked up at call time: a 401 swaps in a new CoreV1Api with fresh credentials.
-        return getattr(self._api, method)(
-            *args, _preload_content=False, _request_timeout=self.timeout_s, **kwargs
+    def _http(
+        self,
+        method: str,
+        path: str,
+        *,
+        path_params: dict[str, str] | None = None,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: Any = None,
+        stream: bool = False,
+    ) -> Any:
+        """One request through the official client's ``ApiClient`` (its serialisation, auth,
+        TLS and token refresh); returns the urllib3 response, its body already read unless
+        ``stream``. A non-2xx status raises the client's ``ApiException``, as its typed API
+        does. ``self._api`` is looked up per call: a 401 swaps in fresh credentials."""
+        api = self._api
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        params = api.param_serialize(
+            method,
+            path,
+            path_params=path_params,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
         )
+        answer = api.call_api(*params, _request_timeout=timeout or self.timeout_s)
+        raw = answer.response
+        if not 200 <= answer.status < 300:
+            text = raw.data.decode("utf-8", "replace")
+            exc = ApiException(status=answer.status, reason=answer.reason, body=text)
+            exc.headers = raw.headers  # Retry-After
+            raise exc
+        if not stream:
+            _ = raw.data  # read now, so that the connection goes back to the pool
+        return raw
 
     def get_node(self) -> NodeMeta:
         """GET the Node; returns its name, uid, labels and annotations.
 
         Raises ``NodeNotFound``, ``KubeForbidden``, ``KubeUnavailable``, ``KubeRejected``."""
         response = self._call(
-            "get", f"node {self.node_name}", lambda: self._api_call("read_node", self.node_name)
+            "get",
+            f"node {self.node_name}",
+            lambda: self._http("GET", _NODE_PATH, path_params={"name": self.node_name}),
         )
         return self._meta(response)
 
@@ -263,8 +302,12 @@ class NodeClient:
         response = self._call(
             "patch",
             f"node {self.node_name}",
-            lambda: self._api_call(
-                "patch_node", self.node_name, patch, _content_type=MERGE_PATCH
+            lambda: self._http(
+                "PATCH",
+                _NODE_PATH,
+                path_params={"name": self.node_name},
+                body=patch,
+                content_type=MERGE_PATCH,
             ),
         )
         return self._meta(response)
@@ -301,12 +344,18 @@ class NodeClient:
         self._call(
             "create",
             f"event {reason} on node {self.node_name}",
-            lambda: self._api_call("create_namespaced_event", namespace, body),
+            lambda: self._http(
+                "POST",
+                "/api/v1/namespaces/{namespace}/events",
+                path_params={"namespace": namespace},
+                body=body,
+                content_type="application/json",
+            ),
         )
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
-        self._api.api_client.close()
+        self._api.close()
 
 # -- a cache of every Node (list + watch), for the scheduler extender ------------------------
 # (imports of this section kept here: the module above is the agent's and stays as it was)
@@ -455,7 +504,7 @@ class NodeCache(Generic[V]):
 
     def _list(self) -> None:
         response = self._client._call(
-            "list", "nodes", lambda: self._client._api_call("list_node")
+            "list", "nodes", lambda: self._client._http("GET", "/api/v1/nodes")
         )
         try:
             body = json.loads(response.data)
@@ -472,13 +521,17 @@ class NodeCache(Generic[V]):
         """One WATCH until the server ends it. Returns True when a new LIST is needed."""
         what = "nodes"
         try:
-            self._response = self._client._api.list_node(
-                watch=True,
-                resource_version=self.resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self._watch_timeout_s,
-                _preload_content=False,
-                _request_timeout=(self._timeout_s, self._watch_timeout_s + self._timeout_s),
+            self._response = self._client._http(
+                "GET",
+                "/api/v1/nodes",
+                query={
+                    "watch": "true",
+                    "resourceVersion": self.resource_version,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": str(int(self._watch_timeout_s)),
+                },
+                timeout=(self._timeout_s, self._watch_timeout_s + self._timeout_s),
+                stream=True,
             )
             for line in _watch_lines(self._response):
                 if self._stop.is_set():
