@@ -58,7 +58,6 @@ class SnapshotCache:
         self.last: TickResult | None = None
         self.last_read_ok_s: float | None = None
         self.last_api_ok_s: float | None = None
-        self.last_patch_ok_s: float | None = None
         self.last_patch_wall_s: float | None = None
         self.patches_sent = 0
         self.labels_changed = 0
@@ -116,6 +115,8 @@ class Agent:
         self.period_s = settings.schedule.period_s()
         self._slow_warned_s = float("-inf")
         self._nvml_failing = False
+        self._dropped_seen: set[tuple[str, str]] = set()
+        self._reported_healthy: dict[int, bool] = {}  # GPU index -> health last put in an Event
         self._tick_lock = threading.Lock()
         self._stopping = threading.Event()
         self._scheduler: Any = None
@@ -134,7 +135,9 @@ class Agent:
             snapshot, health, self.settings, previous, with_telemetry=with_telemetry
         )
         for key, value in desired.dropped:
-            logger.warning("dropped invalid label {}={!r}", key, value)
+            if (key, value) not in self._dropped_seen:  # once per bad pair, not every tick
+                self._dropped_seen.add((key, value))
+                logger.warning("dropped invalid label {}={!r}", key, value)
         self._log_nvml(snapshot)
         return snapshot, health, desired
 
@@ -196,7 +199,6 @@ class Agent:
         self._meta = self.node.patch_node(patch)
         self.cache.patches_sent += 1
         self.cache.labels_changed += len(patch["metadata"].get("labels", {}))
-        self.cache.last_patch_ok_s = now_s
         self.cache.last_patch_wall_s = time.time()
         if self.telemetry_key in patch["metadata"].get("annotations", {}):
             self._telemetry_at_s = now_s
@@ -213,7 +215,6 @@ class Agent:
             started = time.perf_counter()
             now_s = self.clock()
             snapshot, health, desired = self.evaluate(with_telemetry=False)
-            previous = self.cache.last
             result = TickResult(snapshot, health, desired, None, False)
             self.cache.store(result, now_s)
             self._notify(result)  # health is known before any API request: tell listeners now
@@ -234,8 +235,8 @@ class Agent:
                 elif patch is not None and self.node is None:
                     self._meta = apply_patch(current, patch)
                 self._api_ok(now_s)
-                if previous is not None and self.node is not None and not self.dry_run:
-                    self._post_health_events(previous.health, health)
+                if self.node is not None and not self.dry_run:
+                    self._post_health_events(health)
             except NodeNotFound as exc:
                 self._meta = None
                 self._api_failed(exc, now_s)
@@ -280,10 +281,12 @@ class Agent:
         else:
             logger.debug("Kubernetes API still failing: {}", exc)
 
-    def _post_health_events(self, before: NodeHealth, after: NodeHealth) -> None:
+    def _post_health_events(self, after: NodeHealth) -> None:
+        """An Event for each GPU whose health differs from the last one reported; a GPU whose
+        Event could not be posted (API down) is compared again next tick, so no change is lost.
+        A GPU starts as healthy: one unhealthy at the first reading gets its Event too."""
         for index, gpu in after.gpus.items():
-            old = before.gpus.get(index)
-            if old is None or old.healthy == gpu.healthy:
+            if self._reported_healthy.get(index, True) == gpu.healthy:
                 continue
             reason = "GpuRecovered" if gpu.healthy else "GpuUnhealthy"
             detail = "healthy again" if gpu.healthy else "unhealthy: " + ",".join(gpu.reasons)
@@ -294,9 +297,11 @@ class Agent:
                     message=f"GPU {index} {detail}",
                     warning=not gpu.healthy,
                 )
-                self.events_posted[reason] += 1
             except KubeError as exc:
                 logger.warning("could not post Event {} for GPU {}: {}", reason, index, exc)
+                continue
+            self.events_posted[reason] += 1
+            self._reported_healthy[index] = gpu.healthy
 
     def safe_tick(self) -> None:
         """``tick()`` for the scheduler: every failure is logged (once per outage) and counted,

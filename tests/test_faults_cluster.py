@@ -324,3 +324,30 @@ def test_fault_trace_gives_the_right_labels_and_events(dev_cluster, admin_api, m
         ("GpuRecovered", "Normal", "GPU 3 healthy again", "omaticaya"),
     ]
     assert all(e.involved_object.kind == "Node" for e in events)
+
+
+def test_a_health_event_lost_to_an_outage_is_posted_on_the_next_tick(
+    dev_cluster, admin_api, make_node, proxy, tmp_path
+):
+    node = make_node()
+    clock = [9.0]
+    settings = load_settings(node_name=node)
+    reader = TraceReader(FAULTS_TRACE, at_s=9.0)
+    client = NodeClient(
+        node, kubeconfig=str(proxy.kubeconfig(tmp_path / "kc")), attempts=2, sleep=lambda s: None
+    )
+    agent = Agent(settings, reader, client, clock=lambda: clock[0])
+    agent.tick()  # all healthy
+    reader.at_s = clock[0] = 10.0  # GPU 1: remapped rows pending
+    proxy.inject(Fault("POST", status=503), Fault("POST", status=503))
+    agent.tick()
+    reader.at_s = clock[0] = 11.0
+    agent.tick()
+
+    events = admin_api.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node}"
+    ).items
+    assert [(e.reason, e.message) for e in events] == [
+        ("GpuUnhealthy", "GPU 1 unhealthy: remap-pending")
+    ]
+    assert [s for m, _, s in proxy.seen if m == "POST"] == [503, 503, 201]
