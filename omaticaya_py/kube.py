@@ -1,8 +1,9 @@
 """Kubernetes edge: the only module that imports the ``kubernetes`` client.
 
-Reads the agent's own Node, sends JSON merge patches (``application/merge-patch+json``) to its
-metadata, and posts Events about it. Configuration comes from the in-cluster service account
-(``KUBERNETES_SERVICE_HOST`` set) or from ``KUBECONFIG`` / ``~/.kube/config``.
+``NodeClient`` reads the agent's own Node, sends JSON merge patches
+(``application/merge-patch+json``) to its metadata, and posts Events about it; ``NodeCache``
+lists and watches every Node for the scheduler extender. Configuration comes from the in-cluster
+service account (``KUBERNETES_SERVICE_HOST`` set) or from ``KUBECONFIG`` / ``~/.kube/config``.
 
 Failures are raised as this module's own exceptions (``KubeError`` and subclasses, the client's
 exception chained as ``__cause__``) so that the rest of the agent never handles library types.
@@ -15,16 +16,19 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import tenacity
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import incluster_config
+from kubernetes.watch.watch import iter_resp_lines as _watch_lines
 
 from .patch import MergePatch, NodeMeta
 
@@ -35,6 +39,7 @@ __all__ = [
     "NodeNotFound",
     "KubeRejected",
     "NodeClient",
+    "NodeCache",
 ]
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -357,14 +362,8 @@ class NodeClient:
         """Close the HTTP connection pool."""
         self._api.close()
 
+
 # -- a cache of every Node (list + watch), for the scheduler extender ------------------------
-# (imports of this section kept here: the module above is the agent's and stays as it was)
-
-import random  # noqa: E402
-import threading  # noqa: E402
-from typing import Generic, TypeVar  # noqa: E402
-
-from kubernetes.watch.watch import iter_resp_lines as _watch_lines  # noqa: E402
 
 V = TypeVar("V")
 
