@@ -122,7 +122,7 @@ class AgentWriter:
         from omaticaya_py.kube import NodeClient
 
         self.client = NodeClient(node, kubeconfig=kubeconfig)
-        self.count = count_api_client(self.client._api.api_client)  # noqa: SLF001
+        self.count = count_api_client(self.client._api)  # noqa: SLF001  (its ApiClient)
         settings = bench_settings(node_name=node, schedule=sched, cleanup_on_exit=False)
         self.agent = Agent(settings, reader, self.client, clock=clock)
         self.heartbeats = 0  # patches that carry no label, only the telemetry annotation
