@@ -102,10 +102,19 @@ def _device_plugin_parser(sub: Any) -> None:
     )
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace, flags: dict[str, str]) -> Settings:
     fields = set(Settings.model_fields)
     overrides = {k: v for k, v in vars(args).items() if k in fields}
-    return load_settings(**overrides)
+    return load_settings(flags, **overrides)
+
+
+def _flag_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """Setting name -> the flag that sets it in ``command`` (for error messages)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps sub-parsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            sub = action.choices[command]
+            return {a.dest: a.option_strings[0] for a in sub._actions if a.option_strings}  # noqa: SLF001
+    return {}
 
 
 class UsageError(Exception):
@@ -176,7 +185,8 @@ def _show(result: Any, as_json: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``omaticaya`` console script. Returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "extender":  # a separate service with its own settings
         from . import extender
 
@@ -186,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .replay import TraceError
 
     try:
-        settings = _settings(args)
+        settings = _settings(args, _flag_names(parser, args.command))
         setup_logging(settings.log_level, settings.log_json)
         return _dispatch(args, settings)
     except (SettingsError, TraceError, UsageError) as exc:

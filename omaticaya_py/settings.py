@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -356,13 +357,15 @@ def check_prefix(value: str) -> str:
     return value
 
 
-def load(cls: type[S], **overrides: Any) -> S:
+def load(cls: type[S], flag_names: Mapping[str, str] | None = None, **overrides: Any) -> S:
     """Build a settings class from the environment and ``.env``, with ``overrides`` (CLI flags)
     on top; ``None`` overrides are ignored, so unset flags fall back to the environment.
 
-    Raises ``SettingsError``: one line per bad setting, naming its environment variable
-    (``<env_prefix><FIELD>``, or ``NODE_NAME``) and the expected form."""
+    Raises ``SettingsError``: one line per bad setting, naming where the value came from (the
+    flag in ``flag_names`` for an override, else its environment variable ``<env_prefix><FIELD>``
+    or ``NODE_NAME``) and the expected form."""
     given = {k: v for k, v in overrides.items() if v is not None}
+    flags = {k: v for k, v in (flag_names or {}).items() if k in given}
     try:
         return cls(**given)
     except ValidationError as exc:
@@ -370,7 +373,12 @@ def load(cls: type[S], **overrides: Any) -> S:
         lines = []
         for err in exc.errors():
             name = str(err["loc"][0]) if err["loc"] else "?"
-            var = "NODE_NAME" if name in _NODE_NAME_ALIASES else f"{env_prefix}{name.upper()}"
+            if name in flags:
+                var = flags[name]
+            elif name in _NODE_NAME_ALIASES:
+                var = "NODE_NAME"
+            else:
+                var = f"{env_prefix}{name.upper()}"
             expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
             lines.append(f"invalid setting {var}={err.get('input')!r}: {expected}")
         raise SettingsError("\n".join(lines)) from None
@@ -379,6 +387,6 @@ def load(cls: type[S], **overrides: Any) -> S:
 _NODE_NAME_ALIASES = ("node_name", "NODE_NAME", "OMATICAYA_NODE_NAME")
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """``load(Settings, **overrides)``: the agent's settings (see ``load``)."""
-    return load(Settings, **overrides)
+def load_settings(flag_names: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """``load(Settings, ...)``: the agent's settings (see ``load``)."""
+    return load(Settings, flag_names, **overrides)

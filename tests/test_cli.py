@@ -37,6 +37,14 @@ def test_fail_on_init_error_exits_1_when_nvml_cannot_start():
             "invalid setting OMATICAYA_SCHEDULE='every 5 minutes'", id="bad-schedule",
         ),
         pytest.param(
+            ("once", "--dry-run", "--memory-step-mib", "lots"), {}, 2,
+            "invalid setting --memory-step-mib='lots': expected an integer", id="bad-flag-named",
+        ),
+        pytest.param(
+            ("show", "--trace", str(H100_TRACE)), {"OMATICAYA_MEMORY_STEP_MIB": "lots"}, 2,
+            "invalid setting OMATICAYA_MEMORY_STEP_MIB='lots'", id="bad-env-named",
+        ),
+        pytest.param(
             ("once", "--node", "n1", "--trace", str(H100_TRACE), "--kubeconfig", "/nonexistent"),
             {}, 1, "no Kubernetes configuration", id="no-kubeconfig",
         ),

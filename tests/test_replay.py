@@ -595,8 +595,8 @@ def test_cli_bad_trace_exits_2(tmp_path, name, text, expected) -> None:
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
     (line,) = proc.stderr.splitlines()
-    if name == "missing-file":  # caught by the settings, which name the variable
-        assert line.startswith(f"omaticaya: invalid setting OMATICAYA_TRACE='{path}': ")
+    if name == "missing-file":  # caught by the settings, which name the flag
+        assert line.startswith(f"omaticaya: invalid setting --trace='{path}': ")
         return
     assert line.startswith(f"omaticaya: {path}: ")
     assert expected in line
