@@ -572,6 +572,24 @@ def test_security_context(helm):
     assert "emptyDir" in pod["volumes"][0]
 
 
+def test_device_plugin_runs_as_root_and_keeps_the_rest_of_the_lockdown(helm):
+    """The kubelet's device-plugins folder is root's: the plugin runs as uid 0, nothing else
+    of the security context is loosened, and the manifest still validates."""
+    docs = render(helm, {"devicePlugin": True})
+    sc = agent_container(docs)["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (0, 0, False)
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and "privileged" not in sc
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"} in agent_container(
+        docs
+    )["volumeMounts"]
+    assert any(v.get("hostPath", {}).get("path") == "/var/lib/kubelet/device-plugins" for v in pod["volumes"])
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
 def test_daemonset_defaults(helm):
     docs = render(helm)
     ds = one(docs, "DaemonSet")
