@@ -120,7 +120,8 @@ class Agent:
         self._tick_lock = threading.Lock()
         self._stopping = threading.Event()
         self._scheduler: Any = None
-        #: called with each TickResult once it is cached (the device plugin listens here)
+        #: called once per tick with the reading and its health, as soon as they are cached and
+        #: before any API request (the device plugin listens here; an outage must not delay it)
         self.on_tick: list[Callable[[TickResult], None]] = []
 
     # -- one tick --------------------------------------------------------------------------
@@ -249,7 +250,6 @@ class Agent:
                 self.cache.tick_seconds.observe(time.perf_counter() - started)
             result = TickResult(snapshot, health, desired, patch, sent)
             self.cache.store(result, now_s)
-            self._notify(result)
             return result
 
     def _notify(self, result: TickResult) -> None:

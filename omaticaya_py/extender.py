@@ -46,6 +46,7 @@ from loguru import logger as log
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .labels import TELEMETRY
 from .settings import SettingsError, check_prefix, load
 
 __all__ = [
@@ -215,7 +216,7 @@ def parse_node(
     annotations = annotations or {}
     p = prefix + "/"
     mine = {k[len(p) :]: v for k, v in labels.items() if k.startswith(p)}
-    raw = annotations.get(p + "telemetry")
+    raw = annotations.get(p + TELEMETRY)
     doc: dict[str, Any] | None = None
     problem = None
     if raw is not None:
