@@ -8,8 +8,16 @@ A GPU is Unhealthy while any of these holds, and Healthy again as soon as none d
 - a fatal Xid (not in the ignore list) within ``xid_quiet_s``             reason ``xid-<N>``
 NotSupported fields are ``None`` in the snapshot and never count as faults.
 
-The node summary is Healthy (all GPUs healthy), Degraded (some), Unhealthy (none) or Unknown
-(NVML could not be read, or it reports no GPU).
+Schedulable units: a GPU without MIG is one unit; a GPU with MIG on is one unit per MIG device
+(``MigReading``), each Unhealthy while its parent GPU is (an Xid or ECC fault of the GPU is a
+fault of every instance on it) or while it cannot be read itself (``mig-lost`` /
+``mig-read-error``). A MIG-enabled GPU with no MIG device has no unit.
+
+The node summary is Healthy (every GPU and unit healthy), Degraded (some units healthy),
+Unhealthy (none) or Unknown (NVML could not be read, or it reports no GPU).
+
+Xid events are matched to GPUs by UUID where the event carries one (indices shift when a GPU
+disappears between two NVML sessions), else by index.
 """
 
 from __future__ import annotations
@@ -18,9 +26,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .snapshot import GpuReading, NodeSnapshot, XidEvent
+from .snapshot import GpuReading, MigReading, NodeSnapshot, XidEvent
 
-__all__ = ["Health", "GpuHealth", "NodeHealth", "XidPolicy", "XidLedger", "assess", "assess_gpu"]
+__all__ = [
+    "GpuHealth",
+    "Health",
+    "NodeHealth",
+    "Unit",
+    "XidLedger",
+    "XidPolicy",
+    "assess",
+    "assess_gpu",
+    "schedulable_units",
+]
 
 
 class Health(StrEnum):
@@ -49,15 +67,53 @@ class GpuHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class Unit:
+    """A schedulable unit: a whole GPU (``mig_index`` None) or one MIG device of a GPU.
+
+    ``uuid`` is the GPU's (``GPU-...``) or the MIG device's (``MIG-...``); ``profile`` the MIG
+    profile (``1g.10gb``), None for a whole GPU. Memory in MiB from ``nvmlDeviceGetMemoryInfo``
+    on its handle; ``utilization_pct`` only for a whole GPU (NVML has none per MIG device);
+    ``reasons`` empty when healthy (the parent GPU's reasons come first).
+    """
+
+    gpu_index: int
+    mig_index: int | None = None
+    uuid: str | None = None
+    profile: str | None = None
+    memory_total_mib: int | None = None
+    memory_free_mib: int | None = None
+    utilization_pct: float | None = None
+    process_count: int | None = None
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.reasons
+
+    @property
+    def state(self) -> Health:
+        return Health.HEALTHY if not self.reasons else Health.UNHEALTHY
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_index is not None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeHealth:
-    """Node summary plus each GPU's health, keyed by GPU index."""
+    """Node summary, each GPU's health keyed by GPU index, and the schedulable units."""
 
     state: Health
     gpus: Mapping[int, GpuHealth]
+    units: tuple[Unit, ...] = ()
 
     @property
     def healthy_indices(self) -> frozenset[int]:
         return frozenset(i for i, g in self.gpus.items() if g.healthy)
+
+    @property
+    def healthy_units(self) -> tuple[Unit, ...]:
+        return tuple(u for u in self.units if u.healthy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +170,50 @@ def assess_gpu(gpu: GpuReading, fatal_xids: Iterable[int] = ()) -> GpuHealth:
     return GpuHealth(index=gpu.index, reasons=tuple(reasons))
 
 
+def _mig_reasons(mig: MigReading) -> tuple[str, ...]:
+    if mig.error is None:
+        return ()
+    return ("mig-lost",) if mig.error.endswith("GpuIsLost") else ("mig-read-error",)
+
+
+def schedulable_units(
+    snapshot: NodeSnapshot, gpus: Mapping[int, GpuHealth]
+) -> tuple[Unit, ...]:
+    """The units a pod can be given, in GPU then MIG slot order (see the module docstring).
+
+    ``gpus`` is each GPU's health by index (``assess``'s ``NodeHealth.gpus``)."""
+    out: list[Unit] = []
+    for g in snapshot.gpus:
+        parent = gpus[g.index].reasons
+        if g.mig_enabled and g.error is None:
+            out.extend(
+                Unit(
+                    gpu_index=g.index,
+                    mig_index=m.index,
+                    uuid=m.uuid,
+                    profile=m.profile,
+                    memory_total_mib=m.memory_total_mib,
+                    memory_free_mib=m.memory_free_mib,
+                    process_count=m.process_count,
+                    reasons=parent + _mig_reasons(m),
+                )
+                for m in g.mig_devices
+            )
+            continue
+        out.append(
+            Unit(
+                gpu_index=g.index,
+                uuid=g.uuid,
+                memory_total_mib=g.memory_total_mib,
+                memory_free_mib=g.memory_free_mib,
+                utilization_pct=g.utilization_pct,
+                process_count=g.process_count,
+                reasons=parent,
+            )
+        )
+    return tuple(out)
+
+
 def assess(
     snapshot: NodeSnapshot,
     recent_xids: Iterable[XidEvent] = (),
@@ -125,19 +225,25 @@ def assess(
     fatal under ``policy`` are skipped, so raw events may be passed too.
     """
     policy = policy or XidPolicy()
+    index_of = {g.uuid: g.index for g in snapshot.gpus if g.uuid}
     by_gpu: dict[int, list[int]] = {}
     for event in recent_xids:
         if policy.fatal(event.xid) and snapshot.clock_s - event.at_s < policy.quiet_s:
-            by_gpu.setdefault(event.index, []).append(event.xid)
+            index = index_of.get(event.uuid, -1) if event.uuid is not None else event.index
+            by_gpu.setdefault(index, []).append(event.xid)
     gpus = {g.index: assess_gpu(g, by_gpu.get(g.index, ())) for g in snapshot.gpus}
+    units = schedulable_units(snapshot, gpus)
     if snapshot.error is not None or not gpus:
         state = Health.UNKNOWN
     else:
-        healthy = sum(1 for g in gpus.values() if g.healthy)
-        if healthy == len(gpus):
+        # every GPU counts (a faulty GPU with MIG devices is not "Healthy" for having them)
+        # and every unit counts (one MIG device unreadable on a healthy GPU)
+        parts = [g.healthy for g in gpus.values()] + [u.healthy for u in units if u.is_mig]
+        healthy_units = sum(1 for u in units if u.healthy)
+        if all(parts):
             state = Health.HEALTHY
-        elif healthy == 0:
+        elif healthy_units == 0:
             state = Health.UNHEALTHY
         else:
             state = Health.DEGRADED
-    return NodeHealth(state=state, gpus=gpus)
+    return NodeHealth(state=state, gpus=gpus, units=units)

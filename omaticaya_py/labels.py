@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timezone
 
 from . import __version__
-from .health import NodeHealth
+from .health import NodeHealth, Unit
 from .settings import Settings
 from .snapshot import NodeSnapshot
 
@@ -170,42 +170,87 @@ def _node_labels(
     if totals:
         out["gpu.memory.total-mib"] = str(min(totals))
 
-    healthy = [g for g in gpus if health.gpus[g.index].healthy]
-    free = [g.memory_free_mib for g in healthy if g.memory_free_mib is not None]
+    # aggregates count schedulable units: whole GPUs, and MIG devices on GPUs with MIG on
+    healthy = health.healthy_units
+    free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
     mem_step, util_step = s.memory_step_mib, s.utilization_step_pct
     out["gpu.memory.free-mib"] = down("gpu.memory.free-mib", max(free), mem_step) if free else "0"
     out["gpu.memory.free-total-mib"] = (
         down("gpu.memory.free-total-mib", sum(free), mem_step) if free else "0"
     )
-    utils = [g.utilization_pct for g in healthy if g.utilization_pct is not None]
+    utils = [u.utilization_pct for u in healthy if u.utilization_pct is not None]
     if utils:
-        out["gpu.utilization-pct"] = nearest("gpu.utilization-pct", min(utils), util_step)
-    idle = sum(
-        1
-        for g in healthy
-        if not g.process_count
-        and g.utilization_pct is not None
-        and g.utilization_pct < s.idle_utilization_pct
-    )
-    out["gpu.idle-count"] = str(idle)
+        # NVML can report a sample above 100 (rounding in the driver): never publish one
+        out["gpu.utilization-pct"] = nearest("gpu.utilization-pct", min(min(utils), 100.0), util_step)
+    out["gpu.idle-count"] = str(sum(1 for u in healthy if _idle(u, s.idle_utilization_pct)))
     out["gpu.healthy-count"] = str(len(healthy))
+    out.update(_mig_labels(health.units, s, down))
 
     if s.per_gpu_labels:
+        mig_free: dict[int, list[int]] = {}
+        for u in healthy:
+            if u.is_mig and u.memory_free_mib is not None:
+                mig_free.setdefault(u.gpu_index, []).append(u.memory_free_mib)
         for g in gpus:
             n = f"gpu-{g.index}"
             out[f"{n}.health"] = str(health.gpus[g.index].state)
             if g.error is not None:
                 continue
-            if g.memory_free_mib is not None:
+            if g.mig_enabled:
+                out[f"{n}.mig.enabled"] = "true"
+                # a MIG GPU's free memory is that of its freest healthy MIG device: the most
+                # one pod can get on it; no utilisation (NVML has none with MIG on)
+                if g.index in mig_free:
+                    out[f"{n}.memory.free-mib"] = down(
+                        f"{n}.memory.free-mib", max(mig_free[g.index]), mem_step
+                    )
+            elif g.memory_free_mib is not None:
                 out[f"{n}.memory.free-mib"] = down(f"{n}.memory.free-mib", g.memory_free_mib, mem_step)
-            if g.utilization_pct is not None:
+            if g.utilization_pct is not None and not g.mig_enabled:
                 out[f"{n}.utilization-pct"] = nearest(
-                    f"{n}.utilization-pct", g.utilization_pct, util_step
+                    f"{n}.utilization-pct", min(g.utilization_pct, 100.0), util_step
                 )
             if g.temperature_c is not None and g.temperature_c >= 0:
                 out[f"{n}.temperature-c"] = nearest(
                     f"{n}.temperature-c", g.temperature_c, s.temperature_step_c
                 )
+    return out
+
+
+def _idle(unit: Unit, below_pct: float) -> bool:
+    """No compute process, and (whole GPUs) utilisation under ``below_pct``; a MIG device has
+    no utilisation in NVML, so no process is what idle means there."""
+    if unit.process_count:
+        return False
+    if unit.is_mig:
+        return unit.process_count == 0
+    return unit.utilization_pct is not None and unit.utilization_pct < below_pct
+
+
+def _mig_labels(
+    units: tuple[Unit, ...], s: Settings, down: Callable[[str, float, int], str]
+) -> dict[str, str]:
+    """MIG labels, in GPU Feature Discovery's vocabulary: ``mig.strategy=mixed`` (each profile
+    is its own resource, ``nvidia.com/mig-<profile>``), and per profile ``mig-<profile>.count``
+    (MIG devices), ``.healthy-count``, ``.idle-count`` (healthy, no process) and
+    ``.memory.free-mib`` (most free on one healthy device, rounded down). None without MIG."""
+    by_profile: dict[str, list[Unit]] = {}
+    for u in units:
+        if u.is_mig and u.profile:
+            by_profile.setdefault(u.profile.replace("+", "-"), []).append(u)
+    if not by_profile:
+        return {}
+    out = {"mig.strategy": "mixed"}
+    for profile, members in sorted(by_profile.items()):
+        name = f"mig-{profile}"
+        healthy = [u for u in members if u.healthy]
+        out[f"{name}.count"] = str(len(members))
+        out[f"{name}.healthy-count"] = str(len(healthy))
+        out[f"{name}.idle-count"] = str(sum(1 for u in healthy if _idle(u, 0.0)))
+        free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
+        out[f"{name}.memory.free-mib"] = (
+            down(f"{name}.memory.free-mib", max(free), s.memory_step_mib) if free else "0"
+        )
     return out
 
 
@@ -216,11 +261,34 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth) -> str:
     "error"?, "gpus": [{"index", "uuid", "product", "memory_total_mib", "memory_free_mib",
     "memory_used_mib", "utilization_pct", "temperature_c", "power_w", "ecc_uncorrected_volatile",
     "ecc_corrected_volatile", "remapped_rows_pending", "remapped_rows_failure",
-    "process_count", "health", "reasons"}]}``; absent (NotSupported) values are ``null``.
+    "process_count", "health", "reasons", "mig_enabled"?, "mig_devices"?: [{"index", "uuid",
+    "profile", "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
+    "process_count", "health", "reasons"}]}]}``; absent (NotSupported) values are ``null``;
+    the MIG keys only on a GPU with MIG on.
     """
+    mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
     gpus = []
     for g in snapshot.gpus:
         gh = health.gpus[g.index]
+        mig: dict[str, object] = {}
+        if g.mig_enabled:
+            mig["mig_enabled"] = True
+            mig["mig_devices"] = [
+                {
+                    "index": m.index,
+                    "uuid": m.uuid,
+                    "profile": m.profile,
+                    "gpu_instance_id": m.gpu_instance_id,
+                    "memory_total_mib": m.memory_total_mib,
+                    "memory_free_mib": m.memory_free_mib,
+                    "memory_used_mib": m.memory_used_mib,
+                    "process_count": m.process_count,
+                    "health": str(mig_units[(g.index, m.index)].state),
+                    "reasons": list(mig_units[(g.index, m.index)].reasons),
+                    **({"error": m.error} if m.error else {}),
+                }
+                for m in g.mig_devices
+            ]
         gpus.append(
             {
                 "index": g.index,
@@ -240,6 +308,7 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth) -> str:
                 "health": str(gh.state),
                 "reasons": list(gh.reasons),
                 **({"error": g.error} if g.error else {}),
+                **mig,
             }
         )
     doc: dict[str, object] = {

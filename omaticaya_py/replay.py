@@ -1,4 +1,5 @@
-"""Trace reader: replays a recorded NVML trace (format version 1) as if it were NVML.
+"""Trace reader: replays a recorded NVML trace (format version 1 or 2, see
+``docs/trace-format.md``) as if it were NVML.
 
 Same interface as ``nvml.NvmlReader``: ``read() -> NodeSnapshot``. A trace is validated once at
 load with pydantic; a bad one raises ``TraceError`` naming the file and the place
@@ -10,6 +11,10 @@ Time: ``at_s`` pins the trace time (``once``/``show --trace-at``); otherwise tra
 the wall clock from the first read, looping at the end. Utilisation is the mean of the samples
 since the previous read (on the first read: over ``window_s``); Xid events are those of the
 samples since the previous read (on the first read: every one up to the trace time).
+
+Version 2 adds MIG: a device's ``mig_devices`` (static facts and ``attributes``) and, per
+sample, each MIG device's memory and processes; the profile name is derived from the
+attributes (``snapshot.mig_profile_name``). A version this reader does not know is refused.
 """
 
 from __future__ import annotations
@@ -25,11 +30,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .snapshot import ARCHITECTURES, GpuReading, NodeSnapshot, XidEvent
+from .snapshot import (
+    ARCHITECTURES,
+    GpuReading,
+    MigReading,
+    NodeSnapshot,
+    XidEvent,
+    mig_profile_name,
+)
 
-__all__ = ["TraceError", "Trace", "TraceReader", "load_trace"]
+__all__ = ["FORMAT_VERSIONS", "TraceError", "Trace", "TraceReader", "load_trace"]
 
 MIB = 1024 * 1024
+#: Trace format versions this reader replays (``format_version``; absent means 1).
+FORMAT_VERSIONS = (1, 2)
 
 
 class TraceError(ValueError):
@@ -47,9 +61,9 @@ class NvmlErr(_Model):
 
 
 class MemoryBytes(_Model):
-    total: int
-    used: int
-    free: int
+    total: int = Field(ge=0)
+    used: int = Field(ge=0)
+    free: int = Field(ge=0)
 
 
 class UtilizationPct(_Model):
@@ -69,8 +83,16 @@ class Process(_Model):
     usedGpuMemory: int | None = None
 
 
+class MigSample(_Model):
+    index: int = Field(ge=0)
+    nvml_error: str | None = None
+    message: str = ""
+    memory_bytes: MemoryBytes | NvmlErr | None = None
+    compute_processes: list[Process] | NvmlErr | None = None
+
+
 class GpuSample(_Model):
-    index: int
+    index: int = Field(ge=0)
     nvml_error: str | None = None
     message: str = ""
     memory_bytes: MemoryBytes | NvmlErr | None = None
@@ -82,6 +104,7 @@ class GpuSample(_Model):
     ecc_corrected_volatile: int | NvmlErr | None = None
     remapped_rows: RemappedRows | NvmlErr | None = None
     compute_processes: list[Process] | NvmlErr | None = None
+    mig_devices: list[MigSample] = Field(default_factory=list)
 
 
 class XidRecord(_Model):
@@ -103,17 +126,36 @@ class Sample(_Model):
         return self
 
 
+class MigAttributes(_Model):
+    gpu_instance_slice_count: int = Field(gt=0)
+    compute_instance_slice_count: int = Field(gt=0)
+    memory_size_mb: int = Field(gt=0)  # MiB, as nvmlDeviceAttributes_t.memorySizeMB
+
+
+class MigDevice(_Model):
+    index: int = Field(ge=0)
+    uuid: str | None = None
+    name: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    attributes: MigAttributes | None = None
+
+
 class Device(_Model):
-    index: int
+    index: int = Field(ge=0)
     name: str | None = None
     uuid: str | None = None
     architecture: int | None = None
     cuda_compute_capability: list[int] | None = Field(default=None, min_length=2, max_length=2)
+    mig_mode: list[int] | None = Field(default=None, min_length=2, max_length=2)
+    max_mig_device_count: int | None = None
+    mig_devices: list[MigDevice] = Field(default_factory=list)
 
 
 class Trace(_Model):
     """A whole trace document (format in ``tests/data/README.md`` / the project docs)."""
 
+    format_version: int = 1
     samples: list[Sample] = Field(min_length=1)
     devices: list[Device] = Field(default_factory=list)
     driver_version: str | None = None
@@ -122,6 +164,11 @@ class Trace(_Model):
 
     @model_validator(mode="after")
     def _ordered(self) -> Trace:
+        if self.format_version not in FORMAT_VERSIONS:
+            raise ValueError(
+                f"format_version {self.format_version} is not one this reader replays "
+                f"({', '.join(map(str, FORMAT_VERSIONS))})"
+            )
         for i in range(1, len(self.samples)):
             if self.samples[i].t < self.samples[i - 1].t:
                 raise ValueError(
@@ -156,6 +203,12 @@ def load_trace(path: Path | str) -> Trace:
         raise TraceError(f"{path}: not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if not isinstance(raw, dict):
         raise TraceError(f"{path}: (top level): expected a JSON object")
+    version = raw.get("format_version", 1)
+    if version not in FORMAT_VERSIONS:  # before the fields: a newer format fails as such
+        raise TraceError(
+            f"{path}: format_version: {version!r} is not a version this reader replays "
+            f"({', '.join(map(str, FORMAT_VERSIONS))}); upgrade omaticaya"
+        )
     try:
         return Trace.model_validate(raw)
     except ValidationError as exc:
@@ -173,11 +226,55 @@ def _ok(value: Any) -> Any:
     return None if isinstance(value, NvmlErr) else value
 
 
+def _mig_readings(
+    sample: GpuSample, device: Device | None, parent_total: int | None
+) -> tuple[MigReading, ...]:
+    facts = {m.index: m for m in device.mig_devices} if device is not None else {}
+    out = []
+    for m in sample.mig_devices:
+        fact = facts.get(m.index)
+        static: dict[str, Any] = {}
+        if fact is not None:
+            attrs = fact.attributes
+            profile = None
+            if attrs is not None and parent_total:
+                profile = mig_profile_name(
+                    attrs.gpu_instance_slice_count,
+                    attrs.compute_instance_slice_count,
+                    attrs.memory_size_mb,
+                    parent_total,
+                )
+            static = {
+                "uuid": fact.uuid,
+                "profile": profile,
+                "gpu_instance_id": fact.gpu_instance_id,
+                "compute_instance_id": fact.compute_instance_id,
+            }
+        if m.nvml_error is not None:
+            out.append(MigReading(index=m.index, error=m.nvml_error, **static))
+            continue
+        mem = _ok(m.memory_bytes)
+        procs = _ok(m.compute_processes)
+        out.append(
+            MigReading(
+                index=m.index,
+                memory_total_mib=mem.total // MIB if mem else None,
+                memory_used_mib=mem.used // MIB if mem else None,
+                memory_free_mib=mem.free // MIB if mem else None,
+                process_count=len(procs) if procs is not None else None,
+                **static,
+            )
+        )
+    return tuple(out)
+
+
 def _reading(sample: GpuSample, device: Device | None) -> GpuReading:
     static: dict[str, Any] = {}
+    if device is not None and device.mig_mode is not None:
+        static["mig_enabled"] = bool(device.mig_mode[0])
     if device is not None:
         cc = device.cuda_compute_capability
-        static = {
+        static |= {
             "uuid": device.uuid,
             "product": device.name,
             "architecture": ARCHITECTURES.get(device.architecture or -1),
@@ -192,7 +289,11 @@ def _reading(sample: GpuSample, device: Device | None) -> GpuReading:
     procs = _ok(sample.compute_processes)
     temp = _ok(sample.temperature_c)
     power = _ok(sample.power_mw)
+    migs: tuple[MigReading, ...] = ()
+    if static.get("mig_enabled"):
+        migs = _mig_readings(sample, device, mem.total if mem else None)
     return GpuReading(
+        mig_devices=migs,
         index=sample.index,
         memory_total_mib=mem.total // MIB if mem else None,
         memory_used_mib=mem.used // MIB if mem else None,
@@ -216,7 +317,7 @@ class _Frame:
     t: float
     gpus: tuple[GpuReading, ...]
     error: str | None
-    xids: tuple[tuple[int, int], ...]
+    xids: tuple[tuple[int, int, str | None], ...]  # (GPU index, Xid, GPU UUID)
     util_pct: dict[int, float]
 
 
@@ -250,7 +351,10 @@ class TraceReader:
                 t=s.t,
                 gpus=tuple(_reading(g, devices.get(g.index)) for g in (s.gpus or ())),
                 error=s.nvml_error,
-                xids=tuple((x.index, x.xid) for x in s.xid_events),
+                xids=tuple(
+                    (x.index, x.xid, getattr(devices.get(x.index), "uuid", None))
+                    for x in s.xid_events
+                ),
                 util_pct={},
             )
             for s in trace.samples
@@ -309,7 +413,9 @@ class TraceReader:
         # Xid events: every one up to now on the first read, else those of the same window
         xid_frames = self._frames_between(-1.0, now) if first else window
         events = tuple(
-            XidEvent(index=idx, xid=xid, at_s=t) for t, f in xid_frames for idx, xid in f.xids
+            XidEvent(index=idx, xid=xid, at_s=t, uuid=uuid)
+            for t, f in xid_frames
+            for idx, xid, uuid in f.xids
         )
         self._prev_s = now
         read_at = datetime.now(timezone.utc)

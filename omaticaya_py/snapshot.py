@@ -10,11 +10,20 @@ a fault on its own.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-__all__ = ["GpuReading", "NodeSnapshot", "Reader", "XidEvent", "ARCHITECTURES"]
+__all__ = [
+    "ARCHITECTURES",
+    "GpuReading",
+    "MigReading",
+    "NodeSnapshot",
+    "Reader",
+    "XidEvent",
+    "mig_profile_name",
+]
 
 #: NVML ``nvmlDeviceGetArchitecture`` enum (``NVML_DEVICE_ARCH_*``) -> lower-case family name.
 ARCHITECTURES: dict[int, str] = {
@@ -43,6 +52,57 @@ class XidEvent:
     index: int
     xid: int
     at_s: float
+    uuid: str | None = None  # the GPU's UUID when known: indices shift when a GPU is gone
+
+
+def mig_profile_name(
+    gpu_instance_slices: int,
+    compute_instance_slices: int,
+    memory_size_mib: int,
+    parent_total_bytes: int,
+) -> str:
+    """The MIG profile name NVIDIA's tools use (``1g.10gb``, ``3g.40gb``, ``1c.3g.40gb``).
+
+    Inputs are ``nvmlDeviceGetAttributes_v2`` on the MIG handle (``gpuInstanceSliceCount``,
+    ``computeInstanceSliceCount``, ``memorySizeMB``, which is MiB) and the parent GPU's total
+    memory in bytes (``nvmlDeviceGetMemoryInfo``). The memory part is the instance's share of
+    the GPU rounded up to eighths, times the GPU's memory in whole GiB (rounded up), to the
+    nearest integer: an H100 80GB's 9984 MiB instance is ``10gb``. Raises ``ValueError`` for a
+    non-positive slice count or parent memory.
+    """
+    if gpu_instance_slices <= 0 or compute_instance_slices <= 0 or parent_total_bytes <= 0:
+        raise ValueError("MIG slice counts and the parent's memory must be positive")
+    gib = 1 << 30
+    share = math.ceil(memory_size_mib * (1 << 20) / parent_total_bytes * 8) / 8
+    memory_gb = round(share * -(-parent_total_bytes // gib))
+    name = f"{gpu_instance_slices}g.{memory_gb}gb"
+    if compute_instance_slices != gpu_instance_slices:
+        name = f"{compute_instance_slices}c.{name}"
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device (a GPU instance + compute instance) of a MIG-enabled GPU, at one moment.
+
+    A schedulable unit of its own: ``uuid`` is ``MIG-...``; ``index`` is its slot on the parent
+    (``nvmlDeviceGetMigDeviceHandleByIndex``); ``profile`` is ``mig_profile_name`` of its
+    ``nvmlDeviceGetAttributes_v2``. Memory is ``nvmlDeviceGetMemoryInfo`` on the MIG handle
+    (bytes -> MiB, rounded down); ``process_count`` is
+    ``nvmlDeviceGetComputeRunningProcesses_v3`` on the MIG handle. NVML has no utilisation per
+    MIG device. ``error`` is set (the ``pynvml`` exception class name) when it could not be read.
+    """
+
+    index: int
+    uuid: str | None = None
+    profile: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    memory_free_mib: int | None = None
+    process_count: int | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +121,11 @@ class GpuReading:
     ``nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)``, ``nvmlDeviceGetPowerUsage`` (mW -> W),
     ``nvmlDeviceGetTotalEccErrors(..., NVML_VOLATILE_ECC)``, ``nvmlDeviceGetRemappedRows``,
     ``nvmlDeviceGetComputeRunningProcesses`` (count), ``nvmlDeviceGetPerformanceState``.
+
+    MIG: ``mig_enabled`` is ``nvmlDeviceGetMigMode``'s current mode (``None`` where the GPU
+    cannot do MIG); with it on, ``mig_devices`` holds the GPU's MIG devices (the schedulable
+    units) and ``utilization_pct`` is ``None`` (NVML has none with MIG on), while memory,
+    temperature, power, ECC and remapped rows stay the whole GPU's.
     """
 
     index: int
@@ -82,6 +147,8 @@ class GpuReading:
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     process_count: int | None = None
+    mig_enabled: bool | None = None
+    mig_devices: tuple[MigReading, ...] = ()
     error: str | None = None
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
 
@@ -251,17 +252,25 @@ def test_xid_events_delivered_once_each_across_loops() -> None:
         t[0] = float(k)
         snap = reader.read()
         delivered.extend((snap.clock_s, e) for e in snap.xid_events)
-    assert delivered == [
+    assert [(t, replace(e, uuid=None)) for t, e in delivered] == [
         (5.0, XidEvent(index=1, xid=13, at_s=5.0)),
         (20.0, XidEvent(index=2, xid=79, at_s=20.0)),
         (45.0, XidEvent(index=1, xid=13, at_s=45.0)),
         (60.0, XidEvent(index=2, xid=79, at_s=60.0)),
     ]
+    # each event names its GPU by UUID too (indices shift when a GPU is gone)
+    assert {e.uuid for _, e in delivered} == {
+        "GPU-00000001-7fda-b7ae-a94e-630097a14ca4",
+        "GPU-00000002-7fda-b7ae-a94e-630097a14ca4",
+    }
 
 
 def test_first_read_delivers_every_xid_up_to_the_time_then_none() -> None:
     reader = TraceReader(FAULTS_TRACE, at_s=25.0)
-    assert reader.read().xid_events == (XidEvent(1, 13, 5.0), XidEvent(2, 79, 20.0))
+    assert reader.read().xid_events == (
+        XidEvent(1, 13, 5.0, "GPU-00000001-7fda-b7ae-a94e-630097a14ca4"),
+        XidEvent(2, 79, 20.0, "GPU-00000002-7fda-b7ae-a94e-630097a14ca4"),
+    )
     assert reader.read().xid_events == ()
     assert TraceReader(FAULTS_TRACE, at_s=4.0).read().xid_events == ()
 
