@@ -285,9 +285,9 @@ def _run(args: argparse.Namespace, settings: Settings, *, label_node: bool = Tru
         server = serve(agent, settings.metrics_address, settings.metrics_port)
     plugin = None
     if settings.device_plugin:
-        from .device_plugin import DevicePlugin
+        from .device_plugin import DevicePluginSet
 
-        plugin = DevicePlugin.from_settings(agent, settings)
+        plugin = DevicePluginSet.from_settings(agent, settings)
         plugin.start()
     try:
         agent.run()
