@@ -1,10 +1,17 @@
-"""Kubernetes device plugin (API ``v1beta1``): the node's GPUs as an extended resource.
+"""Kubernetes device plugin (API ``v1beta1``): the node's GPUs as extended resources.
 
 It serves the kubelet from the agent's own reading: one reader, one health model, one cache
 (``Agent.cache.last``, the latest ``TickResult``), so one DaemonSet and one NVML session label
 the Node and advertise the GPUs. Devices are the GPUs by UUID (in replay mode the GPUs of the
 trace); each is ``Healthy`` exactly while the health rules (``health.py``) find nothing wrong
 with it, and turns ``Healthy`` again when it recovers, which NVIDIA's plugin cannot do.
+
+MIG, as NVIDIA's plugin does under its ``mixed`` strategy: whole GPUs (MIG off) are
+``nvidia.com/gpu``; the MIG devices of each profile are a resource of their own,
+``nvidia.com/mig-<profile>`` (``nvidia.com/mig-1g.10gb``), each served by its own plugin on its
+own socket (``DevicePluginSet``), by MIG UUID, with health (the parent GPU's faults included)
+and preferred allocation by live free memory per MIG device. A profile that first appears after
+start (the GPU was repartitioned) gets its plugin on the next tick.
 
 - ``ListAndWatch`` sends the device list, then a new one whenever a device's health changes
   (the cache is polled every ``poll_s``; ``notify()`` wakes the streams at once).
@@ -39,6 +46,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from .deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from .health import Unit
 from .settings import Settings
 
 __all__ = [
@@ -46,8 +54,12 @@ __all__ = [
     "DEFAULT_PLUGIN_DIR",
     "DeviceState",
     "DevicePlugin",
+    "DevicePluginSet",
+    "mig_resource_name",
     "preferred",
     "socket_name_for",
+    "trace_devices",
+    "trace_units",
 ]
 
 API_VERSION = "v1beta1"
@@ -61,17 +73,27 @@ VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 @dataclass(frozen=True, slots=True)
 class DeviceState:
-    """One advertised device: ``id`` is the GPU UUID; ``reasons`` why it is unhealthy."""
+    """One advertised device: ``id`` is the GPU UUID (``MIG-...`` for a MIG device, whose
+    parent GPU is ``index``); ``reasons`` why it is unhealthy; ``free_mib`` the live free memory
+    (``nvmlDeviceGetMemoryInfo`` on its handle)."""
 
     id: str
     index: int
     healthy: bool
     reasons: tuple[str, ...] = ()
     free_mib: int | None = None
+    mig_index: int | None = None
 
     @property
     def health(self) -> str:
         return HEALTHY if self.healthy else UNHEALTHY
+
+
+def mig_resource_name(gpu_resource: str, profile: str) -> str:
+    """The resource of a MIG profile beside the whole-GPU resource, NVIDIA's ``mixed``
+    naming: (``nvidia.com/gpu``, ``1g.10gb``) -> ``nvidia.com/mig-1g.10gb``."""
+    domain, slash, _ = gpu_resource.rpartition("/")
+    return f"{domain}{slash}mig-{profile}"
 
 
 def socket_name_for(resource_name: str) -> str:
@@ -94,15 +116,15 @@ def preferred(
     chosen = list(dict.fromkeys(must_include))
     rest = [d for d in dict.fromkeys(available) if d not in chosen]
 
-    def key(device_id: str) -> tuple[bool, int, int, int, str]:
+    def key(device_id: str) -> tuple[bool, int, int, int, int, str]:
         s = states.get(device_id)
         far = 0
         if distance is not None and chosen:
             far = max((distance(device_id, c) or 0) for c in chosen)
         if s is None:
-            return (True, 1, far, 1 << 30, device_id)
+            return (True, 1, far, 1 << 30, 0, device_id)
         free = s.free_mib if s.free_mib is not None else -1
-        return (not s.healthy, -free, far, s.index, device_id)
+        return (not s.healthy, -free, far, s.index, s.mig_index or 0, device_id)
 
     while rest and len(chosen) < size:
         best = min(rest, key=key)
@@ -143,6 +165,8 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
       plugin's socket goes in it).
     - ``devices``: ``(index, uuid)`` known before the first reading (a trace's GPUs), so a GPU
       that is gone or unreadable stays listed, as Unhealthy.
+    - ``profile``: ``None`` serves whole GPUs (MIG off); a MIG profile (``1g.10gb``) serves the
+      MIG devices of that profile (``resource_name`` is then ``nvidia.com/mig-1g.10gb``).
     - ``poll_s``: how often streams look at the cache; ``resync_s``: how often the registration
       is checked besides the folder events.
 
@@ -157,6 +181,7 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
         plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
         socket_name: str | None = None,
         devices: Iterable[tuple[int, str]] = (),
+        profile: str | None = None,
         poll_s: float = 0.2,
         resync_s: float = 5.0,
         first_read_timeout_s: float = 30.0,
@@ -173,6 +198,7 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
         self.poll_s = poll_s
         self.resync_s = resync_s
         self.first_read_timeout_s = first_read_timeout_s
+        self.profile = profile
         self._known: dict[str, int] = {uuid: index for index, uuid in devices}
         self._lock = threading.Lock()
         self._changed = threading.Condition()
@@ -215,27 +241,34 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
                 return sorted(states, key=lambda s: (s.index, s.id))
             snapshot, health = last.snapshot, last.health
             by_index = {index: uuid for uuid, index in self._known.items()}
-            readings: dict[str, Any] = {}
-            for gpu in snapshot.gpus:
-                uuid = gpu.uuid or by_index.get(gpu.index)
+            units: dict[str, Unit] = {}
+            for unit in health.units:
+                if unit.profile != self.profile or unit.is_mig != (self.profile is not None):
+                    continue  # another plugin's resource
+                uuid = unit.uuid or (None if unit.is_mig else by_index.get(unit.gpu_index))
                 if uuid is None:
                     continue  # never read its UUID: nothing to advertise
-                self._known[uuid] = gpu.index
-                readings[uuid] = gpu
+                self._known[uuid] = unit.gpu_index
+                units[uuid] = unit
             states = []
             for uuid, index in self._known.items():
-                gpu = readings.get(uuid)
+                unit = units.get(uuid)
                 if snapshot.error is not None:
                     states.append(DeviceState(uuid, index, False, (snapshot.error,)))
-                elif gpu is None:
+                elif unit is None:
                     states.append(DeviceState(uuid, index, False, ("absent",)))
                 else:
-                    gh = health.gpus.get(gpu.index)
-                    reasons = gh.reasons if gh is not None else ("unassessed",)
                     states.append(
-                        DeviceState(uuid, gpu.index, not reasons, reasons, gpu.memory_free_mib)
+                        DeviceState(
+                            uuid,
+                            unit.gpu_index,
+                            unit.healthy,
+                            unit.reasons,
+                            unit.memory_free_mib,
+                            unit.mig_index,
+                        )
                     )
-        states.sort(key=lambda s: (s.index, s.id))
+        states.sort(key=lambda s: (s.index, s.mig_index or 0, s.id))
         self._log_changes(states)
         return states
 
@@ -462,17 +495,129 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
             self._kick.clear()
 
 
-def trace_devices(path: Path | str) -> list[tuple[int, str]]:
-    """``(index, uuid)`` of the GPUs a trace describes (its ``devices``, else its samples)."""
+def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:
+    """The devices a trace describes, by resource: ``None`` -> whole GPUs, a MIG profile ->
+    its MIG devices; each a sorted list of ``(GPU index, UUID)``."""
     from .replay import TraceReader
 
     reader = TraceReader(path)
-    found: dict[str, int] = {}
+    found: dict[str | None, dict[str, int]] = {}
     for frame in reader.frames:
         for gpu in frame.gpus:
-            if gpu.uuid:
-                found.setdefault(gpu.uuid, gpu.index)
-    return sorted(((i, u) for u, i in found.items()), key=lambda t: t[0])
+            if gpu.mig_enabled:
+                for mig in gpu.mig_devices:
+                    if mig.uuid and mig.profile:
+                        found.setdefault(mig.profile, {}).setdefault(mig.uuid, gpu.index)
+            elif gpu.uuid:
+                found.setdefault(None, {}).setdefault(gpu.uuid, gpu.index)
+    return {
+        profile: sorted(((i, u) for u, i in devices.items()), key=lambda t: t[0])
+        for profile, devices in found.items()
+    }
 
 
-# -- the command ----------------------------------------------------------------------------
+def trace_devices(path: Path | str) -> list[tuple[int, str]]:
+    """``(index, uuid)`` of the whole GPUs (MIG off) a trace describes."""
+    return trace_units(path).get(None, [])
+
+
+class DevicePluginSet:
+    """One ``DevicePlugin`` per resource: whole GPUs (``nvidia.com/gpu``, always served) and
+    one per MIG profile seen (``nvidia.com/mig-<profile>``), NVIDIA's ``mixed`` strategy.
+
+    Same lifecycle as one plugin: ``start()``, ``stop()``. Profiles come from the trace (known
+    at start) and from every tick's units (a profile new since start gets its plugin then).
+    ``plugins`` maps the profile (``None`` for whole GPUs) to its plugin.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        resource_name: str = "nvidia.com/gpu",
+        plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
+        units: dict[str | None, list[tuple[int, str]]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._source = source
+        self.resource_name = resource_name
+        self.plugin_dir = plugin_dir
+        self._kwargs = kwargs
+        self._lock = threading.Lock()
+        self._started = False
+        self.plugins: dict[str | None, DevicePlugin] = {}
+        units = dict(units or {})
+        units.setdefault(None, [])
+        for profile, devices in units.items():
+            self._add(profile, devices)
+
+    @classmethod
+    def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePluginSet:
+        """Plugins configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its devices are
+        known from the start."""
+        units = trace_units(settings.trace) if settings.trace is not None else None
+        return cls(
+            source,
+            resource_name=settings.device_plugin_resource,
+            plugin_dir=settings.device_plugin_dir,
+            units=units,
+            **kwargs,
+        )
+
+    def _add(self, profile: str | None, devices: Iterable[tuple[int, str]] = ()) -> DevicePlugin:
+        name = self.resource_name if profile is None else mig_resource_name(self.resource_name, profile)
+        plugin = DevicePlugin(
+            self._source,
+            resource_name=name,
+            plugin_dir=self.plugin_dir,
+            devices=devices,
+            profile=profile,
+            **self._kwargs,
+        )
+        self.plugins[profile] = plugin
+        return plugin
+
+    def _on_tick(self, result: Any) -> None:
+        """Start a plugin for each MIG profile the tick shows for the first time."""
+        health = getattr(result, "health", None)
+        profiles = {u.profile for u in getattr(health, "units", ()) if u.is_mig and u.profile}
+        with self._lock:
+            if not self._started:
+                return
+            for profile in sorted(profiles - set(self.plugins)):
+                logger.info("device plugin: MIG profile {} appeared: serving it", profile)
+                self._add(profile).start()
+
+    def start(self) -> None:
+        """Start every plugin; follow the ticks for new MIG profiles."""
+        with self._lock:
+            self._started = True
+            for plugin in self.plugins.values():
+                plugin.start()
+        listeners = getattr(self._source, "on_tick", None)
+        if isinstance(listeners, list) and self._on_tick not in listeners:
+            listeners.append(self._on_tick)
+        last = getattr(getattr(self._source, "cache", self._source), "last", None)
+        if last is not None:
+            self._on_tick(last)
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop every plugin."""
+        with self._lock:
+            self._started = False
+            plugins = list(self.plugins.values())
+        for plugin in plugins:
+            plugin.stop(grace_s)
+
+    def notify(self) -> None:
+        """Wake every plugin's streams."""
+        for plugin in list(self.plugins.values()):
+            plugin.notify()
+
+    def wait_registered(self, timeout_s: float) -> bool:
+        """True once every plugin started so far has registered with the kubelet."""
+        deadline = time.monotonic() + timeout_s
+        return all(
+            p.wait_registered(max(deadline - time.monotonic(), 0.0))
+            for p in list(self.plugins.values())
+        )

@@ -11,7 +11,8 @@ NotSupported fields are ``None`` in the snapshot and never count as faults.
 Schedulable units: a GPU without MIG is one unit; a GPU with MIG on is one unit per MIG device
 (``MigReading``), each Unhealthy while its parent GPU is (an Xid or ECC fault of the GPU is a
 fault of every instance on it) or while it cannot be read itself (``mig-lost`` /
-``mig-read-error``). A MIG-enabled GPU with no MIG device has no unit.
+``mig-read-error``). A MIG-enabled GPU with no MIG device, or one that cannot be read (its MIG
+devices cannot be listed), has no unit.
 
 The node summary is Healthy (every GPU and unit healthy), Degraded (some units healthy),
 Unhealthy (none) or Unknown (NVML could not be read, or it reports no GPU).
@@ -185,7 +186,9 @@ def schedulable_units(
     out: list[Unit] = []
     for g in snapshot.gpus:
         parent = gpus[g.index].reasons
-        if g.mig_enabled and g.error is None:
+        if g.mig_enabled:
+            if g.error is not None:
+                continue  # its MIG devices cannot be listed: none is schedulable
             out.extend(
                 Unit(
                     gpu_index=g.index,

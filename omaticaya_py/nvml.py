@@ -14,6 +14,16 @@ remapped rows, process list and performance state per GPU.
 Utilisation is the mean of ``nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES)`` since the
 previous read (the driver keeps a short ring of samples); when no sample is new,
 ``nvmlDeviceGetUtilizationRates`` is used.
+
+MIG: ``nvmlDeviceGetMigMode`` is read once per ``nvmlInit``; on a GPU with MIG on, every read
+enumerates its MIG devices (``nvmlDeviceGetMaxMigDeviceCount``,
+``nvmlDeviceGetMigDeviceHandleByIndex``; an empty slot is NotFound, not an error) and reads
+each one's memory and processes on its own handle. A MIG device's static facts (UUID, name,
+GPU/compute instance IDs, ``nvmlDeviceGetAttributes_v2`` -> profile name) are read the first
+time its UUID is seen. NVML has no utilisation with MIG on (NotSupported: absent).
+
+The Xid watcher has its own stop event; ``close()`` and a re-init wait for it to leave
+``nvmlEventSetWait_v2`` before ``nvmlShutdown``. Its events name the GPU by UUID.
 """
 
 from __future__ import annotations
@@ -26,8 +36,16 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import pynvml
+from loguru import logger
 
-from .snapshot import ARCHITECTURES, GpuReading, NodeSnapshot, XidEvent
+from .snapshot import (
+    ARCHITECTURES,
+    GpuReading,
+    MigReading,
+    NodeSnapshot,
+    XidEvent,
+    mig_profile_name,
+)
 
 __all__ = ["NvmlReader", "nvml_available"]
 
@@ -56,10 +74,26 @@ def _name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class _Device:
     """A GPU handle with its static facts, read once per ``nvmlInit``."""
 
-    __slots__ = ("index", "handle", "uuid", "product", "architecture", "cc", "total_mib", "last_ts")
+    __slots__ = (
+        "index",
+        "handle",
+        "uuid",
+        "product",
+        "architecture",
+        "cc",
+        "total_mib",
+        "total_bytes",
+        "mig_enabled",
+        "mig_facts",
+        "last_ts",
+    )
 
     def __init__(self, index: int, handle: Any, facts: dict[str, Any]) -> None:
         self.index = index
@@ -69,6 +103,9 @@ class _Device:
         self.architecture = facts.get("architecture")
         self.cc = facts.get("cc")
         self.total_mib = facts.get("total_mib")
+        self.total_bytes = facts.get("total_bytes")
+        self.mig_enabled: bool | None = facts.get("mig_enabled")
+        self.mig_facts: dict[str, dict[str, Any]] = {}  # MIG UUID -> static facts
         self.last_ts = 0  # NVML sample timestamp (µs) of the newest utilisation sample seen
 
 
@@ -94,18 +131,23 @@ class NvmlReader:
         self._lock = threading.Lock()
         self._events: list[XidEvent] = []
         self._watcher: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._watcher_stop: threading.Event | None = None
         self._topology: dict[tuple[str, str], int | None] = {}
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _call(self, call: str, fn: Callable[..., T], *args: Any) -> T | None:
-        """``fn(*args)``; NotSupported -> None; other NVML errors counted and re-raised."""
+    def _call(
+        self, call: str, fn: Callable[..., T], *args: Any, expected: tuple[type, ...] = ()
+    ) -> T | None:
+        """``fn(*args)``; NotSupported -> None; other NVML errors counted and re-raised
+        (those in ``expected`` re-raised uncounted: an empty MIG slot is NotFound)."""
         start = time.perf_counter()
         try:
             return fn(*args)
         except pynvml.NVMLError_NotSupported:
             return None
+        except expected:
+            raise
         except pynvml.NVMLError as exc:
             self.errors[(call, _name(exc))] += 1
             raise
@@ -126,7 +168,7 @@ class NvmlReader:
     def _init(self) -> None:
         self._call("nvmlInit", pynvml.nvmlInit)
         driver = self._field("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
-        self._driver = driver.decode() if isinstance(driver, bytes) else driver
+        self._driver = _text(driver)
         cuda = self._field(
             "nvmlSystemGetCudaDriverVersion_v2", pynvml.nvmlSystemGetCudaDriverVersion_v2
         )
@@ -140,17 +182,20 @@ class NvmlReader:
             devices.append(_Device(index, handle, self._facts(handle)))
         self._devices = devices
         if self.watch_xid and self._watcher is None and devices:
-            self._stop.clear()
-            self._watcher = threading.Thread(target=self._watch, name="nvml-xid", daemon=True)
+            stop = threading.Event()  # this watcher's own: a later one never revives it
+            self._watcher_stop = stop
+            self._watcher = threading.Thread(
+                target=self._watch, args=(list(devices), stop), name="nvml-xid", daemon=True
+            )
             self._watcher.start()
 
     def _facts(self, handle: Any) -> dict[str, Any]:
         facts: dict[str, Any] = {}
         try:
             name = self._field("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle)
-            facts["product"] = name.decode() if isinstance(name, bytes) else name
+            facts["product"] = _text(name)
             uuid = self._field("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
-            facts["uuid"] = uuid.decode() if isinstance(uuid, bytes) else uuid
+            facts["uuid"] = _text(uuid)
             arch = self._field("nvmlDeviceGetArchitecture", pynvml.nvmlDeviceGetArchitecture, handle)
             facts["architecture"] = ARCHITECTURES.get(arch) if arch is not None else None
             facts["cc"] = self._field(
@@ -160,17 +205,32 @@ class NvmlReader:
             )
             mem = self._field("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle)
             facts["total_mib"] = mem.total // MIB if mem is not None else None
+            facts["total_bytes"] = mem.total if mem is not None else None
+            mig = self._field("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle)
+            facts["mig_enabled"] = bool(mig[0]) if mig is not None else None
         except pynvml.NVMLError:
             pass  # a GPU lost at start: its reads will say so
         return facts
 
+    #: longest a watcher can stay inside ``nvmlEventSetWait_v2`` (ms), and the join's margin
+    _WAIT_MS = 1000
+    _JOIN_S = 5.0
+
     def _shutdown(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=2)
-            self._watcher = None
+        watcher, stop = self._watcher, self._watcher_stop
+        self._watcher = self._watcher_stop = None
+        alive = False
+        if stop is not None:
+            stop.set()
+        if watcher is not None:
+            watcher.join(timeout=self._JOIN_S)
+            alive = watcher.is_alive()
         if self._devices is not None:
             self._devices = None
+            if alive:  # never pull NVML from under a thread still inside it
+                self.errors[("nvmlShutdown", "XidWatcherStillWaiting")] += 1
+                logger.warning("NVML: the Xid watcher did not stop; nvmlShutdown skipped")
+                return
             try:
                 pynvml.nvmlShutdown()
             except pynvml.NVMLError:
@@ -182,42 +242,48 @@ class NvmlReader:
 
     # -- Xid events ----------------------------------------------------------------------
 
-    def _watch(self) -> None:
+    def _watch(self, devices: list[_Device], stop: threading.Event) -> None:
+        """Deliver critical Xid and double-bit ECC events of ``devices`` until ``stop``."""
         types = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
         try:
             event_set = pynvml.nvmlEventSetCreate()
-            by_handle: dict[int, int] = {}
-            for device in self._devices or ():
+        except pynvml.NVMLError as exc:
+            self.errors[("nvmlEventSetCreate", _name(exc))] += 1
+            return
+        try:
+            for device in devices:
                 try:
                     pynvml.nvmlDeviceRegisterEvents(device.handle, types, event_set)
                 except pynvml.NVMLError as exc:
                     self.errors[("nvmlDeviceRegisterEvents", _name(exc))] += 1
-                by_handle[id(device.handle)] = device.index
-            uuid_index = {d.uuid: d.index for d in self._devices or () if d.uuid}
-            while not self._stop.is_set():
+            index_of = {d.uuid: d.index for d in devices if d.uuid}
+            while not stop.is_set():
                 try:
-                    data = pynvml.nvmlEventSetWait_v2(event_set, 1000)
+                    data = pynvml.nvmlEventSetWait_v2(event_set, self._WAIT_MS)
                 except pynvml.NVMLError_Timeout:
                     continue
                 except pynvml.NVMLError as exc:
                     self.errors[("nvmlEventSetWait_v2", _name(exc))] += 1
-                    time.sleep(1)
+                    stop.wait(1.0)
                     continue
-                index = self._event_index(data, uuid_index)
+                uuid = self._event_uuid(data)
+                # Xid 48 is NVIDIA's code for a double-bit ECC error
                 xid = int(data.eventData) if data.eventType == pynvml.nvmlEventTypeXidCriticalError else 48
-                with self._lock:  # Xid 48 is NVIDIA's code for a double-bit ECC error
-                    self._events.append(XidEvent(index=index, xid=xid, at_s=self.clock()))
-            pynvml.nvmlEventSetFree(event_set)
-        except pynvml.NVMLError as exc:
-            self.errors[("nvmlEventSetCreate", _name(exc))] += 1
+                event = XidEvent(index=index_of.get(uuid, -1), xid=xid, at_s=self.clock(), uuid=uuid)
+                with self._lock:
+                    self._events.append(event)
+        finally:
+            try:
+                pynvml.nvmlEventSetFree(event_set)
+            except pynvml.NVMLError:
+                pass
 
-    def _event_index(self, data: Any, uuid_index: dict[str | None, int]) -> int:
+    def _event_uuid(self, data: Any) -> str | None:
+        """The UUID of the GPU an event came from (``nvmlDeviceGetUUID(eventData.device)``)."""
         try:
-            uuid = pynvml.nvmlDeviceGetUUID(data.device)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            return uuid_index.get(uuid, -1)
+            return _text(pynvml.nvmlDeviceGetUUID(data.device))
         except pynvml.NVMLError:
-            return -1
+            return None
 
     def _take_events(self) -> tuple[XidEvent, ...]:
         with self._lock:
@@ -279,6 +345,78 @@ class NvmlReader:
                 return float(mean), mem_pct
         return (float(rates.gpu) if rates is not None else None), mem_pct
 
+    def _mig_static(self, device: _Device, uuid: str, handle: Any) -> dict[str, Any]:
+        """A MIG device's static facts, read once per UUID."""
+        facts = device.mig_facts.get(uuid)
+        if facts is not None:
+            return facts
+        facts = {"uuid": uuid}
+        facts["gpu_instance_id"] = self._field(
+            "nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, handle
+        )
+        facts["compute_instance_id"] = self._field(
+            "nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId, handle
+        )
+        attrs = self._field("nvmlDeviceGetAttributes_v2", pynvml.nvmlDeviceGetAttributes_v2, handle)
+        facts["profile"] = None
+        if attrs is not None and device.total_bytes:
+            try:
+                facts["profile"] = mig_profile_name(
+                    attrs.gpuInstanceSliceCount,
+                    attrs.computeInstanceSliceCount,
+                    attrs.memorySizeMB,
+                    device.total_bytes,
+                )
+            except ValueError:
+                pass  # a zero slice count: no profile name rather than a wrong one
+        device.mig_facts[uuid] = facts
+        return facts
+
+    def _read_mig(self, device: _Device, slot: int, handle: Any) -> MigReading:
+        try:
+            uuid = _text(self._call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle))
+            static = self._mig_static(device, uuid, handle) if uuid else {}
+            mem = self._call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle)
+            procs = self._field(
+                "nvmlDeviceGetComputeRunningProcesses",
+                pynvml.nvmlDeviceGetComputeRunningProcesses,
+                handle,
+            )
+        except _LIBRARY_GONE:
+            raise
+        except pynvml.NVMLError as exc:
+            return MigReading(index=slot, error=_name(exc))
+        return MigReading(
+            index=slot,
+            memory_total_mib=mem.total // MIB if mem is not None else None,
+            memory_used_mib=mem.used // MIB if mem is not None else None,
+            memory_free_mib=mem.free // MIB if mem is not None else None,
+            process_count=len(procs) if procs is not None else None,
+            **static,
+        )
+
+    def _read_migs(self, device: _Device) -> tuple[MigReading, ...]:
+        """Every MIG device of a GPU with MIG on (see the module docstring)."""
+        h = device.handle
+        slots = self._call(
+            "nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h
+        )
+        out = []
+        for slot in range(slots or 0):
+            try:
+                handle = self._call(
+                    "nvmlDeviceGetMigDeviceHandleByIndex",
+                    pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                    h,
+                    slot,
+                    expected=(pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument),
+                )
+            except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
+                continue  # an empty slot
+            if handle is not None:
+                out.append(self._read_mig(device, slot, handle))
+        return tuple(out)
+
     def _read_gpu(self, device: _Device) -> GpuReading:
         h = device.handle
         static = {
@@ -288,6 +426,7 @@ class NvmlReader:
             "architecture": device.architecture,
             "compute_major": device.cc[0] if device.cc else None,
             "compute_minor": device.cc[1] if device.cc else None,
+            "mig_enabled": device.mig_enabled,
         }
         try:
             mem = self._call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, h)
@@ -322,6 +461,7 @@ class NvmlReader:
                 pynvml.nvmlDeviceGetComputeRunningProcesses,
                 h,
             )
+            migs = self._read_migs(device) if device.mig_enabled else ()
         except _LIBRARY_GONE:
             raise
         except pynvml.NVMLError as exc:
@@ -341,6 +481,7 @@ class NvmlReader:
             remapped_rows_pending=bool(remap[2]) if remap is not None else None,
             remapped_rows_failure=bool(remap[3]) if remap is not None else None,
             process_count=len(procs) if procs is not None else None,
+            mig_devices=migs,
             **static,
         )
 
