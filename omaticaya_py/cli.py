@@ -1,5 +1,5 @@
 """The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``, ``extender``,
-``device-plugin``.
+``device-plugin``, ``record``.
 
 Flags override the environment (``OMATICAYA_*``, ``NODE_NAME``) and ``.env``. Bad input ends
 with exit status 2 and one line per problem, never a traceback; an API failure in ``once`` or
@@ -73,7 +73,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     extender.add_subcommand(sub)
     _device_plugin_parser(sub)  # defined here: the plugin module loads grpc, only when it runs
+    _record_parser(sub)
     return parser
+
+
+def _record_parser(sub: Any) -> None:
+    """Add ``omaticaya record`` to the CLI's sub-parsers."""
+    rec = sub.add_parser(
+        "record", help="write a trace of this node's GPUs from NVML (replay it with --trace)"
+    )
+    rec.add_argument("--duration", default="60s", help="how long to record (Go duration: 60s, 2m)")
+    rec.add_argument("--interval", default="250ms", help="time between samples (at least 100ms)")
+    rec.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
+    rec.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+
+
+def _duration_s(flag: str, text: str) -> float:
+    """A Go duration (``60s``, ``1m30s``, ``250ms``) in seconds; ``UsageError`` naming ``flag``."""
+    from .settings import parse_schedule
+
+    try:
+        return parse_schedule(f"@every {text}").interval_s or 0.0
+    except ValueError:
+        raise UsageError(
+            f"{flag}: {text!r} is not a duration: expected a Go duration of at least 100ms, "
+            "like 60s, 1m30s or 250ms"
+        ) from None
+
+
+def _record(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .record import RecordError, record
+
+    duration_s = _duration_s("--duration", args.duration)
+    interval_s = _duration_s("--interval", args.interval)
+    output = Path(args.output)
+    try:
+        doc = record(output, duration_s=duration_s, interval_s=interval_s)
+    except RecordError as exc:
+        print(f"omaticaya: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"omaticaya: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(
+        f"recorded {len(doc['samples'])} samples of {doc.get('device_count', 0)} GPUs "
+        f"every {interval_s:g}s to {output}"
+    )
+    return 0
 
 
 def _device_plugin_parser(sub: Any) -> None:
@@ -191,6 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import extender
 
         return extender.run(args)
+    if args.command == "record":  # NVML to a file: no Node, no settings beyond the flags
+        try:
+            return _record(args)
+        except UsageError as exc:
+            print(f"omaticaya: {exc}", file=sys.stderr)
+            return 2
     from .kube import KubeError
     from .logs import setup_logging
     from .replay import TraceError
