@@ -33,10 +33,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import math
 import re
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,10 +53,12 @@ from .settings import SettingsError, check_prefix, load
 
 __all__ = [
     "MAX_PRIORITY",
+    "MAX_TELEMETRY_BYTES",
     "ExtenderSettings",
     "GpuInfo",
     "Need",
     "NodeGpuState",
+    "NodeProblems",
     "Verdict",
     "add_subcommand",
     "create_app",
@@ -62,6 +66,7 @@ __all__ = [
     "handle_filter",
     "handle_prioritize",
     "load_extender_settings",
+    "metrics_registry",
     "parse_need",
     "parse_node",
     "prioritize_nodes",
@@ -174,20 +179,33 @@ class NodeGpuState:
     problem: str | None = None
 
 
+_INT_TEXT = re.compile(r"^\s*-?[0-9]{1,18}\s*$")
+
+
 def _int(value: Any) -> int | None:
+    """A whole number from JSON or a label value, or ``None`` for anything else: booleans,
+    NaN, infinities, floats or text beyond 18 digits (no GPU has 10^18 MiB), non-ASCII digits."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value == value:
+        return value if abs(value) < 10**18 else None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and abs(value) < 1e18 else None
+    if isinstance(value, str) and _INT_TEXT.match(value):
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
     return None
 
 
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _read_at(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
+    if not isinstance(text, str) or not text or len(text) > 64:
         return None
     try:
         stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -196,6 +214,11 @@ def _read_at(text: Any) -> float | None:
     if stamp.tzinfo is None:
         return None
     return stamp.timestamp()
+
+
+#: the most a Node's annotations can hold in total (the API server's limit): a larger telemetry
+#: value did not come from the API server and is not parsed
+MAX_TELEMETRY_BYTES = 256 * 1024
 
 
 _PER_GPU = re.compile(r"^gpu-(\d+)\.(memory\.free-mib|health)$")
@@ -211,23 +234,38 @@ def parse_node(
 
     Per-GPU data comes from the telemetry (exact MiB) when it parses, else from the
     ``gpu-N.*`` labels, else from the node aggregates (``gpu.memory.free-mib`` on one GPU,
-    ``gpu.healthy-count`` GPUs)."""
-    labels = labels or {}
-    annotations = annotations or {}
+    ``gpu.healthy-count`` GPUs).
+
+    Everything here is untrusted (any controller can write a Node's annotations): it never
+    raises. Values of the wrong type are ignored; a telemetry annotation that is not a JSON
+    object, is over ``MAX_TELEMETRY_BYTES``, nests too deep for the parser, holds a number that
+    is not finite where a whole number belongs, or lacks a valid ``read_at`` sets ``problem``
+    (the filter then fails the node with that reason)."""
+    labels = _mapping(labels)
+    annotations = _mapping(annotations)
     p = prefix + "/"
-    mine = {k[len(p) :]: v for k, v in labels.items() if k.startswith(p)}
+    mine = {
+        k[len(p) :]: v
+        for k, v in labels.items()
+        if isinstance(k, str) and k.startswith(p) and isinstance(v, str)
+    }
     raw = annotations.get(p + TELEMETRY)
-    doc: dict[str, Any] | None = None
+    doc: Mapping[str, Any] | None = None
     problem = None
     if raw is not None:
-        try:
-            loaded = json.loads(raw)
-            doc = loaded if isinstance(loaded, dict) else None
-        except ValueError:
-            doc = None
-        if doc is None:
-            problem = "unreadable telemetry annotation"
-    health = mine.get("gpu.health") or (doc.get("health") if doc else None)
+        if not isinstance(raw, str):
+            problem = "unreadable telemetry annotation (not a string)"
+        elif len(raw) > MAX_TELEMETRY_BYTES:
+            problem = f"unreadable telemetry annotation (over {MAX_TELEMETRY_BYTES} bytes)"
+        else:
+            try:
+                loaded = json.loads(raw)
+                doc = loaded if isinstance(loaded, dict) else None
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
+                doc = None
+            if doc is None:
+                problem = "unreadable telemetry annotation"
+    health = _str(mine.get("gpu.health")) or (_str(doc.get("health")) if doc else None)
     if not mine and doc is None:
         return NodeGpuState(name=name, problem=problem)
     read_at = _read_at(doc.get("read_at")) if doc else None
@@ -242,6 +280,8 @@ def parse_node(
             index, free = _int(g.get("index")), _int(g.get("memory_free_mib"))
             if index is None:
                 continue
+            if free is None and g.get("memory_free_mib") is not None:
+                problem = "telemetry annotation with a bad memory_free_mib"
             gpus.append(
                 GpuInfo(index, free or 0, g.get("health") == "Healthy" and free is not None)
             )
@@ -284,8 +324,11 @@ def parse_node(
 
 def state_from_object(node: Mapping[str, Any], prefix: str) -> NodeGpuState:
     """``parse_node`` on a v1.Node document (as the scheduler sends in ``Nodes.items``)."""
-    meta = node.get("metadata") or {}
-    return parse_node(meta.get("name", ""), meta.get("labels"), meta.get("annotations"), prefix)
+    meta = _mapping(_mapping(node).get("metadata"))
+    name = meta.get("name")
+    return parse_node(
+        name if isinstance(name, str) else "", meta.get("labels"), meta.get("annotations"), prefix
+    )
 
 
 # ------------------------------------------------------------------------------ rules ----
@@ -361,7 +404,7 @@ def judge(
         return unknown or Verdict(
             False, f"node(s) had no GPU telemetry ({prefix} labels missing: no agent)"
         )
-    if state.read_at is None:
+    if state.read_at is None or state.problem:
         why = state.problem or "no telemetry annotation"
         return unknown or Verdict(False, f"node(s) had unusable GPU telemetry ({why})")
     if now - state.read_at > ttl_s + grace_s:
@@ -464,6 +507,8 @@ class Extender:
     lookup: Lookup = field(default=lambda name: None)
     clock: Callable[[], float] = time.time
     synced: Callable[[], bool] = field(default=lambda: True)
+    #: (ready, reason) of the node cache (``NodeCache.health``): a dead or stalled watch
+    health: Callable[[], tuple[bool, str]] = field(default=lambda: (True, "ok"))
 
     def _states(
         self, args: Mapping[str, Any]
@@ -563,13 +608,104 @@ def handle_prioritize(
 # ------------------------------------------------------------------------------- app ----
 
 
-def create_app(extender: Extender) -> Any:
+class NodeProblems:
+    """Bad Node data seen by the cache, logged once per Node and problem and counted.
+
+    ``seen(state)`` is called with each parsed Node (``NodeGpuState.problem``: why its telemetry
+    is unusable); ``skipped(name, exc)`` when parsing a Node raised. ``counts`` maps a problem
+    (or ``"skipped: <exception type>"``) to how many times a Node turned to it. A Node whose data
+    is good again is logged once more, at INFO."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._current: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _set(self, name: str, problem: str | None, detail: str = "") -> None:
+        with self._lock:
+            before = self._current.get(name)
+            if problem == before:
+                return
+            if problem is None:
+                self._current.pop(name, None)
+            else:
+                self._current[name] = problem
+                self.counts[problem] += 1
+        if problem is None:
+            log.info("node {}: GPU telemetry usable again", name)
+        else:
+            log.warning("node {}: {}{} (the node fails the filter)", name, problem, detail)
+
+    def seen(self, state: NodeGpuState) -> NodeGpuState:
+        """Record ``state`` (logging a new problem once) and return it."""
+        self._set(state.name, state.problem)
+        return state
+
+    def skipped(self, name: str, exc: Exception) -> None:
+        """Record a Node that could not be parsed at all (dropped from the cache)."""
+        self._set(name, f"skipped: {type(exc).__name__}", f": {str(exc)[:200]}")
+
+
+def metrics_registry(cache: Any, problems: NodeProblems) -> Any:
+    """A prometheus-client ``CollectorRegistry`` over the node cache (``kube.NodeCache``) and
+    ``problems``: ``omaticaya_extender_cache_nodes`` (Nodes held), ``_cache_synced``,
+    ``_cache_ready`` (``cache.health()``), ``_cache_lists_total``, ``_cache_events_total``,
+    ``_nodes_skipped_total`` (Nodes whose parsing raised), ``_node_problems_total{problem}``
+    (Nodes whose telemetry turned unusable) and ``_api_requests_total{verb,result}``."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class _Collector:
+        def collect(self) -> Iterable[Any]:
+            yield GaugeMetricFamily(
+                "omaticaya_extender_cache_nodes", "Nodes in the cache.", value=len(cache)
+            )
+            yield GaugeMetricFamily(
+                "omaticaya_extender_cache_synced", "1 once the first LIST is stored.",
+                value=1 if cache.synced else 0,
+            )
+            yield GaugeMetricFamily(
+                "omaticaya_extender_cache_ready", "1 while the list+watch is alive and current.",
+                value=1 if cache.health()[0] else 0,
+            )
+            for name, doc, value in (
+                ("omaticaya_extender_cache_lists", "LISTs of every Node.", cache.lists),
+                ("omaticaya_extender_cache_events", "WATCH events received.", cache.events),
+                ("omaticaya_extender_nodes_skipped", "Nodes whose parsing raised (dropped).",
+                 cache.skipped),
+            ):  # fmt: skip
+                yield CounterMetricFamily(name, doc, value=value)
+            bad = CounterMetricFamily(
+                "omaticaya_extender_node_problems",
+                "Times a Node's GPU telemetry turned unusable, by problem.",
+                labels=["problem"],
+            )
+            for problem, n in sorted(problems.counts.items()):
+                bad.add_metric([problem], n)
+            yield bad
+            requests = CounterMetricFamily(
+                "omaticaya_extender_api_requests", "Kubernetes API requests, by verb and result.",
+                labels=["verb", "result"],
+            )
+            client = getattr(cache, "_client", None)
+            for (verb, result), n in sorted(getattr(client, "requests", {}).items()):
+                requests.add_metric([verb, result], n)
+            yield requests
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())  # type: ignore[arg-type]
+    return registry
+
+
+def create_app(extender: Extender, registry: Any = None) -> Any:
     """The Starlette app: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``,
-    ``GET /readyz`` (503 until the node cache has synced)."""
+    ``GET /readyz`` (503 with the reason until the node cache has synced, and while its
+    list+watch is dead or stalled: ``Extender.health``), and ``GET /metrics`` (Prometheus text,
+    from ``registry``; absent without one)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response
-    from starlette.routing import Route
+    from starlette.routing import Mount, Route
 
     def answer(body: Any) -> Response:
         return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
@@ -616,18 +752,22 @@ def create_app(extender: Extender) -> Any:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        if extender.synced():
-            return PlainTextResponse("ok")
-        return PlainTextResponse("node cache not synced", status_code=503)
+        if not extender.synced():
+            return PlainTextResponse("node cache not synced", status_code=503)
+        ok, reason = extender.health()
+        return PlainTextResponse(reason, status_code=200 if ok else 503)
 
-    return Starlette(
-        routes=[
-            Route("/filter", filter_, methods=["POST"]),
-            Route("/prioritize", prioritize, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-        ]
-    )
+    routes: list[Any] = [
+        Route("/filter", filter_, methods=["POST"]),
+        Route("/prioritize", prioritize, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    if registry is not None:
+        from prometheus_client import make_asgi_app
+
+        routes.append(Mount("/metrics", make_asgi_app(registry)))
+    return Starlette(routes=routes)
 
 
 # ----------------------------------------------------------------------- command line ----
@@ -692,23 +832,27 @@ def serve(
     from .kube import KubeError, NodeCache
 
     prefix = settings.prefix
+    problems = NodeProblems()
 
     def transform(meta: Any) -> NodeGpuState:
-        return parse_node(meta.name, meta.labels, meta.annotations, prefix)
+        return problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
 
     def on_error(err: KubeError) -> None:
         log.warning("node cache: {}", err)
 
     try:
         cache = (cache_factory or NodeCache)(
-            transform, kubeconfig=settings.kubeconfig, on_error=on_error
+            transform,
+            kubeconfig=settings.kubeconfig,
+            on_error=on_error,
+            on_skip=problems.skipped,
         )
     except KubeError as err:
         log.error("{}", err)
         return 1
     cache.start()
-    ext = Extender(settings, cache.get, synced=lambda: cache.synced)
-    server = _Server(create_app(ext), settings)
+    ext = Extender(settings, cache.get, synced=lambda: cache.synced, health=cache.health)
+    server = _Server(create_app(ext, metrics_registry(cache, problems)), settings)
     stopper = None
     if stop is not None:
         stopper = threading.Thread(

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -378,7 +379,15 @@ class NodeCache(Generic[V]):
     connection) resumes from the last resourceVersion; an expired one (410 Gone) lists again.
     Failures are wrapped in ``KubeError`` types, passed to ``on_error`` and retried with
     exponential backoff (``backoff_s`` to ``backoff_max_s``); while the API is unreachable the
-    last known state stays (``synced`` stays true once the first LIST succeeded).
+    last known state stays (``synced`` stays true once the first LIST succeeded). Any other
+    exception in the loop (a bug) is reported the same way and followed by a fresh LIST: the
+    thread never dies of one.
+
+    A Node's content is untrusted (many controllers can write annotations): when ``transform``
+    raises on one Node, that Node is dropped from the cache (readers see it as unknown),
+    ``skipped`` is incremented and ``on_skip(name, exception)`` is called; the other Nodes and the
+    watch go on. ``health()`` says whether the loop is alive and has had a successful LIST or
+    WATCH answer within ``stall_s`` seconds (default: one watch timeout plus slack).
 
     Configuration as ``NodeClient`` (``kubeconfig``, in-cluster service account otherwise).
     RBAC: ``list`` and ``watch`` on ``nodes``.
@@ -395,8 +404,19 @@ class NodeCache(Generic[V]):
         backoff_s: float = 0.5,
         backoff_max_s: float = 10.0,
         on_error: Callable[[KubeError], None] | None = None,
+        on_skip: Callable[[str, Exception], None] | None = None,
+        stall_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._transform = transform
+        self._on_skip = on_skip
+        self._clock = clock
+        # a quiet cluster sends nothing on an open watch until the server ends it after
+        # watch_timeout_s; the client's read timeout ends a dead one timeout_s later
+        self.stall_s = (
+            stall_s if stall_s is not None else watch_timeout_s + 2 * timeout_s + backoff_max_s
+        )
+        self._last_ok_s: float | None = None
         self._timeout_s = timeout_s
         self._watch_timeout_s = watch_timeout_s
         self._backoff_s = backoff_s
@@ -417,6 +437,8 @@ class NodeCache(Generic[V]):
         self.lists = 0
         self.events = 0
         self.last_error: KubeError | None = None
+        #: Nodes dropped because ``transform`` raised on them (counted once per event)
+        self.skipped = 0
 
     @property
     def server(self) -> str:
@@ -431,6 +453,28 @@ class NodeCache(Generic[V]):
     def wait_synced(self, timeout_s: float | None = None) -> bool:
         """Block until the first LIST is stored (or the timeout passes); returns ``synced``."""
         return self._synced.wait(timeout_s)
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, reason) for a readiness probe: False before the first LIST, when the
+        thread is not running, or when no LIST or WATCH answered within ``stall_s`` seconds
+        (the reason then names the last error); ``(True, "ok")`` otherwise."""
+        if self._thread is None or not self._thread.is_alive():
+            return False, "node cache thread is not running"
+        if not self.synced:
+            why = f" (last error: {self.last_error})" if self.last_error else ""
+            return False, "node cache not synced yet" + why
+        last = self._last_ok_s
+        age = self._clock() - last if last is not None else float("inf")
+        if age > self.stall_s:
+            why = f"; last error: {self.last_error}" if self.last_error else ""
+            return False, (
+                f"node cache stalled: no successful list or watch for {age:.0f}s "
+                f"(limit {self.stall_s:g}s){why}"
+            )
+        return True, "ok"
+
+    def _contact(self) -> None:
+        self._last_ok_s = self._clock()
 
     def get(self, name: str) -> V | None:
         """The stored value for Node ``name``, or ``None`` when the cache has no such Node."""
@@ -481,25 +525,44 @@ class NodeCache(Generic[V]):
                     need_list = False
                 need_list = self._watch()
                 failures = 0
-            except KubeError as err:
+            except Exception as exc:  # noqa: BLE001 - the cache must outlive any one failure
                 if self._stop.is_set():
                     break
-                if err.status == 410:
+                if isinstance(exc, KubeError):
+                    err = exc
+                    if err.status == 410:
+                        need_list = True
+                        continue
+                else:  # a bug or an answer of a shape we did not expect: start over
+                    err = KubeUnavailable(
+                        f"list/watch nodes: unexpected {type(exc).__name__}: {exc}", verb="watch"
+                    )
+                    err.__cause__ = exc
                     need_list = True
-                    continue
                 self._report(err)
                 failures += 1
                 delay = min(self._backoff_max_s, self._backoff_s * 2 ** min(failures, 10))
                 self._stop.wait(random.uniform(delay / 2, delay))
 
-    def _store(self, meta: dict[str, Any]) -> tuple[str, V]:
+    def _store(self, meta: dict[str, Any]) -> tuple[str, V | None]:
+        """(name, transformed value), or (name, None) when ``transform`` raised: the Node is
+        skipped (counted, reported to ``on_skip``), never the cache."""
         node = NodeMeta(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
             labels=meta.get("labels") or {},
             annotations=meta.get("annotations") or {},
         )
-        return node.name, self._transform(node)
+        try:
+            return node.name, self._transform(node)
+        except Exception as exc:  # noqa: BLE001 - one hostile Node must not stop the others
+            self.skipped += 1
+            if self._on_skip is not None:
+                try:
+                    self._on_skip(node.name, exc)
+                except Exception:  # noqa: BLE001, S110 - a reporting hook must not either
+                    pass
+            return node.name, None
 
     def _list(self) -> None:
         response = self._client._call(
@@ -509,11 +572,16 @@ class NodeCache(Generic[V]):
             body = json.loads(response.data)
         except ValueError as exc:
             raise KubeUnavailable(f"list nodes: bad JSON: {exc}", verb="list") from exc
-        items = dict(self._store(item.get("metadata") or {}) for item in body.get("items") or [])
+        items: dict[str, V] = {}
+        for item in body.get("items") or []:
+            name, value = self._store(item.get("metadata") or {})
+            if value is not None:
+                items[name] = value
         with self._lock:
             self._items = items
         self.resource_version = (body.get("metadata") or {}).get("resourceVersion", "")
         self.lists += 1
+        self._contact()
         self._synced.set()
 
     def _watch(self) -> bool:
@@ -532,6 +600,7 @@ class NodeCache(Generic[V]):
                 timeout=(self._timeout_s, self._watch_timeout_s + self._timeout_s),
                 stream=True,
             )
+            self._contact()
             for line in _watch_lines(self._response):
                 if self._stop.is_set():
                     return False
@@ -554,11 +623,16 @@ class NodeCache(Generic[V]):
                 if kind in ("ADDED", "MODIFIED"):
                     name, value = self._store(meta)
                     with self._lock:
-                        self._items[name] = value
+                        if value is None:
+                            self._items.pop(name, None)  # unknown beats wrong
+                        else:
+                            self._items[name] = value
                 elif kind == "DELETED":
                     with self._lock:
                         self._items.pop(meta.get("name", ""), None)
                 self.events += 1
+                self._contact()
+            self._contact()
             return False
         except ApiException as exc:
             if exc.status == 410:
