@@ -4,7 +4,8 @@
 - the library cannot start or the driver is gone -> ``NodeSnapshot.error`` (health Unknown);
   the next read tries ``nvmlInit`` again, so the agent recovers without a restart;
 - one GPU cannot be read (GpuIsLost, Unknown, ...) -> that GPU's ``GpuReading.error``;
-- one field is NotSupported (fan speed, retired pages on H100, ...) -> ``None`` (absent).
+- one field is NotSupported (ECC on a GPU without ECC, utilisation with MIG on, ...) -> ``None``
+  (absent). Fan speed and page retirement are not read (row remapping is, on Ampere and later).
 Every error other than NotSupported is counted in ``errors`` by ``(call, error name)``.
 
 Static facts (name, UUID, architecture, compute capability, total memory) are read once per
