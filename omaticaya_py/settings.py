@@ -347,11 +347,26 @@ _EXPECTED = {
 }
 
 
+#: prefixes that belong to others: Kubernetes (the kubelet's ``kubernetes.io/hostname``,
+#: ``node.kubernetes.io/*``, node-feature-discovery's ``feature.node.kubernetes.io/*``) and
+#: NVIDIA (GPU Feature Discovery's ``nvidia.com/*``). The agent deletes every key under its
+#: prefix that it does not produce, so it must never be given one of these or a subdomain.
+RESERVED_PREFIXES = ("kubernetes.io", "k8s.io", "nvidia.com")
+
+
 def check_prefix(value: str) -> str:
     """A label key prefix, trimmed of spaces and a trailing ``/``.
 
-    Raises ``ValueError`` unless it is a DNS subdomain of at most 253 characters."""
+    Raises ``ValueError`` when it is ``RESERVED_PREFIXES`` or a subdomain of one (in any case),
+    or unless it is a DNS subdomain of at most 253 characters."""
     value = value.strip().rstrip("/")
+    lowered = value.lower()
+    for reserved in RESERVED_PREFIXES:
+        if lowered == reserved or lowered.endswith("." + reserved):
+            raise ValueError(
+                f"expected a prefix this agent owns, like 'omaticaya.io', not {reserved} or a "
+                f"subdomain of it: every key under the prefix is removed when no longer produced"
+            )
     if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
         raise ValueError("expected a DNS subdomain of at most 253 characters, like 'omaticaya.io'")
     return value
