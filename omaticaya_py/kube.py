@@ -7,9 +7,10 @@ service account (``KUBERNETES_SERVICE_HOST`` set) or from ``KUBECONFIG`` / ``~/.
 
 Failures are raised as this module's own exceptions (``KubeError`` and subclasses, the client's
 exception chained as ``__cause__``) so that the rest of the agent never handles library types.
-Transient failures (connection refused or reset, timeouts, 409, 429, 5xx) are retried here with
-exponential backoff and full jitter by tenacity, honouring ``Retry-After``; a 401 reloads the
-credentials once (a rotated service-account token); 403 and 404 are not retried.
+Transient failures (connection refused or reset, timeouts, 429, 5xx, and 409 for a PATCH or
+PUT, never for a create) are retried here with exponential backoff and full jitter by tenacity,
+honouring ``Retry-After``; a 401 reloads the credentials once (a rotated service-account token);
+403 and 404 are not retried.
 """
 
 from __future__ import annotations
@@ -111,6 +112,19 @@ def _wrap(exc: Exception, verb: str, what: str) -> KubeError:
     return KubeUnavailable(f"{verb} {what}: {type(exc).__name__}: {exc}", verb=verb)
 
 
+#: verbs whose 409 (Conflict) is worth another attempt: an update that raced another writer
+_RETRY_CONFLICT_VERBS = frozenset({"patch", "put", "update"})
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether tenacity tries again: no answer, 429, 5xx; a 409 only for a PATCH or PUT. A 409
+    on a create (POST) means the object exists (an earlier attempt succeeded and its answer was
+    lost): another POST would only say so again."""
+    if not isinstance(exc, KubeUnavailable):
+        return False
+    return exc.status != 409 or exc.verb in _RETRY_CONFLICT_VERBS
+
+
 class _Wait(tenacity.wait.wait_base):
     """Exponential backoff with full jitter, but never shorter than a ``Retry-After``."""
 
@@ -159,7 +173,7 @@ class NodeClient:
         self._token_stamp: tuple[int, int] | None = None
         self.requests: Counter[tuple[str, str]] = Counter()
         self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(KubeUnavailable),
+            retry=tenacity.retry_if_exception(_transient),
             stop=tenacity.stop_after_attempt(attempts),
             wait=_Wait(backoff_s, backoff_max_s),
             sleep=sleep,
@@ -324,7 +338,9 @@ class NodeClient:
         """POST a core/v1 Event about the Node (as the kubelet does, in ``namespace``).
 
         ``reason`` is CamelCase (``GpuUnhealthy``), ``warning`` picks type Warning or Normal;
-        reporting component ``omaticaya``, instance the Node name. Raises ``KubeError``."""
+        reporting component ``omaticaya``, instance the Node name. A 409 (AlreadyExists: the
+        Event's name is unique to this call, so an earlier attempt of it got through) counts as
+        posted; it is never retried. Raises ``KubeError`` otherwise."""
         now = datetime.now(timezone.utc)
         stamp = now.strftime("%Y%m%d%H%M%S%f")
         body = {
@@ -347,17 +363,21 @@ class NodeClient:
             "lastTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
             "count": 1,
         }
-        self._call(
-            "create",
-            f"event {reason} on node {self.node_name}",
-            lambda: self._http(
-                "POST",
-                "/api/v1/namespaces/{namespace}/events",
-                path_params={"namespace": namespace},
-                body=body,
-                content_type="application/json",
-            ),
-        )
+        try:
+            self._call(
+                "create",
+                f"event {reason} on node {self.node_name}",
+                lambda: self._http(
+                    "POST",
+                    "/api/v1/namespaces/{namespace}/events",
+                    path_params={"namespace": namespace},
+                    body=body,
+                    content_type="application/json",
+                ),
+            )
+        except KubeError as err:
+            if err.status != 409:
+                raise
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
