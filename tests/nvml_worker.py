@@ -1,0 +1,149 @@
+"""A process that loaded the NVML test library: ``python -m tests.nvml_worker``.
+
+Started by ``tests.nvmltestlib.NvmlWorker`` with ``LD_LIBRARY_PATH`` pointing at the test
+library. Creates ``omaticaya_py.nvml.NvmlReader(watch_xid=...)`` and answers one JSON object
+per line on stdin with one JSON object per line on stdout:
+
+- ``{"cmd": "read"}`` -> ``{"snapshot": {...}}``: ``dataclasses.asdict`` of the NodeSnapshot,
+  datetimes as ISO strings, plus ``errors``: the reader's counter as ``[[call, name, n], ...]``;
+- ``{"cmd": "errors"}`` -> ``{"errors": [[call, name, n], ...]}``;
+- ``{"cmd": "pynvml", "fn": "nvmlDeviceGetName", "args": [...]}`` -> ``{"ok": result}`` or
+  ``{"error": "NVMLError_..."}`` (the pynvml exception class name). Arguments may name objects
+  kept here: ``{"handle": i}`` (nvmlDeviceGetHandleByIndex(i)), ``{"mig": [i, slot]}``,
+  ``{"event_set": name}`` (created by ``nvmlEventSetCreate`` with ``"keep": name``). ctypes
+  results are converted: structures to dicts of their fields, device handles to
+  ``{"address": pointer value}``, bytes to str;
+- ``{"cmd": "raw", "fn": "nvmlDeviceGetName", "handle": i, "length": n}`` calls the C function
+  itself with a buffer of ``n`` bytes -> ``{"ret": code, "value": str}`` (the short-buffer
+  checks pynvml's fixed buffers never reach); ``"fn": "nvmlDeviceGetComputeRunningProcesses_v3"``
+  with ``"count": n`` (``null``: a NULL array) -> ``{"ret": code, "count": n}``;
+- ``{"cmd": "close"}`` -> ``{"ok": true}``, then the process exits.
+Startup options: ``--no-watch-xid`` (no Xid thread), ``--no-reader`` (raw pynvml only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import sys
+from datetime import datetime
+from typing import Any
+
+import pynvml
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if (
+        isinstance(value, pynvml.c_nvmlDevice_t)
+        or type(value).__name__ == "LP_struct_c_nvmlDevice_t"
+    ):
+        return {"address": ctypes.cast(value, ctypes.c_void_p).value}
+    if isinstance(value, ctypes.Structure):
+        return {name: _plain(getattr(value, name)) for name, *_ in value._fields_}
+    if isinstance(value, ctypes.Union):
+        return {name: _plain(getattr(value, name)) for name, *_ in value._fields_}
+    if isinstance(value, pynvml.nvmlFriendlyObject):
+        return {k: _plain(v) for k, v in vars(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, ctypes._SimpleCData):
+        return value.value
+    return value
+
+
+class Worker:
+    def __init__(self, watch_xid: bool, with_reader: bool) -> None:
+        self.reader = None
+        if with_reader:
+            from omaticaya_py.nvml import NvmlReader
+
+            self.reader = NvmlReader(watch_xid=watch_xid)
+        self.event_sets: dict[str, Any] = {}
+
+    def _arg(self, arg: Any) -> Any:
+        if isinstance(arg, dict):
+            if "handle" in arg:
+                return pynvml.nvmlDeviceGetHandleByIndex(arg["handle"])
+            if "mig" in arg:
+                parent = pynvml.nvmlDeviceGetHandleByIndex(arg["mig"][0])
+                return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, arg["mig"][1])
+            if "event_set" in arg:
+                return self.event_sets[arg["event_set"]]
+        return arg
+
+    def raw(self, message: dict[str, Any]) -> dict[str, Any]:
+        fn = pynvml._nvmlGetFunctionPointer(message["fn"])
+        handle = (
+            self._arg(message["handle"])
+            if isinstance(message["handle"], dict)
+            else (pynvml.nvmlDeviceGetHandleByIndex(message["handle"]))
+        )
+        if message["fn"] == "nvmlDeviceGetComputeRunningProcesses_v3":
+            count = ctypes.c_uint(message["count"] or 0)
+            infos = (pynvml.c_nvmlProcessInfo_v3_t * max(1, count.value))()
+            ret = fn(handle, ctypes.byref(count), infos if message["count"] is not None else None)
+            return {"ret": ret, "count": count.value}
+        buf = ctypes.create_string_buffer(max(1, message["length"]))
+        ret = fn(handle, buf, ctypes.c_uint(message["length"]))
+        return {"ret": ret, "value": buf.value.decode(errors="replace")}
+
+    def errors(self) -> list[list[Any]]:
+        if self.reader is None:
+            return []
+        return [[call, name, n] for (call, name), n in sorted(self.reader.errors.items())]
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        cmd = message.get("cmd")
+        if cmd == "read":
+            assert self.reader is not None, "started with --no-reader"
+            snapshot = dataclasses.asdict(self.reader.read())
+            snapshot["errors"] = self.errors()
+            return {"snapshot": _plain(snapshot)}
+        if cmd == "errors":
+            return {"errors": self.errors()}
+        if cmd == "raw":
+            return self.raw(message)
+        if cmd == "pynvml":
+            fn = getattr(pynvml, message["fn"])
+            try:
+                args = [self._arg(a) for a in message.get("args", [])]
+                result = fn(*args)
+            except pynvml.NVMLError as exc:
+                return {"error": type(exc).__name__}
+            if message["fn"] == "nvmlEventSetCreate" and "keep" in message:
+                self.event_sets[message["keep"]] = result
+                return {"ok": message["keep"]}
+            return {"ok": _plain(result)}
+        raise ValueError(f"unknown command {cmd!r}")
+
+
+def main() -> int:
+    worker = Worker("--no-watch-xid" not in sys.argv, "--no-reader" not in sys.argv)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        message = json.loads(line)
+        if message.get("cmd") == "close":
+            if worker.reader is not None:
+                worker.reader.close()
+            print(json.dumps({"ok": True}), flush=True)
+            return 0
+        try:
+            answer = worker.handle(message)
+        except Exception as exc:  # noqa: BLE001  (reported to the test, which fails on it)
+            answer = {"fatal": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(answer), flush=True)
+    if worker.reader is not None:
+        worker.reader.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

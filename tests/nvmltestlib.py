@@ -1,0 +1,276 @@
+"""Helpers for tests that run the real ``pynvml`` against the NVML test library (tests/nvml/).
+
+The test library is ``libnvidia-ml.so.1`` built from tests/nvml/nvml_testlib.c; it serves a
+recorded trace (docs/trace-format.md) through NVML's C ABI. The dynamic loader reads
+``LD_LIBRARY_PATH`` when a process starts, so the library is only ever loaded in a subprocess
+(``NvmlWorker``): the pytest process keeps the real NVML of a GPU machine.
+
+- ``build_testlib()`` builds it once per session (``tests/nvml/build``) and returns its folder;
+- ``testlib_env(trace, sample_file, speed)`` is the environment of a process that loads it;
+- ``NvmlWorker`` runs ``python -m tests.nvml_worker`` under that environment and talks to it
+  with line-based JSON (see tests/nvml_worker.py);
+- ``testlib_unavailable_reason()`` / ``requires_testlib``: skip cleanly where ``cc`` or cJSON
+  is missing;
+- fixtures ``testlib`` (the built folder; skips where it cannot be built) and ``nvml_worker``
+  (a factory of workers closed after the test): import ``testlib_fixture`` and
+  ``nvml_worker_fixture`` into a test module to use them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "tests" / "nvml" / "build"
+_built: Path | None = None
+_build_error: str | None = None
+_build_lock = threading.Lock()
+
+
+def _cjson_present() -> bool:
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return False
+    probe = subprocess.run(
+        [cc, "-E", "-x", "c", "-"],
+        input="#include <cjson/cJSON.h>\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return probe.returncode == 0
+
+
+def testlib_unavailable_reason() -> str | None:
+    """Why the test library cannot be built here, or None when it can."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        return "no C compiler (cc) to build the NVML test library"
+    if not _cjson_present() and not (os.geteuid() == 0 and shutil.which("apt-get")):
+        return "cJSON headers missing (apt-get install libcjson-dev) for the NVML test library"
+    return None
+
+
+def build_testlib() -> Path:
+    """Build tests/nvml once per session; the folder holding ``libnvidia-ml.so.1``."""
+    global _built, _build_error
+    with _build_lock:
+        if _built is not None:
+            return _built
+        if _build_error is not None:
+            raise RuntimeError(_build_error)
+        proc = subprocess.run(
+            ["bash", str(BUILD)], capture_output=True, text=True, check=False, timeout=600
+        )
+        if proc.returncode != 0:
+            _build_error = f"tests/nvml/build failed ({proc.returncode}):\n{proc.stderr}"
+            raise RuntimeError(_build_error)
+        out = Path(proc.stdout.strip().splitlines()[-1])
+        if not (out / "libnvidia-ml.so.1").is_file():
+            _build_error = f"tests/nvml/build printed {out}, which has no libnvidia-ml.so.1"
+            raise RuntimeError(_build_error)
+        _built = out
+        return out
+
+
+def testlib_env(
+    trace: Path | None, sample_file: Path | None = None, speed: float | None = None
+) -> dict[str, str]:
+    """``os.environ`` for a process that loads the test library and serves ``trace``
+    (``None``: no trace, like a machine without a driver)."""
+    lib = build_testlib()
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(lib), env.get("LD_LIBRARY_PATH", "")) if p
+    )
+    env.pop("NVML_TESTLIB_TRACE", None)
+    if trace is not None:
+        env["NVML_TESTLIB_TRACE"] = str(trace)
+    env.pop("NVML_TESTLIB_SAMPLE_FILE", None)
+    env.pop("NVML_TESTLIB_SPEED", None)
+    if sample_file is not None:
+        env["NVML_TESTLIB_SAMPLE_FILE"] = str(sample_file)
+    if speed is not None:
+        env["NVML_TESTLIB_SPEED"] = repr(float(speed))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class WorkerError(RuntimeError):
+    """The worker died or answered with an error."""
+
+
+class NvmlWorker:
+    """``python -m tests.nvml_worker`` under ``testlib_env``: an ``NvmlReader`` (and raw
+    ``pynvml``) in a process that loaded the test library.
+
+    ``read()`` -> the NodeSnapshot as a dict (``errors``: the reader's error counter as a list
+    of ``[call, error name, count]``); ``pynvml(fn, *args)`` -> ``{"ok": result}`` or
+    ``{"error": "NVMLError_..."}``; ``close()``; ``advance(index)`` writes the sample file.
+    """
+
+    def __init__(
+        self,
+        trace: Path | None,
+        sample_file: Path | None = None,
+        speed: float | None = None,
+        *,
+        watch_xid: bool = True,
+        reader: bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self.sample_file = sample_file
+        self.timeout = timeout
+        if sample_file is not None and not sample_file.exists():
+            sample_file.write_text("0\n")
+        args = [sys.executable, "-m", "tests.nvml_worker"]
+        if not watch_xid:
+            args.append("--no-watch-xid")
+        if not reader:
+            args.append("--no-reader")
+        self.proc = subprocess.Popen(
+            args,
+            cwd=str(ROOT),
+            env=testlib_env(trace, sample_file, speed),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        self._stderr: list[str] = []
+        self._err_thread = threading.Thread(target=self._drain, daemon=True)
+        self._err_thread.start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+
+    def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError as exc:
+            raise WorkerError(f"worker gone: {''.join(self._stderr)}") from exc
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()))
+        reader.start()
+        reader.join(self.timeout)
+        if not result or not result[0]:
+            self.proc.kill()
+            raise WorkerError(f"no answer to {message}; stderr:\n{''.join(self._stderr)}")
+        answer = json.loads(result[0])
+        if "fatal" in answer:
+            raise WorkerError(answer["fatal"])
+        return answer
+
+    def read(self) -> dict[str, Any]:
+        return self.request({"cmd": "read"})["snapshot"]
+
+    def errors(self) -> dict[tuple[str, str], int]:
+        return {(c, e): n for c, e, n in self.request({"cmd": "errors"})["errors"]}
+
+    def pynvml(self, fn: str, *args: Any) -> dict[str, Any]:
+        """``pynvml.<fn>(*args)``; arguments ``{"handle": i}`` / ``{"mig": [i, slot]}`` /
+        ``{"event_set": name}`` name objects the worker keeps."""
+        return self.request({"cmd": "pynvml", "fn": fn, "args": list(args)})
+
+    def call(self, fn: str, *args: Any) -> Any:
+        """Like ``pynvml`` but the result itself; raise ``WorkerError`` on an NVML error."""
+        answer = self.pynvml(fn, *args)
+        if "error" in answer:
+            raise WorkerError(f"{fn}{tuple(args)}: {answer['error']}")
+        return answer["ok"]
+
+    def create_event_set(self, name: str) -> None:
+        """``nvmlEventSetCreate()`` kept in the worker as ``{"event_set": name}``."""
+        answer = self.request(
+            {"cmd": "pynvml", "fn": "nvmlEventSetCreate", "args": [], "keep": name}
+        )
+        if "error" in answer:
+            raise WorkerError(f"nvmlEventSetCreate: {answer['error']}")
+
+    def raw(self, fn: str, handle: Any, **kwargs: Any) -> dict[str, Any]:
+        """The C function itself (see tests/nvml_worker.py ``raw``)."""
+        return self.request({"cmd": "raw", "fn": fn, "handle": handle, **kwargs})
+
+    def advance(self, index: int) -> None:
+        assert self.sample_file is not None, "a worker without a sample file follows the clock"
+        tmp = self.sample_file.with_suffix(".tmp")
+        tmp.write_text(f"{index}\n")
+        os.replace(tmp, self.sample_file)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request({"cmd": "close"})
+            except (WorkerError, OSError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> NvmlWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns a truthy value (returned); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+requires_testlib = pytest.mark.skipif(
+    testlib_unavailable_reason() is not None, reason=testlib_unavailable_reason() or ""
+)
+
+
+@pytest.fixture(scope="session", name="testlib")
+def testlib_fixture() -> Path:
+    """The folder holding the built ``libnvidia-ml.so.1`` (skips when it cannot be built)."""
+    reason = testlib_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return build_testlib()
+
+
+@pytest.fixture(name="nvml_worker")
+def nvml_worker_fixture(testlib: Path, tmp_path: Path) -> Iterator[Callable[..., NvmlWorker]]:
+    """Factory: ``nvml_worker(trace, sample_file=..., speed=..., watch_xid=...)``; every
+    worker it starts is closed after the test."""
+    workers: list[NvmlWorker] = []
+
+    def start(trace: Path | None, sample_file: Path | None = None, **kwargs: Any) -> NvmlWorker:
+        worker = NvmlWorker(trace, sample_file, **kwargs)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.close()
