@@ -17,6 +17,9 @@ per line on stdin with one JSON object per line on stdout:
   itself with a buffer of ``n`` bytes -> ``{"ret": code, "value": str}`` (the short-buffer
   checks pynvml's fixed buffers never reach); ``"fn": "nvmlDeviceGetComputeRunningProcesses_v3"``
   with ``"count": n`` (``null``: a NULL array) -> ``{"ret": code, "count": n}``;
+- ``{"cmd": "wake", "how": "free" | "shutdown"}``: a thread waits in ``nvmlEventSetWait_v2``
+  (30 s) on a new set while this one frees the set or shuts NVML down (after one
+  ``nvmlInit`` of its own) -> ``{"waiter": "NVMLError_..." | "event", "waited_s": s}``;
 - ``{"cmd": "close"}`` -> ``{"ok": true}``, then the process exits.
 Startup options: ``--no-watch-xid`` (no Xid thread), ``--no-reader`` (raw pynvml only).
 """
@@ -94,6 +97,40 @@ class Worker:
         ret = fn(handle, buf, ctypes.c_uint(message["length"]))
         return {"ret": ret, "value": buf.value.decode(errors="replace")}
 
+    def wake(self, how: str) -> dict[str, Any]:
+        import threading
+        import time
+
+        pynvml.nvmlInit()
+        event_set = pynvml.nvmlEventSetCreate()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
+        result: dict[str, Any] = {}
+        entered = threading.Event()
+
+        def wait() -> None:
+            start = time.monotonic()
+            entered.set()
+            try:
+                pynvml.nvmlEventSetWait_v2(event_set, 30000)
+                result["waiter"] = "event"
+            except pynvml.NVMLError as exc:
+                result["waiter"] = type(exc).__name__
+            result["waited_s"] = time.monotonic() - start
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        entered.wait()
+        time.sleep(0.2)  # let it block inside the library
+        if how == "free":
+            pynvml.nvmlEventSetFree(event_set)
+            waiter.join(60)
+            pynvml.nvmlShutdown()
+        else:
+            pynvml.nvmlShutdown()
+            waiter.join(60)
+        return result
+
     def errors(self) -> list[list[Any]]:
         if self.reader is None:
             return []
@@ -108,6 +145,8 @@ class Worker:
             return {"snapshot": _plain(snapshot)}
         if cmd == "errors":
             return {"errors": self.errors()}
+        if cmd == "wake":
+            return self.wake(message["how"])
         if cmd == "raw":
             return self.raw(message)
         if cmd == "pynvml":

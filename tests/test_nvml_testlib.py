@@ -420,6 +420,15 @@ def test_event_set_delivers_xid_once(nvml_worker, sample_file: Path) -> None:
     assert w.call("nvmlEventSetFree", {"event_set": "s"}) is None
 
 
+@pytest.mark.parametrize("how", ["free", "shutdown"])
+def test_event_wait_woken_by_free_or_shutdown(nvml_worker, sample_file: Path, how: str) -> None:
+    w = nvml_worker(FAULTS, sample_file, reader=False)
+    answer = w.request({"cmd": "wake", "how": how})
+    assert answer["waiter"] == "NVMLError_Uninitialized"
+    assert answer["waited_s"] < 25  # woken, not timed out (the wait asked for 30 s)
+    assert w.pynvml("nvmlDeviceGetCount") == {"error": "NVMLError_Uninitialized"}
+
+
 # -- the reader on the test library ---------------------------------------------------------
 
 
