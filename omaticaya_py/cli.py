@@ -336,7 +336,17 @@ def _run(args: argparse.Namespace, settings: Settings, *, label_node: bool = Tru
     if settings.metrics_port:
         from .metrics import serve
 
-        server = serve(agent, settings.metrics_address, settings.metrics_port)
+        try:
+            server = serve(agent, settings.metrics_address, settings.metrics_port)
+        except OSError as exc:  # port in use, address not on this host, no IPv6
+            reader.close()
+            where = f"{settings.metrics_address}:{settings.metrics_port}"
+            if ":" in settings.metrics_address:
+                where = f"[{settings.metrics_address}]:{settings.metrics_port}"
+            raise UsageError(
+                f"cannot serve /metrics on {where}: {exc.strerror or exc}; set another "
+                "--metrics-port / OMATICAYA_METRICS_PORT (0: off) or OMATICAYA_METRICS_ADDRESS"
+            ) from None
     plugin = None
     if settings.device_plugin:
         from .device_plugin import DevicePluginSet

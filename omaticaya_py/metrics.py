@@ -15,11 +15,10 @@ from __future__ import annotations
 import platform
 import threading
 from collections.abc import Callable, Iterator
-from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry, make_wsgi_app, start_wsgi_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -152,36 +151,30 @@ def make_app(agent: Agent, registry: CollectorRegistry) -> Callable[..., Any]:
     return app
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
-
 class MetricsServer:
     """A running metrics/probe server; ``port`` is the bound port, ``shutdown()`` stops it."""
 
-    def __init__(self, server: WSGIServer) -> None:
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
         self._server = server
-        self.port = server.server_port
-        self._thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
-        self._thread.start()
+        self._thread = thread
+        self.port: int = server.server_port
 
     def shutdown(self) -> None:
+        """Stop serving and close the socket."""
         self._server.shutdown()
         self._server.server_close()
 
 
 def serve(agent: Agent, address: str, port: int) -> MetricsServer:
-    """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``address:port`` in a thread.
+    """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``address:port`` in a daemon thread.
 
-    Raises ``OSError`` when the port cannot be bound."""
+    The server is prometheus-client's own (``start_wsgi_server``: a threading WSGI server whose
+    address family follows ``address``, so ``'::'`` listens on IPv6, and on IPv4 too where the
+    host is dual-stack); its application is then replaced by ``make_app``, which adds the probes.
+    ``port`` 0 picks a free port (``MetricsServer.port``). Raises ``OSError`` when the address
+    cannot be bound (port in use, address not on this host, no IPv6)."""
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent))
-    server = make_server(
-        address, port, make_app(agent, registry), server_class=_Server, handler_class=_QuietHandler
-    )
-    return MetricsServer(server)
+    server, thread = start_wsgi_server(port, addr=address, registry=registry)
+    server.set_app(make_app(agent, registry))
+    return MetricsServer(server, thread)
