@@ -175,20 +175,42 @@ class NvmlReader:
         )
         self._cuda = (cuda // 1000, (cuda % 1000) // 10) if cuda else None
         count = self._call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount) or 0
-        devices = []
-        for index in range(count):
-            handle = self._call(
-                "nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index
-            )
-            devices.append(_Device(index, handle, self._facts(handle)))
+        devices = [_Device(index, None, {}) for index in range(count)]
+        for device in devices:
+            self._attach(device)
         self._devices = devices
-        if self.watch_xid and self._watcher is None and devices:
-            stop = threading.Event()  # this watcher's own: a later one never revives it
-            self._watcher_stop = stop
-            self._watcher = threading.Thread(
-                target=self._watch, args=(list(devices), stop), name="nvml-xid", daemon=True
+        self._start_watcher()
+
+    def _attach(self, device: _Device) -> bool:
+        """Get a GPU's handle and static facts; False (handle None) while it is lost: one GPU
+        off the bus is that GPU's error, never the whole node's. Retried on every read."""
+        try:
+            handle = self._call(
+                "nvmlDeviceGetHandleByIndex",
+                pynvml.nvmlDeviceGetHandleByIndex,
+                device.index,
+                expected=_LOST,
             )
-            self._watcher.start()
+        except _LOST:
+            return False
+        fresh = _Device(device.index, handle, self._facts(handle))
+        for name in _Device.__slots__:
+            setattr(device, name, getattr(fresh, name))
+        return True
+
+    def _start_watcher(self) -> None:
+        """(Re)start the Xid watcher over the GPUs that have a handle."""
+        watched = [d for d in self._devices or () if d.handle is not None]
+        if not self.watch_xid or not watched:
+            return
+        if self._watcher is not None:
+            self._stop_watcher()
+        stop = threading.Event()  # this watcher's own: a later one never revives it
+        self._watcher_stop = stop
+        self._watcher = threading.Thread(
+            target=self._watch, args=(watched, stop), name="nvml-xid", daemon=True
+        )
+        self._watcher.start()
 
     def _facts(self, handle: Any) -> dict[str, Any]:
         facts: dict[str, Any] = {}
@@ -217,15 +239,19 @@ class NvmlReader:
     _WAIT_MS = 1000
     _JOIN_S = 5.0
 
-    def _shutdown(self) -> None:
+    def _stop_watcher(self) -> bool:
+        """Stop the Xid watcher; True if it is still inside NVML after the join's margin."""
         watcher, stop = self._watcher, self._watcher_stop
         self._watcher = self._watcher_stop = None
-        alive = False
         if stop is not None:
             stop.set()
-        if watcher is not None:
-            watcher.join(timeout=self._JOIN_S)
-            alive = watcher.is_alive()
+        if watcher is None:
+            return False
+        watcher.join(timeout=self._JOIN_S)
+        return watcher.is_alive()
+
+    def _shutdown(self) -> None:
+        alive = self._stop_watcher()
         if self._devices is not None:
             self._devices = None
             if alive:  # never pull NVML from under a thread still inside it
@@ -254,7 +280,9 @@ class NvmlReader:
         try:
             for device in devices:
                 try:
-                    pynvml.nvmlDeviceRegisterEvents(device.handle, types, event_set)
+                    # a type the GPU cannot report makes NVML register nothing: mask first
+                    supported = pynvml.nvmlDeviceGetSupportedEventTypes(device.handle)
+                    pynvml.nvmlDeviceRegisterEvents(device.handle, types & supported, event_set)
                 except pynvml.NVMLError as exc:
                     self.errors[("nvmlDeviceRegisterEvents", _name(exc))] += 1
             index_of = {d.uuid: d.index for d in devices if d.uuid}
@@ -419,6 +447,8 @@ class NvmlReader:
         return tuple(out)
 
     def _read_gpu(self, device: _Device) -> GpuReading:
+        if device.handle is None and not self._attach(device):
+            return GpuReading(index=device.index, error=pynvml.NVMLError_GpuIsLost.__name__)
         h = device.handle
         static = {
             "index": device.index,
@@ -493,7 +523,10 @@ class NvmlReader:
         try:
             if self._devices is None:
                 self._init()
+            lost = sum(1 for d in self._devices or () if d.handle is None)
             gpus = tuple(self._read_gpu(d) for d in self._devices or ())
+            if lost and lost > sum(1 for d in self._devices or () if d.handle is None):
+                self._start_watcher()  # a GPU came back: watch its Xids too
         except pynvml.NVMLError as exc:
             self._shutdown()  # re-init on the next read: the driver may come back
             return NodeSnapshot(read_at=read_at, clock_s=now, error=_name(exc), source="nvml")

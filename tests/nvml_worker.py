@@ -7,6 +7,7 @@ per line on stdin with one JSON object per line on stdout:
 - ``{"cmd": "read"}`` -> ``{"snapshot": {...}}``: ``dataclasses.asdict`` of the NodeSnapshot,
   datetimes as ISO strings, plus ``errors``: the reader's counter as ``[[call, name, n], ...]``;
 - ``{"cmd": "errors"}`` -> ``{"errors": [[call, name, n], ...]}``;
+- ``{"cmd": "topology", "a": uuid, "b": uuid}`` -> ``{"level": NvmlReader.topology_level(a, b)}``;
 - ``{"cmd": "pynvml", "fn": "nvmlDeviceGetName", "args": [...]}`` -> ``{"ok": result}`` or
   ``{"error": "NVMLError_..."}`` (the pynvml exception class name). Arguments may name objects
   kept here: ``{"handle": i}`` (nvmlDeviceGetHandleByIndex(i)), ``{"mig": [i, slot]}``,
@@ -143,6 +144,9 @@ class Worker:
             snapshot = dataclasses.asdict(self.reader.read())
             snapshot["errors"] = self.errors()
             return {"snapshot": _plain(snapshot)}
+        if cmd == "topology":
+            assert self.reader is not None
+            return {"level": self.reader.topology_level(message["a"], message["b"])}
         if cmd == "errors":
             return {"errors": self.errors()}
         if cmd == "wake":

@@ -649,13 +649,21 @@ DECLDIR nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 DECLDIR nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
     nvmlReturn_t ret;
+    long long pos;
     lock();
-    ret = enter(NULL);
+    ret = enter(&pos);
     if (ret == NVML_SUCCESS) {
-        if (device == NULL || index >= (unsigned int)device_count())
+        if (device == NULL || index >= (unsigned int)device_count()) {
             ret = NVML_ERROR_INVALID_ARGUMENT;
-        else
-            *device = &g_gpu_handles[index];
+        } else {
+            /* nvml.h: NVML_ERROR_GPU_IS_LOST if the target GPU has fallen off the bus */
+            const cJSON *reading = find_index(get(sample_at(pos), "gpus"), (int)index);
+            nvmlReturn_t rerr = reading ? recorded_error(reading) : NVML_SUCCESS;
+            if (rerr == NVML_ERROR_GPU_IS_LOST)
+                ret = rerr;
+            else
+                *device = &g_gpu_handles[index];
+        }
     }
     unlock();
     return ret;
@@ -1318,6 +1326,27 @@ DECLDIR nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     return ret;
 }
 
+/* What a GPU can report: the device's "supported_event_types" in the trace, else what an H100
+ * reports (single- and double-bit ECC, P-state, Xid, clock changes). */
+static unsigned long long supported_events(const cJSON *facts)
+{
+    const cJSON *v = get(facts, "supported_event_types");
+    if (cJSON_IsNumber(v))
+        return (unsigned long long)v->valuedouble;
+    return nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |
+           nvmlEventTypeXidCriticalError | 0x0000000000000010LL /* nvmlEventTypeClock */;
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                      unsigned long long *eventTypes)
+{
+    DEVICE_CALL(device, c)
+    NEED(eventTypes)
+    GPU_ONLY(c)
+    *eventTypes = supported_events(c.facts);
+    DEVICE_END
+}
+
 DECLDIR nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
                                               nvmlEventSet_t set)
 {
@@ -1329,6 +1358,10 @@ DECLDIR nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long
         goto out;
     }
     if (c.is_mig) { /* nvml.h: no per-instance event reporting with MIG device handles */
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    if (eventTypes & ~supported_events(c.facts)) { /* real NVML registers nothing then */
         ret = NVML_ERROR_NOT_SUPPORTED;
         goto out;
     }
