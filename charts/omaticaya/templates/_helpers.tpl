@@ -72,3 +72,55 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- join "," $xids }}
 {{- end }}
+
+{{/*
+The cluster's version as vMAJOR.MINOR.PATCH: a vendor suffix ("+k3s1", "-eks-a737599",
+"-gke.1014001") is dropped and a missing patch (`helm template --kube-version 1.30`) is ".0".
+*/}}
+{{- define "omaticaya.kubeVersion" -}}
+{{- $v := regexFind "^v?[0-9]+\\.[0-9]+(\\.[0-9]+)?" .Capabilities.KubeVersion.Version | trimPrefix "v" }}
+{{- if not $v }}
+{{- fail (printf "cannot read a Kubernetes version from %q" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- if eq (len (splitList "." $v)) 2 }}{{ $v = printf "%s.0" $v }}{{ end }}
+{{- printf "v%s" $v }}
+{{- end }}
+
+{{/*
+KubeSchedulerConfiguration API versions and the kube-scheduler releases that serve them
+(k8s.io/kube-scheduler config/<version>/types.go at tags v0.19.0 ... v0.36.0):
+  v1beta1 1.19-1.22 (removed in 1.23), v1beta2 1.22-1.27 (removed in 1.28),
+  v1beta3 1.23-1.28 (removed in 1.29), v1 1.25 and later.
+*/}}
+{{- define "omaticaya.schedulerConfigRanges" -}}
+kubescheduler.config.k8s.io/v1beta1: ">=1.19.0-0 <1.23.0-0"
+kubescheduler.config.k8s.io/v1beta2: ">=1.22.0-0 <1.28.0-0"
+kubescheduler.config.k8s.io/v1beta3: ">=1.23.0-0 <1.29.0-0"
+kubescheduler.config.k8s.io/v1: ">=1.25.0-0"
+{{- end }}
+
+{{/*
+The scheduler's KubeSchedulerConfiguration apiVersion: scheduler.configApiVersion, or the newest
+one the cluster's kube-scheduler reads (v1 from 1.25, v1beta3 on 1.23-1.24, v1beta1 before).
+An explicit one the cluster's version does not serve fails the render.
+*/}}
+{{- define "omaticaya.schedulerConfigApiVersion" -}}
+{{- $kv := include "omaticaya.kubeVersion" . }}
+{{- $ranges := include "omaticaya.schedulerConfigRanges" . | fromYaml }}
+{{- $api := .Values.scheduler.configApiVersion }}
+{{- if not $api }}
+{{- if semverCompare ">=1.25.0-0" $kv }}{{ $api = "kubescheduler.config.k8s.io/v1" }}
+{{- else if semverCompare ">=1.23.0-0" $kv }}{{ $api = "kubescheduler.config.k8s.io/v1beta3" }}
+{{- else }}{{ $api = "kubescheduler.config.k8s.io/v1beta1" }}
+{{- end }}
+{{- end }}
+{{- if not (semverCompare (get $ranges $api) $kv) }}
+{{- fail (printf "scheduler.configApiVersion %s is not read by kube-scheduler %s (it is for Kubernetes %s); leave it empty to pick the right one" $api $kv (get $ranges $api)) }}
+{{- end }}
+{{- $api }}
+{{- end }}
+
+{{/* The kube-scheduler image tag: scheduler.image.tag, or the cluster's own version. */}}
+{{- define "omaticaya.schedulerImageTag" -}}
+{{- .Values.scheduler.image.tag | default (include "omaticaya.kubeVersion" .) }}
+{{- end }}
