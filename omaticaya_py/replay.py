@@ -44,6 +44,10 @@ __all__ = ["FORMAT_VERSIONS", "TraceError", "Trace", "TraceReader", "load_trace"
 MIB = 1024 * 1024
 #: Trace format versions this reader replays (``format_version``; absent means 1).
 FORMAT_VERSIONS = (1, 2)
+#: Largest trace file read (an hour of 8 GPUs at 0.25 s is ~200 MiB).
+MAX_TRACE_BYTES = 512 * MIB
+#: Most GPUs in one sample (NVML's device indices on the largest nodes are far below this).
+MAX_GPUS = 1024
 
 
 class TraceError(ValueError):
@@ -91,8 +95,16 @@ class MigSample(_Model):
     compute_processes: list[Process] | NvmlErr | None = None
 
 
+def _unique(items: list[Any], what: str) -> None:
+    seen: set[int] = set()
+    for i, item in enumerate(items):
+        if item.index in seen:
+            raise ValueError(f"{what}[{i}]: index {item.index} appears twice")
+        seen.add(item.index)
+
+
 class GpuSample(_Model):
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, lt=MAX_GPUS)
     nvml_error: str | None = None
     message: str = ""
     memory_bytes: MemoryBytes | NvmlErr | None = None
@@ -104,7 +116,12 @@ class GpuSample(_Model):
     ecc_corrected_volatile: int | NvmlErr | None = None
     remapped_rows: RemappedRows | NvmlErr | None = None
     compute_processes: list[Process] | NvmlErr | None = None
-    mig_devices: list[MigSample] = Field(default_factory=list)
+    mig_devices: list[MigSample] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _unique_mig(self) -> GpuSample:
+        _unique(self.mig_devices, "mig_devices")
+        return self
 
 
 class XidRecord(_Model):
@@ -114,7 +131,7 @@ class XidRecord(_Model):
 
 class Sample(_Model):
     t: float
-    gpus: list[GpuSample] | None = None
+    gpus: list[GpuSample] | None = Field(default=None, max_length=MAX_GPUS)
     nvml_error: str | None = None
     message: str = ""
     xid_events: list[XidRecord] = Field(default_factory=list)
@@ -123,6 +140,7 @@ class Sample(_Model):
     def _gpus_or_error(self) -> Sample:
         if self.gpus is None and self.nvml_error is None:
             raise ValueError("a sample needs 'gpus' or 'nvml_error'")
+        _unique(self.gpus or [], "gpus")
         return self
 
 
@@ -153,7 +171,7 @@ class Device(_Model):
 
 
 class Trace(_Model):
-    """A whole trace document (format in ``tests/data/README.md`` / the project docs)."""
+    """A whole trace document (format: ``docs/trace-format.md``)."""
 
     format_version: int = 1
     samples: list[Sample] = Field(min_length=1)
@@ -194,6 +212,12 @@ def load_trace(path: Path | str) -> Trace:
     """Read and validate a trace file. Raises ``TraceError`` (file and place named)."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(
+                f"{path}: {size // MIB} MiB is larger than a trace can be "
+                f"({MAX_TRACE_BYTES // MIB} MiB): record a shorter one"
+            )
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from None

@@ -542,6 +542,16 @@ BAD_TRACES = [
     ("not-json", '{"samples": [', "not JSON: line 1"),
     ("not-an-object", "[1, 2, 3]", "(top level): expected a JSON object"),
     ("missing-file", None, "cannot read trace: No such file or directory"),
+    # the bad-input campaign (docs/bad-input.md)
+    ("truncated", json.dumps(H100_DOC)[:5000], "not JSON: line"),
+    ("nan-memory", _mutate(_set(["samples", 2, "gpus", 0, "temperature_c"], float("nan"))), "samples[2].gpus[0].temperature_c: Input should be a finite number"),
+    ("infinite-t", _mutate(_set(["samples", 2, "t"], float("inf"))), "samples[2].t: Input should be a finite number"),
+    ("negative-memory", _mutate(_set(["samples", 4, "gpus", 0, "memory_bytes", "free"], -1)), "samples[4].gpus[0].memory_bytes.free: Input should be greater than or equal to 0"),
+    ("memory-a-string", _mutate(_set(["samples", 4, "gpus", 0, "memory_bytes", "free"], "lots")), "samples[4].gpus[0].memory_bytes.free: Input should be a valid integer"),
+    ("duplicate-gpu", _mutate(lambda d: d["samples"][1]["gpus"].append(copy.deepcopy(d["samples"][1]["gpus"][0]))), "samples[1]: gpus[1]: index 0 appears twice"),
+    ("10000-gpus", _mutate(lambda d: d["samples"][0].update(gpus=[{"index": i, "nvml_error": "NVMLError_GpuIsLost"} for i in range(10_000)])), "samples[0].gpus: List should have at most 1024 items"),
+    ("gpu-index-huge", _mutate(_set(["samples", 0, "gpus", 0, "index"], 10**12)), "samples[0].gpus[0].index: Input should be less than 1024"),
+    ("format-version-3", _mutate(_set(["format_version"], 3)), "format_version: 3 is not a version this reader replays (1, 2); upgrade omaticaya"),
 ]
 
 
@@ -617,3 +627,14 @@ def test_cli_show_good_traces(tmp_path) -> None:
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         assert out["labels"]["omaticaya.io/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_a_huge_trace_file_is_refused_before_it_is_read(tmp_path) -> None:
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:  # sparse: no disk used, but stat() says 600 MiB
+        f.truncate(600 * 1024 * 1024)
+    with pytest.raises(TraceError) as info:
+        TraceReader(path)
+    assert str(info.value) == (
+        f"{path}: 600 MiB is larger than a trace can be (512 MiB): record a shorter one"
+    )
