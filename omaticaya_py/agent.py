@@ -32,7 +32,11 @@ from .patch import MergePatch, NodeMeta, apply_patch, diff, diff_section, remova
 from .settings import Settings
 from .snapshot import NodeSnapshot, Reader
 
-__all__ = ["Agent", "SnapshotCache", "TickResult"]
+__all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
+
+
+class AgentStopping(RuntimeError):
+    """``tick()`` was called after ``stop()``: nothing is read or written any more."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class Agent:
         self._reported_healthy: dict[int, bool] = {}  # GPU index -> health last put in an Event
         self._tick_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._signals_installed = False
         self._scheduler: Any = None
         #: called once per tick with the reading and its health, as soon as they are cached and
         #: before any API request (the device plugin listens here; an outage must not delay it)
@@ -210,9 +215,12 @@ class Agent:
         """One pass: read -> cache -> assess -> render -> diff -> patch.
 
         Returns what was done. Raises ``KubeError`` when the API server cannot be reached or
-        refuses (after the edge's retries); the reading is cached before that.
+        refuses (after the edge's retries); the reading is cached before that. Raises
+        ``AgentStopping`` after ``stop()``: a tick must never put back what the cleanup removed.
         """
         with self._tick_lock:
+            if self._stopping.is_set():
+                raise AgentStopping("the agent is stopping: no more ticks")
             started = time.perf_counter()
             now_s = self.clock()
             snapshot, health, desired = self.evaluate(with_telemetry=False)
@@ -307,10 +315,13 @@ class Agent:
         """``tick()`` for the scheduler: every failure is logged (once per outage) and counted,
         never raised, so the schedule goes on."""
         if self._stopping.is_set():
+            self.stop()  # a signal that came before the scheduler ran: stop it now
             return
         started = self.clock()
         try:
             self.tick()
+        except AgentStopping:
+            return
         except KubeError:
             pass  # logged once per outage in _api_failed
         except Exception:  # noqa: BLE001 - the daemon must survive any bug in one tick
@@ -361,13 +372,7 @@ class Agent:
             next_run_time=datetime.now(timezone.utc),
         )
         self._scheduler = scheduler
-
-        def stop(signum: int, _frame: Any) -> None:
-            logger.info("{} received: finishing the tick in flight", signal.Signals(signum).name)
-            self.stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        self.install_signal_handlers()
         logger.info(
             "agent started: node={} schedule={!r} (~{:.3g}s) reader={} prefix={}",
             self.settings.node_name,
@@ -376,14 +381,40 @@ class Agent:
             type(self.reader).__name__,
             self.settings.prefix,
         )
-        scheduler.start()
-        with self._tick_lock:  # wait for a tick in flight
-            pass
-        self._on_exit()
+        if not self._stopping.is_set():  # a signal before this point: straight to the exit
+            scheduler.start()  # returns once stop() shut it down
+        self.shutdown()
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGTERM and SIGINT call ``stop()`` (main thread only). ``omaticaya run`` calls
+        this before it starts any server, so that no signal finds the default action (which
+        would kill the process with every label in place); ``run()`` calls it too."""
+        if self._signals_installed:
+            return
+
+        def stop(signum: int, _frame: Any) -> None:
+            logger.info("{} received: finishing the tick in flight", signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self._signals_installed = True
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop()`` was called."""
+        return self._stopping.is_set()
 
     def stop(self) -> None:
-        """Ask ``run()`` to return after the tick in flight; safe from a signal handler."""
-        self._stopping.set()
+        """Ask ``run()`` to return after the tick in flight; safe from a signal handler.
+
+        Starts the shutdown deadline (``settings.shutdown_timeout_s`` from now): from here on
+        the Kubernetes edge retries nothing and cuts each request to the time left, so that
+        the tick in flight and the cleanup end before the kubelet's SIGKILL."""
+        if not self._stopping.is_set():
+            self._stopping.set()
+            if self.node is not None:
+                self.node.begin_shutdown(time.monotonic() + self.settings.shutdown_timeout_s)
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
 
@@ -392,7 +423,19 @@ class Agent:
         """True while the scheduler runs (the ``/healthz`` probe)."""
         return bool(self._scheduler is not None and self._scheduler.running)
 
-    def _on_exit(self) -> None:
+    def shutdown(self) -> None:
+        """After ``stop()``: wait for the tick in flight, remove the dynamic labels (unless
+        ``cleanup_on_exit`` is off or ``dry_run``), close the reader and the API client. The
+        tick lock is held throughout, so no tick can run during or after the cleanup."""
+        self.stop()
+        with self._tick_lock:
+            self._cleanup_on_exit()
+        self.reader.close()
+        if self.node is not None:
+            self.node.close()
+        logger.info("agent stopped")
+
+    def _cleanup_on_exit(self) -> None:
         if self.settings.cleanup_on_exit and not self.dry_run:
             try:
                 patch = self.cleanup(keep_static=True)
@@ -400,10 +443,6 @@ class Agent:
                 logger.info("removed {} dynamic labels from Node {}", removed, self.node_name)
             except KubeError as exc:
                 logger.error("could not remove dynamic labels on exit: {}", exc)
-        self.reader.close()
-        if self.node is not None:
-            self.node.close()
-        logger.info("agent stopped")
 
     @property
     def node_name(self) -> str:

@@ -332,6 +332,7 @@ def _run(args: argparse.Namespace, settings: Settings, *, label_node: bool = Tru
         agent = Agent(settings, reader, _node(settings, args))
     else:
         agent = Agent(settings, reader, None, dry_run=True)
+    agent.install_signal_handlers()  # before any server starts: a SIGTERM must find them
     server = None
     if settings.metrics_port:
         from .metrics import serve
@@ -348,7 +349,7 @@ def _run(args: argparse.Namespace, settings: Settings, *, label_node: bool = Tru
                 "--metrics-port / OMATICAYA_METRICS_PORT (0: off) or OMATICAYA_METRICS_ADDRESS"
             ) from None
     plugin = None
-    if settings.device_plugin:
+    if settings.device_plugin and not agent.stopping:
         from .device_plugin import DevicePluginSet
 
         plugin = DevicePluginSet.from_settings(agent, settings)

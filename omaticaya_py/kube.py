@@ -172,9 +172,12 @@ class NodeClient:
         self._ca_file = ca_file
         self._token_stamp: tuple[int, int] | None = None
         self.requests: Counter[tuple[str, str]] = Counter()
+        #: set by ``begin_shutdown``: no more retries, requests bounded by the deadline
+        self.stopping = threading.Event()
+        self._deadline_s: float | None = None
         self._retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(_transient),
-            stop=tenacity.stop_after_attempt(attempts),
+            stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_when_event_set(self.stopping),
             wait=_Wait(backoff_s, backoff_max_s),
             sleep=sleep,
             reraise=True,
@@ -228,6 +231,26 @@ class NodeClient:
     def server(self) -> str:
         """The API server URL in use."""
         return str(self._api.configuration.host)
+
+    def begin_shutdown(self, deadline_s: float) -> None:
+        """From now on, each call makes one attempt (no retries: tenacity stops when
+        ``stopping`` is set), and a request's timeout is cut to what is left until
+        ``deadline_s`` (``time.monotonic()`` seconds); past it, a call raises
+        ``KubeUnavailable`` without a request. Safe to call from a signal handler."""
+        self._deadline_s = deadline_s
+        self.stopping.set()
+
+    def _timeout(self, timeout: Any) -> Any:
+        """The request timeout: ``timeout`` or ``timeout_s``, cut to the shutdown deadline."""
+        timeout = timeout or self.timeout_s
+        if self._deadline_s is None:
+            return timeout
+        left = self._deadline_s - time.monotonic()
+        if left <= 0:
+            raise KubeUnavailable("shutdown deadline passed: request not sent")
+        if isinstance(timeout, tuple):
+            return tuple(min(t, left) for t in timeout)
+        return min(timeout, left)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -293,7 +316,7 @@ class NodeClient:
             body=body,
             auth_settings=["BearerToken"],
         )
-        answer = api.call_api(*params, _request_timeout=timeout or self.timeout_s)
+        answer = api.call_api(*params, _request_timeout=self._timeout(timeout))
         raw = answer.response
         if not 200 <= answer.status < 300:
             text = raw.data.decode("utf-8", "replace")

@@ -241,6 +241,13 @@ class Settings(BaseSettings):
         default=False, description="Exit when NVML cannot start, instead of reporting Unknown."
     )
     kube_timeout_s: float = Field(default=10, gt=0, description="Timeout of one API request.")
+    shutdown_timeout_s: float = Field(
+        default=20,
+        gt=0,
+        description="On SIGTERM, finish the tick in flight and remove the dynamic labels within "
+        "this many seconds, without retries; keep it below the pod's "
+        "terminationGracePeriodSeconds (30), after which the kubelet kills the agent.",
+    )
 
     @field_validator("schedule", mode="before")
     @classmethod

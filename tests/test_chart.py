@@ -30,6 +30,7 @@ NOT_IN_CHART = {
     "trace": "replays a recorded trace instead of NVML: a development tool, not for a DaemonSet",
     "node_name": "always NODE_NAME from the downward API (spec.nodeName)",
     "metrics_address": "the pod has its own IP; 0.0.0.0 is the only useful bind address",
+    "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
 }
 #: Kinds that are not in the core Kubernetes schemas, and why they are not validated.
 NOT_CORE = {
