@@ -211,6 +211,7 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
         self._logged: dict[str, bool] = {}
         self.registrations = 0
         self.serves = 0
+        self.refusals = 0  # Allocate / PreStartContainer calls refused (unknown or unhealthy)
 
     @classmethod
     def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePlugin:
@@ -336,12 +337,11 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
         states = {s.id: s for s in self.devices()}
         responses = []
         for req in request.container_requests:
-            ids = list(req.devicesIDs)
+            ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
             self._refuse(ids, states, context, "allocate")
             logger.info("device plugin: allocate {}", ids)
-            responses.append(
-                api_pb2.ContainerAllocateResponse(envs={VISIBLE_DEVICES_ENV: ",".join(ids)})
-            )
+            envs = {VISIBLE_DEVICES_ENV: ",".join(ids)} if ids else {}
+            responses.append(api_pb2.ContainerAllocateResponse(envs=envs))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
@@ -354,11 +354,16 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
     ) -> None:
         unknown = [d for d in ids if d not in states]
         if unknown:
-            logger.warning("device plugin: refused to {} unknown devices {}", what, unknown)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices: {unknown}")
+            # name a few: a request of 10,000 made-up IDs gets a short answer and a short log
+            shown = ", ".join(d[:64] for d in unknown[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            self.refusals += 1
+            logger.warning("device plugin: refused to {} unknown devices {}{}", what, shown, more)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices: {shown}{more}")
         bad = [states[d] for d in ids if not states[d].healthy]
         if bad:
             detail = "; ".join(f"GPU {s.index} {s.id}: {','.join(s.reasons)}" for s in bad)
+            self.refusals += 1
             logger.warning("device plugin: refused to {} unhealthy GPUs: {}", what, detail)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unhealthy: {detail}")
 
