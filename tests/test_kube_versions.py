@@ -397,3 +397,66 @@ def test_installed_kubernetes_client_talks_to_the_real_1_20_server(dev_cluster):
 
 def test_models_cover_every_version_the_chart_can_render():
     assert set(MODELS) == set(SERVED)
+
+
+def _v1beta1_example() -> dict:
+    return yaml.safe_load((EXAMPLES / "scheduler" / "scheduler-config-v1beta1.yaml").read_text())
+
+
+def _chart_at_1_20(helm) -> dict:  # noqa: F811
+    return scheduler_config(docs_at(helm, "1.20.2", {"scheduler": {"enabled": True}}))
+
+
+def _misspelt(config: dict) -> dict:
+    config["extenders"][0]["ignorabel"] = config["extenders"][0].pop("ignorable")
+    return config
+
+
+#: (config builder, expected error or None): decoded by the real kube-scheduler v1.20.2
+SCHEDULER_1_20_CASES = {
+    "chart-at-1.20": (_chart_at_1_20, None),
+    "example-v1beta1": (lambda h: _v1beta1_example(), None),
+    "chart-at-1.36-is-refused": (
+        lambda h: scheduler_config(docs_at(h, "1.36.0", {"scheduler": {"enabled": True}})),
+        'no kind "KubeSchedulerConfiguration" is registered for version '
+        '"kubescheduler.config.k8s.io/v1"',
+    ),
+    "misspelt-field-is-refused": (
+        lambda h: _misspelt(_chart_at_1_20(h)),
+        "found unknown field: ignorabel",
+    ),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", list(SCHEDULER_1_20_CASES))
+def test_real_kube_scheduler_1_20_reads_the_config(helm, dev_cluster, tmp_path, case):  # noqa: F811
+    """kube-scheduler v1.20.2 decodes the configuration strictly and writes the defaulted
+    result (``--write-config-to``, then exits): no API server contact, no waiting."""
+    from tests.devcluster import scheduler_binary
+
+    binary = scheduler_binary()
+    if not binary.exists():
+        pytest.skip("kube-scheduler not built: scripts/dev-cluster build --scheduler")
+    build, error = SCHEDULER_1_20_CASES[case]
+    config = build(helm)
+    config["clientConnection"] = {"kubeconfig": str(dev_cluster.kubeconfig)}
+    path, out = tmp_path / "config.yaml", tmp_path / "written.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [str(binary), "--config", str(path), "--write-config-to", str(out)]
+        + ["--port", "0", "--secure-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if error is None:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        written = yaml.safe_load(out.read_text())
+        assert written["apiVersion"] == GROUP + "v1beta1"
+        assert [p["schedulerName"] for p in written["profiles"]] == ["omaticaya-scheduler"]
+        (ext,) = written["extenders"]
+        assert ext["nodeCacheCapable"] is True and ext["filterVerb"] == "filter"
+    else:
+        assert proc.returncode != 0 and error in proc.stderr, proc.stderr[-2000:]
