@@ -48,12 +48,13 @@ from .snapshot import (
     mig_profile_name,
 )
 
-__all__ = ["NvmlReader", "nvml_available"]
+__all__ = ["LIBRARY_GONE", "NvmlReader", "decode", "nvml_available"]
 
 T = TypeVar("T")
 MIB = 1024 * 1024
 _LOST = (pynvml.NVMLError_GpuIsLost,)
-_LIBRARY_GONE = (
+#: NVML errors that mean the library itself is unusable (re-initialise; nothing per GPU)
+LIBRARY_GONE = _LIBRARY_GONE = (
     pynvml.NVMLError_Uninitialized,
     pynvml.NVMLError_DriverNotLoaded,
     pynvml.NVMLError_LibraryNotFound,
@@ -75,8 +76,12 @@ def _name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _text(value: Any) -> Any:
+def decode(value: Any) -> Any:
+    """NVML strings as ``str`` (older pynvml returns ``bytes``); anything else unchanged."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+_text = decode
 
 
 class _Device:

@@ -26,23 +26,16 @@ from typing import Any
 
 import pynvml
 
+from .nvml import LIBRARY_GONE as _LIBRARY_GONE
+from .nvml import decode as _text
+
 __all__ = ["RecordError", "Recorder", "record"]
 
-_LIBRARY_GONE = (
-    pynvml.NVMLError_Uninitialized,
-    pynvml.NVMLError_DriverNotLoaded,
-    pynvml.NVMLError_LibraryNotFound,
-    pynvml.NVMLError_LibRmVersionMismatch,
-)
 _XID_TYPES = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
 
 
 class RecordError(RuntimeError):
     """NVML never produced a reading: ``str()`` is one line naming the NVML error."""
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _error(exc: BaseException) -> dict[str, str]:
