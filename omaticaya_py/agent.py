@@ -117,6 +117,10 @@ class Agent:
         self._forbidden = 0  # consecutive 401/403 answers
         self._api_paused_until_s = float("-inf")
         self.period_s = settings.schedule.period_s()
+        #: the longest the telemetry annotation goes unrewritten while the agent runs: it is
+        #: rewritten on the first tick after the heartbeat is due (published as ``refresh_s``
+        #: and ``expires_at``, so that readers judge staleness by the publisher's own pace)
+        self.refresh_s = settings.heartbeat_s + self.period_s + settings.jitter_s
         self._slow_warned_s = float("-inf")
         self._nvml_failing = False
         self._dropped_seen: set[tuple[str, str]] = set()
@@ -181,7 +185,9 @@ class Agent:
             or key not in current.annotations
             or diff_section(desired.labels, current.labels, prefix)
         ):
-            annotations, bad = telemetry_annotation(snapshot, health, prefix)
+            annotations, bad = telemetry_annotation(
+                snapshot, health, prefix, refresh_s=self.refresh_s
+            )
             for k, v in bad:
                 logger.warning("dropped invalid annotation {}={!r}", k, v)
         else:

@@ -13,9 +13,11 @@ optionally ``<prefix>/gpu-count`` (GPUs, default 1). A pod without it passes thr
 
 Filter, per node, from the agent's labels and its ``<prefix>/telemetry`` annotation:
 
-- no Omaticaya data on the node (or the node is unknown to the cache), or telemetry older than
-  ``ttl_s + grace_s`` (``read_at`` is refreshed at least every agent heartbeat): the node's GPU
-  state is unknown; it fails, unless ``fail_open`` (then it passes, with score 0);
+- no Omaticaya data on the node (or the node is unknown to the cache), or stale telemetry: past
+  its ``expires_at`` (the agent's promise: heartbeat + schedule period + jitter after
+  ``read_at``) plus ``grace_s``, or, from an agent that does not publish ``expires_at``, older
+  than ``ttl_s + grace_s``: the node's GPU state is unknown; it fails, unless ``fail_open``
+  (then it passes, with score 0);
 - ``gpu.health`` Unhealthy or Unknown: fails;
 - fewer than ``gpu-count`` healthy GPUs with ``gpu-memory-mib`` free: fails.
 
@@ -41,7 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from loguru import logger as log
@@ -107,7 +109,8 @@ class ExtenderSettings(BaseSettings):
     ttl_s: float = Field(
         default=300,
         gt=0,
-        description="Telemetry older than this (plus grace_s) is stale: the agent's heartbeat.",
+        description="Telemetry older than this (plus grace_s) is stale, for agents that do not "
+        "publish expires_at (newer ones do: their heartbeat + schedule period + jitter).",
     )
     grace_s: float = Field(
         default=60, ge=0, description="Allowance on top of ttl_s (agent schedule, clock skew)."
@@ -168,12 +171,15 @@ class NodeGpuState:
 
     ``known`` is False when the node carries no Omaticaya data at all; ``health`` is the
     ``gpu.health`` label (or the telemetry's); ``read_at`` is epoch seconds (``None``: no
-    telemetry annotation); ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs."""
+    telemetry annotation); ``expires_at`` is epoch seconds, the agent's own promise of its next
+    rewrite (``None``: an agent that does not publish it, or a value not to be trusted);
+    ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs."""
 
     name: str
     known: bool = False
     health: str | None = None
     read_at: float | None = None
+    expires_at: float | None = None
     gpus: tuple[GpuInfo, ...] = ()
     free_total_mib: int = 0
     problem: str | None = None
@@ -215,6 +221,10 @@ def _read_at(text: Any) -> float | None:
         return None
     return stamp.timestamp()
 
+
+#: the longest ``expires_at - read_at`` trusted (a weekly schedule plus a day of heartbeat):
+#: beyond it the value did not come from a working agent, and the extender's TTL applies
+MAX_REFRESH_S = 8 * 24 * 3600.0
 
 #: the most a Node's annotations can hold in total (the API server's limit): a larger telemetry
 #: value did not come from the API server and is not parsed
@@ -271,6 +281,9 @@ def parse_node(
     read_at = _read_at(doc.get("read_at")) if doc else None
     if doc is not None and read_at is None:
         problem = "telemetry annotation without a valid read_at"
+    expires_at = _read_at(doc.get("expires_at")) if doc and read_at is not None else None
+    if expires_at is not None and not 0 <= expires_at - read_at <= MAX_REFRESH_S:  # type: ignore[operator]
+        expires_at = None
 
     gpus: list[GpuInfo] = []
     if doc is not None and isinstance(doc.get("gpus"), list):
@@ -316,6 +329,7 @@ def parse_node(
         known=True,
         health=health,
         read_at=read_at,
+        expires_at=expires_at,
         gpus=tuple(gpus),
         free_total_mib=free_total,
         problem=problem,
@@ -407,7 +421,17 @@ def judge(
     if state.read_at is None or state.problem:
         why = state.problem or "no telemetry annotation"
         return unknown or Verdict(False, f"node(s) had unusable GPU telemetry ({why})")
-    if now - state.read_at > ttl_s + grace_s:
+    if state.expires_at is not None:
+        if now > state.expires_at + grace_s:
+            stamp = datetime.fromtimestamp(state.expires_at, timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"
+            )
+            return unknown or Verdict(
+                False,
+                f"node(s) had stale GPU telemetry ({prefix}/telemetry expired at {stamp}, "
+                f"grace {grace_s:g}s: agent not reporting)",
+            )
+    elif now - state.read_at > ttl_s + grace_s:
         return unknown or Verdict(
             False,
             f"node(s) had stale GPU telemetry ({prefix}/telemetry read_at older than "

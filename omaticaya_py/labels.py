@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timezone
+from datetime import timedelta, timezone
 
 from . import __version__
 from .health import NodeHealth, Unit
@@ -254,7 +254,7 @@ def _mig_labels(
     return out
 
 
-def telemetry(snapshot: NodeSnapshot, health: NodeHealth) -> str:
+def telemetry(snapshot: NodeSnapshot, health: NodeHealth, refresh_s: float | None = None) -> str:
     """The telemetry annotation: the snapshot as compact JSON, keys sorted.
 
     Shape: ``{"agent", "read_at" (RFC 3339), "source", "health", "driver", "cuda",
@@ -326,6 +326,10 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth) -> str:
     }
     if snapshot.error is not None:
         doc["error"] = snapshot.error
+    if refresh_s is not None:  # the publisher's promise: rewritten within refresh_s of read_at
+        doc["refresh_s"] = refresh_s
+        doc["expires_at"] = (snapshot.read_at + timedelta(seconds=refresh_s)).astimezone(
+            timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")  # fmt: skip
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
@@ -370,12 +374,12 @@ def render(
 
 
 def telemetry_annotation(
-    snapshot: NodeSnapshot, health: NodeHealth, prefix: str
+    snapshot: NodeSnapshot, health: NodeHealth, prefix: str, refresh_s: float | None = None
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
     invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
-    value = telemetry(snapshot, health)
+    value = telemetry(snapshot, health, refresh_s)
     if _memo_valid(_KEY_OK, is_valid_key, key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
     return {}, [(key, value[:80])]
