@@ -1,0 +1,408 @@
+"""The chart's ValidatingAdmissionPolicy against admission requests built from a real server.
+
+Kubernetes enforces the policy from 1.30 (``admissionregistration.k8s.io/v1``); our dev cluster
+runs 1.20.2, which has no ValidatingAdmissionPolicy, and its audit log is at ``Metadata`` level
+(no request or response bodies). So ``tests/data/admission/node-patches-v1.20.2.json`` was made
+like this, by ``capture()`` below (``OMATICAYA_WRITE_ADMISSION_DATA=1`` rewrites it):
+
+- the agent's own ``NodeClient`` (omaticaya_py.kube) sends each PATCH to the real 1.20.2 API
+  server with a TokenRequest token of the chart's ServiceAccount, bound to a Pod on the node, and
+  the chart's RBAC;
+- ``oldObject`` and ``object`` are the Node read back by the admin just before and just after
+  the PATCH (what the server stored; an admission plugin sees ``object`` before it is stored, so
+  ``resourceVersion`` and ``managedFields`` differ from what it would see);
+- ``userInfo``, the verb, the request URI, the audit ID (used as ``uid``) and the user agent come
+  from that PATCH's ``ResponseComplete`` event in the server's audit log;
+- the rest of the ``admission.k8s.io/v1`` AdmissionRequest is fixed by the API for a PATCH of a
+  Node: ``operation: UPDATE``, ``options`` a ``PatchOptions``, kind/resource ``v1 Node/nodes``.
+
+A 1.20 token carries no ``authentication.kubernetes.io/node-name`` claim (1.30 and later put it in
+pod-bound tokens), so each captured request is also evaluated with that claim added for the node
+the token's Pod runs on, as a 1.30+ server would send it. ``test_captured_requests_are_what_the_
+server_does`` re-runs the capture on the real server and compares it with the stored file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_chart import NAMESPACE, RELEASE, _Vap, helm  # noqa: F401
+from tests.test_kube_versions import docs_at
+
+DATA = Path(__file__).parent / "data" / "admission" / "node-patches-v1.20.2.json"
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+CLAIM = "authentication.kubernetes.io/node-name"
+NODE, OTHER_NODE = "omaticaya-admission-gpu-1", "omaticaya-admission-gpu-2"
+P = "omaticaya.io/"
+
+#: id -> (node the agent patches, the merge patch it sends)
+PATCHES: dict[str, tuple[str, dict]] = {
+    "own-labels-added": (
+        NODE,
+        {
+            "metadata": {
+                "labels": {P + "gpu.count": "1", P + "gpu.memory.free-mib": "80896"},
+                "annotations": {P + "telemetry": '{"read_at":"2026-01-01T00:00:00Z"}'},
+            }
+        },
+    ),
+    "own-label-changed": (NODE, {"metadata": {"labels": {P + "gpu.memory.free-mib": "49152"}}}),
+    "own-label-removed": (NODE, {"metadata": {"labels": {P + "gpu.memory.free-mib": None}}}),
+    "foreign-label-changed": (NODE, {"metadata": {"labels": {"example.com/keep": "no"}}}),
+    "foreign-annotation-added": (NODE, {"metadata": {"annotations": {"example.com/a": "b"}}}),
+    "spec-changed": (NODE, {"spec": {"unschedulable": True}}),
+    "other-node": (OTHER_NODE, {"metadata": {"labels": {P + "gpu.count": "1"}}}),
+}
+#: id -> word of the denial, or None (allowed), for a 1.30+ token bound to a Pod on NODE
+WITH_CLAIM = {
+    "own-labels-added": None,
+    "own-label-changed": None,
+    "own-label-removed": None,
+    "foreign-label-changed": "labels",
+    "foreign-annotation-added": "annotations",
+    "spec-changed": "spec",
+    "other-node": f"may not change node {OTHER_NODE}",
+}
+#: the same with requireNodeClaim=false and no claim (the 1.20 token as captured)
+NO_CLAIM_NOT_REQUIRED = WITH_CLAIM | {"other-node": None}
+
+
+# ------------------------------------------------------------------------------- capture ----
+
+
+def _admin(dev_cluster):
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(dev_cluster.kubeconfig))
+
+
+def _raw_node(api_client, name: str) -> dict:
+    """The Node as the server sends it (JSON, not through the client's typed models)."""
+    from kubernetes import client
+
+    response = client.CoreV1Api(api_client).read_node(name, _preload_content=False)
+    return json.loads(response.data)
+
+
+def _create(fn) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        fn()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def _audit_event(dev_cluster, name: str, seen: set[str]) -> dict:
+    """The newest ResponseComplete audit event of the agent's PATCH of Node ``name``."""
+    for line in reversed(dev_cluster.audit_lines()):
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (
+            event.get("stage") == "ResponseComplete"
+            and event.get("verb") == "patch"
+            and ref.get("resource") == "nodes"
+            and ref.get("name") == name
+            and event["user"]["username"] == AGENT_USER
+            and event["auditID"] not in seen
+        ):
+            seen.add(event["auditID"])
+            return event
+    raise AssertionError(f"no audit event for the agent's PATCH of node {name}")
+
+
+def capture(dev_cluster, helm, tmp: Path) -> dict:  # noqa: F811
+    """Run the agent's PATCHes against the real server; return the stored file's content."""
+    from kubernetes import client
+
+    from omaticaya_py.kube import NodeClient
+
+    rbac = [
+        d
+        for d in docs_at(helm, "1.20.2")
+        if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    ]
+    admin_client = _admin(dev_cluster)
+    admin = client.CoreV1Api(admin_client)
+    rbac_api = client.RbacAuthorizationV1Api(admin_client)
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    _create(lambda: admin.create_namespace(ns))
+    for doc in rbac:
+        kind = doc["kind"]
+        if kind == "ServiceAccount":
+            _create(lambda doc=doc: admin.create_namespaced_service_account(NAMESPACE, doc))
+        elif kind == "ClusterRole":
+            _create(lambda doc=doc: rbac_api.create_cluster_role(doc))
+        else:
+            _create(lambda doc=doc: rbac_api.create_cluster_role_binding(doc))
+    for name in (NODE, OTHER_NODE):
+        try:
+            admin.delete_node(name)
+        except client.exceptions.ApiException as exc:
+            assert exc.status == 404
+        admin.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {"example.com/keep": "yes"}},
+            }
+        )
+    pod_name = "omaticaya-admission-agent"
+    try:
+        admin.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+    except client.exceptions.ApiException as exc:
+        assert exc.status == 404
+    pod = admin.create_namespaced_pod(
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod_name},
+            "spec": {
+                "nodeName": NODE,
+                "serviceAccountName": RELEASE,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.2"}],
+            },
+        },
+    )
+    token = admin.create_namespaced_service_account_token(
+        RELEASE,
+        NAMESPACE,
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": 600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod_name,
+                    "uid": pod.metadata.uid,
+                },
+            },
+        },
+    ).status.token
+    kubeconfig = tmp / "agent-kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "dev",
+                        "cluster": {
+                            "server": dev_cluster.server,
+                            "certificate-authority": str(dev_cluster.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "agent", "user": {"token": token}}],
+                "contexts": [{"name": "agent", "context": {"cluster": "dev", "user": "agent"}}],
+                "current-context": "agent",
+            }
+        )
+    )
+    # RBAC reaches the authorizer through an informer: ask until the binding is in effect
+    auth = client.AuthorizationV1Api(admin_client)
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": AGENT_USER,
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"],
+            "resourceAttributes": {"verb": "patch", "resource": "nodes", "name": NODE},
+        },
+    }
+    for _ in range(2000):
+        if auth.create_subject_access_review(review).status.allowed:
+            break
+    else:
+        raise AssertionError("the chart's ClusterRoleBinding never took effect")
+
+    cases, seen = [], set()
+    try:
+        for case_id, (name, patch) in PATCHES.items():
+            old = _raw_node(admin_client, name)
+            agent = NodeClient(name, kubeconfig=str(kubeconfig), attempts=1, sleep=lambda s: None)
+            try:
+                agent.patch_node(patch)
+            finally:
+                agent.close()
+            new = _raw_node(admin_client, name)
+            event = _audit_event(dev_cluster, name, seen)
+            ref = {"group": "", "version": "v1"}
+            cases.append(
+                {
+                    "id": case_id,
+                    "patch": patch,
+                    "audit": {
+                        k: event.get(k)
+                        for k in ("auditID", "verb", "requestURI", "userAgent", "responseStatus")
+                    },
+                    "request": {
+                        "uid": event["auditID"],
+                        "kind": ref | {"kind": "Node"},
+                        "resource": ref | {"resource": "nodes"},
+                        "requestKind": ref | {"kind": "Node"},
+                        "requestResource": ref | {"resource": "nodes"},
+                        "name": name,
+                        "operation": "UPDATE",
+                        "userInfo": event["user"],
+                        "object": new,
+                        "oldObject": old,
+                        "dryRun": False,
+                        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "PatchOptions"},
+                    },
+                }
+            )
+    finally:
+        for name in (NODE, OTHER_NODE):
+            admin.delete_node(name)
+        admin.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+        admin_client.close()
+    return {
+        "about": (
+            "Admission requests for the Omaticaya agent's Node PATCHes, built from a real "
+            "kube-apiserver v1.20.2 (dev cluster): object/oldObject read back around each PATCH "
+            "sent by omaticaya_py.kube.NodeClient with a pod-bound ServiceAccount token; "
+            "userInfo, auditID, requestURI and userAgent from the PATCH's ResponseComplete audit "
+            "event (Metadata level). Made by tests/test_kube_versions_admission.py capture()."
+        ),
+        "server": "v1.20.2",
+        "pod": {"name": pod_name, "node": NODE},
+        "cases": cases,
+    }
+
+
+# ------------------------------------------------------------------------------ evaluate ----
+
+
+class _VapRequest(_Vap):
+    """The policy evaluated on a whole AdmissionRequest (its object, oldObject and request)."""
+
+    def evaluate(self, request: dict) -> list[str] | None:
+        data = {"object": request["object"], "oldObject": request["oldObject"], "request": request}
+        if not all(self._eval(c["expression"], data) is True for c in self.spec["matchConditions"]):
+            return None
+        out = []
+        for v in self.spec["validations"]:
+            if self._eval(v["expression"], data) is not True:
+                out.append(v.get("message") or self._eval(v["messageExpression"], data))
+        return out
+
+
+def stored() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def with_claim(request: dict, node: str) -> dict:
+    """The request as a 1.30+ server sends it for a token bound to a Pod on ``node``."""
+    out = copy.deepcopy(request)
+    out["userInfo"].setdefault("extra", {})[CLAIM] = [node]
+    return out
+
+
+def policy(helm, kube: str, **vap: Any) -> _VapRequest:  # noqa: F811
+    pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
+    values = {"validatingAdmissionPolicy": {"enabled": True, **vap}}
+    (doc,) = [d for d in docs_at(helm, kube, values) if d["kind"] == "ValidatingAdmissionPolicy"]
+    return _VapRequest(doc)
+
+
+def _check(got: list[str] | None, denied: str | None) -> None:
+    assert got is not None, "the policy did not match the agent's request"
+    if denied is None:
+        assert got == []
+    else:
+        assert len(got) == 1 and denied in got[0], got
+
+
+CASE_IDS = list(PATCHES)
+
+
+def test_stored_requests_are_complete_and_from_the_agent():
+    data = stored()
+    assert [c["id"] for c in data["cases"]] == CASE_IDS
+    for case in data["cases"]:
+        req = case["request"]
+        assert req["operation"] == "UPDATE" and req["options"]["kind"] == "PatchOptions"
+        assert req["userInfo"]["username"] == AGENT_USER
+        assert f"system:serviceaccounts:{NAMESPACE}" in req["userInfo"]["groups"]
+        assert CLAIM not in req["userInfo"].get("extra", {})  # 1.20 has no node-name claim
+        assert case["audit"]["verb"] == "patch" and case["audit"]["responseStatus"]["code"] == 200
+        assert req["object"]["metadata"]["name"] == req["oldObject"]["metadata"]["name"]
+        assert req["name"] == PATCHES[case["id"]][0]
+
+
+@pytest.mark.parametrize("kube", ["1.30.0", "1.33.0", "1.36.0"])
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_policy_on_captured_requests_with_the_node_claim(helm, kube, case_id):  # noqa: F811
+    case = next(c for c in stored()["cases"] if c["id"] == case_id)
+    vap = policy(helm, kube)
+    _check(vap.evaluate(with_claim(case["request"], NODE)), WITH_CLAIM[case_id])
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_policy_on_captured_requests_without_the_claim(helm, case_id):  # noqa: F811
+    """As captured from 1.20 (no claim): denied by default, whatever the change."""
+    case = next(c for c in stored()["cases"] if c["id"] == case_id)
+    got = policy(helm, "1.30.0").evaluate(case["request"])
+    assert got is not None and any("carries no" in m and CLAIM in m for m in got), got
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_policy_on_captured_requests_claim_not_required(helm, case_id):  # noqa: F811
+    case = next(c for c in stored()["cases"] if c["id"] == case_id)
+    vap = policy(helm, "1.30.0", requireNodeClaim=False)
+    _check(vap.evaluate(case["request"]), NO_CLAIM_NOT_REQUIRED[case_id])
+
+
+def test_policy_ignores_the_same_request_from_another_user(helm):  # noqa: F811
+    request = with_claim(stored()["cases"][3]["request"], NODE)  # a foreign label change
+    request["userInfo"]["username"] = "system:node:" + NODE
+    assert policy(helm, "1.30.0").evaluate(request) is None
+
+
+def _projection(data: dict) -> list[dict]:
+    """What must not drift between captures: who, what, and what changed."""
+    out = []
+    for case in data["cases"]:
+        req = case["request"]
+        old, new = req["oldObject"], req["object"]
+        out.append(
+            {
+                "id": case["id"],
+                "name": req["name"],
+                "username": req["userInfo"]["username"],
+                "groups": sorted(req["userInfo"]["groups"]),
+                "extra": sorted(req["userInfo"].get("extra", {})),
+                "labels": (old["metadata"].get("labels"), new["metadata"].get("labels")),
+                "annotations": (
+                    {k: v for k, v in (old["metadata"].get("annotations") or {}).items()},
+                    {k: v for k, v in (new["metadata"].get("annotations") or {}).items()},
+                ),
+                "spec": (old.get("spec"), new.get("spec")),
+                "verb": case["audit"]["verb"],
+                "userAgent": case["audit"]["userAgent"].split("/")[0],
+            }
+        )
+    return out
+
+
+@pytest.mark.cluster
+def test_captured_requests_are_what_the_server_does(helm, dev_cluster, tmp_path):  # noqa: F811
+    fresh = capture(dev_cluster, helm, tmp_path)
+    if os.environ.get("OMATICAYA_WRITE_ADMISSION_DATA") == "1":
+        DATA.parent.mkdir(parents=True, exist_ok=True)
+        DATA.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")
+    assert _projection(fresh) == _projection(stored())
