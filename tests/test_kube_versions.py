@@ -460,3 +460,15 @@ def test_real_kube_scheduler_1_20_reads_the_config(helm, dev_cluster, tmp_path, 
         assert ext["nodeCacheCapable"] is True and ext["filterVerb"] == "filter"
     else:
         assert proc.returncode != 0 and error in proc.stderr, proc.stderr[-2000:]
+
+
+def test_installed_kubernetes_client_satisfies_the_pin():
+    """The client the cluster test above talks to 1.20.2 with is the one pyproject allows."""
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (req,) = [Requirement(d) for d in deps if Requirement(d).name == "kubernetes"]
+    assert req.specifier.contains(version("kubernetes")), (str(req), version("kubernetes"))
