@@ -472,3 +472,23 @@ def test_installed_kubernetes_client_satisfies_the_pin():
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     (req,) = [Requirement(d) for d in deps if Requirement(d).name == "kubernetes"]
     assert req.specifier.contains(version("kubernetes")), (str(req), version("kubernetes"))
+
+
+@pytest.mark.parametrize("kube", ["1.20.2", "1.25.0", "1.30.0", "1.33.0", "1.36.0"])
+def test_helm_lint_strict_at_each_version(helm, kube):  # noqa: F811
+    values = helm["home"] / f"lint-{kube}.yaml"
+    values.write_text(yaml.safe_dump(all_on(kube)))
+    proc = run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", kube, "-f", str(values))
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_defaults_name_no_scheduler_api_version_or_tag():
+    """The defaults follow the cluster: nothing that a newer Kubernetes could have removed."""
+    scheduler = yaml.safe_load((CHART / "values.yaml").read_text())["scheduler"]
+    assert scheduler["configApiVersion"] == "" and scheduler["image"]["tag"] == ""
+
+
+def test_legacy_example_name_is_a_link_to_the_v1beta1_file():
+    legacy = EXAMPLES / "scheduler" / "scheduler-config.yaml"
+    assert legacy.is_symlink()
+    assert legacy.resolve() == (EXAMPLES / "scheduler" / "scheduler-config-v1beta1.yaml").resolve()
