@@ -95,6 +95,7 @@ class ExtenderSettings(BaseSettings):
         extra="ignore",
         frozen=True,
         validate_default=True,
+        allow_inf_nan=False,  # 'inf' and 'nan' parse as floats: no setting means them
     )
 
     address: str = Field(
@@ -109,11 +110,15 @@ class ExtenderSettings(BaseSettings):
     ttl_s: float = Field(
         default=300,
         gt=0,
+        le=30 * 86400,
         description="Telemetry older than this (plus grace_s) is stale, for agents that do not "
         "publish expires_at (newer ones do: their heartbeat + schedule period + jitter).",
     )
     grace_s: float = Field(
-        default=60, ge=0, description="Allowance on top of ttl_s (agent schedule, clock skew)."
+        default=60,
+        ge=0,
+        le=86400,
+        description="Allowance on top of ttl_s (agent schedule, clock skew).",
     )
     fail_open: bool = Field(
         default=False,

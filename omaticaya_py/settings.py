@@ -46,6 +46,11 @@ _MACROS = {
     "@hourly": "0 * * * *",
 }
 
+DAY_S = 86400.0
+#: the longest ``@every`` interval: beyond it APScheduler's trigger arithmetic overflows, and no
+#: schedule that rare is a live reading
+MAX_INTERVAL_S = 366 * DAY_S
+
 SCHEDULE_FORM = (
     "a 5-field crontab ('*/5 * * * *'), 6 fields with seconds first ('*/5 * * * * ?'), "
     "'@every 30s' (h, m, s, ms) or @hourly/@daily"
@@ -154,6 +159,8 @@ def parse_schedule(text: str) -> Schedule:
         seconds = sum(float(n) * _DURATION_UNITS_S[u] for n, u in _DURATION_PART.findall(duration))
         if seconds < 0.1:
             raise ValueError("@every needs at least 100ms")
+        if seconds > MAX_INTERVAL_S:
+            raise ValueError("@every takes at most 366 days")
         return Schedule(text=raw, interval_s=seconds)
     fields = spec.replace("?", "*").split()
     if len(fields) == 5:
@@ -184,6 +191,7 @@ class Settings(BaseSettings):
         frozen=True,
         populate_by_name=True,
         validate_default=True,
+        allow_inf_nan=False,  # 'inf' and 'nan' parse as floats: no setting means them
     )
 
     schedule: Annotated[Schedule, NoDecode] = Field(
@@ -225,25 +233,34 @@ class Settings(BaseSettings):
         description="Xid codes that are application faults, not GPU faults.",
     )
     xid_all_fatal: bool = Field(default=False, description="Treat every Xid as fatal.")
-    xid_quiet_s: float = Field(default=600, ge=0, description="A fatal Xid marks a GPU for this long.")
+    xid_quiet_s: float = Field(
+        default=600, ge=0, le=30 * DAY_S, description="A fatal Xid marks a GPU for this long."
+    )
     jitter_s: float = Field(
         default=0,
         ge=0,
+        le=DAY_S,
         description="Delay each run by a random 0..jitter_s seconds, so that a fleet on the "
         "same cron schedule does not write in the same second (0: off).",
     )
     heartbeat_s: float = Field(
-        default=300, gt=0, description="Rewrite the telemetry annotation at least this often."
+        default=300,
+        gt=0,
+        le=31 * DAY_S,
+        description="Rewrite the telemetry annotation at least this often.",
     )
     metrics_port: int = Field(default=9402, ge=0, le=65535, description="0 turns /metrics off.")
     metrics_address: str = Field(default="0.0.0.0", description="Address /metrics binds to.")
     fail_on_init_error: bool = Field(
         default=False, description="Exit when NVML cannot start, instead of reporting Unknown."
     )
-    kube_timeout_s: float = Field(default=10, gt=0, description="Timeout of one API request.")
+    kube_timeout_s: float = Field(
+        default=10, gt=0, le=300, description="Timeout of one API request."
+    )
     shutdown_timeout_s: float = Field(
         default=20,
         gt=0,
+        le=3600,
         description="On SIGTERM, finish the tick in flight and remove the dynamic labels within "
         "this many seconds, without retries; keep it below the pod's "
         "terminationGracePeriodSeconds (30), after which the kubelet kills the agent.",

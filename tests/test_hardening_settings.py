@@ -71,3 +71,82 @@ def test_cleanup_with_a_foreign_prefix_exits_2_and_removes_nothing(dev_cluster, 
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and named in lines[0] and OWN in lines[0], done.stderr
     assert node_metadata(admin_api, node) == before
+
+
+# ------------------------------------------------------------------- the campaign: values ----
+
+#: (variable, value, expected text in the one-line error). Every one used to be accepted and
+#: fail later: an infinite heartbeat overflowed the telemetry's expiry, an infinite jitter or a
+#: 10^20-hour interval crashed APScheduler at start with a traceback.
+BAD_VALUES = [
+    ("OMATICAYA_HEARTBEAT_S", "inf", "finite number"),
+    ("OMATICAYA_HEARTBEAT_S", "Infinity", "finite number"),
+    ("OMATICAYA_HEARTBEAT_S", "1e300", "less than or equal to"),
+    ("OMATICAYA_JITTER_S", "inf", "finite number"),
+    ("OMATICAYA_JITTER_S", "1e12", "less than or equal to"),
+    ("OMATICAYA_XID_QUIET_S", "inf", "finite number"),
+    ("OMATICAYA_XID_QUIET_S", "nan", "finite number"),
+    ("OMATICAYA_KUBE_TIMEOUT_S", "inf", "finite number"),
+    ("OMATICAYA_KUBE_TIMEOUT_S", "1e9", "less than or equal to"),
+    ("OMATICAYA_SHUTDOWN_TIMEOUT_S", "inf", "finite number"),
+    ("OMATICAYA_HYSTERESIS_PCT", "nan", "finite number"),
+    ("OMATICAYA_IDLE_UTILIZATION_PCT", "-inf", "finite number"),
+    ("OMATICAYA_SCHEDULE", "@every 99999999999999999999h", "at most 366 days"),
+    ("OMATICAYA_SCHEDULE", "", "expected a 5-field crontab"),
+    ("OMATICAYA_SCHEDULE", "\t", "expected a 5-field crontab"),
+    ("OMATICAYA_MEMORY_STEP_MIB", "1e400", "expected an integer"),
+    ("OMATICAYA_MEMORY_STEP_MIB", "１０２４", "expected an integer"),  # full-width digits
+    ("OMATICAYA_METRICS_PORT", "-1", "greater than or equal to 0"),
+    ("OMATICAYA_PREFIX", "a" * 254, "at most 253 characters"),
+    ("OMATICAYA_PREFIX", "omaticaya.io/sub", "DNS subdomain"),
+    ("OMATICAYA_PREFIX", "", "DNS subdomain"),
+    ("OMATICAYA_METRICS_ADDRESS", "localhost", "expected an IP address"),
+    ("OMATICAYA_METRICS_ADDRESS", "", "expected an IP address"),
+    ("NODE_NAME", "Gpu_Node", "expected a Node name"),
+    ("NODE_NAME", "n" * 254, "expected a Node name"),
+    ("OMATICAYA_XID_IGNORE", "13;31", "comma-separated list"),
+]
+
+EXTENDER_BAD_VALUES = [
+    ("OMATICAYA_EXTENDER_TTL_S", "inf", "finite number"),
+    ("OMATICAYA_EXTENDER_TTL_S", "nan", "finite number"),
+    ("OMATICAYA_EXTENDER_GRACE_S", "inf", "finite number"),
+    ("OMATICAYA_EXTENDER_GRACE_S", "1e300", "less than or equal to"),
+    ("OMATICAYA_EXTENDER_PORT", "0", "greater than or equal to 1"),
+    ("OMATICAYA_EXTENDER_PORT", "65536", "less than or equal to 65535"),
+    ("OMATICAYA_EXTENDER_ADDRESS", "::ffff:not", "expected an IP address"),
+    ("OMATICAYA_EXTENDER_STRATEGY", "", "'binpack' or 'spread'"),
+    ("OMATICAYA_EXTENDER_PREFIX", "k8s.io", OWN),
+]
+
+
+@pytest.mark.parametrize(("var", "value", "expected"), BAD_VALUES + EXTENDER_BAD_VALUES,
+                         ids=[f"{v}={x[:24]!r}" for v, x, _ in BAD_VALUES + EXTENDER_BAD_VALUES])  # fmt: skip
+def test_bad_environment_value_is_one_line_naming_the_variable(monkeypatch, var, value, expected):
+    monkeypatch.setenv(var, value)
+    load = load_extender_settings if var.startswith("OMATICAYA_EXTENDER_") else load_settings
+    with pytest.raises(SettingsError) as err:
+        load()
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"invalid setting {var}="), line
+    assert expected in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("show", "--trace", str(H100_TRACE), "--schedule", "@every 99999999999999999999h"), "--schedule"),
+        (("show", "--trace", str(H100_TRACE), "--memory-step-mib", "-5"), "--memory-step-mib"),
+        (("show", "--trace", str(H100_TRACE), "--prefix", "nvidia.com"), "--prefix"),
+        (("show", "--trace", "/no/such/file"), "--trace"),
+        (("run", "--node", "n1", "--trace", str(H100_TRACE), "--metrics-port", "http"), "--metrics-port"),
+        (("extender", "--ttl-s", "inf"), "OMATICAYA_EXTENDER_TTL_S"),
+        (("extender", "--port", "99999"), "OMATICAYA_EXTENDER_PORT"),
+    ],
+    ids=["schedule", "memory-step", "prefix", "trace", "metrics-port", "extender-ttl", "extender-port"],
+)
+def test_bad_flag_is_one_line_exit_2(args, flag):
+    done = cli(*args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "Traceback" not in done.stderr, done.stderr
