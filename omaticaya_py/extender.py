@@ -54,8 +54,12 @@ from .labels import TELEMETRY
 from .settings import SettingsError, check_prefix, load
 
 __all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_GPU_COUNT",
+    "MAX_MEMORY_MIB",
     "MAX_PRIORITY",
     "MAX_TELEMETRY_BYTES",
+    "args_problem",
     "ExtenderSettings",
     "GpuInfo",
     "Need",
@@ -363,30 +367,73 @@ class Need:
     error: str | None = None
 
 
-_QUANTITY = re.compile(r"^\s*(\d+)\s*(Mi|MiB|Gi|GiB|Ti|TiB)?\s*$")
-_FACTOR = {None: 1, "Mi": 1, "MiB": 1, "Gi": 1024, "GiB": 1024, "Ti": 1024**2, "TiB": 1024**2}
+#: a plain whole number: MiB (the annotation's unit)
+_PLAIN_MIB = re.compile(r"^[0-9]{1,15}$")
+#: a memory quantity with a binary or decimal suffix (``1.5Gi``, ``30G``; ``MiB`` spellings
+#: too); negative numbers, exponents and milli-units are not memory sizes
+_MEMORY_QUANTITY = re.compile(r"^([0-9]{1,15}(?:\.[0-9]{1,9})?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)(?:B)?$")
+MIB = 1 << 20
+#: the most a pod can ask for on one GPU (1 EiB), and GPUs per pod
+MAX_MEMORY_MIB = 1 << 40
+MAX_GPU_COUNT = 1_000_000
 
 
-def parse_need(pod: Mapping[str, Any] | None, prefix: str = "omaticaya.io") -> Need | None:
-    """The pod's need from ``<prefix>/gpu-memory-mib`` (MiB, or with a ``Gi``/``Mi`` suffix)
-    and ``<prefix>/gpu-count``; ``None`` when the pod has no ``gpu-memory-mib`` annotation."""
-    annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+def _memory_mib(raw: str) -> int | None:
+    """MiB from a plain whole number (MiB) or a quantity with a memory suffix, rounded up to
+    whole MiB (``30G`` asks for 28611 MiB, never less than it said); ``None`` otherwise. The
+    suffix arithmetic is the Kubernetes client's (``kube.parse_quantity``)."""
+    text = raw.strip()
+    if _PLAIN_MIB.match(text):
+        return int(text)
+    m = _MEMORY_QUANTITY.match(text)
+    if not m:
+        return None
+    from .kube import parse_quantity  # the kubernetes client loads only for a suffixed value
+
+    try:
+        size = parse_quantity(m.group(1) + m.group(2))
+    except ValueError:
+        return None
+    return int(math.ceil(size / MIB))
+
+
+def parse_need(pod: Any, prefix: str = "omaticaya.io") -> Need | None:
+    """The pod's need from ``<prefix>/gpu-memory-mib`` and ``<prefix>/gpu-count``; ``None``
+    when the pod has no ``gpu-memory-mib`` annotation (or is not a pod object at all).
+
+    Memory is MiB per GPU: a plain whole number is MiB, a quantity with a memory suffix
+    (``30Gi``, ``1.5Gi``, ``30G``) is converted by the Kubernetes client's parser and rounded up
+    to whole MiB; at most ``MAX_MEMORY_MIB``. The count is a whole number from 1 to
+    ``MAX_GPU_COUNT`` (default 1). A bad value gives a ``Need`` with ``error`` set, naming the
+    annotation and the expected form: every node then fails with it."""
+    meta = _mapping(_mapping(pod).get("metadata"))
+    annotations = _mapping(meta.get("annotations"))
     mem_key, count_key = f"{prefix}/gpu-memory-mib", f"{prefix}/gpu-count"
     if mem_key not in annotations:
         return None
     raw_mem, raw_count = str(annotations[mem_key]), str(annotations.get(count_key, "1"))
-    m = _QUANTITY.match(raw_mem)
-    if not m:
+    shown_mem, shown_count = _shown(raw_mem), _shown(raw_count)
+    memory = _memory_mib(raw_mem) if len(raw_mem) <= 64 else None
+    if memory is None:
         return Need(
-            0, 1, f"pod annotation {mem_key}={raw_mem!r} is not a whole number of MiB (or Gi)"
-        )
-    memory = int(m.group(1)) * _FACTOR[m.group(2)]
+            0, 1, f"pod annotation {mem_key}={shown_mem} is not a memory size: expected MiB as "
+            "a whole number (30720) or a quantity (30Gi, 1.5Gi)",
+        )  # fmt: skip
+    if memory > MAX_MEMORY_MIB:
+        return Need(0, 1, f"pod annotation {mem_key}={shown_mem} asks for more than 1 EiB")
     count = _int(raw_count)
-    if count is None or count < 1:
+    if count is None or not 1 <= count <= MAX_GPU_COUNT:
         return Need(
-            memory, 1, f"pod annotation {count_key}={raw_count!r} is not a whole number ≥ 1"
-        )
+            memory, 1,
+            f"pod annotation {count_key}={shown_count} is not a whole number from 1 to "
+            f"{MAX_GPU_COUNT}",
+        )  # fmt: skip
     return Need(memory, count)
+
+
+def _shown(raw: str) -> str:
+    """``repr`` of a value for a message, cut to 40 characters."""
+    return repr(raw if len(raw) <= 40 else raw[:40] + "...")
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,6 +684,30 @@ def handle_prioritize(
 # ------------------------------------------------------------------------------- app ----
 
 
+#: the largest request body read: a NodeList of 1,000 Nodes of 32 KiB (without
+#: ``nodeCacheCapable`` the scheduler sends whole Nodes); larger is answered 413
+MAX_BODY_BYTES = 32 << 20
+
+
+def args_problem(args: Mapping[str, Any]) -> str | None:
+    """What is wrong with the shape of an ExtenderArgs object, or ``None``: ``NodeNames`` must
+    be null or a list of names, ``Nodes`` null or an object whose ``items`` is null or a list
+    of objects. (``Pod`` may be anything: a pod without a readable need passes through.)"""
+    names = args.get("NodeNames")
+    if names is not None and not (
+        isinstance(names, list) and all(isinstance(n, str) for n in names)
+    ):
+        return "NodeNames must be null or a list of Node names"
+    nodes = args.get("Nodes")
+    if nodes is not None:
+        items = nodes.get("items") if isinstance(nodes, dict) else ()
+        if not isinstance(nodes, dict) or not (
+            items is None or (isinstance(items, list) and all(isinstance(n, dict) for n in items))
+        ):
+            return "Nodes must be null or a NodeList object whose items are Node objects"
+    return None
+
+
 class NodeProblems:
     """Bad Node data seen by the cache, logged once per Node and problem and counted.
 
@@ -739,24 +810,33 @@ def create_app(extender: Extender, registry: Any = None) -> Any:
     def answer(body: Any) -> Response:
         return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
-    async def read_args(request: Request) -> dict[str, Any] | None:
+    async def read_args(request: Request) -> dict[str, Any] | tuple[int, str]:
+        """The ExtenderArgs object, or (HTTP status, reason) for a body that is not one."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return 413, f"bad ExtenderArgs: body larger than {MAX_BODY_BYTES} bytes"
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return 413, f"bad ExtenderArgs: body larger than {MAX_BODY_BYTES} bytes"
+            chunks.append(chunk)
         try:
-            args = json.loads(await request.body())
-        except ValueError:
-            return None
-        return args if isinstance(args, dict) else None
+            args = json.loads(b"".join(chunks))
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            return 400, "bad ExtenderArgs: not JSON"
+        if not isinstance(args, dict):
+            return 400, "bad ExtenderArgs: not a JSON object"
+        problem = args_problem(args)
+        return (400, f"bad ExtenderArgs: {problem}") if problem else args
 
     async def filter_(request: Request) -> Response:
         args = await read_args(request)
-        if args is None:
+        if isinstance(args, tuple):
+            status, reason = args
             return JSONResponse(
-                {
-                    "Nodes": None,
-                    "NodeNames": None,
-                    "FailedNodes": {},
-                    "Error": "bad ExtenderArgs JSON",
-                },
-                status_code=400,
+                {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "Error": reason},
+                status_code=status,
             )
         try:
             return answer(extender.filter(args))
@@ -773,9 +853,14 @@ def create_app(extender: Extender, registry: Any = None) -> Any:
 
     async def prioritize(request: Request) -> Response:
         args = await read_args(request)
-        if args is None:
-            return JSONResponse([], status_code=400)
-        return answer(extender.prioritize(args))
+        if isinstance(args, tuple):
+            status, reason = args
+            return JSONResponse({"Error": reason}, status_code=status)
+        try:
+            return answer(extender.prioritize(args))
+        except Exception as exc:  # noqa: BLE001 - answer the scheduler, never drop the request
+            log.exception("prioritize failed")
+            return JSONResponse({"Error": f"omaticaya extender: {exc}"}, status_code=500)
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")

@@ -35,6 +35,7 @@ from kubernetes.watch.watch import iter_resp_lines as _watch_lines
 from .patch import MergePatch, NodeMeta
 
 __all__ = [
+    "parse_quantity",
     "KubeError",
     "KubeUnavailable",
     "KubeForbidden",
@@ -47,6 +48,19 @@ __all__ = [
 MERGE_PATCH = "application/merge-patch+json"
 _NODE_PATH = "/api/v1/nodes/{name}"
 _TRANSIENT_STATUS = frozenset({409, 429, 500, 502, 503, 504})
+
+
+def parse_quantity(text: str) -> Any:
+    """A Kubernetes resource quantity (``30Gi``, ``1.5Gi``, ``30G``, ``512Mi``, ``100m``) as a
+    ``decimal.Decimal`` in base units, by the official client's parser
+    (``kubernetes.utils.parse_quantity``). Raises ``ValueError`` for text that is not a
+    quantity."""
+    from kubernetes.utils.quantity import parse_quantity as parse
+
+    try:
+        return parse(text)
+    except (ValueError, ArithmeticError) as exc:
+        raise ValueError(f"not a quantity: {text!r}") from exc
 
 
 class KubeError(RuntimeError):

@@ -128,8 +128,8 @@ def test_parse_node_without_data_and_with_a_broken_annotation():
         ({f"{P}/gpu-memory-mib": "30720"}, Need(30720, 1)),
         ({f"{P}/gpu-memory-mib": "30Gi", f"{P}/gpu-count": "2"}, Need(30720, 2)),
         ({f"{P}/gpu-memory-mib": " 512Mi "}, Need(512, 1)),
-        ({f"{P}/gpu-memory-mib": "lots"}, "not a whole number of MiB"),
-        ({f"{P}/gpu-memory-mib": "1024", f"{P}/gpu-count": "0"}, "not a whole number ≥ 1"),
+        ({f"{P}/gpu-memory-mib": "lots"}, "not a memory size"),
+        ({f"{P}/gpu-memory-mib": "1024", f"{P}/gpu-count": "0"}, "not a whole number from 1"),
         ({"other.io/gpu-memory-mib": "1024"}, None),
     ],
 )
@@ -168,7 +168,7 @@ FILTER_CASES = [
     ("a longer TTL keeps the stale node", pod(30720), {"ttl_s": 1000}, ["big", "mid", "degraded", "two", "stale"],
      {"small": ROOM, "sick": SICK, "plain": NODATA}),
     ("bad annotation: every node fails with the reason", pod("x"), {}, [],
-     {n: "pod annotation omaticaya.io/gpu-memory-mib='x' is not a whole number of MiB (or Gi)" for n in ALL}),
+     {n: "pod annotation omaticaya.io/gpu-memory-mib='x' is not a memory size: expected MiB as a whole number (30720) or a quantity (30Gi, 1.5Gi)" for n in ALL}),
 ]  # fmt: skip
 
 
