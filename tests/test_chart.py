@@ -920,9 +920,26 @@ def env_name(field: str) -> str:
     return "NODE_NAME" if field == "node_name" else f"OMATICAYA_{field.upper()}"
 
 
+EXTENDER_ENV = "OMATICAYA_EXTENDER_"
+
+
+def _setting_of(key: str) -> Any:
+    """The pydantic field behind a .env.example key (agent or extender settings)."""
+    from omaticaya_py.extender import ExtenderSettings
+
+    if key.startswith(EXTENDER_ENV):
+        return ExtenderSettings.model_fields[key.removeprefix(EXTENDER_ENV).lower()]
+    field = "node_name" if key == "NODE_NAME" else key.removeprefix("OMATICAYA_").lower()
+    return Settings.model_fields[field]
+
+
 def test_env_example_lists_every_setting_with_a_comment():
+    from omaticaya_py.extender import ExtenderSettings
+
     entries = env_example()
-    expected = {env_name(f) for f in Settings.model_fields}
+    expected = {env_name(f) for f in Settings.model_fields} | {
+        f"{EXTENDER_ENV}{f.upper()}" for f in ExtenderSettings.model_fields
+    }
     assert set(entries) == expected, (
         f"missing: {sorted(expected - set(entries))}, unknown: {sorted(set(entries) - expected)}"
     )
@@ -930,9 +947,8 @@ def test_env_example_lists_every_setting_with_a_comment():
         assert (
             above.startswith("#") and not _ENV_LINE.match(above) and len(above.strip("# ")) > 10
         ), f"{key} needs a one-line comment above it"
-        field = "node_name" if key == "NODE_NAME" else key.removeprefix("OMATICAYA_").lower()
         # settings without a default are shown commented out: an empty value is not "unset"
-        assert off == (Settings.model_fields[field].default is None), key
+        assert off == (_setting_of(key).default is None), key
 
 
 def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
@@ -944,6 +960,9 @@ def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
         if not off:
             monkeypatch.setenv(key, value)
     assert as_plain(load_settings()) == code_defaults()
+    from omaticaya_py.extender import ExtenderSettings, load_extender_settings
+
+    assert load_extender_settings() == ExtenderSettings(_env_file=None)  # type: ignore[call-arg]
 
 
 # --------------------------------------------------------------------------------------------
