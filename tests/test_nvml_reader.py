@@ -103,3 +103,40 @@ def test_topology_between_two_gpus_and_unknown_uuids(worker) -> None:
     assert w.request({"cmd": "topology", "a": a, "b": b})["level"] == 50
     assert w.request({"cmd": "topology", "a": b, "b": a})["level"] == 50
     assert w.request({"cmd": "topology", "a": a, "b": "GPU-unknown"})["level"] is None
+
+
+def _derived(tmp_path: Path, source: Path, change) -> Path:
+    doc = json.loads(source.read_text())
+    change(doc)
+    path = tmp_path / f"derived-{source.name}"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_field_that_fails_is_absent_and_counted_not_a_gpu_fault(worker, tmp_path) -> None:
+    unknown = {"nvml_error": "NVMLError_Unknown", "message": "Unknown Error"}
+
+    def change(doc):
+        gpu = doc["samples"][0]["gpus"][0]
+        gpu["temperature_c"] = dict(unknown)
+        gpu["utilization_pct"] = dict(unknown)
+
+    trace = _derived(tmp_path, DATA / "h100-trace.json", change)
+    w = worker(trace, 0.0)
+    (g,) = w.read()["gpus"]
+    assert g["error"] is None and g["memory_free_mib"] is not None
+    assert g["temperature_c"] is None and g["utilization_pct"] is None
+    errors = w.errors()
+    assert errors[("nvmlDeviceGetTemperature", "NVMLError_Unknown")] == 1
+    assert errors[("nvmlDeviceGetUtilizationRates", "NVMLError_Unknown")] == 1
+
+
+def test_a_mig_device_with_impossible_attributes_has_no_profile(worker, tmp_path) -> None:
+    def change(doc):
+        doc["devices"][0]["mig_devices"][1]["attributes"]["gpu_instance_slice_count"] = 0
+
+    trace = _derived(tmp_path, DATA / "h100-mig-trace.json", change)
+    w = worker(trace, 15.0)
+    migs = w.read()["gpus"][0]["mig_devices"]
+    assert [m["profile"] for m in migs] == ["3g.40gb", None, "2g.20gb"]
+    assert migs[1]["error"] is None and migs[1]["memory_free_mib"] is not None
