@@ -23,6 +23,7 @@ from omaticaya_py.labels import STATIC_NAMES
 from omaticaya_py.replay import TraceReader
 from omaticaya_py.settings import load_settings
 from tests.conftest import H100_TRACE, node_metadata
+from tests.test_hardening_waits import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -53,7 +54,12 @@ def ours(labels: dict[str, str]) -> dict[str, str]:
     return {k.removeprefix(P): v for k, v in labels.items() if k.startswith(P)}
 
 
-def audit_patches(dev_cluster, node: str) -> int:
+def audit_gets(dev_cluster, node: str) -> int:
+    """GET requests on this Node in the API server's audit log (ResponseComplete stage)."""
+    return audit_patches(dev_cluster, node, verb="get")
+
+
+def audit_patches(dev_cluster, node: str, verb: str = "patch") -> int:
     """PATCH requests on this Node in the API server's audit log (ResponseComplete stage)."""
     n = 0
     for line in dev_cluster.audit_lines():
@@ -61,7 +67,7 @@ def audit_patches(dev_cluster, node: str) -> int:
         ref = event.get("objectRef", {})
         if (
             event.get("stage") == "ResponseComplete"
-            and event.get("verb") == "patch"
+            and event.get("verb") == verb
             and ref.get("resource") == "nodes"
             and ref.get("name") == node
         ):
@@ -133,7 +139,9 @@ def test_no_request_when_nothing_changed(dev_cluster, admin_api, make_node):
         result = agent.tick()
         assert result.patch is None and not result.sent
     assert sum(agent.node.requests.values()) == 2
-    time.sleep(0.5)  # let the audit backend flush
+    # the audit backend writes asynchronously: a later request's entry shows it has caught up
+    agent.node.get_node()
+    wait_for("the audit log to record the last GET", lambda: audit_gets(dev_cluster, node) >= 2, 10)
     assert audit_patches(dev_cluster, node) == patches_before == 1
 
     clock.t = 301.0  # heartbeat due: only the telemetry annotation is rewritten
@@ -285,7 +293,6 @@ def test_sigterm_on_run_removes_dynamic_labels_and_exits_0(dev_cluster, admin_ap
             time.sleep(0.2)
         else:
             pytest.fail("agent never labelled the Node")
-        time.sleep(1.5)  # a tick or two more
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     finally:

@@ -20,6 +20,7 @@ from omaticaya_py.metrics import AgentCollector, readiness
 from omaticaya_py.replay import TraceReader
 from omaticaya_py.settings import load_settings
 from tests.conftest import H100_TRACE
+from tests.test_hardening_waits import wait_for
 
 MIB = 1024 * 1024
 
@@ -119,16 +120,20 @@ def test_scrape_a_running_agent(dev_cluster, make_node):
             time.sleep(0.2)
         else:
             pytest.fail("agent never became ready")
-        time.sleep(2.5)
         assert get(base + "/healthz") == (200, "ok\n")
         assert get(base + "/readyz") == (200, "ok\n")
-        status, text = get(base + "/metrics")
-        assert status == 200
-        samples = {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+
+        def scrape() -> dict | None:
+            status, text = get(base + "/metrics")
+            assert status == 200
+            found = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+            return found if found.get(("omaticaya_ticks_total", ()), 0) >= 3 else None
+
+        samples = wait_for("three ticks counted on /metrics", scrape, 30)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
