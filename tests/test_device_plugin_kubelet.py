@@ -286,12 +286,9 @@ def test_kubelet_restart_reregisters_and_pods_keep_their_gpus(
 ) -> None:
     held = {name: container_id(admin_api, name) for name in ("gpu-a", "gpu-b", "gpu-d")}
     registrations = plugin.registrations()
-    started = time.monotonic()
     dev_cluster.restart_kubelet()
     wait_for("re-registration", lambda: plugin.registrations() > registrations, 20)
-    took = time.monotonic() - started
     wait_for("capacity after restart", lambda: gpus_of(admin_api, kubelet)[0] == 4, 10)
-    assert took < 30
     # the running pods kept their containers and their GPUs
     for name, before in held.items():
         assert container_id(admin_api, name) == before, name
