@@ -124,7 +124,9 @@ class Agent:
         self._slow_warned_s = float("-inf")
         self._nvml_failing = False
         self._dropped_seen: set[tuple[str, str]] = set()
-        self._reported_healthy: dict[int, bool] = {}  # GPU index -> health last put in an Event
+        # GPU UUID (index when NVML gave none) -> health last put in an Event: indices shift
+        # when a GPU is gone after a re-init, UUIDs do not
+        self._reported_healthy: dict[str | int, bool] = {}
         self._tick_lock = threading.Lock()
         self._stopping = threading.Event()
         self._signals_installed = False
@@ -251,7 +253,7 @@ class Agent:
                     self._meta = apply_patch(current, patch)
                 self._api_ok(now_s)
                 if self.node is not None and not self.dry_run:
-                    self._post_health_events(health)
+                    self._post_health_events(health, snapshot)
             except NodeNotFound as exc:
                 self._meta = None
                 self._api_failed(exc, now_s)
@@ -295,12 +297,14 @@ class Agent:
         else:
             logger.debug("Kubernetes API still failing: {}", exc)
 
-    def _post_health_events(self, after: NodeHealth) -> None:
-        """An Event for each GPU whose health differs from the last one reported; a GPU whose
-        Event could not be posted (API down) is compared again next tick, so no change is lost.
-        A GPU starts as healthy: one unhealthy at the first reading gets its Event too."""
+    def _post_health_events(self, after: NodeHealth, snapshot: NodeSnapshot) -> None:
+        """An Event for each GPU whose health differs from the last one reported (by UUID); a
+        GPU whose Event could not be posted (API down) is compared again next tick, so no change
+        is lost. A GPU starts as healthy: one unhealthy at the first reading gets its Event too."""
+        uuids = {g.index: g.uuid for g in snapshot.gpus}
         for index, gpu in after.gpus.items():
-            if self._reported_healthy.get(index, True) == gpu.healthy:
+            key: str | int = uuids.get(index) or index
+            if self._reported_healthy.get(key, True) == gpu.healthy:
                 continue
             reason = "GpuRecovered" if gpu.healthy else "GpuUnhealthy"
             detail = "healthy again" if gpu.healthy else "unhealthy: " + ",".join(gpu.reasons)
@@ -315,7 +319,7 @@ class Agent:
                 logger.warning("could not post Event {} for GPU {}: {}", reason, index, exc)
                 continue
             self.events_posted[reason] += 1
-            self._reported_healthy[index] = gpu.healthy
+            self._reported_healthy[key] = gpu.healthy
 
     def safe_tick(self) -> None:
         """``tick()`` for the scheduler: every failure is logged (once per outage) and counted,
