@@ -77,12 +77,16 @@ def test_sigterm_during_a_slow_patch_stops_retrying_and_cleans_up(
     finally:
         if proc.poll() is None:
             proc.kill()
-        proxy.close()
     assert proc.returncode == 0, err
+    # the proxy records a request after answering it (the held one never: its client is gone
+    # by then): let its log catch up with the cleanup's PATCH
+    wait_for("the proxy's record of the cleanup's PATCH",
+             lambda: 200 in {s for m, _, s in proxy.seen[held_at:] if m == "PATCH"}, 10)  # fmt: skip
     patches_after = [s for m, _, s in proxy.seen[held_at:] if m == "PATCH"]
     assert patches_after.count(200) == 1, proxy.seen[held_at:]  # the cleanup's, no retry
     assert not dynamic(node_metadata(admin_api, node)[0]), err
     assert "removed" in err and "dynamic labels" in err
+    proxy.close()
 
 
 def test_signal_handlers_are_installed_before_the_metrics_server(tmp_path, monkeypatch):
