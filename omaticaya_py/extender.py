@@ -240,7 +240,7 @@ MAX_REFRESH_S = 8 * 24 * 3600.0
 MAX_TELEMETRY_BYTES = 256 * 1024
 
 
-_PER_GPU = re.compile(r"^gpu-(\d+)\.(memory\.free-mib|health)$")
+_PER_GPU = re.compile(r"^gpu-(\d+)\.(memory\.free-mib|health|mig\.enabled)$")
 
 
 def parse_node(
@@ -253,7 +253,8 @@ def parse_node(
 
     Per-GPU data comes from the telemetry (exact MiB) when it parses, else from the
     ``gpu-N.*`` labels, else from the node aggregates (``gpu.memory.free-mib`` on one GPU,
-    ``gpu.healthy-count`` GPUs).
+    ``gpu.healthy-count`` GPUs). Only whole GPUs count: a GPU with MIG on (``mig_enabled`` in
+    the telemetry, ``gpu-N.mig.enabled`` label) is given out as MIG devices, not as a GPU.
 
     Everything here is untrusted (any controller can write a Node's annotations): it never
     raises. Values of the wrong type are ignored; a telemetry annotation that is not a JSON
@@ -294,10 +295,16 @@ def parse_node(
     if expires_at is not None and not 0 <= expires_at - read_at <= MAX_REFRESH_S:  # type: ignore[operator]
         expires_at = None
 
+    # whole GPUs only: a GPU with MIG on is given out as MIG devices (nvidia.com/mig-<profile>),
+    # never as a whole GPU, so its whole-GPU free memory must not make room for a pod
     gpus: list[GpuInfo] = []
+    listed = False
     if doc is not None and isinstance(doc.get("gpus"), list):
         for g in doc["gpus"]:
             if not isinstance(g, dict):
+                continue
+            listed = True
+            if g.get("mig_enabled") is True:
                 continue
             index, free = _int(g.get("index")), _int(g.get("memory_free_mib"))
             if index is None:
@@ -307,20 +314,22 @@ def parse_node(
             gpus.append(
                 GpuInfo(index, free or 0, g.get("health") == "Healthy" and free is not None)
             )
-    if not gpus:
+    if not gpus and not listed:
         per: dict[int, dict[str, str]] = {}
         for key, value in mine.items():
             m = _PER_GPU.match(key)
             if m:
                 per.setdefault(int(m.group(1)), {})[m.group(2)] = value
         for index in sorted(per):
+            if per[index].get("mig.enabled") == "true":
+                continue
             free = _int(per[index].get("memory.free-mib"))
             gpus.append(
                 GpuInfo(
                     index, free or 0, per[index].get("health") == "Healthy" and free is not None
                 )
             )
-    if not gpus:
+    if not gpus and not listed and "mig.strategy" not in mine:  # aggregates count MIG devices
         free = _int(mine.get("gpu.memory.free-mib"))
         healthy = _int(mine.get("gpu.healthy-count")) or 0
         if free is not None and healthy > 0:

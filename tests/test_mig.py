@@ -352,3 +352,28 @@ def test_a_profile_that_appears_later_gets_its_plugin(tmp_path: Path) -> None:
         assert len(plugins.plugins["2g.20gb"].devices()) == 2
     finally:
         plugins.stop(0)
+
+
+# ------------------------------------------------------------------------------ extender
+
+
+def node_parts(path: Path, at_s: float) -> tuple[dict[str, str], dict[str, str]]:
+    snap = TraceReader(path, at_s=at_s, window_s=0.0).read()
+    desired = render(snap, assess(snap, snap.xid_events), settings())
+    return desired.labels, desired.annotations
+
+
+@pytest.mark.parametrize("drop_telemetry", [False, True], ids=["telemetry", "labels-only"])
+def test_extender_counts_only_whole_gpus(drop_telemetry: bool) -> None:
+    from omaticaya_py.extender import parse_node
+
+    labels, annotations = node_parts(MIG_MIXED, 9.0)
+    if drop_telemetry:
+        annotations = {}
+    state = parse_node("n", labels, annotations)
+    # GPU 0 is in seven MIG devices: only the whole GPU 1 can take a pod asking for a GPU
+    assert [g.index for g in state.gpus] == [1]
+    labels, annotations = node_parts(H100_MIG, 15.0)
+    if drop_telemetry:
+        annotations = {}
+    assert parse_node("n", labels, annotations).gpus == ()
