@@ -159,6 +159,32 @@ class DevCluster:
         """Stop the kubelet, every container it started, and containerd."""
         _run_script(self.state_dir, "down-kubelet")
 
+    # --- full cluster -------------------------------------------------------
+    def start_full(self) -> str:
+        """Everything a DaemonSet needs (``up --full``): kube-scheduler, kube-controller-manager,
+        the kubelet on containerd with a bridge CNI, kube-proxy, and the agent image
+        (``scripts/build-image``) imported as ``omaticaya.local/omaticaya:<version>``. Restarts
+        the API server with the full cluster's flags if it ran without them. Idempotent;
+        returns the kubelet's Node name."""
+        _run_script(self.state_dir, "up", "--full", timeout=UP_TIMEOUT_S)
+        return self.kubelet_node
+
+    def full_env(self) -> dict[str, str]:
+        """``full.env``: POD_BRIDGE, POD_SUBNET, POD_GATEWAY and the extra components' ports."""
+        out: dict[str, str] = {}
+        for line in (self.state_dir / "full.env").read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                out[key.strip()] = value.strip()
+        return out
+
+    @property
+    def agent_image(self) -> str:
+        """The agent image ``up --full`` imported, ``omaticaya.local/omaticaya:<version>``."""
+        key = (self.state_dir / "containerd" / "omaticaya-image.key").read_text().strip()
+        version = key.removeprefix("omaticaya-").rsplit("-", 1)[0]
+        return f"omaticaya.local/omaticaya:{version}"
+
     # --- helpers for stdlib clients --------------------------------------
     def ssl_context(self) -> ssl.SSLContext:
         """TLS context trusting the cluster CA and presenting the admin cert."""
@@ -193,11 +219,14 @@ def scheduler_binary() -> Path:
     return cache / "k8s-v1.20.2" / "bin" / "kube-scheduler"
 
 
-def start_dev_cluster(state_dir: Path, *, scheduler: bool = False) -> DevCluster:
-    """Run ``scripts/dev-cluster up`` with OMATICAYA_DEV_DIR=state_dir."""
+def start_dev_cluster(
+    state_dir: Path, *, scheduler: bool = False, full: bool = False
+) -> DevCluster:
+    """Run ``scripts/dev-cluster up`` with OMATICAYA_DEV_DIR=state_dir (``--full``: every
+    component and the agent image, see ``DevCluster.start_full``)."""
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    args = ["up", "--scheduler"] if scheduler else ["up"]
+    args = ["up", "--full"] if full else ["up", "--scheduler"] if scheduler else ["up"]
     out = _run_script(state_dir, *args, timeout=UP_TIMEOUT_S)
     m = re.search(r"^export KUBECONFIG=(.+)$", out, re.MULTILINE)
     if not m:

@@ -1,0 +1,471 @@
+"""`helm install` for real: the chart's DaemonSet runs as a pod on a real kubelet and labels its
+own Node (issue 19).
+
+The cluster is ``scripts/dev-cluster up --full``: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, kube-proxy and a kubelet on containerd with a bridge CNI, all v1.20.2, and the
+agent image built without a Docker daemon by ``scripts/build-image`` (Debian bookworm + the
+project's wheel + the recorded traces), imported as ``omaticaya.local/omaticaya:<version>``. The
+real ``helm`` and ``kubectl`` (tests/tools.py) install the chart in trace mode (``trace:
+h100-trace.json``; no GPU), and the test follows the user's path: the pod goes Ready (the kubelet
+runs the chart's probes under its securityContext), ``kubectl get nodes --show-labels`` shows the
+labels, the agent's own ServiceAccount token can do exactly its RBAC, ``helm upgrade`` rolls the
+pod, and an uninstall lets the pod's SIGTERM remove the dynamic labels.
+
+Every wait is on a condition; nothing asserts a latency. Needs Linux and root (containerd,
+kubelet, bridge, iptables); cold, ``up --full`` builds kube-controller-manager and kube-proxy
+(~1 min with the API server's build cache) and the image (~1.5 min).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from omaticaya_py.labels import is_static
+from tests.devcluster import DevCluster, _run_script, start_dev_cluster
+from tests.tools import ToolUnavailable, helm_path, kubectl_path
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "omaticaya"
+NAMESPACE = "omaticaya"
+RELEASE = "omaticaya"
+PREFIX = "omaticaya.io/"
+TRACE = "h100-trace.json"
+#: what the h100 trace's GPU is, whatever its load
+HARDWARE = {
+    "gpu.count": "1",
+    "gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "gpu.family": "hopper",
+    "gpu.memory.total-mib": "81559",
+    "gpu.compute.major": "9",
+    "gpu.compute.minor": "0",
+}
+#: bounds of the condition waits (generous for a loaded 2-core machine; never asserted on)
+WAIT_S = float(os.environ.get("OMATICAYA_HELM_WAIT_S", "180"))
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def tools() -> tuple[Path, Path]:
+    try:
+        return helm_path(), kubectl_path()
+    except ToolUnavailable as exc:
+        pytest.skip(f"helm/kubectl unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    if os.environ.get("OMATICAYA_SKIP_CLUSTER") == "1":
+        pytest.skip("OMATICAYA_SKIP_CLUSTER=1: real cluster tests disabled")
+    if os.uname().sysname != "Linux" or os.geteuid() != 0:
+        pytest.skip(
+            "the full dev cluster (kubelet, containerd, bridge, iptables) needs Linux and root"
+        )
+    state_dir = tmp_path_factory.mktemp("fullcluster")
+    try:
+        cluster = start_dev_cluster(state_dir, full=True)
+    except BaseException:
+        try:
+            _run_script(state_dir, "down")
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+class Kube:
+    """The real helm and kubectl on the dev cluster, with a hermetic helm home."""
+
+    def __init__(self, cluster: DevCluster, helm: Path, kubectl: Path, home: Path) -> None:
+        self.cluster = cluster
+        self.helm_bin, self.kubectl_bin = helm, kubectl
+        self.env = dict(
+            cluster.env(),
+            HELM_CACHE_HOME=str(home / "cache"),
+            HELM_CONFIG_HOME=str(home / "config"),
+            HELM_DATA_HOME=str(home / "data"),
+        )
+
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(a) for a in args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        if check and proc.returncode != 0:
+            pytest.fail(
+                f"{' '.join(map(str, args))} exited {proc.returncode}\n"
+                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}\n{self.diagnostics()}"
+            )
+        return proc
+
+    def helm(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run(self.helm_bin, *args, **kw)
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run(self.kubectl_bin, *args, **kw)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.json(
+            "-n", NAMESPACE, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}"
+        )["items"]
+
+    def node_labels(self, node: str) -> dict[str, str]:
+        """Our labels, as ``kubectl get nodes --show-labels`` prints them."""
+        out = self.kubectl("get", "nodes", node, "--show-labels", "--no-headers").stdout
+        labels = out.split()[-1]
+        pairs = dict(kv.split("=", 1) for kv in labels.split(",") if "=" in kv)
+        return {k.removeprefix(PREFIX): v for k, v in pairs.items() if k.startswith(PREFIX)}
+
+    def diagnostics(self) -> str:
+        """Pods, events and the agent's log, for a failure message."""
+        parts = []
+        for args in (
+            ("-n", NAMESPACE, "get", "ds,pods", "-o", "wide"),
+            ("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp"),
+            ("-n", NAMESPACE, "logs", "-l", f"app.kubernetes.io/instance={RELEASE}", "--tail=30"),
+        ):
+            proc = subprocess.run(
+                [str(self.kubectl_bin), *args],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            parts.append(f"$ kubectl {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+        return "\n".join(parts)
+
+
+def ready_pod(kube: Kube, node: str, *, not_uid: str | None = None) -> dict[str, Any] | None:
+    """The release's pod on ``node`` once it is Ready (and is not the pod ``not_uid``)."""
+    for pod in kube.pods():
+        if pod["spec"].get("nodeName") != node or pod["metadata"]["uid"] == not_uid:
+            continue
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+        if conds.get("Ready") == "True":
+            return pod
+    return None
+
+
+def values_file(tmp: Path, cluster: DevCluster, node: str, **extra: Any) -> Path:
+    repo, tag = cluster.agent_image.rsplit(":", 1)
+    values = {
+        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+        "trace": TRACE,
+        "schedule": "@every 2s",
+        # no GPU feature discovery here: drop the default nvidia.com/gpu.present selector and
+        # pick the kubelet's Node, which carries the dev cluster's NoSchedule taint
+        "nodeSelector": {"nvidia.com/gpu.present": None, "kubernetes.io/hostname": node},
+        "tolerations": [
+            {"key": "omaticaya.io/dev-kubelet", "operator": "Exists", "effect": "NoSchedule"}
+        ],
+        **extra,
+    }
+    path = tmp / f"values-{len(list(tmp.glob('values-*')))}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def sa_kubeconfig(kube: Kube, tmp: Path) -> Path:
+    """A kubeconfig holding only the agent ServiceAccount's token (the one its pod mounts)."""
+
+    def token_secret() -> str | None:
+        sa = kube.json("-n", NAMESPACE, "get", "serviceaccount", RELEASE)
+        return ((sa.get("secrets") or [{}])[0]).get("name")
+
+    secret_name = wait_for("the ServiceAccount's token secret", token_secret)
+    secret = kube.json("-n", NAMESPACE, "get", "secret", secret_name)
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    path = tmp / "sa.kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "dev",
+                        "cluster": {
+                            "server": kube.cluster.server,
+                            "certificate-authority": str(kube.cluster.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "agent", "user": {"token": token}}],
+                "contexts": [{"name": "agent", "context": {"cluster": "dev", "user": "agent"}}],
+                "current-context": "agent",
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
+#: (verb, resource [--subresource=...], expected) for the agent's token: exactly get/patch nodes
+#: and create/patch events, nothing else (kubectl reads "nodes/status" as the Node named status)
+CAN_I = [
+    ("get", "nodes", True),
+    ("patch", "nodes", True),
+    ("create", "events", True),
+    ("patch", "events", True),
+    ("create", "events.events.k8s.io", True),
+    ("patch", "events.events.k8s.io", True),
+    ("list", "nodes", False),
+    ("watch", "nodes", False),
+    ("update", "nodes", False),
+    ("delete", "nodes", False),
+    ("create", "nodes", False),
+    ("patch", "nodes --subresource=status", False),
+    ("get", "events", False),
+    ("delete", "events", False),
+    ("get", "pods", False),
+    ("list", "pods", False),
+    ("create", "pods", False),
+    ("delete", "pods", False),
+    ("get", "secrets", False),
+    ("list", "secrets", False),
+    ("get", "configmaps", False),
+    ("patch", "daemonsets.apps", False),
+    ("create", "serviceaccounts --subresource=token", False),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", False),
+    ("impersonate", "users", False),
+]
+
+
+def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools, tmp_path):
+    helm, kubectl = tools
+    node = cluster.start_full()
+    kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
+
+    # --- the chart admits the server: kubeVersion >= 1.20 and the dev cluster is v1.20.2
+    server = json.loads(kube.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    assert server["gitVersion"] == "v1.20.2", server
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+
+    # --- helm install (trace mode)
+    values = values_file(tmp_path, cluster, node)
+    out = kube.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+        "-f",
+        str(values),
+        "--wait",
+        "--timeout",
+        f"{int(WAIT_S)}s",
+    )
+    assert "STATUS: deployed" in out.stdout, out.stdout
+    pod = wait_for(
+        "the DaemonSet's pod on the kubelet's Node to be Ready", lambda: ready_pod(kube, node)
+    )
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    # what the kubelet ran: the chart's probes, securityContext and in-cluster wiring
+    assert container["image"] == cluster.agent_image
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] == 65532 and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False
+    env = {e["name"]: e for e in container["env"]}
+    assert env["OMATICAYA_TRACE"]["value"] == f"/opt/omaticaya/traces/{TRACE}"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env, "trace mode needs no NVIDIA runtime"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert spec["serviceAccountName"] == RELEASE
+    assert any(
+        m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+        for m in container.get("volumeMounts", [])
+    ), "the ServiceAccount admission mounted the token"
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] is True and status["restartCount"] == 0, status
+    assert pod["status"]["podIP"].startswith(cluster.full_env()["POD_SUBNET"].rsplit(".", 1)[0]), (
+        "the pod has its own network namespace on the CNI bridge (not hostNetwork)"
+    )
+    assert not spec.get("hostNetwork")
+    log = kube.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"]).stdout
+    assert "reader=TraceReader" in log, log[-2000:]
+
+    # --- kubectl get nodes --show-labels: Ready means the agent read the trace and the API
+    # server answered its patch, so the labels are there at the first look after Ready
+    labels = kube.node_labels(node)
+    for key, value in HARDWARE.items():
+        assert labels.get(key) == value, (key, labels)
+    assert labels.get("gpu.health") == "Healthy", labels
+    for key in ("gpu.memory.free-mib", "gpu.utilization-pct", "gpu.idle-count", "gpu-0.health"):
+        assert key in labels, (key, labels)
+    telemetry = json.loads(
+        kube.json("get", "node", node)["metadata"]["annotations"][f"{PREFIX}telemetry"]
+    )
+    assert telemetry["gpus"][0]["uuid"], telemetry
+
+    # --- the agent's own token (the one mounted in its pod) can do exactly its RBAC
+    sa_env = sa_kubeconfig(kube, tmp_path)
+    table, wrong = [], []
+    for verb, resource, expected in CAN_I:
+        proc = kube.run(
+            kubectl,
+            "--kubeconfig",
+            str(sa_env),
+            "auth",
+            "can-i",
+            verb,
+            *resource.split(),
+            check=False,
+        )
+        answer = proc.stdout.strip()
+        assert answer in ("yes", "no"), (verb, resource, proc.stdout, proc.stderr)
+        table.append(f"{verb:12} {resource:48} {answer}")
+        if (answer == "yes") != expected:
+            wrong.append(f"{verb} {resource}: {answer}, expected {'yes' if expected else 'no'}")
+    print("kubectl auth can-i as system:serviceaccount:omaticaya:omaticaya\n" + "\n".join(table))
+    assert not wrong, "\n".join(wrong)
+    # and the rules the API server lists for that token are the ClusterRole's, nothing more
+    rules = kube.run(kubectl, "--kubeconfig", str(sa_env), "auth", "can-i", "--list").stdout
+    resource_rules = {
+        line.split()[0]: sorted(line[line.rindex("[") + 1 : line.rindex("]")].split())
+        for line in rules.splitlines()[1:]
+        if line.strip() and not line[0].isspace()  # resource rows; URL rows are indented
+    }
+    # what every authenticated user may do (system:basic-user)
+    resource_rules.pop("selfsubjectaccessreviews.authorization.k8s.io", None)
+    resource_rules.pop("selfsubjectrulesreviews.authorization.k8s.io", None)
+    assert resource_rules == {
+        "nodes": ["get", "patch"],
+        "events": ["create", "patch"],
+        "events.events.k8s.io": ["create", "patch"],
+    }, rules
+
+    # --- helm upgrade with a new schedule rolls the pod
+    old_uid = pod["metadata"]["uid"]
+    values2 = values_file(tmp_path, cluster, node, schedule="@every 3s")
+    kube.helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "-f",
+        str(values2),
+        "--wait",
+        "--timeout",
+        f"{int(WAIT_S)}s",
+    )
+    new = wait_for(
+        "a new Ready pod after the upgrade", lambda: ready_pod(kube, node, not_uid=old_uid)
+    )
+    new_env = {e["name"]: e.get("value") for e in new["spec"]["containers"][0]["env"]}
+    assert new_env["OMATICAYA_SCHEDULE"] == "@every 3s"
+    wait_for(
+        "the old pod to be gone", lambda: old_uid not in {p["metadata"]["uid"] for p in kube.pods()}
+    )
+    assert json.loads(kube.helm("list", "-n", NAMESPACE, "-o", "json").stdout)[0]["revision"] == "2"
+
+    # --- uninstall: the pod's SIGTERM removes the dynamic labels, the hardware facts stay.
+    # The DaemonSet goes first and its pods are waited for (foreground cascade), then helm
+    # removes the rest: a plain `helm uninstall` deletes the RBAC in the same pass, and the
+    # agent's cleanup is then refused (see test_plain_helm_uninstall_keeps_rbac_until_cleanup).
+    before = kube.node_labels(node)
+    dynamic = {k for k in before if not is_static(PREFIX + k, PREFIX.rstrip("/"))}
+    assert dynamic and set(HARDWARE) <= set(before) - dynamic, before
+    kube.kubectl(
+        "-n",
+        NAMESPACE,
+        "delete",
+        "daemonset",
+        RELEASE,
+        "--cascade=foreground",
+        "--wait=true",
+        f"--timeout={int(WAIT_S)}s",
+    )
+    wait_for("the agent pods to be gone", lambda: not kube.pods())
+    kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", f"{int(WAIT_S)}s")
+    after = kube.node_labels(node)
+    assert not dynamic & set(after), (
+        f"dynamic labels left after SIGTERM: {sorted(dynamic & set(after))}"
+    )
+    for key, value in HARDWARE.items():
+        assert after.get(key) == value, (key, after)
+    assert chart["kubeVersion"]  # admitted above: helm install renders only when it matches
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="helm uninstall deletes the ClusterRoleBinding in the same pass as the DaemonSet: "
+    "the agent's SIGTERM cleanup gets 403 and the dynamic labels stay (issue 19 report)",
+)
+def test_plain_helm_uninstall_keeps_rbac_until_cleanup(cluster, tools, tmp_path):
+    helm, kubectl = tools
+    node = cluster.start_full()
+    kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
+    values = values_file(tmp_path, cluster, node)
+    kube.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+        "-f",
+        str(values),
+        "--wait",
+        "--timeout",
+        f"{int(WAIT_S)}s",
+    )
+    wait_for("the pod to be Ready", lambda: ready_pod(kube, node))
+    before = kube.node_labels(node)
+    dynamic = {k for k in before if not is_static(PREFIX + k, PREFIX.rstrip("/"))}
+    kube.helm(
+        "uninstall",
+        RELEASE,
+        "-n",
+        NAMESPACE,
+        "--cascade",
+        "foreground",
+        "--wait",
+        "--timeout",
+        f"{int(WAIT_S)}s",
+    )
+    wait_for("the agent pods to be gone", lambda: not kube.pods())
+    after = kube.node_labels(node)
+    assert not dynamic & set(after), f"dynamic labels left: {sorted(dynamic & set(after))}"
