@@ -4,7 +4,9 @@
 #   docker build -t REGISTRY/omaticaya:0.1.0 . && docker push REGISTRY/omaticaya:0.1.0
 #
 # Stage 1 builds the project's wheel; stage 2 installs only that wheel (and its dependencies from
-# the package index) on a clean python:3.11-slim and runs as the unprivileged uid 65532.
+# the package index) on a clean python:3.11-slim, adds the recorded traces under
+# /opt/omaticaya/traces/ (the chart's `trace` value) and runs as the unprivileged uid 65532.
+# Without a Docker daemon, scripts/build-image builds the equivalent image from Debian packages.
 
 FROM python:3.11-slim AS builder
 
@@ -16,6 +18,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY omaticaya_py ./omaticaya_py
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# The recorded traces, so that the chart's `trace` value can replay one on a cluster without GPUs.
+COPY tests/data/h100-trace.json tests/data/h100-mig-trace.json tests/data/mig-mixed-trace.json \
+     tests/data/multi-gpu-trace.json tests/data/faults-trace.json ./traces/
 
 
 FROM python:3.11-slim
@@ -44,6 +49,8 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
        --shell /usr/sbin/nologin omaticaya \
     && omaticaya --help > /dev/null
+
+COPY --from=builder /src/traces/ /opt/omaticaya/traces/
 
 USER 65532:65532
 
