@@ -28,7 +28,7 @@ from omaticaya_py.device_plugin import (
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.replay import TraceReader
 from omaticaya_py.settings import Settings, SettingsError, load_settings
-from tests.test_hardening_waits import wait_for
+from tests.waiting import wait_for
 
 FAULTS_TRACE = Path(__file__).parent / "data" / "faults-trace.json"
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(4)]

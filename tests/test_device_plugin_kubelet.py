@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -203,15 +204,6 @@ def pods(admin_api, kubelet: str) -> Iterator[Callable[..., str]]:
             pass
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def gpus_of(admin_api, node: str) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from omaticaya_py.replay import TraceReader
 from omaticaya_py.settings import load_settings
 from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
-from tests.test_hardening_waits import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 P = "omaticaya.io/"

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from omaticaya_py.extender import Extender, ExtenderSettings, create_app, serve
 from omaticaya_py.kube import NodeCache
 from tests.faultproxy import Fault, FaultProxy
-from tests.test_hardening_waits import wait_for
+from tests.waiting import wait_for
 
 P = "omaticaya.io/"
 

@@ -7,7 +7,7 @@ import pytest
 
 from omaticaya_py.kube import NodeClient
 from tests.faultproxy import Fault, FaultProxy
-from tests.test_hardening_waits import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 P = "omaticaya.io/"

@@ -21,7 +21,7 @@ from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
 from tests.helpers import settings
 from tests.test_chart import helm  # noqa: F401  (fixture)
-from tests.test_hardening_waits import wait_for
+from tests.waiting import wait_for
 
 P = "omaticaya.io/"
 

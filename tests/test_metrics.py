@@ -20,7 +20,7 @@ from omaticaya_py.metrics import AgentCollector, readiness
 from omaticaya_py.replay import TraceReader
 from omaticaya_py.settings import load_settings
 from tests.conftest import H100_TRACE
-from tests.test_hardening_waits import wait_for
+from tests.waiting import wait_for
 
 MIB = 1024 * 1024
 

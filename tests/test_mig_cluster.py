@@ -17,10 +17,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,6 +26,7 @@ from omaticaya_py.labels import STATIC_NAMES
 from tests import nvmltestlib  # (its testlib_env would be collected as a test if imported)
 from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -41,16 +40,6 @@ PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 IMAGE = "omaticaya.local/busybox:1"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.1) -> Any:
-    """``check()`` until it is truthy (returned), else AssertionError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -8,10 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,6 +16,7 @@ from omaticaya_py.labels import STATIC_NAMES
 from tests import nvmltestlib
 from tests.conftest import H100_TRACE, node_metadata
 from tests.devcluster import REPO_ROOT
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.cluster,
@@ -31,15 +29,6 @@ pytestmark = [
 P = "omaticaya.io/"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def test_run_without_trace_labels_a_node_from_nvml(dev_cluster, admin_api, make_node, tmp_path: Path):

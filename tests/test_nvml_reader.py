@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests import nvmltestlib
-from tests.nvmltestlib import NvmlWorker, wait_for
+from tests.nvmltestlib import NvmlWorker
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(
     nvmltestlib.testlib_unavailable_reason() is not None,
@@ -75,7 +76,7 @@ def test_an_xid_on_a_mig_gpu_names_the_parent_by_uuid(worker) -> None:
     w = worker(MIG_MIXED, 19.0)
     assert w.read()["xid_events"] == []
     w.advance(index_at(MIG_MIXED, 21.0))  # Xid 79 on GPU 0 at t=20
-    events = wait_for(lambda: w.read()["xid_events"], timeout=20)
+    events = wait_for("an Xid event", lambda: w.read()["xid_events"], 20)
     assert [(e["index"], e["xid"], e["uuid"]) for e in events] == [
         (0, 79, json.loads(MIG_MIXED.read_text())["devices"][0]["uuid"])
     ]
@@ -90,7 +91,7 @@ def test_xid_events_still_arrive_where_a_gpu_cannot_report_ecc_events(worker, tm
     w = worker(trace, 19.0)
     w.read()
     w.advance(index_at(trace, 21.0))
-    assert wait_for(lambda: w.read()["xid_events"], timeout=20)[0]["xid"] == 79
+    assert wait_for("an Xid event", lambda: w.read()["xid_events"], 20)[0]["xid"] == 79
     assert not any(call == "nvmlDeviceRegisterEvents" for call, _ in w.errors())
 
 

@@ -22,8 +22,8 @@ from tests.nvmltestlib import (  # noqa: F401  (fixtures: testlib, nvml_worker)
     build_testlib,
     nvml_worker_fixture,
     testlib_fixture,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 DATA = Path(__file__).parent / "data"
 H100 = DATA / "h100-trace.json"
@@ -544,7 +544,7 @@ def test_reader_xid_from_watcher_thread(nvml_worker, sample_file: Path) -> None:
         seen.extend(w.read()["xid_events"])
         return any(e["xid"] == 79 for e in seen)
 
-    wait_for(got_79, timeout=20)
+    wait_for("Xid 79 on the watcher", got_79, 20)
     assert {(e["index"], e["xid"]) for e in seen} == {(1, 13), (2, 79)}
     assert w.read()["xid_events"] == []  # delivered once
 
@@ -571,7 +571,7 @@ def test_wall_clock_mode_moves_through_the_trace(nvml_worker) -> None:
     temps = {r["temperature_c"] for s in trace["samples"] for r in s["gpus"]}
     assert len(temps) > 1
     first = w.call("nvmlDeviceGetTemperature", handle(0), 0)
-    wait_for(lambda: w.call("nvmlDeviceGetTemperature", handle(0), 0) != first, timeout=30)
+    wait_for("the temperature to change", lambda: w.call("nvmlDeviceGetTemperature", handle(0), 0) != first, 30)
 
 
 # -- MIG ------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from tests.devcluster import DevCluster
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -162,15 +163,6 @@ class Agents:
         self.procs.clear()
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
