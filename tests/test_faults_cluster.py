@@ -56,7 +56,12 @@ def test_transient_statuses_are_retried_with_backoff_and_retry_after(
     meta = client.patch_node({"metadata": {"labels": {P + "x": "1"}}})
     assert meta.labels[P + "x"] == "1"
     assert node_metadata(admin_api, node)[0][P + "x"] == "1"
-    assert [s for m, _, s in proxy.seen if m == "PATCH"] == [429, 503, 409, 500, 200]
+    # the proxy records a request after answering it: wait for its record of the last one
+    wait_for(
+        "the proxy's record of the five PATCHes",
+        lambda: [s for m, _, s in proxy.seen if m == "PATCH"] == [429, 503, 409, 500, 200],
+        10,
+    )
     assert len(naps) == 4
     assert naps[0] >= 2.0  # Retry-After honoured
     assert all(0 <= n <= 5.0 for n in naps[1:])  # jittered exponential backoff, capped
@@ -275,8 +280,8 @@ def test_sigterm_while_a_patch_is_in_flight(dev_cluster, admin_api, make_node, p
     ours = {k.removeprefix(P) for k in labels if k.startswith(P)}
     assert ours and ours <= STATIC_NAMES  # the patch completed, then cleanup removed the rest
     assert P + "telemetry" not in annotations
-    methods = [m for m, _, _ in proxy.seen]
-    assert methods[-2:] == ["GET", "PATCH"]  # cleanup: read the Node, remove dynamic keys
+    # cleanup: read the Node, remove dynamic keys (recorded just after the answer: wait)
+    wait_for("the cleanup's GET and PATCH", lambda: [m for m, _, _ in proxy.seen][-2:] == ["GET", "PATCH"], 10)
 
 
 def test_without_nvml_health_is_unknown_and_numbers_are_absent(dev_cluster, admin_api, make_node):
@@ -376,4 +381,8 @@ def test_a_health_event_lost_to_an_outage_is_posted_on_the_next_tick(
     assert [(e.reason, e.message) for e in events] == [
         ("GpuUnhealthy", "GPU 1 unhealthy: remap-pending")
     ]
-    assert [s for m, _, s in proxy.seen if m == "POST"] == [503, 503, 201]
+    wait_for(
+        "the proxy's record of the three POSTs",
+        lambda: [s for m, _, s in proxy.seen if m == "POST"] == [503, 503, 201],
+        10,
+    )
