@@ -73,11 +73,13 @@ def kubelet_sock_in_use() -> bool:
 
 def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> Any:
     """Poll ``probe`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     last: Any = None
     while time.monotonic() < deadline:
         last = probe()
         if last:
+            print(f"[helm-install] {what}: after {time.monotonic() - start:.1f} s")
             return last
         time.sleep(0.5)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
@@ -132,6 +134,7 @@ class Kube:
     def run(
         self, *args: str, check: bool = True, timeout: float = 600
     ) -> subprocess.CompletedProcess[str]:
+        start = time.monotonic()
         proc = subprocess.run(
             [str(a) for a in args],
             env=self.env,
@@ -141,6 +144,9 @@ class Kube:
             check=False,
             stdin=subprocess.DEVNULL,
         )
+        if time.monotonic() - start > 2:
+            shown = " ".join(Path(str(a)).name if i == 0 else str(a) for i, a in enumerate(args))
+            print(f"[helm-install] {shown[:120]}: {time.monotonic() - start:.1f} s")
         if check and proc.returncode != 0:
             pytest.fail(
                 f"{' '.join(map(str, args))} exited {proc.returncode}\n"
