@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.core.render import is_static
+from omaticaya_py.labels import is_static
 from tests.devcluster import DevCluster, _run_script, start_dev_cluster
 from tests.tools import ToolUnavailable, helm_path, kubectl_path
 
