@@ -89,9 +89,9 @@ class GfdStyleWriter:
     (unquantised) map differs from the Node's."""
 
     def __init__(self, api: Any, node: str, reader: Any) -> None:
-        from omaticaya_py.health import assess
-        from omaticaya_py.labels import render
-        from omaticaya_py.patch import diff_section
+        from omaticaya_py.core.health import assess
+        from omaticaya_py.core.patch import diff_section
+        from omaticaya_py.core.render import render
 
         self.api, self.node, self.reader = api, node, reader
         self.count = count_api_client(api.api_client)
@@ -122,7 +122,7 @@ class AgentWriter:
         from omaticaya_py.kube import NodeClient
 
         self.client = NodeClient(node, kubeconfig=kubeconfig)
-        self.count = count_api_client(self.client._api)  # noqa: SLF001  (its ApiClient)
+        self.count = count_api_client(self.client.session.api_client)
         settings = bench_settings(node_name=node, schedule=sched, cleanup_on_exit=False)
         self.agent = Agent(settings, reader, self.client, clock=clock)
         self.heartbeats = 0  # patches that carry no label, only the telemetry annotation
@@ -159,7 +159,7 @@ def run_scenario(
     kubeconfig: str, api_factory: Callable[[], Any], name: str, interval_s: float, hours: float,
     audit: Path | None,
 ) -> tuple[list[list[Any]], dict[str, float]]:
-    from omaticaya_py.replay import TraceReader
+    from omaticaya_py.sources.replay import TraceReader
 
     path, speed = scenario_trace(name)
     clock = FakeClock()

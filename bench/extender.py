@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import emit, header, pct, table  # noqa: E402
-from omaticaya_py.extender import (  # noqa: E402
+from omaticaya_py.scheduler import (  # noqa: E402
     Extender,
     ExtenderSettings,
     create_app,

@@ -79,7 +79,7 @@ class FleetAgent:
 def build_agents(kubeconfig: str, names: list[str], interval_s: float) -> list[FleetAgent]:
     from omaticaya_py.agent import Agent
     from omaticaya_py.kube import NodeClient
-    from omaticaya_py.replay import TraceReader
+    from omaticaya_py.sources.replay import TraceReader
 
     template = TraceReader(H100_TRACE, window_s=interval_s)
     settings = {

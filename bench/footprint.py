@@ -67,11 +67,11 @@ IMPORT_STEPS = [
     ("grpc (device plugin)", "import grpc"),
     ("google.protobuf (device plugin)", "import google.protobuf"),
     ("watchdog.observers (device plugin)", "import watchdog.observers"),
-    ("omaticaya_py.extender", "import omaticaya_py.extender"),
-    ("omaticaya_py.device_plugin", "import omaticaya_py.device_plugin"),
+    ("omaticaya_py.scheduler", "import omaticaya_py.scheduler"),
+    ("omaticaya_py.deviceplugin", "import omaticaya_py.deviceplugin"),
     ("omaticaya_py (cli, agent, kube, nvml, metrics)",
-     "import omaticaya_py.cli, omaticaya_py.agent, omaticaya_py.kube, omaticaya_py.nvml, "
-     "omaticaya_py.metrics"),
+     "import omaticaya_py.cli, omaticaya_py.agent, omaticaya_py.kube, omaticaya_py.sources.nvml, "
+     "omaticaya_py.agent.metrics"),
 ]
 
 

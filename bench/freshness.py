@@ -68,7 +68,7 @@ def run_one(kubeconfig: str, api: Any, interval_s: float, changes: int) -> dict[
 
     from omaticaya_py.agent import Agent
     from omaticaya_py.kube import NodeClient
-    from omaticaya_py.replay import TraceReader
+    from omaticaya_py.sources.replay import TraceReader
 
     hold = interval_s * 1.37
     node = f"{GROUP}-{str(interval_s).replace('.', 'p')}"

@@ -48,7 +48,7 @@ from bench.common import (  # noqa: E402
     table,
     write_trace,
 )
-from omaticaya_py.patch import MergePatch, NodeMeta, apply_patch  # noqa: E402
+from omaticaya_py.core.patch import MergePatch, NodeMeta, apply_patch  # noqa: E402
 
 TARGET_8_GPU_MS = 0.2
 TARGET_8_GPU_NVML_MS = 0.5
@@ -100,7 +100,7 @@ def measure(fn: Callable[[], Any], iterations: int, budget_s: float, warmup: int
 
 def replay_agent(n_gpus: int, mode: str, interval_s: float = 10.0) -> tuple[Any, Callable[[], Any]]:
     from omaticaya_py.agent import Agent
-    from omaticaya_py.replay import TraceReader
+    from omaticaya_py.sources.replay import TraceReader
 
     raw = load_raw()
     clock = FakeClock()
@@ -129,10 +129,10 @@ def replay_agent(n_gpus: int, mode: str, interval_s: float = 10.0) -> tuple[Any,
 
 def floor_fns(n_gpus: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(project render + diff on a fixed reading, minimal plain-Python render + diff)."""
-    from omaticaya_py.health import assess
-    from omaticaya_py.labels import render
-    from omaticaya_py.patch import diff
-    from omaticaya_py.replay import TraceReader
+    from omaticaya_py.core.health import assess
+    from omaticaya_py.core.patch import diff
+    from omaticaya_py.core.render import render
+    from omaticaya_py.sources.replay import TraceReader
 
     path = write_trace(replicate(phase_samples(load_raw(), "idle"), n_gpus), f"idle-{n_gpus}")
     snap = TraceReader(path, at_s=1.0).read()
@@ -219,7 +219,7 @@ def nvml_library() -> str:
 
 def run_nvml(iterations: int, budget_s: float, warmup: int) -> tuple[str, int]:
     try:
-        from omaticaya_py.nvml import NvmlReader, nvml_available
+        from omaticaya_py.sources.nvml import NvmlReader, nvml_available
     except Exception as exc:  # noqa: BLE001 - pynvml missing or broken
         return f"NVML not available: cannot import the NVML reader ({exc})", 1
     if not nvml_available():

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .settings import Settings, SettingsError, load_settings
+from .core.settings import Settings, SettingsError, load_settings
 
 __all__ = ["main", "build_parser"]
 
@@ -69,12 +69,56 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove every key under the prefix from the Node")
     _common(cleanup)
 
-    from . import extender  # light: its server imports wait until it runs
-
-    extender.add_subcommand(sub)
+    _extender_parser(sub)
     _device_plugin_parser(sub)  # defined here: the plugin module loads grpc, only when it runs
     _record_parser(sub)
     return parser
+
+
+def _extender_parser(sub: Any) -> None:
+    """Add ``omaticaya extender`` to the CLI's sub-parsers."""
+    p = sub.add_parser(
+        "extender", help="kube-scheduler extender: filter/prioritize pods by live GPU state"
+    )
+    p.set_defaults(command="extender")
+    p.add_argument("--address", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=str, help="port to listen on (default 8888)")
+    p.add_argument("--strategy", help="binpack (default) or spread")
+    p.add_argument("--ttl-s", dest="ttl_s", type=str, help="telemetry TTL in seconds (default 300)")
+    p.add_argument(
+        "--grace-s", dest="grace_s", type=str, help="grace on top of the TTL (default 60)"
+    )
+    p.add_argument(
+        "--fail-open",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let nodes with unknown or stale GPU state pass (default: fail closed)",
+    )
+    p.add_argument("--prefix", help="label key prefix (default omaticaya.io)")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster or $KUBECONFIG)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-json", action=argparse.BooleanOptionalAction, default=None, help="JSON log lines"
+    )
+
+def _extender(args: argparse.Namespace) -> int:
+    """``omaticaya extender``: serve until SIGTERM/SIGINT. Exit 2 with one line per bad setting."""
+    from .scheduler.server import serve
+    from .scheduler.settings import ExtenderSettings, load_extender_settings
+
+    fields = set(ExtenderSettings.model_fields)
+    overrides = {k: v for k, v in vars(args).items() if k in fields}
+    try:
+        settings = load_extender_settings(**overrides)
+    except SettingsError as err:
+        print(f"omaticaya extender: {err}".replace("\n", "\nomaticaya extender: "), file=sys.stderr)
+        return 2
+    from .logs import setup_logging
+
+    setup_logging(settings.log_level, settings.log_json)
+    # uvicorn handles SIGTERM/SIGINT in the main thread: it stops accepting, finishes the
+    # requests in flight and returns
+    return serve(settings)
 
 
 def _record_parser(sub: Any) -> None:
@@ -90,7 +134,7 @@ def _record_parser(sub: Any) -> None:
 
 def _duration_s(flag: str, text: str) -> float:
     """A Go duration (``60s``, ``1m30s``, ``250ms``) in seconds; ``UsageError`` naming ``flag``."""
-    from .settings import parse_schedule
+    from .core.settings import parse_schedule
 
     try:
         return parse_schedule(f"@every {text}").interval_s or 0.0
@@ -104,7 +148,7 @@ def _duration_s(flag: str, text: str) -> float:
 def _record(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .record import RecordError, record
+    from .sources.record import RecordError, record
 
     duration_s = _duration_s("--duration", args.duration)
     interval_s = _duration_s("--interval", args.interval)
@@ -172,7 +216,7 @@ class UsageError(Exception):
 def _reader(settings: Settings, args: argparse.Namespace) -> Any:
     at_s = getattr(args, "trace_at", None)
     if settings.trace is not None:
-        from .replay import TraceReader
+        from .sources.replay import TraceReader
 
         return TraceReader(
             settings.trace,
@@ -182,7 +226,7 @@ def _reader(settings: Settings, args: argparse.Namespace) -> Any:
         )
     if at_s is not None:
         raise UsageError("--trace-at needs --trace or OMATICAYA_TRACE")
-    from .nvml import NvmlReader
+    from .sources.nvml import NvmlReader
 
     return NvmlReader(watch_xid=args.command in ("run", "device-plugin"))
 
@@ -236,9 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "extender":  # a separate service with its own settings
-        from . import extender
-
-        return extender.run(args)
+        return _extender(args)
     if args.command == "record":  # NVML to a file: no Node, no settings beyond the flags
         try:
             return _record(args)
@@ -247,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     from .kube import KubeError
     from .logs import setup_logging
-    from .replay import TraceError
+    from .sources.replay import TraceError
 
     try:
         settings = _settings(args, _flag_names(parser, args.command))
@@ -335,7 +377,7 @@ def _run(args: argparse.Namespace, settings: Settings, *, label_node: bool = Tru
     agent.install_signal_handlers()  # before any server starts: a SIGTERM must find them
     server = None
     if settings.metrics_port:
-        from .metrics import serve
+        from .agent.metrics import serve
 
         try:
             server = serve(agent, settings.metrics_address, settings.metrics_port)
@@ -350,7 +392,7 @@ def _run(args: argparse.Namespace, settings: Settings, *, label_node: bool = Tru
             ) from None
     plugin = None
     if settings.device_plugin and not agent.stopping:
-        from .device_plugin import DevicePluginSet
+        from .deviceplugin import DevicePluginSet
 
         plugin = DevicePluginSet.from_settings(agent, settings)
         plugin.start()

@@ -1,7 +1,7 @@
 """A process that loaded the NVML test library: ``python -m tests.nvml_worker``.
 
 Started by ``tests.nvmltestlib.NvmlWorker`` with ``LD_LIBRARY_PATH`` pointing at the test
-library. Creates ``omaticaya_py.nvml.NvmlReader(watch_xid=...)`` and answers one JSON object
+library. Creates ``omaticaya_py.sources.nvml.NvmlReader(watch_xid=...)`` and answers one JSON object
 per line on stdin with one JSON object per line on stdout:
 
 - ``{"cmd": "read"}`` -> ``{"snapshot": {...}}``: ``dataclasses.asdict`` of the NodeSnapshot,
@@ -66,7 +66,7 @@ class Worker:
     def __init__(self, watch_xid: bool, with_reader: bool) -> None:
         self.reader = None
         if with_reader:
-            from omaticaya_py.nvml import NvmlReader
+            from omaticaya_py.sources.nvml import NvmlReader
 
             self.reader = NvmlReader(watch_xid=watch_xid)
         self.event_sets: dict[str, Any] = {}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.settings import Settings, load_settings
+from omaticaya_py.core.settings import Settings, load_settings
 from tests.tools import ToolUnavailable, helm_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -925,7 +925,7 @@ EXTENDER_ENV = "OMATICAYA_EXTENDER_"
 
 def _setting_of(key: str) -> Any:
     """The pydantic field behind a .env.example key (agent or extender settings)."""
-    from omaticaya_py.extender import ExtenderSettings
+    from omaticaya_py.scheduler import ExtenderSettings
 
     if key.startswith(EXTENDER_ENV):
         return ExtenderSettings.model_fields[key.removeprefix(EXTENDER_ENV).lower()]
@@ -934,7 +934,7 @@ def _setting_of(key: str) -> Any:
 
 
 def test_env_example_lists_every_setting_with_a_comment():
-    from omaticaya_py.extender import ExtenderSettings
+    from omaticaya_py.scheduler import ExtenderSettings
 
     entries = env_example()
     expected = {env_name(f) for f in Settings.model_fields} | {
@@ -960,7 +960,7 @@ def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
         if not off:
             monkeypatch.setenv(key, value)
     assert as_plain(load_settings()) == code_defaults()
-    from omaticaya_py.extender import ExtenderSettings, load_extender_settings
+    from omaticaya_py.scheduler import ExtenderSettings, load_extender_settings
 
     assert load_extender_settings() == ExtenderSettings(_env_file=None)  # type: ignore[call-arg]
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from omaticaya_py.nvml import nvml_available
+from omaticaya_py.sources.nvml import nvml_available
 from tests.conftest import H100_TRACE
 
 

@@ -18,7 +18,8 @@ import pytest
 from loguru import logger
 
 from omaticaya_py.agent import Agent, SnapshotCache
-from omaticaya_py.device_plugin import (
+from omaticaya_py.core.settings import Settings, SettingsError, load_settings
+from omaticaya_py.deviceplugin import (
     DevicePlugin,
     DeviceState,
     preferred,
@@ -26,8 +27,7 @@ from omaticaya_py.device_plugin import (
     trace_devices,
 )
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from omaticaya_py.replay import TraceReader
-from omaticaya_py.settings import Settings, SettingsError, load_settings
+from omaticaya_py.sources.replay import TraceReader
 from tests.waiting import wait_for
 
 FAULTS_TRACE = Path(__file__).parent / "data" / "faults-trace.json"

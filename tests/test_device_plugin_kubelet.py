@@ -307,6 +307,8 @@ def test_graceful_stop(admin_api, kubelet, plugin) -> None:
 
 def _device_ids(value: Any) -> list[str]:
     """``DeviceIDs`` of a checkpoint entry: a list (v1.19-) or {numa node: [ids]} (v1.20+)."""
+    if value is None:  # an entry the kubelet keeps without devices
+        return []
     if isinstance(value, dict):
         return [d for ids in value.values() for d in ids]
     return list(value)

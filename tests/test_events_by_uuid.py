@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 import pytest
 
 from omaticaya_py.agent import Agent
+from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.snapshot import NodeSnapshot
 from omaticaya_py.kube import NodeClient
-from omaticaya_py.settings import load_settings
-from omaticaya_py.snapshot import NodeSnapshot
 from tests.helpers import gpu
 
 pytestmark = pytest.mark.cluster

@@ -3,7 +3,6 @@ node parsing (from the agent's real render), settings, and the HTTP app."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -12,21 +11,19 @@ import pytest
 import yaml
 from starlette.testclient import TestClient
 
-from omaticaya_py.extender import (
+from omaticaya_py.core.settings import SettingsError
+from omaticaya_py.scheduler import (
     MAX_PRIORITY,
     Extender,
     ExtenderSettings,
     Need,
-    add_subcommand,
     create_app,
     handle_filter,
     handle_prioritize,
     load_extender_settings,
     parse_need,
     parse_node,
-    run,
 )
-from omaticaya_py.settings import SettingsError
 from tests.helpers import READ_AT, evaluate, gpu, snapshot
 from tests.test_chart import helm  # noqa: F401, F811  (fixture)
 
@@ -273,11 +270,12 @@ def test_bad_settings_are_one_line_each(monkeypatch, env, line):
 
 
 def test_subcommand_flags_and_exit_status_2(capsys):
-    parser = argparse.ArgumentParser(prog="omaticaya")
-    add_subcommand(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["extender", "--strategy", "spread", "--port", "0", "--fail-open"])
+    from omaticaya_py.cli import build_parser, main
+
+    argv = ["extender", "--strategy", "spread", "--port", "0", "--fail-open"]
+    args = build_parser().parse_args(argv)
     assert (args.command, args.strategy, args.port, args.fail_open) == ("extender", "spread", "0", True)
-    assert run(args) == 2
+    assert main(argv) == 2
     assert "OMATICAYA_EXTENDER_PORT='0'" in capsys.readouterr().err
 
 

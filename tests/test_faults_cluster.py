@@ -19,11 +19,11 @@ from datetime import datetime, timezone
 import pytest
 
 from omaticaya_py.agent import Agent
+from omaticaya_py.core.schema import STATIC_NAMES
+from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient
-from omaticaya_py.labels import STATIC_NAMES
-from omaticaya_py.nvml import NvmlReader, nvml_available
-from omaticaya_py.replay import TraceReader
-from omaticaya_py.settings import load_settings
+from omaticaya_py.sources.nvml import NvmlReader, nvml_available
+from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
 from tests.waiting import wait_for

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from omaticaya_py.extender import Extender, ExtenderSettings, create_app, serve
 from omaticaya_py.kube import NodeCache
+from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, serve
 from tests.faultproxy import Fault, FaultProxy
 from tests.waiting import wait_for
 

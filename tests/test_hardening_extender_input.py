@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from omaticaya_py.extender import (
+from omaticaya_py.scheduler import (
     MAX_BODY_BYTES,
     Extender,
     ExtenderSettings,

@@ -1,4 +1,4 @@
-"""Hardening of the Kubernetes edge (``omaticaya_py/kube.py``) against the real kube-apiserver,
+"""Hardening of the Kubernetes edge (``omaticaya_py/kube/``) against the real kube-apiserver,
 with faults injected by ``tests/faultproxy.py``."""
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.metrics import serve
-from omaticaya_py.replay import TraceReader
+from omaticaya_py.agent.metrics import serve
+from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE
 from tests.helpers import settings
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from omaticaya_py.extender import load_extender_settings
-from omaticaya_py.settings import SettingsError, load_settings
+from omaticaya_py.core.settings import SettingsError, load_settings
+from omaticaya_py.scheduler import load_extender_settings
 from tests.conftest import H100_TRACE, node_metadata
 
 OWN = "expected a prefix this agent owns, like 'omaticaya.io'"

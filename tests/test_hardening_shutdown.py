@@ -14,9 +14,9 @@ import pytest
 
 from omaticaya_py import cli
 from omaticaya_py.agent import Agent, AgentStopping
+from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.kube import NodeClient
-from omaticaya_py.labels import STATIC_NAMES
-from omaticaya_py.replay import TraceReader
+from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
 from tests.helpers import settings
@@ -105,7 +105,7 @@ def test_signal_handlers_are_installed_before_the_metrics_server(tmp_path, monke
     def default(signum, frame):  # stands in for the default action: the process would die
         raise Reached("SIGTERM reached the default handler")
 
-    from omaticaya_py import metrics
+    from omaticaya_py.agent import metrics
 
     class Dummy:
         port = 0

@@ -10,9 +10,9 @@ from datetime import datetime
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.extender import ExtenderSettings, handle_filter, parse_node
 from omaticaya_py.kube import NodeClient
-from omaticaya_py.replay import TraceReader
+from omaticaya_py.scheduler import ExtenderSettings, handle_filter, parse_node
+from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
 from tests.helpers import settings
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.health import assess
-from omaticaya_py.labels import render, stable_down, stable_nearest
+from omaticaya_py.core.health import assess
+from omaticaya_py.core.render import render, stable_down, stable_nearest
 from tests.helpers import gpu, settings, snapshot
 
 P = "omaticaya.io/"

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from omaticaya_py import __version__
-from omaticaya_py.labels import (
+from omaticaya_py.core.render import (
     TELEMETRY,
     is_static,
     is_valid_key,
@@ -17,6 +17,7 @@ from omaticaya_py.labels import (
     quantise_nearest,
     sanitise_value,
 )
+from omaticaya_py.core.schema import TELEMETRY_VERSION
 from tests.helpers import (
     H100_LABEL,
     evaluate,
@@ -554,6 +555,7 @@ def test_telemetry_annotation_document() -> None:
     doc = json.loads(desired.annotations["omaticaya.io/telemetry"])
     assert RFC3339.match(doc["read_at"]) and doc["read_at"].endswith("Z")
     assert doc == {
+        "schema": TELEMETRY_VERSION,
         "agent": __version__,
         "read_at": "2025-03-04T05:06:07Z",
         "source": "test",
@@ -628,6 +630,7 @@ def test_telemetry_on_library_error() -> None:
     _, desired = evaluate(snapshot(error="NVMLError_DriverNotLoaded"), settings(prefix="gpu.example.com"))
     doc = json.loads(desired.annotations["gpu.example.com/telemetry"])
     assert doc == {
+        "schema": TELEMETRY_VERSION,
         "agent": __version__,
         "read_at": "2025-03-04T05:06:07Z",
         "source": "test",

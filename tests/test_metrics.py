@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.metrics import AgentCollector, readiness
-from omaticaya_py.replay import TraceReader
-from omaticaya_py.settings import load_settings
+from omaticaya_py.agent.metrics import AgentCollector, readiness
+from omaticaya_py.core.settings import load_settings
+from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE
 from tests.waiting import wait_for
 

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.device_plugin import (
+from omaticaya_py.core.health import Health, XidPolicy, assess, schedulable_units
+from omaticaya_py.core.render import render, telemetry
+from omaticaya_py.core.snapshot import MigReading, XidEvent, mig_profile_name
+from omaticaya_py.deviceplugin import (
     DevicePlugin,
     DevicePluginSet,
     mig_resource_name,
     preferred,
     trace_units,
 )
-from omaticaya_py.health import Health, XidPolicy, assess, schedulable_units
-from omaticaya_py.labels import render, telemetry
-from omaticaya_py.replay import TraceError, TraceReader, load_trace
-from omaticaya_py.snapshot import MigReading, XidEvent, mig_profile_name
+from omaticaya_py.sources.replay import TraceError, TraceReader, load_trace
 from tests.data import make_mig_traces
 from tests.helpers import DATA, gpu, settings, snapshot
 
@@ -365,7 +365,7 @@ def node_parts(path: Path, at_s: float) -> tuple[dict[str, str], dict[str, str]]
 
 @pytest.mark.parametrize("drop_telemetry", [False, True], ids=["telemetry", "labels-only"])
 def test_extender_counts_only_whole_gpus(drop_telemetry: bool) -> None:
-    from omaticaya_py.extender import parse_node
+    from omaticaya_py.scheduler import parse_node
 
     labels, annotations = node_parts(MIG_MIXED, 9.0)
     if drop_telemetry:

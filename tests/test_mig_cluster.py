@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.labels import STATIC_NAMES
+from omaticaya_py.core.schema import STATIC_NAMES
 from tests import nvmltestlib  # (its testlib_env would be collected as a test if imported)
 from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT, DevCluster

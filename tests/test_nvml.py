@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from omaticaya_py.health import assess
-from omaticaya_py.labels import render
-from omaticaya_py.nvml import NvmlReader, nvml_available
-from omaticaya_py.settings import load_settings
+from omaticaya_py.core.health import assess
+from omaticaya_py.core.render import render
+from omaticaya_py.core.settings import load_settings
+from omaticaya_py.sources.nvml import NvmlReader, nvml_available
 
 pytestmark = [
     pytest.mark.nvml,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.labels import STATIC_NAMES
+from omaticaya_py.core.schema import STATIC_NAMES
 from tests import nvmltestlib
 from tests.conftest import H100_TRACE, node_metadata
 from tests.devcluster import REPO_ROOT

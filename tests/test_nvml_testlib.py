@@ -17,7 +17,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from omaticaya_py.snapshot import ARCHITECTURES
+from omaticaya_py.core.snapshot import ARCHITECTURES
 from tests.nvmltestlib import (  # noqa: F401  (fixtures: testlib, nvml_worker)
     build_testlib,
     nvml_worker_fixture,
@@ -187,7 +187,7 @@ def test_exports_every_symbol_the_reader_resolves(testlib: Path) -> None:
         check=True,
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    reader_src = (Path(__file__).parent.parent / "omaticaya_py" / "nvml.py").read_text()
+    reader_src = (Path(__file__).parent.parent / "omaticaya_py" / "sources" / "nvml.py").read_text()
     pynvml_src = Path(pynvml.__file__).read_text()
     wrappers = {
         w

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.replay import TraceReader, load_trace
+from omaticaya_py.sources.replay import TraceReader, load_trace
 from tests import nvmltestlib
 
 pytestmark = pytest.mark.skipif(

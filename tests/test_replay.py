@@ -14,10 +14,10 @@ from statistics import fmean
 
 import pytest
 
-from omaticaya_py.health import Health, XidLedger, assess
-from omaticaya_py.labels import render
-from omaticaya_py.replay import TraceError, TraceReader, load_trace
-from omaticaya_py.snapshot import XidEvent
+from omaticaya_py.core.health import Health, XidLedger, assess
+from omaticaya_py.core.render import render
+from omaticaya_py.core.snapshot import XidEvent
+from omaticaya_py.sources.replay import TraceError, TraceReader, load_trace
 from tests.helpers import (
     FAULTS_TRACE,
     H100,

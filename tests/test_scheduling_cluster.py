@@ -262,7 +262,7 @@ class ExtenderScheduler:
     kube-scheduler from ``examples/scheduler/scheduler-config.yaml`` that calls it."""
 
     def __init__(self, cluster: DevCluster, tmp: Path, name: str, strategy: str) -> None:
-        from omaticaya_py.extender import ExtenderSettings, serve
+        from omaticaya_py.scheduler import ExtenderSettings, serve
 
         port = _free_port()
         settings = ExtenderSettings(

@@ -12,7 +12,13 @@ import pytest
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from omaticaya_py.settings import Schedule, Settings, SettingsError, load_settings, parse_schedule
+from omaticaya_py.core.settings import (
+    Schedule,
+    Settings,
+    SettingsError,
+    load_settings,
+    parse_schedule,
+)
 from tests.helpers import H100_TRACE
 
 REPO = Path(__file__).resolve().parent.parent

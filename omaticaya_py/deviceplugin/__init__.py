@@ -1,1 +1,59 @@
-"""Kubernetes kubelet device plugin API (generated gRPC code)."""
+"""The kubelet device plugin (API ``v1beta1``): the node's GPUs as extended resources.
+
+It serves the kubelet from the agent's own reading: one reader, one health model, one cache
+(``Agent.cache.last``, the latest ``TickResult``), so one DaemonSet and one NVML session label
+the Node and advertise the GPUs. Devices are the GPUs by UUID (in replay mode the GPUs of the
+trace); each is ``Healthy`` exactly while the health rules (``health.py``) find nothing wrong
+with it, and turns ``Healthy`` again when it recovers, which NVIDIA's plugin cannot do.
+
+MIG, as NVIDIA's plugin does under its ``mixed`` strategy: whole GPUs (MIG off) are
+``nvidia.com/gpu``; the MIG devices of each profile are a resource of their own,
+``nvidia.com/mig-<profile>`` (``nvidia.com/mig-1g.10gb``), each served by its own plugin on its
+own socket (``DevicePluginSet``), by MIG UUID, with health (the parent GPU's faults included)
+and preferred allocation by live free memory per MIG device. A profile that first appears after
+start (the GPU was repartitioned) gets its plugin on the next tick.
+
+- ``ListAndWatch`` sends the device list, then a new one whenever a device's health changes
+  (the cache is polled every ``poll_s``; ``notify()`` wakes the streams at once).
+- ``GetPreferredAllocation`` prefers healthy GPUs with the most free memory by the live reading
+  (memory held by processes Kubernetes does not know about counts), honouring must-include.
+- ``Allocate`` returns ``NVIDIA_VISIBLE_DEVICES=<uuid,...>`` for the NVIDIA container runtime
+  and refuses an unknown or unhealthy GPU; ``PreStartContainer`` refuses a GPU that turned
+  unhealthy since allocation.
+- Registration: the plugin serves ``<dir>/<socket>`` and registers on ``<dir>/kubelet.sock``.
+  A kubelet that restarts deletes every socket in the folder and creates a new
+  ``kubelet.sock``; the folder is watched (``watchdog``, inotify) and the plugin re-serves and
+  re-registers at once, with a periodic check as a backstop.
+
+This module imports neither ``pynvml`` nor ``kubernetes``.
+
+Modules: ``allocation`` (pure: device state, names, the preferred allocation), ``plugin`` (one
+resource served and registered over gRPC), ``plugins`` (every resource of the node),
+``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
+"""
+
+from .allocation import (
+    API_VERSION,
+    DEFAULT_PLUGIN_DIR,
+    DeviceState,
+    mig_resource_name,
+    preferred,
+    socket_name_for,
+    trace_devices,
+    trace_units,
+)
+from .plugin import DevicePlugin
+from .plugins import DevicePluginSet
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_PLUGIN_DIR",
+    "DeviceState",
+    "DevicePlugin",
+    "DevicePluginSet",
+    "mig_resource_name",
+    "preferred",
+    "socket_name_for",
+    "trace_devices",
+    "trace_units",
+]

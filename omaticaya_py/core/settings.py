@@ -10,13 +10,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
 
 __all__ = [
     "Schedule",
@@ -28,157 +28,16 @@ __all__ = [
     "parse_schedule",
 ]
 
+class SettingsError(ValueError):
+    """A setting has a bad value; ``str()`` is one line per bad setting, ready to print."""
+
+
+
 S = TypeVar("S", bound=BaseSettings)
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: the name part of an extended resource (a qualified name: ``gpu``, ``gpu.shared``).
 EXTENDED_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_DURATION_UNITS_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-_CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-
-DAY_S = 86400.0
-#: the longest ``@every`` interval: beyond it APScheduler's trigger arithmetic overflows, and no
-#: schedule that rare is a live reading
-MAX_INTERVAL_S = 366 * DAY_S
-
-SCHEDULE_FORM = (
-    "a 5-field crontab ('*/5 * * * *'), 6 fields with seconds first ('*/5 * * * * ?'), "
-    "'@every 30s' (h, m, s, ms) or @hourly/@daily"
-)
-
-
-class SettingsError(ValueError):
-    """A setting has a bad value; ``str()`` is one line per bad setting, ready to print."""
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """A parsed polling schedule.
-
-    ``interval_s`` is set for ``@every``; ``cron`` holds APScheduler ``CronTrigger`` keyword
-    fields (second, minute, hour, day, month, day_of_week) otherwise. ``text`` is what the user
-    wrote.
-    """
-
-    text: str
-    interval_s: float | None = None
-    cron: tuple[tuple[str, str], ...] | None = None
-
-    def trigger(self, timezone: Any = "UTC", jitter_s: float = 0) -> Any:
-        """An APScheduler 3.x trigger (``IntervalTrigger`` or ``CronTrigger``) for this schedule;
-        ``jitter_s`` delays each run by a random 0..jitter_s seconds (the trigger's ``jitter``)."""
-        from apscheduler.triggers.cron import CronTrigger
-        from apscheduler.triggers.interval import IntervalTrigger
-
-        jitter = jitter_s or None
-        if self.interval_s is not None:
-            return IntervalTrigger(seconds=self.interval_s, timezone=timezone, jitter=jitter)
-        return CronTrigger(timezone=timezone, jitter=jitter, **dict(self.cron or ()))
-
-    def period_s(self) -> float:
-        """Seconds between two runs (for cron: between the next two fire times from now)."""
-        if self.interval_s is not None:
-            return self.interval_s
-        from datetime import datetime, timezone
-
-        trigger = self.trigger()
-        now = datetime.now(timezone.utc)
-        first = trigger.get_next_fire_time(None, now)
-        second = trigger.get_next_fire_time(first, first + timedelta(microseconds=1))
-        return (second - first).total_seconds()
-
-
-def _cron_weekdays(field: str) -> str:
-    """Translate a crontab weekday field (0 or 7 = Sunday; names; ranges; steps) into the
-    explicit list of APScheduler 3.x day names it means.
-
-    APScheduler 3.x counts 0 as Monday (its docs call it a historical mistake) and ignores
-    steps on name ranges, so the field is expanded to the set of days first. Raises
-    ``ValueError`` for a day out of range or a reversed range.
-    """
-    if field == "*":
-        return "*"
-
-    def day(token: str) -> int:
-        token = token.lower()
-        if token.isdigit():
-            if int(token) > 7:
-                raise ValueError(f"weekday out of range 0-7: {token!r}")
-            return int(token)
-        if token[:3] in _CRON_WEEKDAYS[:7]:
-            return _CRON_WEEKDAYS.index(token[:3])
-        raise ValueError(f"bad weekday {token!r}")
-
-    days: set[int] = set()
-    for part in field.split(","):
-        base, _, step_text = part.partition("/")
-        if step_text and not step_text.isdigit() or step_text == "0":
-            raise ValueError(f"bad weekday step in {part!r}")
-        step = int(step_text) if step_text else 1
-        if base == "*":
-            lo, hi = 0, 6
-        elif "-" in base:
-            first, _, last = base.partition("-")
-            lo, hi = day(first), day(last)
-        else:
-            lo = day(base)
-            hi = 6 if step_text else lo
-        if lo > hi:
-            raise ValueError(f"reversed weekday range {part!r}")
-        days.update(d % 7 for d in range(lo, hi + 1, step))
-    if len(days) == 7:
-        return "*"
-    return ",".join(_CRON_WEEKDAYS[d] for d in sorted(days))
-
-
-def parse_schedule(text: str) -> Schedule:
-    """Parse a schedule string.
-
-    Accepts a 5-field crontab (minute hour day month weekday), 6 fields with seconds first as
-    the Go Omaticaya wrote them (``*/5 * * * * ?``; ``?`` means ``*``), ``@every <duration>``
-    (Go duration: ``30s``, ``1m30s``, ``500ms``) and the @hourly-style macros.
-
-    Raises ``ValueError`` naming the expected form.
-    """
-    raw = text.strip()
-    spec = _MACROS.get(raw.lower(), raw)
-    if spec.lower().startswith("@every"):
-        duration = spec[len("@every") :].strip()
-        if not duration or _DURATION_PART.sub("", duration) != "":
-            raise ValueError(f"expected {SCHEDULE_FORM}")
-        seconds = sum(float(n) * _DURATION_UNITS_S[u] for n, u in _DURATION_PART.findall(duration))
-        if seconds < 0.1:
-            raise ValueError("@every needs at least 100ms")
-        if seconds > MAX_INTERVAL_S:
-            raise ValueError("@every takes at most 366 days")
-        return Schedule(text=raw, interval_s=seconds)
-    fields = spec.replace("?", "*").split()
-    if len(fields) == 5:
-        fields = ["0", *fields]
-    if len(fields) != 6:
-        raise ValueError(f"expected {SCHEDULE_FORM}")
-    names = ("second", "minute", "hour", "day", "month", "day_of_week")
-    cron = dict(zip(names, fields, strict=True))
-    try:
-        cron["day_of_week"] = _cron_weekdays(cron["day_of_week"])
-        from apscheduler.triggers.cron import CronTrigger
-
-        CronTrigger(timezone="UTC", **cron)
-    except ValueError as exc:
-        raise ValueError(f"{exc}; expected {SCHEDULE_FORM}") from None
-    return Schedule(text=raw, cron=tuple(cron.items()))
-
-
 class Settings(BaseSettings):
     """Every setting of the agent. Environment names are ``OMATICAYA_<FIELD>`` in upper case,
     except the Node name, which is ``NODE_NAME`` as the downward API sets it."""
@@ -323,7 +182,7 @@ class Settings(BaseSettings):
             raise ValueError("expected a Node name (DNS subdomain), like 'gpu-node-1'")
         return value
 
-    # -- device plugin (omaticaya_py/device_plugin.py) ---------------------------------------
+    # -- device plugin (omaticaya_py/deviceplugin/) ---------------------------------------
     device_plugin: bool = Field(
         default=False, description="Also serve the GPUs to the kubelet as a device plugin."
     )

@@ -16,8 +16,40 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta, timezone
 
-from . import __version__
+from .. import __version__
 from .health import NodeHealth, Unit
+from .schema import (
+    COMPUTE_MAJOR,
+    COMPUTE_MINOR,
+    CUDA_MAJOR,
+    CUDA_MINOR,
+    FAMILY,
+    GPU_COUNT,
+    GPU_HEALTH,
+    GPU_MEMORY_FREE,
+    GPU_MIG_ENABLED,
+    GPU_TEMPERATURE,
+    GPU_UTILIZATION,
+    HEALTH,
+    HEALTHY_COUNT,
+    IDLE_COUNT,
+    MEMORY_FREE,
+    MEMORY_FREE_TOTAL,
+    MEMORY_TOTAL,
+    MIG_COUNT,
+    MIG_HEALTHY_COUNT,
+    MIG_IDLE_COUNT,
+    MIG_MEMORY_FREE,
+    MIG_STRATEGY,
+    PRODUCT,
+    PRODUCT_MIXED,
+    STATIC_NAMES,
+    TELEMETRY,
+    TELEMETRY_VERSION,
+    UTILIZATION,
+    gpu_key,
+    mig_key,
+)
 from .settings import Settings
 from .snapshot import NodeSnapshot
 
@@ -39,23 +71,6 @@ __all__ = [
 ]
 
 Labels = Mapping[str, str]
-
-#: Annotation name (under the prefix) holding the whole snapshot as compact JSON.
-TELEMETRY = "telemetry"
-#: Label names that describe the hardware, not its state: kept on graceful exit.
-STATIC_NAMES = frozenset(
-    {
-        "gpu.count",
-        "gpu.product",
-        "gpu.product.mixed",
-        "gpu.family",
-        "gpu.compute.major",
-        "gpu.compute.minor",
-        "cuda.driver.major",
-        "cuda.driver.minor",
-        "gpu.memory.total-mib",
-    }
-)
 
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -134,7 +149,7 @@ class Desired:
 def _node_labels(
     snapshot: NodeSnapshot, health: NodeHealth, s: Settings, previous: Mapping[str, str]
 ) -> dict[str, str]:
-    out: dict[str, str] = {"gpu.health": str(health.state)}
+    out: dict[str, str] = {HEALTH: str(health.state)}
     share = s.hysteresis_pct / 100
 
     def before(name: str) -> int | None:
@@ -150,40 +165,40 @@ def _node_labels(
     if snapshot.error is not None:
         return out  # nothing else can be trusted: numbers would be stale
     gpus = snapshot.gpus
-    out["gpu.count"] = str(len(gpus))
+    out[GPU_COUNT] = str(len(gpus))
     products = Counter(g.product for g in gpus if g.product)
     if products:
         product, _ = products.most_common(1)[0]
-        out["gpu.product"] = sanitise_value(product)
+        out[PRODUCT] = sanitise_value(product)
         if len(products) > 1:
-            out["gpu.product.mixed"] = "true"
+            out[PRODUCT_MIXED] = "true"
         ref = next(g for g in gpus if g.product == product)
         if ref.architecture:
-            out["gpu.family"] = ref.architecture
+            out[FAMILY] = ref.architecture
         if ref.compute_major is not None and ref.compute_minor is not None:
-            out["gpu.compute.major"] = str(ref.compute_major)
-            out["gpu.compute.minor"] = str(ref.compute_minor)
+            out[COMPUTE_MAJOR] = str(ref.compute_major)
+            out[COMPUTE_MINOR] = str(ref.compute_minor)
     if snapshot.cuda_driver_version is not None:
-        out["cuda.driver.major"] = str(snapshot.cuda_driver_version[0])
-        out["cuda.driver.minor"] = str(snapshot.cuda_driver_version[1])
+        out[CUDA_MAJOR] = str(snapshot.cuda_driver_version[0])
+        out[CUDA_MINOR] = str(snapshot.cuda_driver_version[1])
     totals = [g.memory_total_mib for g in gpus if g.memory_total_mib is not None]
     if totals:
-        out["gpu.memory.total-mib"] = str(min(totals))
+        out[MEMORY_TOTAL] = str(min(totals))
 
     # aggregates count schedulable units: whole GPUs, and MIG devices on GPUs with MIG on
     healthy = health.healthy_units
     free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
     mem_step, util_step = s.memory_step_mib, s.utilization_step_pct
-    out["gpu.memory.free-mib"] = down("gpu.memory.free-mib", max(free), mem_step) if free else "0"
-    out["gpu.memory.free-total-mib"] = (
-        down("gpu.memory.free-total-mib", sum(free), mem_step) if free else "0"
+    out[MEMORY_FREE] = down(MEMORY_FREE, max(free), mem_step) if free else "0"
+    out[MEMORY_FREE_TOTAL] = (
+        down(MEMORY_FREE_TOTAL, sum(free), mem_step) if free else "0"
     )
     utils = [u.utilization_pct for u in healthy if u.utilization_pct is not None]
     if utils:
         # NVML can report a sample above 100 (rounding in the driver): never publish one
-        out["gpu.utilization-pct"] = nearest("gpu.utilization-pct", min(min(utils), 100.0), util_step)
-    out["gpu.idle-count"] = str(sum(1 for u in healthy if _idle(u, s.idle_utilization_pct)))
-    out["gpu.healthy-count"] = str(len(healthy))
+        out[UTILIZATION] = nearest(UTILIZATION, min(min(utils), 100.0), util_step)
+    out[IDLE_COUNT] = str(sum(1 for u in healthy if _idle(u, s.idle_utilization_pct)))
+    out[HEALTHY_COUNT] = str(len(healthy))
     out.update(_mig_labels(health.units, s, down))
 
     if s.per_gpu_labels:
@@ -192,27 +207,29 @@ def _node_labels(
             if u.is_mig and u.memory_free_mib is not None:
                 mig_free.setdefault(u.gpu_index, []).append(u.memory_free_mib)
         for g in gpus:
-            n = f"gpu-{g.index}"
-            out[f"{n}.health"] = str(health.gpus[g.index].state)
+            def key(name: str, index: int = g.index) -> str:
+                return gpu_key(index, name)
+
+            out[key(GPU_HEALTH)] = str(health.gpus[g.index].state)
             if g.error is not None:
                 continue
             if g.mig_enabled:
-                out[f"{n}.mig.enabled"] = "true"
+                out[key(GPU_MIG_ENABLED)] = "true"
                 # a MIG GPU's free memory is that of its freest healthy MIG device: the most
                 # one pod can get on it; no utilisation (NVML has none with MIG on)
                 if g.index in mig_free:
-                    out[f"{n}.memory.free-mib"] = down(
-                        f"{n}.memory.free-mib", max(mig_free[g.index]), mem_step
+                    out[key(GPU_MEMORY_FREE)] = down(
+                        key(GPU_MEMORY_FREE), max(mig_free[g.index]), mem_step
                     )
             elif g.memory_free_mib is not None:
-                out[f"{n}.memory.free-mib"] = down(f"{n}.memory.free-mib", g.memory_free_mib, mem_step)
+                out[key(GPU_MEMORY_FREE)] = down(key(GPU_MEMORY_FREE), g.memory_free_mib, mem_step)
             if g.utilization_pct is not None and not g.mig_enabled:
-                out[f"{n}.utilization-pct"] = nearest(
-                    f"{n}.utilization-pct", min(g.utilization_pct, 100.0), util_step
+                out[key(GPU_UTILIZATION)] = nearest(
+                    key(GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
                 )
             if g.temperature_c is not None and g.temperature_c >= 0:
-                out[f"{n}.temperature-c"] = nearest(
-                    f"{n}.temperature-c", g.temperature_c, s.temperature_step_c
+                out[key(GPU_TEMPERATURE)] = nearest(
+                    key(GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
                 )
     return out
 
@@ -237,19 +254,18 @@ def _mig_labels(
     by_profile: dict[str, list[Unit]] = {}
     for u in units:
         if u.is_mig and u.profile:
-            by_profile.setdefault(u.profile.replace("+", "-"), []).append(u)
+            by_profile.setdefault(u.profile, []).append(u)
     if not by_profile:
         return {}
-    out = {"mig.strategy": "mixed"}
+    out = {MIG_STRATEGY: "mixed"}
     for profile, members in sorted(by_profile.items()):
-        name = f"mig-{profile}"
         healthy = [u for u in members if u.healthy]
-        out[f"{name}.count"] = str(len(members))
-        out[f"{name}.healthy-count"] = str(len(healthy))
-        out[f"{name}.idle-count"] = str(sum(1 for u in healthy if _idle(u, 0.0)))
+        out[mig_key(profile, MIG_COUNT)] = str(len(members))
+        out[mig_key(profile, MIG_HEALTHY_COUNT)] = str(len(healthy))
+        out[mig_key(profile, MIG_IDLE_COUNT)] = str(sum(1 for u in healthy if _idle(u, 0.0)))
         free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
-        out[f"{name}.memory.free-mib"] = (
-            down(f"{name}.memory.free-mib", max(free), s.memory_step_mib) if free else "0"
+        out[mig_key(profile, MIG_MEMORY_FREE)] = (
+            down(mig_key(profile, MIG_MEMORY_FREE), max(free), s.memory_step_mib) if free else "0"
         )
     return out
 
@@ -312,6 +328,7 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth, refresh_s: float | Non
             }
         )
     doc: dict[str, object] = {
+        "schema": TELEMETRY_VERSION,
         "agent": __version__,
         "read_at": snapshot.read_at.astimezone(timezone.utc)
         .isoformat(timespec="seconds")

@@ -1,42 +1,12 @@
-"""Kubernetes device plugin (API ``v1beta1``): the node's GPUs as extended resources.
-
-It serves the kubelet from the agent's own reading: one reader, one health model, one cache
-(``Agent.cache.last``, the latest ``TickResult``), so one DaemonSet and one NVML session label
-the Node and advertise the GPUs. Devices are the GPUs by UUID (in replay mode the GPUs of the
-trace); each is ``Healthy`` exactly while the health rules (``health.py``) find nothing wrong
-with it, and turns ``Healthy`` again when it recovers, which NVIDIA's plugin cannot do.
-
-MIG, as NVIDIA's plugin does under its ``mixed`` strategy: whole GPUs (MIG off) are
-``nvidia.com/gpu``; the MIG devices of each profile are a resource of their own,
-``nvidia.com/mig-<profile>`` (``nvidia.com/mig-1g.10gb``), each served by its own plugin on its
-own socket (``DevicePluginSet``), by MIG UUID, with health (the parent GPU's faults included)
-and preferred allocation by live free memory per MIG device. A profile that first appears after
-start (the GPU was repartitioned) gets its plugin on the next tick.
-
-- ``ListAndWatch`` sends the device list, then a new one whenever a device's health changes
-  (the cache is polled every ``poll_s``; ``notify()`` wakes the streams at once).
-- ``GetPreferredAllocation`` prefers healthy GPUs with the most free memory by the live reading
-  (memory held by processes Kubernetes does not know about counts), honouring must-include.
-- ``Allocate`` returns ``NVIDIA_VISIBLE_DEVICES=<uuid,...>`` for the NVIDIA container runtime
-  and refuses an unknown or unhealthy GPU; ``PreStartContainer`` refuses a GPU that turned
-  unhealthy since allocation.
-- Registration: the plugin serves ``<dir>/<socket>`` and registers on ``<dir>/kubelet.sock``.
-  A kubelet that restarts deletes every socket in the folder and creates a new
-  ``kubelet.sock``; the folder is watched (``watchdog``, inotify) and the plugin re-serves and
-  re-registers at once, with a periodic check as a backstop.
-
-This module imports neither ``pynvml`` nor ``kubernetes``.
-"""
+"""One kubelet device plugin (API ``v1beta1``): a resource's devices, served and registered over gRPC."""
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,92 +15,19 @@ from loguru import logger
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from .deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from .health import Unit
-from .settings import Settings
-
-__all__ = [
-    "API_VERSION",
-    "DEFAULT_PLUGIN_DIR",
-    "DeviceState",
-    "DevicePlugin",
-    "DevicePluginSet",
-    "mig_resource_name",
-    "preferred",
-    "socket_name_for",
-    "trace_devices",
-    "trace_units",
-]
-
-API_VERSION = "v1beta1"
-#: The kubelet (v1.20) always serves its registration socket here, whatever ``--root-dir``.
-DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-KUBELET_SOCKET = "kubelet.sock"
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceState:
-    """One advertised device: ``id`` is the GPU UUID (``MIG-...`` for a MIG device, whose
-    parent GPU is ``index``); ``reasons`` why it is unhealthy; ``free_mib`` the live free memory
-    (``nvmlDeviceGetMemoryInfo`` on its handle)."""
-
-    id: str
-    index: int
-    healthy: bool
-    reasons: tuple[str, ...] = ()
-    free_mib: int | None = None
-    mig_index: int | None = None
-
-    @property
-    def health(self) -> str:
-        return HEALTHY if self.healthy else UNHEALTHY
-
-
-def mig_resource_name(gpu_resource: str, profile: str) -> str:
-    """The resource of a MIG profile beside the whole-GPU resource, NVIDIA's ``mixed``
-    naming: (``nvidia.com/gpu``, ``1g.10gb``) -> ``nvidia.com/mig-1g.10gb``."""
-    domain, slash, _ = gpu_resource.rpartition("/")
-    return f"{domain}{slash}mig-{profile}"
-
-
-def socket_name_for(resource_name: str) -> str:
-    """The plugin's socket file name for a resource: ``omaticaya-nvidia.com-gpu.sock``."""
-    return "omaticaya-" + re.sub(r"[^A-Za-z0-9_.-]", "-", resource_name) + ".sock"
-
-
-def preferred(
-    states: dict[str, DeviceState],
-    available: Sequence[str],
-    must_include: Sequence[str],
-    size: int,
-    distance: Callable[[str, str], int | None] | None = None,
-) -> list[str]:
-    """The preferred ``size`` devices out of ``available``: every must-include device first,
-    then, one at a time, healthy before unhealthy, most free memory (live reading) first, then
-    the closest in topology to those already chosen (``distance(a, b)``: NVML's common-ancestor
-    level, lower is closer; used on real NVML), lowest index on a tie. Devices the plugin does
-    not know come last."""
-    chosen = list(dict.fromkeys(must_include))
-    rest = [d for d in dict.fromkeys(available) if d not in chosen]
-
-    def key(device_id: str) -> tuple[bool, int, int, int, int, str]:
-        s = states.get(device_id)
-        far = 0
-        if distance is not None and chosen:
-            far = max((distance(device_id, c) or 0) for c in chosen)
-        if s is None:
-            return (True, 1, far, 1 << 30, 0, device_id)
-        free = s.free_mib if s.free_mib is not None else -1
-        return (not s.healthy, -free, far, s.index, s.mig_index or 0, device_id)
-
-    while rest and len(chosen) < size:
-        best = min(rest, key=key)
-        chosen.append(best)
-        rest.remove(best)
-    return chosen
+from ..core.health import Unit
+from ..core.settings import Settings
+from .allocation import (
+    API_VERSION,
+    DEFAULT_PLUGIN_DIR,
+    KUBELET_SOCKET,
+    VISIBLE_DEVICES_ENV,
+    DeviceState,
+    preferred,
+    socket_name_for,
+    trace_devices,
+)
+from .v1beta1 import api_pb2, api_pb2_grpc
 
 
 class _FolderHandler(FileSystemEventHandler):
@@ -498,131 +395,3 @@ class DevicePlugin(api_pb2_grpc.DevicePluginServicer):
                 )
             self._kick.wait(backoff_s or self.resync_s)
             self._kick.clear()
-
-
-def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:
-    """The devices a trace describes, by resource: ``None`` -> whole GPUs, a MIG profile ->
-    its MIG devices; each a sorted list of ``(GPU index, UUID)``."""
-    from .replay import TraceReader
-
-    reader = TraceReader(path)
-    found: dict[str | None, dict[str, int]] = {}
-    for frame in reader.frames:
-        for gpu in frame.gpus:
-            if gpu.mig_enabled:
-                for mig in gpu.mig_devices:
-                    if mig.uuid and mig.profile:
-                        found.setdefault(mig.profile, {}).setdefault(mig.uuid, gpu.index)
-            elif gpu.uuid:
-                found.setdefault(None, {}).setdefault(gpu.uuid, gpu.index)
-    return {
-        profile: sorted(((i, u) for u, i in devices.items()), key=lambda t: t[0])
-        for profile, devices in found.items()
-    }
-
-
-def trace_devices(path: Path | str) -> list[tuple[int, str]]:
-    """``(index, uuid)`` of the whole GPUs (MIG off) a trace describes."""
-    return trace_units(path).get(None, [])
-
-
-class DevicePluginSet:
-    """One ``DevicePlugin`` per resource: whole GPUs (``nvidia.com/gpu``, always served) and
-    one per MIG profile seen (``nvidia.com/mig-<profile>``), NVIDIA's ``mixed`` strategy.
-
-    Same lifecycle as one plugin: ``start()``, ``stop()``. Profiles come from the trace (known
-    at start) and from every tick's units (a profile new since start gets its plugin then).
-    ``plugins`` maps the profile (``None`` for whole GPUs) to its plugin.
-    """
-
-    def __init__(
-        self,
-        source: Any,
-        *,
-        resource_name: str = "nvidia.com/gpu",
-        plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
-        units: dict[str | None, list[tuple[int, str]]] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._source = source
-        self.resource_name = resource_name
-        self.plugin_dir = plugin_dir
-        self._kwargs = kwargs
-        self._lock = threading.Lock()
-        self._started = False
-        self.plugins: dict[str | None, DevicePlugin] = {}
-        units = dict(units or {})
-        units.setdefault(None, [])
-        for profile, devices in units.items():
-            self._add(profile, devices)
-
-    @classmethod
-    def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePluginSet:
-        """Plugins configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its devices are
-        known from the start."""
-        units = trace_units(settings.trace) if settings.trace is not None else None
-        return cls(
-            source,
-            resource_name=settings.device_plugin_resource,
-            plugin_dir=settings.device_plugin_dir,
-            units=units,
-            **kwargs,
-        )
-
-    def _add(self, profile: str | None, devices: Iterable[tuple[int, str]] = ()) -> DevicePlugin:
-        name = self.resource_name if profile is None else mig_resource_name(self.resource_name, profile)
-        plugin = DevicePlugin(
-            self._source,
-            resource_name=name,
-            plugin_dir=self.plugin_dir,
-            devices=devices,
-            profile=profile,
-            **self._kwargs,
-        )
-        self.plugins[profile] = plugin
-        return plugin
-
-    def _on_tick(self, result: Any) -> None:
-        """Start a plugin for each MIG profile the tick shows for the first time."""
-        health = getattr(result, "health", None)
-        profiles = {u.profile for u in getattr(health, "units", ()) if u.is_mig and u.profile}
-        with self._lock:
-            if not self._started:
-                return
-            for profile in sorted(profiles - set(self.plugins)):
-                logger.info("device plugin: MIG profile {} appeared: serving it", profile)
-                self._add(profile).start()
-
-    def start(self) -> None:
-        """Start every plugin; follow the ticks for new MIG profiles."""
-        with self._lock:
-            self._started = True
-            for plugin in self.plugins.values():
-                plugin.start()
-        listeners = getattr(self._source, "on_tick", None)
-        if isinstance(listeners, list) and self._on_tick not in listeners:
-            listeners.append(self._on_tick)
-        last = getattr(getattr(self._source, "cache", self._source), "last", None)
-        if last is not None:
-            self._on_tick(last)
-
-    def stop(self, grace_s: float = 1.0) -> None:
-        """Stop every plugin."""
-        with self._lock:
-            self._started = False
-            plugins = list(self.plugins.values())
-        for plugin in plugins:
-            plugin.stop(grace_s)
-
-    def notify(self) -> None:
-        """Wake every plugin's streams."""
-        for plugin in list(self.plugins.values()):
-            plugin.notify()
-
-    def wait_registered(self, timeout_s: float) -> bool:
-        """True once every plugin started so far has registered with the kubelet."""
-        deadline = time.monotonic() + timeout_s
-        return all(
-            p.wait_registered(max(deadline - time.monotonic(), 0.0))
-            for p in list(self.plugins.values())
-        )

@@ -25,12 +25,13 @@ from typing import Any
 from loguru import logger
 from prometheus_client import Histogram
 
-from .health import NodeHealth, XidLedger, XidPolicy, assess
-from .kube import KubeError, KubeForbidden, NodeClient, NodeNotFound
-from .labels import TELEMETRY, Desired, is_static, render, telemetry_annotation
-from .patch import MergePatch, NodeMeta, apply_patch, diff, diff_section, removal_patch
-from .settings import Settings
-from .snapshot import NodeSnapshot, Reader
+from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
+from ..core.patch import MergePatch, NodeMeta, apply_patch, diff, diff_section, removal_patch
+from ..core.render import Desired, is_static, render, telemetry_annotation
+from ..core.schema import TELEMETRY
+from ..core.settings import Settings
+from ..core.snapshot import NodeSnapshot, Reader
+from ..kube import KubeError, KubeForbidden, NodeClient, NodeNotFound
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
 

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import pynvml
 from loguru import logger
 
-from .snapshot import (
+from ..core.snapshot import (
     ARCHITECTURES,
     GpuReading,
     MigReading,

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app, start_wsgi_serve
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
+from .. import __version__
 
 if TYPE_CHECKING:
     from .agent import Agent

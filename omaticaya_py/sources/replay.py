@@ -20,7 +20,6 @@ attributes (``snapshot.mig_profile_name``). A version this reader does not know 
 from __future__ import annotations
 
 import bisect
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -28,9 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from .snapshot import (
+from ..core.snapshot import (
     ARCHITECTURES,
     GpuReading,
     MigReading,
@@ -38,212 +35,9 @@ from .snapshot import (
     XidEvent,
     mig_profile_name,
 )
+from .trace import MIB, Device, GpuSample, NvmlErr, TraceError, load_trace
 
-__all__ = ["FORMAT_VERSIONS", "TraceError", "Trace", "TraceReader", "load_trace"]
-
-MIB = 1024 * 1024
-#: Trace format versions this reader replays (``format_version``; absent means 1).
-FORMAT_VERSIONS = (1, 2)
-#: Largest trace file read (an hour of 8 GPUs at 0.25 s is ~200 MiB).
-MAX_TRACE_BYTES = 512 * MIB
-#: Most GPUs in one sample (NVML's device indices on the largest nodes are far below this).
-MAX_GPUS = 1024
-
-
-class TraceError(ValueError):
-    """A trace file cannot be read or does not follow the format; ``str()`` is one line per
-    problem, each starting with the file name."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class NvmlErr(_Model):
-    nvml_error: str
-    message: str = ""
-
-
-class MemoryBytes(_Model):
-    total: int = Field(ge=0)
-    used: int = Field(ge=0)
-    free: int = Field(ge=0)
-
-
-class UtilizationPct(_Model):
-    gpu: float
-    memory: float | None = None
-
-
-class RemappedRows(_Model):
-    correctable: int = 0
-    uncorrectable: int = 0
-    pending: int = 0
-    failure: int = 0
-
-
-class Process(_Model):
-    pid: int
-    usedGpuMemory: int | None = None
-
-
-class MigSample(_Model):
-    index: int = Field(ge=0)
-    nvml_error: str | None = None
-    message: str = ""
-    memory_bytes: MemoryBytes | NvmlErr | None = None
-    compute_processes: list[Process] | NvmlErr | None = None
-
-
-def _unique(items: list[Any], what: str) -> None:
-    seen: set[int] = set()
-    for i, item in enumerate(items):
-        if item.index in seen:
-            raise ValueError(f"{what}[{i}]: index {item.index} appears twice")
-        seen.add(item.index)
-
-
-class GpuSample(_Model):
-    index: int = Field(ge=0, lt=MAX_GPUS)
-    nvml_error: str | None = None
-    message: str = ""
-    memory_bytes: MemoryBytes | NvmlErr | None = None
-    utilization_pct: UtilizationPct | NvmlErr | None = None
-    temperature_c: float | NvmlErr | None = None
-    power_mw: float | NvmlErr | None = None
-    performance_state: int | NvmlErr | None = None
-    ecc_uncorrected_volatile: int | NvmlErr | None = None
-    ecc_corrected_volatile: int | NvmlErr | None = None
-    remapped_rows: RemappedRows | NvmlErr | None = None
-    compute_processes: list[Process] | NvmlErr | None = None
-    mig_devices: list[MigSample] = Field(default_factory=list, max_length=64)
-
-    @model_validator(mode="after")
-    def _unique_mig(self) -> GpuSample:
-        _unique(self.mig_devices, "mig_devices")
-        return self
-
-
-class XidRecord(_Model):
-    index: int
-    xid: int
-
-
-class Sample(_Model):
-    t: float
-    gpus: list[GpuSample] | None = Field(default=None, max_length=MAX_GPUS)
-    nvml_error: str | None = None
-    message: str = ""
-    xid_events: list[XidRecord] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _gpus_or_error(self) -> Sample:
-        if self.gpus is None and self.nvml_error is None:
-            raise ValueError("a sample needs 'gpus' or 'nvml_error'")
-        _unique(self.gpus or [], "gpus")
-        return self
-
-
-class MigAttributes(_Model):
-    gpu_instance_slice_count: int = Field(gt=0)
-    compute_instance_slice_count: int = Field(gt=0)
-    memory_size_mb: int = Field(gt=0)  # MiB, as nvmlDeviceAttributes_t.memorySizeMB
-
-
-class MigDevice(_Model):
-    index: int = Field(ge=0)
-    uuid: str | None = None
-    name: str | None = None
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-    attributes: MigAttributes | None = None
-
-
-class Device(_Model):
-    index: int = Field(ge=0)
-    name: str | None = None
-    uuid: str | None = None
-    architecture: int | None = None
-    cuda_compute_capability: list[int] | None = Field(default=None, min_length=2, max_length=2)
-    mig_mode: list[int] | None = Field(default=None, min_length=2, max_length=2)
-    max_mig_device_count: int | None = None
-    mig_devices: list[MigDevice] = Field(default_factory=list)
-
-
-class Trace(_Model):
-    """A whole trace document (format: ``docs/trace-format.md``)."""
-
-    format_version: int = 1
-    samples: list[Sample] = Field(min_length=1)
-    devices: list[Device] = Field(default_factory=list)
-    driver_version: str | None = None
-    cuda_driver_version: int | None = None
-    interval_s: float | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Trace:
-        if self.format_version not in FORMAT_VERSIONS:
-            raise ValueError(
-                f"format_version {self.format_version} is not one this reader replays "
-                f"({', '.join(map(str, FORMAT_VERSIONS))})"
-            )
-        for i in range(1, len(self.samples)):
-            if self.samples[i].t < self.samples[i - 1].t:
-                raise ValueError(
-                    f"samples must be in order of 't': samples[{i}].t={self.samples[i].t} "
-                    f"comes after samples[{i - 1}].t={self.samples[i - 1].t}"
-                )
-        return self
-
-
-def _where(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part[:1].isupper() or part in {"int", "float", "str", "bool", "none"} or "[" in part:
-            continue  # union member tags pydantic adds to the location
-        else:
-            out += ("." if out else "") + part
-    return out or "(top level)"
-
-
-def load_trace(path: Path | str) -> Trace:
-    """Read and validate a trace file. Raises ``TraceError`` (file and place named)."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_TRACE_BYTES:
-            raise TraceError(
-                f"{path}: {size // MIB} MiB is larger than a trace can be "
-                f"({MAX_TRACE_BYTES // MIB} MiB): record a shorter one"
-            )
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text: byte {exc.start}: {exc.reason}") from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}: not JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    if not isinstance(raw, dict):
-        raise TraceError(f"{path}: (top level): expected a JSON object")
-    version = raw.get("format_version", 1)
-    if version not in FORMAT_VERSIONS:  # before the fields: a newer format fails as such
-        raise TraceError(
-            f"{path}: format_version: {version!r} is not a version this reader replays "
-            f"({', '.join(map(str, FORMAT_VERSIONS))}); upgrade omaticaya"
-        )
-    try:
-        return Trace.model_validate(raw)
-    except ValidationError as exc:
-        seen: list[str] = []
-        for err in exc.errors():
-            if "NvmlErr" in err["loc"] and err["type"] == "missing":
-                continue  # the other branch of "value | {nvml_error}" says what is wrong
-            line = f"{path}: {_where(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
-            if line not in seen:
-                seen.append(line)
-        raise TraceError("\n".join(seen[:5])) from None
+__all__ = ["TraceError", "TraceReader", "load_trace"]
 
 
 def _ok(value: Any) -> Any:

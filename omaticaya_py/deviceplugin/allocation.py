@@ -1,0 +1,104 @@
+"""Pure device-plugin rules: advertised device state, resource and socket names, the preferred allocation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+API_VERSION = "v1beta1"
+#: The kubelet (v1.20) always serves its registration socket here, whatever ``--root-dir``.
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    """One advertised device: ``id`` is the GPU UUID (``MIG-...`` for a MIG device, whose
+    parent GPU is ``index``); ``reasons`` why it is unhealthy; ``free_mib`` the live free memory
+    (``nvmlDeviceGetMemoryInfo`` on its handle)."""
+
+    id: str
+    index: int
+    healthy: bool
+    reasons: tuple[str, ...] = ()
+    free_mib: int | None = None
+    mig_index: int | None = None
+
+    @property
+    def health(self) -> str:
+        return HEALTHY if self.healthy else UNHEALTHY
+
+
+def mig_resource_name(gpu_resource: str, profile: str) -> str:
+    """The resource of a MIG profile beside the whole-GPU resource, NVIDIA's ``mixed``
+    naming: (``nvidia.com/gpu``, ``1g.10gb``) -> ``nvidia.com/mig-1g.10gb``."""
+    domain, slash, _ = gpu_resource.rpartition("/")
+    return f"{domain}{slash}mig-{profile}"
+
+
+def socket_name_for(resource_name: str) -> str:
+    """The plugin's socket file name for a resource: ``omaticaya-nvidia.com-gpu.sock``."""
+    return "omaticaya-" + re.sub(r"[^A-Za-z0-9_.-]", "-", resource_name) + ".sock"
+
+
+def preferred(
+    states: dict[str, DeviceState],
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    distance: Callable[[str, str], int | None] | None = None,
+) -> list[str]:
+    """The preferred ``size`` devices out of ``available``: every must-include device first,
+    then, one at a time, healthy before unhealthy, most free memory (live reading) first, then
+    the closest in topology to those already chosen (``distance(a, b)``: NVML's common-ancestor
+    level, lower is closer; used on real NVML), lowest index on a tie. Devices the plugin does
+    not know come last."""
+    chosen = list(dict.fromkeys(must_include))
+    rest = [d for d in dict.fromkeys(available) if d not in chosen]
+
+    def key(device_id: str) -> tuple[bool, int, int, int, int, str]:
+        s = states.get(device_id)
+        far = 0
+        if distance is not None and chosen:
+            far = max((distance(device_id, c) or 0) for c in chosen)
+        if s is None:
+            return (True, 1, far, 1 << 30, 0, device_id)
+        free = s.free_mib if s.free_mib is not None else -1
+        return (not s.healthy, -free, far, s.index, s.mig_index or 0, device_id)
+
+    while rest and len(chosen) < size:
+        best = min(rest, key=key)
+        chosen.append(best)
+        rest.remove(best)
+    return chosen
+
+
+def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:
+    """The devices a trace describes, by resource: ``None`` -> whole GPUs, a MIG profile ->
+    its MIG devices; each a sorted list of ``(GPU index, UUID)``."""
+    from ..sources.replay import TraceReader
+
+    reader = TraceReader(path)
+    found: dict[str | None, dict[str, int]] = {}
+    for frame in reader.frames:
+        for gpu in frame.gpus:
+            if gpu.mig_enabled:
+                for mig in gpu.mig_devices:
+                    if mig.uuid and mig.profile:
+                        found.setdefault(mig.profile, {}).setdefault(mig.uuid, gpu.index)
+            elif gpu.uuid:
+                found.setdefault(None, {}).setdefault(gpu.uuid, gpu.index)
+    return {
+        profile: sorted(((i, u) for u, i in devices.items()), key=lambda t: t[0])
+        for profile, devices in found.items()
+    }
+
+
+def trace_devices(path: Path | str) -> list[tuple[int, str]]:
+    """``(index, uuid)`` of the whole GPUs (MIG off) a trace describes."""
+    return trace_units(path).get(None, [])

@@ -1,0 +1,26 @@
+"""The Kubernetes edge: the only package that imports the ``kubernetes`` client.
+
+``ApiSession`` talks to the API server (configuration, credentials, retries, accounting);
+``NodeClient`` reads and merge-patches the agent's own Node and posts Events on it;
+``NodeCache`` lists and watches every Node for the scheduler extender; ``errors`` holds the
+``KubeError`` family that nothing above this package sees library types through.
+"""
+
+from .cache import NodeCache
+from .errors import KubeError, KubeForbidden, KubeRejected, KubeUnavailable, NodeNotFound
+from .nodes import MERGE_PATCH, NodeClient
+from .quantity import parse_quantity
+from .session import ApiSession
+
+__all__ = [
+    "MERGE_PATCH",
+    "ApiSession",
+    "KubeError",
+    "KubeForbidden",
+    "KubeRejected",
+    "KubeUnavailable",
+    "NodeCache",
+    "NodeClient",
+    "NodeNotFound",
+    "parse_quantity",
+]

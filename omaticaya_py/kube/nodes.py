@@ -1,0 +1,159 @@
+"""The agent's own Node: read it, merge-patch its labels and annotations, post Events on it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import tenacity
+from kubernetes.config import incluster_config
+
+from ..core.patch import MergePatch, NodeMeta
+from .errors import KubeError
+from .session import ApiSession
+
+__all__ = ["MERGE_PATCH", "NodeClient"]
+
+MERGE_PATCH = "application/merge-patch+json"
+_NODE_PATH = "/api/v1/nodes/{name}"
+
+
+class NodeClient:
+    """Reads and patches one Node (``/api/v1/nodes/{node_name}``) and posts its Events.
+
+    The keyword arguments configure its ``ApiSession`` (see there: kubeconfig or in-cluster
+    credentials, per-request timeout, retries). ``requests`` counts requests by
+    ``(verb, status)``. Raises ``KubeError`` subclasses; a bad or missing configuration raises
+    ``KubeError``.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        kubeconfig: str | None = None,
+        environ: Mapping[str, str] | None = None,
+        token_file: str = incluster_config.SERVICE_TOKEN_FILENAME,
+        ca_file: str = incluster_config.SERVICE_CERT_FILENAME,
+        timeout_s: float = 10.0,
+        attempts: int = 4,
+        backoff_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        sleep: Callable[[float], None] = tenacity.nap.sleep,
+    ) -> None:
+        self.node_name = node_name
+        self.session = ApiSession(
+            kubeconfig=kubeconfig,
+            environ=environ,
+            token_file=token_file,
+            ca_file=ca_file,
+            timeout_s=timeout_s,
+            attempts=attempts,
+            backoff_s=backoff_s,
+            backoff_max_s=backoff_max_s,
+            sleep=sleep,
+        )
+        self.requests = self.session.requests
+        self.stopping = self.session.stopping
+        self.timeout_s = timeout_s
+
+    @property
+    def server(self) -> str:
+        """The API server URL in use."""
+        return self.session.server
+
+    def begin_shutdown(self, deadline_s: float) -> None:
+        """No more retries, and requests cut to ``deadline_s`` (see ``ApiSession``)."""
+        self.session.begin_shutdown(deadline_s)
+
+    @staticmethod
+    def _meta(response: Any) -> NodeMeta:
+        body = json.loads(response.data)
+        meta = body.get("metadata", {})
+        return NodeMeta(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            labels=meta.get("labels") or {},
+            annotations=meta.get("annotations") or {},
+        )
+
+    def get_node(self) -> NodeMeta:
+        """GET the Node; returns its name, uid, labels and annotations.
+
+        Raises ``NodeNotFound``, ``KubeForbidden``, ``KubeUnavailable``, ``KubeRejected``."""
+        response = self.session.call(
+            "get",
+            f"node {self.node_name}",
+            lambda: self.session.http("GET", _NODE_PATH, path_params={"name": self.node_name}),
+        )
+        return self._meta(response)
+
+    def patch_node(self, patch: MergePatch) -> NodeMeta:
+        """PATCH the Node with a JSON merge patch (RFC 7386) and return the Node as stored.
+
+        Raises as ``get_node``."""
+        response = self.session.call(
+            "patch",
+            f"node {self.node_name}",
+            lambda: self.session.http(
+                "PATCH",
+                _NODE_PATH,
+                path_params={"name": self.node_name},
+                body=patch,
+                content_type=MERGE_PATCH,
+            ),
+        )
+        return self._meta(response)
+
+    def create_node_event(
+        self, *, node_uid: str, reason: str, message: str, warning: bool, namespace: str = "default"
+    ) -> None:
+        """POST a core/v1 Event about the Node (as the kubelet does, in ``namespace``).
+
+        ``reason`` is CamelCase (``GpuUnhealthy``), ``warning`` picks type Warning or Normal;
+        reporting component ``omaticaya``, instance the Node name. A 409 (AlreadyExists: the
+        Event's name is unique to this call, so an earlier attempt of it got through) counts as
+        posted; it is never retried. Raises ``KubeError`` otherwise."""
+        now = datetime.now(timezone.utc)
+        stamp = now.strftime("%Y%m%d%H%M%S%f")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.node_name}.omaticaya.{stamp}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": node_uid or self.node_name,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "omaticaya", "host": self.node_name},
+            "reportingComponent": "omaticaya",
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "lastTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "count": 1,
+        }
+        try:
+            self.session.call(
+                "create",
+                f"event {reason} on node {self.node_name}",
+                lambda: self.session.http(
+                    "POST",
+                    "/api/v1/namespaces/{namespace}/events",
+                    path_params={"namespace": namespace},
+                    body=body,
+                    content_type="application/json",
+                ),
+            )
+        except KubeError as err:
+            if err.status != 409:
+                raise
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self.session.close()

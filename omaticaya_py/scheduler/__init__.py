@@ -1,0 +1,87 @@
+"""The scheduler side: a kube-scheduler extender that places pods by live GPU state.
+
+The scheduler POSTs ``ExtenderArgs`` (``k8s.io/kube-scheduler/extender/v1``: ``Pod``, and
+``Nodes`` (a v1.NodeList) or, when the extender is ``nodeCacheCapable``, ``NodeNames``) to
+``/filter`` and ``/prioritize``. Answers: ``ExtenderFilterResult`` (``Nodes`` or ``NodeNames``,
+``FailedNodes`` name -> reason, ``Error``) and a ``HostPriorityList`` (``[{"Host", "Score"}]``,
+scores 0..10 = ``MaxExtenderPriority`` of the 1.20 scheduler). Field names are the Go names: the
+Go types have no JSON tags.
+
+A pod states its need with the annotation ``<prefix>/gpu-memory-mib`` (free MiB on each GPU) and
+optionally ``<prefix>/gpu-count`` (GPUs, default 1). A pod without it passes through untouched
+(every node passes, every score is 0).
+
+Filter, per node, from the agent's labels and its ``<prefix>/telemetry`` annotation:
+
+- no Omaticaya data on the node (or the node is unknown to the cache), or stale telemetry: past
+  its ``expires_at`` (the agent's promise: heartbeat + schedule period + jitter after
+  ``read_at``) plus ``grace_s``, or, from an agent that does not publish ``expires_at``, older
+  than ``ttl_s + grace_s``: the node's GPU state is unknown; it fails, unless ``fail_open``
+  (then it passes, with score 0);
+- ``gpu.health`` Unhealthy or Unknown: fails;
+- fewer than ``gpu-count`` healthy GPUs with ``gpu-memory-mib`` free: fails.
+
+Prioritize: among the nodes that fit, ``binpack`` gives 10 to the node with the least free
+memory on its healthy GPUs and 1 to the one with the most; ``spread`` the reverse. Nodes that do
+not fit (or are unknown) get 0.
+
+Modules: ``settings`` (``OMATICAYA_EXTENDER_*``), ``rules`` (pure: the pod's need, filter,
+prioritize over ``core.schema.NodeGpuState``), ``protocol`` (pure: ExtenderArgs in, results
+out), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
+cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli.py``'s ``extender``.
+"""
+
+from ..core.schema import (
+    MAX_REFRESH_S,
+    MAX_TELEMETRY_BYTES,
+    GpuInfo,
+    NodeGpuState,
+    parse_node,
+    state_from_object,
+)
+from .app import MAX_BODY_BYTES, NodeProblems, args_problem, create_app, metrics_registry
+from .protocol import Extender, handle_filter, handle_prioritize
+from .rules import (
+    MAX_GPU_COUNT,
+    MAX_MEMORY_MIB,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Need,
+    Verdict,
+    filter_nodes,
+    judge,
+    parse_need,
+    prioritize_nodes,
+)
+from .server import serve
+from .settings import ExtenderSettings, load_extender_settings
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_GPU_COUNT",
+    "MAX_MEMORY_MIB",
+    "MAX_PRIORITY",
+    "MAX_REFRESH_S",
+    "MAX_TELEMETRY_BYTES",
+    "MIN_PRIORITY",
+    "Extender",
+    "ExtenderSettings",
+    "GpuInfo",
+    "Need",
+    "NodeGpuState",
+    "NodeProblems",
+    "Verdict",
+    "args_problem",
+    "create_app",
+    "filter_nodes",
+    "handle_filter",
+    "handle_prioritize",
+    "judge",
+    "load_extender_settings",
+    "metrics_registry",
+    "parse_need",
+    "parse_node",
+    "prioritize_nodes",
+    "serve",
+    "state_from_object",
+]

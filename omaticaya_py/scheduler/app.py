@@ -1,0 +1,216 @@
+"""The extender's HTTP face: a Starlette app serving /filter, /prioritize, /metrics and the probes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from loguru import logger as log
+
+from ..core.schema import NodeGpuState
+from .protocol import Extender
+
+# ------------------------------------------------------------------------------- app ----
+
+
+#: the largest request body read: a NodeList of 1,000 Nodes of 32 KiB (without
+#: ``nodeCacheCapable`` the scheduler sends whole Nodes); larger is answered 413
+MAX_BODY_BYTES = 32 << 20
+
+
+def args_problem(args: Mapping[str, Any]) -> str | None:
+    """What is wrong with the shape of an ExtenderArgs object, or ``None``: ``NodeNames`` must
+    be null or a list of names, ``Nodes`` null or an object whose ``items`` is null or a list
+    of objects. (``Pod`` may be anything: a pod without a readable need passes through.)"""
+    names = args.get("NodeNames")
+    if names is not None and not (
+        isinstance(names, list) and all(isinstance(n, str) for n in names)
+    ):
+        return "NodeNames must be null or a list of Node names"
+    nodes = args.get("Nodes")
+    if nodes is not None:
+        items = nodes.get("items") if isinstance(nodes, dict) else ()
+        if not isinstance(nodes, dict) or not (
+            items is None or (isinstance(items, list) and all(isinstance(n, dict) for n in items))
+        ):
+            return "Nodes must be null or a NodeList object whose items are Node objects"
+    return None
+
+
+class NodeProblems:
+    """Bad Node data seen by the cache, logged once per Node and problem and counted.
+
+    ``seen(state)`` is called with each parsed Node (``NodeGpuState.problem``: why its telemetry
+    is unusable); ``skipped(name, exc)`` when parsing a Node raised. ``counts`` maps a problem
+    (or ``"skipped: <exception type>"``) to how many times a Node turned to it. A Node whose data
+    is good again is logged once more, at INFO."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._current: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _set(self, name: str, problem: str | None, detail: str = "") -> None:
+        with self._lock:
+            before = self._current.get(name)
+            if problem == before:
+                return
+            if problem is None:
+                self._current.pop(name, None)
+            else:
+                self._current[name] = problem
+                self.counts[problem] += 1
+        if problem is None:
+            log.info("node {}: GPU telemetry usable again", name)
+        else:
+            log.warning("node {}: {}{} (the node fails the filter)", name, problem, detail)
+
+    def seen(self, state: NodeGpuState) -> NodeGpuState:
+        """Record ``state`` (logging a new problem once) and return it."""
+        self._set(state.name, state.problem)
+        return state
+
+    def skipped(self, name: str, exc: Exception) -> None:
+        """Record a Node that could not be parsed at all (dropped from the cache)."""
+        self._set(name, f"skipped: {type(exc).__name__}", f": {str(exc)[:200]}")
+
+
+def metrics_registry(cache: Any, problems: NodeProblems) -> Any:
+    """A prometheus-client ``CollectorRegistry`` over the node cache (``kube.NodeCache``) and
+    ``problems``: ``omaticaya_extender_cache_nodes`` (Nodes held), ``_cache_synced``,
+    ``_cache_ready`` (``cache.health()``), ``_cache_lists_total``, ``_cache_events_total``,
+    ``_nodes_skipped_total`` (Nodes whose parsing raised), ``_node_problems_total{problem}``
+    (Nodes whose telemetry turned unusable) and ``_api_requests_total{verb,result}``."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class _Collector:
+        def collect(self) -> Iterable[Any]:
+            yield GaugeMetricFamily(
+                "omaticaya_extender_cache_nodes", "Nodes in the cache.", value=len(cache)
+            )
+            yield GaugeMetricFamily(
+                "omaticaya_extender_cache_synced", "1 once the first LIST is stored.",
+                value=1 if cache.synced else 0,
+            )
+            yield GaugeMetricFamily(
+                "omaticaya_extender_cache_ready", "1 while the list+watch is alive and current.",
+                value=1 if cache.health()[0] else 0,
+            )
+            for name, doc, value in (
+                ("omaticaya_extender_cache_lists", "LISTs of every Node.", cache.lists),
+                ("omaticaya_extender_cache_events", "WATCH events received.", cache.events),
+                ("omaticaya_extender_nodes_skipped", "Nodes whose parsing raised (dropped).",
+                 cache.skipped),
+            ):  # fmt: skip
+                yield CounterMetricFamily(name, doc, value=value)
+            bad = CounterMetricFamily(
+                "omaticaya_extender_node_problems",
+                "Times a Node's GPU telemetry turned unusable, by problem.",
+                labels=["problem"],
+            )
+            for problem, n in sorted(problems.counts.items()):
+                bad.add_metric([problem], n)
+            yield bad
+            requests = CounterMetricFamily(
+                "omaticaya_extender_api_requests", "Kubernetes API requests, by verb and result.",
+                labels=["verb", "result"],
+            )
+            client = getattr(cache, "_client", None)
+            for (verb, result), n in sorted(getattr(client, "requests", {}).items()):
+                requests.add_metric([verb, result], n)
+            yield requests
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())  # type: ignore[arg-type]
+    return registry
+
+
+def create_app(extender: Extender, registry: Any = None) -> Any:
+    """The Starlette app: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``,
+    ``GET /readyz`` (503 with the reason until the node cache has synced, and while its
+    list+watch is dead or stalled: ``Extender.health``), and ``GET /metrics`` (Prometheus text,
+    from ``registry``; absent without one)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Mount, Route
+
+    def answer(body: Any) -> Response:
+        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+    async def read_args(request: Request) -> dict[str, Any] | tuple[int, str]:
+        """The ExtenderArgs object, or (HTTP status, reason) for a body that is not one."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return 413, f"bad ExtenderArgs: body larger than {MAX_BODY_BYTES} bytes"
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return 413, f"bad ExtenderArgs: body larger than {MAX_BODY_BYTES} bytes"
+            chunks.append(chunk)
+        try:
+            args = json.loads(b"".join(chunks))
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            return 400, "bad ExtenderArgs: not JSON"
+        if not isinstance(args, dict):
+            return 400, "bad ExtenderArgs: not a JSON object"
+        problem = args_problem(args)
+        return (400, f"bad ExtenderArgs: {problem}") if problem else args
+
+    async def filter_(request: Request) -> Response:
+        args = await read_args(request)
+        if isinstance(args, tuple):
+            status, reason = args
+            return JSONResponse(
+                {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "Error": reason},
+                status_code=status,
+            )
+        try:
+            return answer(extender.filter(args))
+        except Exception as exc:  # noqa: BLE001 - answer the scheduler, never drop the request
+            log.exception("filter failed")
+            return answer(
+                {
+                    "Nodes": None,
+                    "NodeNames": None,
+                    "FailedNodes": {},
+                    "Error": f"omaticaya extender: {exc}",
+                }
+            )
+
+    async def prioritize(request: Request) -> Response:
+        args = await read_args(request)
+        if isinstance(args, tuple):
+            status, reason = args
+            return JSONResponse({"Error": reason}, status_code=status)
+        try:
+            return answer(extender.prioritize(args))
+        except Exception as exc:  # noqa: BLE001 - answer the scheduler, never drop the request
+            log.exception("prioritize failed")
+            return JSONResponse({"Error": f"omaticaya extender: {exc}"}, status_code=500)
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if not extender.synced():
+            return PlainTextResponse("node cache not synced", status_code=503)
+        ok, reason = extender.health()
+        return PlainTextResponse(reason, status_code=200 if ok else 503)
+
+    routes: list[Any] = [
+        Route("/filter", filter_, methods=["POST"]),
+        Route("/prioritize", prioritize, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    if registry is not None:
+        from prometheus_client import make_asgi_app
+
+        routes.append(Mount("/metrics", make_asgi_app(registry)))
+    return Starlette(routes=routes)

@@ -1,0 +1,123 @@
+"""The kube-scheduler extender protocol (``k8s.io/kube-scheduler/extender/v1``): ExtenderArgs in, results out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.schema import NodeGpuState, state_from_object
+from .rules import filter_nodes, parse_need, prioritize_nodes
+from .settings import ExtenderSettings
+
+# ------------------------------------------------------------------- protocol handlers ----
+
+
+Lookup = Callable[[str], "NodeGpuState | None"]
+
+
+@dataclass
+class Extender:
+    """The protocol handlers bound to settings and a node lookup (the cache's ``get``)."""
+
+    settings: ExtenderSettings
+    lookup: Lookup = field(default=lambda name: None)
+    clock: Callable[[], float] = time.time
+    synced: Callable[[], bool] = field(default=lambda: True)
+    #: (ready, reason) of the node cache (``NodeCache.health``): a dead or stalled watch
+    health: Callable[[], tuple[bool, str]] = field(default=lambda: (True, "ok"))
+
+    def _states(
+        self, args: Mapping[str, Any]
+    ) -> tuple[list[tuple[str, NodeGpuState | None]], bool]:
+        """[(name, state)] and whether the request used NodeNames (cache mode)."""
+        prefix = self.settings.prefix
+        if args.get("NodeNames") is not None:
+            return [(n, self.lookup(n)) for n in args["NodeNames"]], True
+        items = ((args.get("Nodes") or {}).get("items")) or []
+        return [
+            ((node.get("metadata") or {}).get("name", ""), state_from_object(node, prefix))
+            for node in items
+        ], False
+
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        s = self.settings
+        need = parse_need(args.get("Pod"), s.prefix)
+        states, by_name = self._states(args)
+        if by_name and need is not None and not self.synced() and not s.fail_open:
+            # no data yet: say so instead of failing every node one by one
+            passed, failed = (
+                [],
+                {
+                    n: "node(s) not checked: the omaticaya extender's node cache is not synced yet"
+                    for n, _ in states
+                },
+            )
+        else:
+            passed, failed = filter_nodes(
+                need,
+                states,
+                now=self.clock(),
+                ttl_s=s.ttl_s,
+                grace_s=s.grace_s,
+                fail_open=s.fail_open,
+                prefix=s.prefix,
+            )
+        result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
+        if by_name:
+            result["NodeNames"] = passed
+            result["Nodes"] = None
+        else:
+            keep = set(passed)
+            nodes = args.get("Nodes") or {}
+            result["Nodes"] = {
+                **{k: v for k, v in nodes.items() if k != "items"},
+                "items": [
+                    n
+                    for n in nodes.get("items") or []
+                    if (n.get("metadata") or {}).get("name") in keep
+                ],
+            }
+            result["NodeNames"] = None
+        return result
+
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        s = self.settings
+        need = parse_need(args.get("Pod"), s.prefix)
+        states, _ = self._states(args)
+        return prioritize_nodes(
+            need,
+            states,
+            strategy=s.strategy,
+            now=self.clock(),
+            ttl_s=s.ttl_s,
+            grace_s=s.grace_s,
+            prefix=s.prefix,
+        )
+
+
+def handle_filter(
+    args: Mapping[str, Any],
+    settings: ExtenderSettings,
+    lookup: Lookup | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """ExtenderArgs -> ExtenderFilterResult (pure; ``lookup`` resolves ``NodeNames``)."""
+    ext = Extender(settings, lookup or (lambda name: None))
+    if now is not None:
+        ext.clock = lambda: now
+    return ext.filter(args)
+
+
+def handle_prioritize(
+    args: Mapping[str, Any],
+    settings: ExtenderSettings,
+    lookup: Lookup | None = None,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """ExtenderArgs -> HostPriorityList (pure; ``lookup`` resolves ``NodeNames``)."""
+    ext = Extender(settings, lookup or (lambda name: None))
+    if now is not None:
+        ext.clock = lambda: now
+    return ext.prioritize(args)

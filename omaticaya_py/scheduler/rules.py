@@ -1,0 +1,232 @@
+"""Pure placement rules: a pod's GPU need, and filter and prioritize over the nodes' GPU state."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ..core.schema import NodeGpuState, json_int, json_mapping
+
+MAX_PRIORITY = 10
+MIN_PRIORITY = 0
+
+BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
+
+
+# ------------------------------------------------------------------------------ rules ----
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a pod asks for: ``count`` GPUs with ``memory_mib`` free each. ``error`` is set when
+    the annotations are malformed (every node then fails with that message)."""
+
+    memory_mib: int
+    count: int = 1
+    error: str | None = None
+
+
+#: a plain whole number: MiB (the annotation's unit)
+_PLAIN_MIB = re.compile(r"^[0-9]{1,15}$")
+#: a memory quantity with a binary or decimal suffix (``1.5Gi``, ``30G``; ``MiB`` spellings
+#: too); negative numbers, exponents and milli-units are not memory sizes
+_MEMORY_QUANTITY = re.compile(r"^([0-9]{1,15}(?:\.[0-9]{1,9})?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)(?:B)?$")
+MIB = 1 << 20
+#: the most a pod can ask for on one GPU (1 EiB), and GPUs per pod
+MAX_MEMORY_MIB = 1 << 40
+MAX_GPU_COUNT = 1_000_000
+
+
+def _memory_mib(raw: str) -> int | None:
+    """MiB from a plain whole number (MiB) or a quantity with a memory suffix, rounded up to
+    whole MiB (``30G`` asks for 28611 MiB, never less than it said); ``None`` otherwise. The
+    suffix arithmetic is the Kubernetes client's (``kube.parse_quantity``)."""
+    text = raw.strip()
+    if _PLAIN_MIB.match(text):
+        return int(text)
+    m = _MEMORY_QUANTITY.match(text)
+    if not m:
+        return None
+    from ..kube import parse_quantity  # the kubernetes client loads only for a suffixed value
+
+    try:
+        size = parse_quantity(m.group(1) + m.group(2))
+    except ValueError:
+        return None
+    return int(math.ceil(size / MIB))
+
+
+def parse_need(pod: Any, prefix: str = "omaticaya.io") -> Need | None:
+    """The pod's need from ``<prefix>/gpu-memory-mib`` and ``<prefix>/gpu-count``; ``None``
+    when the pod has no ``gpu-memory-mib`` annotation (or is not a pod object at all).
+
+    Memory is MiB per GPU: a plain whole number is MiB, a quantity with a memory suffix
+    (``30Gi``, ``1.5Gi``, ``30G``) is converted by the Kubernetes client's parser and rounded up
+    to whole MiB; at most ``MAX_MEMORY_MIB``. The count is a whole number from 1 to
+    ``MAX_GPU_COUNT`` (default 1). A bad value gives a ``Need`` with ``error`` set, naming the
+    annotation and the expected form: every node then fails with it."""
+    meta = json_mapping(json_mapping(pod).get("metadata"))
+    annotations = json_mapping(meta.get("annotations"))
+    mem_key, count_key = f"{prefix}/gpu-memory-mib", f"{prefix}/gpu-count"
+    if mem_key not in annotations:
+        return None
+    raw_mem, raw_count = str(annotations[mem_key]), str(annotations.get(count_key, "1"))
+    shown_mem, shown_count = _shown(raw_mem), _shown(raw_count)
+    memory = _memory_mib(raw_mem) if len(raw_mem) <= 64 else None
+    if memory is None:
+        return Need(
+            0, 1, f"pod annotation {mem_key}={shown_mem} is not a memory size: expected MiB as "
+            "a whole number (30720) or a quantity (30Gi, 1.5Gi)",
+        )  # fmt: skip
+    if memory > MAX_MEMORY_MIB:
+        return Need(0, 1, f"pod annotation {mem_key}={shown_mem} asks for more than 1 EiB")
+    count = json_int(raw_count)
+    if count is None or not 1 <= count <= MAX_GPU_COUNT:
+        return Need(
+            memory, 1,
+            f"pod annotation {count_key}={shown_count} is not a whole number from 1 to "
+            f"{MAX_GPU_COUNT}",
+        )  # fmt: skip
+    return Need(memory, count)
+
+
+def _shown(raw: str) -> str:
+    """``repr`` of a value for a message, cut to 40 characters."""
+    return repr(raw if len(raw) <= 40 else raw[:40] + "...")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A node's filter result: ``ok`` (passes), ``reason`` (why not: ends up in the pod's
+    FailedScheduling event), ``fits`` (passes on known, fresh data: it gets a score)."""
+
+    ok: bool
+    reason: str = ""
+    fits: bool = False
+
+
+def _gpus_text(count: int) -> str:
+    return "a GPU" if count == 1 else f"{count} GPUs"
+
+
+def judge(
+    state: NodeGpuState | None,
+    need: Need,
+    *,
+    now: float,
+    ttl_s: float,
+    grace_s: float,
+    fail_open: bool,
+    prefix: str = "omaticaya.io",
+) -> Verdict:
+    """The filter rule for one node (``state`` ``None``: the node is not in the cache)."""
+    unknown = Verdict(True) if fail_open else None
+    if need.error:
+        return Verdict(False, need.error)
+    if state is None:
+        return unknown or Verdict(False, "node(s) not yet in the omaticaya extender's cache")
+    if not state.known:
+        return unknown or Verdict(
+            False, f"node(s) had no GPU telemetry ({prefix} labels missing: no agent)"
+        )
+    if state.read_at is None or state.problem:
+        why = state.problem or "no telemetry annotation"
+        return unknown or Verdict(False, f"node(s) had unusable GPU telemetry ({why})")
+    if state.expires_at is not None:
+        if now > state.expires_at + grace_s:
+            stamp = datetime.fromtimestamp(state.expires_at, timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"
+            )
+            return unknown or Verdict(
+                False,
+                f"node(s) had stale GPU telemetry ({prefix}/telemetry expired at {stamp}, "
+                f"grace {grace_s:g}s: agent not reporting)",
+            )
+    elif now - state.read_at > ttl_s + grace_s:
+        return unknown or Verdict(
+            False,
+            f"node(s) had stale GPU telemetry ({prefix}/telemetry read_at older than "
+            f"{ttl_s + grace_s:g}s: agent not reporting)",
+        )
+    if state.health in BAD_HEALTH or state.health is None:
+        return Verdict(False, f"node(s) had GPU health {state.health or 'Unknown'} ({prefix})")
+    fitting = sum(1 for g in state.gpus if g.healthy and g.free_mib >= need.memory_mib)
+    if fitting < need.count:
+        return Verdict(
+            False,
+            f"node(s) had no room: pod needs {_gpus_text(need.count)} with "
+            f"{need.memory_mib} MiB free ({prefix})",
+        )
+    return Verdict(True, fits=True)
+
+
+def filter_nodes(
+    need: Need | None,
+    states: Iterable[tuple[str, NodeGpuState | None]],
+    *,
+    now: float,
+    ttl_s: float,
+    grace_s: float,
+    fail_open: bool,
+    prefix: str = "omaticaya.io",
+) -> tuple[list[str], dict[str, str]]:
+    """(names that pass, {name: reason} for those that fail), in input order."""
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    if need is None:
+        return [name for name, _ in states], failed
+    for name, state in states:
+        v = judge(
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=fail_open, prefix=prefix
+        )
+        if v.ok:
+            passed.append(name)
+        else:
+            failed[name] = v.reason
+    return passed, failed
+
+
+def prioritize_nodes(
+    need: Need | None,
+    states: Iterable[tuple[str, NodeGpuState | None]],
+    *,
+    strategy: str,
+    now: float,
+    ttl_s: float,
+    grace_s: float,
+    prefix: str = "omaticaya.io",
+) -> list[dict[str, Any]]:
+    """A HostPriorityList: ``[{"Host": name, "Score": 0..10}]`` in input order.
+
+    Fitting nodes score 1..10 by the free memory on their healthy GPUs, linearly between the
+    least and the most free among them (all equal: 10); ``binpack`` gives 10 to the least free,
+    ``spread`` to the most. Others (or every node for a pod without a need): 0."""
+    items = list(states)
+    if need is None or need.error:
+        return [{"Host": name, "Score": MIN_PRIORITY} for name, _ in items]
+    free: dict[str, int] = {}
+    for name, state in items:
+        v = judge(
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=False, prefix=prefix
+        )
+        if v.fits and state is not None:
+            free[name] = state.free_total_mib
+    out = []
+    lo, hi = (min(free.values()), max(free.values())) if free else (0, 0)
+    span = hi - lo
+    for name, _ in items:
+        if name not in free:
+            score = MIN_PRIORITY
+        elif span == 0:
+            score = MAX_PRIORITY
+        else:
+            frac = (free[name] - lo) / span  # 0: least free, 1: most free
+            if strategy == "binpack":
+                frac = 1.0 - frac
+            score = 1 + round(frac * (MAX_PRIORITY - 1))
+        out.append({"Host": name, "Score": score})
+    return out

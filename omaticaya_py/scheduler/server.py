@@ -1,0 +1,99 @@
+"""Run the extender: the Node cache (list + watch), the app, and uvicorn until SIGTERM."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger as log
+
+from ..core.schema import NodeGpuState, parse_node
+from .app import NodeProblems, create_app, metrics_registry
+from .protocol import Extender
+from .settings import ExtenderSettings
+
+
+class _Server:
+    """uvicorn in this thread, stopped by ``stop()`` (from a signal handler or another thread)."""
+
+    def __init__(self, app: Any, settings: ExtenderSettings) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            app,
+            host=settings.address,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            access_log=settings.log_level == "DEBUG",
+            lifespan="off",
+        )
+        self.server = uvicorn.Server(config)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+
+def serve(
+    settings: ExtenderSettings,
+    *,
+    ready: threading.Event | None = None,
+    stop: threading.Event | None = None,
+    cache_factory: Callable[..., Any] | None = None,
+) -> int:
+    """Start the node cache and serve until ``stop`` is set (or SIGTERM/SIGINT when run in the
+    main thread). Returns the exit status. ``ready`` is set once the socket listens."""
+    from ..kube import KubeError, NodeCache
+
+    prefix = settings.prefix
+    problems = NodeProblems()
+
+    def transform(meta: Any) -> NodeGpuState:
+        return problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
+
+    def on_error(err: KubeError) -> None:
+        log.warning("node cache: {}", err)
+
+    try:
+        cache = (cache_factory or NodeCache)(
+            transform,
+            kubeconfig=settings.kubeconfig,
+            on_error=on_error,
+            on_skip=problems.skipped,
+        )
+    except KubeError as err:
+        log.error("{}", err)
+        return 1
+    cache.start()
+    ext = Extender(settings, cache.get, synced=lambda: cache.synced, health=cache.health)
+    server = _Server(create_app(ext, metrics_registry(cache, problems)), settings)
+    stopper = None
+    if stop is not None:
+        stopper = threading.Thread(
+            target=lambda: (stop.wait(), server.stop()), name="extender-stop", daemon=True
+        )
+        stopper.start()
+    if ready is not None:
+
+        def watch_started() -> None:
+            while not server.server.started and not server.server.should_exit:
+                time.sleep(0.02)
+            ready.set()
+
+        threading.Thread(target=watch_started, daemon=True).start()
+    log.info(
+        "extender on {}:{} strategy={} ttl={:g}s+{:g}s fail_open={} prefix={}",
+        settings.address,
+        settings.port,
+        settings.strategy,
+        settings.ttl_s,
+        settings.grace_s,
+        settings.fail_open,
+        prefix,
+    )
+    try:
+        server.server.run()
+    finally:
+        cache.stop()
+    return 0 if server.server.started else 1

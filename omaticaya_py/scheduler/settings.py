@@ -1,0 +1,88 @@
+"""The extender's settings: ``OMATICAYA_EXTENDER_*`` environment, ``.env`` and flags."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ..core.settings import check_prefix, load
+
+# ---------------------------------------------------------------------------- settings ----
+
+
+class ExtenderSettings(BaseSettings):
+    """Settings of the extender: environment ``OMATICAYA_EXTENDER_<FIELD>``, ``.env``, flags."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="OMATICAYA_EXTENDER_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+        validate_default=True,
+        allow_inf_nan=False,  # 'inf' and 'nan' parse as floats: no setting means them
+    )
+
+    address: str = Field(
+        default="127.0.0.1",
+        description="Address to listen on (the scheduler runs in the same pod: loopback).",
+    )
+    port: int = Field(default=8888, ge=1, le=65535, description="Port to listen on.")
+    strategy: Literal["binpack", "spread"] = Field(
+        default="binpack",
+        description="binpack: prefer the least free GPU memory that fits; spread: the most.",
+    )
+    ttl_s: float = Field(
+        default=300,
+        gt=0,
+        le=30 * 86400,
+        description="Telemetry older than this (plus grace_s) is stale, for agents that do not "
+        "publish expires_at (newer ones do: their heartbeat + schedule period + jitter).",
+    )
+    grace_s: float = Field(
+        default=60,
+        ge=0,
+        le=86400,
+        description="Allowance on top of ttl_s (agent schedule, clock skew).",
+    )
+    fail_open: bool = Field(
+        default=False,
+        description="Let nodes whose GPU state is unknown or stale pass the filter.",
+    )
+    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
+    kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
+    log_level: Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        return check_prefix(value)
+
+    @field_validator("strategy", "log_level", mode="before")
+    @classmethod
+    def _normalise(cls, value: Any, info: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        return value.upper() if info.field_name == "log_level" else value.lower()
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                "expected an IP address to bind, like '127.0.0.1' or '0.0.0.0'"
+            ) from None
+        return value
+
+
+def load_extender_settings(**overrides: Any) -> ExtenderSettings:
+    """``ExtenderSettings`` from the environment and ``.env``, with ``overrides`` (flags; ``None``
+    ignored) on top. Raises ``SettingsError``: one line per bad setting, naming the variable."""
+    return load(ExtenderSettings, **overrides)

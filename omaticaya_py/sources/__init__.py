@@ -1,0 +1,3 @@
+"""Where readings come from: NVML on a GPU node (``nvml``), a recorded trace (``replay``, with
+its file format in ``trace``), and the recorder that writes such traces from NVML (``record``).
+``nvml`` and ``record`` are the only modules that import ``pynvml``."""
