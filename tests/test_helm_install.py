@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.labels import is_static
+from omaticaya_py.core.render import is_static
 from tests.devcluster import DevCluster, _run_script, start_dev_cluster
 from tests.tools import ToolUnavailable, helm_path, kubectl_path
 
@@ -349,6 +349,32 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
     assert not spec.get("hostNetwork")
     log = kube.kubectl("-n", NAMESPACE, "logs", pod["metadata"]["name"]).stdout
     assert "reader=TraceReader" in log, log[-2000:]
+    # the API server saw the agent's patch come from the pod's own IP, as its ServiceAccount:
+    # the pod read its mounted token and reached 10.0.0.1:443 (the `kubernetes` Service) through
+    # kube-proxy
+    sa_user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+
+    def patch_from_pod() -> list[dict[str, Any]]:
+        events = []
+        for line in cluster.audit_lines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            ref = event.get("objectRef") or {}
+            if (
+                event.get("user", {}).get("username") == sa_user
+                and event.get("verb") == "patch"
+                and ref.get("resource") == "nodes"
+                and ref.get("name") == node
+                and event.get("stage") == "ResponseComplete"
+            ):
+                events.append(event)
+        return events
+
+    patches = wait_for("the agent's patch in the audit log", patch_from_pod)
+    assert {ip for e in patches for ip in e["sourceIPs"]} == {pod["status"]["podIP"]}, patches[0]
+    assert any(e["responseStatus"]["code"] == 200 for e in patches), patches
 
     # --- kubectl get nodes --show-labels: Ready means the agent read the trace and the API
     # server answered its patch, so the labels are there at the first look after Ready
