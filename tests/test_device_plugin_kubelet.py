@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.kubelet import PLUGIN_DIR, kubelet_node
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -36,7 +37,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 FAULTS_TRACE = Path(__file__).parent / "data" / "faults-trace.json"
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(4)]
 RESOURCE = "nvidia.com/gpu"
-PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 CHECKPOINT = PLUGIN_DIR / "kubelet_internal_checkpoint"
 IMAGE = "omaticaya.local/busybox:1"
 PERIOD_S = 40.0  # the faults trace loops every 40 s
@@ -45,22 +45,6 @@ INTERVAL_S = 0.5  # the plugin's schedule
 #: status period, plus the plugin's start-up (trace time starts at its first tick)
 FOLLOW_S = INTERVAL_S + 1.0 + 1.5
 
-
-
-def _kubelet_sock_in_use() -> bool:
-    import socket
-
-    path = PLUGIN_DIR / "kubelet.sock"
-    if not path.exists():
-        return False
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 class Plugin:
@@ -128,15 +112,7 @@ class Plugin:
 
 @pytest.fixture(scope="module")
 def kubelet(dev_cluster: DevCluster) -> Iterator[str]:
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("the kubelet needs Linux and root (cgroups, mounts, /var/lib/kubelet)")
-    if _kubelet_sock_in_use():
-        pytest.skip(f"another kubelet serves {PLUGIN_DIR}/kubelet.sock (one per machine in 1.20)")
-    node = dev_cluster.start_kubelet()
-    try:
-        yield node
-    finally:
-        dev_cluster.kubelet_down()
+    yield from kubelet_node(dev_cluster)
 
 
 @pytest.fixture(scope="module")

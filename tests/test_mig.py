@@ -209,30 +209,34 @@ STATIC = {
 }
 
 
+#: one H100 in 3g.40gb + 2g.20gb + 2g.20gb at t=15: the 30 GiB load runs in the 3g.40gb
+#: instance (8832 MiB free there)
+H100_MIG_AT_15 = {
+    **STATIC,
+    "gpu.count": "1",
+    "gpu.health": "Healthy",
+    "gpu.memory.free-mib": "19456",  # the freest unit: a 2g.20gb (20083 MiB)
+    "gpu.memory.free-total-mib": "48128",  # 8832 + 20083 + 20083, rounded down
+    "gpu.idle-count": "2",
+    "gpu.healthy-count": "3",
+    "mig.strategy": "mixed",
+    "mig-2g.20gb.count": "2",
+    "mig-2g.20gb.healthy-count": "2",
+    "mig-2g.20gb.idle-count": "2",
+    "mig-2g.20gb.memory.free-mib": "19456",
+    "mig-3g.40gb.count": "1",
+    "mig-3g.40gb.healthy-count": "1",
+    "mig-3g.40gb.idle-count": "0",
+    "mig-3g.40gb.memory.free-mib": "8192",
+    "gpu-0.health": "Healthy",
+    "gpu-0.mig.enabled": "true",
+    "gpu-0.memory.free-mib": "19456",
+    "gpu-0.temperature-c": "60",
+}
+
+
 def test_labels_of_one_h100_in_three_mig_devices_under_load() -> None:
-    # t=15: the 30 GiB load runs in the 3g.40gb instance (8832 MiB free there)
-    assert labels_at(H100_MIG, 15.0) == {
-        **STATIC,
-        "gpu.count": "1",
-        "gpu.health": "Healthy",
-        "gpu.memory.free-mib": "19456",  # the freest unit: a 2g.20gb (20083 MiB)
-        "gpu.memory.free-total-mib": "48128",  # 8832 + 20083 + 20083, rounded down
-        "gpu.idle-count": "2",
-        "gpu.healthy-count": "3",
-        "mig.strategy": "mixed",
-        "mig-2g.20gb.count": "2",
-        "mig-2g.20gb.healthy-count": "2",
-        "mig-2g.20gb.idle-count": "2",
-        "mig-2g.20gb.memory.free-mib": "19456",
-        "mig-3g.40gb.count": "1",
-        "mig-3g.40gb.healthy-count": "1",
-        "mig-3g.40gb.idle-count": "0",
-        "mig-3g.40gb.memory.free-mib": "8192",
-        "gpu-0.health": "Healthy",
-        "gpu-0.mig.enabled": "true",
-        "gpu-0.memory.free-mib": "19456",
-        "gpu-0.temperature-c": "60",
-    }
+    assert labels_at(H100_MIG, 15.0) == H100_MIG_AT_15
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ quiet window here); the trace loops every ~26 s.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from omaticaya_py.core.schema import STATIC_NAMES
 from tests import nvmltestlib  # (its testlib_env would be collected as a test if imported)
 from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.kubelet import PLUGIN_DIR, kubelet_node
+from tests.test_mig import H100_MIG_AT_15
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster]
@@ -36,7 +37,6 @@ MIG_MIXED = DATA / "mig-mixed-trace.json"
 P = "omaticaya.io/"
 RESOURCE = "example.com/gpu"  # MIG profiles then are example.com/mig-<profile>
 MIG_RESOURCE = "example.com/mig-1g.10gb"
-PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 IMAGE = "omaticaya.local/busybox:1"
 
 
@@ -69,25 +69,7 @@ def _mig_labels(labels: dict[str, str]) -> dict[str, str]:
     }
 
 
-EXPECTED_H100_MIG_AT_15 = {
-    "gpu.health": "Healthy",
-    "gpu.healthy-count": "3",
-    "gpu.idle-count": "2",
-    "gpu.memory.free-mib": "19456",
-    "gpu.memory.free-total-mib": "48128",
-    "mig.strategy": "mixed",
-    "mig-2g.20gb.count": "2",
-    "mig-2g.20gb.healthy-count": "2",
-    "mig-2g.20gb.idle-count": "2",
-    "mig-2g.20gb.memory.free-mib": "19456",
-    "mig-3g.40gb.count": "1",
-    "mig-3g.40gb.healthy-count": "1",
-    "mig-3g.40gb.idle-count": "0",
-    "mig-3g.40gb.memory.free-mib": "8192",
-    "gpu-0.health": "Healthy",
-    "gpu-0.mig.enabled": "true",
-    "gpu-0.memory.free-mib": "19456",
-}
+EXPECTED_H100_MIG_AT_15 = _mig_labels({f"{P}{k}": v for k, v in H100_MIG_AT_15.items()})
 
 
 def test_mig_trace_labels_a_node_by_replay(dev_cluster, admin_api, make_node) -> None:
@@ -126,34 +108,10 @@ def test_mig_labels_a_node_through_real_pynvml(dev_cluster, admin_api, make_node
 # -- the device plugin on the real kubelet, from the NVML test library -------------------
 
 
-def _kubelet_sock_in_use() -> bool:
-    import socket
-
-    path = PLUGIN_DIR / "kubelet.sock"
-    if not path.exists():
-        return False
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
 @pytest.fixture(scope="module")
 def kubelet(dev_cluster: DevCluster) -> Iterator[str]:
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("the kubelet needs Linux and root (cgroups, mounts, /var/lib/kubelet)")
-    if _kubelet_sock_in_use():
-        pytest.skip(f"another kubelet serves {PLUGIN_DIR}/kubelet.sock (one per machine in 1.20)")
     nvmltestlib.build_testlib()
-    node = dev_cluster.start_kubelet()
-    try:
-        yield node
-    finally:
-        dev_cluster.kubelet_down()
+    yield from kubelet_node(dev_cluster)
 
 
 class PluginProcess:

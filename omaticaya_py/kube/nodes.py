@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
-
-import tenacity
-from kubernetes.config import incluster_config
 
 from ..core.patch import MergePatch, NodeMeta
 from .errors import KubeError
@@ -30,34 +26,16 @@ class NodeClient:
     """
 
     def __init__(
-        self,
-        node_name: str,
-        *,
-        kubeconfig: str | None = None,
-        environ: Mapping[str, str] | None = None,
-        token_file: str = incluster_config.SERVICE_TOKEN_FILENAME,
-        ca_file: str = incluster_config.SERVICE_CERT_FILENAME,
-        timeout_s: float = 10.0,
-        attempts: int = 4,
-        backoff_s: float = 0.2,
-        backoff_max_s: float = 5.0,
-        sleep: Callable[[float], None] = tenacity.nap.sleep,
+        self, node_name: str, *, session: ApiSession | None = None, **options: Any
     ) -> None:
+        """``options`` configure a new ``ApiSession`` (``kubeconfig``, ``environ``,
+        ``token_file``, ``ca_file``, ``timeout_s``, ``attempts``, ``backoff_s``,
+        ``backoff_max_s``, ``sleep``) unless ``session`` is given."""
         self.node_name = node_name
-        self.session = ApiSession(
-            kubeconfig=kubeconfig,
-            environ=environ,
-            token_file=token_file,
-            ca_file=ca_file,
-            timeout_s=timeout_s,
-            attempts=attempts,
-            backoff_s=backoff_s,
-            backoff_max_s=backoff_max_s,
-            sleep=sleep,
-        )
+        self.session = session if session is not None else ApiSession(**options)
         self.requests = self.session.requests
         self.stopping = self.session.stopping
-        self.timeout_s = timeout_s
+        self.timeout_s = self.session.timeout_s
 
     @property
     def server(self) -> str:
