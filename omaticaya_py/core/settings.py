@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
 
 __all__ = [
+    "CommonSettings",
     "Schedule",
     "Settings",
     "SettingsError",
@@ -38,20 +39,45 @@ S = TypeVar("S", bound=BaseSettings)
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: the name part of an extended resource (a qualified name: ``gpu``, ``gpu.shared``).
 EXTENDED_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-class Settings(BaseSettings):
-    """Every setting of the agent. Environment names are ``OMATICAYA_<FIELD>`` in upper case,
-    except the Node name, which is ``NODE_NAME`` as the downward API sets it."""
+
+
+class CommonSettings(BaseSettings):
+    """What every Omaticaya service is configured with, and how: the key prefix and logging;
+    a ``.env`` file beside the environment, values frozen once loaded, ``inf``/``nan`` refused.
+    ``Settings`` (the agent, ``OMATICAYA_*``) and the extender's ``ExtenderSettings``
+    (``OMATICAYA_EXTENDER_*``) build on it; ``load`` reads either."""
 
     model_config = SettingsConfigDict(
-        env_prefix="OMATICAYA_",
         env_file=".env",
         env_file_encoding="utf-8",
         extra="ignore",
         frozen=True,
-        populate_by_name=True,
         validate_default=True,
         allow_inf_nan=False,  # 'inf' and 'nan' parse as floats: no setting means them
     )
+
+    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
+    log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
+    log_level: Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"] = (
+        "INFO"
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        return check_prefix(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
+
+class Settings(CommonSettings):
+    """Every setting of the agent. Environment names are ``OMATICAYA_<FIELD>`` in upper case,
+    except the Node name, which is ``NODE_NAME`` as the downward API sets it."""
+
+    model_config = SettingsConfigDict(env_prefix="OMATICAYA_", populate_by_name=True)
 
     schedule: Annotated[Schedule, NoDecode] = Field(
         default="@every 10s",  # type: ignore[assignment]
@@ -62,7 +88,6 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("NODE_NAME", "OMATICAYA_NODE_NAME", "node_name"),
         description="Name of the Node to label (downward API spec.nodeName).",
     )
-    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
     memory_step_mib: int = Field(default=1024, ge=1, description="Memory labels round down to this.")
     utilization_step_pct: int = Field(
         default=10, ge=1, le=100, description="Utilisation labels round to this."
@@ -83,10 +108,6 @@ class Settings(BaseSettings):
     per_gpu_labels: bool = Field(default=True, description="Publish gpu-N.* labels.")
     cleanup_on_exit: bool = Field(default=True, description="Remove dynamic labels on SIGTERM.")
     trace: Path | None = Field(default=None, description="Replay this trace instead of NVML.")
-    log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
-    log_level: Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"] = (
-        "INFO"
-    )
     xid_ignore: Annotated[frozenset[int], NoDecode] = Field(
         default=frozenset({13, 31, 43, 45, 68, 109}),
         description="Xid codes that are application faults, not GPU faults.",
@@ -143,13 +164,8 @@ class Settings(BaseSettings):
     @classmethod
     def _trace_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
-            raise ValueError("expected an existing trace file (JSON, format version 1)")
+            raise ValueError("expected an existing trace file (JSON, format version 1 or 2)")
         return value
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_level(cls, value: Any) -> Any:
-        return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator("metrics_address")
     @classmethod
@@ -159,11 +175,6 @@ class Settings(BaseSettings):
         except ValueError:
             raise ValueError("expected an IP address to bind, like '0.0.0.0' or '::'") from None
         return value
-
-    @field_validator("prefix")
-    @classmethod
-    def _check_prefix(cls, value: str) -> str:
-        return check_prefix(value)
 
     @field_validator("xid_ignore", mode="before")
     @classmethod

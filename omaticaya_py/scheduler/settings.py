@@ -6,25 +6,18 @@ import ipaddress
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from ..core.settings import check_prefix, load
+from ..core.settings import CommonSettings, load
 
 # ---------------------------------------------------------------------------- settings ----
 
 
-class ExtenderSettings(BaseSettings):
-    """Settings of the extender: environment ``OMATICAYA_EXTENDER_<FIELD>``, ``.env``, flags."""
+class ExtenderSettings(CommonSettings):
+    """Settings of the extender: environment ``OMATICAYA_EXTENDER_<FIELD>``, ``.env``, flags;
+    the key prefix and logging as every service has them (``CommonSettings``)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="OMATICAYA_EXTENDER_",
-        env_file=".env",
-        env_file_encoding="utf-8",
-        extra="ignore",
-        frozen=True,
-        validate_default=True,
-        allow_inf_nan=False,  # 'inf' and 'nan' parse as floats: no setting means them
-    )
+    model_config = SettingsConfigDict(env_prefix="OMATICAYA_EXTENDER_")
 
     address: str = Field(
         default="127.0.0.1",
@@ -52,23 +45,12 @@ class ExtenderSettings(BaseSettings):
         default=False,
         description="Let nodes whose GPU state is unknown or stale pass the filter.",
     )
-    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
     kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
-    log_level: Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
 
-    @field_validator("prefix")
+    @field_validator("strategy", mode="before")
     @classmethod
-    def _check_prefix(cls, value: str) -> str:
-        return check_prefix(value)
-
-    @field_validator("strategy", "log_level", mode="before")
-    @classmethod
-    def _normalise(cls, value: Any, info: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        value = value.strip()
-        return value.upper() if info.field_name == "log_level" else value.lower()
+    def _lower_strategy(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("address")
     @classmethod
