@@ -9,6 +9,7 @@
 from .cache import NodeCache
 from .errors import KubeError, KubeForbidden, KubeRejected, KubeUnavailable, NodeNotFound
 from .nodes import MERGE_PATCH, NodeClient
+from .pods import PodCache
 from .quantity import parse_quantity
 from .session import ApiSession
 
@@ -22,5 +23,6 @@ __all__ = [
     "NodeCache",
     "NodeClient",
     "NodeNotFound",
+    "PodCache",
     "parse_quantity",
 ]

@@ -78,12 +78,17 @@ class NodeProblems:
         self._set(name, f"skipped: {type(exc).__name__}", f": {str(exc)[:200]}")
 
 
-def metrics_registry(cache: Any, problems: NodeProblems) -> Any:
+def metrics_registry(
+    cache: Any, problems: NodeProblems, pods: Any = None, pod_problems: Any = None
+) -> Any:
     """A prometheus-client ``CollectorRegistry`` over the node cache (``kube.NodeCache``) and
     ``problems``: ``omaticaya_extender_cache_nodes`` (Nodes held), ``_cache_synced``,
     ``_cache_ready`` (``cache.health()``), ``_cache_lists_total``, ``_cache_events_total``,
     ``_nodes_skipped_total`` (Nodes whose parsing raised), ``_node_problems_total{problem}``
-    (Nodes whose telemetry turned unusable) and ``_api_requests_total{verb,result}``."""
+    (Nodes whose telemetry turned unusable) and ``_api_requests_total{verb,result}``; with the
+    pod cache (``kube.PodCache`` of in-flight placements): ``_inflight_pods`` (pods placed and
+    not yet settled or gone), ``_pod_cache_synced``, ``_pod_cache_events_total`` and
+    ``_pods_skipped_total{problem}`` (pods that could not be read, from ``pod_problems``)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -123,10 +128,36 @@ def metrics_registry(cache: Any, problems: NodeProblems) -> Any:
             for (verb, result), n in sorted(getattr(client, "requests", {}).items()):
                 requests.add_metric([verb, result], n)
             yield requests
+            if pods is not None:
+                yield from _pod_metrics(pods, pod_problems)
 
     registry = CollectorRegistry()
     registry.register(_Collector())  # type: ignore[arg-type]
     return registry
+
+
+def _pod_metrics(pods: Any, pod_problems: Any) -> Iterable[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    yield GaugeMetricFamily(
+        "omaticaya_extender_inflight_pods",
+        "Pods placed through the extender that hold a placement (bound, not finished).",
+        value=len(pods),
+    )
+    yield GaugeMetricFamily(
+        "omaticaya_extender_pod_cache_synced", "1 once the first LIST of pods is stored.",
+        value=1 if pods.synced else 0,
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "omaticaya_extender_pod_cache_events", "Pod WATCH events received.", value=pods.events
+    )
+    skipped = CounterMetricFamily(
+        "omaticaya_extender_pods_skipped", "Pods that could not be read (not counted in flight).",
+        labels=["problem"],
+    )  # fmt: skip
+    for problem, n in sorted(getattr(pod_problems, "counts", {}).items()):
+        skipped.add_metric([problem], n)
+    yield skipped
 
 
 def create_app(extender: Extender, registry: Any = None) -> Any:

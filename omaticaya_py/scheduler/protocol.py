@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.schema import NodeGpuState, state_from_object
-from .rules import filter_nodes, parse_need, prioritize_nodes
+from ..core.schema import NodeGpuState, json_mapping
+from .inflight import Placement, pending
+from .rules import InFlightOf, filter_nodes, parse_need, prioritize_nodes
 from .settings import ExtenderSettings
+from .staleness import view_from_object
 
 # ------------------------------------------------------------------- protocol handlers ----
 
@@ -27,6 +29,26 @@ class Extender:
     synced: Callable[[], bool] = field(default=lambda: True)
     #: (ready, reason) of the node cache (``NodeCache.health``): a dead or stalled watch
     health: Callable[[], tuple[bool, str]] = field(default=lambda: (True, "ok"))
+    #: the placements known on a node (``placements.InFlight.for_node``); ``pending`` decides
+    #: which still count
+    placements: Callable[[str], Sequence[Placement]] = field(default=lambda name: ())
+
+    def _inflight(self, pod: Any) -> InFlightOf | None:
+        """The in-flight placements counting against each node for ``pod`` (itself left out)."""
+        settle_s = self.settings.settle_s
+        if settle_s <= 0:
+            return None
+        uid = json_mapping(json_mapping(pod).get("metadata")).get("uid")
+        uid = uid if isinstance(uid, str) else ""
+        now = self.clock()
+
+        def of(name: str, state: NodeGpuState | None) -> Sequence[Placement]:
+            known = self.placements(name)
+            if not known:
+                return ()
+            return pending(known, state, now=now, settle_s=settle_s, exclude_uid=uid)
+
+        return of
 
     def _states(
         self, args: Mapping[str, Any]
@@ -37,7 +59,7 @@ class Extender:
             return [(n, self.lookup(n)) for n in args["NodeNames"]], True
         items = ((args.get("Nodes") or {}).get("items")) or []
         return [
-            ((node.get("metadata") or {}).get("name", ""), state_from_object(node, prefix))
+            ((node.get("metadata") or {}).get("name", ""), view_from_object(node, prefix))
             for node in items
         ], False
 
@@ -63,6 +85,9 @@ class Extender:
                 grace_s=s.grace_s,
                 fail_open=s.fail_open,
                 prefix=s.prefix,
+                stale_policy=s.stale_policy,
+                unknown_policy=s.unknown_policy,
+                inflight=self._inflight(args.get("Pod")),
             )
         result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
         if by_name:
@@ -94,6 +119,8 @@ class Extender:
             ttl_s=s.ttl_s,
             grace_s=s.grace_s,
             prefix=s.prefix,
+            stale_policy=s.stale_policy,
+            inflight=self._inflight(args.get("Pod")),
         )
 
 

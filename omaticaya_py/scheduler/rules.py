@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from ..core.schema import NodeGpuState, json_int, json_mapping
+from .inflight import Placement, adjust
+from .staleness import effective, legacy_default
+
+#: the in-flight placements that count against a node: (name, state) -> placements
+InFlightOf = Callable[[str, "NodeGpuState | None"], Sequence[Placement]]
 
 MAX_PRIORITY = 10
 MIN_PRIORITY = 0
@@ -102,11 +107,13 @@ def _shown(raw: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """A node's filter result: ``ok`` (passes), ``reason`` (why not: ends up in the pod's
-    FailedScheduling event), ``fits`` (passes on known, fresh data: it gets a score)."""
+    FailedScheduling event), ``fits`` (passes on known data: it gets a score), ``free_mib``
+    (the node's free memory on healthy GPUs less the in-flight pods': what it is scored by)."""
 
     ok: bool
     reason: str = ""
     fits: bool = False
+    free_mib: int = 0
 
 
 def _gpus_text(count: int) -> str:
@@ -122,11 +129,21 @@ def judge(
     grace_s: float,
     fail_open: bool,
     prefix: str = "omaticaya.io",
+    stale_policy: str | None = None,
+    unknown_policy: str | None = None,
+    inflight: Sequence[Placement] = (),
 ) -> Verdict:
-    """The filter rule for one node (``state`` ``None``: the node is not in the cache)."""
-    unknown = Verdict(True) if fail_open else None
+    """The filter rule for one node (``state`` ``None``: the node is not in the cache).
+
+    Stale and unknown nodes follow their policy (``scheduler.staleness``: the node's override,
+    else ``stale_policy``/``unknown_policy``, else ``fail_open``'s score-zero or reject). The
+    room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU."""
     if need.error:
         return Verdict(False, need.error)
+    unknown_is = effective(state, legacy_default(unknown_policy, fail_open))
+    stale_is = effective(state, legacy_default(stale_policy, fail_open))
+    unknown = None if unknown_is == "reject" else Verdict(True)
+    stale = None if stale_is == "reject" else Verdict(True)
     if state is None:
         return unknown or Verdict(False, "node(s) not yet in the omaticaya extender's cache")
     if not state.known:
@@ -141,27 +158,34 @@ def judge(
             stamp = datetime.fromtimestamp(state.expires_at, timezone.utc).strftime(
                 "%Y-%m-%dT%H:%M:%SZ"
             )
-            return unknown or Verdict(
-                False,
-                f"node(s) had stale GPU telemetry ({prefix}/telemetry expired at {stamp}, "
-                f"grace {grace_s:g}s: agent not reporting)",
-            )
-    elif now - state.read_at > ttl_s + grace_s:
-        return unknown or Verdict(
+            if stale_is != "allow":
+                return stale or Verdict(
+                    False,
+                    f"node(s) had stale GPU telemetry ({prefix}/telemetry expired at {stamp}, "
+                    f"grace {grace_s:g}s: agent not reporting)",
+                )
+    elif now - state.read_at > ttl_s + grace_s and stale_is != "allow":
+        return stale or Verdict(
             False,
             f"node(s) had stale GPU telemetry ({prefix}/telemetry read_at older than "
             f"{ttl_s + grace_s:g}s: agent not reporting)",
         )
     if state.health in BAD_HEALTH or state.health is None:
         return Verdict(False, f"node(s) had GPU health {state.health or 'Unknown'} ({prefix})")
-    fitting = sum(1 for g in state.gpus if g.healthy and g.free_mib >= need.memory_mib)
+    left = adjust(state, inflight) if inflight else state
+    fitting = sum(1 for g in left.gpus if g.healthy and g.free_mib >= need.memory_mib)
     if fitting < need.count:
-        return Verdict(
-            False,
-            f"node(s) had no room: pod needs {_gpus_text(need.count)} with "
-            f"{need.memory_mib} MiB free ({prefix})",
-        )
-    return Verdict(True, fits=True)
+        wanted = f"pod needs {_gpus_text(need.count)} with {need.memory_mib} MiB free"
+        if left is not state and need.count <= sum(
+            1 for g in state.gpus if g.healthy and g.free_mib >= need.memory_mib
+        ):
+            return Verdict(
+                False,
+                f"node(s) had room taken by in-flight pods: {wanted}, and pods placed there "
+                f"are not in its telemetry yet ({prefix})",
+            )
+        return Verdict(False, f"node(s) had no room: {wanted} ({prefix})")
+    return Verdict(True, fits=True, free_mib=left.free_total_mib)
 
 
 def filter_nodes(
@@ -173,6 +197,9 @@ def filter_nodes(
     grace_s: float,
     fail_open: bool,
     prefix: str = "omaticaya.io",
+    stale_policy: str | None = None,
+    unknown_policy: str | None = None,
+    inflight: InFlightOf | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(names that pass, {name: reason} for those that fail), in input order."""
     passed: list[str] = []
@@ -181,8 +208,10 @@ def filter_nodes(
         return [name for name, _ in states], failed
     for name, state in states:
         v = judge(
-            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=fail_open, prefix=prefix
-        )
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=fail_open,
+            prefix=prefix, stale_policy=stale_policy, unknown_policy=unknown_policy,
+            inflight=inflight(name, state) if inflight is not None else (),
+        )  # fmt: skip
         if v.ok:
             passed.append(name)
         else:
@@ -199,22 +228,28 @@ def prioritize_nodes(
     ttl_s: float,
     grace_s: float,
     prefix: str = "omaticaya.io",
+    stale_policy: str | None = None,
+    inflight: InFlightOf | None = None,
 ) -> list[dict[str, Any]]:
     """A HostPriorityList: ``[{"Host": name, "Score": 0..10}]`` in input order.
 
     Fitting nodes score 1..10 by the free memory on their healthy GPUs, linearly between the
     least and the most free among them (all equal: 10); ``binpack`` gives 10 to the least free,
-    ``spread`` to the most. Others (or every node for a pod without a need): 0."""
+    ``spread`` to the most, after the in-flight pods' memory is taken off. A stale node under
+    the ``allow`` policy is scored on its last reading. Others (or every node for a pod
+    without a need): 0."""
     items = list(states)
     if need is None or need.error:
         return [{"Host": name, "Score": MIN_PRIORITY} for name, _ in items]
     free: dict[str, int] = {}
     for name, state in items:
         v = judge(
-            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=False, prefix=prefix
-        )
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=False, prefix=prefix,
+            stale_policy="allow" if effective(state, stale_policy or "") == "allow" else "reject",
+            inflight=inflight(name, state) if inflight is not None else (),
+        )  # fmt: skip
         if v.fits and state is not None:
-            free[name] = state.free_total_mib
+            free[name] = v.free_mib
     out = []
     lo, hi = (min(free.values()), max(free.values())) if free else (0, 0)
     span = hi - lo

@@ -11,8 +11,10 @@ from loguru import logger as log
 
 from ..core.schema import NodeGpuState, parse_node
 from .app import NodeProblems, create_app, metrics_registry
+from .placements import InFlight, PodProblems, placement_from_pod
 from .protocol import Extender
 from .settings import ExtenderSettings
+from .staleness import with_policy
 
 
 class _Server:
@@ -41,6 +43,7 @@ def serve(
     ready: threading.Event | None = None,
     stop: threading.Event | None = None,
     cache_factory: Callable[..., Any] | None = None,
+    pod_cache_factory: Callable[..., Any] | None = None,
 ) -> int:
     """Start the node cache and serve until ``stop`` is set (or SIGTERM/SIGINT when run in the
     main thread). Returns the exit status. ``ready`` is set once the socket listens."""
@@ -50,7 +53,8 @@ def serve(
     problems = NodeProblems()
 
     def transform(meta: Any) -> NodeGpuState:
-        return problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
+        state = problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
+        return with_policy(state, meta.annotations, prefix)
 
     def on_error(err: KubeError) -> None:
         log.warning("node cache: {}", err)
@@ -66,8 +70,13 @@ def serve(
         log.error("{}", err)
         return 1
     cache.start()
+    pods, pod_problems = _start_pod_cache(settings, cache, pod_cache_factory)
     ext = Extender(settings, cache.get, synced=lambda: cache.synced, health=cache.health)
-    server = _Server(create_app(ext, metrics_registry(cache, problems)), settings)
+    if pods is not None:
+        ext.placements = InFlight(pods).for_node
+    server = _Server(
+        create_app(ext, metrics_registry(cache, problems, pods, pod_problems)), settings
+    )
     stopper = None
     if stop is not None:
         stopper = threading.Thread(
@@ -96,4 +105,42 @@ def serve(
         server.server.run()
     finally:
         cache.stop()
+        if pods is not None:
+            pods.stop()
     return 0 if server.server.started else 1
+
+
+def _start_pod_cache(
+    settings: ExtenderSettings, nodes: Any, factory: Callable[..., Any] | None
+) -> tuple[Any, PodProblems]:
+    """The pod list+watch behind the in-flight placements (``None`` with ``settle_s`` 0, or
+    when it cannot be configured: the extender then filters on telemetry alone)."""
+    from ..kube import KubeError, PodCache
+
+    problems = PodProblems()
+    if settings.settle_s <= 0:
+        return None, problems
+    selector = "spec.nodeName!="
+    if settings.scheduler_name:
+        selector = f"spec.schedulerName={settings.scheduler_name},{selector}"
+
+    def transform(pod: Any, previous: Any) -> Any:
+        return placement_from_pod(
+            pod, previous, prefix=settings.prefix, node_state=nodes.get, now=time.time()
+        )
+
+    def on_error(err: KubeError) -> None:
+        log.warning("pod cache (in-flight placements): {}", err)
+
+    try:
+        pods = (factory or PodCache)(
+            transform,
+            field_selector=selector,
+            kubeconfig=settings.kubeconfig,
+            on_error=on_error,
+            on_skip=problems.skipped,
+        )
+    except KubeError as err:
+        log.error("pod cache (in-flight placements off): {}", err)
+        return None, problems
+    return pods.start(), problems

@@ -45,9 +45,34 @@ class ExtenderSettings(CommonSettings):
         default=False,
         description="Let nodes whose GPU state is unknown or stale pass the filter.",
     )
+    stale_policy: Literal["reject", "allow", "score-zero"] | None = Field(
+        default=None,
+        description="Nodes whose telemetry is stale: reject (fail the filter), allow (judge "
+        "the last reading as fresh) or score-zero (pass, ranked last). Default: reject, or "
+        "score-zero with fail_open. A Node's <prefix>/stale-policy annotation overrides it.",
+    )
+    unknown_policy: Literal["reject", "allow", "score-zero"] | None = Field(
+        default=None,
+        description="Nodes with no usable telemetry: reject, allow or score-zero (both pass, "
+        "scored 0). Default: reject, or score-zero with fail_open.",
+    )
+    settle_s: float = Field(
+        default=60,
+        ge=0,
+        le=86400,
+        description="A pod placed through the extender counts against its node's free GPU "
+        "memory until the node's telemetry shows it, or for at most this many seconds "
+        "(0: no in-flight accounting).",
+    )
+    scheduler_name: str = Field(
+        default="omaticaya-scheduler",
+        max_length=253,
+        description="schedulerName of the pods whose placements are watched (empty: every "
+        "pod with the GPU annotation).",
+    )
     kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
 
-    @field_validator("strategy", mode="before")
+    @field_validator("strategy", "stale_policy", "unknown_policy", mode="before")
     @classmethod
     def _lower_strategy(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value

@@ -1,0 +1,72 @@
+"""The staleness policy: what the filter does with a node whose GPU state is stale or unknown.
+
+A node is ``stale`` when its telemetry is past the agent's own ``expires_at`` (``read_at`` +
+``refresh_s``, published by the agent) plus the extender's ``grace_s``, or, from an agent that
+publishes no ``expires_at``, when ``read_at`` is older than ``ttl_s + grace_s``. A node is
+``unknown`` when it has no Omaticaya labels, no usable telemetry, or is not in the cache yet.
+
+Policies, one for each case (``OMATICAYA_EXTENDER_STALE_POLICY``,
+``OMATICAYA_EXTENDER_UNKNOWN_POLICY``), overridable per Node by the annotation
+``<prefix>/stale-policy`` (both cases):
+
+- ``reject`` (default): the node fails the filter, with the reason;
+- ``allow``: fail open. A stale node is judged on its last reading as if it were fresh (health,
+  room, in-flight pods) and scored; an unknown node has nothing to judge: it passes, scored 0;
+- ``score-zero``: the node passes, and is ranked last (score 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from ..core.schema import NodeGpuState, json_mapping, state_from_object
+
+Policy = Literal["reject", "allow", "score-zero"]
+POLICIES: tuple[str, ...] = ("reject", "allow", "score-zero")
+
+#: the Node annotation (under the prefix) that overrides both policies for that node
+POLICY_ANNOTATION = "stale-policy"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView(NodeGpuState):
+    """A node's GPU state plus its ``<prefix>/stale-policy`` override (``None``: none, or a
+    value that is not a policy: ignored)."""
+
+    policy: str | None = None
+
+
+def node_policy(annotations: Any, prefix: str) -> str | None:
+    """The override from a Node's annotations, or ``None`` (absent or not a policy)."""
+    value = json_mapping(annotations).get(f"{prefix}/{POLICY_ANNOTATION}")
+    if isinstance(value, str) and value.strip().lower() in POLICIES:
+        return value.strip().lower()
+    return None
+
+
+def with_policy(state: NodeGpuState, annotations: Any, prefix: str) -> NodeView:
+    """``state`` as a ``NodeView`` carrying the Node's override."""
+    values = {f.name: getattr(state, f.name) for f in fields(NodeGpuState)}
+    return NodeView(**values, policy=node_policy(annotations, prefix))
+
+
+def view_from_object(node: Mapping[str, Any], prefix: str) -> NodeView:
+    """``state_from_object`` plus the override, for a whole v1.Node document."""
+    meta = json_mapping(json_mapping(node).get("metadata"))
+    return with_policy(state_from_object(node, prefix), meta.get("annotations"), prefix)
+
+
+def effective(state: NodeGpuState | None, default: str) -> str:
+    """The policy for ``state``'s node: its override, else ``default``."""
+    override = getattr(state, "policy", None)
+    return override if override in POLICIES else default
+
+
+def legacy_default(policy: str | None, fail_open: bool) -> str:
+    """The configured policy; ``fail_open`` (the older setting) means ``score-zero`` (what it
+    always did: pass, score 0) when no policy is set."""
+    if policy is not None:
+        return policy
+    return "score-zero" if fail_open else "reject"
