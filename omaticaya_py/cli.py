@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     _extender_parser(sub)
     _device_plugin_parser(sub)  # defined here: the plugin module loads grpc, only when it runs
     _record_parser(sub)
+    _top_parser(sub)
     return parser
 
 
@@ -130,6 +131,37 @@ def _record_parser(sub: Any) -> None:
     rec.add_argument("--interval", default="250ms", help="time between samples (at least 100ms)")
     rec.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
     rec.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+
+
+def _top_parser(sub: Any) -> None:
+    """Add ``omaticaya top`` to the CLI's sub-parsers (also ``kubectl omaticaya top``)."""
+    p = sub.add_parser(
+        "top", help="the fleet's GPUs: a table of every node's live GPU state (list/watch nodes)"
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster or $KUBECONFIG)")
+    p.add_argument("--context", help="kubeconfig context to use")
+    p.add_argument("-l", "--selector", help="label selector of the nodes (kubectl's -l)")
+    p.add_argument(
+        "-o", "--output", choices=("table", "wide", "json"), default="table",
+        help="table (default), wide (more columns) or json",
+    )
+    p.add_argument(
+        "--sort", choices=("name", "free", "util", "age"), default="name",
+        help="name; free: most free memory first; util: busiest first; age: oldest first",
+    )
+    p.add_argument("--gpus", action="store_true", help="one row per GPU")
+    p.add_argument("--unhealthy", action="store_true", help="only nodes not all healthy")
+    p.add_argument("--stale", action="store_true", help="only nodes whose reading is stale")
+    p.add_argument(
+        "-A", "--all", dest="all_nodes", action="store_true",
+        help="also nodes without Omaticaya data",
+    )
+    p.add_argument("-w", "--watch", action="store_true", help="redraw on every change")
+    p.add_argument(
+        "--interval", dest="interval_s", type=float, default=10.0,
+        help="with --watch: redraw at least this often, seconds (default 10)",
+    )
+    p.add_argument("--prefix", help="label key prefix (default $OMATICAYA_PREFIX or omaticaya.io)")
 
 
 def _duration_s(flag: str, text: str) -> float:
@@ -287,6 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UsageError as exc:
             print(f"omaticaya: {exc}", file=sys.stderr)
             return 2
+    if args.command == "top":  # a viewer: list/watch Nodes, no settings beyond the flags
+        from .views.top import run_top, top_options
+
+        return run_top(top_options(vars(args)))
     from .kube import KubeError
     from .logs import setup_logging
     from .sources.replay import TraceError

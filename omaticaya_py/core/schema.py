@@ -284,3 +284,81 @@ def state_from_object(node: Mapping[str, Any], prefix: str) -> NodeGpuState:
     return parse_node(
         name if isinstance(name, str) else "", meta.get("labels"), meta.get("annotations"), prefix
     )
+
+
+# ------------------------------------------------------------------- per-GPU readings ----
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU of the telemetry annotation, every field as published (``None``: absent,
+    NotSupported, or not of the right type): what a viewer such as ``omaticaya top --gpus``
+    shows. ``utilization_pct`` and ``power_w`` are finite floats; ``reasons`` are strings."""
+
+    index: int
+    uuid: str | None = None
+    product: str | None = None
+    memory_free_mib: int | None = None
+    memory_total_mib: int | None = None
+    utilization_pct: float | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    process_count: int | None = None
+    health: str | None = None
+    reasons: tuple[str, ...] = ()
+    mig_enabled: bool = False
+    mig_devices: int = 0
+
+
+def json_float(value: Any) -> float | None:
+    """A finite number from JSON, or ``None`` (booleans, NaN, infinities, text)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and abs(number) < 1e18 else None
+
+
+def parse_gpu_readings(
+    annotations: Mapping[str, str] | None, prefix: str = "omaticaya.io"
+) -> tuple[GpuReading, ...]:
+    """Each GPU of the ``<prefix>/telemetry`` annotation, by index, for display.
+
+    Untrusted input, like ``parse_node``: it never raises; an annotation that is absent, not a
+    JSON object or over ``MAX_TELEMETRY_BYTES`` gives ``()`` (``parse_node`` names the
+    problem), a GPU entry that is not an object or has no whole ``index`` is skipped, and a
+    field of the wrong type reads as ``None``."""
+    raw = json_mapping(annotations).get(prefix + "/" + TELEMETRY)
+    if not isinstance(raw, str) or len(raw) > MAX_TELEMETRY_BYTES:
+        return ()
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return ()
+    listed = doc.get("gpus") if isinstance(doc, dict) else None
+    readings: dict[int, GpuReading] = {}
+    for g in listed if isinstance(listed, list) else ():
+        if not isinstance(g, dict) or (index := json_int(g.get("index"))) is None:
+            continue
+        reasons = g.get("reasons")
+        migs = g.get("mig_devices")
+        readings.setdefault(
+            index,
+            GpuReading(
+                index=index,
+                uuid=json_str(g.get("uuid")),
+                product=json_str(g.get("product")),
+                memory_free_mib=json_int(g.get("memory_free_mib")),
+                memory_total_mib=json_int(g.get("memory_total_mib")),
+                utilization_pct=json_float(g.get("utilization_pct")),
+                temperature_c=json_int(g.get("temperature_c")),
+                power_w=json_float(g.get("power_w")),
+                process_count=json_int(g.get("process_count")),
+                health=json_str(g.get("health")),
+                reasons=tuple(r for r in reasons if isinstance(r, str))
+                if isinstance(reasons, list)
+                else (),
+                mig_enabled=g.get("mig_enabled") is True,
+                mig_devices=len(migs) if isinstance(migs, list) else 0,
+            ),
+        )
+    return tuple(readings[i] for i in sorted(readings))

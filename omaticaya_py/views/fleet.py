@@ -1,0 +1,299 @@
+"""Nodes -> rows of ``omaticaya top``: pure (no I/O), table-tested in tests/test_views.py.
+
+Everything comes from the Node's labels and its telemetry annotation, parsed by
+``core.schema`` (``parse_node`` for the node's state and problem, ``parse_gpu_readings`` for
+each GPU). A Node's content is untrusted: nothing here raises on it; a Node whose telemetry
+cannot be used shows ``Invalid`` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..core import schema
+
+__all__ = [
+    "GRACE_S",
+    "SORTS",
+    "TTL_S",
+    "GpuRow",
+    "NodeRow",
+    "filter_rows",
+    "fleet_rows",
+    "node_row",
+    "short_uuid",
+    "sort_rows",
+    "to_json",
+]
+
+#: a reading past its ``expires_at`` by more than this is stale (the extender's default grace)
+GRACE_S = 60.0
+#: for an agent that publishes no ``expires_at``: a ``read_at`` older than this + the grace
+TTL_S = 300.0
+#: ``--sort`` keys
+SORTS = ("name", "free", "util", "age")
+#: health shown for a Node whose telemetry cannot be used
+INVALID = "Invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """One GPU of a node (``--gpus``): from the telemetry, else the ``gpu-N.*`` labels."""
+
+    node: str
+    index: int
+    uuid: str | None = None
+    free_mib: int | None = None
+    total_mib: int | None = None
+    util_pct: float | None = None
+    temperature_c: int | None = None
+    health: str | None = None
+    reasons: tuple[str, ...] = ()
+    processes: int | None = None
+    mig: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """One node of ``omaticaya top``.
+
+    ``health``: the ``gpu.health`` label (``Invalid`` when the telemetry cannot be used, ``-``
+    with no Omaticaya data); ``free_mib``: the most free memory on one healthy unit
+    (``gpu.memory.free-mib``, else the freest healthy GPU of the telemetry); ``util_pct``: the
+    mean utilisation of the healthy whole GPUs in the telemetry, else ``gpu.utilization-pct``;
+    ``age_s``: seconds since ``read_at``; ``stale``: past ``expires_at`` + the grace (or, with no
+    ``expires_at``, older than the TTL + the grace)."""
+
+    name: str
+    health: str
+    gpus: int | None = None
+    healthy: int | None = None
+    free_mib: int | None = None
+    total_mib: int | None = None
+    free_total_mib: int | None = None
+    util_pct: float | None = None
+    idle: int | None = None
+    temperature_c: int | None = None
+    product: str | None = None
+    age_s: float | None = None
+    stale: bool = False
+    known: bool = True
+    problem: str | None = None
+    gpu_rows: tuple[GpuRow, ...] = field(default=())
+
+    @property
+    def unhealthy(self) -> bool:
+        """Anything short of every GPU healthy with usable data."""
+        return (
+            self.health != "Healthy"
+            or self.problem is not None
+            or any(g.health not in (None, "Healthy") for g in self.gpu_rows)
+        )
+
+
+def short_uuid(uuid: str | None) -> str | None:
+    """``GPU-178dd196-7fda-...`` -> ``178dd196`` (``nvidia-smi -L``'s first group)."""
+    if not uuid:
+        return None
+    body = uuid.split("-", 1)[1] if uuid.startswith(("GPU-", "MIG-")) else uuid
+    return body.split("-", 1)[0][:8] or None
+
+
+def _label_gpus(name: str, mine: Mapping[str, str]) -> tuple[GpuRow, ...]:
+    per: dict[int, dict[str, str]] = {}
+    for key, value in mine.items():
+        parts = key.split(".", 1)
+        if len(parts) == 2 and parts[0].startswith("gpu-"):
+            index = schema.json_int(parts[0][4:])
+            if index is not None and index >= 0:
+                per.setdefault(index, {})[parts[1]] = value
+    rows = []
+    for index in sorted(per):
+        got = per[index]
+        util = schema.json_int(got.get(schema.GPU_UTILIZATION))
+        rows.append(
+            GpuRow(
+                node=name,
+                index=index,
+                free_mib=schema.json_int(got.get(schema.GPU_MEMORY_FREE)),
+                util_pct=float(util) if util is not None else None,
+                temperature_c=schema.json_int(got.get(schema.GPU_TEMPERATURE)),
+                health=got.get(schema.GPU_HEALTH),
+                mig=got.get(schema.GPU_MIG_ENABLED) == "true",
+            )
+        )
+    return tuple(rows)
+
+
+def node_row(
+    name: str,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    *,
+    now: float,
+    prefix: str = "omaticaya.io",
+    grace_s: float = GRACE_S,
+    ttl_s: float = TTL_S,
+) -> NodeRow:
+    """The row of one Node (``now``: epoch seconds). Never raises on the Node's content."""
+    state = schema.parse_node(name, labels, annotations, prefix)
+    p = prefix + "/"
+    mine = {
+        k[len(p) :]: v
+        for k, v in schema.json_mapping(labels).items()
+        if isinstance(k, str) and k.startswith(p) and isinstance(v, str)
+    }
+    if not state.known:
+        return NodeRow(
+            name=name,
+            health=INVALID if state.problem else "-",
+            known=False,
+            problem=state.problem,
+        )
+    readings = schema.parse_gpu_readings(annotations, prefix)
+    if readings:
+        gpu_rows = tuple(
+            GpuRow(
+                node=name,
+                index=r.index,
+                uuid=r.uuid,
+                free_mib=r.memory_free_mib,
+                total_mib=r.memory_total_mib,
+                util_pct=r.utilization_pct,
+                temperature_c=r.temperature_c,
+                health=r.health,
+                reasons=r.reasons,
+                processes=r.process_count,
+                mig=r.mig_enabled,
+            )
+            for r in readings
+        )
+    else:
+        gpu_rows = _label_gpus(name, mine)
+    total = schema.json_int(mine.get(schema.MEMORY_TOTAL))
+    if total is None:
+        totals = [g.total_mib for g in gpu_rows if g.total_mib is not None]
+        total = min(totals) if totals else None
+    free = schema.json_int(mine.get(schema.MEMORY_FREE))
+    if free is None:
+        frees = [g.free_mib for g in state.gpus if g.healthy]
+        free = max(frees) if frees else None
+    healthy_whole = [g for g in gpu_rows if g.health == "Healthy" and not g.mig]
+    utils = [g.util_pct for g in healthy_whole if g.util_pct is not None]
+    util = sum(utils) / len(utils) if utils else None
+    if util is None:
+        label_util = schema.json_int(mine.get(schema.UTILIZATION))
+        util = float(label_util) if label_util is not None else None
+    temps = [g.temperature_c for g in gpu_rows if g.temperature_c is not None]
+    count = schema.json_int(mine.get(schema.GPU_COUNT))
+    healthy = schema.json_int(mine.get(schema.HEALTHY_COUNT))
+    if count is None and gpu_rows:
+        count = len(gpu_rows)
+    if healthy is None and gpu_rows:
+        healthy = sum(1 for g in gpu_rows if g.health == "Healthy")
+    age = now - state.read_at if state.read_at is not None else None
+    if state.expires_at is not None:
+        stale = now > state.expires_at + grace_s
+    else:
+        stale = age is not None and age > ttl_s + grace_s
+    health = state.health or "Unknown"
+    if state.problem:
+        health = INVALID
+    return NodeRow(
+        name=name,
+        health=health,
+        gpus=count,
+        healthy=healthy,
+        free_mib=free,
+        total_mib=total,
+        free_total_mib=schema.json_int(mine.get(schema.MEMORY_FREE_TOTAL)),
+        util_pct=util,
+        idle=schema.json_int(mine.get(schema.IDLE_COUNT)),
+        temperature_c=max(temps) if temps else None,
+        product=mine.get(schema.PRODUCT),
+        age_s=age,
+        stale=stale,
+        problem=state.problem,
+        gpu_rows=gpu_rows,
+    )
+
+
+def fleet_rows(
+    nodes: Iterable[Any],
+    *,
+    now: float,
+    prefix: str = "omaticaya.io",
+    grace_s: float = GRACE_S,
+    ttl_s: float = TTL_S,
+    include_unknown: bool = False,
+) -> list[NodeRow]:
+    """Rows of Nodes (anything with ``name``, ``labels``, ``annotations``: ``NodeMeta``), by
+    name; Nodes with no Omaticaya data at all only with ``include_unknown``."""
+    rows = []
+    for node in nodes:
+        row = node_row(
+            str(getattr(node, "name", "") or ""),
+            getattr(node, "labels", None),
+            getattr(node, "annotations", None),
+            now=now,
+            prefix=prefix,
+            grace_s=grace_s,
+            ttl_s=ttl_s,
+        )
+        if row.known or row.problem or include_unknown:
+            rows.append(row)
+    return sorted(rows, key=lambda r: r.name)
+
+
+def _missing_last(value: float | None, descending: bool) -> tuple[int, float]:
+    if value is None:
+        return (1, 0.0)
+    return (0, -value if descending else value)
+
+
+def sort_rows(rows: Iterable[NodeRow], by: str = "name") -> list[NodeRow]:
+    """``name`` A-Z; ``free``: most free memory on one GPU first; ``util``: busiest first;
+    ``age``: oldest reading first. Missing values last, ties by name."""
+    if by not in SORTS:
+        raise ValueError(f"sort by one of {', '.join(SORTS)}, not {by!r}")
+    ordered = sorted(rows, key=lambda r: r.name)
+    if by == "free":
+        return sorted(ordered, key=lambda r: _missing_last(r.free_mib, True))
+    if by == "util":
+        return sorted(ordered, key=lambda r: _missing_last(r.util_pct, True))
+    if by == "age":
+        return sorted(ordered, key=lambda r: _missing_last(r.age_s, True))
+    return ordered
+
+
+def filter_rows(
+    rows: Iterable[NodeRow], *, unhealthy: bool = False, stale: bool = False
+) -> list[NodeRow]:
+    """``unhealthy``: nodes not all Healthy (or with unusable telemetry); ``stale``: nodes whose
+    reading is stale. Both: either."""
+    if not unhealthy and not stale:
+        return list(rows)
+    return [r for r in rows if (unhealthy and r.unhealthy) or (stale and r.stale)]
+
+
+def to_json(rows: Iterable[NodeRow]) -> dict[str, Any]:
+    """``{"nodes": [...]}``: each row's fields (``gpus`` holding the per-GPU rows)."""
+    out = []
+    for row in rows:
+        doc = asdict(row)
+        doc["gpu_count"] = doc.pop("gpus")
+        doc["gpus"] = [
+            {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "node"}
+            for g in doc.pop("gpu_rows")
+        ]
+        for g, r in zip(doc["gpus"], row.gpu_rows, strict=True):
+            g["uuid_short"] = short_uuid(r.uuid)
+        doc["unhealthy"] = row.unhealthy
+        if doc["age_s"] is not None:
+            doc["age_s"] = round(doc["age_s"], 1)
+        if doc["util_pct"] is not None:
+            doc["util_pct"] = round(doc["util_pct"], 1)
+        out.append(doc)
+    return {"nodes": out}

@@ -1,0 +1,233 @@
+"""``omaticaya top``'s pure parts: Nodes -> rows, sort, filter, JSON and the rendered table
+(table-driven; the command against the real API server is in tests/test_views_cluster.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from omaticaya_py.core import schema
+from omaticaya_py.core.patch import NodeMeta
+from omaticaya_py.views import fleet
+from omaticaya_py.views.top import TopOptions, render, select_rows, top_options
+
+P = "omaticaya.io/"
+NOW = 1_800_000_000.0
+
+
+def stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def gpu(index: int, free: int = 40960, health: str = "Healthy", **extra) -> dict:
+    return {
+        "index": index,
+        "uuid": f"GPU-{index:08x}-7fda-b7ae-a94e-630097a14ca4",
+        "memory_free_mib": free,
+        "memory_total_mib": 81559,
+        "utilization_pct": 50.0,
+        "temperature_c": 50 + index,
+        "power_w": 300.0,
+        "process_count": 1,
+        "health": health,
+        "reasons": [] if health == "Healthy" else ["xid-79"],
+        **extra,
+    }
+
+
+def telemetry(gpus: list, *, read_at: float = NOW - 5, refresh_s: float | None = 330) -> str:
+    doc = {"schema": 2, "health": "Healthy", "read_at": stamp(read_at), "gpus": gpus}
+    if refresh_s is not None:
+        doc["refresh_s"] = refresh_s
+        doc["expires_at"] = stamp(read_at + refresh_s)
+    return json.dumps(doc)
+
+
+def labels(**kv: str) -> dict[str, str]:
+    base = {
+        "gpu.count": "2",
+        "gpu.healthy-count": "2",
+        "gpu.health": "Healthy",
+        "gpu.memory.free-mib": "40960",
+        "gpu.memory.total-mib": "81559",
+        "gpu.utilization-pct": "50",
+        "gpu.product": "NVIDIA-H100-80GB-HBM3",
+    }
+    base.update({k.replace("_", "."): v for k, v in kv.items()})
+    return {P + k: v for k, v in base.items()}
+
+
+GOOD = telemetry([gpu(0), gpu(1, free=20480)])
+
+CASES = [
+    # id, labels, annotations, expected fields of the row
+    ("healthy", labels(), {P + "telemetry": GOOD},
+     dict(health="Healthy", gpus=2, healthy=2, free_mib=40960, util_pct=50.0, stale=False,
+          problem=None, age_s=5.0, temperature_c=51)),
+    ("degraded", labels(**{"gpu.health": "Degraded", "gpu.healthy-count": "1"}),
+     {P + "telemetry": telemetry([gpu(0), gpu(1, health="Unhealthy", utilization_pct=90.0)])},
+     dict(health="Degraded", gpus=2, healthy=1, util_pct=50.0, stale=False)),
+    ("stale past expires_at + grace", labels(),
+     {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 400, refresh_s=330)},
+     dict(stale=True, age_s=400.0)),
+    ("not stale within the grace", labels(),
+     {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 380, refresh_s=330)},
+     dict(stale=False)),
+    ("no expires_at: the TTL", labels(),
+     {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 361, refresh_s=None)},
+     dict(stale=True)),
+    ("labels only (no telemetry)", labels(**{"gpu-0.memory.free-mib": "1024",
+                                             "gpu-0.health": "Healthy",
+                                             "gpu-0.utilization-pct": "30"}), {},
+     dict(health="Healthy", age_s=None, stale=False, util_pct=30.0)),
+    ("not JSON", labels(), {P + "telemetry": "{not json"},
+     dict(health="Invalid", problem="unreadable telemetry annotation")),
+    ("no read_at", labels(), {P + "telemetry": json.dumps({"gpus": []})},
+     dict(health="Invalid", problem="telemetry annotation without a valid read_at")),
+    ("bad numbers", labels(**{"gpu.count": "many", "gpu.memory.free-mib": "1e9"}),
+     {P + "telemetry": telemetry([gpu(0, free="lots", utilization_pct=True), "x", {"index": "y"}])},
+     dict(health="Invalid", gpus=1, free_mib=None)),
+    ("huge telemetry", labels(), {P + "telemetry": " " * (schema.MAX_TELEMETRY_BYTES + 1)},
+     dict(health="Invalid")),
+    ("no data", {"kubernetes.io/hostname": "x"}, {}, dict(health="-", known=False)),
+    ("telemetry only", {}, {P + "telemetry": GOOD},
+     dict(health="Healthy", gpus=2, healthy=2, free_mib=40960)),
+]
+
+
+@pytest.mark.parametrize(("labels_", "annotations", "expected"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_node_row(labels_, annotations, expected):
+    row = fleet.node_row("n1", labels_, annotations, now=NOW)
+    got = {k: getattr(row, k) for k in expected}
+    assert got == expected
+
+
+@pytest.mark.parametrize("hostile", [
+    None, {P + "telemetry": None}, {P + "telemetry": 7}, {P + "telemetry": "[]"},
+    {P + "telemetry": "[" * 100_000}, {P + "telemetry": '{"read_at": 5, "gpus": 5}'},
+    {P + "telemetry": '{"read_at": "2026-01-01T00:00:00Z", "gpus": [{"index": 1e400}]}'},
+    {P + "telemetry": '{"read_at": "2026-01-01T00:00:00", "expires_at": "soon"}'},
+])
+def test_hostile_telemetry_never_raises_and_renders(hostile):
+    row = fleet.node_row("n1", {P + "gpu.health": "Healthy"}, hostile, now=NOW)
+    text = _text([row], TopOptions()) + _text([row], TopOptions(gpus=True, output="wide"))
+    assert "n1" in text
+    json.dumps(fleet.to_json([row]))
+
+
+def test_gpu_rows_from_telemetry():
+    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, now=NOW)
+    assert [(g.index, g.free_mib, g.health, g.processes) for g in row.gpu_rows] == [
+        (0, 40960, "Healthy", 1), (1, 20480, "Healthy", 1)]
+    assert fleet.short_uuid(row.gpu_rows[0].uuid) == "00000000"
+
+
+@pytest.mark.parametrize(("uuid", "short"), [
+    ("GPU-178dd196-7fda-b7ae", "178dd196"), ("MIG-abc-def", "abc"), ("plain", "plain"),
+    (None, None), ("", None), ("GPU-", None),
+])
+def test_short_uuid(uuid, short):
+    assert fleet.short_uuid(uuid) == short
+
+
+def _row(name, free=None, util=None, age=None, stale=False, health="Healthy"):
+    return fleet.NodeRow(name=name, health=health, free_mib=free, util_pct=util, age_s=age,
+                         stale=stale)
+
+
+ROWS = [_row("b", 100, 10, 5), _row("a", 300, None, 50, stale=True),
+        _row("c", None, 90, None, health="Unhealthy"), _row("d", 300, 50, 1)]
+
+
+@pytest.mark.parametrize(("by", "order"), [
+    ("name", "abcd"), ("free", "adbc"), ("util", "cdba"), ("age", "abdc"),
+])
+def test_sort(by, order):
+    assert "".join(r.name for r in fleet.sort_rows(ROWS, by)) == order
+
+
+def test_sort_rejects_unknown():
+    with pytest.raises(ValueError, match="sort by one of"):
+        fleet.sort_rows(ROWS, "temperature")
+
+
+@pytest.mark.parametrize(("unhealthy", "stale", "names"), [
+    (False, False, "bacd"), (True, False, "c"), (False, True, "a"), (True, True, "ac"),
+])
+def test_filter(unhealthy, stale, names):
+    assert "".join(r.name for r in fleet.filter_rows(ROWS, unhealthy=unhealthy, stale=stale)) == names
+
+
+def test_fleet_rows_hides_nodes_without_data_unless_asked():
+    nodes = [NodeMeta("plain", labels={"x": "y"}),
+             NodeMeta("gpu", labels=labels(), annotations={P + "telemetry": GOOD}),
+             NodeMeta("bad", annotations={P + "telemetry": "nope"})]
+    assert [r.name for r in fleet.fleet_rows(nodes, now=NOW)] == ["bad", "gpu"]
+    assert [r.name for r in fleet.fleet_rows(nodes, now=NOW, include_unknown=True)] == [
+        "bad", "gpu", "plain"]
+    assert [r.name for r in select_rows(nodes, TopOptions(unhealthy=True), NOW)] == ["bad"]
+
+
+def test_prefix_is_honoured():
+    nodes = [NodeMeta("n", labels={"example.com/gpu.health": "Healthy",
+                                   "example.com/gpu.count": "1"})]
+    assert fleet.fleet_rows(nodes, now=NOW) == []
+    assert fleet.fleet_rows(nodes, now=NOW, prefix="example.com")[0].gpus == 1
+
+
+def test_json_shape():
+    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, now=NOW)
+    doc = fleet.to_json([row])
+    node = doc["nodes"][0]
+    assert node["name"] == "n1" and node["gpu_count"] == 2 and node["unhealthy"] is False
+    assert node["gpus"][1]["free_mib"] == 20480
+    assert node["gpus"][0]["uuid_short"] == "00000000" and node["gpus"][0]["reasons"] == []
+
+
+def _text(rows, options, width=80):
+    buf = io.StringIO()
+    from rich.console import Console
+
+    Console(file=buf, width=width, color_system=None, no_color=True).print(render(rows, options))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("gpus", [False, True])
+def test_table_fits_80_columns_with_long_names(gpus):
+    rows = [
+        fleet.node_row("ip-10-0-12-34.eu-west-1.compute.internal-with-a-very-long-suffix",
+                       labels(), {P + "telemetry": GOOD}, now=NOW),
+        fleet.node_row("stale-node", labels(),
+                       {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 7200)}, now=NOW),
+    ]
+    text = _text(rows, TopOptions(gpus=gpus))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "\x1b" not in text
+    assert "STALE" in text if not gpus else "stale-node" in text
+
+
+def test_node_table_cells():
+    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, now=NOW)
+    lines = _text([row], TopOptions()).splitlines()
+    assert lines[0].split() == ["NODE", "HEALTH", "GPUS", "FREE", "TOTAL", "UTIL", "TEMP", "AGE"]
+    assert lines[2].split() == ["n1", "Healthy", "2/2", "40.0Gi", "79.6Gi", "50%", "51C", "5s"]
+
+
+def test_empty_says_so():
+    assert "No nodes with Omaticaya GPU data." in _text([], TopOptions())
+
+
+@pytest.mark.parametrize(("flags", "env", "expected"), [
+    ({"output": "json", "command": "top", "prefix": None}, {}, dict(output="json",
+                                                                    prefix="omaticaya.io")),
+    ({"prefix": None}, {"OMATICAYA_PREFIX": "example.com"}, dict(prefix="example.com")),
+    ({"prefix": "x.io", "selector": "a=b"}, {"OMATICAYA_PREFIX": "y"}, dict(prefix="x.io",
+                                                                            selector="a=b")),
+])
+def test_top_options(flags, env, expected):
+    options = top_options(flags, env)
+    assert {k: getattr(options, k) for k in expected} == expected
