@@ -207,7 +207,7 @@ RENDER_CASES = {
     # id: (values, kinds expected)
     "default": (
         None,
-        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"},
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"},
     ),
     "all-on": (
         ALL_ON,
@@ -215,6 +215,8 @@ RENDER_CASES = {
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
             "DaemonSet",
             "Service",
             "ServiceMonitor",
@@ -225,7 +227,7 @@ RENDER_CASES = {
     ),
     "metrics-off": (
         {"metricsPort": 0, "serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
-        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"},
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"},
     ),
     "no-rbac-external-sa": (
         {"serviceAccount": {"create": False, "name": "existing"}, "rbac": {"create": False}},
@@ -244,7 +246,7 @@ RENDER_CASES = {
             "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
             "podSecurityContext": {"runAsNonRoot": False, "runAsUser": 0},
         },
-        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"},
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"},
     ),
 }
 
@@ -397,7 +399,18 @@ def test_clusterrole_has_exactly_the_needed_rules(helm):
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),
     }
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    # the liveness Lease: get/create/update on leases, in the release namespace only
+    lease_role, lease_binding = one(docs, "Role"), one(docs, "RoleBinding")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]}
+    ]
+    assert lease_binding["metadata"]["namespace"] == NAMESPACE
+    assert lease_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+        "name": lease_role["metadata"]["name"],
+    }
 
     sa = one(docs, "ServiceAccount")
     binding = one(docs, "ClusterRoleBinding")
@@ -412,6 +425,10 @@ def test_clusterrole_has_exactly_the_needed_rules(helm):
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert sa["metadata"]["namespace"] == NAMESPACE
+    assert lease_binding["subjects"] == binding["subjects"]
+    env = env_of(docs)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 # --------------------------------------------------------------------------------------------

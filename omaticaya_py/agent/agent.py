@@ -7,17 +7,23 @@ labels (unless ``cleanup_on_exit`` is off) and returns.
 
 The Node's metadata is cached from the last GET or merge-patch response, so a tick in which no
 value changed sends no request at all. The telemetry annotation is rewritten with any label
-change and otherwise once per ``heartbeat_s``; each patch response is checked against the
-desired state, so a Node that was re-created or edited by hand is put right at once.
+change; liveness goes on a ``coordination.k8s.io`` Lease renewed every ``heartbeat_s`` (the
+Node is re-read then, not written), or, where the agent has no namespace of its own or its RBAC
+lacks Leases (an older chart: said once), on the annotation rewritten every ``heartbeat_s``.
+Each patch response is checked against the desired state, so a Node that was re-created or
+edited by hand is put right at once. The write budget (``min_patch_interval_s``) holds back a
+change that makes the Node more attractive until the interval since the last patch has passed;
+one that makes it less attractive goes at once (``core.budget``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -25,13 +31,15 @@ from typing import Any
 from loguru import logger
 from prometheus_client import Histogram
 
+from ..core.budget import hold_back, urgent
 from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
 from ..core.patch import MergePatch, NodeMeta, apply_patch, diff, diff_section, removal_patch
 from ..core.render import Desired, is_static, render, telemetry_annotation
 from ..core.schema import TELEMETRY
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
-from ..kube import KubeError, KubeForbidden, NodeClient, NodeNotFound
+from ..kube import KubeError, KubeForbidden, LeaseClient, NodeClient, NodeNotFound
+from ..kube.lease import lease_name, lease_namespace
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
 
@@ -65,6 +73,10 @@ class SnapshotCache:
         self.last_api_ok_s: float | None = None
         self.last_patch_wall_s: float | None = None
         self.patches_sent = 0
+        self.patches_held = 0  # ticks whose patch the write budget held back
+        self.lease_renewals = 0
+        self.lease_failures = 0
+        self.lease_fallbacks = 0  # 403 on the Lease: heartbeat back on the Node annotation
         self.labels_changed = 0
         self.ticks = 0
         self.tick_errors = 0
@@ -87,6 +99,10 @@ class Agent:
     - ``node``: the Kubernetes edge; ``None`` (dry run without API) diffs against an empty Node.
     - ``dry_run``: compute patches but never send them (the Node is still read if reachable).
     - ``clock``: monotonic seconds for heartbeat and probe bookkeeping.
+    - ``lease``: the liveness Lease; ``"auto"`` holds ``omaticaya-node-<node>`` in the agent's
+      own namespace (``POD_NAMESPACE`` in ``environ``, else the service account's), or none
+      when there is no such namespace (outside a cluster) or no ``node``; ``None``: no Lease,
+      the heartbeat goes on the Node's telemetry annotation.
     """
 
     def __init__(
@@ -97,6 +113,8 @@ class Agent:
         *,
         dry_run: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        lease: LeaseClient | None | str = "auto",
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.reader = reader
@@ -123,6 +141,10 @@ class Agent:
         #: and ``expires_at``, so that readers judge staleness by the publisher's own pace)
         self.refresh_s = settings.heartbeat_s + self.period_s + settings.jitter_s
         self._slow_warned_s = float("-inf")
+        self._last_patch_s: float | None = None
+        self._lease_at_s: float | None = None
+        self._lease_failing = False
+        self.lease = self._make_lease(lease, os.environ if environ is None else environ)
         self._nvml_failing = False
         self._dropped_seen: set[tuple[str, str]] = set()
         # GPU UUID (index when NVML gave none) -> health last put in an Event: indices shift
@@ -169,11 +191,78 @@ class Agent:
                 self._meta = self.node.get_node()
         return self._meta
 
+    def _make_lease(self, lease: LeaseClient | None | str, environ: Mapping[str, str]) -> LeaseClient | None:
+        if lease != "auto":
+            return lease  # type: ignore[return-value]
+        if self.node is None or self.dry_run:
+            return None
+        namespace = lease_namespace(environ)
+        if namespace is None:
+            logger.info("no namespace of its own (outside a cluster): heartbeat on the Node")
+            return None
+        node = self.settings.node_name or self.node.node_name
+        return LeaseClient(
+            self.node.session,
+            namespace=namespace,
+            name=lease_name(node),
+            holder=(environ.get("POD_NAME") or "").strip() or node,
+            duration_s=self.refresh_s,
+        )
+
     def _heartbeat_due(self, now_s: float) -> bool:
+        """Whether the Node's telemetry annotation is due for its heartbeat rewrite: never while
+        a Lease carries liveness."""
+        if self.lease is not None:
+            return False
         return (
             self._telemetry_at_s is None
             or now_s - self._telemetry_at_s >= self.settings.heartbeat_s
         )
+
+    def _points_elsewhere(self, current: NodeMeta) -> bool:
+        """In Lease mode, the Node's telemetry does not name our Lease (written by an older
+        version, or before a fallback): rewrite it once, so that readers know where to look."""
+        value = current.annotations.get(self.telemetry_key)
+        return (
+            self.lease is not None
+            and value is not None
+            and f'"lease":"{self.lease.ref}"' not in value
+        )
+
+    def _lease_due(self, now_s: float) -> bool:
+        return self.lease is not None and (
+            self._lease_at_s is None or now_s - self._lease_at_s >= self.settings.heartbeat_s
+        )
+
+    def _renew_lease(self, now_s: float) -> None:
+        """Renew the Lease. A 403 (RBAC without Leases: an older chart) turns the Lease off for
+        good and the heartbeat back onto the Node annotation, said once; any other failure is
+        logged once per streak and tried again next tick, never stopping the Node's patch."""
+        assert self.lease is not None
+        try:
+            self.lease.renew()
+        except KubeForbidden as exc:
+            self.cache.lease_fallbacks += 1
+            logger.warning(
+                "no permission on Lease {} ({}): liveness goes on the Node's telemetry annotation "
+                "every {:.3g}s instead (an older chart? it needs get/create/update on leases in "
+                "the agent's namespace)", self.lease.ref, exc, self.settings.heartbeat_s,
+            )
+            self.lease = None
+            self._telemetry_at_s = None  # the annotation's heartbeat is due now
+            return
+        except KubeError as exc:
+            self.cache.lease_failures += 1
+            if not self._lease_failing:
+                logger.error("could not renew Lease {}: {}; retrying each tick", self.lease.ref, exc)
+            self._lease_failing = True
+            return
+        if self._lease_failing:
+            logger.info("Lease {} renewed again", self.lease.ref)
+        self._lease_failing = False
+        self._lease_at_s = now_s
+        self.cache.lease_renewals += 1
+        self._meta = None  # re-read the Node at each heartbeat: re-created or edited behind us
 
     def _with_telemetry(
         self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, current: NodeMeta,
@@ -185,11 +274,16 @@ class Agent:
         key, prefix = self.telemetry_key, self.settings.prefix
         if (
             self._heartbeat_due(now_s)
+            or self._points_elsewhere(current)
             or key not in current.annotations
             or diff_section(desired.labels, current.labels, prefix)
         ):
             annotations, bad = telemetry_annotation(
-                snapshot, health, prefix, refresh_s=self.refresh_s
+                snapshot,
+                health,
+                prefix,
+                refresh_s=None if self.lease is not None else self.refresh_s,
+                lease=self.lease.ref if self.lease is not None else None,
             )
             for k, v in bad:
                 logger.warning("dropped invalid annotation {}={!r}", k, v)
@@ -198,7 +292,7 @@ class Agent:
         return replace(desired, annotations=annotations)
 
     def _diff(self, desired: Desired, current: NodeMeta, now_s: float) -> MergePatch | None:
-        refresh = self._heartbeat_due(now_s)
+        refresh = self._heartbeat_due(now_s) or self._points_elsewhere(current)
         return diff(
             desired.labels,
             desired.annotations,
@@ -215,6 +309,7 @@ class Agent:
         self.cache.patches_sent += 1
         self.cache.labels_changed += len(patch["metadata"].get("labels", {}))
         self.cache.last_patch_wall_s = time.time()
+        self._last_patch_s = now_s
         if self.telemetry_key in patch["metadata"].get("annotations", {}):
             self._telemetry_at_s = now_s
         if before is not None and before.uid and self._meta.uid != before.uid:
@@ -240,11 +335,15 @@ class Agent:
                 self.cache.ticks += 1
                 return result
             try:
+                if self._lease_due(now_s) and not self.dry_run:
+                    self._renew_lease(now_s)
                 current = self._current()
                 desired = self._with_telemetry(desired, snapshot, health, current, now_s)
                 patch = self._diff(desired, current, now_s)
                 sent = False
-                if patch is not None and not self.dry_run and self.node is not None:
+                if patch is not None and self._hold(patch, desired, current, now_s):
+                    self.cache.patches_held += 1
+                elif patch is not None and not self.dry_run and self.node is not None:
                     self._send(patch, now_s)
                     sent = True
                     again = self._diff(desired, self._meta, now_s)  # type: ignore[arg-type]
@@ -268,6 +367,19 @@ class Agent:
             result = TickResult(snapshot, health, desired, patch, sent)
             self.cache.store(result, now_s)
             return result
+
+    def _hold(self, patch: MergePatch, desired: Desired, current: NodeMeta, now_s: float) -> bool:
+        """The write budget: hold back a patch that makes the Node no less attractive while the
+        last patch is under ``min_patch_interval_s`` old (never a heartbeat, never the first)."""
+        interval_s = self.settings.min_patch_interval_s
+        if interval_s <= 0 or self._heartbeat_due(now_s) or "labels" not in patch["metadata"]:
+            return False
+        mine = self.settings.prefix + "/"
+        before = {k: v for k, v in current.labels.items() if k.startswith(mine)}
+        held = hold_back(now_s, self._last_patch_s, interval_s, urgent(before, desired.labels))
+        if held:
+            logger.debug("write budget: holding back {} label changes", len(patch["metadata"]["labels"]))
+        return held
 
     def _notify(self, result: TickResult) -> None:
         for listener in self.on_tick:
@@ -447,6 +559,12 @@ class Agent:
         logger.info("agent stopped")
 
     def _cleanup_on_exit(self) -> None:
+        if self.lease is not None and not self.dry_run and self._lease_at_s is not None:
+            try:
+                self.lease.release()
+                logger.info("released Lease {}", self.lease.ref)
+            except KubeError as exc:
+                logger.warning("could not release Lease {}: {}", self.lease.ref, exc)
         if self.settings.cleanup_on_exit and not self.dry_run:
             try:
                 patch = self.cleanup(keep_static=True)

@@ -103,6 +103,10 @@ class AgentCollector(Collector):
             ("omaticaya_tick_errors", "Ticks that failed on an unexpected error.", cache.tick_errors),
             ("omaticaya_patches", "Merge patches sent to the Node.", cache.patches_sent),
             ("omaticaya_labels_changed", "Label keys set or removed by patches.", cache.labels_changed),
+            ("omaticaya_patches_held", "Patches the write budget held back for a later tick.", cache.patches_held),
+            ("omaticaya_lease_renewals", "Renewals of the liveness Lease.", cache.lease_renewals),
+            ("omaticaya_lease_failures", "Lease renewals that failed (other than a 403).", cache.lease_failures),
+            ("omaticaya_lease_fallbacks", "403s on the Lease: heartbeat back on the Node annotation.", cache.lease_fallbacks),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         events = CounterMetricFamily(
@@ -117,6 +121,11 @@ class AgentCollector(Collector):
                 "Unix time of the last successful patch.",
                 value=cache.last_patch_wall_s,
             )
+        yield GaugeMetricFamily(
+            "omaticaya_heartbeat_on_lease",
+            "1 while liveness goes on a Lease, 0 while on the Node's telemetry annotation.",
+            value=1 if getattr(agent, "lease", None) is not None else 0,
+        )
         yield from cache.tick_seconds.collect()
 
 

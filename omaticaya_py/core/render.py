@@ -270,7 +270,12 @@ def _mig_labels(
     return out
 
 
-def telemetry(snapshot: NodeSnapshot, health: NodeHealth, refresh_s: float | None = None) -> str:
+def telemetry(
+    snapshot: NodeSnapshot,
+    health: NodeHealth,
+    refresh_s: float | None = None,
+    lease: str | None = None,
+) -> str:
     """The telemetry annotation: the snapshot as compact JSON, keys sorted.
 
     Shape: ``{"agent", "read_at" (RFC 3339), "source", "health", "driver", "cuda",
@@ -280,7 +285,9 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth, refresh_s: float | Non
     "process_count", "health", "reasons", "mig_enabled"?, "mig_devices"?: [{"index", "uuid",
     "profile", "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
     "process_count", "health", "reasons"}]}]}``; absent (NotSupported) values are ``null``;
-    the MIG keys only on a GPU with MIG on.
+    the MIG keys only on a GPU with MIG on. ``lease`` (``"namespace/name"``): the
+    ``coordination.k8s.io`` Lease that carries the agent's liveness (then no ``refresh_s``:
+    the document is rewritten only with a label change).
     """
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
     gpus = []
@@ -343,6 +350,8 @@ def telemetry(snapshot: NodeSnapshot, health: NodeHealth, refresh_s: float | Non
     }
     if snapshot.error is not None:
         doc["error"] = snapshot.error
+    if lease is not None:  # liveness is on this Lease ("namespace/name"), not on this document
+        doc["lease"] = lease
     if refresh_s is not None:  # the publisher's promise: rewritten within refresh_s of read_at
         doc["refresh_s"] = refresh_s
         doc["expires_at"] = (snapshot.read_at + timedelta(seconds=refresh_s)).astimezone(
@@ -391,12 +400,16 @@ def render(
 
 
 def telemetry_annotation(
-    snapshot: NodeSnapshot, health: NodeHealth, prefix: str, refresh_s: float | None = None
+    snapshot: NodeSnapshot,
+    health: NodeHealth,
+    prefix: str,
+    refresh_s: float | None = None,
+    lease: str | None = None,
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
     invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
-    value = telemetry(snapshot, health, refresh_s)
+    value = telemetry(snapshot, health, refresh_s, lease)
     if _memo_valid(_KEY_OK, is_valid_key, key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
     return {}, [(key, value[:80])]

@@ -129,6 +129,14 @@ class Settings(CommonSettings):
         le=31 * DAY_S,
         description="Rewrite the telemetry annotation at least this often.",
     )
+    min_patch_interval_s: float = Field(
+        default=0,
+        ge=0,
+        le=DAY_S,
+        description="Write budget: at most one Node patch per this many seconds, except changes "
+        "that make the Node less attractive (free memory down, health worse, a GPU gone), which "
+        "go at once; held-back changes go out once it has passed (0: off; 30 suits a fleet).",
+    )
     metrics_port: int = Field(default=9402, ge=0, le=65535, description="0 turns /metrics off.")
     metrics_address: str = Field(default="0.0.0.0", description="Address /metrics binds to.")
     fail_on_init_error: bool = Field(

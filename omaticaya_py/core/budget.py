@@ -1,0 +1,115 @@
+"""The write budget: which label changes must reach the Node at once, and which may wait.
+
+Every write to a Node goes to every client that watches Nodes (kube-scheduler, the controller
+manager, a CNI agent per node), so the agent sends at most one Node patch per
+``min_patch_interval_s``, except a change that makes the Node *less attractive* to a scheduler:
+free memory down, utilisation up, fewer healthy or idle units, health worse, a GPU or a label
+gone. Those go at once, so that a label is only ever stale on the safe side (it may undersell a
+node for up to one interval, never oversell it). Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .schema import (
+    GPU_COUNT,
+    GPU_HEALTH,
+    GPU_MEMORY_FREE,
+    GPU_TEMPERATURE,
+    GPU_UTILIZATION,
+    HEALTH,
+    HEALTHY_COUNT,
+    IDLE_COUNT,
+    MEMORY_FREE,
+    MEMORY_FREE_TOTAL,
+    MEMORY_TOTAL,
+    MIG_COUNT,
+    MIG_HEALTHY_COUNT,
+    MIG_IDLE_COUNT,
+    MIG_MEMORY_FREE,
+    UTILIZATION,
+)
+
+__all__ = ["HEALTH_RANK", "hold_back", "name_of", "urgent", "worse"]
+
+#: node and per-GPU health, best first; a value not listed ranks as the worst
+HEALTH_RANK = {"Healthy": 0, "Degraded": 1, "Unhealthy": 2, "Unknown": 3}
+
+#: label names (or per-GPU / per-MIG-profile suffixes) where less is less attractive
+_MORE_IS_BETTER_NODE = frozenset(
+    {MEMORY_FREE, MEMORY_FREE_TOTAL, IDLE_COUNT, HEALTHY_COUNT, GPU_COUNT, MEMORY_TOTAL}
+)
+_MORE_IS_BETTER_SUFFIX = (
+    "." + GPU_MEMORY_FREE,  # gpu-N.memory.free-mib and mig-<profile>.memory.free-mib
+    "." + MIG_MEMORY_FREE,
+    "." + MIG_COUNT,
+    "." + MIG_HEALTHY_COUNT,
+    "." + MIG_IDLE_COUNT,
+)
+#: where more is less attractive
+_LESS_IS_BETTER_NODE = frozenset({UTILIZATION})
+_LESS_IS_BETTER_SUFFIX = ("." + GPU_UTILIZATION,)
+#: not a scheduling input: never urgent (it changes with load; it waits for the next patch)
+_NEUTRAL_SUFFIX = ("." + GPU_TEMPERATURE,)
+
+
+def name_of(key: str) -> str:
+    """The label name of a full key: ``omaticaya.io/gpu.health`` -> ``gpu.health`` (names hold
+    no ``/``, so this works for any prefix)."""
+    return key.rpartition("/")[2]
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    return int(text) if text.isdigit() else None
+
+
+def worse(name: str, before: str | None, after: str | None) -> bool:
+    """Whether ``name`` going from ``before`` to ``after`` (``None``: absent) makes the Node less
+    attractive, or could (a value that cannot be ranked counts as worse)."""
+    if before == after:
+        return False
+    if name.endswith(_NEUTRAL_SUFFIX):
+        return False
+    if after is None:
+        return True  # a key gone: `Gt`/`In` no longer match, a GPU may be gone
+    if name == HEALTH or name.endswith("." + GPU_HEALTH):
+        if before is None:
+            return HEALTH_RANK.get(after, 9) > 0  # a new GPU that is not healthy
+        return HEALTH_RANK.get(after, 9) > HEALTH_RANK.get(before, 9)
+    more_better = name in _MORE_IS_BETTER_NODE or name.endswith(_MORE_IS_BETTER_SUFFIX)
+    less_better = name in _LESS_IS_BETTER_NODE or name.endswith(_LESS_IS_BETTER_SUFFIX)
+    if more_better or less_better:
+        if before is None:
+            return False  # a number appears: more nodes match, never fewer
+        b, a = _int(before), _int(after)
+        if a is None or b is None:
+            return True
+        return a < b if more_better else a > b
+    # anything else (product, family, driver, mig.strategy, gpu-N.mig.enabled): a key that
+    # appears lets more selectors match (it may wait); one that changes is rare and a scheduler
+    # may decide differently: never held back
+    return before is not None
+
+
+def urgent(before_labels: Mapping[str, str], after_labels: Mapping[str, str]) -> bool:
+    """Whether the change from ``before_labels`` (on the Node) to ``after_labels`` (desired)
+    must be sent now: any key that got worse (see ``worse``). Keys are full (``<prefix>/name``)
+    or bare names; pass only the agent's own keys. No change is not urgent."""
+    for key in before_labels.keys() | after_labels.keys():
+        if worse(name_of(key), before_labels.get(key), after_labels.get(key)):
+            return True
+    return False
+
+
+def hold_back(
+    now_s: float, last_patch_s: float | None, interval_s: float, is_urgent: bool
+) -> bool:
+    """Whether a patch is held back: the budget is on (``interval_s`` > 0), the change is not
+    urgent, and the last Node patch was less than ``interval_s`` ago (``None``: never)."""
+    if interval_s <= 0 or is_urgent or last_patch_s is None:
+        return False
+    return now_s - last_patch_s < interval_s

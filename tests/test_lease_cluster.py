@@ -1,0 +1,283 @@
+"""Liveness on a Lease and the write budget, against the real kube-apiserver (dev cluster).
+
+The agent replays the recorded H100 trace with a hand-driven clock (as in
+test_agent_cluster.py); Node PATCHes and Lease writes are counted in the API server's own audit
+log; the Lease is read back as admin.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+from loguru import logger
+
+from omaticaya_py.agent import Agent
+from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.core.settings import load_settings
+from omaticaya_py.kube import NodeClient
+from omaticaya_py.kube.lease import lease_name
+from omaticaya_py.sources.replay import TraceReader
+from tests.conftest import H100_TRACE, node_metadata
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+P = "omaticaya.io/"
+NAMESPACE = "omaticaya-lease-test"
+POD = "omaticaya-agent-x7k2p"
+
+
+class Clock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def audit_count(dev_cluster, *, verb: str, resource: str, name: str) -> int:
+    n = 0
+    for line in dev_cluster.audit_lines():
+        event = json.loads(line)
+        ref = event.get("objectRef", {})
+        if (
+            event.get("stage") == "ResponseComplete"
+            and event.get("verb") == verb
+            and ref.get("resource") == resource
+            and ref.get("name") == name
+        ):
+            n += 1
+    return n
+
+
+def settle_audit(dev_cluster, client: NodeClient, node: str) -> None:
+    """The audit backend writes asynchronously: one more GET's entry shows it has caught up."""
+    before = audit_count(dev_cluster, verb="get", resource="nodes", name=node)
+    client.get_node()
+    wait_for(
+        "the audit log to record the last GET",
+        lambda: audit_count(dev_cluster, verb="get", resource="nodes", name=node) > before,
+        10,
+    )
+
+
+@pytest.fixture(scope="module")
+def namespace(admin_api) -> str:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        admin_api.create_namespace(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return NAMESPACE
+
+
+@pytest.fixture(scope="module")
+def leases(admin_api):
+    from kubernetes import client
+
+    return client.CoordinationV1Api(admin_api.api_client)
+
+
+def make_agent(kubeconfig, node: str, namespace: str, clock: Clock, **env) -> Agent:
+    settings = load_settings(node_name=node, **env)
+    reader = TraceReader(H100_TRACE, loop=False, window_s=2.0, clock=clock)
+    client = NodeClient(node, kubeconfig=str(kubeconfig), sleep=lambda s: None)
+    environ = {"POD_NAMESPACE": namespace, "POD_NAME": POD}
+    return Agent(settings, reader, client, clock=clock, environ=environ)
+
+
+def test_lease_is_created_and_renewed_while_a_quiet_node_gets_no_patch(
+    dev_cluster, admin_api, make_node, namespace, leases
+):
+    node = make_node()
+    clock = Clock(3.0)  # the trace starts at the first read: idle until ~8 s later
+    agent = make_agent(dev_cluster.kubeconfig, node, namespace, clock, heartbeat_s=30)
+    name = lease_name(node)
+    assert name == f"omaticaya-node-{node}"
+    assert agent.lease is not None and agent.lease.ref == f"{namespace}/{name}"
+
+    agent.tick()  # Lease created, Node labelled (GET + PATCH)
+    lease = leases.read_namespaced_lease(name, namespace)
+    assert lease.spec.holder_identity == POD
+    assert lease.spec.lease_duration_seconds == 30 + 10  # heartbeat + schedule period + jitter
+    first_renew: datetime = lease.spec.renew_time
+    labels, annotations = node_metadata(admin_api, node)
+    assert labels[P + "gpu.health"] == "Healthy"
+    doc = json.loads(annotations[P + "telemetry"])
+    assert doc["lease"] == f"{namespace}/{name}"
+    assert "expires_at" not in doc and "refresh_s" not in doc  # liveness is on the Lease
+
+    settle_audit(dev_cluster, agent.node, node)
+    patches = audit_count(dev_cluster, verb="patch", resource="nodes", name=node)
+    assert patches == 1
+    requests_before = sum(agent.node.requests.values())
+    for t in (4.0, 5.0, 6.0, 7.0, 8.0):  # the idle phase: nothing changes, no request at all
+        clock.t = t
+        assert agent.tick().patch is None
+    assert sum(agent.node.requests.values()) == requests_before
+
+    renewals = []
+    sent = []
+    for t in (40.0, 75.0):  # heartbeats (the trace has ended: the last sample holds still)
+        clock.t = t
+        sent.append(agent.tick())
+        clock.t = t + 1
+        sent.append(agent.tick())
+        renewals.append(leases.read_namespaced_lease(name, namespace).spec.renew_time)
+    settle_audit(dev_cluster, agent.node, node)
+    updates = audit_count(dev_cluster, verb="update", resource="leases", name=name)
+    node_patches = audit_count(dev_cluster, verb="patch", resource="nodes", name=node)
+    assert first_renew < renewals[0] < renewals[1]
+    assert updates == 2  # one PUT per heartbeat
+    # the trace moved from idle to its last sample between 8 s and 40 s, so labels changed;
+    # every Node patch carried a label change, none was a heartbeat
+    assert node_patches - patches == sum(r.sent for r in sent)
+    assert all("labels" in r.patch["metadata"] for r in sent if r.sent)
+    assert agent.cache.lease_renewals == 3 and agent.cache.lease_fallbacks == 0
+    before_quiet = audit_count(dev_cluster, verb="patch", resource="nodes", name=node)
+    for t in (110.0, 145.0, 180.0):  # three more heartbeats on a quiet node: 0 Node writes
+        clock.t = t
+        agent.tick()
+    settle_audit(dev_cluster, agent.node, node)
+    assert audit_count(dev_cluster, verb="patch", resource="nodes", name=node) == before_quiet
+    assert audit_count(dev_cluster, verb="update", resource="leases", name=name) == 5
+
+    agent.shutdown()  # SIGTERM's path: the Lease is released, dynamic labels removed
+    released = leases.read_namespaced_lease(name, namespace)
+    assert released.spec.holder_identity is None
+
+
+def test_budget_holds_a_rise_and_sends_a_drop_at_once(dev_cluster, admin_api, make_node, namespace):
+    node = make_node()
+    clock = Clock(0.0)  # trace time = clock time since the first read
+    agent = make_agent(
+        dev_cluster.kubeconfig, node, namespace, clock, min_patch_interval_s=30, heartbeat_s=300
+    )
+
+    def free() -> int:
+        return int(node_metadata(admin_api, node)[0][P + "gpu.memory.free-mib"])
+
+    assert agent.tick().sent  # the first patch
+    idle = free()
+    assert idle == 80896
+    clock.t = 9.5  # 30 GiB allocated: free memory down, sent at once though 9.5 s < 30 s
+    result = agent.tick()
+    assert result.sent
+    dropped = free()
+    assert idle - dropped >= 29 * 1024
+    for t in (14.0, 17.0):  # utilisation up under the matmul (a mean over the interval): at once
+        clock.t = t
+        assert agent.tick().sent
+    assert node_metadata(admin_api, node)[0][P + "gpu.utilization-pct"] == "100"
+    last_sent = clock.t
+    clock.t = 20.0  # most of it released: free memory up, held back (3 s after the last patch)
+    result = agent.tick()
+    assert result.patch is not None and not result.sent
+    assert int(result.desired.labels[P + "gpu.memory.free-mib"]) > dropped
+    assert free() == dropped
+    clock.t = 25.5  # still held
+    assert not agent.tick().sent and free() == dropped
+    assert agent.cache.patches_held == 2
+    clock.t = last_sent + 30.0  # the interval has passed: the held rise goes out, merged
+    result = agent.tick()
+    assert result.sent
+    assert free() >= idle - 2048
+    assert int(node_metadata(admin_api, node)[0][P + "gpu.utilization-pct"]) <= 10
+    held = [
+        m for m in AgentCollector(agent).collect() if m.name == "omaticaya_patches_held"
+    ]
+    assert held and held[0].samples[0].value == 2
+
+
+def _token_kubeconfig(dev_cluster, admin_api, tmp_path, rules: list[dict]) -> str:
+    """A kubeconfig holding only a ServiceAccount token whose ClusterRole has ``rules`` (the
+    chart's ClusterRole before Leases: nodes and events, no leases)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    rbac = client.RbacAuthorizationV1Api(admin_api.api_client)
+    sa = "omaticaya-old-chart"
+    for create in (
+        lambda: admin_api.create_namespaced_service_account(
+            NAMESPACE, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}}
+        ),
+        lambda: rbac.create_cluster_role(
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": sa}, "rules": rules}
+        ),
+        lambda: rbac.create_cluster_role_binding(
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": sa},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa},
+             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]}
+        ),
+    ):
+        try:
+            create()
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    token = admin_api.create_namespaced_service_account_token(
+        sa, NAMESPACE,
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 600}},
+    ).status.token
+    path = tmp_path / "token-kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "dev", "cluster": {
+            "server": dev_cluster.server, "certificate-authority": str(dev_cluster.ca_file)}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
+    }))
+    return str(path)
+
+
+OLD_CHART_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+def test_without_lease_rbac_the_agent_falls_back_and_says_so_once(
+    dev_cluster, admin_api, make_node, namespace, tmp_path
+):
+    node = make_node()
+    kubeconfig = _token_kubeconfig(dev_cluster, admin_api, tmp_path, OLD_CHART_RULES)
+    probe = NodeClient(node, kubeconfig=kubeconfig, sleep=lambda s: None)
+    wait_for("RBAC to let the token read its Node", probe.get_node, 20)  # informer propagation
+    probe.close()
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    try:
+        clock = Clock(3.0)
+        agent = make_agent(kubeconfig, node, namespace, clock, heartbeat_s=30)
+        assert agent.lease is not None
+        agent.tick()  # the Lease: 403 -> annotation heartbeat, in the same tick
+        assert agent.lease is None
+        labels, annotations = node_metadata(admin_api, node)
+        assert labels[P + "gpu.health"] == "Healthy"
+        doc = json.loads(annotations[P + "telemetry"])
+        assert "lease" not in doc and doc["refresh_s"] == 40
+        for t in (10.0, 20.0, 34.0, 40.0, 70.0):
+            clock.t = t
+            result = agent.tick()
+        # 34 s: the annotation heartbeat is back on the Node (an annotation-only patch)
+        assert agent.node.requests[("patch", "200")] >= 3
+        assert result is not None
+    finally:
+        logger.remove(sink)
+    said = [line for line in lines if "no permission on Lease" in line]
+    assert len(said) == 1, lines
+    assert agent.cache.lease_fallbacks == 1
+    assert agent.node.requests[("renew", "403")] + agent.node.requests[("get", "403")] == 1
+    metrics = {m.name: m for m in AgentCollector(agent).collect()}
+    assert metrics["omaticaya_lease_fallbacks"].samples[0].value == 1
+    assert metrics["omaticaya_heartbeat_on_lease"].samples[0].value == 0
