@@ -7,7 +7,12 @@ request to the API server. Three writers run side by side, each on its own Node,
 same trace at the same trace time:
 
 - agent:        ``omaticaya_py.agent.Agent`` + ``NodeClient`` (merge patch only on a change of a
-                quantised value, telemetry heartbeat every 300 s).
+                quantised value, telemetry heartbeat every 300 s on the Node: the behaviour
+                before issue 16, kept selectable with ``lease=None`` and no write budget).
+- agent-fleet:  the same agent with issue 16's fleet-safe writes: liveness on a Lease (in the
+                ``default`` namespace, renewed every 300 s) and the write budget
+                ``min_patch_interval_s=30`` (less-attractive changes at once). Its "updates"
+                are Node writes; "lease/h" its Lease writes.
 - omaticaya-go: the original's loop: GET the Node + PUT the whole Node every tick, labels
                 holding the unquantised free memory (MiB) of every GPU.
 - gfd-style:    GET every tick; merge-patch the labels when the rendered map differs, with no
@@ -117,14 +122,24 @@ class GfdStyleWriter:
 
 
 class AgentWriter:
-    def __init__(self, kubeconfig: str, node: str, reader: Any, clock: FakeClock, sched: str):
+    def __init__(
+        self, kubeconfig: str, node: str, reader: Any, clock: FakeClock, sched: str,
+        fleet: bool = False,
+    ):
         from omaticaya_py.agent import Agent
         from omaticaya_py.kube import NodeClient
 
         self.client = NodeClient(node, kubeconfig=kubeconfig)
         self.count = count_api_client(self.client.session.api_client)
-        settings = bench_settings(node_name=node, schedule=sched, cleanup_on_exit=False)
-        self.agent = Agent(settings, reader, self.client, clock=clock)
+        settings = bench_settings(
+            node_name=node, schedule=sched, cleanup_on_exit=False,
+            min_patch_interval_s=30 if fleet else 0,
+        )
+        if fleet:  # a Lease in "default", as an agent whose pod runs there would hold
+            environ = {"POD_NAMESPACE": "default", "POD_NAME": f"bench-{node}"}
+            self.agent = Agent(settings, reader, self.client, clock=clock, environ=environ)
+        else:  # the heartbeat on the Node's annotation, whatever the environment
+            self.agent = Agent(settings, reader, self.client, clock=clock, lease=None)
         self.heartbeats = 0  # patches that carry no label, only the telemetry annotation
         patch_node = self.client.patch_node
 
@@ -138,6 +153,10 @@ class AgentWriter:
     @property
     def updates(self) -> int:
         return self.agent.cache.patches_sent
+
+    @property
+    def lease_writes(self) -> int:
+        return self.agent.cache.lease_renewals
 
     def tick(self) -> None:
         self.agent.tick()
@@ -164,7 +183,9 @@ def run_scenario(
     path, speed = scenario_trace(name)
     clock = FakeClock()
     sched = f"@every {interval_s:g}s"
-    nodes = {w: f"{GROUP}-{name}-{w}" for w in ("agent", "omaticaya-go", "gfd-style")}
+    nodes = {
+        w: f"{GROUP}-{name}-{w}" for w in ("agent", "agent-fleet", "omaticaya-go", "gfd-style")
+    }
     create_nodes(api_factory(), list(nodes.values()), GROUP)
 
     def reader() -> Any:
@@ -172,6 +193,9 @@ def run_scenario(
 
     writers: dict[str, Any] = {
         "agent": AgentWriter(kubeconfig, nodes["agent"], reader(), clock, sched),
+        "agent-fleet": AgentWriter(
+            kubeconfig, nodes["agent-fleet"], reader(), clock, sched, fleet=True
+        ),
         "omaticaya-go": GoStyleWriter(api_factory(), nodes["omaticaya-go"], reader()),
         "gfd-style": GfdStyleWriter(api_factory(), nodes["gfd-style"], reader()),
     }
@@ -193,14 +217,17 @@ def run_scenario(
         ratio = base.total / c.total if c.total else float("inf")
         ratios[wname] = ratio
         rows.append([
-            name, wname, ticks, w.updates, getattr(w, "heartbeats", "-"), c.total * per_hour,
+            name, wname, ticks, w.updates, getattr(w, "heartbeats", "-"),
+            w.updates * per_hour,
+            w.lease_writes * per_hour if wname == "agent-fleet" else "-",
+            c.total * per_hour,
             by_verb,
             audit_n * per_hour if audited else "n/a", c.sent * per_hour / 1024,
             c.received * per_hour / 1024, f"{ratio:.1f}x",
             f"{base.sent / c.sent:.1f}x" if c.sent else "inf",
         ])
-    if hasattr(writers["agent"], "client"):
-        writers["agent"].client.close()
+    for wname in ("agent", "agent-fleet"):
+        writers[wname].client.close()
     ratios["_took_s"] = took
     return rows, ratios
 
@@ -243,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"(target >= {TARGET_RATIO:.0f}x: {verdict}); "
                     f"{ratios['gfd-style']:.1f}x for gfd-style; ran in {ratios['_took_s']:.1f} s"
                 )
+                fleet = next(r for r in rows if r[1] == "agent-fleet")
+                notes.append(
+                    f"{name}: agent-fleet writes its Node {fleet[5]:.0f} times an hour "
+                    f"(goal: 0 on a quiet node after start-up, <= 120 looping) and its Lease "
+                    f"{fleet[6]:.0f} times"
+                )
         finally:
             delete_nodes(admin, GROUP)
             admin.api_client.close()
@@ -252,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({args.minutes:g} simulated minutes per scenario, scaled to one hour)"
         ),
         table(
-            ["scenario", "writer", "ticks", "updates", "of which heartbeat", "req/h", "by verb",
+            ["scenario", "writer", "ticks", "updates", "of which heartbeat", "node writes/h",
+             "lease/h", "req/h", "by verb",
              "audit req/h",
              "KiB sent/h", "KiB recv/h", "req ratio", "sent ratio"],
             all_rows,
