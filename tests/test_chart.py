@@ -994,6 +994,8 @@ STRUCTURED = (
     "service",
     "serviceMonitor",
     "podMonitor",
+    "grafanaDashboard",
+    "prometheusRule",
     "validatingAdmissionPolicy",
 )
 
