@@ -281,3 +281,106 @@ def test_without_lease_rbac_the_agent_falls_back_and_says_so_once(
     metrics = {m.name: m for m in AgentCollector(agent).collect()}
     assert metrics["omaticaya_lease_fallbacks"].samples[0].value == 1
     assert metrics["omaticaya_heartbeat_on_lease"].samples[0].value == 0
+
+
+CHART_RELEASE = "omaticaya-lease"  # fullname: the release name (it contains the chart name)
+
+
+def _chart_rbac_docs() -> list[dict]:
+    """The chart's ServiceAccount, ClusterRole(+Binding) and the Lease Role(+Binding), rendered
+    into NAMESPACE by the real helm."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+
+    from tests.tools import ToolUnavailable, helm_path
+
+    try:
+        helm = helm_path()
+    except ToolUnavailable as exc:
+        pytest.skip(f"helm unavailable: {exc}")
+    chart = Path(__file__).resolve().parent.parent / "charts" / "omaticaya"
+    args = [str(helm), "template", CHART_RELEASE, str(chart), "--namespace", NAMESPACE]
+    for t in ("serviceaccount", "clusterrole", "clusterrolebinding", "role", "rolebinding"):
+        args += ["--show-only", f"templates/{t}.yaml"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def test_the_charts_rbac_lets_the_agent_hold_its_lease_and_no_other(
+    dev_cluster, admin_api, make_node, namespace, leases, tmp_path
+):
+    from kubernetes import client, utils
+    from kubernetes.client.exceptions import ApiException
+
+    docs = _chart_rbac_docs()
+    assert sorted(d["kind"] for d in docs) == [
+        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"
+    ]
+    for doc in docs:
+        try:
+            utils.create_from_dict(admin_api.api_client, doc)
+        except utils.FailToCreateError as exc:
+            if any(e.status != 409 for e in exc.api_exceptions):
+                raise
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    token = admin_api.create_namespaced_service_account_token(
+        sa, NAMESPACE,
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 600}},
+    ).status.token
+    kubeconfig = tmp_path / "chart-token-kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "dev", "cluster": {
+            "server": dev_cluster.server, "certificate-authority": str(dev_cluster.ca_file)}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
+    }))
+    node = make_node()
+    rbac = client.RbacAuthorizationV1Api(admin_api.api_client)
+    try:
+        clock = Clock(3.0)
+        agent = make_agent(str(kubeconfig), node, namespace, clock, heartbeat_s=30)
+
+        def holds() -> bool:
+            agent.tick()
+            return agent.lease is not None and agent.cache.lease_renewals == 1
+
+        # RBAC reaches the authorizer through an informer, and a 403 on the Lease would fall
+        # back for good: wait until the token may do both, then tick
+        probe = NodeClient(node, kubeconfig=str(kubeconfig), sleep=lambda s: None)
+        from omaticaya_py.kube.lease import LeaseClient
+
+        other = LeaseClient(probe.session, namespace=namespace, name="rbac-probe",
+                            holder="probe", duration_s=10)
+        wait_for("RBAC to let the token read its Node", probe.get_node, 20)
+        wait_for("RBAC to let the token renew a Lease", other.renew, 20)
+        assert holds()
+        lease = leases.read_namespaced_lease(lease_name(node), namespace)
+        assert lease.spec.holder_identity == POD
+        clock.t = 40.0
+        agent.tick()
+        assert agent.cache.lease_renewals == 2 and agent.cache.lease_fallbacks == 0
+        # nothing outside its own namespace: the Role is namespaced
+        elsewhere = LeaseClient(probe.session, namespace="default", name="rbac-probe",
+                                holder="probe", duration_s=10)
+        from omaticaya_py.kube import KubeForbidden
+
+        with pytest.raises(KubeForbidden):
+            elsewhere.renew()
+        probe.close()
+        agent.shutdown()
+    finally:
+        for doc in docs:
+            try:
+                if doc["kind"] == "ClusterRoleBinding":
+                    rbac.delete_cluster_role_binding(doc["metadata"]["name"])
+                elif doc["kind"] == "ClusterRole":
+                    rbac.delete_cluster_role(doc["metadata"]["name"])
+            except ApiException:
+                pass
