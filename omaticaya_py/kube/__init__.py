@@ -10,6 +10,7 @@ from .cache import NodeCache
 from .errors import KubeError, KubeForbidden, KubeRejected, KubeUnavailable, NodeNotFound
 from .lease import LeaseClient as LeaseClient
 from .nodes import MERGE_PATCH, NodeClient
+from .nodes_list import NodeLister as NodeLister
 from .pods import PodCache
 from .quantity import parse_quantity
 from .session import ApiSession
