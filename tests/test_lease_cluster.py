@@ -84,6 +84,40 @@ def leases(admin_api):
     return client.CoordinationV1Api(admin_api.api_client)
 
 
+class NodeWatcher:
+    """A plain watch on one Node (``/api/v1/nodes?fieldSelector=metadata.name=...``), counting
+    MODIFIED events on a thread, as a CNI agent's Node watch would receive them."""
+
+    def __init__(self, admin_api, node: str) -> None:
+        import threading
+
+        from kubernetes import watch
+
+        self.modified = 0
+        self._watch = watch.Watch()
+        version = admin_api.read_node(node).metadata.resource_version
+        ready = threading.Event()
+
+        def run() -> None:
+            ready.set()
+            try:
+                for event in self._watch.stream(
+                    admin_api.list_node, field_selector=f"metadata.name={node}",
+                    resource_version=version, timeout_seconds=120,
+                ):
+                    if event["type"] == "MODIFIED":
+                        self.modified += 1
+            except Exception:  # noqa: BLE001 - the stream cut when the cluster stops: counted
+                pass
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(5)
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+
 def make_agent(kubeconfig, node: str, namespace: str, clock: Clock, **env) -> Agent:
     settings = load_settings(node_name=node, **env)
     reader = TraceReader(H100_TRACE, loop=False, window_s=2.0, clock=clock)
@@ -163,6 +197,7 @@ def test_budget_holds_a_rise_and_sends_a_drop_at_once(dev_cluster, admin_api, ma
     def free() -> int:
         return int(node_metadata(admin_api, node)[0][P + "gpu.memory.free-mib"])
 
+    watcher = NodeWatcher(admin_api, node)  # what every Node watcher (a CNI agent) receives
     assert agent.tick().sent  # the first patch
     idle = free()
     assert idle == 80896
@@ -193,6 +228,12 @@ def test_budget_holds_a_rise_and_sends_a_drop_at_once(dev_cluster, admin_api, ma
         m for m in AgentCollector(agent).collect() if m.name == "omaticaya_patches_held"
     ]
     assert held and held[0].samples[0].value == 2
+    # one watch event per patch sent (5), none for the held-back ticks
+    assert agent.cache.patches_sent == 5
+    wait_for("the watch to deliver every patch", lambda: watcher.modified >= 5, 20)
+    settle = node_metadata(admin_api, node)  # noqa: F841 - a read, no event
+    watcher.stop()
+    assert watcher.modified == 5
 
 
 def _token_kubeconfig(dev_cluster, admin_api, tmp_path, rules: list[dict]) -> str:

@@ -242,6 +242,9 @@ class Agent:
         try:
             self.lease.renew()
         except KubeForbidden as exc:
+            if exc.status != 403:  # 401: the credentials, not RBAC; the Node will say so too
+                self._lease_failed(exc)
+                return
             self.cache.lease_fallbacks += 1
             logger.warning(
                 "no permission on Lease {} ({}): liveness goes on the Node's telemetry annotation "
@@ -252,10 +255,7 @@ class Agent:
             self._telemetry_at_s = None  # the annotation's heartbeat is due now
             return
         except KubeError as exc:
-            self.cache.lease_failures += 1
-            if not self._lease_failing:
-                logger.error("could not renew Lease {}: {}; retrying each tick", self.lease.ref, exc)
-            self._lease_failing = True
+            self._lease_failed(exc)
             return
         if self._lease_failing:
             logger.info("Lease {} renewed again", self.lease.ref)
@@ -263,6 +263,13 @@ class Agent:
         self._lease_at_s = now_s
         self.cache.lease_renewals += 1
         self._meta = None  # re-read the Node at each heartbeat: re-created or edited behind us
+
+    def _lease_failed(self, exc: KubeError) -> None:
+        assert self.lease is not None
+        self.cache.lease_failures += 1
+        if not self._lease_failing:
+            logger.error("could not renew Lease {}: {}; retrying each tick", self.lease.ref, exc)
+        self._lease_failing = True
 
     def _with_telemetry(
         self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, current: NodeMeta,
