@@ -8,6 +8,8 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from omaticaya_py.core import schema
 from omaticaya_py.core.patch import NodeMeta
@@ -231,3 +233,129 @@ def test_empty_says_so():
 def test_top_options(flags, env, expected):
     options = top_options(flags, env)
     assert {k: getattr(options, k) for k in expected} == expected
+
+
+# -- run_top with a stand-in lister (the real one: tests/test_views_cluster.py) -----------
+
+
+class FakeLister:
+    """Answers ``list`` from ``lists`` and each ``watch`` from ``watches`` (a list of events,
+    or an exception to raise); a watch past the script ends the command with Ctrl-C."""
+
+    def __init__(self, lists, watches):
+        self.lists, self.watches = list(lists), list(watches)
+        self.calls: list[tuple] = []
+
+    def list(self, selector=None):
+        self.calls.append(("list", selector))
+        got = self.lists.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def watch(self, version, selector=None, timeout_s=30):
+        self.calls.append(("watch", version, selector, timeout_s))
+        if not self.watches:
+            raise KeyboardInterrupt
+        got = self.watches.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        yield from got
+
+
+def _node(name, util=50.0, read_at=NOW - 5):
+    return NodeMeta(name, labels=labels(), annotations={
+        P + "telemetry": telemetry([gpu(0, utilization_pct=util)], read_at=read_at)})
+
+
+def _run(options, lister):
+    from omaticaya_py.views.top import run_top
+
+    out, err = io.StringIO(), io.StringIO()
+    code = run_top(options, stdout=out, stderr=err, clock=lambda: NOW, lister=lister)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_run_top_once_json_and_table():
+    lister = FakeLister([([_node("a"), _node("b", 10.0)], "7")], [])
+    code, out, _ = _run(TopOptions(output="json", selector="x=y", sort="util"), lister)
+    assert code == 0 and [n["name"] for n in json.loads(out)["nodes"]] == ["a", "b"]
+    assert lister.calls == [("list", "x=y")]
+    code, out, _ = _run(TopOptions(), FakeLister([([_node("a")], "7")], []))
+    assert code == 0 and out.splitlines()[2].split()[:2] == ["a", "Healthy"]
+
+
+def test_watch_redraws_on_events_relists_on_410_and_ends_on_ctrl_c():
+    from omaticaya_py.kube import KubeUnavailable
+    from omaticaya_py.kube.nodes_list import WatchExpired
+
+    lister = FakeLister(
+        [([_node("a")], "7"), ([_node("a", 1.0), _node("c")], "20"), ([_node("d")], "30")],
+        [
+            [("MODIFIED", _node("a", 90.0), "8"), ("ADDED", _node("b"), "9")],
+            [("DELETED", _node("b"), "10")],
+            WatchExpired("gone", status=410),
+            [],  # the server ended a quiet watch: a redraw (ages move on)
+            KubeUnavailable("dropped"),
+        ],
+    )
+    code, out, _ = _run(TopOptions(output="json", watch=True, interval_s=5), lister)
+    assert code == 0
+    draws = [[(n["name"], n["util_pct"]) for n in json.loads(line)["nodes"]]
+             for line in out.splitlines()]
+    assert draws == [
+        [("a", 50.0)],
+        [("a", 90.0)],
+        [("a", 90.0), ("b", 50.0)],
+        [("a", 90.0)],
+        [("a", 1.0), ("c", 50.0)],  # listed again after the 410
+        [("a", 1.0), ("c", 50.0)],  # the quiet watch
+        [("d", 50.0)],  # listed again after the dropped watch
+    ]
+    assert [c[1] for c in lister.calls if c[0] == "watch"] == ["7", "9", "10", "20", "20", "30"]
+    assert all(c[3] == 5 for c in lister.calls if c[0] == "watch")
+
+
+def test_api_failure_is_one_line_and_status_1():
+    from omaticaya_py.kube import KubeForbidden
+
+    lister = FakeLister([KubeForbidden("list nodes: HTTP 403 Forbidden (omaticaya top needs "
+                                       "list and watch on nodes)", status=403)], [])
+    code, out, err = _run(TopOptions(), lister)
+    assert code == 1 and out == ""
+    assert err == ("omaticaya top: list nodes: HTTP 403 Forbidden (omaticaya top needs list "
+                   "and watch on nodes)\n")
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=3),
+    max_leaves=12,
+)
+_gpu_docs = st.fixed_dictionaries({}, optional={
+    k: _json_values for k in ("index", "uuid", "memory_free_mib", "memory_total_mib",
+                              "utilization_pct", "temperature_c", "process_count", "health",
+                              "reasons", "mig_enabled", "mig_devices")})
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    label_values=st.dictionaries(
+        st.sampled_from(["gpu.count", "gpu.health", "gpu.healthy-count", "gpu.memory.free-mib",
+                         "gpu.utilization-pct", "gpu-0.health", "gpu-0.memory.free-mib",
+                         "gpu-x.health", "gpu-99999999999999999999.health"]),
+        st.text(max_size=12), max_size=6),
+    doc=st.fixed_dictionaries({}, optional={
+        "read_at": st.sampled_from(["2026-11-23T13:00:00Z", "yesterday", 5, None]),
+        "expires_at": st.sampled_from(["2026-11-23T13:05:00Z", "2099-01-01T00:00:00Z", 7]),
+        "gpus": st.lists(_gpu_docs, max_size=3) | _json_values,
+        "health": _json_values,
+    }),
+)
+def test_any_node_content_renders(label_values, doc):
+    annotations = {P + "telemetry": json.dumps(doc)}
+    row = fleet.node_row("n", {P + k: v for k, v in label_values.items()}, annotations, now=NOW)
+    for options in (TopOptions(), TopOptions(gpus=True), TopOptions(output="wide")):
+        assert "n" in _text([row], options, width=200 if options.output == "wide" else 80)
+    json.dumps(fleet.to_json([row]), allow_nan=False)

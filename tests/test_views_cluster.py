@@ -279,3 +279,63 @@ def test_kubectl_plugin(fleet, dev_cluster):
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )
     assert bad.returncode == 1 and "nope" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _token_kubeconfig(dev_cluster, admin_api, tmp_path: Path, sa: str) -> Path:
+    admin_api.create_namespaced_service_account("default", {"metadata": {"name": sa}})
+    token = admin_api.create_namespaced_service_account_token(
+        sa, "default", {"spec": {"audiences": [], "expirationSeconds": 600}}
+    ).status.token
+    port = dev_cluster.ports()["APISERVER_PORT"]
+    path = tmp_path / f"{sa}.kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "viewer",
+        "clusters": [{"name": "dev", "cluster": {
+            "server": f"https://127.0.0.1:{port}",
+            "certificate-authority": str(dev_cluster.ca_file)}}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "viewer", "context": {"cluster": "dev", "user": sa}}],
+    }))
+    return path
+
+
+def test_top_needs_only_list_and_watch_on_nodes(fleet, dev_cluster, admin_api, tmp_path):
+    from kubernetes import client as k
+
+    rbac = k.RbacAuthorizationV1Api(admin_api.api_client)
+    suffix = os.getpid()
+    role = f"top-viewer-{suffix}"
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]})
+    viewer = _token_kubeconfig(dev_cluster, admin_api, tmp_path, role)
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": role, "namespace": "default"}]})
+    nobody = _token_kubeconfig(dev_cluster, admin_api, tmp_path, f"top-nobody-{suffix}")
+    try:
+        env = dict(fleet["env"])
+        env.pop("KUBECONFIG", None)
+        shown = wait_for(  # the binding reaches the authorizer's cache
+            "top as the list/watch-only user",
+            lambda: (d := _top("--kubeconfig", str(viewer), "-l", fleet["selector"], "-o",
+                               "json", env=env)).returncode == 0 and d, 30)
+        assert len(json.loads(shown.stdout)["nodes"]) == 3
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "omaticaya_py", "top", "--kubeconfig", str(viewer), "-l",
+             fleet["selector"], "--watch", "-o", "json", "--interval", "300"],
+            env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, text=True)
+        try:
+            lines = _lines(proc)
+            _agent(fleet["env"], fleet["healthy"], H100_TRACE, 2)
+            wait_for("a redraw seen through the watch", lambda: lines.qsize() >= 2, 30)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+        denied = _top("--kubeconfig", str(nobody), env=env)
+        assert denied.returncode == 1
+        assert "403" in denied.stderr and "needs list and watch on nodes" in denied.stderr
+        assert "Traceback" not in denied.stderr
+    finally:
+        rbac.delete_cluster_role_binding(role)
+        rbac.delete_cluster_role(role)
