@@ -262,35 +262,57 @@ def sa_kubeconfig(kube: Kube, tmp: Path) -> Path:
     return path
 
 
-#: (verb, resource [--subresource=...], expected) for the agent's token: exactly get/patch nodes
-#: and create/patch events, nothing else (kubectl reads "nodes/status" as the Node named status)
-CAN_I = [
-    ("get", "nodes", True),
-    ("patch", "nodes", True),
-    ("create", "events", True),
-    ("patch", "events", True),
-    ("create", "events.events.k8s.io", True),
-    ("patch", "events.events.k8s.io", True),
-    ("list", "nodes", False),
-    ("watch", "nodes", False),
-    ("update", "nodes", False),
-    ("delete", "nodes", False),
-    ("create", "nodes", False),
-    ("patch", "nodes --subresource=status", False),
-    ("get", "events", False),
-    ("delete", "events", False),
-    ("get", "pods", False),
-    ("list", "pods", False),
-    ("create", "pods", False),
-    ("delete", "pods", False),
-    ("get", "secrets", False),
-    ("list", "secrets", False),
-    ("get", "configmaps", False),
-    ("patch", "daemonsets.apps", False),
-    ("create", "serviceaccounts --subresource=token", False),
-    ("create", "clusterrolebindings.rbac.authorization.k8s.io", False),
-    ("impersonate", "users", False),
+#: (verb, resource [--subresource=...]) the agent's token must not do, whatever its chart grants
+#: (kubectl reads "nodes/status" as the Node named status, hence --subresource)
+MUST_NOT = [
+    ("list", "nodes"),
+    ("watch", "nodes"),
+    ("update", "nodes"),
+    ("delete", "nodes"),
+    ("create", "nodes"),
+    ("patch", "nodes --subresource=status"),
+    ("get", "events"),
+    ("delete", "events"),
+    ("get", "pods"),
+    ("list", "pods"),
+    ("create", "pods"),
+    ("delete", "pods"),
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("get", "configmaps"),
+    ("patch", "daemonsets.apps"),
+    ("create", "serviceaccounts --subresource=token"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("impersonate", "users"),
 ]
+
+
+def granted(kube: Kube) -> dict[tuple[str, str | None], set[str]]:
+    """What the release's RBAC grants the agent's ServiceAccount, from ``helm get manifest``:
+    {(resource[.group], namespace, or None for a ClusterRole): verbs}."""
+    docs = [
+        d
+        for d in yaml.safe_load_all(kube.helm("get", "manifest", RELEASE, "-n", NAMESPACE).stdout)
+        if d
+    ]
+    bound: set[tuple[str, str]] = set()
+    for d in docs:
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(
+            s.get("kind") == "ServiceAccount" and s.get("name") == RELEASE
+            for s in d.get("subjects") or []
+        ):
+            bound.add((d["roleRef"]["kind"], d["roleRef"]["name"]))
+    out: dict[tuple[str, str | None], set[str]] = {}
+    for d in docs:
+        if (d["kind"], d["metadata"]["name"]) not in bound:
+            continue
+        ns = None if d["kind"] == "ClusterRole" else d["metadata"].get("namespace", NAMESPACE)
+        for rule in d.get("rules") or []:
+            for group in rule.get("apiGroups") or [""]:
+                for res in rule.get("resources") or []:
+                    key = res if group == "" else f"{res}.{group}"
+                    out.setdefault((key, ns), set()).update(rule["verbs"])
+    return out
 
 
 def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools, tmp_path):
@@ -394,8 +416,18 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
 
     # --- the agent's own token (the one mounted in its pod) can do exactly its RBAC
     sa_env = sa_kubeconfig(kube, tmp_path)
+    grants = granted(kube)
+    assert ("nodes", None) in grants, grants
+    checks: list[tuple[str, str, str | None, bool]] = []  # verb, resource, namespace, expected
+    for (resource, ns), verbs in sorted(grants.items(), key=str):
+        for verb in sorted(verbs):
+            checks.append((verb, resource, ns, True))
+            if ns is not None:  # a Role: its namespace only
+                checks.append((verb, resource, "kube-system", False))
+    checks += [(verb, resource, None, False) for verb, resource in MUST_NOT]
     table, wrong = [], []
-    for verb, resource, expected in CAN_I:
+    for verb, resource, ns, expected in checks:
+        where = ["-n", ns] if ns else []
         proc = kube.run(
             kubectl,
             "--kubeconfig",
@@ -404,30 +436,36 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
             "can-i",
             verb,
             *resource.split(),
+            *where,
             check=False,
         )
         answer = proc.stdout.strip()
         assert answer in ("yes", "no"), (verb, resource, proc.stdout, proc.stderr)
-        table.append(f"{verb:12} {resource:48} {answer}")
+        table.append(f"{verb:12} {resource:48} {ns or '(cluster)':14} {answer}")
         if (answer == "yes") != expected:
-            wrong.append(f"{verb} {resource}: {answer}, expected {'yes' if expected else 'no'}")
+            wrong.append(
+                f"{verb} {resource} in {ns}: {answer}, expected {'yes' if expected else 'no'}"
+            )
     print("kubectl auth can-i as system:serviceaccount:omaticaya:omaticaya\n" + "\n".join(table))
     assert not wrong, "\n".join(wrong)
-    # and the rules the API server lists for that token are the ClusterRole's, nothing more
-    rules = kube.run(kubectl, "--kubeconfig", str(sa_env), "auth", "can-i", "--list").stdout
-    resource_rules = {
-        line.split()[0]: sorted(line[line.rindex("[") + 1 : line.rindex("]")].split())
-        for line in rules.splitlines()[1:]
-        if line.strip() and not line[0].isspace()  # resource rows; URL rows are indented
-    }
+    # and the rules the API server lists for that token in the release namespace are the
+    # chart's ClusterRole and Role, nothing more
+    rules = kube.run(
+        kubectl, "--kubeconfig", str(sa_env), "auth", "can-i", "--list", "-n", NAMESPACE
+    ).stdout
+    listed: dict[str, set[str]] = {}
+    for line in rules.splitlines()[1:]:
+        if line.strip() and not line[0].isspace():  # resource rows; URL rows are indented
+            verbs = line[line.rindex("[") + 1 : line.rindex("]")].split()
+            listed.setdefault(line.split()[0], set()).update(verbs)
     # what every authenticated user may do (system:basic-user)
-    resource_rules.pop("selfsubjectaccessreviews.authorization.k8s.io", None)
-    resource_rules.pop("selfsubjectrulesreviews.authorization.k8s.io", None)
-    assert resource_rules == {
-        "nodes": ["get", "patch"],
-        "events": ["create", "patch"],
-        "events.events.k8s.io": ["create", "patch"],
-    }, rules
+    listed.pop("selfsubjectaccessreviews.authorization.k8s.io", None)
+    listed.pop("selfsubjectrulesreviews.authorization.k8s.io", None)
+    expected_list: dict[str, set[str]] = {}
+    for (resource, ns), verbs in grants.items():
+        if ns in (None, NAMESPACE):
+            expected_list.setdefault(resource, set()).update(verbs)
+    assert listed == expected_list, rules
 
     # --- helm upgrade with a new schedule rolls the pod
     old_uid = pod["metadata"]["uid"]
