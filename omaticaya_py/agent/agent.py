@@ -19,13 +19,14 @@ one that makes it less attractive goes at once (``core.budget``).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from loguru import logger
@@ -499,7 +500,10 @@ class Agent:
             schedule.trigger(jitter_s=self.settings.jitter_s),
             id="tick",
             name="omaticaya tick",
-            next_run_time=datetime.now(timezone.utc),
+            # fleet start-up (a DaemonSet rolled out on every node at once): the first tick,
+            # too, at a random point within the jitter, not all in the same second
+            next_run_time=datetime.now(timezone.utc)
+            + timedelta(seconds=random.uniform(0, self.settings.jitter_s)),
         )
         self._scheduler = scheduler
         self.install_signal_handlers()
