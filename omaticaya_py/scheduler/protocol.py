@@ -32,6 +32,9 @@ class Extender:
     #: the placements known on a node (``placements.InFlight.for_node``); ``pending`` decides
     #: which still count
     placements: Callable[[str], Sequence[Placement]] = field(default=lambda name: ())
+    #: told of each pod that passed the filter: (uid, namespace/name, MiB, count, nodes, now)
+    #: (``placements.InFlight.assume``): it counts there until the watch shows it bound
+    assume: Callable[[str, str, int, int, list[str], float], None] | None = None
 
     def _inflight(self, pod: Any) -> InFlightOf | None:
         """The in-flight placements counting against each node for ``pod`` (itself left out)."""
@@ -89,6 +92,11 @@ class Extender:
                 unknown_policy=s.unknown_policy,
                 inflight=self._inflight(args.get("Pod")),
             )
+        if self.assume is not None and need is not None and not need.error and passed:
+            meta = json_mapping(json_mapping(args.get("Pod")).get("metadata"))
+            uid, key = meta.get("uid"), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            if isinstance(uid, str) and self.settings.settle_s > 0:
+                self.assume(uid, key, need.memory_mib, need.count, passed, self.clock())
         result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
         if by_name:
             result["NodeNames"] = passed

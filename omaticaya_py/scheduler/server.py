@@ -73,7 +73,8 @@ def serve(
     pods, pod_problems = _start_pod_cache(settings, cache, pod_cache_factory)
     ext = Extender(settings, cache.get, synced=lambda: cache.synced, health=cache.health)
     if pods is not None:
-        ext.placements = InFlight(pods).for_node
+        inflight = InFlight(pods)
+        ext.placements, ext.assume = inflight.for_node, inflight.assume
     server = _Server(
         create_app(ext, metrics_registry(cache, problems, pods, pod_problems)), settings
     )

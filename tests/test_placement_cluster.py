@@ -1,0 +1,183 @@
+"""End to end: a burst of GPU pods on a real kube-apiserver + kube-scheduler v1.20.2 with the
+extender's in-flight accounting (``scheduler.inflight``), and the extender restarted mid-burst.
+
+Three Nodes labelled by real agents replaying one-GPU traces: big (70000 MiB free: room for two
+30 GiB pods), mid (35000: one), small (20000: none). No kubelet runs, so no pod ever starts and
+the telemetry never shows their memory: a placement counts until its pod is deleted (settle time
+600 s). Ten 30 GiB pods created together: three bind (two on big, one on mid), seven wait with
+the in-flight reason; a restarted extender rebuilds the placements from the pod watch; deleting
+the bound pods frees their room and the waiting pods bind.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.devcluster import DevCluster
+from tests.test_scheduling_cluster import (
+    Agents,
+    ExtenderScheduler,
+    bound_node,
+    gpu_pod,
+    schedulable,
+)
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+SCHEDULER = "omaticaya-burst"
+FREE = {"big": 70000, "mid": 35000, "small": 20000}
+POD_MIB = 30720
+ROOM = {role: free // POD_MIB for role, free in FREE.items()}  # big 2, mid 1, small 0
+
+
+@pytest.fixture(scope="module")
+def cluster(dev_cluster: DevCluster) -> DevCluster:
+    dev_cluster.start_scheduler()
+    return dev_cluster
+
+
+@pytest.fixture(scope="module")
+def api(cluster: DevCluster) -> Iterator[Any]:
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=cfg)
+    core = client.CoreV1Api(client.ApiClient(cfg))
+    yield core
+    core.api_client.close()
+
+
+@pytest.fixture(scope="module")
+def burst(api, cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
+    """Namespace, three labelled Nodes and a kube-scheduler with its extender (settle 600 s)."""
+    tmp = tmp_path_factory.mktemp("burst")
+    ns = f"burst-{os.getpid()}"
+    api.create_namespace({"metadata": {"name": ns}})
+    api.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    agents = Agents(cluster, tmp)
+    names = {role: f"burst-{role}-{os.getpid()}" for role in FREE}
+    env = {"OMATICAYA_EXTENDER_SETTLE_S": "600", "OMATICAYA_EXTENDER_SCHEDULER_NAME": SCHEDULER}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    sched = None
+    try:
+        for role, name in names.items():
+            api.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+            schedulable(api, name)
+            agents.start(name, FREE[role])
+        wait_for(
+            "the agents to label the nodes",
+            lambda: all(
+                "omaticaya.io/gpu.health" in (api.read_node(n).metadata.labels or {})
+                for n in names.values()
+            ),
+            30,
+        )
+        sched = ExtenderScheduler(cluster, tmp, SCHEDULER, "spread")
+        yield {"ns": ns, "names": names, "sched": sched}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if sched is not None:
+            sched.close()
+        agents.stop_all()
+        for name in names.values():
+            try:
+                api.delete_node(name)
+            except Exception:  # noqa: BLE001
+                pass
+        api.delete_namespace(ns)
+
+
+def _placement(api, ns: str) -> dict[str, str]:
+    """{pod: node} of the bound pods in ``ns``."""
+    return {
+        p.metadata.name: p.spec.node_name
+        for p in api.list_namespaced_pod(ns).items
+        if p.spec.node_name
+    }
+
+
+def _unschedulable(api, ns: str, pod: str) -> str | None:
+    p = api.read_namespaced_pod(pod, ns)
+    assert not p.spec.node_name, f"{pod} was bound to {p.spec.node_name}"
+    for c in p.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return c.message
+    return None
+
+
+def _check_room(api, ns: str, names: dict[str, str]) -> Counter[str]:
+    on = Counter(_placement(api, ns).values())
+    for role, name in names.items():
+        assert on[name] <= ROOM[role], f"{on[name]} pods of {POD_MIB} MiB on {role}: {on}"
+    return on
+
+
+def _restart_extender(sched: ExtenderScheduler) -> None:
+    """Stop the extender (the kube-scheduler keeps running) and start a new one on its port."""
+    from omaticaya_py.scheduler import serve
+
+    settings = sched_settings(sched)
+    sched.stop_event.set()
+    sched.thread.join(30)
+    assert not sched.thread.is_alive(), "extender did not stop"
+    sched.ready, sched.stop_event = threading.Event(), threading.Event()
+    sched.thread = threading.Thread(
+        target=serve, args=(settings,), kwargs={"ready": sched.ready, "stop": sched.stop_event},
+        daemon=True,
+    )  # fmt: skip
+    sched.thread.start()
+    assert sched.ready.wait(15), "extender did not restart"
+
+
+def sched_settings(sched: ExtenderScheduler) -> Any:
+    return sched.thread._args[0]  # type: ignore[attr-defined]  (the settings serve() runs with)
+
+
+def test_a_burst_is_not_all_sent_to_the_freest_gpu_and_survives_a_restart(api, burst):
+    ns, names = burst["ns"], burst["names"]
+    pods = [f"burst-{i}" for i in range(10)]
+    for pod in pods:  # all ten at once, before any is scheduled
+        api.create_namespaced_pod(ns, gpu_pod(pod, SCHEDULER, POD_MIB))
+    expected = sum(ROOM.values())
+    wait_for(f"{expected} pods bound", lambda: len(_placement(api, ns)) >= expected, 30)
+    waiting = [p for p in pods if p not in _placement(api, ns)]
+
+    def all_wait_in_flight() -> bool:
+        _check_room(api, ns, names)
+        messages = [_unschedulable(api, ns, p) for p in waiting]
+        return all(m and "room taken by in-flight pods" in m for m in messages)
+
+    wait_for("the rest to wait with the in-flight reason", all_wait_in_flight, 30)
+    on = _check_room(api, ns, names)
+    assert on == {names["big"]: 2, names["mid"]: 1}, on
+
+    # the extender restarts: it rebuilds the placements from the pod watch
+    _restart_extender(burst["sched"])
+    api.create_namespaced_pod(ns, gpu_pod("after-restart", SCHEDULER, POD_MIB))
+    waiting.append("after-restart")
+    wait_for(
+        "after-restart to wait with the in-flight reason",
+        lambda: "room taken by in-flight pods" in (_unschedulable(api, ns, "after-restart") or ""),
+        30,
+    )
+    _check_room(api, ns, names)
+
+    # the bound pods go away: their room is free again, the waiting pods bind into it
+    for pod, _node in _placement(api, ns).items():
+        api.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+    wait_for(f"{expected} more pods bound", lambda: len(_placement(api, ns)) >= expected, 90)
+    on = _check_room(api, ns, names)
+    assert on == {names["big"]: 2, names["mid"]: 1}, on
+    assert bound_node(api, ns, next(iter(_placement(api, ns)))) in names.values()
