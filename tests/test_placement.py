@@ -287,3 +287,68 @@ def test_extender_counts_in_flight_pods_in_filter_and_prioritize():
     ext.settings = ExtenderSettings(_env_file=None, settle_s=0)  # type: ignore[call-arg]
     args["Pod"]["metadata"]["uid"] = "new"
     assert ext.filter(args)["NodeNames"] == ["a", "b"]
+
+
+def test_an_assumed_pod_counts_on_every_node_it_passed_until_seen_bound():
+    pods = FakePods({})
+    inflight = InFlight(pods, assume_s=30)
+    inflight.assume("u", "ns/p", 30000, 1, ["a", "b"], NOW)
+    assert [p.uid for p in inflight.for_node("a", NOW)] == ["u"]
+    assert [p.uid for p in inflight.for_node("b", NOW)] == ["u"]
+    assert inflight.for_node("c", NOW) == []
+    # the watch shows it bound on b: it counts there only
+    pods.values["ns/p"] = Placement("ns/p", "u", "b", 30000, 1, NOW)
+    pods.version += 1
+    assert inflight.for_node("a", NOW) == []
+    assert [p.node for p in inflight.for_node("b", NOW)] == ["b"]
+    assert inflight.assumed() == 0
+
+
+def test_an_assumed_pod_that_never_binds_expires():
+    inflight = InFlight(FakePods({}), assume_s=30)
+    inflight.assume("u", "ns/p", 30000, 1, ["a"], NOW)
+    assert inflight.for_node("a", NOW + 29)
+    assert inflight.for_node("a", NOW + 30) == []
+
+
+def test_the_extender_assumes_the_pod_on_the_nodes_that_passed():
+    states = {"a": node(70000, name="a"), "b": node(20000, name="b")}
+    inflight = InFlight(FakePods({}))
+    ext = Extender(ExtenderSettings(_env_file=None), states.get, clock=lambda: NOW)  # type: ignore[call-arg]
+    ext.placements = lambda name: inflight.for_node(name, NOW)
+    ext.assume = inflight.assume
+    pod = {"metadata": {"uid": "p1", "namespace": "ns", "name": "p1",
+                        "annotations": {f"{P}/gpu-memory-mib": "30000"}}}  # fmt: skip
+    assert ext.filter({"Pod": pod, "NodeNames": ["a", "b"]})["NodeNames"] == ["a"]
+    assert [p.key for p in inflight.for_node("a", NOW)] == ["ns/p1"]
+    assert inflight.for_node("b", NOW) == []
+    # the next pod of the burst sees the first one's need on a
+    pod2 = {"metadata": {"uid": "p2", "annotations": {f"{P}/gpu-memory-mib": "30000"}}}
+    pod3 = {"metadata": {"uid": "p3", "annotations": {f"{P}/gpu-memory-mib": "30000"}}}
+    assert ext.filter({"Pod": pod2, "NodeNames": ["a"]})["NodeNames"] == ["a"]
+    out = ext.filter({"Pod": pod3, "NodeNames": ["a"]})
+    assert out["NodeNames"] == [] and "in-flight" in out["FailedNodes"]["a"]
+
+
+def test_metrics_count_in_flight_pods_and_skipped_ones():
+    from prometheus_client import generate_latest
+
+    from omaticaya_py.scheduler import NodeProblems, metrics_registry
+
+    class Nodes:
+        synced, lists, events, skipped = True, 1, 0, 0
+
+        def __len__(self) -> int:
+            return 0
+
+        def health(self) -> tuple[bool, str]:
+            return True, "ok"
+
+    pods = FakePods({"ns/x": placed(30000, uid="x")})
+    pods.synced, pods.events = True, 4  # type: ignore[attr-defined]
+    problems = PodProblems()
+    problems.skipped("ns/bad", ValueError("spec.nodeName is not a Node name"))
+    text = generate_latest(metrics_registry(Nodes(), NodeProblems(), pods, problems)).decode()
+    assert "omaticaya_extender_inflight_pods 1.0" in text
+    assert "omaticaya_extender_pod_cache_synced 1.0" in text
+    assert 'omaticaya_extender_pods_skipped_total{problem="skipped: ValueError"} 1.0' in text

@@ -181,3 +181,50 @@ def test_a_burst_is_not_all_sent_to_the_freest_gpu_and_survives_a_restart(api, b
     on = _check_room(api, ns, names)
     assert on == {names["big"]: 2, names["mid"]: 1}, on
     assert bound_node(api, ns, next(iter(_placement(api, ns)))) in names.values()
+
+
+def test_pod_cache_lists_watches_and_skips_a_bad_pod(api, dev_cluster):
+    """kube.PodCache on the real API: placements appear and go with their pods; a pod whose
+    transform raises is skipped and counted, never fatal."""
+    from omaticaya_py.kube import PodCache
+    from omaticaya_py.scheduler.placements import PodProblems, placement_from_pod
+
+    ns = f"podcache-{os.getpid()}"
+    api.create_namespace({"metadata": {"name": ns}})
+    problems = PodProblems()
+
+    def transform(pod: Any, previous: Any) -> Any:
+        if pod["metadata"]["name"] == "hostile":
+            raise ValueError("hostile pod")
+        return placement_from_pod(pod, previous, prefix="omaticaya.io",
+                                  node_state=lambda n: None, now=0.0)  # fmt: skip
+
+    def bound(name: str, mib: str = "30720") -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "annotations": {"omaticaya.io/gpu-memory-mib": mib}},
+            "spec": {"schedulerName": SCHEDULER, "nodeName": "somewhere",
+                     "containers": [{"name": "c", "image": "pause"}]},
+        }  # fmt: skip
+
+    def mine() -> set[str]:
+        return {k for k in cache.snapshot() if k.startswith(f"{ns}/")}
+
+    api.create_namespaced_pod(ns, bound("before"))
+    cache = PodCache(
+        transform, field_selector=f"spec.schedulerName={SCHEDULER},spec.nodeName!=",
+        kubeconfig=str(dev_cluster.kubeconfig), on_skip=problems.skipped,
+    ).start()  # fmt: skip
+    try:
+        assert cache.wait_synced(10)
+        assert mine() == {f"{ns}/before"}
+        api.create_namespaced_pod(ns, bound("hostile"))
+        api.create_namespaced_pod(ns, bound("bad-need", "lots"))
+        api.create_namespaced_pod(ns, bound("after"))
+        wait_for("the watch to add 'after'", lambda: f"{ns}/after" in cache.snapshot(), 10)
+        assert mine() == {f"{ns}/before", f"{ns}/after"}
+        assert cache.skipped == 1 and problems.counts == {"skipped: ValueError": 1}
+        api.delete_namespaced_pod("before", ns, grace_period_seconds=0)
+        wait_for("the watch to drop 'before'", lambda: f"{ns}/before" not in cache.snapshot(), 10)
+    finally:
+        cache.stop()
+        api.delete_namespace(ns)
