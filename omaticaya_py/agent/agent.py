@@ -199,7 +199,7 @@ class Agent:
             return None
         namespace = lease_namespace(environ)
         if namespace is None:
-            logger.info("no namespace of its own (outside a cluster): heartbeat on the Node")
+            logger.debug("no namespace of its own (outside a cluster): heartbeat on the Node")
             return None
         node = self.settings.node_name or self.node.node_name
         return LeaseClient(
