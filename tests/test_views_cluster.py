@@ -235,13 +235,16 @@ def test_watch_redraws_when_a_node_changes(fleet):
 
 def test_watch_in_a_terminal_redraws(fleet):
     term = _Pty([sys.executable, "-m", "omaticaya_py", "top", "-l", fleet["selector"],
-                 "--watch", "--interval", "30", "--gpus"], fleet["env"])
+                 "--watch", "--interval", "300", "--gpus"], fleet["env"])
     try:
         wait_for("the first draw", lambda: fleet["stale"] in ANSI.sub("", term.output()), 30)
         mark = len(term.text)
         _agent(fleet["env"], fleet["healthy"], H100_TRACE, 2)
-        wait_for("a redraw", lambda: fleet["healthy"][:10] in ANSI.sub("", term.output()[mark:]),
-                 30)
+        # the healthy node's GPU goes idle: its row is redrawn with 0% (the watch's event; the
+        # interval's redraw would come only after 300 s)
+        wait_for("a redraw", lambda: re.search(
+            re.escape(fleet["healthy"][:10]) + r".*\s0%",
+            ANSI.sub("", term.output()[mark:])), 30)
     finally:
         term.stop()
 
@@ -327,6 +330,7 @@ def test_top_needs_only_list_and_watch_on_nodes(fleet, dev_cluster, admin_api, t
             env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, text=True)
         try:
             lines = _lines(proc)
+            wait_for("the first draw", lambda: lines.qsize() >= 1, 30)
             _agent(fleet["env"], fleet["healthy"], H100_TRACE, 2)
             wait_for("a redraw seen through the watch", lambda: lines.qsize() >= 2, 30)
         finally:
