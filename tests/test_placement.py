@@ -29,7 +29,7 @@ def node(*free: int, read_age_s: float = 5, expires_in_s: float | None = 30, nam
     )  # fmt: skip
     if policy is None:
         return state
-    return with_policy(state, {f"{P}/stale-policy": policy}, P)
+    return with_policy(state, {f"scheduler.{P}/stale-policy": policy}, P)
 
 
 def placed(mib: int, count: int = 1, *, age_s: float = 1, started_age_s: float | None = None,
@@ -173,13 +173,13 @@ def test_staleness_policy(case, state, kw, ok, fits):
      (7, None), (None, None)],
 )  # fmt: skip
 def test_node_policy_annotation(value, policy):
-    annotations = {} if value is None else {f"{P}/stale-policy": value}
+    annotations = {} if value is None else {f"scheduler.{P}/stale-policy": value}
     assert node_policy(annotations, P) == policy
     assert node_policy("not a mapping", P) is None
 
 
 def test_view_from_object_reads_the_override():
-    doc = {"metadata": {"name": "x", "annotations": {f"{P}/stale-policy": "allow"}}}
+    doc = {"metadata": {"name": "x", "annotations": {f"scheduler.{P}/stale-policy": "allow"}}}
     assert view_from_object(doc, P).policy == "allow"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -81,7 +82,7 @@ def burst(api, cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
             30,
         )
         sched = ExtenderScheduler(cluster, tmp, SCHEDULER, "spread")
-        yield {"ns": ns, "names": names, "sched": sched}
+        yield {"ns": ns, "names": names, "sched": sched, "tmp": tmp, "cluster": cluster}
     finally:
         for k, v in saved.items():
             if v is None:
@@ -141,6 +142,13 @@ def _restart_extender(sched: ExtenderScheduler) -> None:
     assert sched.ready.wait(15), "extender did not restart"
 
 
+def _metrics(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+        return r.read().decode()
+
+
 def sched_settings(sched: ExtenderScheduler) -> Any:
     return sched.thread._args[0]  # type: ignore[attr-defined]  (the settings serve() runs with)
 
@@ -177,7 +185,15 @@ def test_a_burst_is_not_all_sent_to_the_freest_gpu_and_survives_a_restart(api, b
     # the bound pods go away: their room is free again, the waiting pods bind into it
     for pod, _node in _placement(api, ns).items():
         api.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
-    wait_for(f"{expected} more pods bound", lambda: len(_placement(api, ns)) >= expected, 90)
+    # the scheduler may retry the waiting pods on the deletions before the extender's watch has
+    # seen them; once the extender holds no placement, touch the waiting pods so that the
+    # scheduler retries them now rather than at its 60 s flush of unschedulable pods
+    port = sched_settings(burst["sched"]).port
+    wait_for("the extender to drop the deleted pods' placements",
+             lambda: "omaticaya_extender_inflight_pods 0.0" in _metrics(port), 20)  # fmt: skip
+    for pod in waiting:
+        api.patch_namespaced_pod(pod, ns, {"metadata": {"labels": {"retry": "1"}}})
+    wait_for(f"{expected} more pods bound", lambda: len(_placement(api, ns)) >= expected, 30)
     on = _check_room(api, ns, names)
     assert on == {names["big"]: 2, names["mid"]: 1}, on
     assert bound_node(api, ns, next(iter(_placement(api, ns)))) in names.values()
@@ -228,3 +244,51 @@ def test_pod_cache_lists_watches_and_skips_a_bad_pod(api, dev_cluster):
     finally:
         cache.stop()
         api.delete_namespace(ns)
+
+
+@pytest.mark.parametrize(
+    ("policy", "binds"),
+    [("allow", True), ("score-zero", True), ("reject", False)],
+)
+def test_stale_node_follows_its_policy_annotation(api, burst, policy, binds):
+    """A node whose agent was killed (75000 MiB free in its last reading, more than any other
+    node): the only home of a 72000 MiB pod. Its ``scheduler.omaticaya.io/stale-policy`` annotation
+    decides: ``allow`` and ``score-zero`` let the pod bind there, ``reject`` keeps it Pending
+    with the stale reason."""
+    from tests.test_scheduling_cluster import GRACE_S, TTL_S, Agents
+
+    ns = burst["ns"]
+    name = f"burst-stale-{policy}-{os.getpid()}"
+    api.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+                                  "annotations": {"scheduler.omaticaya.io/stale-policy": policy}}})  # fmt: skip
+    agents = Agents(burst["cluster"], burst["tmp"])
+    try:
+        schedulable(api, name)
+        agents.start(name, 75000)
+        wait_for("the stale node's labels",
+                 lambda: "omaticaya.io/gpu.health" in (api.read_node(name).metadata.labels or {}),
+                 30)  # fmt: skip
+        agents.kill(name)
+        expires = _expires_at(api, name)
+        # stale: past the agent's own expires_at + the extender's grace (no fixed sleep: the
+        # extender's clock decides, the test waits until the wall clock is past it)
+        wait_for("the node's telemetry to go stale",
+                 lambda: time.time() > expires + GRACE_S + 0.5, TTL_S + 30)  # fmt: skip
+        pod = f"stale-{policy}"
+        api.create_namespaced_pod(ns, gpu_pod(pod, SCHEDULER, 72000))
+        if binds:
+            assert bound_node(api, ns, pod) == name
+        else:
+            message = wait_for(f"{pod} to be Unschedulable", lambda: _unschedulable(api, ns, pod))
+            assert "node(s) had stale GPU telemetry" in message, message
+    finally:
+        agents.stop_all()
+        api.delete_node(name)
+
+
+def _expires_at(api, name: str) -> float:
+    import json
+    from datetime import datetime
+
+    doc = json.loads((api.read_node(name).metadata.annotations or {})["omaticaya.io/telemetry"])
+    return datetime.fromisoformat(doc["expires_at"].replace("Z", "+00:00")).timestamp()

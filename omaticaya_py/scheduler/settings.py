@@ -49,7 +49,7 @@ class ExtenderSettings(CommonSettings):
         default=None,
         description="Nodes whose telemetry is stale: reject (fail the filter), allow (judge "
         "the last reading as fresh) or score-zero (pass, ranked last). Default: reject, or "
-        "score-zero with fail_open. A Node's <prefix>/stale-policy annotation overrides it.",
+        "score-zero with fail_open. A Node's scheduler.<prefix>/stale-policy annotation overrides it.",
     )
     unknown_policy: Literal["reject", "allow", "score-zero"] | None = Field(
         default=None,

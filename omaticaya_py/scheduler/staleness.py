@@ -7,7 +7,8 @@ publishes no ``expires_at``, when ``read_at`` is older than ``ttl_s + grace_s``.
 
 Policies, one for each case (``OMATICAYA_EXTENDER_STALE_POLICY``,
 ``OMATICAYA_EXTENDER_UNKNOWN_POLICY``), overridable per Node by the annotation
-``<prefix>/stale-policy`` (both cases):
+``scheduler.<prefix>/stale-policy`` (both cases; outside the agent's ``<prefix>/``, whose keys
+the agent owns and removes when it does not write them):
 
 - ``reject`` (default): the node fails the filter, with the reason;
 - ``allow``: fail open. A stale node is judged on its last reading as if it were fresh (health,
@@ -26,13 +27,19 @@ from ..core.schema import NodeGpuState, json_mapping, state_from_object
 Policy = Literal["reject", "allow", "score-zero"]
 POLICIES: tuple[str, ...] = ("reject", "allow", "score-zero")
 
-#: the Node annotation (under the prefix) that overrides both policies for that node
+#: the Node annotation that overrides both policies for that node: ``scheduler.<prefix>/`` +
+#: this (the agent owns ``<prefix>/`` and would remove it there)
 POLICY_ANNOTATION = "stale-policy"
+
+
+def policy_key(prefix: str) -> str:
+    """``scheduler.omaticaya.io/stale-policy`` for the prefix ``omaticaya.io``."""
+    return f"scheduler.{prefix}/{POLICY_ANNOTATION}"
 
 
 @dataclass(frozen=True, slots=True)
 class NodeView(NodeGpuState):
-    """A node's GPU state plus its ``<prefix>/stale-policy`` override (``None``: none, or a
+    """A node's GPU state plus its ``scheduler.<prefix>/stale-policy`` override (``None``: none, or a
     value that is not a policy: ignored)."""
 
     policy: str | None = None
@@ -40,7 +47,7 @@ class NodeView(NodeGpuState):
 
 def node_policy(annotations: Any, prefix: str) -> str | None:
     """The override from a Node's annotations, or ``None`` (absent or not a policy)."""
-    value = json_mapping(annotations).get(f"{prefix}/{POLICY_ANNOTATION}")
+    value = json_mapping(annotations).get(policy_key(prefix))
     if isinstance(value, str) and value.strip().lower() in POLICIES:
         return value.strip().lower()
     return None
