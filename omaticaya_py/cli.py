@@ -1,5 +1,5 @@
 """The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``, ``extender``,
-``device-plugin``, ``record``.
+``device-plugin``, ``record``, ``top``, ``stop-daemonset``.
 
 Flags override the environment (``OMATICAYA_*``, ``NODE_NAME``) and ``.env``. Bad input ends
 with exit status 2 and one line per problem, never a traceback; an API failure in ``once`` or
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _device_plugin_parser(sub)  # defined here: the plugin module loads grpc, only when it runs
     _record_parser(sub)
     _top_parser(sub)
+    _stop_daemonset_parser(sub)
     return parser
 
 
@@ -162,6 +163,53 @@ def _top_parser(sub: Any) -> None:
         help="with --watch: redraw at least this often, seconds (default 10)",
     )
     p.add_argument("--prefix", help="label key prefix (default $OMATICAYA_PREFIX or omaticaya.io)")
+
+
+def _stop_daemonset_parser(sub: Any) -> None:
+    """Add ``omaticaya stop-daemonset`` to the CLI's sub-parsers (the chart's pre-delete hook)."""
+    p = sub.add_parser(
+        "stop-daemonset",
+        help="delete a DaemonSet (foreground) and wait until its pods are gone",
+        description="Delete the DaemonSet with propagationPolicy Foreground and wait until "
+        "every pod it owns is gone, so that each agent's SIGTERM cleanup runs while the "
+        "release's RBAC still exists. Exit 0 when they are gone (or the DaemonSet is not "
+        "there), 1 on a timeout or an API failure, with one line.",
+    )
+    p.add_argument("--namespace", required=True, help="the DaemonSet's namespace")
+    p.add_argument("--name", required=True, help="the DaemonSet's name")
+    p.add_argument(
+        "--timeout-s", dest="timeout_s", type=float, default=120.0,
+        help="give up after this many seconds (default 120)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster or $KUBECONFIG)")
+
+
+def _stop_daemonset(args: argparse.Namespace) -> int:
+    """``omaticaya stop-daemonset``: one line on stdout (done) or stderr (timeout, failure)."""
+    import math
+
+    from .kube import ApiSession, KubeError, stop_daemonset
+
+    if not math.isfinite(args.timeout_s) or args.timeout_s <= 0:
+        print(
+            f"omaticaya: --timeout-s: {args.timeout_s:g} is not a positive number of seconds",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        session = ApiSession(kubeconfig=args.kubeconfig)
+        try:
+            result = stop_daemonset(session, args.namespace, args.name, timeout_s=args.timeout_s)
+        finally:
+            session.close()
+    except KubeError as exc:
+        print(f"omaticaya: {exc}", file=sys.stderr)
+        return 1
+    if not result.stopped:
+        print(f"omaticaya: {result.line()}", file=sys.stderr)
+        return 1
+    print(result.line())
+    return 0
 
 
 def _duration_s(flag: str, text: str) -> float:
@@ -319,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except UsageError as exc:
             print(f"omaticaya: {exc}", file=sys.stderr)
             return 2
+    if args.command == "stop-daemonset":  # the chart's pre-delete hook: no Node, no settings
+        return _stop_daemonset(args)
     if args.command == "top":  # a viewer: list/watch Nodes, no settings beyond the flags
         from .views.top import run_top, top_options
 

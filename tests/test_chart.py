@@ -27,7 +27,7 @@ RELEASE = "omaticaya"
 
 #: Settings with no chart value, and why.
 NOT_IN_CHART = {
-    "trace": "replays a recorded trace instead of NVML: a development tool, not for a DaemonSet",
+    "trace": "rendered only when set; tests/test_chart_trace.py",
     "node_name": "always NODE_NAME from the downward API (spec.nodeName)",
     "metrics_address": "the pod has its own IP; 0.0.0.0 is the only useful bind address",
     "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
@@ -133,7 +133,10 @@ def template(
 
 
 def render(helm: dict[str, Any], values: dict[str, Any] | None = None, *extra: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all(template(helm, values, *extra).stdout) if d]
+    """The release's objects; the uninstall hook's (helm.sh/hook) are checked in
+    tests/test_stop_daemonset_chart.py."""
+    docs = [d for d in yaml.safe_load_all(template(helm, values, *extra).stdout) if d]
+    return [d for d in docs if "helm.sh/hook" not in (d["metadata"].get("annotations") or {})]
 
 
 def one(docs: list[dict], kind: str) -> dict:

@@ -9,7 +9,9 @@ real ``helm`` and ``kubectl`` (tests/tools.py) install the chart in trace mode (
 h100-trace.json``; no GPU), and the test follows the user's path: the pod goes Ready (the kubelet
 runs the chart's probes under its securityContext), ``kubectl get nodes --show-labels`` shows the
 labels, the agent's own ServiceAccount token can do exactly its RBAC, ``helm upgrade`` rolls the
-pod, and an uninstall lets the pod's SIGTERM remove the dynamic labels.
+pod, and a plain ``helm uninstall`` lets the pod's SIGTERM remove the dynamic labels: the chart's
+pre-delete hook (``omaticaya stop-daemonset``) stops the DaemonSet and waits for its pods before
+helm deletes the agent's RBAC.
 
 Every wait is on a condition; nothing asserts a latency. Needs Linux and root (containerd,
 kubelet, bridge, iptables); cold, ``up --full`` builds kube-controller-manager and kube-proxy
@@ -163,10 +165,31 @@ class Kube:
     def json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
-    def pods(self) -> list[dict[str, Any]]:
+    def pods(self, component: str = "node-agent") -> list[dict[str, Any]]:
+        """The release's pods of ``component`` (the agents; ``uninstall-hook``: the hook's)."""
         return self.json(
-            "-n", NAMESPACE, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}"
+            "-n",
+            NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}",
         )["items"]
+
+    def hook_objects(self) -> list[str]:
+        """The uninstall hook's objects still in the namespace (kind/name)."""
+        out = self.kubectl(
+            "-n",
+            NAMESPACE,
+            "get",
+            "serviceaccounts,roles.rbac.authorization.k8s.io,"
+            "rolebindings.rbac.authorization.k8s.io,jobs.batch",
+            "-l",
+            "app.kubernetes.io/component=uninstall-hook",
+            "-o",
+            "name",
+        ).stdout
+        return out.split()
 
     def node_labels(self, node: str) -> dict[str, str]:
         """Our labels, as ``kubectl get nodes --show-labels`` prints them."""
@@ -493,24 +516,13 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
     assert json.loads(kube.helm("list", "-n", NAMESPACE, "-o", "json").stdout)[0]["revision"] == "2"
 
     # --- uninstall: the pod's SIGTERM removes the dynamic labels, the hardware facts stay.
-    # The DaemonSet goes first and its pods are waited for (foreground cascade), then helm
-    # removes the rest: a plain `helm uninstall` deletes the RBAC in the same pass, and the
-    # agent's cleanup is then refused (see test_plain_helm_uninstall_keeps_rbac_until_cleanup).
+    # The chart's pre-delete hook stops the DaemonSet and waits for its pods before helm deletes
+    # the RBAC (test_plain_helm_uninstall_keeps_rbac_until_cleanup looks closer).
     before = kube.node_labels(node)
     dynamic = {k for k in before if not is_static(PREFIX + k, PREFIX.rstrip("/"))}
     assert dynamic and set(HARDWARE) <= set(before) - dynamic, before
-    kube.kubectl(
-        "-n",
-        NAMESPACE,
-        "delete",
-        "daemonset",
-        RELEASE,
-        "--cascade=foreground",
-        "--wait=true",
-        f"--timeout={int(WAIT_S)}s",
-    )
-    wait_for("the agent pods to be gone", lambda: not kube.pods())
     kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", f"{int(WAIT_S)}s")
+    assert not kube.pods(), "the hook waited for the agent pods"
     after = kube.node_labels(node)
     assert not dynamic & set(after), (
         f"dynamic labels left after SIGTERM: {sorted(dynamic & set(after))}"
@@ -519,11 +531,6 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
         assert after.get(key) == value, (key, after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helm uninstall deletes the ClusterRoleBinding in the same pass as the DaemonSet: "
-    "the agent's SIGTERM cleanup gets 403 and the dynamic labels stay (issue 19 report)",
-)
 def test_plain_helm_uninstall_keeps_rbac_until_cleanup(cluster, tools, tmp_path):
     helm, kubectl = tools
     node = cluster.start_full()
@@ -542,20 +549,64 @@ def test_plain_helm_uninstall_keeps_rbac_until_cleanup(cluster, tools, tmp_path)
         "--timeout",
         f"{int(WAIT_S)}s",
     )
-    wait_for("the pod to be Ready", lambda: ready_pod(kube, node))
+    pod = wait_for("the pod to be Ready", lambda: ready_pod(kube, node))
     before = kube.node_labels(node)
     dynamic = {k for k in before if not is_static(PREFIX + k, PREFIX.rstrip("/"))}
-    kube.helm(
-        "uninstall",
-        RELEASE,
-        "-n",
-        NAMESPACE,
-        "--cascade",
-        "foreground",
-        "--wait",
-        "--timeout",
-        f"{int(WAIT_S)}s",
-    )
-    wait_for("the agent pods to be gone", lambda: not kube.pods())
+    assert dynamic and set(HARDWARE) <= set(before) - dynamic, before
+    assert not kube.hook_objects(), "the hook's objects exist only during an uninstall"
+    audit_start = len(cluster.audit_lines())
+    # a plain uninstall: no --wait, no --cascade, nothing deleted by hand first
+    out = kube.helm("uninstall", RELEASE, "-n", NAMESPACE)
+    assert "uninstalled" in out.stdout, out.stdout
+    # helm returned after the hook: the agent pods were gone before it deleted the RBAC
+    assert not kube.pods(), kube.pods()
     after = kube.node_labels(node)
     assert not dynamic & set(after), f"dynamic labels left: {sorted(dynamic & set(after))}"
+    for key, value in HARDWARE.items():
+        assert after.get(key) == value, (key, after)
+    # the hook's ServiceAccount, Role, RoleBinding and Job went with it (hook-succeeded)
+    wait_for("the hook's objects to be gone", lambda: not kube.hook_objects())
+    # the API server's view: the agent's SIGTERM patch came from its pod and was allowed; the
+    # hook deleted the DaemonSet (foreground) as its own ServiceAccount, before helm deleted
+    # the ClusterRoleBinding
+    events = []
+    for line in cluster.audit_lines()[audit_start:]:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("stage") == "ResponseComplete":
+            events.append(event)
+    agent_user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+    cleanup = [
+        e
+        for e in events
+        if e["user"]["username"] == agent_user
+        and e["verb"] == "patch"
+        and (e.get("objectRef") or {}).get("resource") == "nodes"
+        and e.get("sourceIPs") == [pod["status"]["podIP"]]
+    ]
+    assert cleanup and all(e["responseStatus"]["code"] == 200 for e in cleanup), [
+        (e["responseStatus"]["code"], e.get("requestReceivedTimestamp")) for e in cleanup
+    ]
+
+    def first(user: str, verb: str, resource: str) -> int:
+        return next(
+            i
+            for i, e in enumerate(events)
+            if e["user"]["username"] == user
+            and e["verb"] == verb
+            and (e.get("objectRef") or {}).get("resource") == resource
+        )
+
+    hook_user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-uninstall"
+    stopped = first(hook_user, "delete", "daemonsets")
+    rbac_gone = next(
+        i
+        for i, e in enumerate(events)
+        if e["verb"] == "delete"
+        and (e.get("objectRef") or {}).get("resource") == "clusterrolebindings"
+        and (e.get("objectRef") or {}).get("name") == RELEASE
+    )
+    last_cleanup = max(events.index(e) for e in cleanup)
+    assert stopped < last_cleanup < rbac_gone, (stopped, last_cleanup, rbac_gone)

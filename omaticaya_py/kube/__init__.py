@@ -14,6 +14,7 @@ from .nodes_list import NodeLister as NodeLister
 from .pods import PodCache
 from .quantity import parse_quantity
 from .session import ApiSession
+from .workloads import stop_daemonset as stop_daemonset
 
 __all__ = [
     "MERGE_PATCH",

@@ -40,6 +40,16 @@ app.kubernetes.io/name: {{ include "omaticaya.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* Labels of the uninstall hook's objects (not the agent's selector: its pod is no agent). */}}
+{{- define "omaticaya.hookLabels" -}}
+helm.sh/chart: {{ include "omaticaya.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-uninstall" (include "omaticaya.name" . | trunc 53 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: uninstall-hook
+{{- end }}
+
 {{/* Name of the ServiceAccount to use. */}}
 {{- define "omaticaya.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}

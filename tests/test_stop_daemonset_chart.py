@@ -1,0 +1,149 @@
+"""The chart's uninstall hook (templates/uninstall-hook.yaml), rendered by the real helm.
+
+A ``pre-delete`` Job runs ``omaticaya stop-daemonset`` for the release's DaemonSet, as its own
+ServiceAccount bound to a Role in the release namespace that may only get/delete that
+DaemonSet and list pods; the three RBAC objects are hooks too, created before the Job (lower
+weight) and deleted with it once it succeeded. tests/test_chart.py checks the release's other
+objects (its ``render`` leaves hooks out); tests/test_helm_install.py runs the hook for real.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from omaticaya_py.cli import build_parser
+from tests.test_chart import (  # noqa: F401
+    ALL_ON,
+    K8S_VERSION,
+    NAMESPACE,
+    RELEASE,
+    helm,
+    template,
+)
+
+HOOK_KINDS = ["ServiceAccount", "Role", "RoleBinding", "Job"]
+
+
+def hooks(helm: dict[str, Any], values: dict[str, Any] | None = None) -> list[dict]:  # noqa: F811
+    docs = [d for d in yaml.safe_load_all(template(helm, values).stdout) if d]
+    return [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+
+
+def by_kind(docs: list[dict]) -> dict[str, dict]:
+    out = {d["kind"]: d for d in docs}
+    assert len(out) == len(docs), [d["kind"] for d in docs]
+    return out
+
+
+def test_hook_objects_and_their_order(helm):  # noqa: F811
+    docs = hooks(helm)
+    assert [d["kind"] for d in docs] == HOOK_KINDS
+    weights = []
+    for d in docs:
+        meta = d["metadata"]
+        assert meta["name"] == f"{RELEASE}-uninstall" and meta["namespace"] == NAMESPACE
+        ann = meta["annotations"]
+        assert ann["helm.sh/hook"] == "pre-delete"
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        weights.append(int(ann["helm.sh/hook-weight"]))
+        # not the agent's selector: the hook's pod is no agent pod
+        assert meta["labels"]["app.kubernetes.io/component"] == "uninstall-hook"
+        assert meta["labels"]["app.kubernetes.io/name"] != "omaticaya"
+    assert weights == sorted(weights) and len(set(weights)) == len(weights)
+
+
+def test_hook_rbac_is_namespaced_and_minimal(helm):  # noqa: F811
+    docs = by_kind(hooks(helm, ALL_ON))
+    role, binding, sa = docs["Role"], docs["RoleBinding"], docs["ServiceAccount"]
+    granted = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    granted.add((group, resource, verb, tuple(rule.get("resourceNames") or ())))
+    assert granted == {
+        ("apps", "daemonsets", "get", (RELEASE,)),
+        ("apps", "daemonsets", "delete", (RELEASE,)),
+        ("", "pods", "list", ()),
+    }
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    job = docs["Job"]["spec"]["template"]["spec"]
+    assert job["serviceAccountName"] == sa["metadata"]["name"] != RELEASE
+    # no ClusterRole, no ClusterRoleBinding among the hooks
+    assert not [d for d in hooks(helm, ALL_ON) if d["kind"].startswith("Cluster")]
+
+
+def test_hook_job_runs_stop_daemonset_on_the_release(helm):  # noqa: F811
+    values = {
+        "image": {"repository": "registry.example/omaticaya", "tag": "dev", "pullPolicy": "Never"},
+        "terminationGracePeriodSeconds": 45,
+        "nodeSelector": {"nvidia.com/gpu.present": None, "kubernetes.io/hostname": "n1"},
+        "tolerations": [{"key": "t", "operator": "Exists", "effect": "NoSchedule"}],
+        "imagePullSecrets": [{"name": "regcred"}],
+    }
+    job = by_kind(hooks(helm, values))["Job"]
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 45 + 90 + 60
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
+    assert pod["tolerations"] == values["tolerations"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.example/omaticaya:dev" and c["imagePullPolicy"] == "Never"
+    assert c["args"] == [
+        "stop-daemonset",
+        f"--namespace={NAMESPACE}",
+        f"--name={RELEASE}",
+        "--timeout-s=135",
+    ]
+    # the args parse in the image's CLI
+    args = build_parser().parse_args(c["args"])
+    assert (args.namespace, args.name, args.timeout_s) == (NAMESPACE, RELEASE, 135.0)
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+
+
+def test_hook_follows_the_fullname(helm):  # noqa: F811
+    docs = hooks(helm, {"fullnameOverride": "gpu-labeller"})
+    assert {d["metadata"]["name"] for d in docs} == {"gpu-labeller-uninstall"}
+    job = by_kind(docs)["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--name=gpu-labeller" in job["args"]
+    role = by_kind(docs)["Role"]
+    assert role["rules"][0]["resourceNames"] == ["gpu-labeller"]
+    long = hooks(helm, {"fullnameOverride": "x" * 63})
+    assert all(len(d["metadata"]["name"]) <= 63 for d in long)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"cleanupOnUninstall": False},
+        # the user's RBAC: helm deletes none, so the agents' cleanup is not refused
+        {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}},
+    ],
+    ids=["off", "no-rbac"],
+)
+def test_no_hook(helm, values):  # noqa: F811
+    assert hooks(helm, values) == []
+
+
+def test_schema_refuses_a_non_boolean(helm):  # noqa: F811
+    proc = template(helm, {"cleanupOnUninstall": "yes"}, check=False)
+    assert proc.returncode != 0 and "cleanupOnUninstall" in proc.stderr
+
+
+@pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
+def test_hook_objects_validate_against_k8s_schemas(helm, values):  # noqa: F811
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for doc in hooks(helm, values):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
