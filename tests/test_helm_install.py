@@ -610,3 +610,52 @@ def test_plain_helm_uninstall_keeps_rbac_until_cleanup(cluster, tools, tmp_path)
     )
     last_cleanup = max(events.index(e) for e in cleanup)
     assert stopped < last_cleanup < rbac_gone, (stopped, last_cleanup, rbac_gone)
+
+
+def test_without_the_hook_a_plain_uninstall_leaves_the_dynamic_labels(cluster, tools, tmp_path):
+    """The control: ``cleanupOnUninstall: false`` is the chart before the hook, and what its
+    NOTES then say is true: helm deletes the RBAC in the same pass as the DaemonSet, the
+    agent's SIGTERM cleanup is refused (403) and the dynamic labels stay."""
+    helm, kubectl = tools
+    node = cluster.start_full()
+    kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
+    values = values_file(tmp_path, cluster, node, cleanupOnUninstall=False)
+    out = kube.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+        "-f",
+        str(values),
+        "--wait",
+        "--timeout",
+        f"{int(WAIT_S)}s",
+    )
+    assert "cleanupOnUninstall is off" in out.stdout, out.stdout
+    pod = wait_for("the pod to be Ready", lambda: ready_pod(kube, node))
+    before = kube.node_labels(node)
+    dynamic = {k for k in before if not is_static(PREFIX + k, PREFIX.rstrip("/"))}
+    assert dynamic, before
+    audit_start = len(cluster.audit_lines())
+    kube.helm("uninstall", RELEASE, "-n", NAMESPACE)
+    wait_for("the agent pods to be gone", lambda: not kube.pods())
+    assert dynamic & set(kube.node_labels(node)), "the agent's cleanup was not refused"
+    agent_user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+    refused = []
+    for line in cluster.audit_lines()[audit_start:]:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            event.get("stage") == "ResponseComplete"
+            and event["user"]["username"] == agent_user
+            and event.get("sourceIPs") == [pod["status"]["podIP"]]
+            and event["responseStatus"]["code"] == 403
+        ):
+            refused.append(event)
+    assert refused, "the agent's SIGTERM patch was refused (403)"
+    # what the NOTES and docs say to do then
+    kube.kubectl("label", "node", node, *(f"{PREFIX}{k}-" for k in dynamic))
