@@ -205,9 +205,7 @@ def pod(node_name: Any = "n", *, mib: str | None = "30720", uid: Any = "u1", pha
 
 
 def _from(doc, previous=None, state=None):
-    return placement_from_pod(
-        doc, previous, prefix=P, node_state=lambda name: state, now=NOW
-    )
+    return placement_from_pod(doc, previous, prefix=P, node_state=lambda name: state, now=NOW)
 
 
 def test_placement_from_a_bound_pod():
@@ -352,3 +350,60 @@ def test_metrics_count_in_flight_pods_and_skipped_ones():
     assert "omaticaya_extender_inflight_pods 1.0" in text
     assert "omaticaya_extender_pod_cache_synced 1.0" in text
     assert 'omaticaya_extender_pods_skipped_total{problem="skipped: ValueError"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("", ""),
+        ("node(s) had no room: pod needs a GPU with 30720 MiB free (omaticaya.io)", "no-room"),
+        ("node(s) had room taken by in-flight pods: pod needs a GPU with 1 MiB free, and pods "
+         "placed there are not in its telemetry yet (omaticaya.io)", "in-flight"),
+        ("node(s) had stale GPU telemetry (omaticaya.io/telemetry expired at X)", "stale"),
+        ("node(s) had GPU health Unhealthy (omaticaya.io)", "unhealthy"),
+        ("node(s) had no GPU telemetry (omaticaya.io labels missing: no agent)", "no-telemetry"),
+        ("pod annotation omaticaya.io/gpu-memory-mib='lots' is not a memory size", "bad-pod"),
+        ("something new", "other"),
+    ],
+)  # fmt: skip
+def test_decision_reasons_are_a_bounded_set(text, kind):
+    from omaticaya_py.scheduler.decisions import REASONS, reason_kind
+
+    assert reason_kind(text) == kind and kind in REASONS
+
+
+def test_every_decision_is_counted_in_the_metrics():
+    from prometheus_client import generate_latest
+
+    from omaticaya_py.scheduler import NodeProblems, metrics_registry
+
+    states = {"a": node(70000, name="a"), "b": node(20000, name="b"),
+              "c": node(70000, name="c", **STALE)}  # fmt: skip
+    ext = Extender(ExtenderSettings(_env_file=None), states.get, clock=lambda: NOW)  # type: ignore[call-arg]
+    args = {"Pod": {"metadata": {"annotations": {f"{P}/gpu-memory-mib": "30000"}}},
+            "NodeNames": ["a", "b", "c"]}  # fmt: skip
+    ext.filter(args)
+    ext.prioritize(args)
+    ext.filter({"Pod": {}, "NodeNames": ["a"]})  # no need: not a decision
+    assert ext.decisions.counts == {
+        ("filter", "passed", ""): 1,
+        ("filter", "failed", "no-room"): 1,
+        ("filter", "failed", "stale"): 1,
+        ("prioritize", "scored", ""): 1,
+        ("prioritize", "zero", ""): 2,
+    }
+
+    class Nodes:
+        synced, lists, events, skipped = True, 1, 0, 0
+
+        def __len__(self) -> int:
+            return 3
+
+        def health(self) -> tuple[bool, str]:
+            return True, "ok"
+
+    text = generate_latest(metrics_registry(Nodes(), NodeProblems(), None, None, ext.decisions))
+    assert (
+        'omaticaya_extender_decisions_total{reason="stale",result="failed",verb="filter"} 1.0'
+        in text.decode()
+    )

@@ -79,7 +79,11 @@ class NodeProblems:
 
 
 def metrics_registry(
-    cache: Any, problems: NodeProblems, pods: Any = None, pod_problems: Any = None
+    cache: Any,
+    problems: NodeProblems,
+    pods: Any = None,
+    pod_problems: Any = None,
+    decisions: Any = None,
 ) -> Any:
     """A prometheus-client ``CollectorRegistry`` over the node cache (``kube.NodeCache``) and
     ``problems``: ``omaticaya_extender_cache_nodes`` (Nodes held), ``_cache_synced``,
@@ -88,7 +92,8 @@ def metrics_registry(
     (Nodes whose telemetry turned unusable) and ``_api_requests_total{verb,result}``; with the
     pod cache (``kube.PodCache`` of in-flight placements): ``_inflight_pods`` (pods placed and
     not yet settled or gone), ``_pod_cache_synced``, ``_pod_cache_events_total`` and
-    ``_pods_skipped_total{problem}`` (pods that could not be read, from ``pod_problems``)."""
+    ``_pods_skipped_total{problem}`` (pods that could not be read, from ``pod_problems``); with
+    ``decisions`` (``scheduler.decisions.Decisions``): ``_decisions_total{verb,result,reason}``."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -130,6 +135,15 @@ def metrics_registry(
             yield requests
             if pods is not None:
                 yield from _pod_metrics(pods, pod_problems)
+            if decisions is not None:
+                made = CounterMetricFamily(
+                    "omaticaya_extender_decisions",
+                    "Per-node decisions, by verb, result and reason (scheduler/decisions.py).",
+                    labels=["verb", "result", "reason"],
+                )
+                for key, n in sorted(decisions.counts.items()):
+                    made.add_metric(list(key), n)
+                yield made
 
     registry = CollectorRegistry()
     registry.register(_Collector())  # type: ignore[arg-type]

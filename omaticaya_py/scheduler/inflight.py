@@ -93,6 +93,4 @@ def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState
         for index in sorted(healthy, key=lambda i: -free[i])[: p.count]:
             free[index] = max(0, free[index] - p.memory_mib)
     gpus = tuple(GpuInfo(g.index, free[g.index], g.healthy) for g in state.gpus)
-    return replace(
-        state, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy)
-    )
+    return replace(state, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.schema import NodeGpuState, json_mapping
+from .decisions import Decisions
 from .inflight import Placement, pending
 from .rules import InFlightOf, filter_nodes, parse_need, prioritize_nodes
 from .settings import ExtenderSettings
@@ -35,6 +36,13 @@ class Extender:
     #: told of each pod that passed the filter: (uid, namespace/name, MiB, count, nodes, now)
     #: (``placements.InFlight.assume``): it counts there until the watch shows it bound
     assume: Callable[[str, str, int, int, list[str], float], None] | None = None
+    #: every decision counted and logged (``omaticaya_extender_decisions_total``)
+    decisions: Decisions = field(default_factory=Decisions)
+
+    @staticmethod
+    def _pod_name(pod: Any) -> str:
+        meta = json_mapping(json_mapping(pod).get("metadata"))
+        return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
     def _inflight(self, pod: Any) -> InFlightOf | None:
         """The in-flight placements counting against each node for ``pod`` (itself left out)."""
@@ -97,6 +105,8 @@ class Extender:
             uid, key = meta.get("uid"), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
             if isinstance(uid, str) and self.settings.settle_s > 0:
                 self.assume(uid, key, need.memory_mib, need.count, passed, self.clock())
+        if need is not None:
+            self.decisions.filtered(self._pod_name(args.get("Pod")), passed, failed)
         result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
         if by_name:
             result["NodeNames"] = passed
@@ -119,7 +129,7 @@ class Extender:
         s = self.settings
         need = parse_need(args.get("Pod"), s.prefix)
         states, _ = self._states(args)
-        return prioritize_nodes(
+        scores = prioritize_nodes(
             need,
             states,
             strategy=s.strategy,
@@ -130,6 +140,9 @@ class Extender:
             stale_policy=s.stale_policy,
             inflight=self._inflight(args.get("Pod")),
         )
+        if need is not None:
+            self.decisions.prioritized(self._pod_name(args.get("Pod")), scores)
+        return scores
 
 
 def handle_filter(

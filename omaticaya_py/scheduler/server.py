@@ -76,7 +76,8 @@ def serve(
         inflight = InFlight(pods)
         ext.placements, ext.assume = inflight.for_node, inflight.assume
     server = _Server(
-        create_app(ext, metrics_registry(cache, problems, pods, pod_problems)), settings
+        create_app(ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions)),
+        settings,
     )
     stopper = None
     if stop is not None:

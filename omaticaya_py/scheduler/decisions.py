@@ -1,0 +1,65 @@
+"""Every filter and prioritize decision, logged and counted by a small, fixed set of reasons.
+
+``omaticaya_extender_decisions_total{verb,result,reason}``: ``verb`` filter or prioritize;
+``result`` passed / failed (filter, per node) or scored / zero (prioritize, per node); ``reason``
+one of ``REASONS`` (bounded: the reason's text, which names pods and sizes, is only logged).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from loguru import logger as log
+
+#: (reason, text the filter's message starts with or contains), first match wins
+_KINDS: tuple[tuple[str, str], ...] = (
+    ("in-flight", "room taken by in-flight pods"),
+    ("no-room", "had no room"),
+    ("stale", "stale GPU telemetry"),
+    ("unhealthy", "GPU health"),
+    ("no-telemetry", "no GPU telemetry"),
+    ("unusable-telemetry", "unusable GPU telemetry"),
+    ("not-in-cache", "not yet in the omaticaya extender's cache"),
+    ("not-synced", "cache is not synced yet"),
+    ("bad-pod", "pod annotation"),
+)
+REASONS: tuple[str, ...] = ("", *(k for k, _ in _KINDS), "other")
+
+
+def reason_kind(text: str) -> str:
+    """The bounded reason of a filter message ("" for a node that passed)."""
+    if not text:
+        return ""
+    for kind, mark in _KINDS:
+        if mark in text:
+            return kind
+    return "other"
+
+
+class Decisions:
+    """Counts by (verb, result, reason); each request logged once at DEBUG with its tally."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def filtered(self, pod: str, passed: Sequence[str], failed: Mapping[str, str]) -> None:
+        kinds = Counter(reason_kind(r) for r in failed.values())
+        with self._lock:
+            if passed:
+                self.counts[("filter", "passed", "")] += len(passed)
+            for kind, n in kinds.items():
+                self.counts[("filter", "failed", kind)] += n
+        log.debug("filter {}: {} passed, failed {}", pod, len(passed), dict(kinds) or "none")
+
+    def prioritized(self, pod: str, scores: Sequence[Mapping[str, Any]]) -> None:
+        scored = sum(1 for h in scores if h.get("Score"))
+        with self._lock:
+            if scored:
+                self.counts[("prioritize", "scored", "")] += scored
+            if len(scores) - scored:
+                self.counts[("prioritize", "zero", "")] += len(scores) - scored
+        log.debug("prioritize {}: {} scored, {} zero", pod, scored, len(scores) - scored)
