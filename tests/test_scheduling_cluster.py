@@ -272,6 +272,9 @@ class ExtenderScheduler:
             ttl_s=TTL_S,
             grace_s=GRACE_S,
             kubeconfig=str(cluster.kubeconfig),
+            # these tests place one pod at a time and read the result: no in-flight accounting
+            # (tests/test_placement_cluster.py covers bursts)
+            settle_s=0,
         )
         self.ready, self.stop_event = threading.Event(), threading.Event()
         self.thread = threading.Thread(
