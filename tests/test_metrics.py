@@ -60,6 +60,28 @@ def test_collector_reads_the_cache_only():
     assert agent.reader._prev_s == reads_before  # a scrape reads no GPU
 
 
+
+def test_unhealthy_gpus_are_counted_by_reason():
+    """The faults trace at 12 s: GPU 1's remapped rows are pending; at 21 s GPU 2 has Xid 79."""
+    faults = H100_TRACE.parent / "faults-trace.json"
+    uuid = "GPU-{:08d}-7fda-b7ae-a94e-630097a14ca4".format
+    reader = TraceReader(faults, at_s=12.0)
+    agent = Agent(load_settings(node_name="n", xid_quiet_s=600), reader, None)
+    agent.tick()
+    registry = collect(agent)
+    name = "omaticaya_gpu_unhealthy_reason"
+    assert registry.get_sample_value(name, {"gpu": "1", "uuid": uuid(1), "reason": "remap-pending"}) == 1
+    assert registry.get_sample_value(name, {"gpu": "0", "uuid": uuid(0), "reason": "remap-pending"}) is None
+    reader.at_s = 21.0
+    agent.tick()
+    reasons = {
+        (s.labels["gpu"], s.labels["reason"])
+        for family in collect(agent).collect()
+        if family.name == name
+        for s in family.samples
+    }
+    assert reasons == {("2", "xid-79")}
+
 @pytest.mark.parametrize(
     ("read_ago_s", "api_ago_s", "ready", "reason"),
     [

@@ -63,6 +63,12 @@ class AgentCollector(Collector):
         node_health = GaugeMetricFamily(
             "omaticaya_node_health", "1 for the node's current gpu.health state.", labels=["state"]
         )
+        unhealthy_reason = GaugeMetricFamily(
+            "omaticaya_gpu_unhealthy_reason",
+            "1 for each reason an unhealthy GPU has (lost, read-error, remap-pending, "
+            "remap-failure, ecc-dbe, xid-<N>); no series for a healthy GPU.",
+            labels=["gpu", "uuid", "reason"],
+        )
         if last is not None:
             for g in last.snapshot.gpus:
                 key = [str(g.index), g.uuid or ""]
@@ -79,8 +85,12 @@ class AgentCollector(Collector):
                 gauges["healthy"].add_metric(key, 1 if last.health.gpus[g.index].healthy else 0)
             for state in ("Healthy", "Degraded", "Unhealthy", "Unknown"):
                 node_health.add_metric([state], 1 if str(last.health.state) == state else 0)
+            for g in last.snapshot.gpus:
+                for reason in last.health.gpus[g.index].reasons:
+                    unhealthy_reason.add_metric([str(g.index), g.uuid or "", reason], 1)
         yield from gauges.values()
         yield node_health
+        yield unhealthy_reason
 
         nvml_errors = CounterMetricFamily(
             "omaticaya_nvml_errors", "NVML calls that failed, by call and error.",
