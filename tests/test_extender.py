@@ -325,7 +325,7 @@ def test_chart_scheduler_renders_valid_manifests_with_the_extender(helm):  # noq
     for doc in sched:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     config = yaml.safe_load(next(d for d in sched if d["kind"] == "ConfigMap")["data"]["config.yaml"])
-    example = yaml.safe_load((REPO / "examples" / "scheduler" / "scheduler-config.yaml").read_text())
+    example = yaml.safe_load((REPO / "examples" / "scheduler" / "scheduler-config-v1beta1.yaml").read_text())
     # the chart picks the config API by the cluster's version; the example is for 1.20
     docs_120 = render(helm, {"scheduler": {"enabled": True}}, "--kube-version", "1.20.2")
     config_120 = yaml.safe_load(

@@ -10,7 +10,7 @@ every second, heartbeat 1 s, so ``read_at`` stays fresh):
     crash  (extender tests) 60000 MiB free, Healthy; its agent is killed with SIGKILL
 
 1. The stock scheduler with ``nodeAffinity`` on the labels (``examples/scheduler/pod-affinity.yaml``).
-2. Two more kube-schedulers from ``examples/scheduler/scheduler-config.yaml``, each with its own
+2. Two more kube-schedulers from ``examples/scheduler/scheduler-config-v1beta1.yaml``, each with its own
    in-process ``omaticaya extender`` (binpack / spread), pods annotated
    ``omaticaya.io/gpu-memory-mib``.
 
@@ -259,7 +259,7 @@ def test_affinity_never_picks_the_unhealthy_node(api, namespace, nodes):
 
 class ExtenderScheduler:
     """An in-process ``omaticaya extender`` (real HTTP on 127.0.0.1, real Node cache) and a
-    kube-scheduler from ``examples/scheduler/scheduler-config.yaml`` that calls it."""
+    kube-scheduler from ``examples/scheduler/scheduler-config-v1beta1.yaml`` that calls it."""
 
     def __init__(self, cluster: DevCluster, tmp: Path, name: str, strategy: str) -> None:
         from omaticaya_py.scheduler import ExtenderSettings, serve
@@ -283,7 +283,7 @@ class ExtenderScheduler:
         )  # fmt: skip
         self.thread.start()
         assert self.ready.wait(15), "extender did not start"
-        config = yaml.safe_load((EXAMPLES / "scheduler-config.yaml").read_text())
+        config = yaml.safe_load((EXAMPLES / "scheduler-config-v1beta1.yaml").read_text())
         config["clientConnection"]["kubeconfig"] = str(cluster.kubeconfig)
         config["leaderElection"] = {"leaderElect": False}
         health_port = _free_port()
