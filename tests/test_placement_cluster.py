@@ -83,7 +83,7 @@ def burst(api, cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
             ),
             30,
         )
-        sched = ExtenderScheduler(cluster, tmp, SCHEDULER, "spread")
+        sched = ExtenderScheduler(cluster, tmp, SCHEDULER, "spread", settle_s=60)
         yield {"ns": ns, "names": names, "sched": sched, "tmp": tmp, "cluster": cluster}
     finally:
         for k, v in saved.items():

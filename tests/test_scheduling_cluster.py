@@ -261,7 +261,9 @@ class ExtenderScheduler:
     """An in-process ``omaticaya extender`` (real HTTP on 127.0.0.1, real Node cache) and a
     kube-scheduler from ``examples/scheduler/scheduler-config-v1beta1.yaml`` that calls it."""
 
-    def __init__(self, cluster: DevCluster, tmp: Path, name: str, strategy: str) -> None:
+    def __init__(
+        self, cluster: DevCluster, tmp: Path, name: str, strategy: str, settle_s: float = 0.0
+    ) -> None:
         from omaticaya_py.scheduler import ExtenderSettings, serve
 
         port = _free_port()
@@ -273,8 +275,8 @@ class ExtenderScheduler:
             grace_s=GRACE_S,
             kubeconfig=str(cluster.kubeconfig),
             # these tests place one pod at a time and read the result: no in-flight accounting
-            # (tests/test_placement_cluster.py covers bursts)
-            settle_s=0,
+            # unless asked (tests/test_placement_cluster.py's bursts ask for it)
+            settle_s=settle_s,
         )
         self.ready, self.stop_event = threading.Event(), threading.Event()
         self.thread = threading.Thread(
