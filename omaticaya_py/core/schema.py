@@ -106,7 +106,9 @@ class NodeGpuState:
     ``gpu.health`` label (or the telemetry's); ``read_at`` is epoch seconds (``None``: no
     telemetry annotation); ``expires_at`` is epoch seconds, the agent's own promise of its next
     rewrite (``None``: an agent that does not publish it, or a value not to be trusted);
-    ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs."""
+    ``lease`` is the ``"<namespace>/<name>"`` of the Lease that holds the agent's liveness
+    (``None``: none named, or not of that form): its renewals, not ``read_at``, say whether
+    the telemetry is current; ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs."""
 
     name: str
     known: bool = False
@@ -116,6 +118,7 @@ class NodeGpuState:
     gpus: tuple[GpuInfo, ...] = ()
     free_total_mib: int = 0
     problem: str | None = None
+    lease: str | None = None
 
 
 _INT_TEXT = re.compile(r"^\s*-?[0-9]{1,18}\s*$")
@@ -164,6 +167,19 @@ MAX_REFRESH_S = 8 * 24 * 3600.0
 MAX_TELEMETRY_BYTES = 256 * 1024
 
 
+
+#: a Lease reference as the agent writes it: ``<namespace>/<name>`` (a DNS label, a DNS
+#: subdomain)
+_LEASE_REF = re.compile(
+    r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9](?:[-.a-z0-9]{0,251}[a-z0-9])?$"
+)
+
+
+def lease_ref(value: Any) -> str | None:
+    """``value`` when it is a ``"<namespace>/<name>"`` Lease reference, else ``None``."""
+    if isinstance(value, str) and len(value) <= 317 and _LEASE_REF.match(value):
+        return value
+    return None
 
 
 def parse_node(
@@ -271,6 +287,7 @@ def parse_node(
         health=health,
         read_at=read_at,
         expires_at=expires_at,
+        lease=lease_ref(doc.get("lease")) if doc is not None and read_at is not None else None,
         gpus=tuple(gpus),
         free_total_mib=free_total,
         problem=problem,

@@ -2,13 +2,15 @@
 
 ``ApiSession`` talks to the API server (configuration, credentials, retries, accounting);
 ``NodeClient`` reads and merge-patches the agent's own Node and posts Events on it;
-``NodeCache`` lists and watches every Node for the scheduler extender; ``errors`` holds the
+``NodeCache`` lists and watches every Node for the scheduler extender (``LeaseCache`` the
+agents' Leases); ``errors`` holds the
 ``KubeError`` family that nothing above this package sees library types through.
 """
 
 from .cache import NodeCache
 from .errors import KubeError, KubeForbidden, KubeRejected, KubeUnavailable, NodeNotFound
 from .lease import LeaseClient as LeaseClient
+from .leases import LeaseCache
 from .nodes import MERGE_PATCH, NodeClient
 from .nodes_list import NodeLister as NodeLister
 from .pods import PodCache
@@ -23,6 +25,7 @@ __all__ = [
     "KubeForbidden",
     "KubeRejected",
     "KubeUnavailable",
+    "LeaseCache",
     "NodeCache",
     "NodeClient",
     "NodeNotFound",

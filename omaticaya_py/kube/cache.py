@@ -44,7 +44,15 @@ class NodeCache(Generic[V]):
 
     Configuration as ``ApiSession`` (``kubeconfig``, in-cluster service account otherwise).
     RBAC: ``list`` and ``watch`` on ``nodes``.
+
+    Subclasses watch another kind by setting ``path`` (the collection's URL), ``what`` (its
+    name in messages) and overriding ``_key_value`` (``leases.LeaseCache``).
     """
+
+    #: the collection listed and watched, and its name in errors and health reasons
+    path = "/api/v1/nodes"
+    what = "nodes"
+    label = "node cache"
 
     def __init__(
         self,
@@ -112,16 +120,16 @@ class NodeCache(Generic[V]):
         thread is not running, or when no LIST or WATCH answered within ``stall_s`` seconds
         (the reason then names the last error); ``(True, "ok")`` otherwise."""
         if self._thread is None or not self._thread.is_alive():
-            return False, "node cache thread is not running"
+            return False, f"{self.label} thread is not running"
         if not self.synced:
             why = f" (last error: {self.last_error})" if self.last_error else ""
-            return False, "node cache not synced yet" + why
+            return False, f"{self.label} not synced yet" + why
         last = self._last_ok_s
         age = self._clock() - last if last is not None else float("inf")
         if age > self.stall_s:
             why = f"; last error: {self.last_error}" if self.last_error else ""
             return False, (
-                f"node cache stalled: no successful list or watch for {age:.0f}s "
+                f"{self.label} stalled: no successful list or watch for {age:.0f}s "
                 f"(limit {self.stall_s:g}s){why}"
             )
         return True, "ok"
@@ -146,7 +154,9 @@ class NodeCache(Generic[V]):
     def start(self) -> NodeCache[V]:
         """Start the list+watch thread (once)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="node-cache", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name=self.label.replace(" ", "-"), daemon=True
+            )
             self._thread.start()
         return self
 
@@ -188,7 +198,7 @@ class NodeCache(Generic[V]):
                         continue
                 else:  # a bug or an answer of a shape we did not expect: start over
                     err = KubeUnavailable(
-                        f"list/watch nodes: unexpected {type(exc).__name__}: {exc}", verb="watch"
+                        f"list/watch {self.what}: unexpected {type(exc).__name__}: {exc}", verb="watch"
                     )
                     err.__cause__ = exc
                     need_list = True
@@ -197,37 +207,44 @@ class NodeCache(Generic[V]):
                 delay = min(self._backoff_max_s, self._backoff_s * 2 ** min(failures, 10))
                 self._stop.wait(random.uniform(delay / 2, delay))
 
-    def _store(self, meta: dict[str, Any]) -> tuple[str, V | None]:
-        """(name, transformed value), or (name, None) when ``transform`` raised: the Node is
-        skipped (counted, reported to ``on_skip``), never the cache."""
+    def _key_value(self, obj: dict[str, Any]) -> tuple[str, V]:
+        """(name, ``transform`` of the Node's ``NodeMeta``); raises what ``transform`` raises."""
+        meta = obj.get("metadata") or {}
         node = NodeMeta(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
             labels=meta.get("labels") or {},
             annotations=meta.get("annotations") or {},
         )
+        return node.name, self._transform(node)
+
+    def _store(self, obj: dict[str, Any]) -> tuple[str, V | None]:
+        """(name, transformed value), or (name, None) when ``transform`` raised: the object is
+        skipped (counted, reported to ``on_skip``), never the cache."""
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name", "") if isinstance(meta, dict) else ""
         try:
-            return node.name, self._transform(node)
-        except Exception as exc:  # noqa: BLE001 - one hostile Node must not stop the others
+            return self._key_value(obj)
+        except Exception as exc:  # noqa: BLE001 - one hostile object must not stop the others
             self.skipped += 1
             if self._on_skip is not None:
                 try:
-                    self._on_skip(node.name, exc)
+                    self._on_skip(name, exc)
                 except Exception:  # noqa: BLE001, S110 - a reporting hook must not either
                     pass
-            return node.name, None
+            return name, None
 
     def _list(self) -> None:
         response = self._session.call(
-            "list", "nodes", lambda: self._session.http("GET", "/api/v1/nodes")
+            "list", self.what, lambda: self._session.http("GET", self.path)
         )
         try:
             body = json.loads(response.data)
         except ValueError as exc:
-            raise KubeUnavailable(f"list nodes: bad JSON: {exc}", verb="list") from exc
+            raise KubeUnavailable(f"list {self.what}: bad JSON: {exc}", verb="list") from exc
         items: dict[str, V] = {}
         for item in body.get("items") or []:
-            name, value = self._store(item.get("metadata") or {})
+            name, value = self._store(item if isinstance(item, dict) else {})
             if value is not None:
                 items[name] = value
         with self._lock:
@@ -239,11 +256,11 @@ class NodeCache(Generic[V]):
 
     def _watch(self) -> bool:
         """One WATCH until the server ends it. Returns True when a new LIST is needed."""
-        what = "nodes"
+        what = self.what
         try:
             self._response = self._session.http(
                 "GET",
-                "/api/v1/nodes",
+                self.path,
                 query={
                     "watch": "true",
                     "resourceVersion": self.resource_version,
@@ -274,7 +291,7 @@ class NodeCache(Generic[V]):
                 if meta.get("resourceVersion"):
                     self.resource_version = meta["resourceVersion"]
                 if kind in ("ADDED", "MODIFIED"):
-                    name, value = self._store(meta)
+                    name, value = self._store(obj)
                     with self._lock:
                         if value is None:
                             self._items.pop(name, None)  # unknown beats wrong

@@ -78,12 +78,38 @@ class NodeProblems:
         self._set(name, f"skipped: {type(exc).__name__}", f": {str(exc)[:200]}")
 
 
+class LeaseProblems:
+    """Leases the extender could not read (``staleness.lease_from_object`` raised), logged once
+    per Lease and problem (again at INFO once it reads well) and counted by problem."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._current: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def good(self, name: str) -> None:
+        with self._lock:
+            if self._current.pop(name, None) is None:
+                return
+        log.info("Lease {}: readable again", name)
+
+    def skipped(self, name: str, exc: Exception) -> None:
+        problem = str(exc)[:200]
+        with self._lock:
+            if self._current.get(name) == problem:
+                return
+            self._current[name] = problem
+            self.counts[problem] += 1
+        log.warning("Lease {}: {} (skipped: the nodes naming it are stale)", name, problem)
+
+
 def metrics_registry(
     cache: Any,
     problems: NodeProblems,
     pods: Any = None,
     pod_problems: Any = None,
     decisions: Any = None,
+    leases: Any = None,
 ) -> Any:
     """A prometheus-client ``CollectorRegistry`` over the node cache (``kube.NodeCache``) and
     ``problems``: ``omaticaya_extender_cache_nodes`` (Nodes held), ``_cache_synced``,
@@ -93,7 +119,9 @@ def metrics_registry(
     pod cache (``kube.PodCache`` of in-flight placements): ``_inflight_pods`` (pods placed and
     not yet settled or gone), ``_pod_cache_synced``, ``_pod_cache_events_total`` and
     ``_pods_skipped_total{problem}`` (pods that could not be read, from ``pod_problems``); with
-    ``decisions`` (``scheduler.decisions.Decisions``): ``_decisions_total{verb,result,reason}``."""
+    ``decisions`` (``scheduler.decisions.Decisions``): ``_decisions_total{verb,result,reason}``;
+    with the lease cache (``kube.LeaseCache``): ``_cache_leases``, ``_lease_cache_synced`` and
+    ``_leases_skipped_total`` (Lease events that could not be read)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -135,6 +163,18 @@ def metrics_registry(
             yield requests
             if pods is not None:
                 yield from _pod_metrics(pods, pod_problems)
+            if leases is not None:
+                yield GaugeMetricFamily(
+                    "omaticaya_extender_cache_leases", "Leases in the cache.", value=len(leases)
+                )
+                yield GaugeMetricFamily(
+                    "omaticaya_extender_lease_cache_synced", "1 once the first LIST of Leases "
+                    "is stored.", value=1 if leases.synced else 0,
+                )  # fmt: skip
+                yield CounterMetricFamily(
+                    "omaticaya_extender_leases_skipped", "Lease events that could not be read "
+                    "(the Lease is dropped).", value=leases.skipped,
+                )  # fmt: skip
             if decisions is not None:
                 made = CounterMetricFamily(
                     "omaticaya_extender_decisions",

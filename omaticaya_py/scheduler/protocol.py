@@ -10,7 +10,7 @@ from typing import Any
 from ..core.schema import NodeGpuState, json_mapping
 from .decisions import Decisions
 from .inflight import Placement, pending
-from .rules import InFlightOf, filter_nodes, parse_need, prioritize_nodes
+from .rules import InFlightOf, LeaseOf, filter_nodes, parse_need, prioritize_nodes
 from .settings import ExtenderSettings
 from .staleness import view_from_object
 
@@ -38,6 +38,10 @@ class Extender:
     assume: Callable[[str, str, int, int, list[str], float], None] | None = None
     #: every decision counted and logged (``omaticaya_extender_decisions_total``)
     decisions: Decisions = field(default_factory=Decisions)
+    #: a Lease by ``"<namespace>/<name>"`` (``LeaseCache.lease``), ``None``: no Lease watch;
+    #: used only while ``leases_synced()``, else nodes are judged by their telemetry's times
+    leases: LeaseOf | None = None
+    leases_synced: Callable[[], bool] = field(default=lambda: True)
 
     @staticmethod
     def _pod_name(pod: Any) -> str:
@@ -60,6 +64,9 @@ class Extender:
             return pending(known, state, now=now, settle_s=settle_s, exclude_uid=uid)
 
         return of
+
+    def _leases(self) -> LeaseOf | None:
+        return self.leases if self.leases is not None and self.leases_synced() else None
 
     def _states(
         self, args: Mapping[str, Any]
@@ -99,6 +106,7 @@ class Extender:
                 stale_policy=s.stale_policy,
                 unknown_policy=s.unknown_policy,
                 inflight=self._inflight(args.get("Pod")),
+                leases=self._leases(),
             )
         if self.assume is not None and need is not None and not need.error and passed:
             meta = json_mapping(json_mapping(args.get("Pod")).get("metadata"))
@@ -139,6 +147,7 @@ class Extender:
             prefix=s.prefix,
             stale_policy=s.stale_policy,
             inflight=self._inflight(args.get("Pod")),
+            leases=self._leases(),
         )
         if need is not None:
             self.decisions.prioritized(self._pod_name(args.get("Pod")), scores)
@@ -150,9 +159,11 @@ def handle_filter(
     settings: ExtenderSettings,
     lookup: Lookup | None = None,
     now: float | None = None,
+    leases: LeaseOf | None = None,
 ) -> dict[str, Any]:
-    """ExtenderArgs -> ExtenderFilterResult (pure; ``lookup`` resolves ``NodeNames``)."""
-    ext = Extender(settings, lookup or (lambda name: None))
+    """ExtenderArgs -> ExtenderFilterResult (pure; ``lookup`` resolves ``NodeNames``,
+    ``leases`` resolves the Leases named by telemetry: a synced Lease watch)."""
+    ext = Extender(settings, lookup or (lambda name: None), leases=leases)
     if now is not None:
         ext.clock = lambda: now
     return ext.filter(args)
@@ -163,9 +174,11 @@ def handle_prioritize(
     settings: ExtenderSettings,
     lookup: Lookup | None = None,
     now: float | None = None,
+    leases: LeaseOf | None = None,
 ) -> list[dict[str, Any]]:
-    """ExtenderArgs -> HostPriorityList (pure; ``lookup`` resolves ``NodeNames``)."""
-    ext = Extender(settings, lookup or (lambda name: None))
+    """ExtenderArgs -> HostPriorityList (pure; ``lookup`` resolves ``NodeNames``,
+    ``leases`` resolves the Leases named by telemetry: a synced Lease watch)."""
+    ext = Extender(settings, lookup or (lambda name: None), leases=leases)
     if now is not None:
         ext.clock = lambda: now
     return ext.prioritize(args)

@@ -11,7 +11,10 @@ from typing import Any
 
 from ..core.schema import NodeGpuState, json_int, json_mapping
 from .inflight import Placement, adjust
-from .staleness import effective, legacy_default
+from .staleness import LeaseState, effective, lease_stale, legacy_default
+
+#: a Lease by ``"<namespace>/<name>"`` (``None``: no such Lease), from a synced lease cache
+LeaseOf = Callable[[str], "LeaseState | None"]
 
 #: the in-flight placements that count against a node: (name, state) -> placements
 InFlightOf = Callable[[str, "NodeGpuState | None"], Sequence[Placement]]
@@ -132,12 +135,15 @@ def judge(
     stale_policy: str | None = None,
     unknown_policy: str | None = None,
     inflight: Sequence[Placement] = (),
+    leases: LeaseOf | None = None,
 ) -> Verdict:
     """The filter rule for one node (``state`` ``None``: the node is not in the cache).
 
     Stale and unknown nodes follow their policy (``scheduler.staleness``: the node's override,
     else ``stale_policy``/``unknown_policy``, else ``fail_open``'s score-zero or reject). The
-    room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU."""
+    room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU. With
+    ``leases`` (a synced Lease watch), a node whose telemetry names a Lease is fresh or stale by
+    that Lease (``staleness.lease_stale``), not by ``expires_at``/``read_at``."""
     if need.error:
         return Verdict(False, need.error)
     unknown_is = effective(state, legacy_default(unknown_policy, fail_open))
@@ -153,7 +159,13 @@ def judge(
     if state.read_at is None or state.problem:
         why = state.problem or "no telemetry annotation"
         return unknown or Verdict(False, f"node(s) had unusable GPU telemetry ({why})")
-    if state.expires_at is not None:
+    if leases is not None and state.lease is not None:
+        why = lease_stale(leases(state.lease), state.lease, now=now, grace_s=grace_s)
+        if why is not None and stale_is != "allow":
+            return stale or Verdict(
+                False, f"node(s) had stale GPU telemetry ({why}: agent not reporting)"
+            )
+    elif state.expires_at is not None:
         if now > state.expires_at + grace_s:
             stamp = datetime.fromtimestamp(state.expires_at, timezone.utc).strftime(
                 "%Y-%m-%dT%H:%M:%SZ"
@@ -200,6 +212,7 @@ def filter_nodes(
     stale_policy: str | None = None,
     unknown_policy: str | None = None,
     inflight: InFlightOf | None = None,
+    leases: LeaseOf | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(names that pass, {name: reason} for those that fail), in input order."""
     passed: list[str] = []
@@ -210,7 +223,7 @@ def filter_nodes(
         v = judge(
             state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=fail_open,
             prefix=prefix, stale_policy=stale_policy, unknown_policy=unknown_policy,
-            inflight=inflight(name, state) if inflight is not None else (),
+            inflight=inflight(name, state) if inflight is not None else (), leases=leases,
         )  # fmt: skip
         if v.ok:
             passed.append(name)
@@ -230,6 +243,7 @@ def prioritize_nodes(
     prefix: str = "omaticaya.io",
     stale_policy: str | None = None,
     inflight: InFlightOf | None = None,
+    leases: LeaseOf | None = None,
 ) -> list[dict[str, Any]]:
     """A HostPriorityList: ``[{"Host": name, "Score": 0..10}]`` in input order.
 
@@ -246,7 +260,7 @@ def prioritize_nodes(
         v = judge(
             state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=False, prefix=prefix,
             stale_policy="allow" if effective(state, stale_policy or "") == "allow" else "reject",
-            inflight=inflight(name, state) if inflight is not None else (),
+            inflight=inflight(name, state) if inflight is not None else (), leases=leases,
         )  # fmt: skip
         if v.fits and state is not None:
             free[name] = v.free_mib

@@ -10,11 +10,11 @@ from typing import Any
 from loguru import logger as log
 
 from ..core.schema import NodeGpuState, parse_node
-from .app import NodeProblems, create_app, metrics_registry
+from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
 from .placements import InFlight, PodProblems, placement_from_pod
 from .protocol import Extender
 from .settings import ExtenderSettings
-from .staleness import with_policy
+from .staleness import LeaseState, lease_from_object, with_policy
 
 
 class _Server:
@@ -44,6 +44,7 @@ def serve(
     stop: threading.Event | None = None,
     cache_factory: Callable[..., Any] | None = None,
     pod_cache_factory: Callable[..., Any] | None = None,
+    lease_cache_factory: Callable[..., Any] | None = None,
 ) -> int:
     """Start the node cache and serve until ``stop`` is set (or SIGTERM/SIGINT when run in the
     main thread). Returns the exit status. ``ready`` is set once the socket listens."""
@@ -71,12 +72,17 @@ def serve(
         return 1
     cache.start()
     pods, pod_problems = _start_pod_cache(settings, cache, pod_cache_factory)
+    leases = _start_lease_cache(settings, lease_cache_factory)
     ext = Extender(settings, cache.get, synced=lambda: cache.synced, health=cache.health)
+    if leases is not None:
+        ext.leases, ext.leases_synced = leases.lease, lambda: leases.synced
     if pods is not None:
         inflight = InFlight(pods)
         ext.placements, ext.assume = inflight.for_node, inflight.assume
     server = _Server(
-        create_app(ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions)),
+        create_app(
+            ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases)
+        ),
         settings,
     )
     stopper = None
@@ -94,7 +100,7 @@ def serve(
 
         threading.Thread(target=watch_started, daemon=True).start()
     log.info(
-        "extender on {}:{} strategy={} ttl={:g}s+{:g}s fail_open={} prefix={}",
+        "extender on {}:{} strategy={} ttl={:g}s+{:g}s fail_open={} prefix={} leases={}",
         settings.address,
         settings.port,
         settings.strategy,
@@ -102,6 +108,7 @@ def serve(
         settings.grace_s,
         settings.fail_open,
         prefix,
+        settings.lease_namespace or "-",
     )
     try:
         server.server.run()
@@ -109,6 +116,8 @@ def serve(
         cache.stop()
         if pods is not None:
             pods.stop()
+        if leases is not None:
+            leases.stop()
     return 0 if server.server.started else 1
 
 
@@ -146,3 +155,39 @@ def _start_pod_cache(
         log.error("pod cache (in-flight placements off): {}", err)
         return None, problems
     return pods.start(), problems
+
+
+def _start_lease_cache(settings: ExtenderSettings, factory: Callable[..., Any] | None) -> Any:
+    """The list+watch of the agents' Leases in ``lease_namespace`` (``None`` when it is empty
+    or the cache cannot be configured: nodes are then judged by their telemetry's times)."""
+    from ..kube import KubeError, LeaseCache
+
+    if not settings.lease_namespace:
+        return None
+    problems = LeaseProblems()
+
+    def transform(lease: Any) -> LeaseState:
+        meta = lease.get("metadata") if isinstance(lease, dict) else None
+        name = f"{settings.lease_namespace}/{(meta or {}).get('name', '')}"
+        state = lease_from_object(lease)
+        problems.good(name)
+        return state
+
+    def on_skip(name: str, exc: Exception) -> None:
+        problems.skipped(f"{settings.lease_namespace}/{name}", exc)
+
+    def on_error(err: KubeError) -> None:
+        log.warning("lease cache: {}", err)
+
+    try:
+        leases = (factory or LeaseCache)(
+            transform,
+            settings.lease_namespace,
+            kubeconfig=settings.kubeconfig,
+            on_error=on_error,
+            on_skip=on_skip,
+        )
+    except KubeError as err:
+        log.error("lease cache (Lease liveness off): {}", err)
+        return None
+    return leases.start()

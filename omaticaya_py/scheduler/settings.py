@@ -70,6 +70,15 @@ class ExtenderSettings(CommonSettings):
         description="schedulerName of the pods whose placements are watched (empty: every "
         "pod with the GPU annotation).",
     )
+    lease_namespace: str = Field(
+        default="",
+        max_length=63,
+        pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$",
+        description="Watch the agents' liveness Leases in this namespace (the chart: the "
+        "release namespace): a node whose telemetry names a Lease is fresh while the Lease is "
+        "held and renewTime + leaseDurationSeconds + grace_s is ahead. Empty: no Lease watch, "
+        "every node judged by its telemetry's expires_at or read_at + ttl_s.",
+    )
     kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
 
     @field_validator("strategy", "stale_policy", "unknown_policy", mode="before")

@@ -3,6 +3,12 @@
 A node is ``stale`` when its telemetry is past the agent's own ``expires_at`` (``read_at`` +
 ``refresh_s``, published by the agent) plus the extender's ``grace_s``, or, from an agent that
 publishes no ``expires_at``, when ``read_at`` is older than ``ttl_s + grace_s``. A node is
+A node whose telemetry names a Lease (``"lease": "<namespace>/<name>"``: the agent's liveness is
+there, and it rewrites the telemetry only when a label changes) is judged by that Lease instead,
+when the extender watches Leases in its namespace (``OMATICAYA_EXTENDER_LEASE_NAMESPACE``) and
+the watch has synced: fresh while the Lease has a holder and ``renewTime`` +
+``leaseDurationSeconds`` + ``grace_s`` is ahead; stale otherwise, a missing Lease included
+(``lease_stale``). Without a Lease watch, the rule above. A node is
 ``unknown`` when it has no Omaticaya labels, no usable telemetry, or is not in the cache yet.
 
 Policies, one for each case (``OMATICAYA_EXTENDER_STALE_POLICY``,
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from ..core.schema import NodeGpuState, json_mapping, state_from_object
@@ -77,3 +84,67 @@ def legacy_default(policy: str | None, fail_open: bool) -> str:
     if policy is not None:
         return policy
     return "score-zero" if fail_open else "reject"
+
+
+# ----------------------------------------------------------------------------- leases ----
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """What the extender keeps of a ``coordination.k8s.io/v1`` Lease: ``holder``
+    (``holderIdentity``, empty: released), ``renewed_at`` (``renewTime``, epoch seconds) and
+    ``duration_s`` (``leaseDurationSeconds``)."""
+
+    holder: str
+    renewed_at: float
+    duration_s: float
+
+
+#: the longest ``leaseDurationSeconds`` trusted (as ``MAX_REFRESH_S`` for ``expires_at``)
+MAX_LEASE_DURATION_S = 8 * 24 * 3600.0
+
+
+def _micro_time(value: Any) -> float | None:
+    if not isinstance(value, str) or not value or len(value) > 64:
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp.timestamp() if stamp.tzinfo is not None else None
+
+
+def lease_from_object(lease: Any) -> LeaseState:
+    """A Lease document as ``LeaseState``. Raises ``ValueError`` (naming the field) on a Lease
+    the extender cannot judge by: no ``renewTime``, a ``leaseDurationSeconds`` that is not a
+    whole number from 1 to ``MAX_LEASE_DURATION_S``, a ``holderIdentity`` that is not text."""
+    spec = json_mapping(json_mapping(lease).get("spec"))
+    holder = spec.get("holderIdentity")
+    if holder is None:
+        holder = ""
+    if not isinstance(holder, str):
+        raise ValueError("holderIdentity is not a string")
+    renewed_at = _micro_time(spec.get("renewTime"))
+    if renewed_at is None:
+        raise ValueError("no valid renewTime")
+    duration = spec.get("leaseDurationSeconds")
+    if isinstance(duration, bool) or not isinstance(duration, int):
+        raise ValueError("leaseDurationSeconds is not a whole number")
+    if not 1 <= duration <= MAX_LEASE_DURATION_S:
+        raise ValueError(f"leaseDurationSeconds {duration} out of range")
+    return LeaseState(holder=holder, renewed_at=renewed_at, duration_s=float(duration))
+
+
+def lease_stale(lease: LeaseState | None, ref: str, *, now: float, grace_s: float) -> str | None:
+    """Why the node whose telemetry names Lease ``ref`` is stale, or ``None`` when it is fresh:
+    fresh while ``lease`` is held (a non-empty holder) and ``renewed_at + duration_s +
+    grace_s`` is still ahead; ``lease`` ``None``: no such Lease (the lease cache has synced)."""
+    if lease is None:
+        return f"Lease {ref} not found"
+    if not lease.holder:
+        return f"Lease {ref} released (no holder)"
+    deadline = lease.renewed_at + lease.duration_s
+    if now > deadline + grace_s:
+        stamp = datetime.fromtimestamp(deadline, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"Lease {ref} expired at {stamp}, grace {grace_s:g}s"
+    return None
