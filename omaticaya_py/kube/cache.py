@@ -165,9 +165,15 @@ class NodeCache(Generic[V]):
         self._stop.set()
         response = self._response
         if response is not None:
+            # shutdown(), not close(): closing the reader blocks on the lock of the read in
+            # progress in the watch thread (a quiet watch: up to watch_timeout_s); shutting the
+            # socket down ends that read now (as PodCache does)
             try:
-                response.close()
-            except Exception:  # noqa: BLE001 - closing a half-dead socket
+                if hasattr(response, "shutdown"):
+                    response.shutdown()
+                else:
+                    threading.Thread(target=response.close, daemon=True).start()
+            except Exception:  # noqa: BLE001 - a half-dead socket
                 pass
         if self._thread is not None:
             self._thread.join(timeout_s)
