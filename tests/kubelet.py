@@ -4,7 +4,9 @@ device-plugin registration socket at the same path)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 from tests.devcluster import DevCluster
 
-__all__ = ["PLUGIN_DIR", "kubelet_node", "kubelet_sock_in_use"]
+__all__ = ["PLUGIN_DIR", "kubelet_node", "kubelet_sock_in_use", "stop_plugin"]
 
 PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
@@ -46,3 +48,17 @@ def kubelet_node(dev_cluster: DevCluster) -> Iterator[str]:
         yield node
     finally:
         dev_cluster.kubelet_down()
+
+
+def stop_plugin(proc: subprocess.Popen) -> int:
+    """SIGTERM a device-plugin process and return its exit status (-9 when it had to be killed
+    after 10 s)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+            return -9
+    return proc.returncode

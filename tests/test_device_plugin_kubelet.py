@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.devcluster import REPO_ROOT, DevCluster
-from tests.kubelet import PLUGIN_DIR, kubelet_node
+from tests.kubelet import PLUGIN_DIR, kubelet_node, stop_plugin
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -99,15 +98,7 @@ class Plugin:
         time.sleep(delay)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-                return -9
-        return self.proc.returncode
+        return stop_plugin(self.proc)
 
 
 @pytest.fixture(scope="module")

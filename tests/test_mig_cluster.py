@@ -12,7 +12,6 @@ quiet window here); the trace loops every ~26 s.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from omaticaya_py.core.schema import STATIC_NAMES
 from tests import nvmltestlib  # (its testlib_env would be collected as a test if imported)
 from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT, DevCluster
-from tests.kubelet import PLUGIN_DIR, kubelet_node
+from tests.kubelet import PLUGIN_DIR, kubelet_node, stop_plugin
 from tests.test_mig import H100_MIG_AT_15
 from tests.waiting import wait_for
 
@@ -144,15 +143,7 @@ class PluginProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-                return -9
-        return self.proc.returncode
+        return stop_plugin(self.proc)
 
 
 @pytest.fixture(scope="module")
