@@ -187,7 +187,8 @@ def test_exports_every_symbol_the_reader_resolves(testlib: Path) -> None:
         check=True,
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    reader_src = (Path(__file__).parent.parent / "omaticaya_py" / "sources" / "nvml.py").read_text()
+    reader_dir = Path(__file__).parent.parent / "omaticaya_py" / "sources" / "nvml"
+    reader_src = "".join(p.read_text() for p in sorted(reader_dir.glob("*.py")))
     pynvml_src = Path(pynvml.__file__).read_text()
     wrappers = {
         w

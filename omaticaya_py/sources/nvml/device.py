@@ -1,0 +1,102 @@
+"""One GPU's NVML handle and its static facts, read once per ``nvmlInit``.
+
+Static facts: name, UUID, architecture, compute capability, total memory and MIG mode
+(``nvmlDeviceGetMigMode``). A GPU lost at start has no handle; ``attach`` tries again on every
+read, so a GPU back on the bus is read again without a restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+
+from ...core.snapshot import ARCHITECTURES
+from .library import LOST, MIB, Calls, decode
+
+__all__ = ["Device", "attach", "read_facts"]
+
+
+class Device:
+    """A GPU handle with its static facts, read once per ``nvmlInit``.
+
+    ``facts`` is what ``read_facts`` returns (a missing key is an unknown fact: ``None``);
+    ``total_mib``/``total_bytes`` are the GPU's total memory; ``mig_facts`` holds each MIG
+    device's static facts by MIG UUID; ``last_ts`` is the NVML timestamp (µs) of the newest
+    utilisation sample seen (the cursor of ``nvmlDeviceGetSamples``).
+    """
+
+    __slots__ = (
+        "index",
+        "handle",
+        "uuid",
+        "product",
+        "architecture",
+        "cc",
+        "total_mib",
+        "total_bytes",
+        "mig_enabled",
+        "mig_facts",
+        "last_ts",
+    )
+
+    def __init__(self, index: int, handle: Any, facts: dict[str, Any]) -> None:
+        self.index = index
+        self.handle = handle
+        self.uuid = facts.get("uuid")
+        self.product = facts.get("product")
+        self.architecture = facts.get("architecture")
+        self.cc = facts.get("cc")
+        self.total_mib = facts.get("total_mib")
+        self.total_bytes = facts.get("total_bytes")
+        self.mig_enabled: bool | None = facts.get("mig_enabled")
+        self.mig_facts: dict[str, dict[str, Any]] = {}  # MIG UUID -> static facts
+        self.last_ts = 0  # NVML sample timestamp (µs) of the newest utilisation sample seen
+
+
+def read_facts(calls: Calls, handle: Any) -> dict[str, Any]:
+    """A GPU's static facts from NVML: ``product``, ``uuid``, ``architecture`` (a name from
+    ``ARCHITECTURES``), ``cc`` (major, minor), ``total_mib``, ``total_bytes``,
+    ``mig_enabled``; a fact NVML cannot give is ``None``, and the facts stop at a GPU that is
+    lost on the way (its reads will say so). Never raises an NVML error."""
+    facts: dict[str, Any] = {}
+    try:
+        name = calls.field("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle)
+        facts["product"] = decode(name)
+        uuid = calls.field("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
+        facts["uuid"] = decode(uuid)
+        arch = calls.field("nvmlDeviceGetArchitecture", pynvml.nvmlDeviceGetArchitecture, handle)
+        facts["architecture"] = ARCHITECTURES.get(arch) if arch is not None else None
+        facts["cc"] = calls.field(
+            "nvmlDeviceGetCudaComputeCapability",
+            pynvml.nvmlDeviceGetCudaComputeCapability,
+            handle,
+        )
+        mem = calls.field("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        facts["total_mib"] = mem.total // MIB if mem is not None else None
+        facts["total_bytes"] = mem.total if mem is not None else None
+        mig = calls.field("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle)
+        facts["mig_enabled"] = bool(mig[0]) if mig is not None else None
+    except pynvml.NVMLError:
+        pass  # a GPU lost at start: its reads will say so
+    return facts
+
+
+def attach(calls: Calls, device: Device) -> bool:
+    """Get a GPU's handle and static facts into ``device``; False (handle None) while it is
+    lost: one GPU off the bus is that GPU's error, never the whole node's. Retried on every
+    read. Raises the NVML error of ``nvmlDeviceGetHandleByIndex`` other than GpuIsLost (a gone
+    library: the whole read fails)."""
+    try:
+        handle = calls.call(
+            "nvmlDeviceGetHandleByIndex",
+            pynvml.nvmlDeviceGetHandleByIndex,
+            device.index,
+            expected=LOST,
+        )
+    except LOST:
+        return False
+    fresh = Device(device.index, handle, read_facts(calls, handle))
+    for name in Device.__slots__:
+        setattr(device, name, getattr(fresh, name))
+    return True

@@ -1,0 +1,125 @@
+"""One read of one GPU: memory, utilisation, temperature, power, ECC, remapped rows, processes,
+performance state and its MIG devices, as a ``GpuReading``.
+
+Utilisation is the mean of ``nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES)`` since the
+previous read (the driver keeps a short ring of samples); when no sample is new,
+``nvmlDeviceGetUtilizationRates`` is used. Fan speed and page retirement are not read (row
+remapping is, on Ampere and later).
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+from ...core.snapshot import GpuReading
+from .device import Device, attach
+from .library import LIBRARY_GONE, LOST, MIB, Calls, error_name
+from .mig import read_migs
+
+__all__ = ["read_gpu"]
+
+
+def _utilization(calls: Calls, device: Device) -> tuple[float | None, float | None]:
+    """``(GPU %, memory %)`` of the GPU (see the module docstring); advances
+    ``device.last_ts``. Raises ``LOST`` and ``LIBRARY_GONE``; any other error is absent."""
+    handle = device.handle
+    rates = calls.field(
+        "nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates, handle
+    )
+    mem_pct = float(rates.memory) if rates is not None else None
+    try:
+        samples = calls.call(
+            "nvmlDeviceGetSamples",
+            pynvml.nvmlDeviceGetSamples,
+            handle,
+            pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+            device.last_ts,
+        )
+    except pynvml.NVMLError_NotFound:  # no sample newer than last_ts
+        samples = None
+    except pynvml.NVMLError as exc:
+        if isinstance(exc, LOST + LIBRARY_GONE):
+            raise
+        samples = None
+    if samples:
+        _, values = samples
+        fresh = [s for s in values if s.timeStamp > device.last_ts]
+        if fresh:
+            device.last_ts = max(s.timeStamp for s in fresh)
+            mean = sum(s.sampleValue.uiVal for s in fresh) / len(fresh)
+            return float(mean), mem_pct
+    return (float(rates.gpu) if rates is not None else None), mem_pct
+
+
+def read_gpu(calls: Calls, device: Device) -> GpuReading:
+    """One read of ``device``: a field NVML does not support is ``None``; the GPU's own NVML
+    error (lost, Unknown, ...) is ``GpuReading.error`` with its static facts kept. Raises
+    ``LIBRARY_GONE`` (the whole node's error)."""
+    if device.handle is None and not attach(calls, device):
+        return GpuReading(index=device.index, error=pynvml.NVMLError_GpuIsLost.__name__)
+    h = device.handle
+    static = {
+        "index": device.index,
+        "uuid": device.uuid,
+        "product": device.product,
+        "architecture": device.architecture,
+        "compute_major": device.cc[0] if device.cc else None,
+        "compute_minor": device.cc[1] if device.cc else None,
+        "mig_enabled": device.mig_enabled,
+    }
+    try:
+        mem = calls.call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, h)
+        util, mem_util = _utilization(calls, device)
+        temp = calls.field(
+            "nvmlDeviceGetTemperature",
+            pynvml.nvmlDeviceGetTemperature,
+            h,
+            pynvml.NVML_TEMPERATURE_GPU,
+        )
+        power_mw = calls.field("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, h)
+        pstate = calls.field(
+            "nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, h
+        )
+        ecc_u = calls.field(
+            "nvmlDeviceGetTotalEccErrors",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            h,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        ecc_c = calls.field(
+            "nvmlDeviceGetTotalEccErrors",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            h,
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        remap = calls.field("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, h)
+        procs = calls.field(
+            "nvmlDeviceGetComputeRunningProcesses",
+            pynvml.nvmlDeviceGetComputeRunningProcesses,
+            h,
+        )
+        migs = read_migs(calls, device) if device.mig_enabled else ()
+    except LIBRARY_GONE:
+        raise
+    except pynvml.NVMLError as exc:
+        return GpuReading(error=error_name(exc), **static)
+    return GpuReading(
+        memory_total_mib=mem.total // MIB if mem is not None else device.total_mib,
+        memory_used_mib=mem.used // MIB if mem is not None else None,
+        memory_free_mib=mem.free // MIB if mem is not None else None,
+        utilization_pct=util,
+        memory_utilization_pct=mem_util,
+        temperature_c=int(temp) if temp is not None else None,
+        power_w=power_mw / 1000.0 if power_mw is not None else None,
+        performance_state=int(pstate) if pstate is not None else None,
+        ecc_uncorrected_volatile=int(ecc_u) if ecc_u is not None else None,
+        ecc_corrected_volatile=int(ecc_c) if ecc_c is not None else None,
+        # (correctable, uncorrectable, isPending, failureOccurred)
+        remapped_rows_pending=bool(remap[2]) if remap is not None else None,
+        remapped_rows_failure=bool(remap[3]) if remap is not None else None,
+        process_count=len(procs) if procs is not None else None,
+        mig_devices=migs,
+        **static,
+    )

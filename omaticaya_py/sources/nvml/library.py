@@ -1,0 +1,90 @@
+"""The NVML library as the reader calls it: its error classes, one counted call, and strings.
+
+Every NVML error other than NotSupported that a ``Calls`` sees is counted in ``Calls.errors`` by
+``(call, error name)``; NotSupported is an absent value (``None``), never an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pynvml
+
+__all__ = ["LIBRARY_GONE", "LOST", "MIB", "Calls", "decode", "error_name", "nvml_available"]
+
+T = TypeVar("T")
+#: bytes in one MiB (NVML reports memory in bytes)
+MIB = 1024 * 1024
+#: the NVML error of one GPU off the bus (that GPU's error, never the whole node's)
+LOST = (pynvml.NVMLError_GpuIsLost,)
+#: NVML errors that mean the library itself is unusable (re-initialise; nothing per GPU)
+LIBRARY_GONE = (
+    pynvml.NVMLError_Uninitialized,
+    pynvml.NVMLError_DriverNotLoaded,
+    pynvml.NVMLError_LibraryNotFound,
+    pynvml.NVMLError_LibRmVersionMismatch,
+)
+
+
+def nvml_available() -> bool:
+    """True when NVML initialises here (a GPU and its driver are present)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def error_name(exc: BaseException) -> str:
+    """The name an NVML error is counted and reported under: its pynvml class name
+    (``NVMLError_GpuIsLost``, ...)."""
+    return type(exc).__name__
+
+
+def decode(value: Any) -> Any:
+    """NVML strings as ``str`` (older pynvml returns ``bytes``); anything else unchanged."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Calls:
+    """NVML calls, counted.
+
+    ``errors``: NVML errors by ``(call, error name)`` (NotSupported never counted);
+    ``call_s``: seconds spent inside NVML calls made through ``call``/``field`` (bench).
+    """
+
+    def __init__(self) -> None:
+        self.errors: Counter[tuple[str, str]] = Counter()
+        self.call_s = 0.0
+
+    def call(
+        self, call: str, fn: Callable[..., T], *args: Any, expected: tuple[type, ...] = ()
+    ) -> T | None:
+        """``fn(*args)``; NotSupported -> None; other NVML errors counted and re-raised
+        (those in ``expected`` re-raised uncounted: an empty MIG slot is NotFound)."""
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        except pynvml.NVMLError_NotSupported:
+            return None
+        except expected:
+            raise
+        except pynvml.NVMLError as exc:
+            self.errors[(call, error_name(exc))] += 1
+            raise
+        finally:
+            self.call_s += time.perf_counter() - start
+
+    def field(self, call: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """Like ``call`` but a non-fatal error of one field is absent (``None``), not a GPU
+        failure; a lost GPU (``LOST``) or a gone library (``LIBRARY_GONE``) is re-raised."""
+        try:
+            return self.call(call, fn, *args)
+        except LOST + LIBRARY_GONE:
+            raise
+        except pynvml.NVMLError:
+            return None

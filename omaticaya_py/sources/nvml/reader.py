@@ -1,0 +1,157 @@
+"""``NvmlReader``: every GPU of this node read through NVML into a ``NodeSnapshot``.
+
+``NvmlReader.read()`` never raises for an NVML failure:
+- the library cannot start or the driver is gone -> ``NodeSnapshot.error`` (health Unknown);
+  the next read tries ``nvmlInit`` again, so the agent recovers without a restart;
+- one GPU cannot be read (GpuIsLost, Unknown, ...) -> that GPU's ``GpuReading.error``;
+- one field is NotSupported (ECC on a GPU without ECC, utilisation with MIG on, ...) -> ``None``
+  (absent).
+Every error other than NotSupported is counted in ``errors`` by ``(call, error name)``.
+
+Static facts (``device``) are read once per ``nvmlInit``; each read then costs one GPU read
+(``gpu``, with its MIG devices from ``mig``) per GPU. A re-init (or ``close()``) stops the Xid
+watcher (``events``) before ``nvmlShutdown``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import pynvml
+from loguru import logger
+
+from ...core.snapshot import NodeSnapshot
+from .device import Device, attach
+from .events import XidWatcher
+from .gpu import read_gpu
+from .library import Calls, decode, error_name
+
+__all__ = ["NvmlReader"]
+
+
+class NvmlReader:
+    """``Reader`` over the real NVML library.
+
+    ``watch_xid``: run a background thread on an NVML event set
+    (``nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError``) with
+    ``nvmlEventSetWait_v2(timeout)``; events are handed to the next ``read()``.
+    ``clock`` gives ``NodeSnapshot.clock_s`` (monotonic seconds).
+    ``errors``: NVML errors by ``(call, error name)``; ``call_s``: seconds spent inside NVML
+    calls (bench).
+    """
+
+    def __init__(
+        self, *, watch_xid: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.clock = clock
+        self.watch_xid = watch_xid
+        self._calls = Calls()
+        self.errors = self._calls.errors
+        self._devices: list[Device] | None = None
+        self._driver: str | None = None
+        self._cuda: tuple[int, int] | None = None
+        self._xid = XidWatcher(self.errors, clock)
+        self._topology: dict[tuple[str, str], int | None] = {}
+
+    @property
+    def call_s(self) -> float:
+        """Seconds spent inside NVML calls so far (bench)."""
+        return self._calls.call_s
+
+    @call_s.setter
+    def call_s(self, value: float) -> None:
+        self._calls.call_s = value
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _init(self) -> None:
+        calls = self._calls
+        calls.call("nvmlInit", pynvml.nvmlInit)
+        driver = calls.field("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
+        self._driver = decode(driver)
+        cuda = calls.field(
+            "nvmlSystemGetCudaDriverVersion_v2", pynvml.nvmlSystemGetCudaDriverVersion_v2
+        )
+        self._cuda = (cuda // 1000, (cuda % 1000) // 10) if cuda else None
+        count = calls.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount) or 0
+        devices = [Device(index, None, {}) for index in range(count)]
+        for device in devices:
+            attach(calls, device)
+        self._devices = devices
+        self._start_watcher()
+
+    def _start_watcher(self) -> None:
+        """(Re)start the Xid watcher over the GPUs that have a handle."""
+        watched = [d for d in self._devices or () if d.handle is not None]
+        if not self.watch_xid or not watched:
+            return
+        self._xid.start(watched)
+
+    def _shutdown(self) -> None:
+        alive = self._xid.stop()
+        if self._devices is not None:
+            self._devices = None
+            if alive:  # never pull NVML from under a thread still inside it
+                self.errors[("nvmlShutdown", "XidWatcherStillWaiting")] += 1
+                logger.warning("NVML: the Xid watcher did not stop; nvmlShutdown skipped")
+                return
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+
+    def close(self) -> None:
+        """Stop the Xid thread and shut NVML down."""
+        self._shutdown()
+
+    # -- topology ------------------------------------------------------------------------
+
+    def topology_level(self, uuid_a: str, uuid_b: str) -> int | None:
+        """``nvmlDeviceGetTopologyCommonAncestor`` between two GPUs by UUID: 0 same board,
+        10 one PCIe switch, 20 several switches, 30 host bridge, 40 same NUMA node, 50 across
+        the system (``NVML_TOPOLOGY_*``); lower is closer. ``None`` when unknown. Cached."""
+        key = (uuid_a, uuid_b) if uuid_a <= uuid_b else (uuid_b, uuid_a)
+        if key in self._topology:
+            return self._topology[key]
+        handles = {d.uuid: d.handle for d in self._devices or ()}
+        level = None
+        if uuid_a in handles and uuid_b in handles:
+            try:
+                level = self._calls.call(
+                    "nvmlDeviceGetTopologyCommonAncestor",
+                    pynvml.nvmlDeviceGetTopologyCommonAncestor,
+                    handles[uuid_a],
+                    handles[uuid_b],
+                )
+            except pynvml.NVMLError:
+                level = None
+            self._topology[key] = level
+        return level
+
+    # -- reading -------------------------------------------------------------------------
+
+    def read(self) -> NodeSnapshot:
+        """Read every GPU (see the module docstring). Never raises for an NVML failure."""
+        read_at = datetime.now(timezone.utc)
+        now = self.clock()
+        try:
+            if self._devices is None:
+                self._init()
+            lost = sum(1 for d in self._devices or () if d.handle is None)
+            gpus = tuple(read_gpu(self._calls, d) for d in self._devices or ())
+            if lost and lost > sum(1 for d in self._devices or () if d.handle is None):
+                self._start_watcher()  # a GPU came back: watch its Xids too
+        except pynvml.NVMLError as exc:
+            self._shutdown()  # re-init on the next read: the driver may come back
+            return NodeSnapshot(read_at=read_at, clock_s=now, error=error_name(exc), source="nvml")
+        return NodeSnapshot(
+            read_at=read_at,
+            clock_s=now,
+            gpus=gpus,
+            driver_version=self._driver,
+            cuda_driver_version=self._cuda,
+            xid_events=self._xid.take(),
+            source="nvml",
+        )
