@@ -9,15 +9,21 @@ quantised (memory rounded down to ``memory_step_mib``, utilisation rounded to
 
 from __future__ import annotations
 
-import json
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta, timezone
 
-from .. import __version__
 from .health import NodeHealth, Unit
+from .labelvalues import (
+    is_valid_key,
+    is_valid_value,
+    quantise_down,
+    quantise_nearest,
+    sanitise_value,
+    stable_down,
+    stable_nearest,
+)
+from .render_telemetry import telemetry, telemetry_annotation, telemetry_document
 from .schema import (
     COMPUTE_MAJOR,
     COMPUTE_MINOR,
@@ -45,7 +51,6 @@ from .schema import (
     PRODUCT_MIXED,
     STATIC_NAMES,
     TELEMETRY,
-    TELEMETRY_VERSION,
     UTILIZATION,
     gpu_key,
     mig_key,
@@ -68,71 +73,10 @@ __all__ = [
     "stable_nearest",
     "telemetry",
     "telemetry_annotation",
+    "telemetry_document",
 ]
 
 Labels = Mapping[str, str]
-
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_BAD_CHARS = re.compile(r"[^-A-Za-z0-9_.]+")
-MAX_ANNOTATIONS_BYTES = 256 * 1024
-
-
-def is_valid_key(key: str) -> bool:
-    """True if ``key`` is a Kubernetes qualified name (``[prefix/]name``) usable as a label key."""
-    prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix)):
-        return False
-    return 0 < len(name) <= 63 and bool(_NAME.match(name))
-
-
-def is_valid_value(value: str) -> bool:
-    """True if ``value`` is a valid label value: at most 63 characters of ``[-A-Za-z0-9_.]``,
-    starting and ending alphanumeric (or empty)."""
-    return len(value) <= 63 and bool(_VALUE.match(value))
-
-
-def sanitise_value(text: str) -> str:
-    """Turn free text (an NVML product name) into a label value: runs of other characters
-    become ``-``, the ends are trimmed to alphanumerics, at most 63 characters.
-
-    ``"NVIDIA H100 80GB HBM3"`` -> ``"NVIDIA-H100-80GB-HBM3"``.
-    """
-    value = _BAD_CHARS.sub("-", text)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
-
-
-def quantise_down(value: float, step: int) -> int:
-    """``value`` rounded down to a multiple of ``step`` (memory: a label never promises more)."""
-    return int(value // step) * step
-
-
-def quantise_nearest(value: float, step: int) -> int:
-    """``value`` rounded half up to the nearest multiple of ``step`` (utilisation)."""
-    if isinstance(value, int):  # exact for any size
-        return (2 * value + step) // (2 * step) * step
-    return int((value + step / 2) // step) * step
-
-
-def stable_down(raw: float, step: int, previous: int | None, margin: float) -> int:
-    """``quantise_down`` with hysteresis: the value drops as soon as the reading does (a label
-    never promises more free memory than there is) but rises only once the reading passes the
-    next step edge by ``margin``."""
-    value = quantise_down(raw, step)
-    if previous is None or value <= previous:
-        return value
-    return max(previous, quantise_down(raw - margin, step))
-
-
-def stable_nearest(raw: float, step: int, previous: int | None, margin: float) -> int:
-    """``quantise_nearest`` with hysteresis: the previous value is kept while the reading stays
-    within half a step plus ``margin`` of it."""
-    value = quantise_nearest(raw, step)
-    if previous is None or value == previous or abs(raw - previous) >= step / 2 + margin:
-        return value
-    return previous
-
 
 @dataclass(frozen=True)
 class Desired:
@@ -270,95 +214,6 @@ def _mig_labels(
     return out
 
 
-def telemetry(
-    snapshot: NodeSnapshot,
-    health: NodeHealth,
-    refresh_s: float | None = None,
-    lease: str | None = None,
-) -> str:
-    """The telemetry annotation: the snapshot as compact JSON, keys sorted.
-
-    Shape: ``{"agent", "read_at" (RFC 3339), "source", "health", "driver", "cuda",
-    "error"?, "gpus": [{"index", "uuid", "product", "memory_total_mib", "memory_free_mib",
-    "memory_used_mib", "utilization_pct", "temperature_c", "power_w", "ecc_uncorrected_volatile",
-    "ecc_corrected_volatile", "remapped_rows_pending", "remapped_rows_failure",
-    "process_count", "health", "reasons", "mig_enabled"?, "mig_devices"?: [{"index", "uuid",
-    "profile", "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
-    "process_count", "health", "reasons"}]}]}``; absent (NotSupported) values are ``null``;
-    the MIG keys only on a GPU with MIG on. ``lease`` (``"namespace/name"``): the
-    ``coordination.k8s.io`` Lease that carries the agent's liveness (then no ``refresh_s``:
-    the document is rewritten only with a label change).
-    """
-    mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
-    gpus = []
-    for g in snapshot.gpus:
-        gh = health.gpus[g.index]
-        mig: dict[str, object] = {}
-        if g.mig_enabled:
-            mig["mig_enabled"] = True
-            mig["mig_devices"] = [
-                {
-                    "index": m.index,
-                    "uuid": m.uuid,
-                    "profile": m.profile,
-                    "gpu_instance_id": m.gpu_instance_id,
-                    "memory_total_mib": m.memory_total_mib,
-                    "memory_free_mib": m.memory_free_mib,
-                    "memory_used_mib": m.memory_used_mib,
-                    "process_count": m.process_count,
-                    "health": str(mig_units[(g.index, m.index)].state),
-                    "reasons": list(mig_units[(g.index, m.index)].reasons),
-                    **({"error": m.error} if m.error else {}),
-                }
-                for m in g.mig_devices
-            ]
-        gpus.append(
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "product": g.product,
-                "memory_total_mib": g.memory_total_mib,
-                "memory_free_mib": g.memory_free_mib,
-                "memory_used_mib": g.memory_used_mib,
-                "utilization_pct": None if g.utilization_pct is None else round(g.utilization_pct, 1),
-                "temperature_c": g.temperature_c,
-                "power_w": None if g.power_w is None else round(g.power_w, 1),
-                "ecc_uncorrected_volatile": g.ecc_uncorrected_volatile,
-                "ecc_corrected_volatile": g.ecc_corrected_volatile,
-                "remapped_rows_pending": g.remapped_rows_pending,
-                "remapped_rows_failure": g.remapped_rows_failure,
-                "process_count": g.process_count,
-                "health": str(gh.state),
-                "reasons": list(gh.reasons),
-                **({"error": g.error} if g.error else {}),
-                **mig,
-            }
-        )
-    doc: dict[str, object] = {
-        "schema": TELEMETRY_VERSION,
-        "agent": __version__,
-        "read_at": snapshot.read_at.astimezone(timezone.utc)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z"),
-        "source": snapshot.source,
-        "health": str(health.state),
-        "driver": snapshot.driver_version,
-        "cuda": ".".join(map(str, snapshot.cuda_driver_version))
-        if snapshot.cuda_driver_version
-        else None,
-        "gpus": gpus,
-    }
-    if snapshot.error is not None:
-        doc["error"] = snapshot.error
-    if lease is not None:  # liveness is on this Lease ("namespace/name"), not on this document
-        doc["lease"] = lease
-    if refresh_s is not None:  # the publisher's promise: rewritten within refresh_s of read_at
-        doc["refresh_s"] = refresh_s
-        doc["expires_at"] = (snapshot.read_at + timedelta(seconds=refresh_s)).astimezone(
-            timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")  # fmt: skip
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
-
-
 def render(
     snapshot: NodeSnapshot,
     health: NodeHealth,
@@ -378,17 +233,9 @@ def render(
     prefix = settings.prefix
     labels: dict[str, str] = {}
     dropped: list[tuple[str, str]] = []
-    key_ok, value_ok = _KEY_OK.get, _VALUE_OK.get
     for name, value in _node_labels(snapshot, health, settings, previous or {}).items():
         key = f"{prefix}/{name}"
-        ok = key_ok(key)
-        if ok is None:
-            ok = _memo_valid(_KEY_OK, is_valid_key, key)
-        if ok:
-            ok = value_ok(value)
-            if ok is None:
-                ok = _memo_valid(_VALUE_OK, is_valid_value, value)
-        if ok and value:
+        if value and is_valid_key(key) and is_valid_value(value):
             labels[key] = value
         else:
             dropped.append((key, value))
@@ -397,38 +244,6 @@ def render(
         annotations, bad = telemetry_annotation(snapshot, health, prefix)
         dropped.extend(bad)
     return Desired(labels=labels, annotations=annotations, dropped=tuple(dropped))
-
-
-def telemetry_annotation(
-    snapshot: NodeSnapshot,
-    health: NodeHealth,
-    prefix: str,
-    refresh_s: float | None = None,
-    lease: str | None = None,
-) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
-    invalid or the JSON too large for the Node's annotations (256 KiB)."""
-    key = f"{prefix}/{TELEMETRY}"
-    value = telemetry(snapshot, health, refresh_s, lease)
-    if _memo_valid(_KEY_OK, is_valid_key, key) and len(value) < MAX_ANNOTATIONS_BYTES:
-        return {key: value}, []
-    return {}, [(key, value[:80])]
-
-
-_KEY_OK: dict[str, bool] = {}
-_VALUE_OK: dict[str, bool] = {}
-_MEMO_MAX = 4096
-
-
-def _memo_valid(memo: dict[str, bool], check: Callable[[str], bool], text: str) -> bool:
-    """``check(text)``, remembered: a tick renders the same keys and mostly the same values
-    as the last one, and the regex checks were half of ``render``'s time (bench/tick.py)."""
-    ok = memo.get(text)
-    if ok is None:
-        if len(memo) >= _MEMO_MAX:
-            memo.clear()
-        ok = memo[text] = check(text)
-    return ok
 
 
 def is_static(key: str, prefix: str) -> bool:

@@ -1,0 +1,126 @@
+"""Render the telemetry annotation: a snapshot and its health -> the ``Telemetry`` model.
+
+Pure functions, no I/O. The model and its JSON form are defined once, in
+``core.schema.telemetry``; this is the writer's side, called by ``core.render.render`` and by
+the agent for a patch that carries the annotation.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from .. import __version__
+from .health import NodeHealth
+from .labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
+from .schema import TELEMETRY, TELEMETRY_VERSION, GpuTelemetry, MigTelemetry, Telemetry
+from .snapshot import NodeSnapshot
+
+__all__ = ["telemetry", "telemetry_annotation", "telemetry_document"]
+
+
+def telemetry_document(
+    snapshot: NodeSnapshot,
+    health: NodeHealth,
+    refresh_s: float | None = None,
+    lease: str | None = None,
+) -> Telemetry:
+    """The telemetry model (``core.schema.telemetry``) of a snapshot and its health.
+
+    ``lease`` (``"namespace/name"``): the ``coordination.k8s.io`` Lease that carries the
+    agent's liveness (then no ``refresh_s``: the document is rewritten only with a label
+    change); ``refresh_s``: the publisher's promise to rewrite it within that many seconds of
+    ``read_at`` (published with ``expires_at``). Utilisation and power are rounded to 0.1."""
+    mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
+    gpus = []
+    for g in snapshot.gpus:
+        gh = health.gpus[g.index]
+        migs = None
+        if g.mig_enabled:
+            migs = tuple(
+                MigTelemetry(
+                    index=m.index,
+                    uuid=m.uuid,
+                    profile=m.profile,
+                    gpu_instance_id=m.gpu_instance_id,
+                    memory_total_mib=m.memory_total_mib,
+                    memory_free_mib=m.memory_free_mib,
+                    memory_used_mib=m.memory_used_mib,
+                    process_count=m.process_count,
+                    health=str(mig_units[(g.index, m.index)].state),
+                    reasons=mig_units[(g.index, m.index)].reasons,
+                    error=m.error or None,
+                )
+                for m in g.mig_devices
+            )
+        gpus.append(
+            GpuTelemetry(
+                index=g.index,
+                uuid=g.uuid,
+                product=g.product,
+                memory_total_mib=g.memory_total_mib,
+                memory_free_mib=g.memory_free_mib,
+                memory_used_mib=g.memory_used_mib,
+                utilization_pct=None if g.utilization_pct is None else round(g.utilization_pct, 1),
+                temperature_c=g.temperature_c,
+                power_w=None if g.power_w is None else round(g.power_w, 1),
+                ecc_uncorrected_volatile=g.ecc_uncorrected_volatile,
+                ecc_corrected_volatile=g.ecc_corrected_volatile,
+                remapped_rows_pending=g.remapped_rows_pending,
+                remapped_rows_failure=g.remapped_rows_failure,
+                process_count=g.process_count,
+                health=str(gh.state),
+                reasons=gh.reasons,
+                error=g.error or None,
+                mig_enabled=True if g.mig_enabled else None,
+                mig_devices=migs,
+            )
+        )
+    return Telemetry(
+        version=TELEMETRY_VERSION,
+        agent=__version__,
+        read_at=_rfc3339(snapshot.read_at),
+        source=snapshot.source,
+        health=str(health.state),
+        driver=snapshot.driver_version,
+        cuda=".".join(map(str, snapshot.cuda_driver_version))
+        if snapshot.cuda_driver_version
+        else None,
+        gpus=tuple(gpus),
+        error=snapshot.error,
+        lease=lease,
+        refresh_s=refresh_s,
+        expires_at=None
+        if refresh_s is None
+        else _rfc3339(snapshot.read_at + timedelta(seconds=refresh_s)),
+    )
+
+
+def _rfc3339(stamp: datetime) -> str:
+    return stamp.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def telemetry(
+    snapshot: NodeSnapshot,
+    health: NodeHealth,
+    refresh_s: float | None = None,
+    lease: str | None = None,
+) -> str:
+    """The telemetry annotation's value: ``telemetry_document(...).to_json()`` (compact JSON,
+    keys sorted; the shape is in ``core.schema.telemetry``)."""
+    return telemetry_document(snapshot, health, refresh_s, lease).to_json()
+
+
+def telemetry_annotation(
+    snapshot: NodeSnapshot,
+    health: NodeHealth,
+    prefix: str,
+    refresh_s: float | None = None,
+    lease: str | None = None,
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
+    invalid or the JSON too large for the Node's annotations (256 KiB)."""
+    key = f"{prefix}/{TELEMETRY}"
+    value = telemetry(snapshot, health, refresh_s, lease)
+    if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
+        return {key: value}, []
+    return {}, [(key, value[:80])]

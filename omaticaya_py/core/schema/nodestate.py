@@ -1,0 +1,209 @@
+"""A Node's GPU state read back from its labels and telemetry, as untrusted input.
+
+``parse_node`` turns a Node's labels and ``<prefix>/telemetry`` annotation into the typed
+``NodeGpuState`` the scheduler extender and ``omaticaya top`` decide on; ``parse_gpu_readings``
+gives each published GPU for display. Neither ever raises on what a Node carries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .names import (
+    GPU_HEALTH,
+    GPU_MEMORY_FREE,
+    GPU_MIG_ENABLED,
+    HEALTH,
+    HEALTHY_COUNT,
+    MEMORY_FREE,
+    MEMORY_FREE_TOTAL,
+    MIG_STRATEGY,
+    PER_GPU_KEY,
+)
+from .telemetry import TELEMETRY, GpuTelemetry, Telemetry
+from .values import json_int, json_mapping, json_str
+
+__all__ = [
+    "MAX_REFRESH_S",
+    "GpuInfo",
+    "GpuReading",
+    "NodeGpuState",
+    "lease_ref",
+    "parse_gpu_readings",
+    "parse_node",
+    "state_from_object",
+]
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    free_mib: int
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpuState:
+    """What the extender knows about one node's GPUs, parsed once per Node change.
+
+    ``known`` is False when the node carries no Omaticaya data at all; ``health`` is the
+    ``gpu.health`` label (or the telemetry's); ``read_at`` is epoch seconds (``None``: no
+    telemetry annotation); ``expires_at`` is epoch seconds, the agent's own promise of its next
+    rewrite (``None``: an agent that does not publish it, or a value not to be trusted);
+    ``lease`` is the ``"<namespace>/<name>"`` of the Lease that holds the agent's liveness
+    (``None``: none named, or not of that form): its renewals, not ``read_at``, say whether
+    the telemetry is current; ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs."""
+
+    name: str
+    known: bool = False
+    health: str | None = None
+    read_at: float | None = None
+    expires_at: float | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    free_total_mib: int = 0
+    problem: str | None = None
+    lease: str | None = None
+
+
+#: the longest ``expires_at - read_at`` trusted (a weekly schedule plus a day of heartbeat):
+#: beyond it the value did not come from a working agent, and the extender's TTL applies
+MAX_REFRESH_S = 8 * 24 * 3600.0
+
+#: a Lease reference as the agent writes it: ``<namespace>/<name>`` (a DNS label, a DNS
+#: subdomain)
+_LEASE_REF = re.compile(
+    r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9](?:[-.a-z0-9]{0,251}[a-z0-9])?$"
+)
+
+
+def lease_ref(value: Any) -> str | None:
+    """``value`` when it is a ``"<namespace>/<name>"`` Lease reference, else ``None``."""
+    if isinstance(value, str) and len(value) <= 317 and _LEASE_REF.match(value):
+        return value
+    return None
+
+
+def parse_node(
+    name: str,
+    labels: Mapping[str, str] | None,
+    annotations: Mapping[str, str] | None,
+    prefix: str = "omaticaya.io",
+) -> NodeGpuState:
+    """A node's GPU state from its labels and the ``<prefix>/telemetry`` annotation.
+
+    Per-GPU data comes from the telemetry (exact MiB) when it parses, else from the
+    ``gpu-N.*`` labels, else from the node aggregates (``gpu.memory.free-mib`` on one GPU,
+    ``gpu.healthy-count`` GPUs). Only whole GPUs count: a GPU with MIG on (``mig_enabled`` in
+    the telemetry, ``gpu-N.mig.enabled`` label) is given out as MIG devices, not as a GPU.
+
+    Everything here is untrusted (any controller can write a Node's annotations): it never
+    raises. Values of the wrong type are ignored; a telemetry annotation that is not a JSON
+    object, is over ``MAX_TELEMETRY_BYTES``, nests too deep for the parser, holds a number that
+    is not finite where a whole number belongs, or lacks a valid ``read_at`` sets ``problem``
+    (the filter then fails the node with that reason)."""
+    labels = json_mapping(labels)
+    annotations = json_mapping(annotations)
+    p = prefix + "/"
+    mine = {
+        k[len(p) :]: v
+        for k, v in labels.items()
+        if isinstance(k, str) and k.startswith(p) and isinstance(v, str)
+    }
+    raw = annotations.get(p + TELEMETRY)
+    doc, problem = Telemetry.parse(raw) if raw is not None else (None, None)
+    health = json_str(mine.get(HEALTH)) or (doc.health if doc else None)
+    if not mine and doc is None:
+        return NodeGpuState(name=name, problem=problem)
+    read_at = doc.read_at_s if doc else None
+    if doc is not None and read_at is None:
+        problem = "telemetry annotation without a valid read_at"
+    expires_at = doc.expires_at_s if doc and read_at is not None else None
+    if expires_at is not None and not 0 <= expires_at - read_at <= MAX_REFRESH_S:  # type: ignore[operator]
+        expires_at = None
+
+    # whole GPUs only: a GPU with MIG on is given out as MIG devices (nvidia.com/mig-<profile>),
+    # never as a whole GPU, so its whole-GPU free memory must not make room for a pod
+    gpus: list[GpuInfo] = []
+    listed = doc is not None and doc.gpus_listed
+    for g in doc.gpus if doc is not None else ():
+        if g.mig:
+            continue
+        if g.memory_free_unreadable:
+            problem = "telemetry annotation with a bad memory_free_mib"
+        free = g.memory_free_mib
+        gpus.append(GpuInfo(g.index, free or 0, g.health == "Healthy" and free is not None))
+    if not gpus and not listed:
+        gpus = _label_gpus(mine)
+    free_total = sum(g.free_mib for g in gpus if g.healthy)
+    return NodeGpuState(
+        name=name,
+        known=True,
+        health=health,
+        read_at=read_at,
+        expires_at=expires_at,
+        lease=lease_ref(doc.lease) if doc is not None and read_at is not None else None,
+        gpus=tuple(gpus),
+        free_total_mib=free_total,
+        problem=problem,
+    )
+
+
+def _label_gpus(mine: Mapping[str, str]) -> list[GpuInfo]:
+    """Whole GPUs from the ``gpu-N.*`` labels, else from the node aggregates."""
+    gpus: list[GpuInfo] = []
+    per: dict[int, dict[str, str]] = {}
+    for key, value in mine.items():
+        m = PER_GPU_KEY.match(key)
+        if m:
+            per.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    for index in sorted(per):
+        if per[index].get(GPU_MIG_ENABLED) == "true":
+            continue
+        free = json_int(per[index].get(GPU_MEMORY_FREE))
+        gpus.append(
+            GpuInfo(index, free or 0, per[index].get(GPU_HEALTH) == "Healthy" and free is not None)
+        )
+    if not gpus and MIG_STRATEGY not in mine:  # aggregates count MIG devices
+        free = json_int(mine.get(MEMORY_FREE))
+        healthy = json_int(mine.get(HEALTHY_COUNT)) or 0
+        if free is not None and healthy > 0:
+            # only aggregates: the best GPU has `free`; assume no more than that on the others,
+            # capped by the free total
+            left = json_int(mine.get(MEMORY_FREE_TOTAL)) or free
+            for index in range(healthy):
+                share = min(free, left)
+                gpus.append(GpuInfo(index, share, True))
+                left -= share
+    return gpus
+
+
+def state_from_object(node: Mapping[str, Any], prefix: str) -> NodeGpuState:
+    """``parse_node`` on a v1.Node document (as the scheduler sends in ``Nodes.items``)."""
+    meta = json_mapping(json_mapping(node).get("metadata"))
+    name = meta.get("name")
+    return parse_node(
+        name if isinstance(name, str) else "", meta.get("labels"), meta.get("annotations"), prefix
+    )
+
+
+#: one GPU of the telemetry annotation, as published (see ``core.schema.telemetry``)
+GpuReading = GpuTelemetry
+
+
+def parse_gpu_readings(
+    annotations: Mapping[str, str] | None, prefix: str = "omaticaya.io"
+) -> tuple[GpuTelemetry, ...]:
+    """Each GPU of the ``<prefix>/telemetry`` annotation, by index (the first entry of an
+    index wins), for display.
+
+    Untrusted input, like ``parse_node``: it never raises; an annotation that is absent or
+    unreadable gives ``()`` (``parse_node`` names the problem), a GPU entry that is not an
+    object or has no whole ``index`` is skipped, and a field of the wrong type reads as
+    ``None``."""
+    doc, _ = Telemetry.parse(json_mapping(annotations).get(prefix + "/" + TELEMETRY))
+    readings: dict[int, GpuTelemetry] = {}
+    for g in doc.gpus if doc is not None else ():
+        readings.setdefault(g.index, g)
+    return tuple(readings[i] for i in sorted(readings))

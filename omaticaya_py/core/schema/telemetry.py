@@ -1,0 +1,243 @@
+"""The telemetry annotation as one versioned model: what the agent writes, what readers parse.
+
+``<prefix>/telemetry`` on each Node holds the agent's whole last reading as compact JSON with
+sorted keys (``Telemetry.to_json``). The same pydantic models parse it back
+(``Telemetry.parse``) for the scheduler extender, ``omaticaya top`` and the tests. Reading is
+lenient, because any controller can write a Node's annotations: a field of the wrong type reads
+as ``None``, a GPU entry that is not an object or has no whole ``index`` is skipped, and only a
+document that is not a JSON object (or is too large, or nests too deep) is unreadable.
+
+Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
+
+    {"schema", "agent", "read_at" (RFC 3339, UTC), "source", "health", "driver", "cuda",
+     "error"?, "lease"?, "refresh_s"?, "expires_at"?,
+     "gpus": [{"index", "uuid", "product", "memory_total_mib", "memory_free_mib",
+               "memory_used_mib", "utilization_pct", "temperature_c", "power_w",
+               "ecc_uncorrected_volatile", "ecc_corrected_volatile", "remapped_rows_pending",
+               "remapped_rows_failure", "process_count", "health", "reasons", "error"?,
+               "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
+               "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
+               "process_count", "health", "reasons", "error"?}]}]}
+
+Values NVML did not give (NotSupported) are ``null``; keys marked ``?`` appear only when set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from .values import json_float, json_int, json_str, rfc3339_s
+
+__all__ = [
+    "MAX_TELEMETRY_BYTES",
+    "TELEMETRY",
+    "TELEMETRY_VERSION",
+    "GpuTelemetry",
+    "MigTelemetry",
+    "Telemetry",
+]
+
+#: Annotation name (under the prefix) holding the whole reading as compact JSON.
+TELEMETRY = "telemetry"
+#: ``"schema"`` field of the telemetry JSON: bumped when a reader would misread a new document.
+TELEMETRY_VERSION = 2
+#: the most a Node's annotations can hold in total (the API server's limit): a larger telemetry
+#: value did not come from the API server and is not parsed
+MAX_TELEMETRY_BYTES = 256 * 1024
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list | tuple) else ()
+
+
+Int = Annotated[int | None, BeforeValidator(json_int)]
+Float = Annotated[float | None, BeforeValidator(json_float)]
+Str = Annotated[str | None, BeforeValidator(json_str)]
+Bool = Annotated[bool | None, BeforeValidator(_bool)]
+Strings = Annotated[tuple[str, ...], BeforeValidator(_strings)]
+Index = Annotated[int, BeforeValidator(json_int)]  # required: an entry without one is skipped
+
+
+def _entries(model: type[BaseModel]) -> Callable[[Any], tuple[Any, ...]]:
+    """A before-validator for a list of ``model`` entries that skips the unreadable ones."""
+
+    def read(value: Any) -> tuple[Any, ...]:
+        out = []
+        for entry in value if isinstance(value, list | tuple) else ():
+            if isinstance(entry, model):
+                out.append(entry)
+            elif isinstance(entry, dict):
+                try:
+                    out.append(model.model_validate(entry))
+                except ValidationError:
+                    continue
+        return tuple(out)
+
+    return read
+
+
+class _Document(BaseModel):
+    """Common config; keys in ``_OPTIONAL`` are left out of the JSON while unset (``None``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    _OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        for key in self._OPTIONAL:
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
+
+class MigTelemetry(_Document):
+    """One MIG device of a GPU with MIG on (from ``nvmlDeviceGetMigDeviceHandleByIndex`` and
+    its memory, processes and attributes); ``health``/``reasons`` from ``core.health``."""
+
+    _OPTIONAL = frozenset({"error"})
+    index: Index
+    uuid: Str = None
+    profile: Str = None
+    gpu_instance_id: Int = None
+    memory_total_mib: Int = None
+    memory_free_mib: Int = None
+    memory_used_mib: Int = None
+    process_count: Int = None
+    health: Str = None
+    reasons: Strings = ()
+    error: Str = None
+
+
+class GpuTelemetry(_Document):
+    """One GPU as published: NVML's values (MiB, %, °C, W, error counts), its health and the
+    reasons for it, and, with MIG on, its MIG devices. ``memory_free_unreadable`` (not written)
+    is true when a reader found a ``memory_free_mib`` that is not a whole number."""
+
+    _OPTIONAL = frozenset({"error", "mig_enabled", "mig_devices"})
+    index: Index
+    uuid: Str = None
+    product: Str = None
+    memory_total_mib: Int = None
+    memory_free_mib: Int = None
+    memory_used_mib: Int = None
+    utilization_pct: Float = None
+    temperature_c: Int = None
+    power_w: Float = None
+    ecc_uncorrected_volatile: Int = None
+    ecc_corrected_volatile: Int = None
+    remapped_rows_pending: Bool = None
+    remapped_rows_failure: Bool = None
+    process_count: Int = None
+    health: Str = None
+    reasons: Strings = ()
+    error: Str = None
+    mig_enabled: Annotated[bool | None, BeforeValidator(lambda v: True if v is True else None)] = None
+    mig_devices: Annotated[
+        tuple[MigTelemetry, ...] | None,
+        BeforeValidator(lambda v: None if v is None else _entries(MigTelemetry)(v)),
+    ] = None
+    memory_free_unreadable: bool = Field(default=False, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _note_unreadable(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            raw = data.get("memory_free_mib")
+            data = {**data, "memory_free_unreadable": raw is not None and json_int(raw) is None}
+        return data
+
+    @property
+    def mig(self) -> bool:
+        """True when MIG is on (the GPU is given out as MIG devices, not whole)."""
+        return self.mig_enabled is True
+
+
+class Telemetry(_Document):
+    """The whole annotation. ``lease`` (``"namespace/name"``) names the Lease that carries the
+    agent's liveness; without it, ``refresh_s``/``expires_at`` are the agent's promise to
+    rewrite the document within ``refresh_s`` of ``read_at``. ``gpus_listed`` (not written) is
+    true when the document lists GPU objects at all, even unreadable ones."""
+
+    _OPTIONAL = frozenset({"error", "lease", "refresh_s", "expires_at"})
+    version: Int = Field(default=None, alias="schema")
+    agent: Str = None
+    read_at: Str = None
+    source: Str = None
+    health: Str = None
+    driver: Str = None
+    cuda: Str = None
+    gpus: Annotated[tuple[GpuTelemetry, ...], BeforeValidator(_entries(GpuTelemetry))] = ()
+    error: Str = None
+    lease: Str = None
+    refresh_s: Float = None
+    expires_at: Str = None
+    gpus_listed: bool = Field(default=False, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _note_listed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            listed = data.get("gpus")
+            data = {
+                **data,
+                "gpus_listed": isinstance(listed, list | tuple)
+                and any(isinstance(g, dict | GpuTelemetry) for g in listed),
+            }
+        return data
+
+    @property
+    def read_at_s(self) -> float | None:
+        """``read_at`` in epoch seconds (``None``: absent or not RFC 3339 with a zone)."""
+        return rfc3339_s(self.read_at)
+
+    @property
+    def expires_at_s(self) -> float | None:
+        """``expires_at`` in epoch seconds (``None``: absent or unreadable)."""
+        return rfc3339_s(self.expires_at)
+
+    def to_json(self) -> str:
+        """The annotation value: compact JSON, keys sorted."""
+        return json.dumps(self.model_dump(by_alias=True), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def parse(cls, raw: Any) -> tuple[Telemetry | None, str | None]:
+        """``(document, None)``, or ``(None, problem)`` when ``raw`` is not a string, is over
+        ``MAX_TELEMETRY_BYTES``, is not a JSON object, or nests too deep. Never raises."""
+        if not isinstance(raw, str):
+            return None, "unreadable telemetry annotation (not a string)"
+        if len(raw) > MAX_TELEMETRY_BYTES:
+            return None, f"unreadable telemetry annotation (over {MAX_TELEMETRY_BYTES} bytes)"
+        try:
+            loaded = json.loads(raw)
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
+            loaded = None
+        if not isinstance(loaded, dict):
+            return None, "unreadable telemetry annotation"
+        try:
+            return cls.model_validate(loaded), None
+        except (ValidationError, RecursionError):
+            return None, "unreadable telemetry annotation"
+
+    @staticmethod
+    def names_lease(raw: str | None, lease: str) -> bool:
+        """Whether the annotation value ``raw`` names the Lease ``lease`` (``"ns/name"``): the
+        agent's check that readers know where its liveness is (a substring test on the compact
+        JSON this module writes, so that a quiet tick parses nothing)."""
+        return raw is not None and f'"lease":{json.dumps(lease)}' in raw
