@@ -1,0 +1,263 @@
+"""Who uses each GPU: pure rules that turn cgroup paths, NVML process lists and the kubelet's
+device assignments into per-GPU attribution (pods holding it, memory per pod, out-of-band).
+
+No I/O here: ``sources.procs`` reads ``/proc/<pid>/cgroup`` and ``kube.podresources`` asks the
+kubelet; both hand their findings to these functions as plain values. Device IDs are what the
+device plugin advertised, i.e. GPU UUIDs (``GPU-...``) or MIG device UUIDs (``MIG-...``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "ContainerDevices",
+    "GpuAttribution",
+    "GpuProcess",
+    "PodMemory",
+    "PodRef",
+    "attribute",
+    "pod_from_cgroup",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """The pod (and container) a process belongs to, as its cgroup path names them.
+
+    ``pod_uid`` is the pod's ``metadata.uid``, lower case with dashes (``1b2c...-...``), or the
+    32-hex hash the kubelet gives a static pod. ``container_id`` is the runtime's 64-hex
+    container ID (the pod's sandbox for its pause process); ``None`` when the cgroup names the
+    pod only (a process in the pod's own cgroup, CRI-O's conmon).
+    """
+
+    pod_uid: str
+    container_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevices:
+    """Devices of one resource that the kubelet assigned to one container.
+
+    Source: one ``ContainerDevices`` entry of the kubelet's PodResources ``List`` (v1), with its
+    pod's ``namespace`` and ``name`` (``pod``) and its container's ``name`` (``container``).
+    ``device_ids`` are the device plugin's IDs, in the kubelet's order.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    resource_name: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU or MIG device: ``nvmlDeviceGetComputeRunningProcesses`` on its
+    handle (``pid`` in the host's PID namespace; ``usedGpuMemory`` bytes -> MiB, rounded down;
+    ``None`` where NVML does not report it)."""
+
+    pid: int
+    used_memory_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodMemory:
+    """GPU memory held on one device by the processes of one container of a pod.
+
+    ``pod_uid``/``container_id`` come from the processes' cgroups (``PodRef``);
+    ``namespace``, ``pod`` and ``container`` are filled in from the caller's name lookups and
+    are ``None`` when the lookups do not know the UID or container ID. ``used_memory_mib`` is
+    the sum over ``pids`` (processes without a memory figure count 0).
+    """
+
+    pod_uid: str
+    container_id: str | None
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    used_memory_mib: int
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAttribution:
+    """Who uses one GPU or MIG device (``device_id``, its UUID).
+
+    - ``holders``: the containers the kubelet assigned this device to (PodResources), in the
+      kubelet's order.
+    - ``pods``: memory per pod container, from the device's processes mapped through their
+      cgroups; sorted by pod UID, then container ID.
+    - ``out_of_band_memory_mib`` / ``out_of_band_pids``: processes whose cgroup names no pod
+      (a process on the host, or in a container Kubernetes does not run).
+    - ``unknown_memory_mib`` / ``unknown_pids``: processes whose cgroup could not be read (gone,
+      or not visible from this PID namespace): neither in a pod nor proved out-of-band.
+    """
+
+    device_id: str
+    holders: tuple[ContainerDevices, ...] = ()
+    pods: tuple[PodMemory, ...] = ()
+    out_of_band_memory_mib: int = 0
+    out_of_band_pids: tuple[int, ...] = ()
+    unknown_memory_mib: int = 0
+    unknown_pids: tuple[int, ...] = ()
+
+
+# --- cgroup paths ---------------------------------------------------------------------------
+
+_UID_DASHED = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UID_HASH = re.compile(r"[0-9a-f]{32}")  # a static pod's UID (hash of its manifest)
+_CONTAINER_ID = r"[0-9a-f]{64}"
+#: systemd driver: "[<root>-]kubepods[-<qos>]-pod<uid with _ for ->.slice", optionally with
+#: runc's "slice:prefix:name" cgroup spelling appended (seen under containerd.service when the
+#: runtime is told a systemd path it does not turn into units)
+_SYSTEMD_POD = re.compile(
+    r"(?:.+-)?kubepods(?:-(?:burstable|besteffort))?-pod(?P<uid>[0-9a-fA-F_-]+)\.slice"
+    rf"(?::(?:cri-containerd|crio|docker):(?P<cid>{_CONTAINER_ID}))?"
+)
+#: cgroupfs driver: "pod<uid>" under a "kubepods" folder
+_CGROUPFS_POD = re.compile(r"pod(?P<uid>[0-9a-fA-F-]+)")
+#: a container's own cgroup under its pod: "<runtime>-<id>.scope" (systemd), "<id>" or
+#: "crio-<id>" (cgroupfs)
+_CONTAINER = re.compile(rf"(?:(?:cri-containerd|crio|docker)-)?(?P<cid>{_CONTAINER_ID})(?:\.scope)?")
+
+
+def _pod_uid(raw: str) -> str | None:
+    """A pod UID from a cgroup name's spelling (``_`` for ``-`` under systemd), or None."""
+    uid = raw.replace("_", "-").lower()
+    if _UID_DASHED.fullmatch(uid) or _UID_HASH.fullmatch(uid):
+        return uid
+    return None
+
+
+def _ref_from_path(path: str) -> PodRef | None:
+    """The PodRef named by one cgroup path, or None. The innermost pod folder wins (a
+    kubelet nested in a container that itself runs in a pod)."""
+    parts = [p for p in path.strip().split("/") if p]
+    for i in range(len(parts) - 1, -1, -1):
+        uid, cid = None, None
+        m = _SYSTEMD_POD.fullmatch(parts[i])
+        if m:
+            uid, cid = _pod_uid(m["uid"]), m["cid"]
+        else:
+            m = _CGROUPFS_POD.fullmatch(parts[i])
+            if m and any("kubepods" in p for p in parts[:i]):
+                uid = _pod_uid(m["uid"])
+        if uid is None:
+            continue
+        if cid is None and i + 1 < len(parts):
+            c = _CONTAINER.fullmatch(parts[i + 1])
+            cid = c["cid"] if c else None
+        return PodRef(pod_uid=uid, container_id=cid)
+    return None
+
+
+def pod_from_cgroup(text: str) -> PodRef | None:
+    """The pod a process is in, from the content of its ``/proc/<pid>/cgroup``.
+
+    Each line is ``hierarchy-ID:controllers:path`` (cgroup v1: one line per hierarchy; v2: the
+    single ``0::path``). Understands the kubelet's pod cgroups under both drivers and every QoS
+    class: systemd (``kubepods-burstable-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope``,
+    ``crio-<id>.scope``, ``docker-<id>.scope``) and cgroupfs (``/kubepods/besteffort/pod<uid>/<id>``,
+    Guaranteed pods directly under ``kubepods``), below any prefix (a kubelet in kind or in a
+    container: ``/kubelet.slice/kubelet-kubepods.slice/...``,
+    ``/system.slice/containerd.service/kubepods-...``). The first line naming a container wins,
+    else the first naming a pod. Returns None for a process in no pod and for text that is not
+    a cgroup file; never raises.
+    """
+    found: PodRef | None = None
+    for line in text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        ref = _ref_from_path(fields[2])
+        if ref is None:
+            continue
+        if ref.container_id is not None:
+            return ref
+        found = found or ref
+    return found
+
+
+# --- the join ---------------------------------------------------------------------------------
+
+
+def _pod_memory(
+    by_container: dict[tuple[str, str | None], list[GpuProcess]],
+    pod_names: Mapping[str, tuple[str, str]],
+    container_names: Mapping[str, str],
+) -> tuple[PodMemory, ...]:
+    out: list[PodMemory] = []
+    for (uid, cid), procs in sorted(by_container.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        namespace, pod = pod_names.get(uid, (None, None))
+        out.append(
+            PodMemory(
+                pod_uid=uid,
+                container_id=cid,
+                namespace=namespace,
+                pod=pod,
+                container=container_names.get(cid) if cid is not None else None,
+                used_memory_mib=_sum_mib(procs),
+                pids=tuple(sorted(p.pid for p in procs)),
+            )
+        )
+    return tuple(out)
+
+
+def _sum_mib(procs: Iterable[GpuProcess]) -> int:
+    return sum(p.used_memory_mib or 0 for p in procs)
+
+
+def attribute(
+    processes: Mapping[str, Sequence[GpuProcess]],
+    pod_refs: Mapping[int, PodRef | None],
+    assignments: Iterable[ContainerDevices],
+    *,
+    pod_names: Mapping[str, tuple[str, str]] | None = None,
+    container_names: Mapping[str, str] | None = None,
+) -> dict[str, GpuAttribution]:
+    """Join one tick's three views of the node into a ``GpuAttribution`` per device.
+
+    - ``processes``: device ID (GPU or MIG UUID) -> its NVML compute processes. Its keys are
+      the devices reported: one result per key, in the same order (a device with no
+      processes gets an entry too; assignments of other device IDs, e.g. another resource's,
+      are ignored).
+    - ``pod_refs``: PID -> ``PodRef`` (in a pod) or ``None`` (in no pod: out-of-band), as
+      ``sources.procs.read_pod_refs`` returns; a PID missing from it is counted as unknown.
+    - ``assignments``: the kubelet's PodResources entries (``ContainerDevices``).
+    - ``pod_names``: pod UID -> (namespace, name); ``container_names``: container ID -> the
+      container's name (both from the API's Pods on this node, e.g. ``status.containerStatuses``
+      with the ``containerd://`` prefix removed). Optional: without them the memory is keyed
+      by UID and container ID only.
+    """
+    names = pod_names or {}
+    containers = container_names or {}
+    holders: dict[str, list[ContainerDevices]] = {d: [] for d in processes}
+    for a in assignments:
+        for device_id in dict.fromkeys(a.device_ids):
+            if device_id in holders:
+                holders[device_id].append(a)
+    out: dict[str, GpuAttribution] = {}
+    for device_id, procs in processes.items():
+        by_container: dict[tuple[str, str | None], list[GpuProcess]] = {}
+        out_of_band: list[GpuProcess] = []
+        unknown: list[GpuProcess] = []
+        for p in procs:
+            if p.pid not in pod_refs:
+                unknown.append(p)
+            elif (ref := pod_refs[p.pid]) is None:
+                out_of_band.append(p)
+            else:
+                by_container.setdefault((ref.pod_uid, ref.container_id), []).append(p)
+        out[device_id] = GpuAttribution(
+            device_id=device_id,
+            holders=tuple(holders[device_id]),
+            pods=_pod_memory(by_container, names, containers),
+            out_of_band_memory_mib=_sum_mib(out_of_band),
+            out_of_band_pids=tuple(sorted(p.pid for p in out_of_band)),
+            unknown_memory_mib=_sum_mib(unknown),
+            unknown_pids=tuple(sorted(p.pid for p in unknown)),
+        )
+    return out
