@@ -154,7 +154,7 @@ def test_python_minor_version_matches_the_base_image(image):
     }
     assert not other, other
     site = f"usr/local/lib/python{base}/dist-packages"
-    assert f"{site}/omaticaya_py/cli.py" in members
+    assert f"{site}/omaticaya_py/cli/__init__.py" in members
     assert f"{site}/omaticaya-{VERSION}.dist-info/METADATA" in members
 
 

@@ -229,7 +229,7 @@ def test_dockerignore_keeps_the_build_context_small():
         for p in DOCKERIGNORE.read_text().splitlines()
         if p.strip() and not p.startswith("#")
     ]
-    for needed in ("pyproject.toml", "README.md", "omaticaya_py/cli.py"):
+    for needed in ("pyproject.toml", "README.md", "omaticaya_py/cli/__init__.py"):
         assert not _ignored(needed, patterns), f"{needed} must reach the build"
     for secret_or_bulk in (".env", ".venv/bin/python", ".git/config", "tests/test_chart.py"):
         assert _ignored(secret_or_bulk, patterns), f"{secret_or_bulk} must stay out of the build"

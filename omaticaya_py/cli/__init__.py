@@ -1,0 +1,19 @@
+"""The ``omaticaya`` command: ``run``, ``once``, ``show``, ``cleanup``, ``extender``,
+``device-plugin``, ``record``, ``top``, ``stop-daemonset``.
+
+Flags override the environment (``OMATICAYA_*``, ``NODE_NAME``) and ``.env``; every setting of
+the agent and of the extender has a flag, generated from its settings class. Bad input ends
+with exit status 2 and one line per problem, never a traceback; an API failure in ``once`` or
+``cleanup`` ends with status 1.
+
+Modules: ``parser`` (the argparse tree, the only one), ``flags`` (settings -> flags),
+``dispatch`` (``main``), ``agent`` (``run``/``once``/``show``/``cleanup``/``device-plugin``:
+settings, then the one-shot commands), ``daemon`` (``run`` and ``device-plugin``), ``inputs``
+(the GPU reader and the Node client), ``extender``, ``tools`` (``record``, ``top``,
+``stop-daemonset``), ``errors`` (``UsageError``).
+"""
+
+from .dispatch import main
+from .parser import build_parser
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,128 @@
+"""The agent's sub-commands: settings from flags and environment, then ``once``, ``show`` and
+``cleanup`` here, ``run`` and ``device-plugin`` in ``daemon``; bad input exits 2, an API
+failure 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..core.settings import Settings, SettingsError, load_settings
+from .errors import UsageError, print_lines
+from .inputs import NoReader, node_client, reader
+from .parser import AGENT_SETTINGS_FLAGS
+
+__all__ = ["agent_command", "show_text"]
+
+
+def agent_command(args: argparse.Namespace) -> int:
+    """``omaticaya run|once|show|cleanup|device-plugin``. Returns the exit status: 2 with one
+    line per problem for bad settings, flags or a bad trace; 1 for an API failure."""
+    from ..kube import KubeError
+    from ..logs import setup_logging
+    from ..sources.replay import TraceError
+
+    flags = AGENT_SETTINGS_FLAGS[args.command]
+    try:
+        settings = load_settings(flags.flag_names(), **flags.overrides(args))
+        setup_logging(settings.log_level, settings.log_json)
+        return _dispatch(args, settings)
+    except (SettingsError, TraceError, UsageError) as exc:
+        print_lines("omaticaya: ", exc)
+        return 2
+    except KubeError as exc:
+        print(f"omaticaya: {exc}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    from ..agent import Agent
+    from .daemon import run_daemon
+
+    if args.command == "show":
+        agent = Agent(settings, reader(settings, args), None, dry_run=True)
+        print(show_text(agent.evaluate(), args.json))
+        return 0
+    if args.command == "cleanup":
+        agent = Agent(settings, NoReader(), node_client(settings, args))
+        patch = agent.cleanup(keep_static=False)
+        removed = sum(len(v) for v in (patch or {}).get("metadata", {}).values())
+        print(f"removed {removed} keys under {settings.prefix}/ from Node {settings.node_name}")
+        return 0
+    if args.command == "once":
+        return _once(args, settings)
+    if args.command == "device-plugin":  # the plugin alone: read and serve, label no Node
+        return run_daemon(
+            args, settings.model_copy(update={"device_plugin": True}), label_node=False
+        )
+    return run_daemon(args, settings)
+
+
+def _once(args: argparse.Namespace, settings: Settings) -> int:
+    """One tick; with ``--dry-run``, print the patch (diffing against an empty Node when there
+    is no API server) instead of sending it."""
+    from loguru import logger
+
+    from ..agent import Agent
+    from ..kube import KubeError
+
+    node = None
+    if settings.node_name or not args.dry_run:
+        try:
+            node = node_client(settings, args)
+        except KubeError as exc:
+            if not args.dry_run:
+                raise
+            logger.warning("no API server ({}): diffing against an empty Node", exc)
+    agent = Agent(settings, reader(settings, args), node, dry_run=args.dry_run)
+    try:
+        result = agent.tick()
+    except KubeError:
+        if not args.dry_run:
+            raise
+        agent.node = None
+        result = agent.tick()
+    if args.dry_run:
+        print(json.dumps(result.patch, indent=2, sort_keys=True) if result.patch else "no change")
+    else:
+        changed = len((result.patch or {}).get("metadata", {}).get("labels", {}))
+        print(
+            f"Node {settings.node_name}: health {result.health.state}, "
+            + (f"{changed} labels changed" if result.sent else "no change")
+        )
+    return 0
+
+
+def show_text(result: Any, as_json: bool) -> str:
+    """``omaticaya show``'s output for ``Agent.evaluate()``'s (snapshot, health, desired):
+    a table of the GPUs and the labels, or with ``as_json`` the labels and annotations."""
+    snap, health, desired = result
+    if as_json:
+        return json.dumps(
+            {"labels": desired.labels, "annotations": desired.annotations}, indent=2, sort_keys=True
+        )
+    lines = [
+        f"source {snap.source}  read_at {snap.read_at.isoformat(timespec='seconds')}  "
+        f"driver {snap.driver_version or '-'}  health {health.state}"
+        + (f"  error {snap.error}" if snap.error else ""),
+        "",
+        f"{'GPU':>3}  {'PRODUCT':<24} {'FREE MiB':>9} {'TOTAL MiB':>9} {'UTIL %':>6} "
+        f"{'TEMP C':>6} {'POWER W':>7}  HEALTH",
+    ]
+
+    def cell(v: Any, fmt: str = "{}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    for g in snap.gpus:
+        gh = health.gpus[g.index]
+        state = str(gh.state) + (f" ({','.join(gh.reasons)})" if gh.reasons else "")
+        lines.append(
+            f"{g.index:>3}  {(g.product or '-')[:24]:<24} {cell(g.memory_free_mib):>9} "
+            f"{cell(g.memory_total_mib):>9} {cell(g.utilization_pct, '{:.0f}'):>6} "
+            f"{cell(g.temperature_c):>6} {cell(g.power_w, '{:.0f}'):>7}  {state}"
+        )
+    lines += ["", "LABELS"]
+    lines += [f"  {k}={v}" for k, v in sorted(desired.labels.items())]
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""The long-running agent: ``run`` (label the Node) and ``device-plugin`` (serve the kubelet),
+each with /metrics, until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..core.settings import Settings
+from .errors import UsageError
+from .inputs import node_client, reader
+
+__all__ = ["run_daemon"]
+
+
+def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool = True) -> int:
+    """The daemon: ``run`` (label the Node, and serve the device plugin when
+    ``settings.device_plugin``), or ``device-plugin`` (``label_node=False``: no API server).
+
+    Returns 0 after SIGTERM/SIGINT, 1 when NVML fails to start and
+    ``settings.fail_on_init_error``. Raises ``UsageError`` when /metrics cannot be served,
+    ``KubeError`` when there is no Kubernetes configuration."""
+    from loguru import logger
+
+    from ..agent import Agent
+
+    gpus = reader(settings, args)
+    if settings.fail_on_init_error:
+        first = gpus.read()
+        if first.error is not None:
+            logger.error("NVML failed to start ({}) and fail_on_init_error is set", first.error)
+            return 1
+    if label_node:
+        agent = Agent(settings, gpus, node_client(settings, args))
+    else:
+        agent = Agent(settings, gpus, None, dry_run=True)
+    agent.install_signal_handlers()  # before any server starts: a SIGTERM must find them
+    server = None
+    if settings.metrics_port:
+        from ..agent.metrics import serve
+
+        try:
+            server = serve(agent, settings.metrics_address, settings.metrics_port)
+        except OSError as exc:  # port in use, address not on this host, no IPv6
+            gpus.close()
+            where = f"{settings.metrics_address}:{settings.metrics_port}"
+            if ":" in settings.metrics_address:
+                where = f"[{settings.metrics_address}]:{settings.metrics_port}"
+            raise UsageError(
+                f"cannot serve /metrics on {where}: {exc.strerror or exc}; set another "
+                "--metrics-port / OMATICAYA_METRICS_PORT (0: off) or OMATICAYA_METRICS_ADDRESS"
+            ) from None
+    plugin = None
+    if settings.device_plugin and not agent.stopping:
+        from ..deviceplugin import DevicePluginSet
+
+        plugin = DevicePluginSet.from_settings(agent, settings)
+        plugin.start()
+    try:
+        agent.run()
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        if server is not None:
+            server.shutdown()
+    return 0

@@ -1,0 +1,93 @@
+"""Settings flags: one command-line flag per field of a settings class, generated from its fields.
+
+A field ``memory_step_mib`` of ``Settings`` becomes ``--memory-step-mib`` (a ``bool`` field:
+``--x``/``--no-x``), whose help is the field's description, its environment variable and its
+default. The flag's value goes to the settings class unparsed, so the class checks flags and
+environment alike, and a bad flag is named in the error (``SettingsError``) as the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import AliasChoices
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
+
+__all__ = ["SettingsFlags", "env_name"]
+
+
+@dataclass(frozen=True)
+class SettingsFlags:
+    """The flags of one sub-command that set fields of ``model``.
+
+    Every field of ``model`` except those in ``skip`` has the flag ``--<field-with-dashes>``;
+    ``names`` gives a field another name, which comes first (``{"node_name": "--node"}``: the
+    flags ``--node`` and ``--node-name``; errors name ``--node``). The flag's destination in the
+    parsed ``Namespace`` is the field's name; a flag not given is ``None`` there (the settings
+    class then takes the environment, ``.env`` or its default)."""
+
+    model: type[BaseSettings]
+    skip: frozenset[str] = frozenset()
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    def fields(self) -> list[str]:
+        """The fields that have a flag, in the model's order."""
+        return [name for name in self.model.model_fields if name not in self.skip]
+
+    def option_strings(self, name: str) -> list[str]:
+        """The flags of field ``name``: its name in ``names`` (if any), then ``--<name>``."""
+        generated = "--" + name.replace("_", "-")
+        given = self.names.get(name)
+        return [generated] if given in (None, generated) else [given, generated]
+
+    def flag_names(self) -> dict[str, str]:
+        """Field -> the flag that sets it (the first one): how errors name a flag's value."""
+        return {name: self.option_strings(name)[0] for name in self.fields()}
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """Add the flags to ``parser``: a ``bool`` field as ``--x``/``--no-x``, any other as a
+        flag taking one value, handed to the settings class as text."""
+        for name in self.fields():
+            info = self.model.model_fields[name]
+            kwargs: dict[str, Any] = {"dest": name, "default": None, "help": self._help(name, info)}
+            if info.annotation is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            parser.add_argument(*self.option_strings(name), **kwargs)
+
+    def overrides(self, args: argparse.Namespace) -> dict[str, Any]:
+        """Field -> the value its flag was given in ``args`` (``None``: not given)."""
+        return {name: getattr(args, name, None) for name in self.fields()}
+
+    def _help(self, name: str, info: FieldInfo) -> str:
+        default = _shown(info.get_default(call_default_factory=True))
+        where = env_name(self.model, name) + (f"; default {default}" if default else "")
+        text = f"{info.description or ''} [{where}]".strip()
+        return text.replace("%", "%%")  # argparse formats help with %
+
+
+def env_name(model: type[BaseSettings], name: str) -> str:
+    """The environment variable of field ``name``: its first validation alias
+    (``NODE_NAME``), else the model's ``env_prefix`` and the name in upper case."""
+    alias = model.model_fields[name].validation_alias
+    if isinstance(alias, str):
+        return alias
+    if isinstance(alias, AliasChoices):
+        first = next((c for c in alias.choices if isinstance(c, str)), None)
+        if first is not None:
+            return first
+    return f"{model.model_config.get('env_prefix', '')}{name.upper()}"
+
+
+def _shown(value: Any) -> str:
+    """A default as a user would write it ('' for none)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return str(value)
+    return ",".join(str(v) for v in sorted(value))

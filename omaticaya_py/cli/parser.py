@@ -1,0 +1,240 @@
+"""The argparse tree of ``omaticaya``: the sub-commands and the flags of each.
+
+The agent's sub-commands (``run``, ``once``, ``show``, ``cleanup``, ``device-plugin``) and the
+``extender`` have a flag for each setting they use, generated from the settings class
+(``flags.SettingsFlags``); the other flags are written out here. A sub-command's flags are added
+when it is parsed (or its help shown), so that building the tree imports nothing that only one
+sub-command needs (the extender's settings load the scheduler: Starlette, uvicorn).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import __version__
+from ..core.settings import Settings
+from .flags import SettingsFlags
+
+__all__ = ["AGENT_SETTINGS_FLAGS", "build_parser", "extender_settings_flags"]
+
+#: settings only the daemon (``run``) uses: ``once``, ``show`` and ``cleanup`` have no flag
+_DAEMON_ONLY = frozenset({
+    "cleanup_on_exit", "metrics_port", "metrics_address", "fail_on_init_error",
+    "shutdown_timeout_s", "device_plugin", "device_plugin_resource", "device_plugin_dir",
+})  # fmt: skip
+#: settings of labelling a Node, which ``device-plugin`` does not do: it has no flag for them
+_NODE_ONLY = frozenset({
+    "node_name", "prefix", "memory_step_mib", "utilization_step_pct", "temperature_step_c",
+    "hysteresis_pct", "idle_utilization_pct", "per_gpu_labels", "heartbeat_s",
+    "min_patch_interval_s", "kube_timeout_s", "cleanup_on_exit", "shutdown_timeout_s",
+    "device_plugin",
+})  # fmt: skip
+_NODE_FLAG = {"node_name": "--node"}
+
+#: sub-command -> its flags for ``Settings`` (the agent's settings)
+AGENT_SETTINGS_FLAGS: dict[str, SettingsFlags] = {
+    "run": SettingsFlags(Settings, names=_NODE_FLAG),
+    "once": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
+    "show": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
+    "cleanup": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
+    "device-plugin": SettingsFlags(
+        Settings,
+        _NODE_ONLY,
+        {"device_plugin_resource": "--resource", "device_plugin_dir": "--plugin-dir"},
+    ),
+}
+
+_KUBECONFIG_HELP = "kubeconfig path (default: in-cluster or $KUBECONFIG)"
+
+#: adds a sub-command's flags to its parser
+_AddFlags = Callable[[argparse.ArgumentParser], None]
+
+
+def extender_settings_flags() -> SettingsFlags:
+    """The ``extender``'s flags: one for each field of ``ExtenderSettings`` (imports the
+    scheduler package)."""
+    from ..scheduler.settings import ExtenderSettings
+
+    return SettingsFlags(ExtenderSettings)
+
+
+class _SubParser(argparse.ArgumentParser):
+    """A sub-command's parser that adds its flags (``add_flags(parser)``) on first use."""
+
+    def __init__(
+        self,
+        *args: Any,
+        add_flags: _AddFlags | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_flags = add_flags
+
+    def _with_flags(self) -> None:
+        add, self._add_flags = self._add_flags, None
+        if add is not None:
+            add(self)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._with_flags()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._with_flags()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._with_flags()
+        return super().format_help()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (sub-commands and their flags). ``parse_args`` gives a ``Namespace``
+    with ``command`` (the sub-command's name) and one attribute per flag of it."""
+    parser = argparse.ArgumentParser(
+        prog="omaticaya",
+        description="Publish live NVIDIA GPU state (NVML) as Kubernetes Node labels.",
+    )
+    parser.add_argument("--version", action="version", version=f"omaticaya {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_SubParser
+    )
+    add = sub.add_parser
+    add(
+        "run",
+        help="the agent: tick on the schedule until SIGTERM",
+        add_flags=_agent_flags("run", _kubeconfig, _trace_speed),
+    )
+    add(
+        "once",
+        help="one tick, then exit",
+        add_flags=_agent_flags("once", _kubeconfig, _trace_at, _dry_run),
+    )
+    add(
+        "show",
+        help="print the snapshot and labels (no API call)",
+        add_flags=_agent_flags("show", _kubeconfig, _trace_at, _json),
+    )
+    add(
+        "cleanup",
+        help="remove every key under the prefix from the Node",
+        add_flags=_agent_flags("cleanup", _kubeconfig),
+    )
+    add(
+        "extender",
+        help="kube-scheduler extender: filter/prioritize pods by live GPU state",
+        add_flags=lambda p: extender_settings_flags().add_to(p),
+    )
+    add(
+        "device-plugin",
+        help="serve the GPUs to the kubelet as a device plugin (no Node labels)",
+        description="Read the GPUs on the schedule and serve them to the kubelet as the "
+        "extended resource OMATICAYA_DEVICE_PLUGIN_RESOURCE, with live health.",
+        add_flags=_agent_flags("device-plugin", _trace_speed),
+    )
+    add(
+        "record",
+        help="write a trace of this node's GPUs from NVML (replay it with --trace)",
+        add_flags=_record_flags,
+    )
+    add(
+        "top",
+        help="the fleet's GPUs: a table of every node's live GPU state (list/watch nodes)",
+        add_flags=_top_flags,
+    )
+    add(
+        "stop-daemonset",
+        help="delete a DaemonSet (foreground) and wait until its pods are gone",
+        description="Delete the DaemonSet with propagationPolicy Foreground and wait until "
+        "every pod it owns is gone, so that each agent's SIGTERM cleanup runs while the "
+        "release's RBAC still exists. Exit 0 when they are gone (or the DaemonSet is not "
+        "there), 1 on a timeout or an API failure, with one line.",
+        add_flags=_stop_daemonset_flags,
+    )
+    return parser
+
+
+# -- the agent's sub-commands: their settings flags, then the rest ------------------------
+
+def _agent_flags(command: str, *more: _AddFlags) -> _AddFlags:
+    """Adds the settings flags of the agent's sub-command ``command``, then ``more``."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        AGENT_SETTINGS_FLAGS[command].add_to(p)
+        for add_more in more:
+            add_more(p)
+
+    return add
+
+
+def _kubeconfig(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help=_KUBECONFIG_HELP)
+
+
+def _trace_speed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace-speed", type=float, default=1.0, help="replay speed factor")
+
+
+def _trace_at(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace-at", type=float, help="trace time in seconds to read")
+
+
+def _dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the patch, do not send it")
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+# -- the tools: no settings, only flags ----------------------------------------------------
+
+
+def _record_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration", default="60s", help="how long to record (Go duration: 60s, 2m)")
+    p.add_argument("--interval", default="250ms", help="time between samples (at least 100ms)")
+    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
+    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+
+
+def _top_flags(p: argparse.ArgumentParser) -> None:
+    """``omaticaya top``'s flags, also ``kubectl omaticaya top``'s: kubectl's conventions."""
+    _kubeconfig(p)
+    p.add_argument("--context", help="kubeconfig context to use")
+    p.add_argument("-l", "--selector", help="label selector of the nodes (kubectl's -l)")
+    p.add_argument(
+        "-o", "--output", choices=("table", "wide", "json"), default="table",
+        help="table (default), wide (more columns) or json",
+    )  # fmt: skip
+    p.add_argument(
+        "--sort", choices=("name", "free", "util", "age"), default="name",
+        help="name; free: most free memory first; util: busiest first; age: oldest first",
+    )  # fmt: skip
+    p.add_argument("--gpus", action="store_true", help="one row per GPU")
+    p.add_argument("--unhealthy", action="store_true", help="only nodes not all healthy")
+    p.add_argument("--stale", action="store_true", help="only nodes whose reading is stale")
+    p.add_argument(
+        "-A", "--all", dest="all_nodes", action="store_true",
+        help="also nodes without Omaticaya data",
+    )  # fmt: skip
+    p.add_argument("-w", "--watch", action="store_true", help="redraw on every change")
+    p.add_argument(
+        "--interval", dest="interval_s", type=float, default=10.0,
+        help="with --watch: redraw at least this often, seconds (default 10)",
+    )  # fmt: skip
+    p.add_argument("--prefix", help="label key prefix (default $OMATICAYA_PREFIX or omaticaya.io)")
+
+
+def _stop_daemonset_flags(p: argparse.ArgumentParser) -> None:
+    """``omaticaya stop-daemonset``'s flags (the chart's pre-delete hook passes them)."""
+    p.add_argument("--namespace", required=True, help="the DaemonSet's namespace")
+    p.add_argument("--name", required=True, help="the DaemonSet's name")
+    p.add_argument(
+        "--timeout-s", dest="timeout_s", type=float, default=120.0,
+        help="give up after this many seconds (default 120)",
+    )  # fmt: skip
+    _kubeconfig(p)
