@@ -59,7 +59,10 @@ class CommonSettings(BaseSettings):
     prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
     log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
     log_level: Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"] = (
-        "INFO"
+        Field(
+            default="INFO",
+            description="Log level: TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR or CRITICAL.",
+        )
     )
 
     @field_validator("prefix")
