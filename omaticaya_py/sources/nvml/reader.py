@@ -52,7 +52,7 @@ class NvmlReader:
         self._devices: list[Device] | None = None
         self._driver: str | None = None
         self._cuda: tuple[int, int] | None = None
-        self._xid = XidWatcher(self.errors, clock)
+        self._xid = XidWatcher(self.errors, lambda: self.clock())  # follows a later .clock
         self._topology: dict[tuple[str, str], int | None] = {}
 
     @property
