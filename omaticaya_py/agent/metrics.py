@@ -13,16 +13,15 @@ scrape costs no NVML call and no API request. Names follow Prometheus convention
 from __future__ import annotations
 
 import platform
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app, start_wsgi_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..serving import HttpServer, metrics_route
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -151,49 +150,41 @@ def readiness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
     return True, "ok"
 
 
-def make_app(agent: Agent, registry: CollectorRegistry) -> Callable[..., Any]:
-    """The WSGI application: prometheus-client's exposition on ``/metrics`` plus the probes."""
-    metrics_app = make_wsgi_app(registry)
+def make_app(agent: Agent, registry: CollectorRegistry) -> Any:
+    """The Starlette application: prometheus-client's exposition on ``/metrics`` plus the
+    probes (plain text, the reason on one line)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
 
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path == "/healthz":
-            ok, reason = agent.running, "ok" if agent.running else "scheduler not running"
-        elif path == "/readyz":
-            ok, reason = readiness(agent)
-        else:
-            return metrics_app(environ, start_response)
-        status = "200 OK" if ok else "503 Service Unavailable"
-        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-        return [reason.encode() + b"\n"]
+    def answer(ok: bool, reason: str) -> PlainTextResponse:
+        return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
 
-    return app
+    async def healthz(request: Request) -> PlainTextResponse:
+        return answer(agent.running, "ok" if agent.running else "scheduler not running")
 
+    async def readyz(request: Request) -> PlainTextResponse:
+        return answer(*readiness(agent))
 
-class MetricsServer:
-    """A running metrics/probe server; ``port`` is the bound port, ``shutdown()`` stops it."""
-
-    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
-        self._server = server
-        self._thread = thread
-        self.port: int = server.server_port
-
-    def shutdown(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            metrics_route(registry),
+        ]
+    )
 
 
-def serve(agent: Agent, address: str, port: int) -> MetricsServer:
-    """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``address:port`` in a daemon thread.
+#: a running metrics/probe server: ``port`` is the bound port, ``shutdown()`` stops it
+MetricsServer = HttpServer
 
-    The server is prometheus-client's own (``start_wsgi_server``: a threading WSGI server whose
-    address family follows ``address``, so ``'::'`` listens on IPv6, and on IPv4 too where the
-    host is dual-stack); its application is then replaced by ``make_app``, which adds the probes.
-    ``port`` 0 picks a free port (``MetricsServer.port``). Raises ``OSError`` when the address
-    cannot be bound (port in use, address not on this host, no IPv6)."""
+
+def serve(agent: Agent, address: str, port: int) -> HttpServer:
+    """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``address:port`` in a daemon thread
+    (``serving.HttpServer``: uvicorn; ``'::'`` listens on IPv6, and on IPv4 too where the host
+    is dual-stack). ``port`` 0 picks a free port (``.port``). Raises ``OSError`` when the
+    address cannot be bound (port in use, address not on this host, no IPv6)."""
     registry = CollectorRegistry()
     registry.register(AgentCollector(agent))
-    server, thread = start_wsgi_server(port, addr=address, registry=registry)
-    server.set_app(make_app(agent, registry))
-    return MetricsServer(server, thread)
+    return HttpServer(make_app(agent, registry), address, port).start()

@@ -15,7 +15,15 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NodeMeta", "diff", "diff_section", "removal_patch", "apply_patch", "owned"]
+__all__ = [
+    "NodeMeta",
+    "apply_patch",
+    "diff",
+    "diff_section",
+    "owned",
+    "removal_patch",
+    "volatile_due",
+]
 
 MergePatch = dict[str, Any]
 
@@ -56,6 +64,15 @@ def diff_section(
     return changes
 
 
+def volatile_due(label_changes: bool, on_node: bool, refresh: bool) -> bool:
+    """The one rule for when a volatile annotation (the telemetry) is written: with a label
+    change (``label_changes``), when the Node lacks it (``not on_node``), or when ``refresh``
+    is set (the heartbeat is due, or the value on the Node must be replaced, e.g. it names
+    another liveness Lease). ``diff`` applies it, and the agent asks it before building the
+    annotation, so that a quiet tick encodes no JSON."""
+    return label_changes or not on_node or refresh
+
+
 def diff(
     desired_labels: Mapping[str, str],
     desired_annotations: Mapping[str, str],
@@ -76,10 +93,12 @@ def diff(
     labels = diff_section(desired_labels, current.labels, prefix)
     annotations = diff_section(desired_annotations, current.annotations, prefix)
     for key in volatile:
-        if refresh and key in desired_annotations:
+        if key not in desired_annotations:
+            continue
+        if not volatile_due(bool(labels), key in current.annotations, refresh):
+            annotations.pop(key, None)
+        elif refresh:
             annotations[key] = desired_annotations[key]  # heartbeat: rewrite even if equal
-        elif not labels and key in annotations and key in current.annotations:
-            del annotations[key]
     if not labels and not annotations:
         return None
     metadata: dict[str, Any] = {}

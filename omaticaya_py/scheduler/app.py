@@ -11,6 +11,7 @@ from typing import Any
 from loguru import logger as log
 
 from ..core.schema import NodeGpuState
+from ..serving import metrics_route
 from .protocol import Extender
 
 # ------------------------------------------------------------------------------- app ----
@@ -222,7 +223,7 @@ def create_app(extender: Extender, registry: Any = None) -> Any:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response
-    from starlette.routing import Mount, Route
+    from starlette.routing import Route
 
     def answer(body: Any) -> Response:
         return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
@@ -295,7 +296,5 @@ def create_app(extender: Extender, registry: Any = None) -> Any:
         Route("/readyz", readyz, methods=["GET"]),
     ]
     if registry is not None:
-        from prometheus_client import make_asgi_app
-
-        routes.append(Mount("/metrics", make_asgi_app(registry)))
+        routes.append(metrics_route(registry))
     return Starlette(routes=routes)

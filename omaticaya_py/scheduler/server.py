@@ -10,31 +10,12 @@ from typing import Any
 from loguru import logger as log
 
 from ..core.schema import NodeGpuState, parse_node
+from ..serving import HttpServer
 from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
 from .placements import InFlight, PodProblems, placement_from_pod
 from .protocol import Extender
 from .settings import ExtenderSettings
 from .staleness import LeaseState, lease_from_object, with_policy
-
-
-class _Server:
-    """uvicorn in this thread, stopped by ``stop()`` (from a signal handler or another thread)."""
-
-    def __init__(self, app: Any, settings: ExtenderSettings) -> None:
-        import uvicorn
-
-        config = uvicorn.Config(
-            app,
-            host=settings.address,
-            port=settings.port,
-            log_level=settings.log_level.lower(),
-            access_log=settings.log_level == "DEBUG",
-            lifespan="off",
-        )
-        self.server = uvicorn.Server(config)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
 
 
 def serve(
@@ -79,12 +60,21 @@ def serve(
     if pods is not None:
         inflight = InFlight(pods)
         ext.placements, ext.assume = inflight.for_node, inflight.assume
-    server = _Server(
-        create_app(
-            ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases)
-        ),
-        settings,
+    app = create_app(
+        ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases)
     )
+    try:
+        server = HttpServer(
+            app,
+            settings.address,
+            settings.port,
+            log_level=settings.log_level,
+            access_log=settings.log_level == "DEBUG",
+        )
+    except OSError as err:  # port in use, address not on this host, no IPv6
+        log.error("extender cannot listen on {}:{}: {}", settings.address, settings.port, err)
+        _stop_caches(cache, pods, leases)
+        return 1
     stopper = None
     if stop is not None:
         stopper = threading.Thread(
@@ -94,7 +84,7 @@ def serve(
     if ready is not None:
 
         def watch_started() -> None:
-            while not server.server.started and not server.server.should_exit:
+            while not server.started and not server.server.should_exit:
                 time.sleep(0.02)
             ready.set()
 
@@ -111,14 +101,16 @@ def serve(
         settings.lease_namespace or "-",
     )
     try:
-        server.server.run()
+        served = server.run()
     finally:
-        cache.stop()
-        if pods is not None:
-            pods.stop()
-        if leases is not None:
-            leases.stop()
-    return 0 if server.server.started else 1
+        _stop_caches(cache, pods, leases)
+    return 0 if served else 1
+
+
+def _stop_caches(*caches: Any) -> None:
+    for cache in caches:
+        if cache is not None:
+            cache.stop()
 
 
 def _start_pod_cache(

@@ -1,0 +1,176 @@
+"""The Node writer: brings the Node's labels and telemetry to the desired state, within budget.
+
+The Node's metadata is cached from the last GET or merge-patch response, so a tick in which no
+value changed sends no request at all. The telemetry annotation goes with any label change
+(``core.patch.volatile_due``), and with the heartbeat where no Lease carries liveness. Each
+patch response is checked against the desired state, so a Node that was re-created or edited by
+hand is put right at once. The write budget (``min_patch_interval_s``, ``core.budget``) holds
+back a change that makes the Node more attractive until the interval since the last patch has
+passed; one that makes it less attractive goes at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from loguru import logger
+
+from ..core.budget import hold_back, urgent
+from ..core.health import NodeHealth
+from ..core.patch import (
+    MergePatch,
+    NodeMeta,
+    apply_patch,
+    diff,
+    diff_section,
+    removal_patch,
+    volatile_due,
+)
+from ..core.render import Desired, is_static, telemetry_annotation
+from ..core.schema import TELEMETRY
+from ..core.settings import Settings
+from ..core.snapshot import NodeSnapshot
+from ..kube import NodeClient
+from .liveness import Liveness
+from .state import SnapshotCache
+
+__all__ = ["NodeWriter"]
+
+
+class NodeWriter:
+    """Writes one Node through ``node`` (``None``: no API; patches are applied to a local copy;
+    ``dry_run``: computed, never sent). ``refresh_s`` is published in annotation-heartbeat
+    mode. Times are the agent's monotonic seconds. Methods raise ``KubeError`` from the edge."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        node: NodeClient | None,
+        liveness: Liveness,
+        cache: SnapshotCache,
+        *,
+        refresh_s: float,
+        dry_run: bool = False,
+    ) -> None:
+        self.settings, self.node, self.liveness, self.cache = settings, node, liveness, cache
+        self.refresh_s = refresh_s
+        self.dry_run = dry_run
+        self.telemetry_key = f"{settings.prefix}/{TELEMETRY}"
+        self.meta: NodeMeta | None = None
+        self.last_patch_s: float | None = None
+
+    def forget(self) -> None:
+        """Drop the cached Node: the next write reads it first (re-created or edited)."""
+        self.meta = None
+
+    def current(self) -> NodeMeta:
+        """The Node as last seen (GET when not cached)."""
+        if self.meta is None:
+            if self.node is None:
+                self.meta = NodeMeta(name=self.settings.node_name or "")
+            else:
+                self.meta = self.node.get_node()
+        return self.meta
+
+    def write(
+        self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, now_s: float
+    ) -> tuple[Desired, MergePatch | None, bool]:
+        """``(desired with its telemetry, the patch computed or None, whether it was sent)``."""
+        current = self.current()
+        refresh = self.liveness.refresh(now_s, current.annotations.get(self.telemetry_key))
+        desired = self._with_telemetry(desired, snapshot, health, current, refresh)
+        patch = self._diff(desired, current, refresh)
+        sent = False
+        if patch is not None and self._hold(patch, desired, current, now_s):
+            self.cache.patches_held += 1
+        elif patch is not None and not self.dry_run and self.node is not None:
+            self._send(patch, now_s)
+            sent = True
+            again = self._diff(desired, self.meta, refresh=False)  # type: ignore[arg-type]
+            if again is not None:  # re-created or edited behind our back
+                self._send(again, now_s)
+        elif patch is not None and self.node is None:
+            self.meta = apply_patch(current, patch)
+        return desired, patch, sent
+
+    def _with_telemetry(
+        self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, current: NodeMeta,
+        refresh: bool,
+    ) -> Desired:
+        """``desired`` with the telemetry annotation: built afresh only when the patch will
+        carry it (``core.patch.volatile_due``), else the Node's own value, so that a quiet tick
+        costs no JSON encoding."""
+        key, prefix = self.telemetry_key, self.settings.prefix
+        label_changes = bool(diff_section(desired.labels, current.labels, prefix))
+        if volatile_due(label_changes, key in current.annotations, refresh):
+            lease = self.liveness.lease
+            annotations, bad = telemetry_annotation(
+                snapshot,
+                health,
+                prefix,
+                refresh_s=None if lease is not None else self.refresh_s,
+                lease=lease.ref if lease is not None else None,
+            )
+            for k, v in bad:
+                logger.warning("dropped invalid annotation {}={!r}", k, v)
+        else:
+            annotations = {key: current.annotations[key]}
+        return replace(desired, annotations=annotations)
+
+    def _diff(self, desired: Desired, current: NodeMeta, refresh: bool) -> MergePatch | None:
+        return diff(
+            desired.labels,
+            desired.annotations,
+            current,
+            self.settings.prefix,
+            volatile=(self.telemetry_key,),
+            refresh=refresh,
+        )
+
+    def _send(self, patch: MergePatch, now_s: float) -> None:
+        assert self.node is not None
+        before = self.meta
+        self.meta = self.node.patch_node(patch)
+        self.cache.patches_sent += 1
+        self.cache.labels_changed += len(patch["metadata"].get("labels", {}))
+        self.cache.last_patch_wall_s = time.time()
+        self.last_patch_s = now_s
+        if self.telemetry_key in patch["metadata"].get("annotations", {}):
+            self.liveness.telemetry_at_s = now_s
+        if before is not None and before.uid and self.meta.uid != before.uid:
+            logger.warning("Node {} was re-created (uid changed): relabelling", self.meta.name)
+
+    def _hold(self, patch: MergePatch, desired: Desired, current: NodeMeta, now_s: float) -> bool:
+        """The write budget: hold back a patch that makes the Node no less attractive while the
+        last patch is under ``min_patch_interval_s`` old (never a heartbeat, never the first)."""
+        interval_s = self.settings.min_patch_interval_s
+        if (
+            interval_s <= 0
+            or self.liveness.annotation_due(now_s)
+            or "labels" not in patch["metadata"]
+        ):
+            return False
+        mine = self.settings.prefix + "/"
+        before = {k: v for k, v in current.labels.items() if k.startswith(mine)}
+        held = hold_back(now_s, self.last_patch_s, interval_s, urgent(before, desired.labels))
+        if held:
+            logger.debug(
+                "write budget: holding back {} label changes", len(patch["metadata"]["labels"])
+            )
+        return held
+
+    def cleanup(self, *, keep_static: bool) -> MergePatch | None:
+        """Remove our keys from the Node: the dynamic ones (``keep_static``) or all of them.
+
+        Reads the Node first (the cache may be stale after an outage). Returns the patch sent,
+        or ``None`` when there was nothing to remove (or no API)."""
+        if self.node is None:
+            return None
+        current = self.node.get_node()
+        prefix = self.settings.prefix
+        keep = [k for k in current.labels if keep_static and is_static(k, prefix)]
+        patch = removal_patch(current, prefix, keep=keep)
+        if patch is not None and not self.dry_run:
+            self.meta = self.node.patch_node(patch)
+        return patch
