@@ -1,0 +1,63 @@
+"""What ``omaticaya top`` shows: its options (``TopOptions``, from the flags) and the rows
+they select from the Nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .fleet import GRACE_S, TTL_S, NodeRow, filter_rows, fleet_rows, sort_rows
+
+__all__ = ["OUTPUTS", "TopOptions", "select_rows", "top_options"]
+
+OUTPUTS = ("table", "wide", "json")
+
+
+@dataclass(frozen=True)
+class TopOptions:
+    """The flags of ``omaticaya top``: where to read (``kubeconfig``, ``context``, ``selector``),
+    how to show (``output``: one of ``OUTPUTS``; ``sort``: name, free, util or age; ``gpus``: a
+    row per GPU), which rows (``unhealthy``, ``stale``, ``all_nodes``: also Nodes without data),
+    ``watch`` (redrawn at least every ``interval_s`` seconds), the label ``prefix``, and when a
+    reading is stale: ``grace_s`` seconds past its expiry, or older than ``ttl_s`` + ``grace_s``
+    from an agent that publishes no expiry."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    selector: str | None = None
+    output: str = "table"
+    sort: str = "name"
+    gpus: bool = False
+    unhealthy: bool = False
+    stale: bool = False
+    all_nodes: bool = False
+    watch: bool = False
+    interval_s: float = 10.0
+    prefix: str = "omaticaya.io"
+    grace_s: float = GRACE_S
+    ttl_s: float = TTL_S
+
+
+def select_rows(nodes: Any, options: TopOptions, now: float) -> list[NodeRow]:
+    """Nodes -> the rows shown: parsed, filtered and sorted as the options say."""
+    rows = fleet_rows(
+        nodes,
+        now=now,
+        prefix=options.prefix,
+        grace_s=options.grace_s,
+        ttl_s=options.ttl_s,
+        include_unknown=options.all_nodes,
+    )
+    rows = filter_rows(rows, unhealthy=options.unhealthy, stale=options.stale)
+    return sort_rows(rows, options.sort)
+
+
+def top_options(flags: dict[str, Any], environ: dict[str, str] | None = None) -> TopOptions:
+    """``TopOptions`` from the parsed flags of ``omaticaya top`` (unknown keys ignored; the
+    prefix from ``--prefix``, else ``$OMATICAYA_PREFIX``, else ``omaticaya.io``)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    known = {k: v for k, v in flags.items() if k in TopOptions.__dataclass_fields__}
+    known["prefix"] = known.get("prefix") or env.get("OMATICAYA_PREFIX") or "omaticaya.io"
+    return TopOptions(**known)
