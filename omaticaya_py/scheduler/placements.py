@@ -12,12 +12,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any
 
 from loguru import logger as log
 
-from ..core.schema import NodeGpuState, json_mapping
+from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
 from .inflight import Placement
 from .rules import parse_need
 
@@ -25,22 +24,12 @@ from .rules import parse_need
 DONE_PHASES = frozenset({"Failed", "Succeeded"})
 
 
-def _stamp(text: Any) -> float | None:
-    if not isinstance(text, str) or not text or len(text) > 64:
-        return None
-    try:
-        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return stamp.timestamp() if stamp.tzinfo is not None else None
-
-
 def _scheduled_at(status: Mapping[str, Any]) -> float | None:
     conditions = status.get("conditions")
     for c in conditions if isinstance(conditions, list) else ():
         c = json_mapping(c)
         if c.get("type") == "PodScheduled" and c.get("status") == "True":
-            return _stamp(c.get("lastTransitionTime"))
+            return rfc3339_s(c.get("lastTransitionTime"))
     return None
 
 
@@ -87,7 +76,7 @@ def placement_from_pod(
         memory_mib=need.memory_mib,
         count=need.count,
         placed_at=placed_at,
-        started_at=_stamp(status.get("startTime")),
+        started_at=rfc3339_s(status.get("startTime")),
         baseline_free_mib=baseline,
     )
 
