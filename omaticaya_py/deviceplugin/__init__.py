@@ -27,9 +27,10 @@ start (the GPU was repartitioned) gets its plugin on the next tick.
 
 This module imports neither ``pynvml`` nor ``kubernetes``.
 
-Modules: ``allocation`` (pure: device state, names, the preferred allocation), ``plugin`` (one
-resource served and registered over gRPC), ``plugins`` (every resource of the node),
-``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
+Modules: ``allocation`` (pure: device state, names, the preferred allocation), ``service`` (the
+gRPC servicer of one resource), ``registration`` (serving its socket and registering it with
+the kubelet), ``plugin`` (the two together: one resource), ``plugins`` (every resource of the
+node), ``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
 """
 
 from .allocation import (

@@ -1,0 +1,196 @@
+"""The gRPC servicer of one device-plugin resource: its devices from the agent's cache, and the kubelet's calls."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import grpc
+from loguru import logger
+
+from ..core.health import Unit
+from .allocation import VISIBLE_DEVICES_ENV, DeviceState, preferred
+from .v1beta1 import api_pb2, api_pb2_grpc
+
+
+def plugin_options() -> Any:
+    """The ``DevicePluginOptions`` this plugin serves and registers: PreStartContainer and
+    GetPreferredAllocation both wanted."""
+    return api_pb2.DevicePluginOptions(
+        pre_start_required=True, get_preferred_allocation_available=True
+    )
+
+
+class DeviceService(api_pb2_grpc.DevicePluginServicer):
+    """The ``DevicePlugin`` service of one resource, answered from the agent's cache.
+
+    - ``source``: an ``Agent`` (its ``.cache`` is used, its reader's ``topology_level`` too
+      when it has one) or a ``SnapshotCache`` (``.last`` is the latest ``TickResult``).
+    - ``devices``: ``(index, uuid)`` known before the first reading (a trace's GPUs), so a GPU
+      that is gone or unreadable stays listed, as Unhealthy.
+    - ``profile``: ``None`` serves whole GPUs (MIG off); a MIG profile (``1g.10gb``) serves the
+      MIG devices of that profile.
+    - ``poll_s``: how often ``ListAndWatch`` streams look at the cache besides ``notify()``.
+
+    Streams end once ``_stopping`` is set. ``refusals`` counts the ``Allocate`` and
+    ``PreStartContainer`` calls refused (unknown or unhealthy devices).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        devices: Iterable[tuple[int, str]] = (),
+        profile: str | None = None,
+        poll_s: float = 0.2,
+    ) -> None:
+        self._source = source
+        # on real NVML the agent's reader knows the PCIe/NVLink topology between two GPUs
+        self._topology = getattr(getattr(source, "reader", None), "topology_level", None)
+        self._cache = getattr(source, "cache", source)
+        self.poll_s = poll_s
+        self.profile = profile
+        self._known: dict[str, int] = {uuid: index for index, uuid in devices}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()
+        self._logged: dict[str, bool] = {}
+        self.refusals = 0  # Allocate / PreStartContainer calls refused (unknown or unhealthy)
+
+    # -- the devices, from the agent's cache ----------------------------------------------
+
+    def devices(self) -> list[DeviceState]:
+        """Every known GPU with its health from the latest reading, in index order."""
+        last = self._cache.last
+        with self._lock:
+            if last is None:
+                states = [
+                    DeviceState(uuid, index, False, ("no-reading",))
+                    for uuid, index in self._known.items()
+                ]
+                return sorted(states, key=lambda s: (s.index, s.id))
+            snapshot, health = last.snapshot, last.health
+            by_index = {index: uuid for uuid, index in self._known.items()}
+            units: dict[str, Unit] = {}
+            for unit in health.units:
+                if unit.profile != self.profile or unit.is_mig != (self.profile is not None):
+                    continue  # another plugin's resource
+                uuid = unit.uuid or (None if unit.is_mig else by_index.get(unit.gpu_index))
+                if uuid is None:
+                    continue  # never read its UUID: nothing to advertise
+                self._known[uuid] = unit.gpu_index
+                units[uuid] = unit
+            states = []
+            for uuid, index in self._known.items():
+                unit = units.get(uuid)
+                if snapshot.error is not None:
+                    states.append(DeviceState(uuid, index, False, (snapshot.error,)))
+                elif unit is None:
+                    states.append(DeviceState(uuid, index, False, ("absent",)))
+                else:
+                    states.append(
+                        DeviceState(
+                            uuid,
+                            unit.gpu_index,
+                            unit.healthy,
+                            unit.reasons,
+                            unit.memory_free_mib,
+                            unit.mig_index,
+                        )
+                    )
+        states.sort(key=lambda s: (s.index, s.mig_index or 0, s.id))
+        self._log_changes(states)
+        return states
+
+    def _log_changes(self, states: list[DeviceState]) -> None:
+        with self._lock:
+            for s in states:
+                before = self._logged.get(s.id)
+                if before == s.healthy:
+                    continue
+                self._logged[s.id] = s.healthy
+                if s.healthy and before is not None:
+                    logger.info("device plugin: GPU {} {} healthy again", s.index, s.id)
+                elif not s.healthy:
+                    logger.warning(
+                        "device plugin: GPU {} {} unhealthy ({})", s.index, s.id, ",".join(s.reasons)
+                    )
+
+    def notify(self) -> None:
+        """Wake every ``ListAndWatch`` stream now (call after each tick)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- the gRPC service ------------------------------------------------------------------
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return plugin_options()
+
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
+        sent: tuple[tuple[str, str], ...] | None = None
+        while not self._stopping.is_set() and context.is_active():
+            states = self.devices()
+            now = tuple((s.id, s.health) for s in states)
+            if now != sent:
+                logger.debug("device plugin: ListAndWatch sends {}", now)
+                yield api_pb2.ListAndWatchResponse(
+                    devices=[api_pb2.Device(ID=d, health=h) for d, h in now]
+                )
+                sent = now
+            with self._changed:
+                self._changed.wait(self.poll_s)
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        states = {s.id: s for s in self.devices()}
+        responses = []
+        for req in request.container_requests:
+            ids = preferred(
+                states,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+                req.allocation_size,
+                self._topology,
+            )
+            logger.info(
+                "device plugin: preferred {} of {} (must include {})",
+                ids,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+            )
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        states = {s.id: s for s in self.devices()}
+        responses = []
+        for req in request.container_requests:
+            ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
+            self._refuse(ids, states, context, "allocate")
+            logger.info("device plugin: allocate {}", ids)
+            envs = {VISIBLE_DEVICES_ENV: ",".join(ids)} if ids else {}
+            responses.append(api_pb2.ContainerAllocateResponse(envs=envs))
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
+        ids = list(request.devicesIDs)
+        self._refuse(ids, {s.id: s for s in self.devices()}, context, "start a container on")
+        return api_pb2.PreStartContainerResponse()
+
+    def _refuse(
+        self, ids: list[str], states: dict[str, DeviceState], context: Any, what: str
+    ) -> None:
+        unknown = [d for d in ids if d not in states]
+        if unknown:
+            # name a few: a request of 10,000 made-up IDs gets a short answer and a short log
+            shown = ", ".join(d[:64] for d in unknown[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            self.refusals += 1
+            logger.warning("device plugin: refused to {} unknown devices {}{}", what, shown, more)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices: {shown}{more}")
+        bad = [states[d] for d in ids if not states[d].healthy]
+        if bad:
+            detail = "; ".join(f"GPU {s.index} {s.id}: {','.join(s.reasons)}" for s in bad)
+            self.refusals += 1
+            logger.warning("device plugin: refused to {} unhealthy GPUs: {}", what, detail)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unhealthy: {detail}")
