@@ -24,12 +24,12 @@ _DAEMON_ONLY = frozenset({
     "cleanup_on_exit", "metrics_port", "metrics_address", "fail_on_init_error",
     "shutdown_timeout_s", "device_plugin", "device_plugin_resource", "device_plugin_dir",
 })  # fmt: skip
-#: settings of labelling a Node, which ``device-plugin`` does not do: it has no flag for them
-_NODE_ONLY = frozenset({
-    "node_name", "prefix", "memory_step_mib", "utilization_step_pct", "temperature_step_c",
-    "hysteresis_pct", "idle_utilization_pct", "per_gpu_labels", "heartbeat_s",
-    "min_patch_interval_s", "kube_timeout_s", "cleanup_on_exit", "shutdown_timeout_s",
-    "device_plugin",
+#: the settings ``device-plugin`` uses (reading, health, /metrics, the plugin): it labels no
+#: Node, so it has no flag for the others
+_DEVICE_PLUGIN_USES = frozenset({
+    "log_json", "log_level", "schedule", "trace", "xid_ignore", "xid_all_fatal", "xid_quiet_s",
+    "jitter_s", "metrics_port", "metrics_address", "fail_on_init_error",
+    "device_plugin_resource", "device_plugin_dir",
 })  # fmt: skip
 _NODE_FLAG = {"node_name": "--node"}
 
@@ -41,7 +41,7 @@ AGENT_SETTINGS_FLAGS: dict[str, SettingsFlags] = {
     "cleanup": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
     "device-plugin": SettingsFlags(
         Settings,
-        _NODE_ONLY,
+        frozenset(Settings.model_fields) - _DEVICE_PLUGIN_USES,
         {"device_plugin_resource": "--resource", "device_plugin_dir": "--plugin-dir"},
     ),
 }
