@@ -275,6 +275,11 @@ def test_stale_node_follows_its_policy_annotation(api, burst, policy, binds):
     from tests.test_scheduling_cluster import GRACE_S, TTL_S, Agents
 
     ns = burst["ns"]
+    # no other pod may compete for the stale node: the burst's pods still waiting would take its
+    # room (its last reading has room for two of them) before this test's pod is created
+    api.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    wait_for("the namespace's pods to be gone",
+             lambda: not api.list_namespaced_pod(ns).items, 30)  # fmt: skip
     name = f"burst-stale-{policy}-{os.getpid()}"
     api.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
                                   "annotations": {"scheduler.omaticaya.io/stale-policy": policy}}})  # fmt: skip
