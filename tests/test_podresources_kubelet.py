@@ -1,0 +1,272 @@
+"""The kubelet's PodResources API through ``kube.podresources.PodResourcesClient``: its errors
+and its answer's shape on a local gRPC server, then on the dev cluster's real kubelet v1.20 with
+our device plugin (``omaticaya device-plugin`` replaying ``tests/data/multi-gpu-trace.json``,
+8 GPUs): a pod holding a GPU appears with its namespace, name, container and a trace UUID, its
+container's PID resolves through its cgroup to the pod's UID (``sources.procs``), and the pod
+leaves the list once deleted.
+
+The kubelet serves PodResources v1 on ``<--root-dir>/pod-resources/kubelet.sock`` (feature
+gate KubeletPodResources, beta and on by default in 1.20). A pod's cgroup names its UID only
+with ``--cgroups-per-qos=true`` (the kubelet's default); with ``false``, containerd puts a
+container in ``/k8s.io/<id>`` and the PID check skips, saying so.
+The kubelet tests need Linux and root, and skip when another kubelet runs on this machine (see
+``tests/kubelet.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from omaticaya_py.core.attribution import ContainerDevices, PodRef
+from omaticaya_py.kube.podresources import (
+    DEFAULT_SOCKET,
+    PodResourcesAbsent,
+    PodResourcesCallFailed,
+    PodResourcesClient,
+)
+from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
+from omaticaya_py.sources.procs import read_pod_refs
+from tests.devcluster import REPO_ROOT, DevCluster
+from tests.kubelet import kubelet_node, stop_plugin
+from tests.waiting import wait_for
+
+TRACE = Path(__file__).parent / "data" / "multi-gpu-trace.json"
+UUIDS = {d["uuid"] for d in json.loads(TRACE.read_text())["devices"]}
+RESOURCE = "nvidia.com/gpu"
+IMAGE = "omaticaya.local/busybox:1"
+POD = "holds-a-gpu"
+
+
+# --- the client on its own ----------------------------------------------------------------------
+
+
+def test_default_socket_is_the_kubelets() -> None:
+    assert DEFAULT_SOCKET == Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+def test_absent_socket(tmp_path: Path) -> None:
+    client = PodResourcesClient(tmp_path / "pod-resources" / "kubelet.sock")
+    with pytest.raises(PodResourcesAbsent, match="no kubelet PodResources socket at"):
+        client.list()
+    (tmp_path / "file.sock").write_text("")
+    with pytest.raises(PodResourcesAbsent, match="is not a socket"):
+        PodResourcesClient(tmp_path / "file.sock").list()
+
+
+def test_socket_nobody_answers_is_a_failed_call(tmp_path: Path) -> None:
+    """A socket file left by a stopped kubelet: the call fails, UNAVAILABLE."""
+    path = tmp_path / "kubelet.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()  # the file stays, nobody listens
+    with PodResourcesClient(path, timeout_s=2) as client, pytest.raises(PodResourcesCallFailed) as err:
+        client.list()
+    assert err.value.code == "UNAVAILABLE"
+    assert err.value.socket_path == path
+    assert not isinstance(err.value, PodResourcesAbsent)
+
+
+class _Lister(api_pb2_grpc.PodResourcesListerServicer):
+    def List(self, request, context):  # noqa: N802 - the gRPC method's name
+        gpu = api_pb2.ContainerDevices(
+            resource_name=RESOURCE,
+            device_ids=["GPU-a", "GPU-b"],
+            topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=0)]),
+        )
+        nic = api_pb2.ContainerDevices(resource_name="example.com/nic", device_ids=["eth1"])
+        return api_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                api_pb2.PodResources(
+                    name="train",
+                    namespace="ml",
+                    containers=[
+                        api_pb2.ContainerResources(name="main", devices=[gpu, nic], cpu_ids=[2, 3]),
+                        api_pb2.ContainerResources(name="sidecar"),
+                    ],
+                ),
+                api_pb2.PodResources(name="idle", namespace="default"),
+            ]
+        )
+
+
+def test_list_flattens_pods_containers_and_devices(tmp_path: Path) -> None:
+    path = tmp_path / "kubelet.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(), server)
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    try:
+        with PodResourcesClient(path, timeout_s=5) as client:
+            assert client.list() == (
+                ContainerDevices("ml", "train", "main", RESOURCE, ("GPU-a", "GPU-b")),
+                ContainerDevices("ml", "train", "main", "example.com/nic", ("eth1",)),
+            )
+            assert client.list() == client.list()  # the channel is kept between calls
+    finally:
+        server.stop(None)
+
+
+# --- on the real kubelet ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunningPod:
+    uid: str
+    container_id: str  # without the runtime's "containerd://"
+    pid: int  # the container's main process, in the host's PID namespace
+
+
+@pytest.fixture(scope="module")
+def kubelet(dev_cluster: DevCluster) -> Iterator[str]:
+    yield from kubelet_node(dev_cluster)
+
+
+@pytest.fixture(scope="module")
+def pod_resources(kubelet: str, dev_cluster: DevCluster) -> Iterator[PodResourcesClient]:
+    path = dev_cluster.state_dir / "kubelet" / "root" / "pod-resources" / "kubelet.sock"
+    with PodResourcesClient(path) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def plugin(kubelet: str, admin_api) -> Iterator[subprocess.Popen]:
+    """Our device plugin serving the trace's 8 GPUs, registered and in the Node's capacity."""
+    log = Path(tempfile.mkdtemp(prefix="omaticaya-pr-")) / "device-plugin.log"
+    env = dict(os.environ, OMATICAYA_METRICS_PORT="0", PYTHONPATH=str(REPO_ROOT))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "omaticaya_py", "device-plugin", "--trace", str(TRACE)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def registered() -> bool:
+            assert proc.poll() is None, f"plugin exited:\n{log.read_text(errors='replace')}"
+            return "device plugin registered" in log.read_text(errors="replace")
+
+        wait_for("the device plugin's registration", registered, 60)
+        wait_for("8 GPUs on the Node", lambda: _allocatable(admin_api, kubelet) == 8, 30)
+        yield proc
+    finally:
+        stop_plugin(proc)
+
+
+def _allocatable(admin_api, node: str) -> int:
+    return int((admin_api.read_node(node).status.allocatable or {}).get(RESOURCE, "0"))
+
+
+@pytest.fixture(scope="module")
+def gpu_pod(admin_api, kubelet: str, plugin) -> Iterator[RunningPod]:
+    """A running pod holding one GPU. It shares the host's PID namespace only to write its own
+    host PID to a host folder; the test deletes it (``test_deleted_pod_leaves_the_list``)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        admin_api.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    out = Path(tempfile.mkdtemp(prefix="omaticaya-pr-out-"))
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": POD},
+        "spec": {
+            "nodeName": kubelet,
+            "hostNetwork": True,
+            "hostPID": True,
+            "automountServiceAccountToken": False,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": IMAGE,
+                    "imagePullPolicy": "Never",
+                    # "$$$$": the kubelet turns "$$" into "$" (its $(VAR) escape), the shell "$$" into its PID
+                    "command": ["/bin/sh", "-c", "echo $$$$ > /out/pid; exec sleep 3600"],
+                    "resources": {"limits": {RESOURCE: "1"}},
+                    "volumeMounts": [{"name": "out", "mountPath": "/out"}],
+                }
+            ],
+            "volumes": [{"name": "out", "hostPath": {"path": str(out), "type": "Directory"}}],
+        },
+    }
+    admin_api.create_namespaced_pod("default", body)
+    try:
+
+        def running() -> RunningPod | None:
+            pod = admin_api.read_namespaced_pod(POD, "default")
+            assert pod.status.phase != "Failed", f"{pod.status.reason} {pod.status.message}"
+            pid_file = out / "pid"
+            if pod.status.phase != "Running" or not pid_file.is_file():
+                return None
+            pid = pid_file.read_text().strip()
+            (status,) = pod.status.container_statuses
+            if not pid or not status.container_id:
+                return None
+            return RunningPod(pod.metadata.uid, status.container_id.split("://", 1)[-1], int(pid))
+
+        yield wait_for(f"pod {POD} running", running, 60)
+    finally:
+        try:
+            admin_api.delete_namespaced_pod(POD, "default", grace_period_seconds=0)
+        except ApiException:
+            pass
+
+
+def _holders(client: PodResourcesClient) -> list[ContainerDevices]:
+    return [d for d in client.list() if (d.namespace, d.pod) == ("default", POD)]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_kubelet_serves_pod_resources(pod_resources: PodResourcesClient) -> None:
+    assert pod_resources.socket_path.is_socket()
+    assert isinstance(pod_resources.list(), tuple)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_pod_holding_a_gpu_is_listed(pod_resources: PodResourcesClient, gpu_pod: RunningPod) -> None:
+    (held,) = wait_for(f"{POD} in PodResources", lambda: _holders(pod_resources), 20)
+    assert (held.container, held.resource_name) == ("cuda", RESOURCE)
+    assert len(held.device_ids) == 1 and held.device_ids[0] in UUIDS
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_container_pid_resolves_to_its_pod(gpu_pod: RunningPod) -> None:
+    cgroup = Path(f"/proc/{gpu_pod.pid}/cgroup").read_text()
+    if "kubepods" not in cgroup:
+        pytest.skip(
+            "the kubelet runs without per-pod cgroups (--cgroups-per-qos=false): the "
+            f"container's cgroup names no pod ({cgroup.splitlines()[0]})"
+        )
+    assert read_pod_refs([gpu_pod.pid]) == {gpu_pod.pid: PodRef(gpu_pod.uid, gpu_pod.container_id)}
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_deleted_pod_leaves_the_list(
+    admin_api, pod_resources: PodResourcesClient, gpu_pod: RunningPod
+) -> None:
+    wait_for(f"{POD} in PodResources", lambda: _holders(pod_resources), 20)
+    admin_api.delete_namespaced_pod(POD, "default", grace_period_seconds=0)
+    wait_for(f"{POD} gone from PodResources", lambda: not _holders(pod_resources), 30)
