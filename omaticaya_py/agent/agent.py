@@ -28,6 +28,7 @@ from ..core.patch import (
 from ..core.render import Desired, render
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
+from ..core.window import PeakWindow
 from ..kube import KubeError, LeaseClient, NodeClient, NodeNotFound
 from . import daemon
 from .events import HealthEvents
@@ -90,8 +91,11 @@ class Agent:
             env = os.environ if environ is None else environ
             lease = make_lease(settings, node, env, self.refresh_s, dry_run)
         self.liveness = Liveness(lease, settings.heartbeat_s, self.cache)  # type: ignore[arg-type]
+        #: the peak signal (least free memory, p95 utilisation) per GPU over ``window_s``
+        self.window = PeakWindow(settings.window_s) if settings.window_s > 0 else None
         self.writer = NodeWriter(
-            settings, node, self.liveness, self.cache, refresh_s=self.refresh_s, dry_run=dry_run
+            settings, node, self.liveness, self.cache, refresh_s=self.refresh_s,
+            dry_run=dry_run, window=self.window,
         )
         self._nvml_failing = False
         self._dropped_seen: set[tuple[str, str]] = set()
@@ -109,6 +113,8 @@ class Agent:
     def evaluate(self, with_telemetry: bool = True) -> tuple[NodeSnapshot, NodeHealth, Desired]:
         """Read, assess and render, with no API request (``with_telemetry``: see ``render``)."""
         snapshot = self.reader.read()
+        if self.window is not None:
+            self.window.add(snapshot)
         self.ledger.record(snapshot.xid_events)
         health = assess(snapshot, self.ledger.recent(snapshot.clock_s), self.policy)
         previous = self.cache.last.desired.labels if self.cache.last is not None else None

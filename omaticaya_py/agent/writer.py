@@ -31,6 +31,7 @@ from ..core.render import Desired, is_static, telemetry_annotation
 from ..core.schema import TELEMETRY
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot
+from ..core.window import PeakWindow
 from ..kube import NodeClient
 from .liveness import Liveness
 from .state import SnapshotCache
@@ -41,7 +42,7 @@ __all__ = ["NodeWriter"]
 class NodeWriter:
     """Writes one Node through ``node`` (``None``: no API; patches are applied to a local copy;
     ``dry_run``: computed, never sent). ``refresh_s`` is published in annotation-heartbeat
-    mode. Times are the agent's monotonic seconds. Methods raise ``KubeError`` from the edge."""
+    mode; ``window``'s peak signal goes into the telemetry. Times are the agent's monotonic seconds. Methods raise ``KubeError`` from the edge."""
 
     def __init__(
         self,
@@ -52,10 +53,12 @@ class NodeWriter:
         *,
         refresh_s: float,
         dry_run: bool = False,
+        window: PeakWindow | None = None,
     ) -> None:
         self.settings, self.node, self.liveness, self.cache = settings, node, liveness, cache
         self.refresh_s = refresh_s
         self.dry_run = dry_run
+        self.window = window
         self.telemetry_key = f"{settings.prefix}/{TELEMETRY}"
         self.meta: NodeMeta | None = None
         self.last_patch_s: float | None = None
@@ -111,6 +114,7 @@ class NodeWriter:
                 prefix,
                 refresh_s=None if lease is not None else self.refresh_s,
                 lease=lease.ref if lease is not None else None,
+                window=self.window,
             )
             for k, v in bad:
                 logger.warning("dropped invalid annotation {}={!r}", k, v)

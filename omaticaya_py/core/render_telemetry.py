@@ -14,6 +14,7 @@ from .health import NodeHealth
 from .labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
 from .schema import TELEMETRY, TELEMETRY_VERSION, GpuTelemetry, MigTelemetry, Telemetry
 from .snapshot import NodeSnapshot
+from .window import PeakWindow
 
 __all__ = ["telemetry", "telemetry_annotation", "telemetry_document"]
 
@@ -23,17 +24,21 @@ def telemetry_document(
     health: NodeHealth,
     refresh_s: float | None = None,
     lease: str | None = None,
+    window: PeakWindow | None = None,
 ) -> Telemetry:
     """The telemetry model (``core.schema.telemetry``) of a snapshot and its health.
 
     ``lease`` (``"namespace/name"``): the ``coordination.k8s.io`` Lease that carries the
     agent's liveness (then no ``refresh_s``: the document is rewritten only with a label
     change); ``refresh_s``: the publisher's promise to rewrite it within that many seconds of
-    ``read_at`` (published with ``expires_at``). Utilisation and power are rounded to 0.1."""
+    ``read_at`` (published with ``expires_at``); ``window``: the peak signal per GPU
+    (``core.window``), published with its ``window_s``. Utilisation and power are rounded to
+    0.1."""
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
     gpus = []
     for g in snapshot.gpus:
         gh = health.gpus[g.index]
+        peak = window.summary(window.key(g.index, g.uuid)) if window is not None else None
         migs = None
         if g.mig_enabled:
             migs = tuple(
@@ -73,6 +78,8 @@ def telemetry_document(
                 error=g.error or None,
                 mig_enabled=True if g.mig_enabled else None,
                 mig_devices=migs,
+                memory_free_min_mib=peak.memory_free_min_mib if peak else None,
+                utilization_p95_pct=peak.utilization_p95_pct if peak else None,
             )
         )
     return Telemetry(
@@ -92,6 +99,7 @@ def telemetry_document(
         expires_at=None
         if refresh_s is None
         else _rfc3339(snapshot.read_at + timedelta(seconds=refresh_s)),
+        window_s=window.window_s if window is not None else None,
     )
 
 
@@ -104,10 +112,11 @@ def telemetry(
     health: NodeHealth,
     refresh_s: float | None = None,
     lease: str | None = None,
+    window: PeakWindow | None = None,
 ) -> str:
     """The telemetry annotation's value: ``telemetry_document(...).to_json()`` (compact JSON,
     keys sorted; the shape is in ``core.schema.telemetry``)."""
-    return telemetry_document(snapshot, health, refresh_s, lease).to_json()
+    return telemetry_document(snapshot, health, refresh_s, lease, window).to_json()
 
 
 def telemetry_annotation(
@@ -116,11 +125,12 @@ def telemetry_annotation(
     prefix: str,
     refresh_s: float | None = None,
     lease: str | None = None,
+    window: PeakWindow | None = None,
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
     invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
-    value = telemetry(snapshot, health, refresh_s, lease)
+    value = telemetry(snapshot, health, refresh_s, lease, window)
     if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
     return {}, [(key, value[:80])]

@@ -140,6 +140,14 @@ class Settings(CommonSettings):
         "that make the Node less attractive (free memory down, health worse, a GPU gone), which "
         "go at once; held-back changes go out once it has passed (0: off; 30 suits a fleet).",
     )
+    window_s: float = Field(
+        default=300,
+        ge=0,
+        le=DAY_S,
+        description="Peak signal: publish, per GPU, the least free memory and the p95 "
+        "utilisation over this many seconds in the telemetry annotation, once half covered "
+        "(0: off).",
+    )
     metrics_port: int = Field(default=9402, ge=0, le=65535, description="0 turns /metrics off.")
     metrics_address: str = Field(default="0.0.0.0", description="Address /metrics binds to.")
     fail_on_init_error: bool = Field(

@@ -77,7 +77,10 @@ class Extender:
             return [(n, self.lookup(n)) for n in args["NodeNames"]], True
         items = ((args.get("Nodes") or {}).get("items")) or []
         return [
-            ((node.get("metadata") or {}).get("name", ""), view_from_object(node, prefix))
+            (
+                (node.get("metadata") or {}).get("name", ""),
+                view_from_object(node, prefix, self.settings.signal),
+            )
             for node in items
         ], False
 

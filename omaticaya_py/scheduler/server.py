@@ -15,6 +15,7 @@ from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
 from .placements import InFlight, PodProblems, placement_from_pod
 from .protocol import Extender
 from .settings import ExtenderSettings
+from .signal import with_signal
 from .staleness import LeaseState, lease_from_object, with_policy
 
 
@@ -36,7 +37,7 @@ def serve(
 
     def transform(meta: Any) -> NodeGpuState:
         state = problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
-        return with_policy(state, meta.annotations, prefix)
+        return with_policy(with_signal(state, settings.signal), meta.annotations, prefix)
 
     def on_error(err: KubeError) -> None:
         log.warning("node cache: {}", err)
@@ -90,10 +91,12 @@ def serve(
 
         threading.Thread(target=watch_started, daemon=True).start()
     log.info(
-        "extender on {}:{} strategy={} ttl={:g}s+{:g}s fail_open={} prefix={} leases={}",
+        "extender on {}:{} strategy={} signal={} ttl={:g}s+{:g}s fail_open={} prefix={} "
+        "leases={}",
         settings.address,
         settings.port,
         settings.strategy,
+        settings.signal,
         settings.ttl_s,
         settings.grace_s,
         settings.fail_open,

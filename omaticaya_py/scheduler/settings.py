@@ -56,6 +56,11 @@ class ExtenderSettings(CommonSettings):
         description="Nodes with no usable telemetry: reject, allow or score-zero (both pass, "
         "scored 0). Default: reject, or score-zero with fail_open.",
     )
+    signal: Literal["now", "window-min"] = Field(
+        default="now",
+        description="Free memory to decide on: now (the last reading) or window-min (the "
+        "least of now and the agent's window minimum, OMATICAYA_WINDOW_S).",
+    )
     settle_s: float = Field(
         default=60,
         ge=0,
@@ -81,7 +86,7 @@ class ExtenderSettings(CommonSettings):
     )
     kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
 
-    @field_validator("strategy", "stale_policy", "unknown_policy", mode="before")
+    @field_validator("strategy", "stale_policy", "unknown_policy", "signal", mode="before")
     @classmethod
     def _lower_strategy(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value

@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from ..core.schema import NodeGpuState, json_mapping, state_from_object
+from .signal import with_signal
 
 Policy = Literal["reject", "allow", "score-zero"]
 POLICIES: tuple[str, ...] = ("reject", "allow", "score-zero")
@@ -66,10 +67,12 @@ def with_policy(state: NodeGpuState, annotations: Any, prefix: str) -> NodeView:
     return NodeView(**values, policy=node_policy(annotations, prefix))
 
 
-def view_from_object(node: Mapping[str, Any], prefix: str) -> NodeView:
-    """``state_from_object`` plus the override, for a whole v1.Node document."""
+def view_from_object(node: Mapping[str, Any], prefix: str, signal: str = "now") -> NodeView:
+    """``state_from_object`` with the free-memory ``signal`` (``scheduler.signal``) and the
+    override, for a whole v1.Node document."""
     meta = json_mapping(json_mapping(node).get("metadata"))
-    return with_policy(state_from_object(node, prefix), meta.get("annotations"), prefix)
+    state = with_signal(state_from_object(node, prefix), signal)
+    return with_policy(state, meta.get("annotations"), prefix)
 
 
 def effective(state: NodeGpuState | None, default: str) -> str:

@@ -39,9 +39,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
+    """One whole GPU as the extender sees it: ``free_mib`` now, ``healthy``, and
+    ``free_min_mib``, the least free memory over the agent's peak window (``None``: not
+    published: window off, not yet half covered, or an older agent)."""
+
     index: int
     free_mib: int
     healthy: bool
+    free_min_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +138,14 @@ def parse_node(
         if g.memory_free_unreadable:
             problem = "telemetry annotation with a bad memory_free_mib"
         free = g.memory_free_mib
-        gpus.append(GpuInfo(g.index, free or 0, g.health == "Healthy" and free is not None))
+        gpus.append(
+            GpuInfo(
+                g.index,
+                free or 0,
+                g.health == "Healthy" and free is not None,
+                g.memory_free_min_mib,
+            )
+        )
     if not gpus and not listed:
         gpus = _label_gpus(mine)
     free_total = sum(g.free_mib for g in gpus if g.healthy)

@@ -10,12 +10,12 @@ document that is not a JSON object (or is too large, or nests too deep) is unrea
 Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
 
     {"schema", "agent", "read_at" (RFC 3339, UTC), "source", "health", "driver", "cuda",
-     "error"?, "lease"?, "refresh_s"?, "expires_at"?,
+     "error"?, "lease"?, "refresh_s"?, "expires_at"?, "window_s"?,
      "gpus": [{"index", "uuid", "product", "memory_total_mib", "memory_free_mib",
                "memory_used_mib", "utilization_pct", "temperature_c", "power_w",
                "ecc_uncorrected_volatile", "ecc_corrected_volatile", "remapped_rows_pending",
                "remapped_rows_failure", "process_count", "health", "reasons", "error"?,
-               "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
+               "memory_free_min_mib"?, "utilization_p95_pct"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
                "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
                "process_count", "health", "reasons", "error"?}]}]}
 
@@ -127,10 +127,15 @@ class MigTelemetry(_Document):
 
 class GpuTelemetry(_Document):
     """One GPU as published: NVML's values (MiB, %, °C, W, error counts), its health and the
-    reasons for it, and, with MIG on, its MIG devices. ``memory_free_unreadable`` (not written)
-    is true when a reader found a ``memory_free_mib`` that is not a whole number."""
+    reasons for it, and, with MIG on, its MIG devices. ``memory_free_min_mib`` and
+    ``utilization_p95_pct``: the least free memory and the p95 utilisation over the document's
+    ``window_s`` (``core.window``; absent until the window is half covered).
+    ``memory_free_unreadable`` (not written) is true when a reader found a ``memory_free_mib``
+    that is not a whole number."""
 
-    _OPTIONAL = frozenset({"error", "mig_enabled", "mig_devices"})
+    _OPTIONAL = frozenset(
+        {"error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct"}
+    )
     index: Index
     uuid: Str = None
     product: Str = None
@@ -153,6 +158,8 @@ class GpuTelemetry(_Document):
         tuple[MigTelemetry, ...] | None,
         BeforeValidator(lambda v: None if v is None else _entries(MigTelemetry)(v)),
     ] = None
+    memory_free_min_mib: Int = None
+    utilization_p95_pct: Float = None
     memory_free_unreadable: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")
@@ -175,7 +182,7 @@ class Telemetry(_Document):
     rewrite the document within ``refresh_s`` of ``read_at``. ``gpus_listed`` (not written) is
     true when the document lists GPU objects at all, even unreadable ones."""
 
-    _OPTIONAL = frozenset({"error", "lease", "refresh_s", "expires_at"})
+    _OPTIONAL = frozenset({"error", "lease", "refresh_s", "expires_at", "window_s"})
     version: Int = Field(default=None, alias="schema")
     agent: Str = None
     read_at: Str = None
@@ -188,6 +195,7 @@ class Telemetry(_Document):
     lease: Str = None
     refresh_s: Float = None
     expires_at: Str = None
+    window_s: Float = None
     gpus_listed: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")
