@@ -137,6 +137,16 @@ def kubelet(dev_cluster: DevCluster) -> Iterator[str]:
 def pod_resources(kubelet: str, dev_cluster: DevCluster) -> Iterator[PodResourcesClient]:
     path = dev_cluster.state_dir / "kubelet" / "root" / "pod-resources" / "kubelet.sock"
     with PodResourcesClient(path) as client:
+        # the Node can be Ready (from an earlier kubelet of this cluster) and the socket file
+        # there (left by it) before this kubelet serves PodResources: wait until it answers
+        def answers() -> bool:
+            try:
+                client.list()
+            except PodResourcesCallFailed:
+                return False
+            return True
+
+        wait_for("the kubelet to serve PodResources", answers, 30)
         yield client
 
 

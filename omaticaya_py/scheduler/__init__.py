@@ -28,7 +28,7 @@ not fit (or are unknown) get 0.
 Modules: ``settings`` (``OMATICAYA_EXTENDER_*``), ``rules`` (pure: the pod's need, filter,
 prioritize over ``core.schema.NodeGpuState``), ``protocol`` (pure: ExtenderArgs in, results
 out), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
-cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli.py``'s ``extender``.
+cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli``'s ``extender``.
 """
 
 from ..core.schema import (
