@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from .attribution import GpuProcess
+
 __all__ = [
     "ARCHITECTURES",
+    "GpuProcess",
     "GpuReading",
     "MigReading",
     "NodeSnapshot",
@@ -102,6 +105,7 @@ class MigReading:
     memory_used_mib: int | None = None
     memory_free_mib: int | None = None
     process_count: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
     error: str | None = None
 
 
@@ -120,7 +124,8 @@ class GpuReading:
     (``utilization_pct``), ``nvmlDeviceGetUtilizationRates`` (``memory_utilization_pct``),
     ``nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)``, ``nvmlDeviceGetPowerUsage`` (mW -> W),
     ``nvmlDeviceGetTotalEccErrors(..., NVML_VOLATILE_ECC)``, ``nvmlDeviceGetRemappedRows``,
-    ``nvmlDeviceGetComputeRunningProcesses`` (count), ``nvmlDeviceGetPerformanceState``.
+    ``nvmlDeviceGetComputeRunningProcesses`` (``process_count``, and each process's PID and
+    used memory in ``processes``), ``nvmlDeviceGetPerformanceState``.
 
     MIG: ``mig_enabled`` is ``nvmlDeviceGetMigMode``'s current mode (``None`` where the GPU
     cannot do MIG); with it on, ``mig_devices`` holds the GPU's MIG devices (the schedulable
@@ -147,6 +152,7 @@ class GpuReading:
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     process_count: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
     mig_enabled: bool | None = None
     mig_devices: tuple[MigReading, ...] = ()
     error: str | None = None

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core.snapshot import (
     ARCHITECTURES,
+    GpuProcess,
     GpuReading,
     MigReading,
     NodeSnapshot,
@@ -42,6 +43,14 @@ __all__ = ["TraceError", "TraceReader", "load_trace"]
 
 def _ok(value: Any) -> Any:
     return None if isinstance(value, NvmlErr) else value
+
+
+def _processes(procs: Any) -> tuple[GpuProcess, ...]:
+    """The trace's ``compute_processes`` (``pid``, ``usedGpuMemory`` bytes) as processes."""
+    return tuple(
+        GpuProcess(p.pid, p.usedGpuMemory // MIB if p.usedGpuMemory is not None else None)
+        for p in procs or ()
+    )
 
 
 def _mig_readings(
@@ -80,6 +89,7 @@ def _mig_readings(
                 memory_used_mib=mem.used // MIB if mem else None,
                 memory_free_mib=mem.free // MIB if mem else None,
                 process_count=len(procs) if procs is not None else None,
+                processes=_processes(procs),
                 **static,
             )
         )
@@ -126,6 +136,7 @@ def _reading(sample: GpuSample, device: Device | None) -> GpuReading:
         remapped_rows_pending=bool(remap.pending) if remap else None,
         remapped_rows_failure=bool(remap.failure) if remap else None,
         process_count=len(procs) if procs is not None else None,
+        processes=_processes(procs),
         **static,
     )
 

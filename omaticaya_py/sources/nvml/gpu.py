@@ -13,7 +13,7 @@ import pynvml
 
 from ...core.snapshot import GpuReading
 from .device import Device, attach
-from .library import LIBRARY_GONE, LOST, MIB, Calls, error_name
+from .library import LIBRARY_GONE, LOST, MIB, Calls, error_name, processes
 from .mig import read_migs
 
 __all__ = ["read_gpu"]
@@ -120,6 +120,7 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
         remapped_rows_pending=bool(remap[2]) if remap is not None else None,
         remapped_rows_failure=bool(remap[3]) if remap is not None else None,
         process_count=len(procs) if procs is not None else None,
+        processes=processes(procs),
         mig_devices=migs,
         **static,
     )

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from ...core.snapshot import GpuProcess
+
 __all__ = ["LIBRARY_GONE", "LOST", "MIB", "Calls", "decode", "error_name", "nvml_available"]
 
 T = TypeVar("T")
@@ -88,3 +90,14 @@ class Calls:
             raise
         except pynvml.NVMLError:
             return None
+
+
+def processes(procs: Any) -> tuple[GpuProcess, ...]:
+    """``nvmlDeviceGetComputeRunningProcesses``'s answer as processes: each one's ``pid`` (the
+    host's PID namespace) and ``usedGpuMemory`` (bytes -> MiB; pynvml gives ``None`` for
+    NVML_VALUE_NOT_AVAILABLE). ``None`` (the call failed) gives ``()``."""
+    out = []
+    for p in procs or ():
+        used = getattr(p, "usedGpuMemory", None)
+        out.append(GpuProcess(int(p.pid), int(used) // MIB if used is not None else None))
+    return tuple(out)

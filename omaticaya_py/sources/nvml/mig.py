@@ -15,7 +15,7 @@ import pynvml
 
 from ...core.snapshot import MigReading, mig_profile_name
 from .device import Device
-from .library import LIBRARY_GONE, MIB, Calls, decode, error_name
+from .library import LIBRARY_GONE, MIB, Calls, decode, error_name, processes
 
 __all__ = ["read_migs"]
 
@@ -69,6 +69,7 @@ def _read_one(calls: Calls, device: Device, slot: int, handle: Any) -> MigReadin
         memory_used_mib=mem.used // MIB if mem is not None else None,
         memory_free_mib=mem.free // MIB if mem is not None else None,
         process_count=len(procs) if procs is not None else None,
+        processes=processes(procs),
         **static,
     )
 
