@@ -19,6 +19,7 @@ __all__ = [
     "PodMemory",
     "PodRef",
     "attribute",
+    "holder_memory_mib",
     "pod_from_cgroup",
 ]
 
@@ -261,3 +262,12 @@ def attribute(
             unknown_pids=tuple(sorted(p.pid for p in unknown)),
         )
     return out
+
+
+def holder_memory_mib(att: GpuAttribution) -> int | None:
+    """The memory the holder of a device uses on it: the in-pod processes' memory when the
+    device has exactly one holder and every process on it was placed (none unknown), since the
+    kubelet gives a device to one container; ``None`` when that cannot be said."""
+    if len(att.holders) != 1 or att.unknown_pids:
+        return None
+    return sum(p.used_memory_mib for p in att.pods)

@@ -7,12 +7,22 @@ the agent for a patch that carries the annotation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from .. import __version__
+from .attribution import GpuAttribution, holder_memory_mib
 from .health import NodeHealth
 from .labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
-from .schema import TELEMETRY, TELEMETRY_VERSION, GpuTelemetry, MigTelemetry, Telemetry
+from .schema import (
+    TELEMETRY,
+    TELEMETRY_VERSION,
+    GpuTelemetry,
+    MigTelemetry,
+    PodTelemetry,
+    Telemetry,
+)
 from .snapshot import NodeSnapshot
 from .window import PeakWindow
 
@@ -25,6 +35,7 @@ def telemetry_document(
     refresh_s: float | None = None,
     lease: str | None = None,
     window: PeakWindow | None = None,
+    attribution: Mapping[str, GpuAttribution] | None = None,
 ) -> Telemetry:
     """The telemetry model (``core.schema.telemetry``) of a snapshot and its health.
 
@@ -32,7 +43,8 @@ def telemetry_document(
     agent's liveness (then no ``refresh_s``: the document is rewritten only with a label
     change); ``refresh_s``: the publisher's promise to rewrite it within that many seconds of
     ``read_at`` (published with ``expires_at``); ``window``: the peak signal per GPU
-    (``core.window``), published with its ``window_s``. Utilisation and power are rounded to
+    (``core.window``), published with its ``window_s``; ``attribution``: who uses each GPU or
+    MIG device, by UUID (``core.attribution``; ``None``: not attributed, the keys are absent). Utilisation and power are rounded to
     0.1."""
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
     gpus = []
@@ -54,6 +66,7 @@ def telemetry_document(
                     health=str(mig_units[(g.index, m.index)].state),
                     reasons=mig_units[(g.index, m.index)].reasons,
                     error=m.error or None,
+                    **_users(attribution, m.uuid),
                 )
                 for m in g.mig_devices
             )
@@ -78,6 +91,7 @@ def telemetry_document(
                 error=g.error or None,
                 mig_enabled=True if g.mig_enabled else None,
                 mig_devices=migs,
+                **(_mig_users(migs) if migs is not None else _users(attribution, g.uuid)),
                 memory_free_min_mib=peak.memory_free_min_mib if peak else None,
                 utilization_p95_pct=peak.utilization_p95_pct if peak else None,
             )
@@ -103,6 +117,28 @@ def telemetry_document(
     )
 
 
+def _users(attribution: Mapping[str, GpuAttribution] | None, uuid: str | None) -> dict[str, Any]:
+    """``pods`` and ``memory_out_of_band_mib`` of one device (nothing when not attributed)."""
+    if attribution is None or not uuid or (att := attribution.get(uuid)) is None:
+        return {}
+    memory = holder_memory_mib(att)
+    return {
+        "pods": tuple(
+            PodTelemetry(
+                namespace=h.namespace, pod=h.pod, container=h.container, memory_used_mib=memory
+            )
+            for h in att.holders
+        ),
+        "memory_out_of_band_mib": att.out_of_band_memory_mib,
+    }
+
+
+def _mig_users(migs: tuple[MigTelemetry, ...]) -> dict[str, Any]:
+    """A MIG GPU's out-of-band memory: the sum over its MIG devices (when attributed)."""
+    known = [m.memory_out_of_band_mib for m in migs if m.memory_out_of_band_mib is not None]
+    return {"memory_out_of_band_mib": sum(known)} if known else {}
+
+
 def _rfc3339(stamp: datetime) -> str:
     return stamp.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -113,10 +149,11 @@ def telemetry(
     refresh_s: float | None = None,
     lease: str | None = None,
     window: PeakWindow | None = None,
+    attribution: Mapping[str, GpuAttribution] | None = None,
 ) -> str:
     """The telemetry annotation's value: ``telemetry_document(...).to_json()`` (compact JSON,
     keys sorted; the shape is in ``core.schema.telemetry``)."""
-    return telemetry_document(snapshot, health, refresh_s, lease, window).to_json()
+    return telemetry_document(snapshot, health, refresh_s, lease, window, attribution).to_json()
 
 
 def telemetry_annotation(
@@ -126,11 +163,12 @@ def telemetry_annotation(
     refresh_s: float | None = None,
     lease: str | None = None,
     window: PeakWindow | None = None,
+    attribution: Mapping[str, GpuAttribution] | None = None,
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
     invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
-    value = telemetry(snapshot, health, refresh_s, lease, window)
+    value = telemetry(snapshot, health, refresh_s, lease, window, attribution)
     if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
     return {}, [(key, value[:80])]

@@ -54,6 +54,7 @@ from .telemetry import (
     TELEMETRY_VERSION,
     GpuTelemetry,
     MigTelemetry,
+    PodTelemetry,
     Telemetry,
 )
 from .values import json_float, json_int, json_mapping, json_str, rfc3339_s
@@ -95,6 +96,7 @@ __all__ = [
     "GpuTelemetry",
     "MigTelemetry",
     "NodeGpuState",
+    "PodTelemetry",
     "Telemetry",
     "gpu_key",
     "json_float",

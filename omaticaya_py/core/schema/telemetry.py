@@ -15,9 +15,11 @@ Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
                "memory_used_mib", "utilization_pct", "temperature_c", "power_w",
                "ecc_uncorrected_volatile", "ecc_corrected_volatile", "remapped_rows_pending",
                "remapped_rows_failure", "process_count", "health", "reasons", "error"?,
-               "memory_free_min_mib"?, "utilization_p95_pct"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
+               "memory_free_min_mib"?, "utilization_p95_pct"?, "pods"?: [{"namespace", "pod",
+               "container", "memory_used_mib"?}], "memory_out_of_band_mib"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
                "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
-               "process_count", "health", "reasons", "error"?}]}]}
+               "process_count", "health", "reasons", "error"?, "pods"?,
+               "memory_out_of_band_mib"?}]}]}
 
 Values NVML did not give (NotSupported) are ``null``; keys marked ``?`` appear only when set.
 """
@@ -46,6 +48,7 @@ __all__ = [
     "TELEMETRY_VERSION",
     "GpuTelemetry",
     "MigTelemetry",
+    "PodTelemetry",
     "Telemetry",
 ]
 
@@ -92,6 +95,12 @@ def _entries(model: type[BaseModel]) -> Callable[[Any], tuple[Any, ...]]:
     return read
 
 
+def _optional_entries(model: type[BaseModel]) -> Callable[[Any], tuple[Any, ...] | None]:
+    """Like ``_entries``, but absent (``None``) stays absent."""
+    read = _entries(model)
+    return lambda value: None if value is None else read(value)
+
+
 class _Document(BaseModel):
     """Common config; keys in ``_OPTIONAL`` are left out of the JSON while unset (``None``)."""
 
@@ -107,11 +116,26 @@ class _Document(BaseModel):
         return out
 
 
+class PodTelemetry(_Document):
+    """A container holding a GPU or MIG device (the kubelet's PodResources), and the memory its
+    processes use on it (``memory_used_mib``: when the device has this one holder and every
+    process on it could be placed; absent otherwise)."""
+
+    _OPTIONAL = frozenset({"memory_used_mib"})
+    namespace: Str = None
+    pod: Str = None
+    container: Str = None
+    memory_used_mib: Int = None
+
+
+Pods = Annotated[tuple[PodTelemetry, ...] | None, BeforeValidator(_optional_entries(PodTelemetry))]
+
+
 class MigTelemetry(_Document):
     """One MIG device of a GPU with MIG on (from ``nvmlDeviceGetMigDeviceHandleByIndex`` and
     its memory, processes and attributes); ``health``/``reasons`` from ``core.health``."""
 
-    _OPTIONAL = frozenset({"error"})
+    _OPTIONAL = frozenset({"error", "pods", "memory_out_of_band_mib"})
     index: Index
     uuid: Str = None
     profile: Str = None
@@ -123,18 +147,26 @@ class MigTelemetry(_Document):
     health: Str = None
     reasons: Strings = ()
     error: Str = None
+    pods: Pods = None
+    memory_out_of_band_mib: Int = None
 
 
 class GpuTelemetry(_Document):
     """One GPU as published: NVML's values (MiB, %, °C, W, error counts), its health and the
     reasons for it, and, with MIG on, its MIG devices. ``memory_free_min_mib`` and
     ``utilization_p95_pct``: the least free memory and the p95 utilisation over the document's
-    ``window_s`` (``core.window``; absent until the window is half covered).
+    ``window_s`` (``core.window``; absent until the window is half covered). ``pods``: the
+    containers holding it; ``memory_out_of_band_mib``: memory of processes in no pod (both
+    absent when the agent attributes nothing; with MIG on, per MIG device, and the GPU's
+    out-of-band memory is their sum).
     ``memory_free_unreadable`` (not written) is true when a reader found a ``memory_free_mib``
     that is not a whole number."""
 
     _OPTIONAL = frozenset(
-        {"error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct"}
+        {
+            "error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct",
+            "pods", "memory_out_of_band_mib",
+        }
     )
     index: Index
     uuid: Str = None
@@ -155,11 +187,12 @@ class GpuTelemetry(_Document):
     error: Str = None
     mig_enabled: Annotated[bool | None, BeforeValidator(lambda v: True if v is True else None)] = None
     mig_devices: Annotated[
-        tuple[MigTelemetry, ...] | None,
-        BeforeValidator(lambda v: None if v is None else _entries(MigTelemetry)(v)),
+        tuple[MigTelemetry, ...] | None, BeforeValidator(_optional_entries(MigTelemetry))
     ] = None
     memory_free_min_mib: Int = None
     utilization_p95_pct: Float = None
+    pods: Pods = None
+    memory_out_of_band_mib: Int = None
     memory_free_unreadable: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")

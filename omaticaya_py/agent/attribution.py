@@ -1,0 +1,113 @@
+"""Who uses each GPU, once a tick: the kubelet's PodResources, NVML's processes and /proc.
+
+``Attribution.observe(snapshot)`` asks the kubelet which container holds which GPU or MIG device
+(``kube.podresources``), reads the cgroup of every compute process NVML listed
+(``sources.procs``) and joins the two (``core.attribution.attribute``): per device, the pods
+holding it and the memory of processes in no pod (out-of-band). Either half may be missing and
+the other still counts: no PodResources socket (said once) leaves the holders empty; PIDs not
+visible from here (no ``hostPID``) are unknown, never out-of-band. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from ..core.attribution import ContainerDevices, GpuAttribution, GpuProcess, attribute
+from ..core.snapshot import NodeSnapshot
+from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
+from ..sources.procs import read_pod_refs
+
+__all__ = ["Attribution", "device_processes"]
+
+#: the device plugin resources whose holders are ours to report
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+
+
+def device_processes(snapshot: NodeSnapshot) -> dict[str, tuple[GpuProcess, ...]]:
+    """Device ID (GPU UUID; with MIG on, each MIG device's UUID) -> its compute processes, for
+    every unit with a UUID, idle ones included (their holders still count)."""
+    out: dict[str, tuple[GpuProcess, ...]] = {}
+    for g in snapshot.gpus:
+        if g.error is not None:
+            continue
+        if g.mig_enabled:
+            for m in g.mig_devices:
+                if m.uuid and m.error is None:
+                    out[m.uuid] = m.processes
+        elif g.uuid:
+            out[g.uuid] = g.processes
+    return out
+
+
+class Attribution:
+    """The attribution edge of one agent.
+
+    - ``socket_path``: the kubelet's PodResources socket (``None``: holders are not asked for).
+    - ``proc_root``: where the host's ``/proc`` is seen (``/proc`` on the host or with
+      ``hostPID``).
+    - ``errors``: PodResources failures by gRPC code (``absent`` for no socket), for
+      ``/metrics``.
+    """
+
+    def __init__(
+        self,
+        socket_path: Path | None,
+        proc_root: Path,
+        *,
+        client_factory: Callable[[Path], Any] = PodResourcesClient,
+    ) -> None:
+        self.proc_root = proc_root
+        self.client = client_factory(socket_path) if socket_path is not None else None
+        self.socket_path = socket_path
+        self.errors: Counter[str] = Counter()
+        self._failing: str | None = None
+
+    def observe(self, snapshot: NodeSnapshot) -> dict[str, GpuAttribution]:
+        """Device ID -> ``GpuAttribution`` for this snapshot (``{}`` when NVML could not be
+        read)."""
+        if snapshot.error is not None:
+            return {}
+        processes = device_processes(snapshot)
+        pids = {p.pid for procs in processes.values() for p in procs}
+        refs = read_pod_refs(pids, self.proc_root) if pids else {}
+        return attribute(processes, refs, self._holders())
+
+    def _holders(self) -> tuple[ContainerDevices, ...]:
+        if self.client is None:
+            return ()
+        try:
+            listed = self.client.list()
+        except PodResourcesError as exc:
+            code = "absent" if isinstance(exc, PodResourcesAbsent) else getattr(exc, "code", "")
+            self.errors[code or "unknown"] += 1
+            if self._failing != code:  # once per kind of failure, not every tick
+                logger.warning(
+                    "no pod attribution from the kubelet ({}); GPUs are published without "
+                    "their pods, retrying each tick", exc,
+                )
+            self._failing = code
+            return ()
+        if self._failing is not None:
+            logger.info("kubelet PodResources answering again on {}", self.socket_path)
+            self._failing = None
+        return tuple(a for a in listed if a.resource_name.startswith(GPU_RESOURCE_PREFIX))
+
+    def close(self) -> None:
+        """Close the gRPC channel."""
+        if self.client is not None:
+            self.client.close()
+
+
+def holder_names(att: GpuAttribution | None) -> tuple[str, ...]:
+    """``namespace/pod/container`` of each holder of a device, in the kubelet's order."""
+    return tuple(f"{h.namespace}/{h.pod}/{h.container}" for h in att.holders) if att else ()
+
+
+def by_device(atts: Mapping[str, GpuAttribution] | None, device_id: str | None) -> GpuAttribution | None:
+    """The attribution of ``device_id`` (``None``: none made, or the device has no UUID)."""
+    return atts.get(device_id) if atts and device_id else None
