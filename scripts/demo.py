@@ -86,12 +86,17 @@ def main() -> int:
         NODE_NAME=NODE,
         OMATICAYA_TRACE=str(TRACE),
         OMATICAYA_SCHEDULE="@every 1s",
+        # the trace's phases last seconds: no write budget (30 s by default), so that each one
+        # reaches the Node; the TEMP-C column is an opt-in label
+        OMATICAYA_MIN_PATCH_INTERVAL_S="0",
+        OMATICAYA_TEMPERATURE_LABELS="true",
         OMATICAYA_METRICS_PORT="0",
         OMATICAYA_LOG_LEVEL="WARNING",
     )
     cmd = [sys.executable, "-m", "omaticaya_py", "run"]
     print("$ NODE_NAME=gpu-node-1 OMATICAYA_TRACE=tests/data/h100-trace.json "
-          "OMATICAYA_SCHEDULE='@every 1s' omaticaya run &\n")
+          "OMATICAYA_SCHEDULE='@every 1s' OMATICAYA_MIN_PATCH_INTERVAL_S=0 "
+          "OMATICAYA_TEMPERATURE_LABELS=true omaticaya run &\n")
     agent = subprocess.Popen(cmd, env=env, cwd=ROOT)
     start = time.monotonic()
     cols = ",".join(P + key for _, key in COLUMNS)

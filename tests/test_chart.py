@@ -464,6 +464,8 @@ ENV_CASES = [
         "2.5",
     ),
     ("perGpuLabels-false", {"perGpuLabels": False}, "OMATICAYA_PER_GPU_LABELS", "false"),
+    ("temperatureLabels-default-false", None, "OMATICAYA_TEMPERATURE_LABELS", "false"),
+    ("temperatureLabels-true", {"temperatureLabels": True}, "OMATICAYA_TEMPERATURE_LABELS", "true"),
     ("cleanupOnExit-false", {"cleanupOnExit": False}, "OMATICAYA_CLEANUP_ON_EXIT", "false"),
     ("logJson-default-true", None, "OMATICAYA_LOG_JSON", "true"),
     ("logJson-false", {"logJson": False}, "OMATICAYA_LOG_JSON", "false"),
@@ -471,7 +473,11 @@ ENV_CASES = [
     ("xidAllFatal", {"xidAllFatal": True}, "OMATICAYA_XID_ALL_FATAL", "true"),
     ("xidQuietS", {"xidQuietS": 0}, "OMATICAYA_XID_QUIET_S", "0"),
     ("heartbeatS", {"heartbeatS": 60}, "OMATICAYA_HEARTBEAT_S", "60"),
+    ("jitterS-default", None, "OMATICAYA_JITTER_S", "5"),
     ("jitterS", {"jitterS": 3}, "OMATICAYA_JITTER_S", "3"),
+    ("jitterS-off", {"jitterS": 0}, "OMATICAYA_JITTER_S", "0"),
+    ("minPatchIntervalS-default", None, "OMATICAYA_MIN_PATCH_INTERVAL_S", "30"),
+    ("minPatchIntervalS-off", {"minPatchIntervalS": 0}, "OMATICAYA_MIN_PATCH_INTERVAL_S", "0"),
     ("metricsPort", {"metricsPort": 9500}, "OMATICAYA_METRICS_PORT", "9500"),
     ("metricsPort-off", {"metricsPort": 0}, "OMATICAYA_METRICS_PORT", "0"),
     ("failOnInitError", {"failOnInitError": True}, "OMATICAYA_FAIL_ON_INIT_ERROR", "true"),
@@ -525,11 +531,17 @@ def test_every_setting_has_a_chart_value(helm):
 
 
 def test_chart_defaults_parse_into_the_code_defaults(helm, monkeypatch, tmp_path):
-    """The defaults the chart renders load, and equal Settings' defaults (logJson aside)."""
+    """The defaults the chart renders load, and equal Settings' defaults (logJson and jitterS
+    aside)."""
     loaded = as_plain(chart_settings(env_of(render(helm)), monkeypatch, tmp_path))
     defaults = code_defaults()
     assert loaded.pop("log_json") is True  # JSON logs in the cluster
     defaults.pop("log_json")
+    # a fleet's first ticks and writes spread, within the schedule period
+    jitter_s = loaded.pop("jitter_s")
+    assert loaded["schedule"] == "@every 10s" and 0 < jitter_s < 10
+    assert jitter_s == 5
+    defaults.pop("jitter_s")
     assert loaded.pop("node_name") == "gpu-node-1"
     defaults.pop("node_name")
     assert loaded == defaults
@@ -546,6 +558,7 @@ def test_chart_values_parse_in_settings(helm, monkeypatch, tmp_path):
         "hysteresisPct": 0,
         "idleUtilizationPct": 2.5,
         "perGpuLabels": False,
+        "temperatureLabels": True,
         "cleanupOnExit": False,
         "logJson": False,
         "logLevel": "DEBUG",
@@ -562,6 +575,7 @@ def test_chart_values_parse_in_settings(helm, monkeypatch, tmp_path):
     assert s.prefix == "gpu.example.com"
     assert (s.memory_step_mib, s.utilization_step_pct, s.idle_utilization_pct) == (2048, 5, 2.5)
     assert (s.per_gpu_labels, s.cleanup_on_exit, s.log_json) == (False, False, False)
+    assert s.temperature_labels is True
     assert s.log_level == "DEBUG" and s.xid_ignore == frozenset({13, 79}) and s.xid_all_fatal
     assert (s.xid_quiet_s, s.heartbeat_s, s.metrics_port, s.kube_timeout_s) == (30, 60.5, 0, 3)
     assert s.fail_on_init_error is True

@@ -58,7 +58,7 @@ RENDER_CASES = [
     (
         "one-healthy-h100",
         snapshot(gpu(0)),
-        {},
+        {"temperature_labels": True},
         {
             **h100_static(1),
             "gpu.memory.free-mib": "80896",
@@ -81,7 +81,7 @@ RENDER_CASES = [
                 for i, f, u, p, t in EIGHT
             )
         ),
-        {},
+        {"temperature_labels": True},
         {
             **h100_static(8),
             "gpu.memory.free-mib": "80896",  # max 81079, down to 1024
@@ -158,7 +158,7 @@ RENDER_CASES = [
             gpu(0, memory_free_mib=30000, utilization_pct=50.0, process_count=1),
             gpu(1, ecc_uncorrected_volatile=1),  # idle and most free, but a DBE
         ),
-        {},
+        {"temperature_labels": True},
         {
             **h100_static(2),
             "gpu.memory.free-mib": "29696",
@@ -180,7 +180,7 @@ RENDER_CASES = [
     (
         "lost-gpu-only-health",
         snapshot(gpu(0, memory_free_mib=50000, utilization_pct=20.0, process_count=1), lost(1)),
-        {},
+        {"temperature_labels": True},
         {
             **h100_static(2),
             "gpu.memory.free-mib": "49152",
@@ -213,7 +213,7 @@ RENDER_CASES = [
     (
         "all-gpus-unhealthy",
         snapshot(lost(0), gpu(1, remapped_rows_pending=True, utilization_pct=30.0)),
-        {},
+        {"temperature_labels": True},
         {
             **h100_static(2),
             "gpu.memory.free-mib": "0",
@@ -310,7 +310,7 @@ RENDER_CASES = [
     (
         "custom-prefix",
         snapshot(gpu(0)),
-        {"prefix": "gpu.example.com"},
+        {"prefix": "gpu.example.com", "temperature_labels": True},
         prefixed(
             {
                 **h100_static(1),
@@ -334,7 +334,7 @@ RENDER_CASES = [
             gpu(0, memory_free_mib=50000, utilization_pct=37.4, process_count=1),
             gpu(1, memory_free_mib=70000, utilization_pct=62.5, process_count=1),
         ),
-        {"memory_step_mib": 4096, "utilization_step_pct": 25},
+        {"memory_step_mib": 4096, "utilization_step_pct": 25, "temperature_labels": True},
         {
             **h100_static(2),
             "gpu.memory.free-mib": "69632",  # 70000 down to 4096
@@ -397,6 +397,31 @@ def test_render_whole_label_map(name, snap, overrides, expected) -> None:
     assert desired.labels == expected
     assert desired.dropped == ()
     assert list(desired.annotations) == [f"{s.prefix}/{TELEMETRY}"]
+
+
+TEMPERATURE_CASES = [
+    # (id, settings overrides, gpu-0.temperature-c expected, or None: absent)
+    ("off-by-default", {}, None),
+    ("on", {"temperature_labels": True}, "40"),
+    ("on-with-its-step", {"temperature_labels": True, "temperature_step_c": 4}, "40"),
+    ("on-but-per-gpu-labels-off", {"temperature_labels": True, "per_gpu_labels": False}, None),
+    ("off-explicitly", {"temperature_labels": False}, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [c[1:] for c in TEMPERATURE_CASES],
+    ids=[c[0] for c in TEMPERATURE_CASES],
+)
+def test_temperature_label_only_when_asked(overrides, expected) -> None:
+    """gpu-N.temperature-c is opt-in; the telemetry annotation carries temperature either way."""
+    s = settings(**overrides)
+    _, desired = evaluate(snapshot(gpu(0, temperature_c=41)), s)
+    assert desired.labels.get("omaticaya.io/gpu-0.temperature-c") == expected
+    assert desired.labels["omaticaya.io/gpu.health"] == "Healthy"
+    doc = json.loads(desired.annotations[f"omaticaya.io/{TELEMETRY}"])
+    assert doc["gpus"][0]["temperature_c"] == 41
 
 
 # --------------------------------------------------------------------------- validation
@@ -522,7 +547,7 @@ def test_long_unicode_product_is_sanitised() -> None:
 
 
 def test_huge_number_is_dropped() -> None:
-    _, desired = evaluate(snapshot(gpu(0, temperature_c=10**70)), settings())
+    _, desired = evaluate(snapshot(gpu(0, temperature_c=10**70)), settings(temperature_labels=True))
     assert desired.dropped == (("omaticaya.io/gpu-0.temperature-c", str(10**70)),)
 
 

@@ -236,7 +236,7 @@ H100_MIG_AT_15 = {
 
 
 def test_labels_of_one_h100_in_three_mig_devices_under_load() -> None:
-    assert labels_at(H100_MIG, 15.0) == H100_MIG_AT_15
+    assert labels_at(H100_MIG, 15.0, temperature_labels=True) == H100_MIG_AT_15
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,7 @@ settings_st = st.builds(
     utilization_step_pct=st.integers(1, 100),
     idle_utilization_pct=st.floats(0, 100, allow_nan=False),
     per_gpu_labels=st.booleans(),
+    temperature_labels=st.booleans(),
     xid_all_fatal=st.booleans(),
     xid_quiet_s=st.floats(0, 5000, allow_nan=False),
 )

@@ -188,7 +188,7 @@ H100_LABEL_POINTS = [
 @pytest.mark.parametrize(("at_s", "window_s", "expected"), H100_LABEL_POINTS, ids=[f"{p[0]}s" for p in H100_LABEL_POINTS])
 def test_h100_trace_labels(at_s, window_s, expected) -> None:
     snap = TraceReader(H100_TRACE, at_s=at_s, window_s=window_s).read()
-    s = settings()
+    s = settings(temperature_labels=True)  # the table pins gpu-0.temperature-c too
     assert render(snap, assess(snap), s).labels == prefixed(expected)
 
 
@@ -410,7 +410,8 @@ FAULT_POINTS = [
 
 @pytest.mark.parametrize(("name", "at_s", "overrides", "expected"), FAULT_POINTS, ids=[p[0] for p in FAULT_POINTS])
 def test_faults_trace_labels(name, at_s, overrides, expected) -> None:
-    _, _, desired = tick(at_s, **overrides)
+    # the table pins the gpu-N.temperature-c labels too (opt-in)
+    _, _, desired = tick(at_s, **{"temperature_labels": True, **overrides})
     assert desired.labels == prefixed(expected)
     assert desired.dropped == ()
 
@@ -470,7 +471,7 @@ def test_faults_trace_utilisation_mean_skips_driver_outage() -> None:
 
 def test_multi_gpu_trace_labels() -> None:
     snap = TraceReader(MULTI_TRACE, at_s=9.5).read()
-    desired = render(snap, assess(snap), settings())
+    desired = render(snap, assess(snap), settings(temperature_labels=True))
     assert desired.labels == prefixed(
         {
             **h100_static(8),

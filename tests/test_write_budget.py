@@ -145,9 +145,9 @@ def test_worse_is_per_key():
 def test_setting_default_and_bounds(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("OMATICAYA_MIN_PATCH_INTERVAL_S", raising=False)
-    assert load_settings().min_patch_interval_s == 0
-    monkeypatch.setenv("OMATICAYA_MIN_PATCH_INTERVAL_S", "30")
     assert load_settings().min_patch_interval_s == 30
+    monkeypatch.setenv("OMATICAYA_MIN_PATCH_INTERVAL_S", "0")  # the budget off
+    assert load_settings().min_patch_interval_s == 0
     from omaticaya_py.core.settings import SettingsError
 
     monkeypatch.setenv("OMATICAYA_MIN_PATCH_INTERVAL_S", "-1")

@@ -171,7 +171,8 @@ def _node_labels(
                 out[key(GPU_UTILIZATION)] = nearest(
                     key(GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
                 )
-            if g.temperature_c is not None and g.temperature_c >= 0:
+            # opt-in: it changes with load and no scheduler decides on it (telemetry has it)
+            if s.temperature_labels and g.temperature_c is not None and g.temperature_c >= 0:
                 out[key(GPU_TEMPERATURE)] = nearest(
                     key(GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
                 )
@@ -225,8 +226,9 @@ def render(
     """Desired labels and annotations (full keys under ``settings.prefix``) for this snapshot.
 
     Labels follow the schema in the README (node aggregates, static facts, per-GPU keys when
-    ``per_gpu_labels``); the one annotation is ``<prefix>/telemetry`` (left out when
-    ``with_telemetry`` is false: the agent builds it only for a patch that carries it). Invalid
+    ``per_gpu_labels``, their temperature only with ``temperature_labels``); the one annotation
+    is ``<prefix>/telemetry`` (left out when ``with_telemetry`` is false: the agent builds it
+    only for a patch that carries it). Invalid
     keys or values are dropped and listed in ``Desired.dropped``. ``previous`` (the labels
     rendered last tick) turns on hysteresis for the rounded numbers (``settings.hysteresis_pct``).
     """

@@ -109,6 +109,11 @@ class Settings(CommonSettings):
         default=5, ge=0, le=100, description="A GPU under this with no process counts as idle."
     )
     per_gpu_labels: bool = Field(default=True, description="Publish gpu-N.* labels.")
+    temperature_labels: bool = Field(
+        default=False,
+        description="Also publish gpu-N.temperature-c (it changes with load and is no scheduling "
+        "input; the telemetry annotation and the metrics carry temperature either way).",
+    )
     cleanup_on_exit: bool = Field(default=True, description="Remove dynamic labels on SIGTERM.")
     trace: Path | None = Field(default=None, description="Replay this trace instead of NVML.")
     xid_ignore: Annotated[frozenset[int], NoDecode] = Field(
@@ -133,12 +138,12 @@ class Settings(CommonSettings):
         description="Rewrite the telemetry annotation at least this often.",
     )
     min_patch_interval_s: float = Field(
-        default=0,
+        default=30,
         ge=0,
         le=DAY_S,
         description="Write budget: at most one Node patch per this many seconds, except changes "
         "that make the Node less attractive (free memory down, health worse, a GPU gone), which "
-        "go at once; held-back changes go out once it has passed (0: off; 30 suits a fleet).",
+        "go at once; held-back changes go out once it has passed (0: off).",
     )
     window_s: float = Field(
         default=300,
