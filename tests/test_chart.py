@@ -531,8 +531,8 @@ def test_every_setting_has_a_chart_value(helm):
 
 
 def test_chart_defaults_parse_into_the_code_defaults(helm, monkeypatch, tmp_path):
-    """The defaults the chart renders load, and equal Settings' defaults (logJson and jitterS
-    aside)."""
+    """The defaults the chart renders load, and equal Settings' defaults (logJson, jitterS and
+    podResourcesSocket aside)."""
     loaded = as_plain(chart_settings(env_of(render(helm)), monkeypatch, tmp_path))
     defaults = code_defaults()
     assert loaded.pop("log_json") is True  # JSON logs in the cluster
@@ -544,6 +544,9 @@ def test_chart_defaults_parse_into_the_code_defaults(helm, monkeypatch, tmp_path
     defaults.pop("jitter_s")
     assert loaded.pop("node_name") == "gpu-node-1"
     defaults.pop("node_name")
+    # the chart mounts no host path by default: pod attribution is turned on with a value
+    assert loaded.pop("pod_resources_socket") is None
+    defaults.pop("pod_resources_socket")
     assert loaded == defaults
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from loguru import logger
 
+from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
 from ..core.patch import (
     MergePatch,
@@ -31,6 +32,7 @@ from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
 from ..kube import KubeError, LeaseClient, NodeClient, NodeNotFound
 from . import daemon
+from .attribution import Attribution, make_attribution
 from .events import HealthEvents
 from .liveness import Liveness, make_lease
 from .outage import ApiOutage
@@ -66,6 +68,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         lease: LeaseClient | None | str = "auto",
         environ: Mapping[str, str] | None = None,
+        attribution: Attribution | None | str = "auto",
     ) -> None:
         self.settings = settings
         self.reader = reader
@@ -91,6 +94,9 @@ class Agent:
             env = os.environ if environ is None else environ
             lease = make_lease(settings, node, env, self.refresh_s, dry_run)
         self.liveness = Liveness(lease, settings.heartbeat_s, self.cache)  # type: ignore[arg-type]
+        #: who uses each GPU (PodResources + /proc); the last tick's answer
+        self.attribution = make_attribution(settings) if attribution == "auto" else attribution
+        self.last_attribution: dict[str, GpuAttribution] = {}
         #: the peak signal (least free memory, p95 utilisation) per GPU over ``window_s``
         self.window = PeakWindow(settings.window_s) if settings.window_s > 0 else None
         self.writer = NodeWriter(
@@ -115,11 +121,14 @@ class Agent:
         snapshot = self.reader.read()
         if self.window is not None:
             self.window.add(snapshot)
+        if self.attribution is not None:
+            self.last_attribution = self.attribution.observe(snapshot)
         self.ledger.record(snapshot.xid_events)
         health = assess(snapshot, self.ledger.recent(snapshot.clock_s), self.policy)
         previous = self.cache.last.desired.labels if self.cache.last is not None else None
         desired = render(
-            snapshot, health, self.settings, previous, with_telemetry=with_telemetry
+            snapshot, health, self.settings, previous, with_telemetry=with_telemetry,
+            attribution=self.last_attribution,
         )
         for key, value in desired.dropped:
             if (key, value) not in self._dropped_seen:  # once per bad pair, not every tick
@@ -158,7 +167,8 @@ class Agent:
             started = time.perf_counter()
             now_s = self.clock()
             snapshot, health, desired = self.evaluate(with_telemetry=False)
-            result = TickResult(snapshot, health, desired, None, False)
+            attribution = self.last_attribution
+            result = TickResult(snapshot, health, desired, None, False, attribution)
             self.cache.store(result, now_s)
             self._notify(result)  # health is known before any API request: tell listeners now
             if self.outage.paused(now_s):  # RBAC refused us: do not hammer
@@ -168,10 +178,13 @@ class Agent:
                 if self.liveness.lease_due(now_s) and not self.dry_run:
                     if self.liveness.renew(now_s):
                         self.writer.forget()  # re-read the Node each heartbeat: re-created, edited
-                desired, patch, sent = self.writer.write(desired, snapshot, health, now_s)
+                desired, patch, sent = self.writer.write(
+                    desired, snapshot, health, now_s, attribution
+                )
                 self.outage.ok(now_s)
                 if self.node is not None and not self.dry_run:
                     self._post_health_events(health, snapshot)
+                    self._post_out_of_band_events(attribution, snapshot)
             except NodeNotFound as exc:
                 self.writer.forget()
                 self.outage.failed(exc, now_s)
@@ -182,7 +195,7 @@ class Agent:
             finally:
                 self.cache.ticks += 1
                 self.cache.tick_seconds.observe(time.perf_counter() - started)
-            result = TickResult(snapshot, health, desired, patch, sent)
+            result = TickResult(snapshot, health, desired, patch, sent, attribution)
             self.cache.store(result, now_s)
             return result
 
@@ -197,6 +210,18 @@ class Agent:
         assert self.node is not None
         meta = self.writer.meta
         self.events.post(self.node, meta.uid if meta else "", after, snapshot)
+
+    def _post_out_of_band_events(
+        self, attribution: Mapping[str, GpuAttribution], snapshot: NodeSnapshot
+    ) -> None:
+        threshold = self.settings.out_of_band_event_mib
+        if threshold <= 0 or not attribution:
+            return
+        assert self.node is not None
+        meta = self.writer.meta
+        self.events.post_out_of_band(
+            self.node, meta.uid if meta else "", attribution, snapshot, threshold
+        )
 
     def safe_tick(self) -> None:
         """``tick()`` for the scheduler: every failure is logged (once per outage) and counted,
@@ -273,6 +298,8 @@ class Agent:
         with self._tick_lock:
             self._cleanup_on_exit()
         self.reader.close()
+        if self.attribution is not None:
+            self.attribution.close()
         if self.node is not None:
             self.node.close()
         logger.info("agent stopped")

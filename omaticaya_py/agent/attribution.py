@@ -11,18 +11,19 @@ visible from here (no ``hostPID``) are unknown, never out-of-band. Nothing here 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from ..core.attribution import ContainerDevices, GpuAttribution, GpuProcess, attribute
+from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
 from ..sources.procs import read_pod_refs
 
-__all__ = ["Attribution", "device_processes"]
+__all__ = ["Attribution", "device_processes", "make_attribution"]
 
 #: the device plugin resources whose holders are ours to report
 GPU_RESOURCE_PREFIX = "nvidia.com/"
@@ -49,7 +50,7 @@ class Attribution:
 
     - ``socket_path``: the kubelet's PodResources socket (``None``: holders are not asked for).
     - ``proc_root``: where the host's ``/proc`` is seen (``/proc`` on the host or with
-      ``hostPID``).
+      ``hostPID``; ``None``: processes are not placed, all unknown).
     - ``errors``: PodResources failures by gRPC code (``absent`` for no socket), for
       ``/metrics``.
     """
@@ -57,7 +58,7 @@ class Attribution:
     def __init__(
         self,
         socket_path: Path | None,
-        proc_root: Path,
+        proc_root: Path | None,
         *,
         client_factory: Callable[[Path], Any] = PodResourcesClient,
     ) -> None:
@@ -74,7 +75,7 @@ class Attribution:
             return {}
         processes = device_processes(snapshot)
         pids = {p.pid for procs in processes.values() for p in procs}
-        refs = read_pod_refs(pids, self.proc_root) if pids else {}
+        refs = read_pod_refs(pids, self.proc_root) if pids and self.proc_root else {}
         return attribute(processes, refs, self._holders())
 
     def _holders(self) -> tuple[ContainerDevices, ...]:
@@ -103,11 +104,9 @@ class Attribution:
             self.client.close()
 
 
-def holder_names(att: GpuAttribution | None) -> tuple[str, ...]:
-    """``namespace/pod/container`` of each holder of a device, in the kubelet's order."""
-    return tuple(f"{h.namespace}/{h.pod}/{h.container}" for h in att.holders) if att else ()
-
-
-def by_device(atts: Mapping[str, GpuAttribution] | None, device_id: str | None) -> GpuAttribution | None:
-    """The attribution of ``device_id`` (``None``: none made, or the device has no UUID)."""
-    return atts.get(device_id) if atts and device_id else None
+def make_attribution(settings: Settings) -> Attribution | None:
+    """The attribution edge the settings ask for: PodResources on ``pod_resources_socket``
+    and processes through ``proc_root`` (either may be off); ``None`` when both are."""
+    if settings.pod_resources_socket is None and settings.proc_root is None:
+        return None
+    return Attribution(settings.pod_resources_socket, settings.proc_root)

@@ -1,11 +1,14 @@
-"""Node Events for GPU health changes: ``GpuUnhealthy`` and ``GpuRecovered``, by GPU UUID."""
+"""Node Events: GPU health changes (``GpuUnhealthy``, ``GpuRecovered``, by GPU UUID) and
+out-of-band memory (``GpuOutOfBandMemory``, once per episode)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from loguru import logger
 
+from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth
 from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, NodeClient
@@ -24,6 +27,7 @@ class HealthEvents:
     def __init__(self) -> None:
         self.posted: Counter[str] = Counter()
         self._reported_healthy: dict[str | int, bool] = {}
+        self._out_of_band: set[str] = set()  # devices in an out-of-band episode, reported
 
     def post(self, node: NodeClient, node_uid: str, after: NodeHealth, snapshot: NodeSnapshot):
         """Post the Events due for ``after`` on the Node ``node_uid`` (``events.k8s.io``
@@ -47,3 +51,49 @@ class HealthEvents:
                 continue
             self.posted[reason] += 1
             self._reported_healthy[key] = gpu.healthy
+
+    def post_out_of_band(
+        self,
+        node: NodeClient,
+        node_uid: str,
+        attribution: Mapping[str, GpuAttribution],
+        snapshot: NodeSnapshot,
+        threshold_mib: int,
+    ) -> None:
+        """A ``GpuOutOfBandMemory`` Warning once per episode: when the memory of processes in
+        no pod on one GPU or MIG device reaches ``threshold_mib``; the episode ends when it
+        falls below (then a later rise is a new Event). A failed post is tried next tick."""
+        names = _device_names(snapshot)
+        for device_id, att in attribution.items():
+            over = att.out_of_band_memory_mib >= threshold_mib
+            if not over:
+                self._out_of_band.discard(device_id)
+                continue
+            if device_id in self._out_of_band:
+                continue
+            pids = ",".join(map(str, att.out_of_band_pids[:10]))
+            try:
+                node.create_node_event(
+                    node_uid=node_uid,
+                    reason="GpuOutOfBandMemory",
+                    message=f"{names.get(device_id, device_id)}: {att.out_of_band_memory_mib} MiB "
+                    f"held by processes in no pod (PIDs {pids}), over {threshold_mib} MiB",
+                    warning=True,
+                )
+            except KubeError as exc:
+                logger.warning("could not post Event GpuOutOfBandMemory for {}: {}", device_id, exc)
+                continue
+            self.posted["GpuOutOfBandMemory"] += 1
+            self._out_of_band.add(device_id)
+
+
+def _device_names(snapshot: NodeSnapshot) -> dict[str, str]:
+    """UUID -> ``GPU <index>`` or ``GPU <index> MIG <slot>``, for Event messages."""
+    out: dict[str, str] = {}
+    for g in snapshot.gpus:
+        if g.uuid:
+            out[g.uuid] = f"GPU {g.index}"
+        for m in g.mig_devices:
+            if m.uuid:
+                out[m.uuid] = f"GPU {g.index} MIG {m.index}"
+    return out

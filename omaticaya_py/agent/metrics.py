@@ -13,7 +13,7 @@ scrape costs no NVML call and no API request. Names follow Prometheus convention
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -21,6 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..core.attribution import GpuAttribution, out_of_band_mib
+from ..core.snapshot import GpuReading
 from ..serving import HttpServer, metrics_route
 
 if TYPE_CHECKING:
@@ -29,6 +31,29 @@ if TYPE_CHECKING:
 __all__ = ["AgentCollector", "MetricsServer", "readiness", "serve", "make_app"]
 
 MIB = 1024 * 1024
+#: dcgm-exporter's label names for the pod holding a GPU, so that its dashboards work
+POD_LABELS = ("pod", "namespace", "container")
+
+
+def holders(
+    g: GpuReading, attribution: Mapping[str, GpuAttribution]
+) -> list[tuple[str, str, str]]:
+    """(pod, namespace, container) of each container holding whole GPU ``g`` (PodResources);
+    ``[("", "", "")]`` when none does, or for a GPU with MIG on (its MIG devices are held)."""
+    att = attribution.get(g.uuid or "") if not g.mig_enabled else None
+    found = [(h.pod, h.namespace, h.container) for h in att.holders] if att else []
+    return found or [("", "", "")]
+
+
+def gpu_out_of_band_mib(
+    g: GpuReading, attribution: Mapping[str, GpuAttribution]
+) -> int | None:
+    """Memory of processes in no pod on ``g`` (with MIG on: over its MIG devices), as far as
+    known (``core.attribution.out_of_band_mib``); ``None`` when nothing is known."""
+    ids = [m.uuid for m in g.mig_devices] if g.mig_enabled else [g.uuid]
+    found = [out_of_band_mib(attribution[i]) for i in ids if i and i in attribution]
+    known = [f for f in found if f is not None]
+    return sum(known) if known else None
 
 
 class AgentCollector(Collector):
@@ -51,12 +76,27 @@ class AgentCollector(Collector):
             name: GaugeMetricFamily(f"omaticaya_gpu_{name}", doc, labels=["gpu", "uuid"])
             for name, doc in (
                 ("memory_free_bytes", "Free GPU memory (nvmlDeviceGetMemoryInfo)."),
-                ("memory_used_bytes", "Used GPU memory, driver reservation included."),
                 ("memory_total_bytes", "Total GPU memory."),
-                ("utilization_ratio", "GPU utilisation, mean over the last interval (0-1)."),
                 ("temperature_celsius", "GPU temperature."),
                 ("power_watts", "GPU power draw."),
                 ("healthy", "1 when the GPU is healthy by the agent's rules, else 0."),
+                (
+                    "out_of_band_memory_bytes",
+                    "GPU memory of processes in no pod (out-of-band); only where processes are "
+                    "placed (OMATICAYA_PROC_ROOT).",
+                ),
+            )
+        }
+        # by the pod holding the GPU, with dcgm-exporter's label names (empty: no holder)
+        by_pod = {
+            name: GaugeMetricFamily(
+                f"omaticaya_gpu_{name}", doc, labels=["gpu", "uuid", *POD_LABELS]
+            )
+            for name, doc in (
+                ("memory_used_bytes", "Used GPU memory, driver reservation included; labelled "
+                 "with the container holding the GPU (kubelet PodResources), if any."),
+                ("utilization_ratio", "GPU utilisation, mean over the last interval (0-1); "
+                 "labelled with the container holding the GPU, if any."),
             )
         }
         node_health = GaugeMetricFamily(
@@ -69,18 +109,25 @@ class AgentCollector(Collector):
             labels=["gpu", "uuid", "reason"],
         )
         if last is not None:
+            attribution = last.attribution
             for g in last.snapshot.gpus:
                 key = [str(g.index), g.uuid or ""]
                 for name, value, scale in (
                     ("memory_free_bytes", g.memory_free_mib, MIB),
-                    ("memory_used_bytes", g.memory_used_mib, MIB),
                     ("memory_total_bytes", g.memory_total_mib, MIB),
-                    ("utilization_ratio", g.utilization_pct, 0.01),
                     ("temperature_celsius", g.temperature_c, 1),
                     ("power_watts", g.power_w, 1),
+                    ("out_of_band_memory_bytes", gpu_out_of_band_mib(g, attribution), MIB),
                 ):
                     if value is not None:
                         gauges[name].add_metric(key, value * scale)
+                for pod in holders(g, attribution):
+                    for name, value, scale in (
+                        ("memory_used_bytes", g.memory_used_mib, MIB),
+                        ("utilization_ratio", g.utilization_pct, 0.01),
+                    ):
+                        if value is not None:
+                            by_pod[name].add_metric([*key, *pod], value * scale)
                 gauges["healthy"].add_metric(key, 1 if last.health.gpus[g.index].healthy else 0)
             for state in ("Healthy", "Degraded", "Unhealthy", "Unknown"):
                 node_health.add_metric([state], 1 if str(last.health.state) == state else 0)
@@ -88,6 +135,7 @@ class AgentCollector(Collector):
                 for reason in last.health.gpus[g.index].reasons:
                     unhealthy_reason.add_metric([str(g.index), g.uuid or "", reason], 1)
         yield from gauges.values()
+        yield from by_pod.values()
         yield node_health
         yield unhealthy_reason
 
@@ -98,6 +146,15 @@ class AgentCollector(Collector):
         for (call, error), n in sorted(getattr(agent.reader, "errors", {}).items()):
             nvml_errors.add_metric([call, error], n)
         yield nvml_errors
+        pod_resources = CounterMetricFamily(
+            "omaticaya_pod_resources_errors",
+            "kubelet PodResources List calls that failed, by gRPC code (absent: no socket).",
+            labels=["code"],
+        )
+        attribution_edge = getattr(agent, "attribution", None)
+        for code, n in sorted(getattr(attribution_edge, "errors", {}).items()):
+            pod_resources.add_metric([code], n)
+        yield pod_resources
 
         requests = CounterMetricFamily(
             "omaticaya_api_requests", "Kubernetes API requests, by verb and result.",

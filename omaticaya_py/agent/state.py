@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
 
+from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth
 from ..core.patch import MergePatch
 from ..core.render import Desired
@@ -17,13 +19,15 @@ __all__ = ["SnapshotCache", "TickResult"]
 @dataclass(frozen=True)
 class TickResult:
     """What one tick saw and did: ``patch`` is the merge patch computed (``None``: nothing
-    changed), ``sent`` whether it reached the API server."""
+    changed), ``sent`` whether it reached the API server; ``attribution``: who uses each GPU
+    or MIG device, by UUID (empty when not attributed)."""
 
     snapshot: NodeSnapshot
     health: NodeHealth
     desired: Desired
     patch: MergePatch | None
     sent: bool
+    attribution: Mapping[str, GpuAttribution] = field(default_factory=dict)
 
 
 class SnapshotCache:

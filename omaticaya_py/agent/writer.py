@@ -12,10 +12,12 @@ passed; one that makes it less attractive goes at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 from loguru import logger
 
+from ..core.attribution import GpuAttribution
 from ..core.budget import hold_back, urgent
 from ..core.health import NodeHealth
 from ..core.patch import (
@@ -77,12 +79,18 @@ class NodeWriter:
         return self.meta
 
     def write(
-        self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, now_s: float
+        self,
+        desired: Desired,
+        snapshot: NodeSnapshot,
+        health: NodeHealth,
+        now_s: float,
+        attribution: Mapping[str, GpuAttribution] | None = None,
     ) -> tuple[Desired, MergePatch | None, bool]:
-        """``(desired with its telemetry, the patch computed or None, whether it was sent)``."""
+        """``(desired with its telemetry, the patch computed or None, whether it was sent)``;
+        ``attribution`` (who uses each GPU) goes into the telemetry."""
         current = self.current()
         refresh = self.liveness.refresh(now_s, current.annotations.get(self.telemetry_key))
-        desired = self._with_telemetry(desired, snapshot, health, current, refresh)
+        desired = self._with_telemetry(desired, snapshot, health, current, refresh, attribution)
         patch = self._diff(desired, current, refresh)
         sent = False
         if patch is not None and self._hold(patch, desired, current, now_s):
@@ -99,7 +107,7 @@ class NodeWriter:
 
     def _with_telemetry(
         self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, current: NodeMeta,
-        refresh: bool,
+        refresh: bool, attribution: Mapping[str, GpuAttribution] | None = None,
     ) -> Desired:
         """``desired`` with the telemetry annotation: built afresh only when the patch will
         carry it (``core.patch.volatile_due``), else the Node's own value, so that a quiet tick
@@ -115,6 +123,7 @@ class NodeWriter:
                 refresh_s=None if lease is not None else self.refresh_s,
                 lease=lease.ref if lease is not None else None,
                 window=self.window,
+                attribution=attribution,
             )
             for k, v in bad:
                 logger.warning("dropped invalid annotation {}={!r}", k, v)

@@ -20,6 +20,7 @@ __all__ = [
     "PodRef",
     "attribute",
     "holder_memory_mib",
+    "out_of_band_mib",
     "pod_from_cgroup",
 ]
 
@@ -271,3 +272,12 @@ def holder_memory_mib(att: GpuAttribution) -> int | None:
     if len(att.holders) != 1 or att.unknown_pids:
         return None
     return sum(p.used_memory_mib for p in att.pods)
+
+
+def out_of_band_mib(att: GpuAttribution) -> int | None:
+    """The out-of-band memory of a device as far as it is known: the sum when every process on
+    it was placed, or when some out-of-band memory was found (then a lower bound); ``None``
+    when processes could not be placed (no host ``/proc``) and none was found."""
+    if att.out_of_band_memory_mib > 0 or not att.unknown_pids:
+        return att.out_of_band_memory_mib
+    return None

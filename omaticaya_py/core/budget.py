@@ -16,6 +16,7 @@ from .schema import (
     GPU_COUNT,
     GPU_HEALTH,
     GPU_MEMORY_FREE,
+    GPU_MEMORY_OUT_OF_BAND,
     GPU_TEMPERATURE,
     GPU_UTILIZATION,
     HEALTH,
@@ -49,7 +50,7 @@ _MORE_IS_BETTER_SUFFIX = (
 )
 #: where more is less attractive
 _LESS_IS_BETTER_NODE = frozenset({UTILIZATION})
-_LESS_IS_BETTER_SUFFIX = ("." + GPU_UTILIZATION,)
+_LESS_IS_BETTER_SUFFIX = ("." + GPU_UTILIZATION, "." + GPU_MEMORY_OUT_OF_BAND)
 #: not a scheduling input: never urgent (it changes with load; it waits for the next patch)
 _NEUTRAL_SUFFIX = ("." + GPU_TEMPERATURE,)
 

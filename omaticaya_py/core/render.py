@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from .attribution import GpuAttribution, out_of_band_mib
 from .health import NodeHealth, Unit
 from .labelvalues import (
     is_valid_key,
@@ -33,6 +34,7 @@ from .schema import (
     GPU_COUNT,
     GPU_HEALTH,
     GPU_MEMORY_FREE,
+    GPU_MEMORY_OUT_OF_BAND,
     GPU_MIG_ENABLED,
     GPU_TEMPERATURE,
     GPU_UTILIZATION,
@@ -56,7 +58,7 @@ from .schema import (
     mig_key,
 )
 from .settings import Settings
-from .snapshot import NodeSnapshot
+from .snapshot import GpuReading, NodeSnapshot
 
 __all__ = [
     "Desired",
@@ -91,7 +93,11 @@ class Desired:
 
 
 def _node_labels(
-    snapshot: NodeSnapshot, health: NodeHealth, s: Settings, previous: Mapping[str, str]
+    snapshot: NodeSnapshot,
+    health: NodeHealth,
+    s: Settings,
+    previous: Mapping[str, str],
+    attribution: Mapping[str, GpuAttribution],
 ) -> dict[str, str]:
     out: dict[str, str] = {HEALTH: str(health.state)}
     share = s.hysteresis_pct / 100
@@ -171,12 +177,24 @@ def _node_labels(
                 out[key(GPU_UTILIZATION)] = nearest(
                     key(GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
                 )
+            # processes in no pod (needs the host's /proc): only when there is some
+            oob = _out_of_band_mib(g, attribution)
+            if oob and quantise_down(oob, mem_step) > 0:
+                out[key(GPU_MEMORY_OUT_OF_BAND)] = str(quantise_down(oob, mem_step))
             # opt-in: it changes with load and no scheduler decides on it (telemetry has it)
             if s.temperature_labels and g.temperature_c is not None and g.temperature_c >= 0:
                 out[key(GPU_TEMPERATURE)] = nearest(
                     key(GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
                 )
     return out
+
+
+def _out_of_band_mib(g: GpuReading, attribution: Mapping[str, GpuAttribution]) -> int:
+    """Out-of-band memory on GPU ``g`` (with MIG on, over its MIG devices), as far as known."""
+    ids = [m.uuid for m in g.mig_devices] if g.mig_enabled else [g.uuid]
+    return sum(
+        out_of_band_mib(attribution[i]) or 0 for i in ids if i is not None and i in attribution
+    )
 
 
 def _idle(unit: Unit, below_pct: float) -> bool:
@@ -222,6 +240,7 @@ def render(
     previous: Mapping[str, str] | None = None,
     *,
     with_telemetry: bool = True,
+    attribution: Mapping[str, GpuAttribution] | None = None,
 ) -> Desired:
     """Desired labels and annotations (full keys under ``settings.prefix``) for this snapshot.
 
@@ -231,11 +250,14 @@ def render(
     only for a patch that carries it). Invalid
     keys or values are dropped and listed in ``Desired.dropped``. ``previous`` (the labels
     rendered last tick) turns on hysteresis for the rounded numbers (``settings.hysteresis_pct``).
+    ``attribution`` (who uses each GPU, by UUID) adds ``gpu-N.memory.out-of-band-mib`` where
+    processes in no pod hold memory, and goes into the telemetry.
     """
     prefix = settings.prefix
     labels: dict[str, str] = {}
     dropped: list[tuple[str, str]] = []
-    for name, value in _node_labels(snapshot, health, settings, previous or {}).items():
+    attribution = attribution or {}
+    for name, value in _node_labels(snapshot, health, settings, previous or {}, attribution).items():
         key = f"{prefix}/{name}"
         if value and is_valid_key(key) and is_valid_value(value):
             labels[key] = value
@@ -243,7 +265,9 @@ def render(
             dropped.append((key, value))
     annotations: dict[str, str] = {}
     if with_telemetry:
-        annotations, bad = telemetry_annotation(snapshot, health, prefix)
+        annotations, bad = telemetry_annotation(
+            snapshot, health, prefix, attribution=attribution or None
+        )
         dropped.extend(bad)
     return Desired(labels=labels, annotations=annotations, dropped=tuple(dropped))
 

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .. import __version__
-from .attribution import GpuAttribution, holder_memory_mib
+from .attribution import GpuAttribution, holder_memory_mib, out_of_band_mib
 from .health import NodeHealth
 from .labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
 from .schema import (
@@ -129,7 +129,7 @@ def _users(attribution: Mapping[str, GpuAttribution] | None, uuid: str | None) -
             )
             for h in att.holders
         ),
-        "memory_out_of_band_mib": att.out_of_band_memory_mib,
+        "memory_out_of_band_mib": out_of_band_mib(att),
     }
 
 

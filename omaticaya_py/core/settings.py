@@ -153,6 +153,23 @@ class Settings(CommonSettings):
         "utilisation over this many seconds in the telemetry annotation, once half covered "
         "(0: off).",
     )
+    pod_resources_socket: Path | None = Field(
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        description="The kubelet's PodResources socket: publish which pod holds each GPU "
+        "(empty: off; absent: said once, nothing else changes).",
+    )
+    proc_root: Path | None = Field(
+        default=None,
+        description="Where the host's /proc is seen (/proc on the host or with the chart's "
+        "hostPID): place each GPU process in its pod, or out-of-band (empty: off).",
+    )
+    out_of_band_event_mib: int = Field(
+        default=1024,
+        ge=0,
+        le=10**9,
+        description="A Node Event when processes in no pod hold this many MiB on one GPU, once "
+        "per episode (0: off).",
+    )
     metrics_port: int = Field(default=9402, ge=0, le=65535, description="0 turns /metrics off.")
     metrics_address: str = Field(default="0.0.0.0", description="Address /metrics binds to.")
     fail_on_init_error: bool = Field(
@@ -179,10 +196,17 @@ class Settings(CommonSettings):
             raise ValueError(f"expected {SCHEDULE_FORM}")
         return parse_schedule(value)
 
-    @field_validator("trace", mode="before")
+    @field_validator("trace", "pod_resources_socket", "proc_root", mode="before")
     @classmethod
-    def _empty_trace(cls, value: Any) -> Any:
+    def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("pod_resources_socket", "proc_root")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError("expected an absolute path, like /proc (or empty: off)")
+        return value
 
     @field_validator("trace")
     @classmethod

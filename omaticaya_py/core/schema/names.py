@@ -47,6 +47,8 @@ GPU_MEMORY_FREE = "memory.free-mib"
 GPU_UTILIZATION = "utilization-pct"
 GPU_TEMPERATURE = "temperature-c"
 GPU_MIG_ENABLED = "mig.enabled"
+#: memory of processes in no pod, MiB rounded down to the memory step; only when non-zero
+GPU_MEMORY_OUT_OF_BAND = "memory.out-of-band-mib"
 
 # per-MIG-profile labels: mig_key(profile, ...)
 MIG_COUNT = "count"

@@ -1,0 +1,209 @@
+"""Who uses each GPU, published: an agent replays a trace whose GPU 0 runs two compute
+processes, one in a pod and one in none (out-of-band), with the kubelet's PodResources (a local
+gRPC server speaking the kubelet's v1 API; the real kubelet is in
+``tests/test_podresources_kubelet.py``) and a host ``/proc`` of real cgroup files.
+
+What must come out: the telemetry names the pod holding the GPU and the out-of-band memory; the
+label ``gpu-0.memory.out-of-band-mib`` appears only when non-zero; the metrics carry
+dcgm-exporter's ``pod``/``namespace``/``container`` labels and the out-of-band gauge; the device
+plugin does not prefer the GPU whose memory is held out-of-band; the write budget treats more
+out-of-band memory as a change for the worse."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from omaticaya_py.agent import Agent
+from omaticaya_py.agent.attribution import Attribution
+from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.core.budget import urgent
+from omaticaya_py.core.settings import load_settings
+from omaticaya_py.deviceplugin.allocation import preferred
+from omaticaya_py.deviceplugin.service import DeviceService
+from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
+from omaticaya_py.sources.replay import TraceReader
+from tests.helpers import MULTI_TRACE
+
+P = "omaticaya.io/"
+MIB = 1024 * 1024
+POD_UID = "0b3a4f6e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+CONTAINER_ID = "a" * 64
+IN_POD_PID, OUT_OF_BAND_PID, GONE_PID = 4242, 4343, 4444
+IN_POD_MIB, OUT_OF_BAND_MIB = 10240, 6144
+
+
+def trace_with_processes(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The multi-GPU trace's first sample, held still, GPU 0 running three processes (in a pod,
+    in no pod, gone before its cgroup was read); the GPUs' UUIDs."""
+    doc = json.loads(MULTI_TRACE.read_text())
+    first = copy.deepcopy(doc["samples"][0])
+    gpu0 = first["gpus"][0]
+    gpu0["compute_processes"] = [
+        {"pid": IN_POD_PID, "usedGpuMemory": IN_POD_MIB * MIB},
+        {"pid": OUT_OF_BAND_PID, "usedGpuMemory": OUT_OF_BAND_MIB * MIB},
+    ]
+    total = gpu0["memory_bytes"]["total"]
+    used = (IN_POD_MIB + OUT_OF_BAND_MIB + 512) * MIB
+    gpu0["memory_bytes"] = {"total": total, "used": used, "free": total - used}
+    gpu0.pop("memory_v2_bytes", None)
+    samples = []
+    for t in range(4):
+        s = copy.deepcopy(first)
+        s["t"] = float(t)
+        samples.append(s)
+    doc.update(samples=samples, phases=[])
+    path = tmp_path / "processes.json"
+    path.write_text(json.dumps(doc))
+    return path, [d["uuid"] for d in doc["devices"]]
+
+
+def host_proc(tmp_path: Path) -> Path:
+    """A /proc with the cgroup files of the two live processes, as a cgroup v2 host with the
+    systemd driver and containerd writes them."""
+    root = tmp_path / "proc"
+    pod_slice = "kubepods-burstable-pod" + POD_UID.replace("-", "_") + ".slice"
+    cgroups = {
+        IN_POD_PID: f"0::/kubepods.slice/kubepods-burstable.slice/{pod_slice}/"
+        f"cri-containerd-{CONTAINER_ID}.scope\n",
+        OUT_OF_BAND_PID: "0::/user.slice/user-1000.slice/session-3.scope\n",
+    }
+    for pid, text in cgroups.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "cgroup").write_text(text)
+    return root
+
+
+class _Kubelet(api_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, gpu: str) -> None:
+        self.gpu = gpu
+
+    def List(self, request, context):  # noqa: N802 - the gRPC method's name
+        devices = api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[self.gpu])
+        return api_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                api_pb2.PodResources(
+                    name="train-0",
+                    namespace="ml",
+                    containers=[api_pb2.ContainerResources(name="trainer", devices=[devices])],
+                )
+            ]
+        )
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[tuple[Agent, list[str]]]:
+    trace, uuids = trace_with_processes(tmp_path)
+    socket_path = tmp_path / "kubelet.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Kubelet(uuids[0]), server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    settings = load_settings(node_name="n", min_patch_interval_s=0, out_of_band_event_mib=4096)
+    agent = Agent(
+        settings, TraceReader(trace, at_s=1.0), None, dry_run=True,
+        attribution=Attribution(socket_path, host_proc(tmp_path)),
+    )  # fmt: skip
+    try:
+        yield agent, uuids
+    finally:
+        agent.attribution.close()
+        server.stop(None)
+
+
+def test_telemetry_labels_and_metrics_say_who_uses_the_gpu(rig):
+    agent, uuids = rig
+    result = agent.tick()
+    att = result.attribution[uuids[0]]
+    assert att.out_of_band_pids == (OUT_OF_BAND_PID,) and att.out_of_band_memory_mib == OUT_OF_BAND_MIB
+    assert [(p.pod_uid, p.container_id, p.used_memory_mib) for p in att.pods] == [
+        (POD_UID, CONTAINER_ID, IN_POD_MIB)
+    ]
+
+    doc = json.loads(result.desired.annotations[P + "telemetry"])
+    gpu0, gpu1, gpu4 = doc["gpus"][0], doc["gpus"][1], doc["gpus"][4]
+    assert gpu0["pods"] == [
+        {"namespace": "ml", "pod": "train-0", "container": "trainer", "memory_used_mib": IN_POD_MIB}
+    ]
+    assert gpu0["memory_out_of_band_mib"] == OUT_OF_BAND_MIB
+    assert gpu4["pods"] == [] and gpu4["memory_out_of_band_mib"] == 0  # idle: nothing out-of-band
+    # GPU 1's process is not in this /proc: unknown, so its out-of-band memory is not said
+    assert gpu1["pods"] == [] and "memory_out_of_band_mib" not in gpu1
+
+    labels = result.desired.labels
+    assert labels[P + "gpu-0.memory.out-of-band-mib"] == "6144"  # a whole number of GiB steps
+    assert not any(k.endswith("out-of-band-mib") for k in labels if "gpu-0." not in k)
+
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent))
+    on_gpu0 = {"gpu": "0", "uuid": uuids[0]}
+    held = {"pod": "train-0", "namespace": "ml", "container": "trainer"}
+    used = registry.get_sample_value("omaticaya_gpu_memory_used_bytes", {**on_gpu0, **held})
+    assert used == result.snapshot.gpus[0].memory_used_mib * MIB
+    assert registry.get_sample_value(
+        "omaticaya_gpu_utilization_ratio", {**on_gpu0, **held}
+    ) is not None
+    unheld = {"gpu": "1", "uuid": uuids[1], "pod": "", "namespace": "", "container": ""}
+    assert registry.get_sample_value("omaticaya_gpu_memory_used_bytes", unheld) is not None
+    assert registry.get_sample_value(
+        "omaticaya_gpu_out_of_band_memory_bytes", on_gpu0
+    ) == OUT_OF_BAND_MIB * MIB
+
+
+def test_without_the_host_proc_nothing_is_called_out_of_band(rig, tmp_path):
+    """No host /proc (no hostPID): the processes are unknown, never out-of-band."""
+    agent, uuids = rig
+    agent.attribution.proc_root = None
+    result = agent.tick()
+    assert result.attribution[uuids[0]].unknown_pids == (IN_POD_PID, OUT_OF_BAND_PID)
+    doc = json.loads(result.desired.annotations[P + "telemetry"])
+    assert "memory_out_of_band_mib" not in doc["gpus"][0]
+    assert doc["gpus"][0]["pods"] == [{"namespace": "ml", "pod": "train-0", "container": "trainer"}]
+    assert not any(k.endswith("out-of-band-mib") for k in result.desired.labels)
+
+
+def test_without_the_kubelet_socket_processes_are_still_placed(tmp_path):
+    trace, uuids = trace_with_processes(tmp_path)
+    edge = Attribution(tmp_path / "absent.sock", host_proc(tmp_path))
+    agent = Agent(load_settings(node_name="n"), TraceReader(trace, at_s=1.0), None,
+                  dry_run=True, attribution=edge)  # fmt: skip
+    for _ in range(3):
+        result = agent.tick()
+    assert edge.errors == {"absent": 3}  # counted each tick (logged once)
+    assert result.attribution[uuids[0]].holders == ()
+    assert result.attribution[uuids[0]].out_of_band_memory_mib == OUT_OF_BAND_MIB
+
+
+def test_the_device_plugin_does_not_prefer_a_gpu_held_out_of_band(rig):
+    """GPU 0 and GPU 4 of the trace are both idle, with the same free memory, but GPU 0 now
+    holds 16 GiB of processes (6 GiB of them in no pod): live free memory counts them, so the
+    preferred allocation takes GPU 4 first."""
+    agent, uuids = rig
+    agent.tick()
+    service = DeviceService(agent, devices=list(enumerate(uuids)))
+    states = {s.id: s for s in service.devices()}
+    assert states[uuids[0]].free_mib < states[uuids[4]].free_mib
+    assert preferred(states, [uuids[0], uuids[4]], [], 1) == [uuids[4]]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "urgent_expected"),
+    [
+        (None, "6144", False),  # appears (the free memory label drops with it, at once)
+        ("6144", "8192", True),  # more memory held out-of-band: worse, at once
+        ("8192", "6144", False),  # less: better, may wait
+    ],
+    ids=["appears", "grows", "shrinks"],
+)
+def test_out_of_band_label_in_the_write_budget(before, after, urgent_expected):
+    key = P + "gpu-0.memory.out-of-band-mib"
+    prior = {P + "gpu.health": "Healthy", **({key: before} if before else {})}
+    later = {P + "gpu.health": "Healthy", key: after}
+    assert urgent(prior, later) is urgent_expected
