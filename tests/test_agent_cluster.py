@@ -77,7 +77,8 @@ def audit_patches(dev_cluster, node: str, verb: str = "patch") -> int:
 
 def test_labels_follow_the_trace_phases(dev_cluster, admin_api, make_node):
     node = make_node(labels=FOREIGN_LABELS, annotations=FOREIGN_ANNOTATIONS)
-    agent, clock = make_agent(dev_cluster, node)
+    # every phase on the Node as it comes, rises too: no write budget (test_lease_cluster's)
+    agent, clock = make_agent(dev_cluster, node, min_patch_interval_s=0)
     seen: dict[float, dict[str, str]] = {}
     for t in (0.0, 2.0, 5.0, 7.0, 9.5, 11.0, 13.0, 14.0, 17.0, 20.0, 23.0, 25.5):
         clock.t = t

@@ -311,7 +311,8 @@ def test_fault_trace_gives_the_right_labels_and_events(dev_cluster, admin_api, m
     and Events at each point, and recovery without a restart."""
     node = make_node()
     clock = [0.0]
-    settings = load_settings(node_name=node, xid_quiet_s=8)
+    # recoveries on the Node at the tick they happen: no write budget (it would hold them)
+    settings = load_settings(node_name=node, xid_quiet_s=8, min_patch_interval_s=0)
     reader = TraceReader(FAULTS_TRACE, loop=False, window_s=1.0, clock=lambda: clock[0])
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
     agent = Agent(settings, reader, client, clock=lambda: clock[0])

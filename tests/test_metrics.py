@@ -129,6 +129,7 @@ def test_scrape_a_running_agent(dev_cluster, make_node):
         OMATICAYA_SCHEDULE="@every 1s",
         OMATICAYA_METRICS_PORT=str(port),
         OMATICAYA_METRICS_ADDRESS="127.0.0.1",
+        OMATICAYA_TEMPERATURE_LABELS="true",  # the 18 labels counted below include it
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "omaticaya_py", "run"], env=env,

@@ -66,7 +66,9 @@ class Clock:
 def run_agent(dev_cluster, api, node: str, trace: Path, until_s: int) -> dict[str, Any]:
     """Tick an agent (window 60 s) once a trace second up to ``until_s``; the Node's telemetry."""
     clock = Clock()
-    settings = load_settings(node_name=node, window_s=60, cleanup_on_exit=False)
+    # the telemetry of the last tick's change: no write budget (it would hold the rise after a
+    # dip, and the telemetry with it)
+    settings = load_settings(node_name=node, window_s=60, cleanup_on_exit=False, min_patch_interval_s=0)
     reader = TraceReader(trace, loop=False, window_s=1.0, clock=clock)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
     agent = Agent(settings, reader, client, clock=clock, lease=None)
