@@ -207,3 +207,44 @@ def test_out_of_band_label_in_the_write_budget(before, after, urgent_expected):
     prior = {P + "gpu.health": "Healthy", **({key: before} if before else {})}
     later = {P + "gpu.health": "Healthy", key: after}
     assert urgent(prior, later) is urgent_expected
+
+
+@pytest.mark.cluster
+def test_out_of_band_event_once_per_episode(dev_cluster, admin_api, make_node, tmp_path):
+    """On the real API server: one ``GpuOutOfBandMemory`` Event while the out-of-band process
+    holds its memory, none more at later ticks; once it is gone and back, a second one."""
+    from omaticaya_py.kube import NodeClient
+
+    trace, uuids = trace_with_processes(tmp_path)
+    proc = host_proc(tmp_path)
+    node = make_node()
+    client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
+    settings = load_settings(node_name=node, min_patch_interval_s=0, out_of_band_event_mib=4096)
+    agent = Agent(settings, TraceReader(trace, at_s=1.0), client, lease=None,
+                  attribution=Attribution(None, proc))  # fmt: skip
+    oob_cgroup = proc / str(OUT_OF_BAND_PID) / "cgroup"
+    host_line = oob_cgroup.read_text()
+
+    def events() -> list[str]:
+        found = admin_api.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={node},reason=GpuOutOfBandMemory"
+        ).items
+        return sorted(e.message for e in found)
+
+    try:
+        for _ in range(3):
+            agent.tick()
+        (message,) = events()
+        assert message.startswith(f"GPU 0: {OUT_OF_BAND_MIB} MiB held by processes in no pod")
+        assert f"PIDs {OUT_OF_BAND_PID}" in message
+        # the process exits (its PID now in a pod's cgroup stands for "no more out-of-band")
+        oob_cgroup.write_text((proc / str(IN_POD_PID) / "cgroup").read_text())
+        agent.tick()
+        assert len(events()) == 1
+        oob_cgroup.write_text(host_line)  # a new episode
+        agent.tick()
+        agent.tick()
+        assert len(events()) == 2
+        assert agent.events_posted["GpuOutOfBandMemory"] == 2
+    finally:
+        client.close()

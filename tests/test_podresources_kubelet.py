@@ -28,7 +28,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
+from omaticaya_py.agent import Agent
+from omaticaya_py.agent.attribution import Attribution
+from omaticaya_py.agent.metrics import AgentCollector
 from omaticaya_py.core.attribution import ContainerDevices, PodRef
 from omaticaya_py.kube.podresources import (
     DEFAULT_SOCKET,
@@ -38,6 +42,7 @@ from omaticaya_py.kube.podresources import (
 )
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.procs import read_pod_refs
+from omaticaya_py.sources.replay import TraceReader
 from tests.devcluster import REPO_ROOT, DevCluster
 from tests.kubelet import kubelet_node, stop_plugin
 from tests.waiting import wait_for
@@ -272,11 +277,55 @@ def test_container_pid_resolves_to_its_pod(gpu_pod: RunningPod) -> None:
     assert read_pod_refs([gpu_pod.pid]) == {gpu_pod.pid: PodRef(gpu_pod.uid, gpu_pod.container_id)}
 
 
+@pytest.fixture(scope="module")
+def agent(pod_resources: PodResourcesClient) -> Iterator[Agent]:
+    """An agent over the plugin's trace that asks this kubelet who holds its GPUs (no host
+    /proc here: holders only)."""
+    from omaticaya_py.core.settings import load_settings
+
+    edge = Attribution(pod_resources.socket_path, None)
+    settings = load_settings(node_name="n", min_patch_interval_s=0)
+    yield Agent(settings, TraceReader(TRACE, at_s=1.0), None, dry_run=True, attribution=edge)
+    edge.close()
+
+
+def _held_series(agent: Agent) -> set[tuple[str, ...]]:
+    """One tick, then the (uuid, pod, namespace, container) of every used-memory series with a
+    pod on the agent's /metrics collector."""
+    agent.tick()
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(agent))
+    family = registry.collect()
+    return {
+        (s.labels["uuid"], s.labels["pod"], s.labels["namespace"], s.labels["container"])
+        for f in family
+        if f.name == "omaticaya_gpu_memory_used_bytes"
+        for s in f.samples
+        if s.labels["pod"]
+    }
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_agent_publishes_the_pod_holding_its_gpu(
+    agent: Agent, pod_resources: PodResourcesClient, gpu_pod: RunningPod
+) -> None:
+    (held,) = wait_for(f"{POD} in PodResources", lambda: _holders(pod_resources), 20)
+    (uuid,) = held.device_ids
+    assert _held_series(agent) == {(uuid, POD, "default", "cuda")}
+    # and the telemetry names it
+    assert agent.cache.last is not None
+    doc = json.loads(agent.cache.last.desired.annotations["omaticaya.io/telemetry"])
+    (gpu,) = [g for g in doc["gpus"] if g["uuid"] == uuid]
+    assert gpu["pods"] == [{"namespace": "default", "pod": POD, "container": "cuda"}]
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_deleted_pod_leaves_the_list(
-    admin_api, pod_resources: PodResourcesClient, gpu_pod: RunningPod
+    admin_api, agent: Agent, pod_resources: PodResourcesClient, gpu_pod: RunningPod
 ) -> None:
     wait_for(f"{POD} in PodResources", lambda: _holders(pod_resources), 20)
     admin_api.delete_namespaced_pod(POD, "default", grace_period_seconds=0)
     wait_for(f"{POD} gone from PodResources", lambda: not _holders(pod_resources), 30)
+    assert _held_series(agent) == set()  # gone from the metrics at the next tick

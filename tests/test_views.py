@@ -128,6 +128,23 @@ def test_gpu_rows_from_telemetry():
     assert fleet.short_uuid(row.gpu_rows[0].uuid) == "00000000"
 
 
+def test_gpu_rows_name_the_pods_holding_them():
+    held = gpu(0, pods=[{"namespace": "ml", "pod": "train-0", "container": "trainer",
+                          "memory_used_mib": 30720}], memory_out_of_band_mib=6144)
+    mig = gpu(1, mig_enabled=True, mig_devices=[
+        {"index": 0, "pods": [{"namespace": "a", "pod": "x", "container": "c"}]},
+        {"index": 1, "pods": [{"namespace": "a", "pod": "x", "container": "d"},
+                              {"namespace": "b", "pod": "y", "container": "c"}]},
+        {"index": 2, "pods": [{"namespace": 5, "pod": None}]},  # untrusted: skipped
+    ])
+    row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([held, mig])}, now=NOW)
+    assert [(g.pods, g.out_of_band_mib) for g in row.gpu_rows] == [
+        (("ml/train-0",), 6144), (("a/x", "b/y"), None)]
+    text = _text([row], TopOptions(gpus=True), width=160)
+    assert "ml/train-0 +6.0GiB out-of-band" in text and "a/x,b/y" in text
+    assert fleet.to_json([row])["nodes"][0]["gpus"][0]["pods"] == ["ml/train-0"]
+
+
 @pytest.mark.parametrize(("uuid", "short"), [
     ("GPU-178dd196-7fda-b7ae", "178dd196"), ("MIG-abc-def", "abc"), ("plain", "plain"),
     (None, None), ("", None), ("GPU-", None),

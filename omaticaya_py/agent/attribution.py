@@ -87,7 +87,9 @@ class Attribution:
             code = "absent" if isinstance(exc, PodResourcesAbsent) else getattr(exc, "code", "")
             self.errors[code or "unknown"] += 1
             if self._failing != code:  # once per kind of failure, not every tick
-                logger.warning(
+                # no socket: not on a kubelet's node (or not mounted): expected, said quietly
+                log = logger.info if code == "absent" else logger.warning
+                log(
                     "no pod attribution from the kubelet ({}); GPUs are published without "
                     "their pods, retrying each tick", exc,
                 )

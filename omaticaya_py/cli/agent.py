@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any
 
+from ..core.schema import TELEMETRY, parse_gpu_readings
 from ..core.settings import Settings, SettingsError, load_settings
 from .errors import UsageError, print_lines
 from .inputs import NoReader, node_client, reader
@@ -111,6 +112,14 @@ def show_text(result: Any, as_json: bool) -> str:
         f"{'GPU':>3}  {'PRODUCT':<24} {'FREE MiB':>9} {'TOTAL MiB':>9} {'UTIL %':>6} "
         f"{'TEMP C':>6} {'POWER W':>7}  HEALTH",
     ]
+    # who holds each GPU: the telemetry's pods (when the agent could ask the kubelet)
+    held = {
+        r.index: ",".join(f"{p.namespace}/{p.pod}" for p in r.pods or ())
+        + (f" +{r.memory_out_of_band_mib}MiB out-of-band" if r.memory_out_of_band_mib else "")
+        for key in desired.annotations
+        if key.endswith("/" + TELEMETRY)
+        for r in parse_gpu_readings(desired.annotations, key.rpartition("/")[0])
+    }
 
     def cell(v: Any, fmt: str = "{}") -> str:
         return "-" if v is None else fmt.format(v)
@@ -122,6 +131,7 @@ def show_text(result: Any, as_json: bool) -> str:
             f"{g.index:>3}  {(g.product or '-')[:24]:<24} {cell(g.memory_free_mib):>9} "
             f"{cell(g.memory_total_mib):>9} {cell(g.utilization_pct, '{:.0f}'):>6} "
             f"{cell(g.temperature_c):>6} {cell(g.power_w, '{:.0f}'):>7}  {state}"
+            + (f"  pods {held[g.index]}" if held.get(g.index) else "")
         )
     lines += ["", "LABELS"]
     lines += [f"  {k}={v}" for k, v in sorted(desired.labels.items())]

@@ -53,6 +53,10 @@ class GpuRow:
     reasons: tuple[str, ...] = ()
     processes: int | None = None
     mig: bool = False
+    #: ``namespace/pod`` of each container holding the GPU (its MIG devices), from the telemetry
+    pods: tuple[str, ...] = ()
+    #: memory of processes in no pod, MiB (``None``: not known)
+    out_of_band_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,8 @@ def node_row(
                 reasons=r.reasons,
                 processes=r.process_count,
                 mig=r.mig_enabled,
+                pods=holders(r),
+                out_of_band_mib=r.memory_out_of_band_mib,
             )
             for r in readings
         )
@@ -266,6 +272,16 @@ def sort_rows(rows: Iterable[NodeRow], by: str = "name") -> list[NodeRow]:
     if by == "age":
         return sorted(ordered, key=lambda r: _missing_last(r.age_s, True))
     return ordered
+
+
+def holders(g: schema.GpuTelemetry) -> tuple[str, ...]:
+    """``namespace/pod`` of each container holding GPU ``g`` or one of its MIG devices, once
+    each, in the telemetry's order."""
+    pods = list(g.pods or ())
+    for m in g.mig_devices or ():
+        pods.extend(m.pods or ())
+    names = (f"{p.namespace}/{p.pod}" for p in pods if p.namespace and p.pod)
+    return tuple(dict.fromkeys(names))
 
 
 def filter_rows(

@@ -146,9 +146,18 @@ def _free_total(g: GpuRow) -> str:
     return f"{gib(g.free_mib)}/{gib(g.total_mib)}"
 
 
+def _pods(g: GpuRow) -> str:
+    """The pods holding a GPU, and its out-of-band memory where there is some."""
+    text = ",".join(g.pods) or "-"
+    if g.out_of_band_mib:
+        text += f" +{g.out_of_band_mib / 1024:.1f}GiB out-of-band"
+    return text
+
+
 def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
     """One row per GPU of each Node: UUID (shortened unless ``wide``), a bar of used memory,
-    free/total GiB, utilisation, temperature, processes, health with its reasons."""
+    free/total GiB, utilisation, temperature, processes, health with its reasons, and the pods
+    holding it (with the memory held out-of-band, by processes in no pod)."""
     table = _table(gap=1)
     table.add_column("NODE", no_wrap=True, overflow="ellipsis", max_width=None if wide else 18)
     _col(table, "GPU", 3, right=True)
@@ -159,9 +168,10 @@ def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
     _col(table, "TEMP", 4, right=True)
     _col(table, "PROC", 4, right=True)
     table.add_column("HEALTH", overflow="fold", min_width=13)  # remap-pending
+    table.add_column("PODS", overflow="fold", min_width=4)
     for r in rows:
         if not r.gpu_rows:
-            table.add_row(r.name, "-", "-", Text("-"), "-", "-", "-", "-", _health(r.health))
+            table.add_row(r.name, "-", "-", Text("-"), "-", "-", "-", "-", _health(r.health), "-")
         for g in r.gpu_rows:
             health = _health(g.health)
             if g.reasons:
@@ -179,6 +189,7 @@ def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
                 "-" if g.temperature_c is None else f"{g.temperature_c}C",
                 "-" if g.processes is None else str(g.processes),
                 health,
+                _pods(g),
             )
     return table
 
