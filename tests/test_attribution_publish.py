@@ -248,3 +248,29 @@ def test_out_of_band_event_once_per_episode(dev_cluster, admin_api, make_node, t
         assert agent.events_posted["GpuOutOfBandMemory"] == 2
     finally:
         client.close()
+
+
+def test_out_of_band_through_real_pynvml_and_the_nvml_test_library(tmp_path):
+    """``omaticaya show`` reading NVML (the test library serving the trace, through the real
+    pynvml and NvmlReader): the process in no pod is out-of-band in the labels."""
+    import subprocess
+    import sys
+
+    from tests import nvmltestlib
+
+    reason = nvmltestlib.testlib_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    trace, _ = trace_with_processes(tmp_path)
+    env = nvmltestlib.testlib_env(trace)
+    env.update(OMATICAYA_PROC_ROOT=str(host_proc(tmp_path)), OMATICAYA_POD_RESOURCES_SOCKET="")
+    proc = subprocess.run(
+        [sys.executable, "-m", "omaticaya_py", "show", "--node", "n", "--json"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["labels"][P + "gpu-0.memory.out-of-band-mib"] == "6144"
+    gpu0 = json.loads(out["annotations"][P + "telemetry"])["gpus"][0]
+    assert gpu0["memory_out_of_band_mib"] == OUT_OF_BAND_MIB
+    assert json.loads(out["annotations"][P + "telemetry"])["source"] == "nvml"
