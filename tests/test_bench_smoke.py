@@ -57,6 +57,17 @@ def test_tick_nvml_exits_cleanly_without_a_gpu() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_label_churn_quick() -> None:
+    proc = run_bench("label_churn.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "machine:" in out and "command:" in out
+    for trace in ("h100", "h100-idle", "8-gpu"):
+        assert f"{trace} b=0" in out and f"{trace} b=30" in out
+    assert "gpu.memory.free-mib" in out and "gpu-N.temperature-c (opt-in)" in out
+    assert "Node patches/h" in out and "held ticks/h" in out
+
+
 @pytest.mark.cluster
 def test_api_load_quick(dev_cluster: DevCluster) -> None:
     proc = run_bench("api_load.py", "--quick", env=cluster_env(dev_cluster))
