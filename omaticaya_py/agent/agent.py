@@ -183,8 +183,7 @@ class Agent:
                 )
                 self.outage.ok(now_s)
                 if self.node is not None and not self.dry_run:
-                    self._post_health_events(health, snapshot)
-                    self._post_out_of_band_events(attribution, snapshot)
+                    self._post_events(health, snapshot, attribution)
             except NodeNotFound as exc:
                 self.writer.forget()
                 self.outage.failed(exc, now_s)
@@ -206,22 +205,15 @@ class Agent:
             except Exception:  # noqa: BLE001 - a listener must not stop the agent
                 logger.exception("on_tick listener failed")
 
-    def _post_health_events(self, after: NodeHealth, snapshot: NodeSnapshot) -> None:
-        assert self.node is not None
-        meta = self.writer.meta
-        self.events.post(self.node, meta.uid if meta else "", after, snapshot)
-
-    def _post_out_of_band_events(
-        self, attribution: Mapping[str, GpuAttribution], snapshot: NodeSnapshot
+    def _post_events(
+        self, health: NodeHealth, snapshot: NodeSnapshot, att: Mapping[str, GpuAttribution]
     ) -> None:
-        threshold = self.settings.out_of_band_event_mib
-        if threshold <= 0 or not attribution:
-            return
         assert self.node is not None
-        meta = self.writer.meta
-        self.events.post_out_of_band(
-            self.node, meta.uid if meta else "", attribution, snapshot, threshold
-        )
+        uid = self.writer.meta.uid if self.writer.meta else ""
+        self.events.post(self.node, uid, health, snapshot)
+        threshold = self.settings.out_of_band_event_mib
+        if threshold > 0 and att:
+            self.events.post_out_of_band(self.node, uid, att, snapshot, threshold)
 
     def safe_tick(self) -> None:
         """``tick()`` for the scheduler: every failure is logged (once per outage) and counted,
@@ -296,24 +288,11 @@ class Agent:
         tick lock is held throughout, so no tick can run during or after the cleanup."""
         self.stop()
         with self._tick_lock:
-            self._cleanup_on_exit()
-        self.reader.close()
-        if self.attribution is not None:
-            self.attribution.close()
-        if self.node is not None:
-            self.node.close()
+            daemon.cleanup_on_exit(self)
+        for edge in (self.reader, self.attribution, self.node):
+            if edge is not None:
+                edge.close()
         logger.info("agent stopped")
-
-    def _cleanup_on_exit(self) -> None:
-        if not self.dry_run:
-            self.liveness.release()
-        if self.settings.cleanup_on_exit and not self.dry_run:
-            try:
-                patch = self.cleanup(keep_static=True)
-                removed = len((patch or {}).get("metadata", {}).get("labels", {}))
-                logger.info("removed {} dynamic labels from Node {}", removed, self.node_name)
-            except KubeError as exc:
-                logger.error("could not remove dynamic labels on exit: {}", exc)
 
     @property
     def node_name(self) -> str:

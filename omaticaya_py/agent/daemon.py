@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from ..kube import KubeError
+
 if TYPE_CHECKING:
     from .agent import Agent
 
-__all__ = ["install_signal_handlers", "run"]
+__all__ = ["cleanup_on_exit", "install_signal_handlers", "run"]
 
 
 def run(agent: Agent) -> None:
@@ -67,3 +69,19 @@ def install_signal_handlers(agent: Agent) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     agent.signals_installed = True
+
+
+def cleanup_on_exit(agent: Agent) -> None:
+    """Release the Lease and remove the dynamic labels (unless ``cleanup_on_exit`` is off or
+    ``dry_run``); a failure is logged, never raised."""
+    if agent.dry_run:
+        return
+    agent.liveness.release()
+    if not agent.settings.cleanup_on_exit:
+        return
+    try:
+        patch = agent.cleanup(keep_static=True)
+        removed = len((patch or {}).get("metadata", {}).get("labels", {}))
+        logger.info("removed {} dynamic labels from Node {}", removed, agent.node_name)
+    except KubeError as exc:
+        logger.error("could not remove dynamic labels on exit: {}", exc)

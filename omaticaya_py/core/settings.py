@@ -11,14 +11,26 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
+from .settings_base import (
+    DNS_SUBDOMAIN,
+    RESERVED_PREFIXES,
+    CommonSettings,
+    SettingsError,
+    check_prefix,
+    load,
+)
+
+#: the name part of an extended resource (a qualified name: ``gpu``, ``gpu.shared``).
+EXTENDED_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 __all__ = [
+    "RESERVED_PREFIXES",
     "CommonSettings",
     "Schedule",
     "Settings",
@@ -28,53 +40,6 @@ __all__ = [
     "load_settings",
     "parse_schedule",
 ]
-
-class SettingsError(ValueError):
-    """A setting has a bad value; ``str()`` is one line per bad setting, ready to print."""
-
-
-
-S = TypeVar("S", bound=BaseSettings)
-
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-#: the name part of an extended resource (a qualified name: ``gpu``, ``gpu.shared``).
-EXTENDED_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-
-
-class CommonSettings(BaseSettings):
-    """What every Omaticaya service is configured with, and how: the key prefix and logging;
-    a ``.env`` file beside the environment, values frozen once loaded, ``inf``/``nan`` refused.
-    ``Settings`` (the agent, ``OMATICAYA_*``) and the extender's ``ExtenderSettings``
-    (``OMATICAYA_EXTENDER_*``) build on it; ``load`` reads either."""
-
-    model_config = SettingsConfigDict(
-        env_file=".env",
-        env_file_encoding="utf-8",
-        extra="ignore",
-        frozen=True,
-        validate_default=True,
-        allow_inf_nan=False,  # 'inf' and 'nan' parse as floats: no setting means them
-    )
-
-    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
-    log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
-    log_level: Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"] = (
-        Field(
-            default="INFO",
-            description="Log level: TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR or CRITICAL.",
-        )
-    )
-
-    @field_validator("prefix")
-    @classmethod
-    def _check_prefix(cls, value: str) -> str:
-        return check_prefix(value)
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_level(cls, value: Any) -> Any:
-        return value.strip().upper() if isinstance(value, str) else value
-
 
 class Settings(CommonSettings):
     """Every setting of the agent. Environment names are ``OMATICAYA_<FIELD>`` in upper case,
@@ -279,69 +244,6 @@ class Settings(CommonSettings):
         if not value.is_absolute():
             raise ValueError("expected an absolute folder path, like '/var/lib/kubelet/device-plugins'")
         return value
-
-
-_EXPECTED = {
-    "bool_parsing": "expected true or false",
-    "int_parsing": "expected an integer",
-    "float_parsing": "expected a number",
-    "literal_error": None,
-}
-
-
-#: prefixes that belong to others: Kubernetes (the kubelet's ``kubernetes.io/hostname``,
-#: ``node.kubernetes.io/*``, node-feature-discovery's ``feature.node.kubernetes.io/*``) and
-#: NVIDIA (GPU Feature Discovery's ``nvidia.com/*``). The agent deletes every key under its
-#: prefix that it does not produce, so it must never be given one of these or a subdomain.
-RESERVED_PREFIXES = ("kubernetes.io", "k8s.io", "nvidia.com")
-
-
-def check_prefix(value: str) -> str:
-    """A label key prefix, trimmed of spaces and a trailing ``/``.
-
-    Raises ``ValueError`` when it is ``RESERVED_PREFIXES`` or a subdomain of one (in any case),
-    or unless it is a DNS subdomain of at most 253 characters."""
-    value = value.strip().rstrip("/")
-    lowered = value.lower()
-    for reserved in RESERVED_PREFIXES:
-        if lowered == reserved or lowered.endswith("." + reserved):
-            raise ValueError(
-                f"expected a prefix this agent owns, like 'omaticaya.io', not {reserved} or a "
-                f"subdomain of it: every key under the prefix is removed when no longer produced"
-            )
-    if len(value) > 253 or not DNS_SUBDOMAIN.match(value):
-        raise ValueError("expected a DNS subdomain of at most 253 characters, like 'omaticaya.io'")
-    return value
-
-
-def load(cls: type[S], flag_names: Mapping[str, str] | None = None, **overrides: Any) -> S:
-    """Build a settings class from the environment and ``.env``, with ``overrides`` (CLI flags)
-    on top; ``None`` overrides are ignored, so unset flags fall back to the environment.
-
-    Raises ``SettingsError``: one line per bad setting, naming where the value came from (the
-    flag in ``flag_names`` for an override, else its environment variable ``<env_prefix><FIELD>``
-    or ``NODE_NAME``) and the expected form."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    flags = {k: v for k, v in (flag_names or {}).items() if k in given}
-    try:
-        return cls(**given)
-    except ValidationError as exc:
-        env_prefix = cls.model_config.get("env_prefix", "")
-        lines = []
-        for err in exc.errors():
-            name = str(err["loc"][0]) if err["loc"] else "?"
-            if name in flags:
-                var = flags[name]
-            elif name in _NODE_NAME_ALIASES:
-                var = "NODE_NAME"
-            else:
-                var = f"{env_prefix}{name.upper()}"
-            expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
-            lines.append(f"invalid setting {var}={err.get('input')!r}: {expected}")
-        raise SettingsError("\n".join(lines)) from None
-
-
-_NODE_NAME_ALIASES = ("node_name", "NODE_NAME", "OMATICAYA_NODE_NAME")
 
 
 def load_settings(flag_names: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -293,7 +293,7 @@ class TraceReader:
                 out.append(gpu)
                 continue
             mean = sum(seen) / len(seen)
-            key = (id(gpu), mean)  # gpu is one of self.frames' readings: alive as long as we are
+            key = (gpu, mean)  # a frozen reading: hashed by value
             averaged = memo.get(key)
             if averaged is None:
                 if len(memo) >= 4096:
