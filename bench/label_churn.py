@@ -46,7 +46,7 @@ from bench.common import (  # noqa: E402
     table,
     write_trace,
 )
-from omaticaya_py.core.budget import hold_back, name_of, urgent  # noqa: E402
+from omaticaya_py.core.budget import hold_back, name_of, safe_part, urgent  # noqa: E402
 from omaticaya_py.core.health import XidLedger, XidPolicy, assess  # noqa: E402
 from omaticaya_py.core.render import render  # noqa: E402
 from omaticaya_py.sources.replay import TraceReader  # noqa: E402
@@ -99,6 +99,8 @@ class NodeSide:
     budget_s: float
     labels: dict[str, str] = field(default_factory=dict)
     last_patch_s: float | None = None
+    calm_since_s: float | None = None
+    previous: dict[str, str] | None = None
     patches: int = 0
     urgent_patches: int = 0
     held: int = 0
@@ -106,12 +108,16 @@ class NodeSide:
 
     def tick(self, now_s: float, desired: dict[str, str]) -> None:
         """``agent/writer.py``'s rule: a label change is patched unless the budget holds it."""
+        if self.previous is not None and urgent(self.previous, desired):
+            self.calm_since_s = now_s  # the reading got worse: a rise waits for calm
+        self.previous = dict(desired)
+        if hold_back(now_s, self.last_patch_s, self.budget_s, False, self.calm_since_s):
+            safe = safe_part(self.labels, desired)  # changes for the better wait
+            self.held += safe != desired
+            desired = safe
         if desired == self.labels:
             return
         is_urgent = urgent(self.labels, desired)
-        if hold_back(now_s, self.last_patch_s, self.budget_s, is_urgent):
-            self.held += 1
-            return
         if self.last_patch_s is not None:  # the start-up patch is not churn
             self.patches += 1
             self.urgent_patches += is_urgent

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.budget import hold_back, urgent, worse
+from omaticaya_py.core.budget import hold_back, safe_part, urgent, worse
 from omaticaya_py.core.settings import load_settings
 
 P = "omaticaya.io/"
@@ -135,6 +135,24 @@ def test_hold_back(now_s, last_s, interval_s, is_urgent, held):
     assert hold_back(now_s, last_s, interval_s, is_urgent) is held
 
 
+@pytest.mark.parametrize(
+    ("now_s", "last_s", "calm_since_s", "is_urgent", "held"),
+    [
+        (100.0, 0.0, 90.0, False, True),  # got worse 10 s ago: a rise waits for calm
+        (100.0, 0.0, 70.0, False, False),  # calm for the interval, last patch long ago: goes
+        (100.0, 80.0, 10.0, False, True),  # calm, but the last patch is recent: waits
+        (100.0, 0.0, 99.0, True, False),  # worse again: never held
+        (100.0, 0.0, None, False, False),  # never got worse
+        (100.0, None, 99.0, False, False),  # no patch yet
+    ],
+    ids=["dipped-recently", "calm", "calm-recent-patch", "urgent", "never-worse", "first"],
+)
+def test_a_rise_waits_until_the_reading_is_calm_for_an_interval(
+    now_s, last_s, calm_since_s, is_urgent, held
+):
+    assert hold_back(now_s, last_s, 30.0, is_urgent, calm_since_s) is held
+
+
 def test_worse_is_per_key():
     assert worse("gpu.memory.free-mib", "2048", "1024")
     assert not worse("gpu.memory.free-mib", "1024", "2048")
@@ -153,3 +171,28 @@ def test_setting_default_and_bounds(monkeypatch, tmp_path):
     monkeypatch.setenv("OMATICAYA_MIN_PATCH_INTERVAL_S", "-1")
     with pytest.raises(SettingsError, match="OMATICAYA_MIN_PATCH_INTERVAL_S"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    ("node", "desired", "now"),
+    [
+        # free memory up (better) and utilisation up (worse): only the worse goes now
+        ({"gpu.memory.free-mib": "49152", "gpu.utilization-pct": "0"},
+         {"gpu.memory.free-mib": "78848", "gpu.utilization-pct": "80"},
+         {"gpu.memory.free-mib": "49152", "gpu.utilization-pct": "80"}),
+        # a GPU gone: its keys go now; a new number waits
+        ({"gpu-1.health": "Healthy", "gpu.count": "2"},
+         {"gpu.count": "1", "gpu-0.memory.free-mib": "1024"},
+         {"gpu.count": "1"}),
+        # health worse goes, temperature (neutral) waits
+        ({"gpu.health": "Healthy", "gpu-0.temperature-c": "40"},
+         {"gpu.health": "Degraded", "gpu-0.temperature-c": "60"},
+         {"gpu.health": "Degraded", "gpu-0.temperature-c": "40"}),
+        # nothing worse: the Node's labels as they are
+        ({"gpu.idle-count": "1"}, {"gpu.idle-count": "3"}, {"gpu.idle-count": "1"}),
+    ],
+    ids=["mixed", "gpu-gone", "health-and-temperature", "only-better"],
+)
+def test_safe_part_sends_only_the_worse(node, desired, now):
+    full = lambda m: {P + k: v for k, v in m.items()}  # noqa: E731
+    assert safe_part(full(node), full(desired)) == full(now)

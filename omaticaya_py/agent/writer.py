@@ -18,7 +18,7 @@ from dataclasses import replace
 from loguru import logger
 
 from ..core.attribution import GpuAttribution
-from ..core.budget import hold_back, urgent
+from ..core.budget import hold_back, safe_part, urgent
 from ..core.health import NodeHealth
 from ..core.patch import (
     MergePatch,
@@ -64,6 +64,9 @@ class NodeWriter:
         self.telemetry_key = f"{settings.prefix}/{TELEMETRY}"
         self.meta: NodeMeta | None = None
         self.last_patch_s: float | None = None
+        #: the last tick whose desired labels were worse than the tick's before (``None``: never)
+        self.calm_since_s: float | None = None
+        self._last_desired: dict[str, str] | None = None
 
     def forget(self) -> None:
         """Drop the cached Node: the next write reads it first (re-created or edited)."""
@@ -88,14 +91,16 @@ class NodeWriter:
     ) -> tuple[Desired, MergePatch | None, bool]:
         """``(desired with its telemetry, the patch computed or None, whether it was sent)``;
         ``attribution`` (who uses each GPU) goes into the telemetry."""
+        if self._last_desired is not None and urgent(self._last_desired, desired.labels):
+            self.calm_since_s = now_s
+        self._last_desired = dict(desired.labels)
         current = self.current()
+        desired = self._within_budget(desired, current, now_s)
         refresh = self.liveness.refresh(now_s, current.annotations.get(self.telemetry_key))
         desired = self._with_telemetry(desired, snapshot, health, current, refresh, attribution)
         patch = self._diff(desired, current, refresh)
         sent = False
-        if patch is not None and self._hold(patch, desired, current, now_s):
-            self.cache.patches_held += 1
-        elif patch is not None and not self.dry_run and self.node is not None:
+        if patch is not None and not self.dry_run and self.node is not None:
             self._send(patch, now_s)
             sent = True
             again = self._diff(desired, self.meta, refresh=False)  # type: ignore[arg-type]
@@ -154,24 +159,28 @@ class NodeWriter:
         if before is not None and before.uid and self.meta.uid != before.uid:
             logger.warning("Node {} was re-created (uid changed): relabelling", self.meta.name)
 
-    def _hold(self, patch: MergePatch, desired: Desired, current: NodeMeta, now_s: float) -> bool:
-        """The write budget: hold back a patch that makes the Node no less attractive while the
-        last patch is under ``min_patch_interval_s`` old (never a heartbeat, never the first)."""
+    def _within_budget(self, desired: Desired, current: NodeMeta, now_s: float) -> Desired:
+        """The write budget: ``desired`` with its changes for the better held back (the Node's
+        values kept, ``core.budget.safe_part``) while the last patch is under
+        ``min_patch_interval_s`` old or the reading got worse within it; changes for the worse
+        always go. Never held: with the budget off, at an annotation heartbeat, the first
+        patch."""
         interval_s = self.settings.min_patch_interval_s
-        if (
-            interval_s <= 0
-            or self.liveness.annotation_due(now_s)
-            or "labels" not in patch["metadata"]
-        ):
-            return False
+        if interval_s <= 0 or self.liveness.annotation_due(now_s):
+            return desired
+        if not hold_back(now_s, self.last_patch_s, interval_s, False, self.calm_since_s):
+            return desired
         mine = self.settings.prefix + "/"
         before = {k: v for k, v in current.labels.items() if k.startswith(mine)}
-        held = hold_back(now_s, self.last_patch_s, interval_s, urgent(before, desired.labels))
-        if held:
-            logger.debug(
-                "write budget: holding back {} label changes", len(patch["metadata"]["labels"])
-            )
-        return held
+        labels = safe_part(before, desired.labels)
+        if labels == desired.labels:
+            return desired
+        self.cache.patches_held += 1
+        logger.debug(
+            "write budget: holding back {} label changes",
+            len(diff_section(desired.labels, labels, self.settings.prefix)),
+        )
+        return replace(desired, labels=labels)
 
     def cleanup(self, *, keep_static: bool) -> MergePatch | None:
         """Remove our keys from the Node: the dynamic ones (``keep_static``) or all of them.

@@ -5,7 +5,8 @@ manager, a CNI agent per node), so the agent sends at most one Node patch per
 ``min_patch_interval_s``, except a change that makes the Node *less attractive* to a scheduler:
 free memory down, utilisation up, fewer healthy or idle units, health worse, a GPU or a label
 gone. Those go at once, so that a label is only ever stale on the safe side (it may undersell a
-node for up to one interval, never oversell it). Pure functions, no I/O.
+node, never oversell it); a change for the better goes once the reading has not got worse for
+one interval. Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .schema import (
     UTILIZATION,
 )
 
-__all__ = ["HEALTH_RANK", "hold_back", "name_of", "urgent", "worse"]
+__all__ = ["HEALTH_RANK", "hold_back", "name_of", "safe_part", "urgent", "worse"]
 
 #: node and per-GPU health, best first; a value not listed ranks as the worst
 HEALTH_RANK = {"Healthy": 0, "Degraded": 1, "Unhealthy": 2, "Unknown": 3}
@@ -107,10 +108,34 @@ def urgent(before_labels: Mapping[str, str], after_labels: Mapping[str, str]) ->
 
 
 def hold_back(
-    now_s: float, last_patch_s: float | None, interval_s: float, is_urgent: bool
+    now_s: float,
+    last_patch_s: float | None,
+    interval_s: float,
+    is_urgent: bool,
+    calm_since_s: float | None = None,
 ) -> bool:
     """Whether a patch is held back: the budget is on (``interval_s`` > 0), the change is not
-    urgent, and the last Node patch was less than ``interval_s`` ago (``None``: never)."""
+    urgent, and either the last Node patch was less than ``interval_s`` ago (``None``: never),
+    or the reading got worse less than ``interval_s`` ago (``calm_since_s``: the last tick whose
+    desired labels were worse than the tick's before; ``None``: never). So a rise is published
+    only once it has held for an interval: free memory that dips and comes back every few
+    seconds keeps its label at the dip (stale only on the safe side) and costs no write."""
     if interval_s <= 0 or is_urgent or last_patch_s is None:
         return False
+    if calm_since_s is not None and now_s - calm_since_s < interval_s:
+        return True
     return now_s - last_patch_s < interval_s
+
+
+def safe_part(before_labels: Mapping[str, str], after_labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels to write while changes for the better are held: each key as in
+    ``after_labels`` where it got worse (see ``worse``: free memory down, health worse, a key
+    gone), as in ``before_labels`` (the Node's) where it got better or does not matter. A patch
+    that must go at once thus carries only the safe-direction changes; the rest wait."""
+    out: dict[str, str] = {}
+    for key in before_labels.keys() | after_labels.keys():
+        before, after = before_labels.get(key), after_labels.get(key)
+        value = after if before == after or worse(name_of(key), before, after) else before
+        if value is not None:
+            out[key] = value
+    return out
