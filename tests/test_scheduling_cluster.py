@@ -262,7 +262,8 @@ class ExtenderScheduler:
     kube-scheduler from ``examples/scheduler/scheduler-config-v1beta1.yaml`` that calls it."""
 
     def __init__(
-        self, cluster: DevCluster, tmp: Path, name: str, strategy: str, settle_s: float = 0.0
+        self, cluster: DevCluster, tmp: Path, name: str, strategy: str, settle_s: float = 0.0,
+        signal: str = "now",
     ) -> None:
         from omaticaya_py.scheduler import ExtenderSettings, serve
 
@@ -277,6 +278,7 @@ class ExtenderScheduler:
             # these tests place one pod at a time and read the result: no in-flight accounting
             # unless asked (tests/test_placement_cluster.py's bursts ask for it)
             settle_s=settle_s,
+            signal=signal,
         )
         self.ready, self.stop_event = threading.Event(), threading.Event()
         self.thread = threading.Thread(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 import threading
 import urllib.request
@@ -170,3 +171,38 @@ def test_window_min_leaves_out_a_gpu_that_dips_and_now_chooses_it(
         finally:
             ext.close()
         assert (sorted(got), chosen) == (sorted(passed), best), signal
+
+
+def test_the_real_kube_scheduler_places_by_the_window_minimum(
+    dev_cluster, admin_api, make_node, tmp_path
+):
+    """The same two nodes, Ready, and the real kube-scheduler v1.20 calling the extender: a
+    30 GiB pod goes to the dipping GPU's node with ``signal=now`` (spread: the most free memory
+    now) and to the steady one with ``signal=window-min``."""
+    from tests.test_scheduling_cluster import (
+        ExtenderScheduler,
+        bound_node,
+        gpu_pod,
+        schedulable,
+    )
+
+    dipping, steady = make_node(), make_node()
+    for node in (dipping, steady):
+        schedulable(admin_api, node)
+    run_agent(dev_cluster, admin_api, dipping, write_trace(tmp_path / "dips.json", dips), 95)
+    run_agent(dev_cluster, admin_api, steady, write_trace(tmp_path / "flat.json", lambda t: 40000), 95)
+    dev_cluster.start_scheduler()
+    ns = f"window-{os.getpid()}"
+    admin_api.create_namespace({"metadata": {"name": ns}})
+    admin_api.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    try:
+        for signal, expected in (("now", dipping), ("window-min", steady)):
+            name = f"window-{signal}"
+            sched = ExtenderScheduler(dev_cluster, tmp_path, name, "spread", signal=signal)
+            try:
+                admin_api.create_namespaced_pod(ns, gpu_pod(name, name, NEED_MIB))
+                assert bound_node(admin_api, ns, name, 30) == expected, signal
+            finally:
+                sched.close()
+    finally:
+        admin_api.delete_namespace(ns)
