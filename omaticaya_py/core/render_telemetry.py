@@ -143,17 +143,10 @@ def _rfc3339(stamp: datetime) -> str:
     return stamp.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def telemetry(
-    snapshot: NodeSnapshot,
-    health: NodeHealth,
-    refresh_s: float | None = None,
-    lease: str | None = None,
-    window: PeakWindow | None = None,
-    attribution: Mapping[str, GpuAttribution] | None = None,
-) -> str:
-    """The telemetry annotation's value: ``telemetry_document(...).to_json()`` (compact JSON,
-    keys sorted; the shape is in ``core.schema.telemetry``)."""
-    return telemetry_document(snapshot, health, refresh_s, lease, window, attribution).to_json()
+def telemetry(snapshot: NodeSnapshot, health: NodeHealth, **options: Any) -> str:
+    """The telemetry annotation's value: ``telemetry_document(snapshot, health, **options)``
+    as compact JSON with sorted keys (the shape is in ``core.schema.telemetry``)."""
+    return telemetry_document(snapshot, health, **options).to_json()
 
 
 def telemetry_annotation(
@@ -168,7 +161,9 @@ def telemetry_annotation(
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
     invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
-    value = telemetry(snapshot, health, refresh_s, lease, window, attribution)
+    value = telemetry(
+        snapshot, health, refresh_s=refresh_s, lease=lease, window=window, attribution=attribution
+    )
     if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
     return {}, [(key, value[:80])]

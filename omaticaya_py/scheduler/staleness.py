@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from ..core.schema import NodeGpuState, json_mapping, state_from_object
+from ..core.schema import NodeGpuState, json_mapping, rfc3339_s, state_from_object
 from .signal import with_signal
 
 Policy = Literal["reject", "allow", "score-zero"]
@@ -107,16 +107,6 @@ class LeaseState:
 MAX_LEASE_DURATION_S = 8 * 24 * 3600.0
 
 
-def _micro_time(value: Any) -> float | None:
-    if not isinstance(value, str) or not value or len(value) > 64:
-        return None
-    try:
-        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return stamp.timestamp() if stamp.tzinfo is not None else None
-
-
 def lease_from_object(lease: Any) -> LeaseState:
     """A Lease document as ``LeaseState``. Raises ``ValueError`` (naming the field) on a Lease
     the extender cannot judge by: no ``renewTime``, a ``leaseDurationSeconds`` that is not a
@@ -127,7 +117,7 @@ def lease_from_object(lease: Any) -> LeaseState:
         holder = ""
     if not isinstance(holder, str):
         raise ValueError("holderIdentity is not a string")
-    renewed_at = _micro_time(spec.get("renewTime"))
+    renewed_at = rfc3339_s(spec.get("renewTime"))
     if renewed_at is None:
         raise ValueError("no valid renewTime")
     duration = spec.get("leaseDurationSeconds")
