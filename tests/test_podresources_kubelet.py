@@ -317,7 +317,10 @@ def test_agent_publishes_the_pod_holding_its_gpu(
     assert agent.cache.last is not None
     doc = json.loads(agent.cache.last.desired.annotations["omaticaya.io/telemetry"])
     (gpu,) = [g for g in doc["gpus"] if g["uuid"] == uuid]
-    assert gpu["pods"] == [{"namespace": "default", "pod": POD, "container": "cuda"}]
+    (holder,) = gpu["pods"]
+    assert (holder["namespace"], holder["pod"], holder["container"]) == ("default", POD, "cuda")
+    # its memory: 0 on an idle trace GPU, unsaid where the trace's processes cannot be placed
+    assert holder.get("memory_used_mib", 0) == 0
 
 
 @pytest.mark.cluster

@@ -156,8 +156,9 @@ def _pods(g: GpuRow) -> str:
 
 def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
     """One row per GPU of each Node: UUID (shortened unless ``wide``), a bar of used memory,
-    free/total GiB, utilisation, temperature, processes, health with its reasons, and the pods
-    holding it (with the memory held out-of-band, by processes in no pod)."""
+    free/total GiB, utilisation, temperature, processes, health with its reasons, and, where
+    agents attribute their GPUs, the pods holding each (and memory held by processes in no
+    pod)."""
     table = _table(gap=1)
     table.add_column("NODE", no_wrap=True, overflow="ellipsis", max_width=None if wide else 18)
     _col(table, "GPU", 3, right=True)
@@ -168,10 +169,16 @@ def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
     _col(table, "TEMP", 4, right=True)
     _col(table, "PROC", 4, right=True)
     table.add_column("HEALTH", overflow="fold", min_width=13)  # remap-pending
-    table.add_column("PODS", overflow="fold", min_width=4)
+    # only where some agent attributes its GPUs: no empty column on 80 columns
+    pods = any(g.pods or g.out_of_band_mib for r in rows for g in r.gpu_rows)
+    if pods:
+        table.add_column("PODS", overflow="fold", min_width=4)
     for r in rows:
         if not r.gpu_rows:
-            table.add_row(r.name, "-", "-", Text("-"), "-", "-", "-", "-", _health(r.health), "-")
+            table.add_row(
+                r.name, "-", "-", Text("-"), "-", "-", "-", "-", _health(r.health),
+                *(["-"] if pods else []),
+            )
         for g in r.gpu_rows:
             health = _health(g.health)
             if g.reasons:
@@ -189,7 +196,7 @@ def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
                 "-" if g.temperature_c is None else f"{g.temperature_c}C",
                 "-" if g.processes is None else str(g.processes),
                 health,
-                _pods(g),
+                *([_pods(g)] if pods else []),
             )
     return table
 
