@@ -105,3 +105,37 @@ def test_freshness_quick(dev_cluster: DevCluster) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2/2" in proc.stdout, proc.stdout
+
+
+def test_extender_quick() -> None:
+    proc = run_bench(
+        "extender.py", "--quick", "--nodes", "50", "--inflight", "0", "10", "--assumed", "2",
+        "--calls", "10", timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "pure (no HTTP)" in out and "HTTP as shipped, 50 names" in out
+    assert "HTTP +NODELAY, 50 names" in out and "peak RSS (VmHWM) MiB" in out
+    assert "goal: filter + prioritize p99 < 10 ms at 50 nodes" in out
+    assert "assumed" in out
+
+
+@pytest.mark.cluster
+def test_fleet_watchers_quick(dev_cluster: DevCluster) -> None:
+    proc = run_bench(
+        "fleet.py", "--quick", "--nodes", "5", "--interval-s", "1", "--duration-s", "1",
+        "--jitter", "yes", "--watchers", "1", "2", env=cluster_env(dev_cluster), timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "watch events/s" in out and "apiserver events/s" in out
+    assert "old" in out and "fleet" in out
+
+
+@pytest.mark.cluster
+def test_freshness_directions_quick(dev_cluster: DevCluster) -> None:
+    proc = run_bench(
+        "freshness.py", "--quick", "--changes", "4", "--budgets", "1", env=cluster_env(dev_cluster)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4/4" in proc.stdout and "safe" in proc.stdout and "attractive" in proc.stdout
