@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..core.attribution import GpuAttribution, out_of_band_mib
+from ..core.attribution import GpuAttribution, gpu_out_of_band_mib
 from ..core.snapshot import GpuReading
 from ..serving import HttpServer, metrics_route
 
@@ -43,17 +43,6 @@ def holders(
     att = attribution.get(g.uuid or "") if not g.mig_enabled else None
     found = [(h.pod, h.namespace, h.container) for h in att.holders] if att else []
     return found or [("", "", "")]
-
-
-def gpu_out_of_band_mib(
-    g: GpuReading, attribution: Mapping[str, GpuAttribution]
-) -> int | None:
-    """Memory of processes in no pod on ``g`` (with MIG on: over its MIG devices), as far as
-    known (``core.attribution.out_of_band_mib``); ``None`` when nothing is known."""
-    ids = [m.uuid for m in g.mig_devices] if g.mig_enabled else [g.uuid]
-    found = [out_of_band_mib(attribution[i]) for i in ids if i and i in attribution]
-    known = [f for f in found if f is not None]
-    return sum(known) if known else None
 
 
 class AgentCollector(Collector):

@@ -11,6 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .snapshot import GpuReading
 
 __all__ = [
     "ContainerDevices",
@@ -19,6 +23,7 @@ __all__ = [
     "PodMemory",
     "PodRef",
     "attribute",
+    "gpu_out_of_band_mib",
     "holder_memory_mib",
     "out_of_band_mib",
     "pod_from_cgroup",
@@ -281,3 +286,18 @@ def out_of_band_mib(att: GpuAttribution) -> int | None:
     if att.out_of_band_memory_mib > 0 or not att.unknown_pids:
         return att.out_of_band_memory_mib
     return None
+
+
+def gpu_out_of_band_mib(
+    g: GpuReading, attribution: Mapping[str, GpuAttribution]
+) -> int | None:
+    """Out-of-band memory on GPU ``g`` as far as known (``out_of_band_mib`` of the GPU, or with
+    MIG on the sum over its MIG devices); ``None`` when none of them is known."""
+    ids = [m.uuid for m in g.mig_devices] if g.mig_enabled else [g.uuid]
+    known = [
+        mib
+        for i in ids
+        if i is not None and i in attribution
+        if (mib := out_of_band_mib(attribution[i])) is not None
+    ]
+    return sum(known) if known else None

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .attribution import GpuAttribution, out_of_band_mib
+from .attribution import GpuAttribution, gpu_out_of_band_mib
 from .health import NodeHealth, Unit
 from .labelvalues import (
     is_valid_key,
@@ -58,7 +58,7 @@ from .schema import (
     mig_key,
 )
 from .settings import Settings
-from .snapshot import GpuReading, NodeSnapshot
+from .snapshot import NodeSnapshot
 
 __all__ = [
     "Desired",
@@ -178,7 +178,7 @@ def _node_labels(
                     key(GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
                 )
             # processes in no pod (needs the host's /proc): only when there is some
-            oob = _out_of_band_mib(g, attribution)
+            oob = gpu_out_of_band_mib(g, attribution)
             if oob and quantise_down(oob, mem_step) > 0:
                 out[key(GPU_MEMORY_OUT_OF_BAND)] = str(quantise_down(oob, mem_step))
             # opt-in: it changes with load and no scheduler decides on it (telemetry has it)
@@ -187,14 +187,6 @@ def _node_labels(
                     key(GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
                 )
     return out
-
-
-def _out_of_band_mib(g: GpuReading, attribution: Mapping[str, GpuAttribution]) -> int:
-    """Out-of-band memory on GPU ``g`` (with MIG on, over its MIG devices), as far as known."""
-    ids = [m.uuid for m in g.mig_devices] if g.mig_enabled else [g.uuid]
-    return sum(
-        out_of_band_mib(attribution[i]) or 0 for i in ids if i is not None and i in attribution
-    )
 
 
 def _idle(unit: Unit, below_pct: float) -> bool:

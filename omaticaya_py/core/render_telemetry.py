@@ -12,7 +12,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .. import __version__
-from .attribution import GpuAttribution, holder_memory_mib, out_of_band_mib
+from .attribution import (
+    GpuAttribution,
+    gpu_out_of_band_mib,
+    holder_memory_mib,
+    out_of_band_mib,
+)
 from .health import NodeHealth
 from .labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
 from .schema import (
@@ -23,7 +28,7 @@ from .schema import (
     PodTelemetry,
     Telemetry,
 )
-from .snapshot import NodeSnapshot
+from .snapshot import GpuReading, NodeSnapshot
 from .window import PeakWindow
 
 __all__ = ["telemetry", "telemetry_annotation", "telemetry_document"]
@@ -91,7 +96,7 @@ def telemetry_document(
                 error=g.error or None,
                 mig_enabled=True if g.mig_enabled else None,
                 mig_devices=migs,
-                **(_mig_users(migs) if migs is not None else _users(attribution, g.uuid)),
+                **(_mig_users(g, attribution) if migs is not None else _users(attribution, g.uuid)),
                 memory_free_min_mib=peak.memory_free_min_mib if peak else None,
                 utilization_p95_pct=peak.utilization_p95_pct if peak else None,
             )
@@ -133,10 +138,10 @@ def _users(attribution: Mapping[str, GpuAttribution] | None, uuid: str | None) -
     }
 
 
-def _mig_users(migs: tuple[MigTelemetry, ...]) -> dict[str, Any]:
+def _mig_users(g: GpuReading, attribution: Mapping[str, GpuAttribution] | None) -> dict[str, Any]:
     """A MIG GPU's out-of-band memory: the sum over its MIG devices (when attributed)."""
-    known = [m.memory_out_of_band_mib for m in migs if m.memory_out_of_band_mib is not None]
-    return {"memory_out_of_band_mib": sum(known)} if known else {}
+    oob = gpu_out_of_band_mib(g, attribution) if attribution is not None else None
+    return {"memory_out_of_band_mib": oob} if oob is not None else {}
 
 
 def _rfc3339(stamp: datetime) -> str:
