@@ -49,9 +49,11 @@ def pod(mib: int = 1024) -> dict[str, Any]:
 class RunningExtender:
     """``extender.serve`` in a thread on a free port, against the dev cluster."""
 
-    def __init__(self, kubeconfig: str, **kw: Any) -> None:
+    def __init__(self, kubeconfig: str, settings: dict[str, Any] | None = None, **kw: Any) -> None:
         self.port = _free_port()
-        settings = ExtenderSettings(_env_file=None, port=self.port, kubeconfig=kubeconfig)  # type: ignore[call-arg]
+        settings = ExtenderSettings(  # type: ignore[call-arg]
+            _env_file=None, port=self.port, kubeconfig=kubeconfig, **(settings or {})
+        )
         self.ready, self.stop = threading.Event(), threading.Event()
         self.thread = threading.Thread(
             target=serve, args=(settings,), kwargs={"ready": self.ready, "stop": self.stop, **kw},
@@ -67,14 +69,18 @@ class RunningExtender:
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
 
-    def filter(self, *names: str) -> dict[str, Any]:
-        body = json.dumps({"Pod": pod(), "Nodes": None, "NodeNames": list(names)}).encode()
+    def post(self, verb: str, pod_doc: dict[str, Any], names: list[str]) -> Any:
+        """The scheduler's call: ``verb`` (filter, prioritize) for ``pod_doc`` on ``names``."""
+        body = json.dumps({"Pod": pod_doc, "Nodes": None, "NodeNames": names}).encode()
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/filter", data=body,
+            f"http://127.0.0.1:{self.port}/{verb}", data=body,
             headers={"Content-Type": "application/json"},
         )  # fmt: skip
         with urllib.request.urlopen(req, timeout=5) as r:
             return json.loads(r.read())
+
+    def filter(self, *names: str) -> dict[str, Any]:
+        return self.post("filter", pod(), list(names))
 
     def close(self) -> None:
         self.stop.set()

@@ -8,9 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
-import threading
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +16,9 @@ import pytest
 from omaticaya_py.agent import Agent
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
-from omaticaya_py.scheduler import ExtenderSettings, serve
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
+from tests.test_hardening_extender import RunningExtender
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -82,64 +79,17 @@ def run_agent(dev_cluster, api, node: str, trace: Path, until_s: int) -> dict[st
     return json.loads(node_metadata(api, node)[1][P + "telemetry"])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u",
+                    "annotations": {P + "gpu-memory-mib": str(NEED_MIB)}}}  # fmt: skip
 
 
-class Extender:
-    """``scheduler.serve`` in a thread on a free port."""
-
-    def __init__(self, kubeconfig: str, signal: str) -> None:
-        self.port = free_port()
-        settings = ExtenderSettings(  # type: ignore[call-arg]
-            _env_file=None,
-            port=self.port,
-            kubeconfig=kubeconfig,
-            strategy="spread",
-            signal=signal,
-            settle_s=0,
-        )
-        self.ready, self.stop = threading.Event(), threading.Event()
-        self.thread = threading.Thread(
-            target=serve,
-            args=(settings,),
-            kwargs={"ready": self.ready, "stop": self.stop},
-            daemon=True,
-        )
-        self.thread.start()
-        assert self.ready.wait(30), "extender did not start"
-
-    def post(self, verb: str, names: list[str]) -> Any:
-        pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u",
-                            "annotations": {P + "gpu-memory-mib": str(NEED_MIB)}}}  # fmt: skip
-        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/{verb}", data=body,
-            headers={"Content-Type": "application/json"},
-        )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return json.loads(r.read())
-
-    def choose(self, names: list[str]) -> tuple[list[str], str | None]:
-        """(nodes that pass the filter, the best-scored of them)."""
-        passed = self.post("filter", names)["NodeNames"] or []
-        if not passed:
-            return [], None
-        scores = self.post("prioritize", passed)
-        return passed, max(scores, key=lambda s: s["Score"])["Host"]
-
-    def synced(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(15)
+def choose(ext: RunningExtender, names: list[str]) -> tuple[list[str], str | None]:
+    """(nodes that pass the filter, the best-scored of them)."""
+    passed = ext.post("filter", POD, names)["NodeNames"] or []
+    if not passed:
+        return [], None
+    scores = ext.post("prioritize", POD, passed)
+    return passed, max(scores, key=lambda s: s["Score"])["Host"]
 
 
 def test_window_min_leaves_out_a_gpu_that_dips_and_now_chooses_it(
@@ -164,10 +114,12 @@ def test_window_min_leaves_out_a_gpu_that_dips_and_now_chooses_it(
         ("now", names, dipping),  # spread: the most free memory now wins
         ("window-min", [steady], steady),  # the dip leaves no room for 30 GiB
     ):
-        ext = Extender(str(dev_cluster.kubeconfig), signal)
+        settings = {"strategy": "spread", "signal": signal, "settle_s": 0}
+        ext = RunningExtender(str(dev_cluster.kubeconfig), settings)
         try:
-            wait_for(f"the extender ({signal}) to list the Nodes", ext.synced, 20)
-            got, chosen = ext.choose(names)
+            wait_for(f"the extender ({signal}) to list the Nodes",
+                     lambda ext=ext: ext.get("/readyz")[0] == 200, 20)  # fmt: skip
+            got, chosen = choose(ext, names)
         finally:
             ext.close()
         assert (sorted(got), chosen) == (sorted(passed), best), signal
