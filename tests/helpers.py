@@ -143,3 +143,13 @@ def h100_static(count: int, *, product: str = H100_LABEL, total: int = H100_TOTA
         "cuda.driver.minor": "0",
         "gpu.memory.total-mib": str(total),
     }
+
+
+class Clock:
+    """A hand-driven monotonic clock: ``clock.t`` is what it says (seconds)."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t

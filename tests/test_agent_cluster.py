@@ -23,6 +23,7 @@ from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient, NodeNotFound
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
+from tests.helpers import Clock
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -31,15 +32,6 @@ P = "omaticaya.io/"
 FOREIGN_LABELS = {"nvidia.com/gpu.present": "true", "topology.kubernetes.io/zone": "zone-a"}
 FOREIGN_ANNOTATIONS = {"example.com/owner": "team-gpu"}
 
-
-class Clock:
-    """A hand-driven monotonic clock."""
-
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def make_agent(dev_cluster, node: str, clock: Clock | None = None, *, at_s=None, **env):

@@ -124,7 +124,8 @@ def test_a_quiet_node_with_a_renewed_lease_passes_and_a_lapsed_one_is_stale(
     then calls it stale once the renewals stop, the holder is cleared or the Lease is gone."""
     from kubernetes import client
 
-    from tests.test_lease_cluster import NAMESPACE, POD, Clock, make_agent
+    from tests.helpers import Clock
+    from tests.test_lease_cluster import NAMESPACE, POD, make_agent
 
     try:
         admin_api.create_namespace({"metadata": {"name": NAMESPACE}})

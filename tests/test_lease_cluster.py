@@ -20,6 +20,7 @@ from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.lease import lease_name
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
+from tests.helpers import Clock
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -28,13 +29,6 @@ P = "omaticaya.io/"
 NAMESPACE = "omaticaya-lease-test"
 POD = "omaticaya-agent-x7k2p"
 
-
-class Clock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def audit_count(dev_cluster, *, verb: str, resource: str, name: str) -> int:

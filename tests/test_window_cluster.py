@@ -18,6 +18,7 @@ from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
+from tests.helpers import Clock
 from tests.test_hardening_extender import RunningExtender
 from tests.waiting import wait_for
 
@@ -52,13 +53,6 @@ def dips(t: int) -> int:
     """70000 MiB free, but 4000 for 5 s every minute (a periodic job's peak)."""
     return 4000 if 30 <= t % 60 < 35 else 70000
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def run_agent(dev_cluster, api, node: str, trace: Path, until_s: int) -> dict[str, Any]:
