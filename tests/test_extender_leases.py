@@ -9,9 +9,10 @@ from datetime import datetime, timezone
 
 import pytest
 
+from omaticaya_py.core.liveness import FRESH, node_liveness
 from omaticaya_py.kube import LeaseCache
 from omaticaya_py.scheduler import ExtenderSettings, handle_filter, handle_prioritize, parse_node
-from omaticaya_py.scheduler.staleness import LeaseState, lease_from_object, lease_stale
+from omaticaya_py.scheduler.staleness import LeaseState, lease_from_object
 from tests.conftest import node_metadata
 from tests.waiting import wait_for
 
@@ -53,9 +54,10 @@ HELD = LeaseState("agent-pod", AT + 86400, 40)
     ids=["renewed", "at-the-edge", "expired", "released", "missing"],
 )
 def test_the_lease_rule(lease, now, fresh, why):
-    assert (lease_stale(lease, REF, now=now, grace_s=60) is None) is fresh
     state = parse_node("n", {P + "gpu.health": "Healthy"}, annotations(lease=REF))
     assert state.lease == REF
+    alive = node_liveness(state, leases={REF: lease}.get, now_s=now, ttl_s=300, grace_s=60)
+    assert (alive.kind == FRESH) is fresh
     ok, reason = verdict(state, now, {REF: lease}.get)
     assert ok is fresh
     assert why in reason and (fresh or f"Lease {REF}" in reason)

@@ -45,14 +45,35 @@ class NodeProblems:
     """Bad Node data seen by the cache, logged once per Node and problem and counted.
 
     ``seen(state)`` is called with each parsed Node (``NodeGpuState.problem``: why its telemetry
-    is unusable); ``skipped(name, exc)`` when parsing a Node raised. ``counts`` maps a problem
-    (or ``"skipped: <exception type>"``) to how many times a Node turned to it. A Node whose data
-    is good again is logged once more, at INFO."""
+    is unusable); ``skipped(name, exc)`` when parsing a Node raised; ``judged(name, problem,
+    detail)`` with each node judged (problems found at judging time: a time ahead of the clock,
+    judging raised). ``counts`` maps a problem (or ``"skipped: <exception type>"``) to how many
+    times a Node turned to it. A Node whose data is good again is logged once more, at INFO."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self._current: dict[str, str] = {}
+        self._judged: dict[str, str] = {}
         self._lock = threading.Lock()
+
+    def judged(self, name: str, problem: str | None, detail: str = "") -> None:
+        """Record the problem found while judging node ``name`` (``None``: none), logging and
+        counting it when it is new for that node. Cheap when there is none, as for most."""
+        if problem is None and name not in self._judged:
+            return
+        with self._lock:
+            before = self._judged.get(name)
+            if problem == before:
+                return
+            if problem is None:
+                self._judged.pop(name, None)
+            else:
+                self._judged[name] = problem
+                self.counts[problem] += 1
+        if problem is None:
+            log.info("node {}: GPU telemetry judged usable again", name)
+        else:
+            log.warning("node {}: {} ({})", name, problem, detail)
 
     def _set(self, name: str, problem: str | None, detail: str = "") -> None:
         with self._lock:

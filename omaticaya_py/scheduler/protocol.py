@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.schema import NodeGpuState, json_mapping
+from ..core.schema import NodeGpuState, json_mapping, json_str
 from .decisions import Decisions
 from .inflight import Placement, pending
-from .rules import InFlightOf, LeaseOf, filter_nodes, parse_need, prioritize_nodes
+from .rules import InFlightOf, LeaseOf, ProblemOf, filter_nodes, parse_need, prioritize_nodes
 from .settings import ExtenderSettings
 from .staleness import view_from_object
 
@@ -42,6 +42,11 @@ class Extender:
     #: used only while ``leases_synced()``, else nodes are judged by their telemetry's times
     leases: LeaseOf | None = None
     leases_synced: Callable[[], bool] = field(default=lambda: True)
+    #: the monotonic clock the watches' ``Seen`` times are on (``core.liveness``)
+    monotonic: Callable[[], float] = time.monotonic
+    #: told of each node's problem at judging time (a time ahead of the clock, judging
+    #: raised): ``app.NodeProblems.judged``
+    on_problem: ProblemOf | None = None
 
     @staticmethod
     def _pod_name(pod: Any) -> str:
@@ -77,12 +82,18 @@ class Extender:
             return [(n, self.lookup(n)) for n in args["NodeNames"]], True
         items = ((args.get("Nodes") or {}).get("items")) or []
         return [
-            (
-                (node.get("metadata") or {}).get("name", ""),
-                view_from_object(node, prefix, self.settings.signal),
-            )
-            for node in items
+            (_name(node), view_from_object(node, prefix, self.settings.signal)) for node in items
         ], False
+
+    def _clocks(self) -> dict[str, Any]:
+        """The judging arguments every verb shares: clocks, windows, Leases, problems."""
+        s = self.settings
+        return {
+            "now": self.clock(), "now_mono": self.monotonic(), "ttl_s": s.ttl_s,
+            "grace_s": s.grace_s, "max_skew_s": s.max_clock_skew_s, "prefix": s.prefix,
+            "stale_policy": s.stale_policy, "leases": self._leases(),
+            "on_problem": self.on_problem,
+        }  # fmt: skip
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         s = self.settings
@@ -101,15 +112,10 @@ class Extender:
             passed, failed = filter_nodes(
                 need,
                 states,
-                now=self.clock(),
-                ttl_s=s.ttl_s,
-                grace_s=s.grace_s,
                 fail_open=s.fail_open,
-                prefix=s.prefix,
-                stale_policy=s.stale_policy,
                 unknown_policy=s.unknown_policy,
                 inflight=self._inflight(args.get("Pod")),
-                leases=self._leases(),
+                **self._clocks(),
             )
         if self.assume is not None and need is not None and not need.error and passed:
             meta = json_mapping(json_mapping(args.get("Pod")).get("metadata"))
@@ -127,11 +133,7 @@ class Extender:
             nodes = args.get("Nodes") or {}
             result["Nodes"] = {
                 **{k: v for k, v in nodes.items() if k != "items"},
-                "items": [
-                    n
-                    for n in nodes.get("items") or []
-                    if (n.get("metadata") or {}).get("name") in keep
-                ],
+                "items": [n for n in nodes.get("items") or [] if _name(n) in keep],
             }
             result["NodeNames"] = None
         return result
@@ -144,17 +146,17 @@ class Extender:
             need,
             states,
             strategy=s.strategy,
-            now=self.clock(),
-            ttl_s=s.ttl_s,
-            grace_s=s.grace_s,
-            prefix=s.prefix,
-            stale_policy=s.stale_policy,
             inflight=self._inflight(args.get("Pod")),
-            leases=self._leases(),
+            **self._clocks(),
         )
         if need is not None:
             self.decisions.prioritized(self._pod_name(args.get("Pod")), scores)
         return scores
+
+
+def _name(node: Any) -> str:
+    """A Node document's ``metadata.name`` ("" when it has none, or not as text)."""
+    return json_str(json_mapping(json_mapping(node).get("metadata")).get("name")) or ""
 
 
 def handle_filter(

@@ -6,18 +6,35 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
+from ..core.liveness import AHEAD, DEFAULT_MAX_CLOCK_SKEW_S, STALE, LeaseOf, node_liveness
 from ..core.schema import NodeGpuState, json_int, json_mapping
 from .inflight import Placement, adjust
-from .staleness import LeaseState, effective, lease_stale, legacy_default
+from .staleness import effective, legacy_default
 
-#: a Lease by ``"<namespace>/<name>"`` (``None``: no such Lease), from a synced lease cache
-LeaseOf = Callable[[str], "LeaseState | None"]
+__all__ = [
+    "MAX_GPU_COUNT",
+    "MAX_MEMORY_MIB",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "InFlightOf",
+    "LeaseOf",
+    "Need",
+    "ProblemOf",
+    "Verdict",
+    "filter_nodes",
+    "judge",
+    "parse_need",
+    "prioritize_nodes",
+]
 
 #: the in-flight placements that count against a node: (name, state) -> placements
 InFlightOf = Callable[[str, "NodeGpuState | None"], Sequence[Placement]]
+
+#: told of each node judged: (name, problem, detail). ``problem``: a short fixed name for
+#: counting (a published time ahead of the clock, judging raised), ``None``: none this time
+ProblemOf = Callable[[str, "str | None", str], None]
 
 MAX_PRIORITY = 10
 MIN_PRIORITY = 0
@@ -111,12 +128,15 @@ def _shown(raw: str) -> str:
 class Verdict:
     """A node's filter result: ``ok`` (passes), ``reason`` (why not: ends up in the pod's
     FailedScheduling event), ``fits`` (passes on known data: it gets a score), ``free_mib``
-    (the node's free memory on healthy GPUs less the in-flight pods': what it is scored by)."""
+    (the node's free memory on healthy GPUs less the in-flight pods': what it is scored by),
+    ``problem`` (a short fixed name for counting, when the node's data is unusable at judging
+    time: a time ahead of the clock, or judging raised)."""
 
     ok: bool
     reason: str = ""
     fits: bool = False
     free_mib: int = 0
+    problem: str | None = None
 
 
 def _gpus_text(count: int) -> str:
@@ -136,14 +156,18 @@ def judge(
     unknown_policy: str | None = None,
     inflight: Sequence[Placement] = (),
     leases: LeaseOf | None = None,
+    now_mono: float | None = None,
+    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
 ) -> Verdict:
     """The filter rule for one node (``state`` ``None``: the node is not in the cache).
 
     Stale and unknown nodes follow their policy (``scheduler.staleness``: the node's override,
     else ``stale_policy``/``unknown_policy``, else ``fail_open``'s score-zero or reject). The
-    room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU. With
-    ``leases`` (a synced Lease watch), a node whose telemetry names a Lease is fresh or stale by
-    that Lease (``staleness.lease_stale``), not by ``expires_at``/``read_at``."""
+    room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU.
+    Fresh or stale is ``core.liveness.node_liveness`` (``now``: wall clock, ``now_mono``:
+    monotonic, against the state's ``seen``); with ``leases`` (a synced Lease watch), a node
+    whose telemetry names a Lease is judged by that Lease. A published time more than
+    ``max_skew_s`` ahead of ``now`` is unusable telemetry (``Verdict.problem`` set)."""
     if need.error:
         return Verdict(False, need.error)
     unknown_is = effective(state, legacy_default(unknown_policy, fail_open))
@@ -159,28 +183,19 @@ def judge(
     if state.read_at is None or state.problem:
         why = state.problem or "no telemetry annotation"
         return unknown or Verdict(False, f"node(s) had unusable GPU telemetry ({why})")
-    if leases is not None and state.lease is not None:
-        why = lease_stale(leases(state.lease), state.lease, now=now, grace_s=grace_s)
-        if why is not None and stale_is != "allow":
-            return stale or Verdict(
-                False, f"node(s) had stale GPU telemetry ({why}: agent not reporting)"
-            )
-    elif state.expires_at is not None:
-        if now > state.expires_at + grace_s:
-            stamp = datetime.fromtimestamp(state.expires_at, timezone.utc).strftime(
-                "%Y-%m-%dT%H:%M:%SZ"
-            )
-            if stale_is != "allow":
-                return stale or Verdict(
-                    False,
-                    f"node(s) had stale GPU telemetry ({prefix}/telemetry expired at {stamp}, "
-                    f"grace {grace_s:g}s: agent not reporting)",
-                )
-    elif now - state.read_at > ttl_s + grace_s and stale_is != "allow":
+    alive = node_liveness(
+        state, seen=getattr(state, "seen", None), leases=leases, prefix=prefix, now_s=now,
+        now_mono_s=now_mono, ttl_s=ttl_s, grace_s=grace_s, max_skew_s=max_skew_s,
+    )  # fmt: skip
+    if alive.kind == AHEAD:
+        if unknown is not None:
+            return Verdict(True, problem=alive.problem)
+        return Verdict(
+            False, f"node(s) had unusable GPU telemetry ({alive.why})", problem=alive.problem
+        )
+    if alive.kind == STALE and stale_is != "allow":
         return stale or Verdict(
-            False,
-            f"node(s) had stale GPU telemetry ({prefix}/telemetry read_at older than "
-            f"{ttl_s + grace_s:g}s: agent not reporting)",
+            False, f"node(s) had stale GPU telemetry ({alive.why}: agent not reporting)"
         )
     if state.health in BAD_HEALTH or state.health is None:
         return Verdict(False, f"node(s) had GPU health {state.health or 'Unknown'} ({prefix})")
@@ -200,6 +215,37 @@ def judge(
     return Verdict(True, fits=True, free_mib=left.free_total_mib)
 
 
+#: the ``Verdict.problem`` of a node on which judging raised: ``judging raised <type>``
+JUDGING_RAISED = "judging raised"
+
+
+def judge_safely(
+    name: str,
+    state: NodeGpuState | None,
+    need: Need,
+    on_problem: ProblemOf | None,
+    *,
+    inflight: InFlightOf | None,
+    **kwargs: Any,
+) -> Verdict:
+    """``judge`` for the node ``name``, with its in-flight placements: whatever a node carries,
+    an exception while judging it (its placements included) is that node's failure, with the
+    reason, never the request's; ``on_problem(name, problem, detail)`` hears of the verdict's
+    ``problem`` (``None`` when it has none)."""
+    try:
+        placed = inflight(name, state) if inflight is not None else ()
+        verdict = judge(state, need, inflight=placed, **kwargs)
+        detail = verdict.reason
+    except Exception as exc:  # noqa: BLE001 - one node's data must not fail the others
+        problem = f"{JUDGING_RAISED} {type(exc).__name__}"
+        why = f"node(s) could not be judged by the omaticaya extender ({problem})"
+        verdict = Verdict(False, why, problem=problem)
+        detail = f": {str(exc)[:200]}"
+    if on_problem is not None:
+        on_problem(name, verdict.problem, detail)
+    return verdict
+
+
 def filter_nodes(
     need: Need | None,
     states: Iterable[tuple[str, NodeGpuState | None]],
@@ -213,17 +259,23 @@ def filter_nodes(
     unknown_policy: str | None = None,
     inflight: InFlightOf | None = None,
     leases: LeaseOf | None = None,
+    now_mono: float | None = None,
+    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+    on_problem: ProblemOf | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """(names that pass, {name: reason} for those that fail), in input order."""
+    """(names that pass, {name: reason} for those that fail), in input order. Each node is
+    judged alone: one on which judging raises fails with that reason (``judge_safely``), and
+    ``on_problem`` hears of every node's ``Verdict.problem``."""
     passed: list[str] = []
     failed: dict[str, str] = {}
     if need is None:
         return [name for name, _ in states], failed
     for name, state in states:
-        v = judge(
-            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=fail_open,
-            prefix=prefix, stale_policy=stale_policy, unknown_policy=unknown_policy,
-            inflight=inflight(name, state) if inflight is not None else (), leases=leases,
+        v = judge_safely(
+            name, state, need, on_problem, now=now, ttl_s=ttl_s, grace_s=grace_s,
+            fail_open=fail_open, prefix=prefix, stale_policy=stale_policy,
+            unknown_policy=unknown_policy, inflight=inflight, leases=leases, now_mono=now_mono,
+            max_skew_s=max_skew_s,
         )  # fmt: skip
         if v.ok:
             passed.append(name)
@@ -244,6 +296,9 @@ def prioritize_nodes(
     stale_policy: str | None = None,
     inflight: InFlightOf | None = None,
     leases: LeaseOf | None = None,
+    now_mono: float | None = None,
+    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+    on_problem: ProblemOf | None = None,
 ) -> list[dict[str, Any]]:
     """A HostPriorityList: ``[{"Host": name, "Score": 0..10}]`` in input order.
 
@@ -257,10 +312,11 @@ def prioritize_nodes(
         return [{"Host": name, "Score": MIN_PRIORITY} for name, _ in items]
     free: dict[str, int] = {}
     for name, state in items:
-        v = judge(
-            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=False, prefix=prefix,
+        v = judge_safely(
+            name, state, need, on_problem, now=now, ttl_s=ttl_s, grace_s=grace_s,
+            fail_open=False, prefix=prefix,
             stale_policy="allow" if effective(state, stale_policy or "") == "allow" else "reject",
-            inflight=inflight(name, state) if inflight is not None else (), leases=leases,
+            inflight=inflight, leases=leases, now_mono=now_mono, max_skew_s=max_skew_s,
         )  # fmt: skip
         if v.fits and state is not None:
             free[name] = v.free_mib

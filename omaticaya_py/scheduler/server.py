@@ -9,6 +9,7 @@ from typing import Any
 
 from loguru import logger as log
 
+from ..core.liveness import observe
 from ..core.schema import NodeGpuState, parse_node
 from ..serving import HttpServer
 from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
@@ -34,10 +35,17 @@ def serve(
 
     prefix = settings.prefix
     problems = NodeProblems()
+    cache: Any = None
 
     def transform(meta: Any) -> NodeGpuState:
         state = problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
-        return with_policy(with_signal(state, settings.signal), meta.annotations, prefix)
+        # when this watch saw read_at take its value (core.liveness): the agent's liveness
+        before = cache.get(meta.name) if cache is not None else None
+        seen = observe(
+            getattr(before, "read_at", None), getattr(before, "seen", None), state.read_at,
+            time.monotonic(),
+        )  # fmt: skip
+        return with_policy(with_signal(state, settings.signal), meta.annotations, prefix, seen)
 
     def on_error(err: KubeError) -> None:
         log.warning("node cache: {}", err)
@@ -56,6 +64,7 @@ def serve(
     pods, pod_problems = _start_pod_cache(settings, cache, pod_cache_factory)
     leases = _start_lease_cache(settings, lease_cache_factory)
     ext = Extender(settings, cache.get, synced=lambda: cache.synced, health=cache.health)
+    ext.on_problem = problems.judged
     if leases is not None:
         ext.leases, ext.leases_synced = leases.lease, lambda: leases.synced
     if pods is not None:
@@ -91,14 +100,15 @@ def serve(
 
         threading.Thread(target=watch_started, daemon=True).start()
     log.info(
-        "extender on {}:{} strategy={} signal={} ttl={:g}s+{:g}s fail_open={} prefix={} "
-        "leases={}",
+        "extender on {}:{} strategy={} signal={} ttl={:g}s+{:g}s max_clock_skew={:g}s "
+        "fail_open={} prefix={} leases={}",
         settings.address,
         settings.port,
         settings.strategy,
         settings.signal,
         settings.ttl_s,
         settings.grace_s,
+        settings.max_clock_skew_s,
         settings.fail_open,
         prefix,
         settings.lease_namespace or "-",
@@ -160,11 +170,15 @@ def _start_lease_cache(settings: ExtenderSettings, factory: Callable[..., Any] |
     if not settings.lease_namespace:
         return None
     problems = LeaseProblems()
+    leases: Any = None
 
     def transform(lease: Any) -> LeaseState:
         meta = lease.get("metadata") if isinstance(lease, dict) else None
-        name = f"{settings.lease_namespace}/{(meta or {}).get('name', '')}"
-        state = lease_from_object(lease)
+        key = (meta or {}).get("name", "")
+        name = f"{settings.lease_namespace}/{key}"
+        # the state held before: when this watch saw renewTime change (core.liveness)
+        before = leases.get(key) if leases is not None and isinstance(key, str) else None
+        state = lease_from_object(lease, before, time.monotonic())
         problems.good(name)
         return state
 

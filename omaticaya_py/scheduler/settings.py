@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
 from ..core.settings import CommonSettings, load
 
 # ---------------------------------------------------------------------------- settings ----
@@ -39,7 +40,17 @@ class ExtenderSettings(CommonSettings):
         default=60,
         ge=0,
         le=86400,
-        description="Allowance on top of ttl_s (agent schedule, clock skew).",
+        description="Allowance on top of ttl_s, expires_at or a Lease's duration (agent "
+        "schedule, clock skew).",
+    )
+    max_clock_skew_s: float = Field(
+        default=DEFAULT_MAX_CLOCK_SKEW_S,
+        ge=0,
+        le=86400,
+        description="A telemetry read_at or Lease renewTime further ahead of the extender's "
+        "clock than this is that node's problem: its telemetry is unusable (the unknown "
+        "policy), counted in omaticaya_extender_node_problems_total. Liveness itself is judged "
+        "by when the extender saw the value change, on its own monotonic clock.",
     )
     fail_open: bool = Field(
         default=False,

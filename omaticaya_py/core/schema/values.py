@@ -9,10 +9,25 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["json_float", "json_int", "json_mapping", "json_str", "rfc3339_s"]
+__all__ = [
+    "MAX_EPOCH_S",
+    "MIN_EPOCH_S",
+    "epoch_text",
+    "json_float",
+    "json_int",
+    "json_mapping",
+    "json_str",
+    "rfc3339_s",
+]
+
+#: the times read from the cluster: 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z (epoch
+#: seconds). Outside, ``datetime`` cannot turn them back into a date (year 0, year 10000), and
+#: no reading, Lease or pod was ever written there.
+MIN_EPOCH_S = 0.0
+MAX_EPOCH_S = 253402300799.0
 
 _INT_TEXT = re.compile(r"^\s*-?[0-9]{1,18}\s*$")
 
@@ -52,13 +67,26 @@ def json_mapping(value: Any) -> Mapping[str, Any]:
 
 def rfc3339_s(text: Any) -> float | None:
     """Epoch seconds of an RFC 3339 time with a zone (``2025-03-04T05:06:07Z``), or ``None``
-    for anything else (no zone, not a string, over 64 characters)."""
+    for anything else: no zone, not a string, over 64 characters, or a time outside
+    ``MIN_EPOCH_S``..``MAX_EPOCH_S`` (``0001-01-01T00:00:00+23:59`` is a valid RFC 3339 time
+    in year 0 once in UTC: no date can be made of it again). Never raises."""
     if not isinstance(text, str) or not text or len(text) > 64:
         return None
     try:
         stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        if stamp.tzinfo is None:
+            return None
+        epoch_s = stamp.timestamp()
+    except (ValueError, OverflowError):
         return None
-    if stamp.tzinfo is None:
-        return None
-    return stamp.timestamp()
+    return epoch_s if MIN_EPOCH_S <= epoch_s <= MAX_EPOCH_S else None
+
+
+def epoch_text(epoch_s: float) -> str:
+    """``2025-03-04T05:06:07Z`` for epoch seconds (UTC, whole seconds), for messages; a time no
+    date can be made of (year 0, year 10000 and on, NaN) reads ``epoch <seconds>s``. Never
+    raises."""
+    try:
+        return datetime.fromtimestamp(epoch_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        return f"epoch {epoch_s:g}s"
