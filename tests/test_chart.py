@@ -206,11 +206,14 @@ def test_helm_lint_strict(helm, values):
     assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
 
 
+#: on by default at K8S_VERSION (1.30): validatingAdmissionPolicy.enabled "auto"
+VAP = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 RENDER_CASES = {
     # id: (values, kinds expected)
     "default": (
         None,
-        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"},
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"}
+        | VAP,
     ),
     "all-on": (
         ALL_ON,
@@ -230,11 +233,12 @@ RENDER_CASES = {
     ),
     "metrics-off": (
         {"metricsPort": 0, "serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
-        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"},
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"}
+        | VAP,
     ),
     "no-rbac-external-sa": (
         {"serviceAccount": {"create": False, "name": "existing"}, "rbac": {"create": False}},
-        {"DaemonSet"},
+        {"DaemonSet"} | VAP,
     ),
     "overrides": (
         {
@@ -249,7 +253,8 @@ RENDER_CASES = {
             "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
             "podSecurityContext": {"runAsNonRoot": False, "runAsUser": 0},
         },
-        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"},
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"}
+        | VAP,
     ),
 }
 
@@ -394,21 +399,17 @@ def test_clusterrole_has_exactly_the_needed_rules(helm):
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
                     granted.add((group, resource, verb))
-    assert granted == {
-        ("", "nodes", "get"),
-        ("", "nodes", "patch"),
-        ("", "events", "create"),
-        ("", "events", "patch"),
-        ("events.k8s.io", "events", "create"),
-        ("events.k8s.io", "events", "patch"),
-    }
-    # the liveness Lease: get/create/update on leases, in the release namespace only
-    lease_role, lease_binding = one(docs, "Role"), one(docs, "RoleBinding")
-    assert lease_role["metadata"]["namespace"] == NAMESPACE
-    assert lease_role["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-         "verbs": ["get", "create", "update"]}
-    ]
+    # Events: a Role in "default" (tests/test_chart_least_privilege.py), not cluster-wide
+    assert granted == {("", "nodes", "get"), ("", "nodes", "patch")}
+    # the liveness Lease: get/create/update (delete: its own on uninstall) on leases, in the
+    # release namespace only
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    lease_role, lease_binding = roles[NAMESPACE], bindings[NAMESPACE]
+    assert set(roles) == set(bindings) == {NAMESPACE, "default"}
+    (rule,) = lease_role["rules"]
+    assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+    assert {"get", "create", "update"} <= set(rule["verbs"]) <= {"get", "create", "update", "delete"}
     assert lease_binding["metadata"]["namespace"] == NAMESPACE
     assert lease_binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -698,7 +699,12 @@ def test_metrics_port_zero_drops_ports_and_probes(helm):
 
 def test_names_follow_overrides(helm):
     docs = render(helm, {"fullnameOverride": "gpu-labeller"})
-    assert {d["metadata"]["name"] for d in docs} == {"gpu-labeller"}
+    assert {d["metadata"]["name"] for d in docs} == {
+        "gpu-labeller",
+        "gpu-labeller-events",
+        "gpu-labeller-node-writes",
+        "gpu-labeller-lease-writes",
+    }
     docs = render(helm, {"nameOverride": "gpu"})
     assert one(docs, "DaemonSet")["metadata"]["name"] == f"{RELEASE}-gpu"
 
@@ -740,9 +746,17 @@ def test_service_monitor_alone_creates_the_service(helm):
     assert "PodMonitor" not in {d["kind"] for d in docs}
 
 
-def vap_docs(helm, values: dict | None = None) -> tuple[dict, dict]:
+def vap_docs(
+    helm, values: dict | None = None, which: str = "node-writes"
+) -> tuple[dict, dict]:
+    """The policy and binding named ``<fullname>-<which>`` (node-writes or lease-writes)."""
     docs = render(helm, {"validatingAdmissionPolicy": {"enabled": True}} | (values or {}))
-    return one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+
+    def named(kind: str) -> dict:
+        (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(which)]
+        return doc
+
+    return named("ValidatingAdmissionPolicy"), named("ValidatingAdmissionPolicyBinding")
 
 
 def test_admission_policy_shape(helm):

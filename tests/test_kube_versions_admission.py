@@ -315,7 +315,11 @@ def with_claim(request: dict, node: str) -> dict:
 def policy(helm, kube: str, **vap: Any) -> _VapRequest:  # noqa: F811
     pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
     values = {"validatingAdmissionPolicy": {"enabled": True, **vap}}
-    (doc,) = [d for d in docs_at(helm, kube, values) if d["kind"] == "ValidatingAdmissionPolicy"]
+    (doc,) = [
+        d
+        for d in docs_at(helm, kube, values)
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-node-writes")
+    ]
     return _VapRequest(doc)
 
 

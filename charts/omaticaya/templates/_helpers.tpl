@@ -134,3 +134,25 @@ An explicit one the cluster's version does not serve fails the render.
 {{- define "omaticaya.schedulerImageTag" -}}
 {{- .Values.scheduler.image.tag | default (include "omaticaya.kubeVersion" .) }}
 {{- end }}
+
+{{/*
+"true" when the admission policies are rendered. validatingAdmissionPolicy.enabled "auto" (the
+default): on Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 GA and the node-name claim in
+pod-bound tokens, ServiceAccountTokenPodNodeInfo beta), unless helm talks to a live cluster
+whose discovery lacks admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy (the API turned
+off). Helm's offline set (`helm template`) lists group/versions only, never kinds ("v1/Node"):
+there the version decides. true: on, and an older cluster fails the render; false: off.
+*/}}
+{{- define "omaticaya.vapEnabled" -}}
+{{- $want := .Values.validatingAdmissionPolicy.enabled }}
+{{- $v130 := semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}
+{{- if eq (toString $want) "auto" }}
+{{- $live := .Capabilities.APIVersions.Has "v1/Node" }}
+{{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}
+{{- if and $v130 (or $served (not $live)) }}true{{ end }}
+{{- else if $want }}
+{{- if not $v130 }}
+{{- fail (printf "validatingAdmissionPolicy.enabled needs Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 and the node-name claim in service account tokens); this cluster is %s (leave it \"auto\": on from 1.30, off before)" .Capabilities.KubeVersion.Version) }}
+{{- end }}true
+{{- end }}
+{{- end }}
