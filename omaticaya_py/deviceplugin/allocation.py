@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..core.settings import Settings
+from ..core.snapshot import NodeSnapshot
 
 API_VERSION = "v1beta1"
 #: The kubelet (v1.20) always serves its registration socket here, whatever ``--root-dir``.
@@ -14,6 +17,11 @@ KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+#: the reason every device gets while the agent's reading is older than the stale bound
+STALE_READING = "stale-reading"
+#: schedule periods without a fresh reading before the devices turn Unhealthy, when the
+#: settings carry no ``stuck_tick_periods`` (the agent's stuck-tick setting) of their own
+DEFAULT_STALE_PERIODS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,56 @@ def preferred(
         chosen.append(best)
         rest.remove(best)
     return chosen
+
+
+def departed(
+    known: Mapping[str, int],
+    parents: Mapping[str, str],
+    present: Collection[str],
+    snapshot: NodeSnapshot,
+    mig: bool,
+) -> set[str]:
+    """The devices that left the reading: out of ``known`` (device UUID -> GPU index), those not
+    ``present`` among this resource's units whose GPU was read and says they are gone.
+
+    - A whole GPU (``mig`` False) leaves when its UUID is read without error with MIG on (it
+      is served as MIG devices now); a GPU missing from the reading (lost, off the bus) stays,
+      Unhealthy.
+    - A MIG device (``mig`` True) leaves when its parent GPU (``parents[uuid]``, else the GPU
+      at its index) is read without error and every one of its MIG devices was read with a
+      UUID: the layout was re-created (MIG UUIDs change then) or MIG turned off. While the
+      parent is missing or unreadable, or one of its MIG devices cannot be read, it stays.
+    - Nothing leaves while the library itself cannot be read (``snapshot.error``).
+    """
+    if snapshot.error is not None:
+        return set()
+    by_uuid = {g.uuid: g for g in snapshot.gpus if g.uuid}
+    by_index = {g.index: g for g in snapshot.gpus}
+    gone: set[str] = set()
+    for device, index in known.items():
+        if device in present:
+            continue
+        if not mig:
+            g = by_uuid.get(device)
+            if g is not None and g.error is None and g.mig_enabled:
+                gone.add(device)
+            continue
+        parent = parents.get(device)
+        g = by_uuid.get(parent) if parent else by_index.get(index)
+        if g is None or g.error is not None:
+            continue
+        if all(m.error is None and m.uuid for m in g.mig_devices):
+            gone.add(device)
+    return gone
+
+
+def stale_after_s(settings: Settings) -> float:
+    """How old the agent's reading may get before the plugin reports every device Unhealthy:
+    ``stuck_tick_periods`` (the agent's stuck-tick setting, ``OMATICAYA_STUCK_TICK_PERIODS``;
+    ``DEFAULT_STALE_PERIODS`` when the settings have none) schedule periods plus the jitter,
+    the same bound as the agent's ``/healthz`` (seconds)."""
+    periods = getattr(settings, "stuck_tick_periods", None) or DEFAULT_STALE_PERIODS
+    return float(periods) * settings.schedule.period_s() + settings.jitter_s
 
 
 def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:

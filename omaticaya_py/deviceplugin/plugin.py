@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..core.settings import Settings
-from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, trace_devices
+from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, stale_after_s, trace_devices
 from .registration import KubeletRegistration
 from .service import DeviceService
 
@@ -29,6 +30,8 @@ class DevicePlugin(DeviceService, KubeletRegistration):
     - ``poll_s``: how often streams look at the cache; ``resync_s``: how often the registration
       is checked besides the folder events; ``first_read_timeout_s``: how long serving waits
       for the agent's first reading.
+    - ``stale_after_s``: every device is Unhealthy while the reading is older than this, on
+      ``clock`` (``None``: off; ``from_settings`` sets it, see ``allocation.stale_after_s``).
 
     ``start()`` serves and registers in a background thread; ``stop()`` undoes it.
     """
@@ -45,8 +48,13 @@ class DevicePlugin(DeviceService, KubeletRegistration):
         poll_s: float = 0.2,
         resync_s: float = 5.0,
         first_read_timeout_s: float = 30.0,
+        stale_after_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        DeviceService.__init__(self, source, devices=devices, profile=profile, poll_s=poll_s)
+        DeviceService.__init__(
+            self, source, devices=devices, profile=profile, poll_s=poll_s,
+            stale_after_s=stale_after_s, clock=clock,
+        )
         KubeletRegistration.__init__(
             self,
             resource_name=resource_name,
@@ -59,7 +67,9 @@ class DevicePlugin(DeviceService, KubeletRegistration):
     @classmethod
     def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePlugin:
         """A plugin configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its GPUs are the
-        devices from the start."""
+        devices from the start; devices turn Unhealthy when the reading is older than
+        ``allocation.stale_after_s(settings)``."""
+        kwargs.setdefault("stale_after_s", stale_after_s(settings))
         devices = kwargs.pop("devices", None)
         if devices is None and settings.trace is not None:
             devices = trace_devices(settings.trace)

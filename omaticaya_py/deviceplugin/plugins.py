@@ -11,7 +11,7 @@ from typing import Any
 from loguru import logger
 
 from ..core.settings import Settings
-from .allocation import DEFAULT_PLUGIN_DIR, mig_resource_name, trace_units
+from .allocation import DEFAULT_PLUGIN_DIR, mig_resource_name, stale_after_s, trace_units
 from .plugin import DevicePlugin
 
 
@@ -20,8 +20,10 @@ class DevicePluginSet:
     one per MIG profile seen (``nvidia.com/mig-<profile>``), NVIDIA's ``mixed`` strategy.
 
     Same lifecycle as one plugin: ``start()``, ``stop()``. Profiles come from the trace (known
-    at start) and from every tick's units (a profile new since start gets its plugin then).
-    ``plugins`` maps the profile (``None`` for whole GPUs) to its plugin.
+    at start) and from every tick's units (a profile new since start gets its plugin then); a
+    profile plugin with no device left (its MIG devices left the reading: the layout was
+    re-created or MIG turned off) sends the kubelet an empty list, stops and removes its socket.
+    ``plugins`` maps the profile (``None`` for whole GPUs, always served) to its plugin.
     """
 
     def __init__(
@@ -40,6 +42,9 @@ class DevicePluginSet:
         self._lock = threading.Lock()
         self._started = False
         self.plugins: dict[str | None, DevicePlugin] = {}
+        #: profile plugins stopped when their devices left, started again if the profile comes
+        #: back (at most one per profile name ever seen)
+        self._stopped: dict[str | None, DevicePlugin] = {}
         units = dict(units or {})
         units.setdefault(None, [])
         for profile, devices in units.items():
@@ -48,7 +53,9 @@ class DevicePluginSet:
     @classmethod
     def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePluginSet:
         """Plugins configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its devices are
-        known from the start."""
+        known from the start; devices turn Unhealthy when the reading is older than
+        ``allocation.stale_after_s(settings)``."""
+        kwargs.setdefault("stale_after_s", stale_after_s(settings))
         units = trace_units(settings.trace) if settings.trace is not None else None
         return cls(
             source,
@@ -72,15 +79,25 @@ class DevicePluginSet:
         return plugin
 
     def _on_tick(self, result: Any) -> None:
-        """Start a plugin for each MIG profile the tick shows for the first time."""
+        """Start a plugin for each MIG profile the tick shows for the first time; stop each
+        profile plugin that has no device left."""
         health = getattr(result, "health", None)
         profiles = {u.profile for u in getattr(health, "units", ()) if u.is_mig and u.profile}
         with self._lock:
             if not self._started:
                 return
-            for profile in sorted(profiles - set(self.plugins)):
+            for profile in sorted(profiles - set(self.plugins), key=str):
                 logger.info("device plugin: MIG profile {} appeared: serving it", profile)
-                self._add(profile).start()
+                again = self._stopped.pop(profile, None)
+                if again is not None:
+                    self.plugins[profile] = again
+                (again or self._add(profile)).start()
+            for profile, plugin in list(self.plugins.items()):
+                if profile is None or profile in profiles or plugin.devices():
+                    continue
+                logger.info("device plugin: MIG profile {} left: no longer served", profile)
+                self._stopped[profile] = self.plugins.pop(profile)
+                plugin.stop()  # its streams send the empty list first
 
     def start(self) -> None:
         """Start every plugin; follow the ticks for new MIG profiles."""

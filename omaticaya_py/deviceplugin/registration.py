@@ -96,6 +96,7 @@ class KubeletRegistration:
         """Serve and register in a background thread; watch the folder for kubelet restarts."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._stopping.clear()
+        self._registered.clear()  # (started again after a stop: registered anew)
         listeners = getattr(self._source, "on_tick", None)
         if isinstance(listeners, list) and self._on_tick not in listeners:
             listeners.append(self._on_tick)  # wake the streams as soon as a tick is cached
@@ -111,7 +112,9 @@ class KubeletRegistration:
         self.notify()
 
     def stop(self, grace_s: float = 1.0) -> None:
-        """Stop serving: end the streams, close the server, remove the socket."""
+        """Stop serving: end the streams (each sends its last list first), close the server,
+        remove the socket. ``start()`` serves again (it stays among the agent's tick listeners,
+        which are not changed while the agent calls them)."""
         self._stopping.set()
         self._kick.set()
         self.notify()

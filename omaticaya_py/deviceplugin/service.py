@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
 from loguru import logger
 
 from ..core.health import Unit
-from .allocation import VISIBLE_DEVICES_ENV, DeviceState, preferred
+from .allocation import STALE_READING, VISIBLE_DEVICES_ENV, DeviceState, departed, preferred
 from .v1beta1 import api_pb2, api_pb2_grpc
 
 
@@ -32,9 +33,16 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     - ``profile``: ``None`` serves whole GPUs (MIG off); a MIG profile (``1g.10gb``) serves the
       MIG devices of that profile.
     - ``poll_s``: how often ``ListAndWatch`` streams look at the cache besides ``notify()``.
+    - ``stale_after_s``: every device is Unhealthy (reason ``stale-reading``) while the reading
+      it serves is older than this (a tick that never returns: a blocked NVML call), and
+      Healthy again as soon as a fresh one comes; ``None``: off. The age is on the plugin's own
+      ``clock`` (monotonic seconds), from when it first saw that reading, so the agent's wall
+      clock plays no part.
 
-    Streams end once ``_stopping`` is set. ``refusals`` counts the ``Allocate`` and
-    ``PreStartContainer`` calls refused (unknown or unhealthy devices).
+    Devices that left the reading (``allocation.departed``: a re-created MIG layout, a GPU now
+    in MIG mode) leave the list. Streams send the last list and end once ``_stopping`` is set.
+    ``refusals`` counts the ``Allocate`` and ``PreStartContainer`` calls refused (unknown or
+    unhealthy devices); ``stale`` is whether the last look found the reading stale.
     """
 
     def __init__(
@@ -44,6 +52,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         devices: Iterable[tuple[int, str]] = (),
         profile: str | None = None,
         poll_s: float = 0.2,
+        stale_after_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._source = source
         # on real NVML the agent's reader knows the PCIe/NVLink topology between two GPUs
@@ -52,6 +62,12 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self.poll_s = poll_s
         self.profile = profile
         self._known: dict[str, int] = {uuid: index for index, uuid in devices}
+        self._parents: dict[str, str] = {}  # MIG device UUID -> its parent GPU's UUID
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._seen: object | None = None  # the snapshot last seen, and when (``clock``)
+        self._seen_at_s = 0.0
+        self.stale = False
         self._lock = threading.Lock()
         self._changed = threading.Condition()
         self._stopping = threading.Event()
@@ -71,7 +87,9 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 ]
                 return sorted(states, key=lambda s: (s.index, s.id))
             snapshot, health = last.snapshot, last.health
+            stale = self._stale(snapshot)
             by_index = {index: uuid for uuid, index in self._known.items()}
+            gpu_uuid = {g.index: g.uuid for g in snapshot.gpus if g.uuid}
             units: dict[str, Unit] = {}
             for unit in health.units:
                 if unit.profile != self.profile or unit.is_mig != (self.profile is not None):
@@ -80,11 +98,22 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 if uuid is None:
                     continue  # never read its UUID: nothing to advertise
                 self._known[uuid] = unit.gpu_index
+                if unit.is_mig and unit.gpu_index in gpu_uuid:
+                    self._parents[uuid] = gpu_uuid[unit.gpu_index]
                 units[uuid] = unit
+            for uuid in departed(
+                self._known, self._parents, units, snapshot, self.profile is not None
+            ):
+                logger.info("device plugin: {} left the reading: no longer advertised", uuid)
+                del self._known[uuid]
+                self._parents.pop(uuid, None)
+                self._logged.pop(uuid, None)
             states = []
             for uuid, index in self._known.items():
                 unit = units.get(uuid)
-                if snapshot.error is not None:
+                if stale:
+                    states.append(DeviceState(uuid, index, False, (STALE_READING,)))
+                elif snapshot.error is not None:
                     states.append(DeviceState(uuid, index, False, (snapshot.error,)))
                 elif unit is None:
                     states.append(DeviceState(uuid, index, False, ("absent",)))
@@ -102,6 +131,26 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         states.sort(key=lambda s: (s.index, s.mig_index or 0, s.id))
         self._log_changes(states)
         return states
+
+    def _stale(self, snapshot: object) -> bool:
+        """Whether ``snapshot`` (the reading served) is older than ``stale_after_s`` on our
+        clock, counted from when this plugin first saw it; logs each change once. Called under
+        ``_lock``."""
+        now_s = self._clock()
+        if snapshot is not self._seen:
+            self._seen, self._seen_at_s = snapshot, now_s
+        age_s = now_s - self._seen_at_s
+        stale = self.stale_after_s is not None and age_s > self.stale_after_s
+        if stale and not self.stale:
+            logger.warning(
+                "device plugin: the agent's reading is {:.1f}s old (more than {:.3g}s): every "
+                "{} device Unhealthy until a fresh one", age_s, self.stale_after_s,
+                self.profile or "GPU",
+            )
+        elif self.stale and not stale:
+            logger.info("device plugin: a fresh reading again: devices follow their health")
+        self.stale = stale
+        return stale
 
     def _log_changes(self, states: list[DeviceState]) -> None:
         with self._lock:
@@ -129,7 +178,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
         sent: tuple[tuple[str, str], ...] | None = None
-        while not self._stopping.is_set() and context.is_active():
+        while context.is_active():
+            stopping = self._stopping.is_set()
             states = self.devices()
             now = tuple((s.id, s.health) for s in states)
             if now != sent:
@@ -138,6 +188,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                     devices=[api_pb2.Device(ID=d, health=h) for d, h in now]
                 )
                 sent = now
+            if stopping:  # the last list went out (an empty one when every device left)
+                return
             with self._changed:
                 self._changed.wait(self.poll_s)
 
