@@ -95,6 +95,8 @@ def test_a_bad_lease_reference_is_ignored(ref):
     [
         {"holderIdentity": "a", "leaseDurationSeconds": 40},
         {"holderIdentity": "a", "renewTime": "yesterday", "leaseDurationSeconds": 40},
+        {"holderIdentity": "a", "renewTime": "0001-01-01T00:00:00+23:59", "leaseDurationSeconds": 40},
+        {"holderIdentity": "a", "renewTime": "0000-12-31T00:01:00.000000Z", "leaseDurationSeconds": 40},
         {"holderIdentity": "a", "renewTime": "2026-01-01T00:00:00.000000Z"},
         {"holderIdentity": "a", "renewTime": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 0},
         {"holderIdentity": "a", "renewTime": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 1e9},
