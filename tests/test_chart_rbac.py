@@ -36,6 +36,8 @@ RBAC_TEMPLATES = (
     "templates/serviceaccount.yaml",
     "templates/clusterrole.yaml",
     "templates/clusterrolebinding.yaml",
+    "templates/role.yaml",
+    "templates/rolebinding.yaml",
 )
 #: RBAC changes reach the authorizer through an informer: allow this long for the binding.
 PROPAGATION_S = 20.0
@@ -59,6 +61,10 @@ def render_rbac() -> list[dict]:
     assert sorted(d["kind"] for d in docs) == [
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
         "ServiceAccount",
     ]
     return docs
@@ -70,6 +76,7 @@ class Agent:
 
     core: Any  # kubernetes.client.CoreV1Api
     events: Any  # kubernetes.client.EventsV1Api
+    leases: Any  # kubernetes.client.CoordinationV1Api
     admin: Any  # CoreV1Api as cluster admin, to check results
     service_account: str
 
@@ -148,6 +155,7 @@ def agent(dev_cluster) -> Iterator[Agent]:
         yield Agent(
             core=client.CoreV1Api(token_client),
             events=client.EventsV1Api(token_client),
+            leases=client.CoordinationV1Api(token_client),
             admin=admin,
             service_account=sa,
         )
@@ -164,6 +172,12 @@ def agent(dev_cluster) -> Iterator[Agent]:
                     rbac.delete_cluster_role_binding(doc["metadata"]["name"])
                 elif doc["kind"] == "ClusterRole":
                     rbac.delete_cluster_role(doc["metadata"]["name"])
+                elif doc["kind"] == "RoleBinding":
+                    meta = doc["metadata"]
+                    rbac.delete_namespaced_role_binding(meta["name"], meta["namespace"])
+                elif doc["kind"] == "Role":
+                    meta = doc["metadata"]
+                    rbac.delete_namespaced_role(meta["name"], meta["namespace"])
             except ApiException:
                 pass
         admin_client.close()
@@ -252,6 +266,16 @@ def _events_v1_event(namespace: str) -> dict:
     }
 
 
+def _lease(name: str = "") -> dict:
+    name = name or f"omaticaya-node-{NODE}-{datetime.now(timezone.utc):%H%M%S%f}"
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name},
+        "spec": {"holderIdentity": "rbac-test", "leaseDurationSeconds": 40},
+    }
+
+
 # (id, call, expected HTTP status); run after the patch test, so RBAC has propagated
 CASES: list[tuple[str, Callable[[Agent], Any], int]] = [
     ("get-own-node", lambda a: a.core.read_node(NODE), 200),
@@ -260,10 +284,26 @@ CASES: list[tuple[str, Callable[[Agent], Any], int]] = [
         lambda a: a.core.create_namespaced_event("default", _core_event("default")),
         201,
     ),
+    # Events: core/v1 create in "default" only, where NodeClient posts them (issue 23)
     (
         "create-event-events-k8s-io-v1",
         lambda a: a.events.create_namespaced_event("default", _events_v1_event("default")),
-        201,
+        403,
+    ),
+    (
+        "create-event-release-namespace",
+        lambda a: a.core.create_namespaced_event(NAMESPACE, _core_event(NAMESPACE)),
+        403,
+    ),
+    (
+        "create-event-kube-system",
+        lambda a: a.core.create_namespaced_event("kube-system", _core_event("kube-system")),
+        403,
+    ),
+    (
+        "patch-event",
+        lambda a: a.core.patch_namespaced_event("any", "default", {"count": 2}),
+        403,
     ),
     ("read-secret", lambda a: a.core.read_namespaced_secret("not-for-the-agent", NAMESPACE), 403),
     ("list-secrets", lambda a: a.core.list_namespaced_secret(NAMESPACE), 403),
@@ -284,6 +324,24 @@ CASES: list[tuple[str, Callable[[Agent], Any], int]] = [
         403,
     ),
     ("list-events", lambda a: a.core.list_namespaced_event("default"), 403),
+    # Leases: the release namespace only; any name there on 1.20 (RBAC cannot name them: the
+    # admission policy binds them to the node claim on 1.30+). The chart's scheduler keeps its
+    # leader-election Lease in kube-system, out of the agents' reach on every version.
+    (
+        "create-lease-release-namespace",
+        lambda a: a.leases.create_namespaced_lease(NAMESPACE, _lease()),
+        201,
+    ),
+    ("create-lease-kube-system", lambda a: a.leases.create_namespaced_lease("kube-system", _lease()), 403),
+    (
+        "update-scheduler-lease-kube-system",
+        lambda a: a.leases.replace_namespaced_lease(
+            "omaticaya-rbac-scheduler", "kube-system", _lease("omaticaya-rbac-scheduler")
+        ),
+        403,
+    ),
+    ("list-leases", lambda a: a.leases.list_namespaced_lease(NAMESPACE), 403),
+    ("get-event", lambda a: a.core.read_namespaced_event("any", "default"), 403),
     ("delete-events", lambda a: a.core.delete_collection_namespaced_event("default"), 403),
     (
         "create-configmap",
