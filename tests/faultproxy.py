@@ -3,7 +3,8 @@
 The agent talks plain HTTP to the proxy on 127.0.0.1; the proxy forwards every request to the
 dev cluster's API server over TLS as admin, unless a queued fault says otherwise: answer with a
 status (409, 429 + Retry-After, 503, ...) without forwarding, or hold the request for a while
-before forwarding. It sits beside the real API server, never instead of it: every request that
+before forwarding; or, between ``stall()`` and ``heal()``, accept every request and never
+answer it (an API server that hangs). It sits beside the real API server, never instead of it: every request that
 succeeds was served by kube-apiserver.
 """
 
@@ -39,6 +40,9 @@ class FaultProxy:
         self.faults: deque[Fault] = deque()
         self.seen: list[tuple[str, str, int]] = []
         self.in_flight = threading.Event()
+        self.held = 0  # requests held unanswered by a stall so far
+        self._stalled = False
+        self._healed = threading.Event()
         self._lock = threading.Lock()
         proxy = self
 
@@ -51,6 +55,9 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                if proxy._hold():  # stalled: never answered; the connection closes at heal()
+                    self.close_connection = True
+                    return
                 fault = proxy._take(self.command)
                 if fault is not None and fault.delay_s:
                     proxy.in_flight.set()
@@ -103,6 +110,27 @@ class FaultProxy:
                 return self.faults.popleft()
         return None
 
+    def _hold(self) -> bool:
+        with self._lock:
+            if not self._stalled:
+                return False
+            self.held += 1
+        self.in_flight.set()
+        self._healed.wait()
+        return True
+
+    def stall(self) -> None:
+        """From now on, accept every request and never answer it, until ``heal()``."""
+        with self._lock:
+            self._stalled = True
+            self._healed.clear()
+
+    def heal(self) -> None:
+        """End a stall: requests are forwarded again; the held ones are closed unanswered."""
+        with self._lock:
+            self._stalled = False
+        self._healed.set()
+
     def _record(self, method: str, path: str, status: int) -> None:
         with self._lock:
             self.seen.append((method, path, status))
@@ -130,5 +158,6 @@ class FaultProxy:
         return path
 
     def close(self) -> None:
+        self.heal()
         self._server.shutdown()
         self._server.server_close()

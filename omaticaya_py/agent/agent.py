@@ -1,8 +1,11 @@
 """The one place that wires the stages: read -> cache -> assess -> render -> write.
 
 ``Agent.tick()`` runs one pass and can be called alone (tests, ``omaticaya once``);
-``Agent.run()`` calls it from an APScheduler 3.x schedule until SIGTERM/SIGINT
-(``agent.daemon``), then finishes the tick in flight, releases its Lease and removes the
+``Agent.run()`` runs ``scheduled_tick`` from an APScheduler 3.x schedule until SIGTERM/SIGINT
+(``agent.daemon``): each tick reads, caches and tells its listeners, and hands the API work to
+one writer thread (``agent.apiwriter``), so that a slow API server never delays a reading;
+``agent.watchdog`` keeps the ticks on their period across wall-clock steps and says when one
+is stuck. On exit the agent finishes the write in flight, releases its Lease and removes the
 dynamic labels (unless ``cleanup_on_exit`` is off). Liveness goes on a ``coordination.k8s.io``
 Lease renewed every ``heartbeat_s``, or on the Node's telemetry annotation
 (``agent.liveness``); the Node is written by ``agent.writer`` within the write budget; API
@@ -30,13 +33,15 @@ from ..core.render import Desired, render
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
-from ..kube import KubeError, LeaseClient, NodeClient, NodeNotFound
+from ..kube import KubeError, LeaseClient, NodeClient
 from . import daemon
+from .apiwriter import ApiWriter, api_round
 from .attribution import Attribution, make_attribution
 from .events import HealthEvents
 from .liveness import Liveness, make_lease
 from .outage import ApiOutage
 from .state import SnapshotCache, TickResult
+from .watchdog import Watchdog
 from .writer import NodeWriter
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
@@ -75,7 +80,7 @@ class Agent:
         self.node = node
         self.dry_run = dry_run
         self.clock = clock
-        self.cache = SnapshotCache()
+        self.cache = SnapshotCache(clock)
         self.policy = XidPolicy(
             ignore=settings.xid_ignore,
             all_fatal=settings.xid_all_fatal,
@@ -84,6 +89,9 @@ class Agent:
         self.ledger = XidLedger(self.policy)
         self.events = HealthEvents()
         self.period_s = settings.schedule.period_s()
+        #: no finished tick for this long: /healthz fails, the device plugin's devices go
+        #: Unhealthy (``SnapshotCache.tick_overdue``)
+        self.cache.stuck_after_s = settings.stuck_tick_periods * self.period_s + settings.jitter_s
         self.outage = ApiOutage(self.period_s, self.cache)
         #: the longest the telemetry annotation goes unrewritten while the agent runs: it is
         #: rewritten on the first tick after the heartbeat is due (published as ``refresh_s``
@@ -105,7 +113,14 @@ class Agent:
         )
         self._nvml_failing = False
         self._dropped_seen: set[tuple[str, str]] = set()
-        self._tick_lock = threading.Lock()
+        #: held by each tick's read path (and by a whole ``tick()``)
+        self.tick_lock = threading.Lock()
+        #: held by each round of API work and by the exit cleanup (see ``api_round``)
+        self.write_lock = threading.Lock()
+        #: the thread that does the API work of scheduled ticks, and the watchdog (both set
+        #: by ``run()``)
+        self.api_writer: ApiWriter | None = None
+        self.watchdog: Watchdog | None = None
         self._stopping = threading.Event()
         self.signals_installed = False
         #: the APScheduler scheduler while ``run()`` runs
@@ -117,12 +132,16 @@ class Agent:
     # -- one tick --------------------------------------------------------------------------
 
     def evaluate(self, with_telemetry: bool = True) -> tuple[NodeSnapshot, NodeHealth, Desired]:
-        """Read, assess and render, with no API request (``with_telemetry``: see ``render``)."""
+        """Read, assess and render, with no API request (``with_telemetry``: see ``render``).
+        Each stage is noted in the cache, so that a stuck one can be named."""
+        self.cache.stage("read")
         snapshot = self.reader.read()
         if self.window is not None:
             self.window.add(snapshot)
         if self.attribution is not None:
+            self.cache.stage("attribution")
             self.last_attribution = self.attribution.observe(snapshot)
+        self.cache.stage("render")
         self.ledger.record(snapshot.xid_events)
         health = assess(snapshot, self.ledger.recent(snapshot.clock_s), self.policy)
         previous = self.cache.last.desired.labels if self.cache.last is not None else None
@@ -155,48 +174,36 @@ class Agent:
         return self.events.posted
 
     def tick(self) -> TickResult:
-        """One pass: read -> cache -> assess -> render -> diff -> patch.
+        """One pass: read -> cache -> assess -> render -> diff -> patch, the API work inline.
 
         Returns what was done. Raises ``KubeError`` when the API server cannot be reached or
         refuses (after the edge's retries); the reading is cached before that. Raises
         ``AgentStopping`` after ``stop()``: a tick must never put back what the cleanup removed.
         """
-        with self._tick_lock:
-            if self._stopping.is_set():
-                raise AgentStopping("the agent is stopping: no more ticks")
-            started = time.perf_counter()
-            now_s = self.clock()
-            snapshot, health, desired = self.evaluate(with_telemetry=False)
-            attribution = self.last_attribution
-            result = TickResult(snapshot, health, desired, None, False, attribution)
-            self.cache.store(result, now_s)
-            self._notify(result)  # health is known before any API request: tell listeners now
-            if self.outage.paused(now_s):  # RBAC refused us: do not hammer
-                self.cache.ticks += 1
-                return result
-            try:
-                if self.liveness.lease_due(now_s) and not self.dry_run:
-                    if self.liveness.renew(now_s):
-                        self.writer.forget()  # re-read the Node each heartbeat: re-created, edited
-                desired, patch, sent = self.writer.write(
-                    desired, snapshot, health, now_s, attribution
-                )
-                self.outage.ok(now_s)
-                if self.node is not None and not self.dry_run:
-                    self._post_events(health, snapshot, attribution)
-            except NodeNotFound as exc:
-                self.writer.forget()
-                self.outage.failed(exc, now_s)
-                raise
-            except KubeError as exc:
-                self.outage.failed(exc, now_s)
-                raise
-            finally:
-                self.cache.ticks += 1
-                self.cache.tick_seconds.observe(time.perf_counter() - started)
-            result = TickResult(snapshot, health, desired, patch, sent, attribution)
+        with self.tick_lock:
+            result, now_s = self._read_path()
+            result = api_round(self, result, now_s)
             self.cache.store(result, now_s)
             return result
+
+    def _read_path(self) -> tuple[TickResult, float]:
+        """Read, assess, render, cache and tell the listeners (no API request); returns the
+        result and the agent-clock time it was read at. Called under the tick lock."""
+        if self._stopping.is_set():
+            raise AgentStopping("the agent is stopping: no more ticks")
+        started = time.perf_counter()
+        now_s = self.clock()
+        try:
+            snapshot, health, desired = self.evaluate(with_telemetry=False)
+            result = TickResult(snapshot, health, desired, None, False, self.last_attribution)
+            self.cache.store(result, now_s)
+            self.cache.stage("listeners")
+            self._notify(result)  # health is known before any API request: tell listeners now
+        finally:
+            self.cache.stage(None)
+            self.cache.ticks += 1
+            self.cache.tick_seconds.observe(time.perf_counter() - started)
+        return result, now_s
 
     def _notify(self, result: TickResult) -> None:
         for listener in self.on_tick:
@@ -205,9 +212,10 @@ class Agent:
             except Exception:  # noqa: BLE001 - a listener must not stop the agent
                 logger.exception("on_tick listener failed")
 
-    def _post_events(
+    def post_events(
         self, health: NodeHealth, snapshot: NodeSnapshot, att: Mapping[str, GpuAttribution]
     ) -> None:
+        """Post the Node Events due (health changes, out-of-band memory); never raises."""
         assert self.node is not None
         uid = self.writer.meta.uid if self.writer.meta else ""
         self.events.post(self.node, uid, health, snapshot)
@@ -216,14 +224,33 @@ class Agent:
             self.events.post_out_of_band(self.node, uid, att, snapshot, threshold)
 
     def safe_tick(self) -> None:
-        """``tick()`` for the scheduler: every failure is logged (once per outage) and counted,
-        never raised, so the schedule goes on."""
+        """``tick()`` (the API work inline) that never raises: every failure is logged (once per
+        outage) and counted, so that a loop of them goes on."""
+        self._guarded(self.tick)
+
+    def scheduled_tick(self) -> None:
+        """The scheduler's job: the read path, then the API work handed to ``api_writer`` (the
+        latest reading wins), so that ticks keep the schedule whatever the API server does.
+        Never raises. Without a writer thread (not started by ``run()``), the API work is
+        done inline as in ``safe_tick``."""
+
+        def tick() -> None:
+            if self.api_writer is None:
+                self.tick()
+                return
+            with self.tick_lock:
+                result, now_s = self._read_path()
+            self.api_writer.submit(result, now_s)
+
+        self._guarded(tick)
+
+    def _guarded(self, tick: Callable[[], object]) -> None:
         if self._stopping.is_set():
             self.stop()  # a signal that came before the scheduler ran: stop it now
             return
         started = self.clock()
         try:
-            self.tick()
+            tick()
         except AgentStopping:
             return
         except KubeError:
@@ -276,6 +303,8 @@ class Agent:
                 self.node.begin_shutdown(time.monotonic() + self.settings.shutdown_timeout_s)
         if self.scheduler is not None and self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        if self.api_writer is not None:
+            self.api_writer.stop()
 
     @property
     def running(self) -> bool:
@@ -283,16 +312,10 @@ class Agent:
         return bool(self.scheduler is not None and self.scheduler.running)
 
     def shutdown(self) -> None:
-        """After ``stop()``: wait for the tick in flight, remove the dynamic labels (unless
-        ``cleanup_on_exit`` is off or ``dry_run``), close the reader and the API client. The
-        tick lock is held throughout, so no tick can run during or after the cleanup."""
-        self.stop()
-        with self._tick_lock:
-            daemon.cleanup_on_exit(self)
-        for edge in (self.reader, self.attribution, self.node):
-            if edge is not None:
-                edge.close()
-        logger.info("agent stopped")
+        """After ``stop()``: wait for the API write in flight, remove the dynamic labels
+        (unless ``cleanup_on_exit`` is off or ``dry_run``), close the reader and the API client
+        (``agent.daemon.shutdown``)."""
+        daemon.shutdown(self)
 
     @property
     def node_name(self) -> str:

@@ -2,25 +2,30 @@
 
 ``run(agent)`` ticks on the agent's cron schedule from a ``BlockingScheduler`` (one tick at a
 time, misfires coalesced, the first one at a random point within the jitter so that a fleet
-started at once does not tick in the same second) until SIGTERM/SIGINT; the agent then
-finishes the tick in flight, releases its Lease and removes its dynamic labels.
+started at once does not tick in the same second; kept on its period across wall-clock steps by
+``agent.watchdog``) until SIGTERM/SIGINT; each tick's API work goes to the writer thread
+(``agent.apiwriter``). The agent then finishes the write in flight, releases its Lease and
+removes its dynamic labels.
 """
 
 from __future__ import annotations
 
 import random
 import signal
+import time
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from ..kube import KubeError
+from .apiwriter import ApiWriter
+from .watchdog import JOB_ID, SteadyTrigger, Watchdog
 
 if TYPE_CHECKING:
     from .agent import Agent
 
-__all__ = ["cleanup_on_exit", "install_signal_handlers", "run"]
+__all__ = ["cleanup_on_exit", "install_signal_handlers", "run", "schedule_ticks", "shutdown"]
 
 
 def run(agent: Agent) -> None:
@@ -28,21 +33,8 @@ def run(agent: Agent) -> None:
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     settings = agent.settings
-    scheduler = BlockingScheduler(
-        timezone=timezone.utc,
-        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-    )
-    scheduler.add_job(
-        agent.safe_tick,
-        settings.schedule.trigger(jitter_s=settings.jitter_s),
-        id="tick",
-        name="omaticaya tick",
-        # fleet start-up (a DaemonSet rolled out on every node at once): the first tick,
-        # too, at a random point within the jitter, not all in the same second
-        next_run_time=datetime.now(timezone.utc)
-        + timedelta(seconds=random.uniform(0, settings.jitter_s)),
-    )
-    agent.scheduler = scheduler
+    scheduler = BlockingScheduler(timezone=timezone.utc)
+    watchdog = schedule_ticks(agent, scheduler)
     install_signal_handlers(agent)
     logger.info(
         "agent started: node={} schedule={!r} (~{:.3g}s) reader={} prefix={}",
@@ -52,9 +44,73 @@ def run(agent: Agent) -> None:
         type(agent.reader).__name__,
         settings.prefix,
     )
-    if not agent.stopping:  # a signal before this point: straight to the exit
-        scheduler.start()  # returns once stop() shut it down
+    try:
+        if not agent.stopping:  # a signal before this point: straight to the exit
+            scheduler.start()  # returns once stop() shut it down
+    finally:
+        watchdog.stop()
     agent.shutdown()
+
+
+def schedule_ticks(agent: Agent, scheduler: Any, **clocks: Any) -> Watchdog:
+    """Add the agent's tick to an APScheduler 3 ``scheduler`` (not started yet; one tick at a
+    time, misfires coalesced, the first one at a random point within the jitter so that a fleet
+    started at once does not tick in the same second), start the API writer thread and the
+    watchdog (``clocks``: its ``wall``/``monotonic``, for tests). Returns the watchdog."""
+    settings = agent.settings
+    trigger = SteadyTrigger(settings.schedule.trigger(jitter_s=settings.jitter_s), agent.period_s)
+    scheduler.add_job(
+        agent.scheduled_tick,
+        trigger,
+        id=JOB_ID,
+        name="omaticaya tick",
+        coalesce=True,
+        max_instances=1,
+        misfire_grace_time=None,
+        # fleet start-up (a DaemonSet rolled out on every node at once): the first tick,
+        # too, at a random point within the jitter, not all in the same second
+        next_run_time=datetime.now(timezone.utc)
+        + timedelta(seconds=random.uniform(0, settings.jitter_s)),
+    )
+    agent.scheduler = scheduler
+    agent.cache.started_s = agent.clock()
+    agent.api_writer = ApiWriter(agent).start()
+    agent.watchdog = Watchdog(agent, **clocks).start()
+    return agent.watchdog
+
+
+def shutdown(agent: Agent) -> None:
+    """``agent.stop()``, then wait for the API write in flight (within the shutdown deadline),
+    remove the dynamic labels (``cleanup_on_exit``) and close the reader and the API client.
+
+    The write lock is held throughout the cleanup, so no write can run during or after it. A
+    tick stuck in its read (a hung NVML call) does not hold the cleanup back; its reader is then
+    left open (closing NVML under a call in flight is not safe), which is said in the log."""
+    agent.stop()
+    deadline_s = time.monotonic() + agent.settings.shutdown_timeout_s
+
+    def left_s() -> float:
+        return max(1.0, deadline_s - time.monotonic())
+
+    if agent.api_writer is not None:
+        agent.api_writer.join(left_s())
+    if agent.write_lock.acquire(timeout=left_s()):
+        try:
+            cleanup_on_exit(agent)
+        finally:
+            agent.write_lock.release()
+    else:
+        logger.error("an API write is still in flight: dynamic labels left in place")
+    edges = [agent.attribution, agent.node]
+    if agent.tick_lock.acquire(timeout=left_s()):
+        edges.insert(0, agent.reader)
+        agent.tick_lock.release()
+    else:
+        logger.error("a tick is stuck in '{}': its reader is left open", agent.cache.tick_stage)
+    for edge in edges:
+        if edge is not None:
+            edge.close()
+    logger.info("agent stopped")
 
 
 def install_signal_handlers(agent: Agent) -> None:

@@ -5,7 +5,9 @@
 scrape costs no NVML call and no API request. Names follow Prometheus conventions: base units
 (bytes, seconds, watts, celsius, ratio), ``_total`` for counters.
 
-- ``/healthz``: 200 while the scheduler runs.
+- ``/healthz``: 200 while the scheduler runs and a tick finished within ``stuck_tick_periods``
+  schedule periods (plus the jitter); 503 with the reason otherwise (a tick stuck in a hung
+  call: restarting the container is the cure).
 - ``/readyz``: 200 when NVML was read and the API server answered (or needed no request)
   within the last ``3 * schedule period`` (at least 30 s); 503 with the reason otherwise.
 """
@@ -28,7 +30,7 @@ from ..serving import HttpServer, metrics_route
 if TYPE_CHECKING:
     from .agent import Agent
 
-__all__ = ["AgentCollector", "MetricsServer", "readiness", "serve", "make_app"]
+__all__ = ["AgentCollector", "MetricsServer", "liveness", "readiness", "serve", "make_app"]
 
 MIB = 1024 * 1024
 #: dcgm-exporter's label names for the pod holding a GPU, so that its dashboards work
@@ -162,8 +164,16 @@ class AgentCollector(Collector):
             ("omaticaya_lease_renewals", "Renewals of the liveness Lease.", cache.lease_renewals),
             ("omaticaya_lease_failures", "Lease renewals that failed (other than a 403).", cache.lease_failures),
             ("omaticaya_lease_fallbacks", "403s on the Lease: heartbeat back on the Node annotation.", cache.lease_fallbacks),
+            ("omaticaya_writes_superseded", "API rounds replaced by a newer reading before they started (a slow API server).", cache.writes_superseded),
+            ("omaticaya_clock_steps", "Steps of the wall clock seen by the watchdog (ticks rescheduled).", getattr(agent.watchdog, "steps", 0)),
+            ("omaticaya_xid_events_dropped", "Xid events dropped from the event thread's bounded buffer (the latest per GPU and Xid is kept).", getattr(agent.reader, "xid_events_dropped", 0)),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily(
+            "omaticaya_last_tick_age_seconds",
+            "Seconds since the last tick's read path finished (since start before the first).",
+            value=cache.tick_age_s(),
+        )
         events = CounterMetricFamily(
             "omaticaya_events", "Kubernetes Events posted, by reason.", labels=["reason"]
         )
@@ -196,6 +206,17 @@ def readiness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
     return True, "ok"
 
 
+def liveness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
+    """(alive, reason) for ``/healthz`` (see the module docstring)."""
+    if not agent.running:
+        return False, "scheduler not running"
+    cache = agent.cache
+    if cache.tick_overdue(now_s):
+        stage = f"stuck in '{cache.tick_stage}'" if cache.tick_stage else "none running"
+        return False, f"no tick finished for {cache.tick_age_s(now_s):.0f}s ({stage})"
+    return True, "ok"
+
+
 def make_app(agent: Agent, registry: CollectorRegistry) -> Any:
     """The Starlette application: prometheus-client's exposition on ``/metrics`` plus the
     probes (plain text, the reason on one line)."""
@@ -208,7 +229,7 @@ def make_app(agent: Agent, registry: CollectorRegistry) -> Any:
         return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
 
     async def healthz(request: Request) -> PlainTextResponse:
-        return answer(agent.running, "ok" if agent.running else "scheduler not running")
+        return answer(*liveness(agent))
 
     async def readyz(request: Request) -> PlainTextResponse:
         return answer(*readiness(agent))

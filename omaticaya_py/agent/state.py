@@ -1,8 +1,11 @@
-"""The agent's shared state: the last tick's result and the counters ``/metrics`` reads."""
+"""The agent's shared state: the last tick's result, where the tick in flight is, and the
+counters ``/metrics`` reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
@@ -33,13 +36,30 @@ class TickResult:
 class SnapshotCache:
     """The last tick's results and the times of the last good read and patch.
 
-    Written by the tick thread, read by ``/metrics`` and the probes; each attribute is replaced
-    whole, so readers never see a half-written value. Times are ``time.monotonic()`` seconds,
-    except ``last_patch_wall_s`` (Unix time).
+    Written by the tick thread and the API writer thread, read by ``/metrics``, the probes and
+    the device plugin; each attribute is replaced whole, so readers never see a half-written
+    value. Times are on ``clock`` (the agent's: ``time.monotonic()`` seconds), except
+    ``last_patch_wall_s`` and ``tick_started_wall_s`` (Unix time).
+
+    Tick liveness (``/healthz``, the device plugin): ``last_tick_done_s`` is when the last
+    tick's read path (read, assess, render, listeners) finished, ``tick_stage`` and
+    ``tick_started_s`` say where the tick in flight is (``None``: none in flight), and
+    ``tick_overdue()`` is True once no tick finished for ``stuck_after_s`` (the agent sets it to
+    ``stuck_tick_periods`` schedule periods plus the jitter).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
         self.last: TickResult | None = None
+        #: when the agent started, or last tick's read path finished (agent clock, seconds)
+        self.started_s: float = clock()
+        self.last_tick_done_s: float | None = None
+        self.tick_stage: str | None = None
+        self.tick_started_s: float | None = None
+        self.tick_started_wall_s: float | None = None
+        self.stuck_after_s: float = float("inf")
+        self.writes_superseded = 0  # API rounds a newer reading replaced before they started
         self.last_read_ok_s: float | None = None
         self.last_api_ok_s: float | None = None
         self.last_patch_wall_s: float | None = None
@@ -53,14 +73,59 @@ class SnapshotCache:
         self.tick_errors = 0
         self.tick_seconds = Histogram(
             "omaticaya_tick_duration_seconds",
-            "Wall time of one tick: read, render, diff and patch.",
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            "Wall time of one tick's read path: read, assess, render (the API write runs on "
+            "its own thread, omaticaya_api_write_duration_seconds).",
+            buckets=_BUCKETS_S,
+            registry=None,
+        )
+        self.write_seconds = Histogram(
+            "omaticaya_api_write_duration_seconds",
+            "Wall time of one round of API work: Lease renewal, Node patch, Events.",
+            buckets=_BUCKETS_S + (30, 60, 120),
             registry=None,
         )
 
     def store(self, result: TickResult, now_s: float) -> None:
         """Keep ``result`` as the last one; a reading without a library error counts as a
         good read at ``now_s``."""
-        self.last = result
-        if result.snapshot.error is None:
-            self.last_read_ok_s = now_s
+        with self._lock:
+            self.last = result
+            if result.snapshot.error is None:
+                self.last_read_ok_s = now_s
+
+    def replace(self, old: TickResult, new: TickResult) -> bool:
+        """Put ``new`` (``old`` after its API write) in place of ``old``, unless a newer reading
+        was stored meanwhile (which must never be put back behind). Returns whether it was."""
+        with self._lock:
+            if self.last is not old:
+                return False
+            self.last = new
+            return True
+
+    # -- tick liveness ------------------------------------------------------------------------
+
+    def stage(self, name: str | None) -> None:
+        """The tick in flight entered stage ``name`` (``read``, ``attribution``, ``render``,
+        ``listeners``); ``None``: the tick's read path finished now."""
+        now_s = self.clock()
+        if name is None:
+            self.last_tick_done_s = now_s
+            self.tick_started_s = self.tick_started_wall_s = None
+        elif self.tick_started_s is None:
+            self.tick_started_s, self.tick_started_wall_s = now_s, time.time()
+        self.tick_stage = name
+
+    def tick_age_s(self, now_s: float | None = None) -> float:
+        """Seconds since the last tick's read path finished (since ``started_s`` before the
+        first one), on ``clock``."""
+        now_s = self.clock() if now_s is None else now_s
+        since = self.last_tick_done_s if self.last_tick_done_s is not None else self.started_s
+        return max(0.0, now_s - since)
+
+    def tick_overdue(self, now_s: float | None = None) -> bool:
+        """True once no tick finished for more than ``stuck_after_s`` seconds: a tick is stuck
+        (``tick_stage`` says where) or none starts. The device plugin's "reading too old"."""
+        return self.tick_age_s(now_s) > self.stuck_after_s
+
+
+_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

@@ -1,5 +1,7 @@
 """When the agent ticks: crontab, 6-field cron (seconds first), ``@every <duration>`` and the
-``@hourly``-style macros, parsed into an APScheduler trigger's arguments (``Schedule``)."""
+``@hourly``-style macros, parsed into an APScheduler trigger's arguments (``Schedule``); and
+the pure rules that keep the ticks on their period when the wall clock steps (APScheduler 3
+plans on the wall clock: ``clock_step``, ``run_after_step``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["DAY_S", "MAX_INTERVAL_S", "SCHEDULE_FORM", "Schedule", "parse_schedule"]
+__all__ = [
+    "DAY_S",
+    "MAX_INTERVAL_S",
+    "SCHEDULE_FORM",
+    "STEP_TOLERANCE_S",
+    "Schedule",
+    "clock_step",
+    "parse_schedule",
+    "run_after_step",
+]
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -28,6 +39,10 @@ DAY_S = 86400.0
 #: the longest ``@every`` interval: beyond it APScheduler's trigger arithmetic overflows, and no
 #: schedule that rare is a live reading
 MAX_INTERVAL_S = 366 * DAY_S
+
+#: a change of (wall clock - monotonic clock) larger than this is a step of the wall clock
+#: (NTP slewing moves it by at most 0.5 ms per second)
+STEP_TOLERANCE_S = 0.5
 
 SCHEDULE_FORM = (
     "a 5-field crontab ('*/5 * * * *'), 6 fields with seconds first ('*/5 * * * * ?'), "
@@ -70,6 +85,35 @@ class Schedule:
         first = trigger.get_next_fire_time(None, now)
         second = trigger.get_next_fire_time(first, first + timedelta(microseconds=1))
         return (second - first).total_seconds()
+
+
+def clock_step(offset_before_s: float, offset_now_s: float) -> float:
+    """How far the wall clock stepped between two looks, each ``offset = wall - monotonic``
+    (seconds; positive: forward). 0.0 when the change is within ``STEP_TOLERANCE_S``."""
+    step_s = offset_now_s - offset_before_s
+    return step_s if abs(step_s) > STEP_TOLERANCE_S else 0.0
+
+
+def run_after_step(
+    next_run_s: float, now_s: float, step_s: float, interval_s: float, slack_s: float = 0.0
+) -> float:
+    """When an ``@every interval_s`` job should next run (Unix seconds) after the wall clock
+    stepped by ``step_s`` (``clock_step``), so that it keeps its period in elapsed time.
+
+    ``next_run_s`` is the run the scheduler planned (on the wall clock before the step, or
+    already re-planned after it: the scheduler may have woken in between); ``now_s`` is the wall
+    clock now; ``slack_s`` the trigger's jitter. The run shifted by the step is kept when it
+    falls within the next period, else the planned run when that does (already re-planned),
+    else the shifted run clamped into ``[now_s, now_s + interval_s + slack_s]``. With no step
+    (``step_s`` 0), a run planned further ahead than one period (a step missed before the first
+    look) is brought back to the end of the period."""
+    horizon_s = now_s + interval_s + slack_s
+    shifted_s = next_run_s + step_s
+    if step_s and now_s - STEP_TOLERANCE_S <= shifted_s <= horizon_s:
+        return max(shifted_s, now_s)
+    if now_s - STEP_TOLERANCE_S <= next_run_s <= horizon_s + STEP_TOLERANCE_S:
+        return next_run_s
+    return min(max(shifted_s, now_s), horizon_s)
 
 
 def _cron_weekdays(field: str) -> str:

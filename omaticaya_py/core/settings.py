@@ -96,6 +96,14 @@ class Settings(CommonSettings):
         description="Delay each run by a random 0..jitter_s seconds, so that a fleet on the "
         "same cron schedule does not write in the same second (0: off).",
     )
+    stuck_tick_periods: float = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="/healthz fails (503) once no tick finished for this many schedule periods "
+        "(plus the jitter): a tick stuck in a hung NVML or kubelet call, said once in the log; "
+        "the device plugin reports its devices Unhealthy then too.",
+    )
     heartbeat_s: float = Field(
         default=300,
         gt=0,

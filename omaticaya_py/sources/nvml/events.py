@@ -2,7 +2,10 @@
 
 The thread waits in ``nvmlEventSetWait_v2`` on an NVML event set
 (``nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError``, masked by what each GPU
-supports) and keeps the events until ``take``. Each watcher thread has its own stop event;
+supports) and keeps the events until ``take``, at most ``MAX_PENDING`` of them: beyond that
+(an Xid flood, or no read for a long while) the oldest are dropped and counted (``dropped``),
+but never the latest event of a (GPU, Xid) pair (``bound_events``), so that the fact that a
+critical Xid happened on a GPU is never lost. Each watcher thread has its own stop event;
 ``stop`` waits for the thread to leave ``nvmlEventSetWait_v2`` (at most ``WAIT_MS``) so that
 ``nvmlShutdown`` never runs under it. An event names its GPU by UUID.
 """
@@ -21,10 +24,31 @@ from ...core.snapshot import XidEvent
 from .device import Device
 from .library import decode, error_name
 
-__all__ = ["XidWatcher"]
+__all__ = ["XidWatcher", "bound_events"]
 
 #: NVIDIA's Xid for a double-bit ECC error (such an event carries no Xid of its own)
 XID_DOUBLE_BIT_ECC = 48
+
+
+def bound_events(events: list[XidEvent], limit: int) -> tuple[list[XidEvent], int]:
+    """``events`` (oldest first) cut to at most ``limit`` (>= 1), and how many were dropped.
+
+    First the latest event of each (GPU, Xid) is kept and older repeats dropped; if more than
+    ``limit`` distinct pairs remain (a driver sending made-up codes), the oldest are dropped
+    too, except the latest event of each GPU. Order is kept."""
+    if len(events) <= limit:
+        return events, 0
+    latest: dict[tuple[str | int | None, int], int] = {}
+    for i, e in enumerate(events):
+        latest[(e.uuid or e.index, e.xid)] = i
+    kept = sorted(latest.values())
+    if len(kept) > limit:
+        last_of_gpu = {events[i].uuid or events[i].index: i for i in kept}
+        must = set(last_of_gpu.values())
+        room = max(0, limit - len(must))
+        others = [i for i in kept if i not in must]
+        kept = sorted(must | set(others[len(others) - room :] if room else ()))
+    return [events[i] for i in kept], len(events) - len(kept)
 
 
 class XidWatcher:
@@ -39,12 +63,16 @@ class XidWatcher:
     WAIT_MS = 1000
     JOIN_S = 5.0
     ERROR_PAUSE_S = 1.0
+    #: the most events kept between two reads (``bound_events``)
+    MAX_PENDING = 256
 
     def __init__(self, errors: Counter[tuple[str, str]], clock: Callable[[], float]) -> None:
         self.errors = errors
         self.clock = clock
         self._lock = threading.Lock()
         self._events: list[XidEvent] = []
+        #: events dropped from the buffer beyond ``MAX_PENDING`` (``bound_events``)
+        self.dropped = 0
         self._thread: threading.Thread | None = None
         self._stop: threading.Event | None = None
 
@@ -124,13 +152,21 @@ class XidWatcher:
                 event = XidEvent(
                     index=index_of.get(uuid, -1), xid=xid, at_s=self.clock(), uuid=uuid
                 )
-                with self._lock:
-                    self._events.append(event)
+                self.keep(event)
         finally:
             try:
                 pynvml.nvmlEventSetFree(event_set)
             except pynvml.NVMLError:
                 pass
+
+    def keep(self, event: XidEvent) -> None:
+        """Buffer ``event`` for the next ``take``; over ``MAX_PENDING``, cut the buffer down to
+        half of it (``bound_events``), so that a flood costs O(1) per event."""
+        with self._lock:
+            self._events.append(event)
+            if len(self._events) > self.MAX_PENDING:
+                self._events, dropped = bound_events(self._events, self.MAX_PENDING // 2)
+                self.dropped += dropped
 
     def _count_wait_error(self, retry_state: tenacity.RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None

@@ -64,6 +64,11 @@ class NvmlReader:
     def call_s(self, value: float) -> None:
         self._calls.call_s = value
 
+    @property
+    def xid_events_dropped(self) -> int:
+        """Xid events the watcher dropped beyond its bound (``XidWatcher.dropped``)."""
+        return self._xid.dropped
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def _init(self) -> None:

@@ -1,0 +1,122 @@
+"""Ticks keep their period when the wall clock steps, back or forward (issue 23, item 3).
+
+APScheduler 3 plans runs on the wall clock: stepped back an hour, the plain scheduler sleeps an
+hour; stepped forward years, it lists every missed fire time. The pure rules
+(``core.schedule.clock_step``, ``run_after_step``, ``SteadyTrigger``) are tested as tables; then
+a real ``BackgroundScheduler`` wired as the daemon wires it (``agent.daemon.schedule_ticks``)
+runs while its wall clock steps: APScheduler's own ``datetime.now`` and the watchdog's wall
+clock are moved together by a hand-set offset (no LD_PRELOAD, no faketime)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from apscheduler.schedulers import base as apscheduler_base
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from omaticaya_py.agent import Agent
+from omaticaya_py.agent.daemon import schedule_ticks
+from omaticaya_py.agent.watchdog import SteadyTrigger
+from omaticaya_py.core.schedule import STEP_TOLERANCE_S, clock_step, parse_schedule, run_after_step
+from omaticaya_py.sources.replay import TraceReader
+from tests.helpers import H100_TRACE, settings
+from tests.waiting import wait_for
+
+T = 1_800_000_000.0  # a wall-clock time (Unix seconds)
+HOUR = 3600.0
+YEARS_10 = 10 * 365 * 86400.0
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "step"),
+    [
+        (100.0, 100.0, 0.0),
+        (100.0, 100.0 + STEP_TOLERANCE_S, 0.0),  # NTP slewing, or a tiny step: none
+        (100.0, 100.0 - HOUR, -HOUR),
+        (100.0, 100.0 + YEARS_10, YEARS_10),
+    ],
+)
+def test_clock_step(before: float, now: float, step: float) -> None:
+    assert clock_step(before, now) == step
+
+
+@pytest.mark.parametrize(
+    ("case", "planned", "now", "step", "expected"),
+    [
+        # planned 0.6 s ahead on the old clock, seen 0.1 s later: 0.5 s to go either way
+        ("back an hour", T + 0.6, T - HOUR + 0.1, -HOUR, T - HOUR + 0.6),
+        ("forward an hour", T + 0.6, T + HOUR + 0.1, HOUR, T + HOUR + 0.6),
+        ("forward, re-planned already", T + HOUR + 0.7, T + HOUR + 0.1, HOUR, T + HOUR + 0.7),
+        ("forward years", T + 0.6, T + YEARS_10 + 0.1, YEARS_10, T + YEARS_10 + 0.6),
+        ("no step, on plan", T + 0.6, T + 0.1, 0.0, T + 0.6),
+        ("no step, due now", T + 0.1, T + 0.1, 0.0, T + 0.1),
+        ("no step, planned too far (step missed)", T + HOUR, T, 0.0, T + 1.0 + 0.25),
+        ("back, planned run already past", T - 5.0, T - HOUR, -HOUR, T - HOUR),
+    ],
+)
+def test_run_after_step(case: str, planned: float, now: float, step: float, expected: float) -> None:
+    assert run_after_step(planned, now, step, interval_s=1.0, slack_s=0.25) == pytest.approx(expected), case
+
+
+@pytest.mark.parametrize("schedule", ["@every 1s", "* * * * * ?"])
+def test_steady_trigger_skips_a_long_run_of_missed_fire_times_at_once(schedule: str) -> None:
+    """After a forward step of ten years, the next fire time after the planned one is now:
+    the scheduler's catch-up loop ends at once instead of listing 315 million runs."""
+    trigger = SteadyTrigger(parse_schedule(schedule).trigger(), period_s=1.0)
+    planned = datetime.fromtimestamp(T, timezone.utc)
+    now = planned + timedelta(seconds=YEARS_10)
+    assert trigger.get_next_fire_time(planned, now) == now
+    # on plan: the inner trigger's answer
+    assert trigger.get_next_fire_time(planned, planned) == planned + timedelta(seconds=1)
+    assert trigger.get_next_fire_time(now, now) == now + timedelta(seconds=1)
+
+
+class SteppedWallClock:
+    """The wall clock the scheduler and the watchdog see: the real one plus ``offset_s``."""
+
+    def __init__(self) -> None:
+        self.offset_s = 0.0
+
+    def time(self) -> float:
+        import time
+
+        return time.time() + self.offset_s
+
+    def datetime_class(self) -> type[datetime]:
+        wall = self
+
+        class SteppedDatetime(datetime):
+            @classmethod
+            def now(cls, tz=None):  # type: ignore[override]
+                return datetime.fromtimestamp(wall.time(), tz)
+
+        return SteppedDatetime
+
+
+@pytest.mark.parametrize("schedule", ["@every 0.5s", "* * * * * ?"])
+def test_real_scheduler_keeps_ticking_across_steps_back_and_forward(schedule, monkeypatch) -> None:
+    wall = SteppedWallClock()
+    monkeypatch.setattr(apscheduler_base, "datetime", wall.datetime_class())
+    agent = Agent(
+        settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE), None, dry_run=True
+    )
+    scheduler = BackgroundScheduler(timezone=timezone.utc)
+    watchdog = schedule_ticks(agent, scheduler, wall=wall.time)
+    scheduler.start()
+    try:
+        wait_for("two ticks", lambda: agent.cache.ticks >= 2, 20)
+        for step_s in (-HOUR, YEARS_10, -YEARS_10 - HOUR):
+            wall.offset_s += step_s
+            before = agent.cache.ticks
+            # the plain scheduler: none for an hour back; forward it lists every missed run
+            wait_for(
+                f"three ticks after a {step_s:+.0f}s step",
+                lambda before=before: agent.cache.ticks >= before + 3,
+                20,
+            )
+        assert watchdog.steps == 3
+    finally:
+        watchdog.stop()
+        scheduler.shutdown(wait=False)
+        agent.stop()
