@@ -21,6 +21,9 @@ per line on stdin with one JSON object per line on stdout:
 - ``{"cmd": "wake", "how": "free" | "shutdown"}``: a thread waits in ``nvmlEventSetWait_v2``
   (30 s) on a new set while this one frees the set or shuts NVML down (after one
   ``nvmlInit`` of its own) -> ``{"waiter": "NVMLError_..." | "event", "waited_s": s}``;
+- ``{"cmd": "record", "t": s}``: one ``omaticaya_py.sources.record.Recorder.sample(t)`` (the
+  recorder is made at the first one, interval 1 s) -> ``{"sample": {...}}``;
+  ``{"cmd": "record_close"}`` closes it -> ``{"doc": the trace document, "readings": n}``;
 - ``{"cmd": "close"}`` -> ``{"ok": true}``, then the process exits.
 Startup options: ``--no-watch-xid`` (no Xid thread), ``--no-reader`` (raw pynvml only).
 """
@@ -70,6 +73,7 @@ class Worker:
 
             self.reader = NvmlReader(watch_xid=watch_xid)
         self.event_sets: dict[str, Any] = {}
+        self.recorder: Any = None
 
     def _arg(self, arg: Any) -> Any:
         if isinstance(arg, dict):
@@ -153,6 +157,15 @@ class Worker:
             return self.wake(message["how"])
         if cmd == "raw":
             return self.raw(message)
+        if cmd == "record":
+            if self.recorder is None:
+                from omaticaya_py.sources.record import Recorder
+
+                self.recorder = Recorder(1.0)
+            return {"sample": self.recorder.sample(message["t"])}
+        if cmd == "record_close":
+            self.recorder.close()
+            return {"doc": self.recorder.doc, "readings": self.recorder.readings}
         if cmd == "pynvml":
             fn = getattr(pynvml, message["fn"])
             try:

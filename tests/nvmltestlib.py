@@ -6,7 +6,9 @@ recorded trace (docs/trace-format.md) through NVML's C ABI. The dynamic loader r
 (``NvmlWorker``): the pytest process keeps the real NVML of a GPU machine.
 
 - ``build_testlib()`` builds it once per session (``tests/nvml/build``) and returns its folder;
-- ``testlib_env(trace, sample_file, speed)`` is the environment of a process that loads it;
+- ``testlib_env(trace, sample_file, speed, faults)`` is the environment of a process that loads
+  it (``faults``: NVML calls that fail, ``NVML_TESTLIB_FAULTS``);
+- ``scenario(path, sample(...), ...)`` writes a small trace, one fault per sample (``fault``);
 - ``NvmlWorker`` runs ``python -m tests.nvml_worker`` under that environment and talks to it
   with line-based JSON (see tests/nvml_worker.py);
 - ``testlib_unavailable_reason()`` / ``requires_testlib``: skip cleanly where ``cc`` or cJSON
@@ -83,10 +85,15 @@ def build_testlib() -> Path:
 
 
 def testlib_env(
-    trace: Path | None, sample_file: Path | None = None, speed: float | None = None
+    trace: Path | None,
+    sample_file: Path | None = None,
+    speed: float | None = None,
+    faults: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """``os.environ`` for a process that loads the test library and serves ``trace``
-    (``None``: no trace, like a machine without a driver)."""
+    (``None``: no trace, like a machine without a driver). ``faults``: NVML function ->
+    ``"NVMLError_X"`` (every call fails) or ``"NVMLError_X@N"`` (after N calls), what no trace
+    sample can say (``NVML_TESTLIB_FAULTS``, tests/nvml/README.md)."""
     lib = build_testlib()
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -97,6 +104,9 @@ def testlib_env(
         env["NVML_TESTLIB_TRACE"] = str(trace)
     env.pop("NVML_TESTLIB_SAMPLE_FILE", None)
     env.pop("NVML_TESTLIB_SPEED", None)
+    env.pop("NVML_TESTLIB_FAULTS", None)
+    if faults:
+        env["NVML_TESTLIB_FAULTS"] = ",".join(f"{fn}={err}" for fn, err in faults.items())
     if sample_file is not None:
         env["NVML_TESTLIB_SAMPLE_FILE"] = str(sample_file)
     if speed is not None:
@@ -127,6 +137,7 @@ class NvmlWorker:
         watch_xid: bool = True,
         reader: bool = True,
         timeout: float = 30.0,
+        faults: dict[str, str] | None = None,
     ) -> None:
         self.sample_file = sample_file
         self.timeout = timeout
@@ -140,7 +151,7 @@ class NvmlWorker:
         self.proc = subprocess.Popen(
             args,
             cwd=str(ROOT),
-            env=testlib_env(trace, sample_file, speed),
+            env=testlib_env(trace, sample_file, speed, faults),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -233,6 +244,65 @@ class NvmlWorker:
         self.close()
 
 
+
+
+MIG_MIXED = ROOT / "tests" / "data" / "mig-mixed-trace.json"
+
+
+def fault(name: str) -> dict[str, str]:
+    """What NVML answers instead of a value: ``{"nvml_error": name}`` (trace format)."""
+    return {"nvml_error": name, "message": name.removeprefix("NVMLError_")}
+
+
+def sample(
+    *,
+    gpu0: dict[str, Any] | None = None,
+    gpu1: dict[str, Any] | None = None,
+    xids: tuple[tuple[int, int], ...] = (),
+    error: str | None = None,
+) -> dict[str, Any]:
+    """One sample for ``scenario``: the first reading of ``mig-mixed-trace.json`` (GPU 0 in
+    seven MIG devices, GPU 1 whole) with ``gpuN``'s fields replaced (``None``: absent, which
+    NVML answers NotSupported; ``"mig": {slot: reading}`` replaces MIG readings), or
+    ``gpuN=fault(...)``: the whole GPU's error; ``error``: the library's (no ``gpus``);
+    ``xids``: ``(gpu index, Xid)`` delivered when the sample becomes current."""
+    if error is not None:
+        return {"nvml_error": error, "message": error}
+    gpus = json.loads(MIG_MIXED.read_text())["samples"][0]["gpus"]
+    for index, edit in enumerate((gpu0, gpu1)):
+        if edit is None:
+            continue
+        if "nvml_error" in edit:
+            gpus[index] = {"index": index, **edit}
+            continue
+        for key, new in edit.items():
+            if key == "mig":
+                for slot, reading in new.items():
+                    gpus[index]["mig_devices"][slot] = {"index": slot, **reading}
+            elif new is None:
+                gpus[index].pop(key, None)
+            else:
+                gpus[index][key] = new
+    out: dict[str, Any] = {"gpus": gpus}
+    if xids:
+        out["xid_events"] = [{"index": i, "xid": x} for i, x in xids]
+    return out
+
+
+def scenario(
+    path: Path, *samples: dict[str, Any], devices: Callable[[list[Any]], None] | None = None
+) -> Path:
+    """Write a trace of ``samples`` (``sample(...)``) one second apart (t = 0, 1, ...) over
+    ``mig-mixed-trace.json``'s static facts, which ``devices`` may edit in place; returns
+    ``path``. Serve it with a sample file to step through the samples."""
+    doc = json.loads(MIG_MIXED.read_text())
+    doc.pop("phases", None)
+    doc["interval_s"] = 1.0
+    doc["samples"] = [{"t": float(t), **s} for t, s in enumerate(samples)]
+    if devices is not None:
+        devices(doc["devices"])
+    path.write_text(json.dumps(doc))
+    return path
 
 
 requires_testlib = pytest.mark.skipif(

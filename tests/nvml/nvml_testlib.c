@@ -5,6 +5,7 @@
  *   NVML_TESTLIB_TRACE        path of the trace (unset: nvmlInit* -> NVML_ERROR_DRIVER_NOT_LOADED)
  *   NVML_TESTLIB_SAMPLE_FILE  optional file holding the current sample index (re-read on each call)
  *   NVML_TESTLIB_SPEED        trace seconds per wall-clock second (default 1.0, wall-clock mode)
+ *   NVML_TESTLIB_FAULTS       optional "fn=NVMLError_X[@N],...": errors no trace sample can say
  * See tests/nvml/README.md. One mutex guards all state; nvmlEventSetWait_v2 waits on a
  * condition variable in short slices so that it sees the trace move.
  */
@@ -175,6 +176,59 @@ static nvmlReturn_t recorded_error(const cJSON *item)
     if (err == NULL)
         return NVML_SUCCESS;
     return code_of_name(cJSON_IsString(err) ? err->valuestring : NULL);
+}
+
+/* ---------------------------------------------------------------- injected faults */
+
+/*
+ * NVML_TESTLIB_FAULTS="fn=NVMLError_X[@N],...": the exported function fn answers X, doing
+ * nothing else, from its (N+1)-th call on (N = 0: every call). For what no trace sample can
+ * say: a failing nvmlShutdown, event set, event wait or UUID. Parsed at the first call.
+ */
+#define MAX_FAULTS 16
+struct fault {
+    char fn[64];
+    nvmlReturn_t code;
+    long after, calls;
+};
+static struct fault g_faults[MAX_FAULTS];
+static int g_nfaults = -1;
+
+static void parse_faults(void)
+{
+    const char *env = getenv("NVML_TESTLIB_FAULTS");
+    char *copy, *tok, *save = NULL, *eq, *at;
+    g_nfaults = 0;
+    if (env == NULL || (copy = strdup(env)) == NULL)
+        return;
+    for (tok = strtok_r(copy, ",", &save); tok && g_nfaults < MAX_FAULTS; tok = strtok_r(NULL, ",", &save)) {
+        struct fault *f = &g_faults[g_nfaults];
+        if ((eq = strchr(tok, '=')) == NULL) {
+            fprintf(stderr, "nvml-testlib: NVML_TESTLIB_FAULTS: %s is not fn=NVMLError_X[@N]\n", tok);
+            continue;
+        }
+        *eq = '\0';
+        if ((at = strchr(eq + 1, '@')) != NULL)
+            *at = '\0';
+        snprintf(f->fn, sizeof(f->fn), "%s", tok);
+        f->code = code_of_name(eq + 1);
+        f->after = at ? atol(at + 1) : 0;
+        f->calls = 0;
+        g_nfaults++;
+    }
+    free(copy);
+}
+
+/* Under the lock: the error injected into this call of fn, or NVML_SUCCESS. */
+static nvmlReturn_t injected(const char *fn)
+{
+    int i;
+    if (g_nfaults < 0)
+        parse_faults();
+    for (i = 0; i < g_nfaults; i++)
+        if (strcmp(g_faults[i].fn, fn) == 0)
+            return g_faults[i].calls++ >= g_faults[i].after ? g_faults[i].code : NVML_SUCCESS;
+    return NVML_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- trace */
@@ -451,12 +505,14 @@ static void deliver(struct nvmlEventSet_st *set, long long pos)
 
 /* ---------------------------------------------------------------- lifecycle */
 
-static nvmlReturn_t do_init(void)
+static nvmlReturn_t do_init(const char *fn)
 {
     nvmlReturn_t ret;
     const cJSON *sample;
     lock();
-    ret = load_trace();
+    ret = injected(fn);
+    if (ret == NVML_SUCCESS)
+        ret = load_trace();
     if (ret == NVML_SUCCESS) {
         start_clock();
         sample = sample_at(current_pos());
@@ -468,19 +524,21 @@ static nvmlReturn_t do_init(void)
     return ret;
 }
 
-DECLDIR nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
+DECLDIR nvmlReturn_t nvmlInit_v2(void) { return do_init("nvmlInit_v2"); }
 
 DECLDIR nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
-    return do_init();
+    return do_init("nvmlInitWithFlags");
 }
 
 DECLDIR nvmlReturn_t nvmlShutdown(void)
 {
-    nvmlReturn_t ret = NVML_SUCCESS;
+    nvmlReturn_t ret;
     lock();
-    if (g_refcount == 0) {
+    if ((ret = injected("nvmlShutdown")) != NVML_SUCCESS) {
+        /* the injected error: nothing released */
+    } else if (g_refcount == 0) {
         ret = NVML_ERROR_UNINITIALIZED;
     } else if (--g_refcount == 0) {
         g_init_generation++;
@@ -722,6 +780,11 @@ DECLDIR nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
         goto out;                                                                                  \
     }
 
+/* NVML_TESTLIB_FAULTS, inside a DEVICE_CALL */
+#define INJECT(fn)                                                                                 \
+    if ((ret = injected(fn)) != NVML_SUCCESS)                                                      \
+        goto out;
+
 #define NEED(p)                                                                                    \
     if ((p) == NULL) {                                                                             \
         ret = NVML_ERROR_INVALID_ARGUMENT;                                                         \
@@ -744,7 +807,11 @@ DECLDIR nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned
 
 DECLDIR nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    return facts_string(device, "uuid", uuid, length);
+    nvmlReturn_t ret;
+    lock();
+    ret = injected("nvmlDeviceGetUUID");
+    unlock();
+    return ret != NVML_SUCCESS ? ret : facts_string(device, "uuid", uuid, length);
 }
 
 DECLDIR nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
@@ -1117,6 +1184,7 @@ DECLDIR nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, n
     const cJSON *topo, *lvl;
     char key[16];
     DEVICE_CALL(device1, c)
+    INJECT("nvmlDeviceGetTopologyCommonAncestor")
     GPU_ONLY(c)
     NEED(pathInfo)
     if ((ret = device_enter(device2, &c2)) != NVML_SUCCESS)
@@ -1304,7 +1372,9 @@ DECLDIR nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     int i;
     nvmlReturn_t ret;
     lock();
-    ret = enter(&pos);
+    ret = injected("nvmlEventSetCreate");
+    if (ret == NVML_SUCCESS)
+        ret = enter(&pos);
     if (ret == NVML_SUCCESS) {
         ret = NVML_ERROR_MEMORY;
         for (i = 0; set != NULL && i < MAX_SETS; i++) {
@@ -1352,6 +1422,7 @@ DECLDIR nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long
 {
     struct nvmlEventSet_st *s;
     DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceRegisterEvents")
     s = valid_set(set);
     if (s == NULL) {
         ret = NVML_ERROR_INVALID_ARGUMENT;
@@ -1380,7 +1451,9 @@ DECLDIR nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
     long long pos;
 
     lock();
-    ret = enter(&pos);
+    ret = injected("nvmlEventSetWait_v2");
+    if (ret == NVML_SUCCESS)
+        ret = enter(&pos);
     if (ret != NVML_SUCCESS)
         goto done;
     s = valid_set(set);
@@ -1444,9 +1517,11 @@ done:
 DECLDIR nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
 {
     struct nvmlEventSet_st *s;
-    nvmlReturn_t ret = NVML_SUCCESS;
+    nvmlReturn_t ret;
     lock();
-    if ((s = valid_set(set)) == NULL) {
+    if ((ret = injected("nvmlEventSetFree")) != NVML_SUCCESS) {
+        /* the injected error: the set stays */
+    } else if ((s = valid_set(set)) == NULL) {
         ret = g_refcount == 0 ? NVML_ERROR_UNINITIALIZED : NVML_ERROR_INVALID_ARGUMENT;
     } else {
         s->in_use = 0;
