@@ -51,6 +51,16 @@ def gpu_facts(index: int, h: Any) -> dict[str, Any]:
 def _fields(h: Any) -> dict[str, Callable[[], Any]]:
     """The sample's fields of one GPU, by trace key, each one NVML call on ``h``."""
 
+    def memory_v2() -> dict[str, int]:
+        v2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        return {
+            "version": int(v2.version),
+            "total": int(v2.total),
+            "reserved": int(v2.reserved),
+            "used": int(v2.used),
+            "free": int(v2.free),
+        }
+
     def util() -> dict[str, int]:
         u = pynvml.nvmlDeviceGetUtilizationRates(h)
         return {"gpu": int(u.gpu), "memory": int(u.memory)}
@@ -64,6 +74,7 @@ def _fields(h: Any) -> dict[str, Callable[[], Any]]:
 
     unc, cor = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
     return {
+        "memory_v2_bytes": memory_v2,
         "utilization_pct": util,
         "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
         "power_mw": lambda: pynvml.nvmlDeviceGetPowerUsage(h),
@@ -103,8 +114,9 @@ def _mig_sample(slot: int, m: Any) -> dict[str, Any]:
 
 def gpu_sample(index: int, h: Any) -> dict[str, Any]:
     """One GPU in a sample: memory (v1 and v2, bytes), every field of ``_fields`` and, with MIG
-    on, its MIG devices; a field's error is that field's value, the GPU's own error (lost, ...)
-    is ``{"index", "nvml_error", "message"}``. Raises ``LIBRARY_GONE`` (the whole sample's)."""
+    on, its MIG devices; a field's error is that field's value, the GPU's own error (lost, ...,
+    also when it falls off the bus after its first calls) is ``{"index", "nvml_error",
+    "message"}``. Raises ``LIBRARY_GONE`` (the whole sample's)."""
     try:
         reading: dict[str, Any] = {"index": index, "memory_bytes": memory(h)}
     except pynvml.NVMLError_NotSupported as exc:
@@ -113,19 +125,6 @@ def gpu_sample(index: int, h: Any) -> dict[str, Any]:
         raise
     except pynvml.NVMLError as exc:
         return {"index": index, **error(exc)}
-    try:
-        v2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-        reading["memory_v2_bytes"] = {
-            "version": int(v2.version),
-            "total": int(v2.total),
-            "reserved": int(v2.reserved),
-            "used": int(v2.used),
-            "free": int(v2.free),
-        }
-    except LIBRARY_GONE + (pynvml.NVMLError_GpuIsLost,):
-        raise
-    except pynvml.NVMLError as exc:
-        reading["memory_v2_bytes"] = error(exc)
     try:
         for key, fn in _fields(h).items():
             reading[key] = value(fn)

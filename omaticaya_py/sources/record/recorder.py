@@ -2,18 +2,21 @@
 
 The document is the project's trace format, version 2 (``docs/trace-format.md``): the static
 facts of every GPU (and of every MIG device), read at the first ``nvmlInit``, then one sample per
-call with what NVML answered. Critical Xid and double-bit ECC events delivered since the last
-sample go into that sample's ``xid_events``. When the library itself fails (init, the driver
-gone) the sample is that error and the next sample starts a new session.
+call with what NVML answered. A GPU NVML cannot describe then (lost: no handle) is its error in
+``devices`` and in each sample, the others are read; its facts are read once it answers. Critical
+Xid and double-bit ECC events (of the types each GPU supports) delivered since the last sample
+go into that sample's ``xid_events``. When the library itself fails (init, the driver gone) the
+sample is that error and the next sample starts a new session.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pynvml
 
-from ..nvml import decode
+from ..nvml import LIBRARY_GONE, decode
 from .gpu import gpu_facts, gpu_sample
 from .values import error, value
 
@@ -24,12 +27,18 @@ _XID_TYPES = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBi
 _XID_DOUBLE_BIT_ECC = 48
 
 
+def _address(handle: Any) -> int | None:
+    """An NVML handle's pointer value (NVML hands out one handle per GPU per session)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
 class Recorder:
     """Samples every GPU through NVML into a trace document (``doc``).
 
     ``sample(t)`` appends one sample at trace time ``t`` (seconds from the start); it never
-    raises for an NVML failure (the failure is the sample). ``close()`` frees the event set and
-    shuts NVML down. ``readings``: samples that read the GPUs (not a library error).
+    raises for an NVML failure (the failure is the sample, or that GPU's reading). ``close()``
+    frees the event set and shuts NVML down. ``readings``: samples that read the GPUs (not a
+    library error).
     """
 
     def __init__(self, interval_s: float) -> None:
@@ -40,37 +49,67 @@ class Recorder:
             "interval_s": interval_s,
             "samples": [],
         }
-        self._handles: list[Any] | None = None
+        self._live = False  # nvmlInit succeeded and nvmlShutdown is owed
+        self._handles: list[Any] = []  # per GPU index; None until NVML gives it (lost at start)
+        self._registered: set[int] = set()  # GPUs registered for events this session
         self._events: Any = None
         self.readings = 0  # samples that read the GPUs (not a library error)
 
     # -- NVML session ---------------------------------------------------------------------
 
-    def _start(self) -> list[Any]:
+    def _start(self) -> None:
+        """``nvmlInit``, the system facts (first session) and the event set; GPU handles come
+        in ``_handle``. Raises NVML's error (``sample`` then shuts the session down)."""
         pynvml.nvmlInit()
+        self._live = True
         count = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         if "devices" not in self.doc:
-            self._static(handles)
+            doc = self.doc
+            doc["driver_version"] = decode(value(pynvml.nvmlSystemGetDriverVersion))
+            doc["nvml_version"] = decode(value(pynvml.nvmlSystemGetNVMLVersion))
+            doc["cuda_driver_version"] = value(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+            doc["device_count"] = count
+            doc["devices"] = [{"index": index} for index in range(count)]
         try:
             self._events = pynvml.nvmlEventSetCreate()
-            for h in handles:
-                try:
-                    pynvml.nvmlDeviceRegisterEvents(h, _XID_TYPES, self._events)
-                except pynvml.NVMLError:
-                    pass  # this GPU delivers no events (NotSupported): nothing to record
+        except LIBRARY_GONE:
+            raise
         except pynvml.NVMLError:
-            self._events = None
-        self._handles = handles
-        return handles
+            self._events = None  # no Xid events this session; the readings go on
+        self._handles = [None] * count
 
-    def _static(self, handles: list[Any]) -> None:
-        doc = self.doc
-        doc["driver_version"] = decode(value(pynvml.nvmlSystemGetDriverVersion))
-        doc["nvml_version"] = decode(value(pynvml.nvmlSystemGetNVMLVersion))
-        doc["cuda_driver_version"] = value(pynvml.nvmlSystemGetCudaDriverVersion_v2)
-        doc["device_count"] = len(handles)
-        doc["devices"] = [gpu_facts(index, h) for index, h in enumerate(handles)]
+    def _handle(self, index: int) -> Any:
+        """GPU ``index``'s handle, got once per session: then its static facts go into
+        ``devices`` (until they could be read) and its Xid events are registered (until that
+        worked: a GPU lost at first registers when it is back). Raises the
+        error of ``nvmlDeviceGetHandleByIndex`` (GpuIsLost: tried again at the next sample)."""
+        h = self._handles[index]
+        if h is None:
+            h = self._handles[index] = pynvml.nvmlDeviceGetHandleByIndex(index)
+        devices = self.doc["devices"]
+        if index < len(devices) and "uuid" not in devices[index]:
+            devices[index] = gpu_facts(index, h)
+        if index not in self._registered and self._register(h):
+            self._registered.add(index)
+        return h
+
+    def _register(self, h: Any) -> bool:
+        """Register ``h`` for the Xid and double-bit ECC events it supports (NVML registers
+        nothing when asked for one it does not: a GPU without ECC still reports Xids). False
+        when NVML failed (lost, ...: try again)."""
+        if self._events is None:
+            return True  # no event set this session: nothing to register
+        try:
+            types = _XID_TYPES & pynvml.nvmlDeviceGetSupportedEventTypes(h)
+            if types:
+                pynvml.nvmlDeviceRegisterEvents(h, types, self._events)
+        except LIBRARY_GONE:
+            raise
+        except pynvml.NVMLError_NotSupported:
+            return True  # this GPU delivers no events: nothing to record
+        except pynvml.NVMLError:
+            return False
+        return True
 
     def _stop(self) -> None:
         if self._events is not None:
@@ -79,8 +118,10 @@ class Recorder:
             except pynvml.NVMLError:
                 pass
             self._events = None
-        if self._handles is not None:
-            self._handles = None
+        self._handles = []
+        self._registered = set()
+        if self._live:
+            self._live = False
             try:
                 pynvml.nvmlShutdown()
             except pynvml.NVMLError:
@@ -92,15 +133,42 @@ class Recorder:
 
     # -- one sample -----------------------------------------------------------------------
 
-    def _xids(self, handles: list[Any]) -> list[dict[str, int]]:
+    def _gpu(self, index: int) -> dict[str, Any]:
+        """GPU ``index`` in this sample; a GPU without a handle is its error (also in
+        ``devices`` while its facts are unknown). Raises ``LIBRARY_GONE``."""
+        try:
+            h = self._handle(index)
+        except LIBRARY_GONE:
+            raise
+        except pynvml.NVMLError as exc:
+            devices = self.doc["devices"]
+            if index < len(devices) and "uuid" not in devices[index]:
+                devices[index] = {"index": index, **error(exc)}
+            return {"index": index, **error(exc)}
+        return gpu_sample(index, h)
+
+    def _xid_index(self, device: Any, index_of: dict[str, int]) -> int:
+        """The index of the GPU an event came from: by UUID, else (a GPU that fell off the
+        bus, Xid 79, has no UUID) by its handle; -1 when neither is known."""
+        try:
+            return index_of.get(decode(pynvml.nvmlDeviceGetUUID(device)), -1)
+        except pynvml.NVMLError:
+            address = _address(device)
+            for i, h in enumerate(self._handles):
+                if h is not None and _address(h) == address:
+                    return i
+            return -1
+
+    def _xids(self) -> list[dict[str, int]]:
         """The events waiting in the event set: ``[{"index", "xid"}]`` (index -1: a GPU not
-        known by UUID)."""
+        known)."""
         if self._events is None:
             return []
         index_of = {}
-        for i, h in enumerate(handles):
+        for i, h in enumerate(self._handles):
             try:
-                index_of[decode(pynvml.nvmlDeviceGetUUID(h))] = i
+                if h is not None:
+                    index_of[decode(pynvml.nvmlDeviceGetUUID(h))] = i
             except pynvml.NVMLError:
                 continue
         out = []
@@ -109,24 +177,21 @@ class Recorder:
                 data = pynvml.nvmlEventSetWait_v2(self._events, 0)
             except pynvml.NVMLError:  # Timeout: nothing more in this interval
                 return out
-            try:
-                index = index_of.get(decode(pynvml.nvmlDeviceGetUUID(data.device)), -1)
-            except pynvml.NVMLError:
-                index = -1
             xid = (
                 int(data.eventData)
                 if data.eventType == pynvml.nvmlEventTypeXidCriticalError
                 else _XID_DOUBLE_BIT_ECC
             )
-            out.append({"index": index, "xid": xid})
+            out.append({"index": self._xid_index(data.device, index_of), "xid": xid})
 
     def sample(self, t: float) -> dict[str, Any]:
         """Read every GPU once and append the sample (see the class docstring)."""
         sample: dict[str, Any]
         try:
-            handles = self._handles if self._handles is not None else self._start()
-            sample = {"t": round(t, 3), "gpus": [gpu_sample(i, h) for i, h in enumerate(handles)]}
-            xids = self._xids(handles)
+            if not self._live:
+                self._start()
+            sample = {"t": round(t, 3), "gpus": [self._gpu(i) for i in range(len(self._handles))]}
+            xids = self._xids()
             if xids:
                 sample["xid_events"] = xids
             self.readings += 1
