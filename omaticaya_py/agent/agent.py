@@ -43,6 +43,7 @@ from .outage import ApiOutage
 from .state import SnapshotCache, TickResult
 from .watchdog import Watchdog
 from .writer import NodeWriter
+from .xid_seed import XidSeeder
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
 
@@ -87,6 +88,8 @@ class Agent:
             quiet_s=settings.xid_quiet_s,
         )
         self.ledger = XidLedger(self.policy)
+        #: carries Xid health over a restart from the Node's telemetry (until the first seed)
+        self.xid_seeder = XidSeeder(node, settings.prefix) if node is not None else None
         self.events = HealthEvents()
         self.period_s = settings.schedule.period_s()
         #: no finished tick for this long: /healthz fails, the device plugin's devices go
@@ -142,6 +145,8 @@ class Agent:
             self.cache.stage("attribution")
             self.last_attribution = self.attribution.observe(snapshot)
         self.cache.stage("render")
+        if self.xid_seeder is not None:
+            self.xid_seeder = self.xid_seeder.seed(self.ledger, snapshot, self.writer)
         self.ledger.record(snapshot.xid_events)
         health = assess(snapshot, self.ledger.recent(snapshot.clock_s), self.policy)
         previous = self.cache.last.desired.labels if self.cache.last is not None else None

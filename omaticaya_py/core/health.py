@@ -24,7 +24,7 @@ disappears between two NVML sessions), else by index.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .snapshot import GpuReading, MigReading, NodeSnapshot, XidEvent
@@ -53,10 +53,16 @@ class Health(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GpuHealth:
-    """Health of one GPU: ``reasons`` is empty when healthy, else short tokens like ``xid-79``."""
+    """Health of one GPU: ``reasons`` is empty when healthy, else short tokens like ``xid-79``.
+
+    ``xid_at_s``: ``(xid, at_s)`` of the latest event of each fatal Xid code in the window, on
+    the reader's clock, in code order (the telemetry publishes them as times, so that a
+    restarted agent's window runs on from them: ``core.xid_seed``); bookkeeping, not part of
+    equality."""
 
     index: int
     reasons: tuple[str, ...] = ()
+    xid_at_s: tuple[tuple[int, float], ...] = field(default=(), compare=False)
 
     @property
     def healthy(self) -> bool:
@@ -137,15 +143,27 @@ class XidLedger:
     """The fatal Xid events of the last ``policy.quiet_s`` seconds, per GPU.
 
     The only state the health rules need; the agent feeds it each snapshot's events and passes
-    ``recent(now_s)`` to ``assess``.
+    ``recent(now_s)`` to ``assess``. At start it is seeded (``seed``) with the events the
+    Node's own telemetry still names (``core.xid_seed``: NVML does not replay old events);
+    ``seeded`` and ``seed_refused`` count the events taken and the GPUs whose entry was refused.
     """
 
     def __init__(self, policy: XidPolicy) -> None:
         self.policy = policy
         self._events: list[XidEvent] = []
+        self.seeded = 0
+        self.seed_refused = 0
 
     def record(self, events: Iterable[XidEvent]) -> None:
         self._events.extend(e for e in events if self.policy.fatal(e.xid))
+
+    def seed(self, events: Iterable[XidEvent], refused: int = 0) -> None:
+        """Add events from an earlier agent's telemetry (the fatal ones), and count ``refused``
+        GPU entries."""
+        fatal = [e for e in events if self.policy.fatal(e.xid)]
+        self._events.extend(fatal)
+        self.seeded += len(fatal)
+        self.seed_refused += refused
 
     def recent(self, now_s: float) -> tuple[XidEvent, ...]:
         horizon = now_s - self.policy.quiet_s
@@ -156,8 +174,11 @@ class XidLedger:
         self._events.clear()
 
 
-def assess_gpu(gpu: GpuReading, fatal_xids: Iterable[int] = ()) -> GpuHealth:
-    """Health of one GPU from its reading and the fatal Xids seen on it within the window."""
+def assess_gpu(
+    gpu: GpuReading, fatal_xids: Iterable[int] = (), xid_at_s: Iterable[tuple[int, float]] = ()
+) -> GpuHealth:
+    """Health of one GPU from its reading and the fatal Xids seen on it within the window
+    (``xid_at_s``: each event's ``(xid, at_s)``, kept as the latest per code)."""
     reasons: list[str] = []
     if gpu.error is not None:
         reasons.append("lost" if gpu.error.endswith("GpuIsLost") else "read-error")
@@ -168,7 +189,12 @@ def assess_gpu(gpu: GpuReading, fatal_xids: Iterable[int] = ()) -> GpuHealth:
     if (gpu.ecc_uncorrected_volatile or 0) > 0:
         reasons.append("ecc-dbe")
     reasons.extend(f"xid-{x}" for x in sorted(set(fatal_xids)))
-    return GpuHealth(index=gpu.index, reasons=tuple(reasons))
+    latest: dict[int, float] = {}
+    for code, at_s in xid_at_s:
+        latest[code] = max(at_s, latest.get(code, at_s))
+    return GpuHealth(
+        index=gpu.index, reasons=tuple(reasons), xid_at_s=tuple(sorted(latest.items()))
+    )
 
 
 def _mig_reasons(mig: MigReading) -> tuple[str, ...]:
@@ -229,12 +255,19 @@ def assess(
     """
     policy = policy or XidPolicy()
     index_of = {g.uuid: g.index for g in snapshot.gpus if g.uuid}
-    by_gpu: dict[int, list[int]] = {}
+    by_gpu: dict[int, list[XidEvent]] = {}
     for event in recent_xids:
         if policy.fatal(event.xid) and snapshot.clock_s - event.at_s < policy.quiet_s:
             index = index_of.get(event.uuid, -1) if event.uuid is not None else event.index
-            by_gpu.setdefault(index, []).append(event.xid)
-    gpus = {g.index: assess_gpu(g, by_gpu.get(g.index, ())) for g in snapshot.gpus}
+            by_gpu.setdefault(index, []).append(event)
+    gpus = {
+        g.index: assess_gpu(
+            g,
+            [e.xid for e in by_gpu.get(g.index, ())],
+            [(e.xid, e.at_s) for e in by_gpu.get(g.index, ())],
+        )
+        for g in snapshot.gpus
+    }
     units = schedulable_units(snapshot, gpus)
     if snapshot.error is not None or not gpus:
         state = Health.UNKNOWN

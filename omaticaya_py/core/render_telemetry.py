@@ -28,6 +28,7 @@ from .schema import (
     PodTelemetry,
     Telemetry,
 )
+from .schema.telemetry import XidTelemetry
 from .snapshot import GpuReading, NodeSnapshot
 from .window import PeakWindow
 
@@ -99,6 +100,7 @@ def telemetry_document(
                 **(_mig_users(g, attribution) if migs is not None else _users(attribution, g.uuid)),
                 memory_free_min_mib=peak.memory_free_min_mib if peak else None,
                 utilization_p95_pct=peak.utilization_p95_pct if peak else None,
+                xids=_xids(snapshot, gh.xid_at_s),
             )
         )
     return Telemetry(
@@ -144,8 +146,24 @@ def _mig_users(g: GpuReading, attribution: Mapping[str, GpuAttribution] | None) 
     return {"memory_out_of_band_mib": oob} if oob is not None else {}
 
 
-def _rfc3339(stamp: datetime) -> str:
-    return stamp.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+def _xids(
+    snapshot: NodeSnapshot, xid_at_s: tuple[tuple[int, float], ...]
+) -> tuple[XidTelemetry, ...] | None:
+    """Each fatal Xid's latest event as a wall-clock time: ``read_at`` less how long before
+    the read it came (on the reader's clock); ``None`` when there is none."""
+    if not xid_at_s:
+        return None
+    return tuple(
+        XidTelemetry(
+            xid=code,
+            at=_rfc3339(snapshot.read_at - timedelta(seconds=snapshot.clock_s - at_s), "milliseconds"),
+        )
+        for code, at_s in xid_at_s
+    )
+
+
+def _rfc3339(stamp: datetime, timespec: str = "seconds") -> str:
+    return stamp.astimezone(timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def telemetry(snapshot: NodeSnapshot, health: NodeHealth, **options: Any) -> str:

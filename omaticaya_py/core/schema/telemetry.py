@@ -15,7 +15,8 @@ Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
                "memory_used_mib", "utilization_pct", "temperature_c", "power_w",
                "ecc_uncorrected_volatile", "ecc_corrected_volatile", "remapped_rows_pending",
                "remapped_rows_failure", "process_count", "health", "reasons", "error"?,
-               "memory_free_min_mib"?, "utilization_p95_pct"?, "pods"?: [{"namespace", "pod",
+               "memory_free_min_mib"?, "utilization_p95_pct"?, "xids"?: [{"xid", "at"}],
+               "pods"?: [{"namespace", "pod",
                "container", "memory_used_mib"?}], "memory_out_of_band_mib"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
                "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
                "process_count", "health", "reasons", "error"?, "pods"?,
@@ -50,6 +51,7 @@ __all__ = [
     "MigTelemetry",
     "PodTelemetry",
     "Telemetry",
+    "XidTelemetry",
 ]
 
 #: Annotation name (under the prefix) holding the whole reading as compact JSON.
@@ -131,6 +133,21 @@ class PodTelemetry(_Document):
 Pods = Annotated[tuple[PodTelemetry, ...] | None, BeforeValidator(_optional_entries(PodTelemetry))]
 
 
+class XidTelemetry(_Document):
+    """A fatal Xid that keeps its GPU Unhealthy: the code and when the agent saw its latest
+    event (``at``, RFC 3339 with milliseconds, UTC). Written since schema 2 without a version
+    bump (older readers ignore it); a restarted agent seeds its Xid window from it
+    (``core.xid_seed``)."""
+
+    xid: Index
+    at: Str = None
+
+    @property
+    def at_s(self) -> float | None:
+        """``at`` in epoch seconds (``None``: absent or unreadable)."""
+        return rfc3339_s(self.at)
+
+
 class MigTelemetry(_Document):
     """One MIG device of a GPU with MIG on (from ``nvmlDeviceGetMigDeviceHandleByIndex`` and
     its memory, processes and attributes); ``health``/``reasons`` from ``core.health``."""
@@ -158,14 +175,15 @@ class GpuTelemetry(_Document):
     ``window_s`` (``core.window``; absent until the window is half covered). ``pods``: the
     containers holding it; ``memory_out_of_band_mib``: memory of processes in no pod (both
     absent when the agent attributes nothing; with MIG on, per MIG device, and the GPU's
-    out-of-band memory is their sum).
+    out-of-band memory is their sum). ``xids``: the fatal Xids behind its ``xid-N`` reasons,
+    with their times (absent when there are none, and from agents before it was added).
     ``memory_free_unreadable`` (not written) is true when a reader found a ``memory_free_mib``
     that is not a whole number."""
 
     _OPTIONAL = frozenset(
         {
             "error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct",
-            "pods", "memory_out_of_band_mib",
+            "pods", "memory_out_of_band_mib", "xids",
         }
     )
     index: Index
@@ -193,6 +211,9 @@ class GpuTelemetry(_Document):
     utilization_p95_pct: Float = None
     pods: Pods = None
     memory_out_of_band_mib: Int = None
+    xids: Annotated[
+        tuple[XidTelemetry, ...] | None, BeforeValidator(_optional_entries(XidTelemetry))
+    ] = None
     memory_free_unreadable: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")
