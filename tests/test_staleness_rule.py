@@ -97,7 +97,9 @@ def test_a_lease_watch_sees_renewals():
     assert first.seen == Seen(100.0, False)
     same = lease_from_object({"spec": spec}, first, 130.0)
     assert same.seen == Seen(100.0, False)
-    renewed = lease_from_object({"spec": {**spec, "renewTime": "2026-01-01T00:00:10Z"}}, same, 140.0)
+    renewed = lease_from_object(
+        {"spec": {**spec, "renewTime": "2026-01-01T00:00:10Z"}}, same, 140.0
+    )
     assert renewed.seen == Seen(140.0, True)
     assert lease_from_object({"spec": spec}).seen is None  # not watched
 

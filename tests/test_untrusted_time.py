@@ -103,7 +103,10 @@ def test_a_lease_renewed_past_year_9999_is_that_nodes_problem():
     deadline could not be printed either."""
     ref = "ns/omaticaya-node-far"
     far = LeaseState("agent", 253402300799.0, 8 * 86400.0)
-    states = {"far": parse_node("far", HEALTHY, tele(lease=ref)), "good": parse_node("good", HEALTHY, tele())}
+    states = {
+        "far": parse_node("far", HEALTHY, tele(lease=ref)),
+        "good": parse_node("good", HEALTHY, tele()),
+    }
     client, _ = served(states, leases={ref: far}.get)
     result = call(client, "filter", ["far", "good"])
     assert result["NodeNames"] == ["good"]
@@ -124,7 +127,10 @@ def test_a_time_far_ahead_fails_the_node_counted_once(warnings):
         call(client, "prioritize", ["ahead", "good"])
     reason = result["FailedNodes"]["ahead"]
     assert reason.startswith("node(s) had unusable GPU telemetry (")
-    assert "read_at 2027-01-01T00:00:00Z is 31536000s ahead of this clock (allowed skew 300s)" in reason
+    assert (
+        "read_at 2027-01-01T00:00:00Z is 31536000s ahead of this clock (allowed skew 300s)"
+        in reason
+    )
     assert problems_metric(client, READ_AT_AHEAD) == 1
     assert sum(READ_AT_AHEAD in line for line in warnings) == 1
     # its clock fixed: usable again; ahead once more: counted again
@@ -192,12 +198,50 @@ def test_a_live_agent_behind_by_10_minutes_is_fresh_while_its_values_change():
     assert "read_at unchanged for 391s (limit 390s)" in reason
     # never seen to change (the extender just started): its own clock is all there is
     states["behind"] = state(Seen(mono[0], changed=False))
-    assert "expired at 2025-12-31T23:55:30Z" in call(client, "filter", ["behind"])["FailedNodes"]["behind"]
+    assert (
+        "expired at 2025-12-31T23:55:30Z"
+        in call(client, "filter", ["behind"])["FailedNodes"]["behind"]
+    )
 
 
 # ------------------------------------------------------------------ the real API server ----
 
 NAMESPACE = "omaticaya-skew-test"
+
+
+def put_lease(
+    admin_api: Any,
+    namespace: str,
+    name: str,
+    renew: datetime,
+    *,
+    holder: str = "agent-pod",
+    duration_s: int = 40,
+) -> None:
+    """Create or update Lease ``namespace/name`` as an agent would (``renewTime`` = ``renew``),
+    through the typed client as cluster admin; the namespace is created when missing."""
+    from kubernetes import client
+
+    api = client.CoordinationV1Api(admin_api.api_client)
+    body = client.V1Lease(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        spec=client.V1LeaseSpec(holder_identity=holder or None, renew_time=renew,
+                                lease_duration_seconds=duration_s),
+    )  # fmt: skip
+    try:
+        admin_api.create_namespace({"metadata": {"name": namespace}})
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+    try:
+        current = api.read_namespaced_lease(name, namespace)
+    except client.exceptions.ApiException as exc:
+        if exc.status != 404:
+            raise
+        api.create_namespaced_lease(namespace, body)
+        return
+    body.metadata.resource_version = current.metadata.resource_version
+    api.replace_namespaced_lease(name, namespace, body)
 
 
 @pytest.mark.cluster
@@ -207,21 +251,12 @@ def test_skewed_agents_on_the_real_watch(dev_cluster, admin_api, make_node):
     stale once that stops; a node a year ahead fails, counted; one in year 1 fails alone."""
     from kubernetes import client
 
-    from omaticaya_py.kube.lease import LeaseClient, lease_name
-    from omaticaya_py.kube.session import ApiSession
     from tests.test_hardening_extender import RunningExtender, metric
 
-    try:
-        admin_api.create_namespace({"metadata": {"name": NAMESPACE}})
-    except client.exceptions.ApiException as exc:
-        if exc.status != 409:
-            raise
     leases_api = client.CoordinationV1Api(admin_api.api_client)
     lease_mode, tele_mode, ahead, year1 = (make_node() for _ in range(4))
-    session = ApiSession(kubeconfig=str(dev_cluster.kubeconfig))
-    holder = LeaseClient(session, namespace=NAMESPACE, name=lease_name(lease_mode),
-                         holder="agent-pod", duration_s=5)  # fmt: skip
     behind = timedelta(minutes=10)
+    lease = f"omaticaya-node-{lease_mode}"
 
     def stamp(when: datetime) -> str:
         return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -234,10 +269,10 @@ def test_skewed_agents_on_the_real_watch(dev_cluster, admin_api, make_node):
         """One heartbeat of both agents 10 min behind: the Lease renewed, the telemetry
         rewritten."""
         now = datetime.now(UTC) - behind
-        holder.renew(now)
+        put_lease(admin_api, NAMESPACE, lease, now, duration_s=5)
         write(tele_mode, read_at=stamp(now), expires_at=stamp(now + timedelta(seconds=5)))
 
-    lease_ref = f"{NAMESPACE}/{lease_name(lease_mode)}"
+    lease_ref = f"{NAMESPACE}/{lease}"
     write(lease_mode, read_at=stamp(datetime.now(UTC) - behind), lease=lease_ref)
     beat()
     write(ahead, read_at=stamp(datetime.now(UTC) + timedelta(days=365)))
@@ -274,8 +309,7 @@ def test_skewed_agents_on_the_real_watch(dev_cluster, admin_api, make_node):
         stop.set()
         beating.join(10)
         ext.close()
-        session.close()
         try:
-            leases_api.delete_namespaced_lease(lease_name(lease_mode), NAMESPACE)
+            leases_api.delete_namespaced_lease(lease, NAMESPACE)
         except client.exceptions.ApiException:
             pass

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omaticaya_py.core import schema
+from omaticaya_py.core.liveness import LeaseState, Seen
 from omaticaya_py.core.patch import NodeMeta
 from omaticaya_py.views import fleet
 from omaticaya_py.views.top import TopOptions, render, select_rows, top_options
@@ -108,11 +109,76 @@ def test_node_row(labels_, annotations, expected):
     assert got == expected
 
 
+REF = "omaticaya/omaticaya-node-n1"
+
+
+class Leases:
+    """``fleet.LeaseView`` over a dict: the namespaces in ``watched`` are read."""
+
+    def __init__(self, leases: dict, watched: tuple[str, ...] = ("omaticaya",)) -> None:
+        self.leases, self.namespaces = leases, watched
+
+    def watched(self, ref: str) -> bool:
+        return ref.partition("/")[0] in self.namespaces
+
+    def lease(self, ref: str):
+        return self.leases.get(ref)
+
+
+def quiet(read_at: float = NOW - 7200, **extra) -> dict[str, str]:
+    """A Lease-mode node whose labels last changed two hours ago."""
+    doc = json.loads(telemetry([gpu(0)], read_at=read_at, refresh_s=None))
+    return {P + "telemetry": json.dumps({**doc, "lease": REF, **extra})}
+
+
+# id, annotations, Leases (None: not read), expected fields of the row
+LEASE_CASES = [
+    ("Lease renewed: fresh though labels are 2 h old", quiet(),
+     Leases({REF: LeaseState("agent", NOW - 10, 40)}), dict(stale=False, age_s=7200.0, problem=None)),
+    ("Lease lapsed", quiet(), Leases({REF: LeaseState("agent", NOW - 101, 40)}),
+     dict(stale=True, stale_why=f"Lease {REF} expired at {stamp(NOW - 61)}, grace 60s")),
+    ("Lease released", quiet(), Leases({REF: LeaseState("", NOW - 1, 40)}),
+     dict(stale=True, stale_why=f"Lease {REF} released (no holder)")),
+    ("Lease missing", quiet(), Leases({}), dict(stale=True, stale_why=f"Lease {REF} not found")),
+    ("Leases of that namespace not read: read_at", quiet(), Leases({}, watched=()),
+     dict(stale=True, stale_why=f"{P}telemetry read_at older than 360s")),
+    ("Lease renewTime a year ahead", quiet(), Leases({REF: LeaseState("agent", NOW + 365 * 86400, 40)}),
+     dict(stale=False, health="Invalid")),
+    ("read_at a year ahead", quiet(read_at=NOW + 365 * 86400), None, dict(stale=False, health="Invalid")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("annotations", "leases", "expected"),
+                         [c[1:] for c in LEASE_CASES], ids=[c[0] for c in LEASE_CASES])  # fmt: skip
+def test_node_row_by_the_extenders_rule(annotations, leases, expected):
+    row = fleet.node_row("n1", labels(), annotations, now=NOW, leases=leases)
+    assert {k: getattr(row, k) for k in expected} == expected
+    assert row.stale == (row.stale_why is not None)
+
+
+def test_a_node_ahead_of_the_clock_shows_why():
+    row = fleet.node_row("n1", labels(), quiet(read_at=NOW + 365 * 86400), now=NOW)
+    assert row.problem.startswith(f"{P}telemetry read_at {stamp(NOW + 365 * 86400)} is 31536000s ahead")
+    row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([gpu(0)]).replace(
+        stamp(NOW - 5), "0001-01-01T00:00:00+23:59")}, now=NOW)  # fmt: skip
+    assert row.problem == "telemetry annotation without a valid read_at" and not row.stale
+
+
+def test_an_agent_behind_by_10_minutes_is_fresh_while_top_sees_it_change():
+    """``top --watch`` saw ``read_at`` change 5 s ago on its own clock."""
+    ann = {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 605, refresh_s=330)}
+    assert fleet.node_row("n1", labels(), ann, now=NOW).stale
+    row = fleet.node_row("n1", labels(), ann, now=NOW, seen=Seen(95.0, True), now_mono=100.0)
+    assert not row.stale
+
+
 @pytest.mark.parametrize("hostile", [
     None, {P + "telemetry": None}, {P + "telemetry": 7}, {P + "telemetry": "[]"},
     {P + "telemetry": "[" * 100_000}, {P + "telemetry": '{"read_at": 5, "gpus": 5}'},
     {P + "telemetry": '{"read_at": "2026-01-01T00:00:00Z", "gpus": [{"index": 1e400}]}'},
     {P + "telemetry": '{"read_at": "2026-01-01T00:00:00", "expires_at": "soon"}'},
+    {P + "telemetry": '{"read_at": "0001-01-01T00:00:00+23:59", "lease": "a/b",'
+                      ' "expires_at": "0001-01-01T00:05:00+23:59"}'},
 ])
 def test_hostile_telemetry_never_raises_and_renders(hostile):
     row = fleet.node_row("n1", {P + "gpu.health": "Healthy"}, hostile, now=NOW)

@@ -20,6 +20,17 @@ __all__ = ["Informer"]
 V = TypeVar("V")
 
 
+def _session(context: str | None) -> Any:
+    """The session class for a kubeconfig ``context`` (``None``: the current one)."""
+    if not context:
+        return ApiSession
+    from functools import partial
+
+    from .nodes_list import _ContextSession
+
+    return partial(_ContextSession, context=context)
+
+
 class Informer(Generic[V]):
     """An informer-style cache of one collection (``path``; ``query`` adds a
     ``fieldSelector``): one LIST, then a WATCH from its resourceVersion, in a daemon thread.
@@ -61,6 +72,7 @@ class Informer(Generic[V]):
         stall_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         query: Mapping[str, str] | None = None,
+        context: str | None = None,
     ) -> None:
         self._transform = transform
         self._on_skip = on_skip
@@ -76,7 +88,8 @@ class Informer(Generic[V]):
         self._watch_timeout_s = watch_timeout_s
         # the session brings the configuration, token rotation and request accounting; its
         # retries are kept to one attempt: this loop does its own backoff
-        self._session = ApiSession(
+        # (``context``: a kubeconfig context, as kubectl's ``--context``)
+        self._session = _session(context)(
             kubeconfig=kubeconfig, environ=environ, timeout_s=timeout_s, attempts=1
         )
         self._items: dict[str, V] = {}

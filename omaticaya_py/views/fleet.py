@@ -2,23 +2,27 @@
 
 Everything comes from the Node's labels and its telemetry annotation, parsed by
 ``core.schema`` (``parse_node`` for the node's state and problem, ``parse_gpu_readings`` for
-each GPU). A Node's content is untrusted: nothing here raises on it; a Node whose telemetry
-cannot be used shows ``Invalid`` with the reason.
+each GPU), and, for a node whose telemetry names a Lease, from that Lease: fresh or stale is
+the extender's rule (``core.liveness.node_liveness``). A Node's content is untrusted: nothing
+here raises on it; a Node whose telemetry cannot be used (a time ahead of the clock included)
+shows ``Invalid`` with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..core import schema
+from ..core.liveness import AHEAD, DEFAULT_MAX_CLOCK_SKEW_S, STALE, LeaseState, Seen, node_liveness
 
 __all__ = [
     "GRACE_S",
     "SORTS",
     "TTL_S",
     "GpuRow",
+    "LeaseView",
     "NodeRow",
     "filter_rows",
     "fleet_rows",
@@ -36,6 +40,18 @@ TTL_S = 300.0
 SORTS = ("name", "free", "util", "age")
 #: health shown for a Node whose telemetry cannot be used
 INVALID = "Invalid"
+
+
+class LeaseView(Protocol):
+    """The agents' Leases as ``node_row`` reads them (``views.leases.TopLeases``)."""
+
+    def watched(self, ref: str) -> bool:
+        """Whether Lease ``"<namespace>/<name>"``'s namespace is read (else: judge by read_at)."""
+        ...
+
+    def lease(self, ref: str) -> LeaseState | None:
+        """The Lease, ``None`` when a read namespace has no such Lease."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +83,10 @@ class NodeRow:
     with no Omaticaya data); ``free_mib``: the most free memory on one healthy unit
     (``gpu.memory.free-mib``, else the freest healthy GPU of the telemetry); ``util_pct``: the
     mean utilisation of the healthy whole GPUs in the telemetry, else ``gpu.utilization-pct``;
-    ``age_s``: seconds since ``read_at``; ``stale``: past ``expires_at`` + the grace (or, with no
-    ``expires_at``, older than the TTL + the grace)."""
+    ``age_s``: seconds since ``read_at``; ``stale``: the agent is not reporting, by the
+    extender's rule (``core.liveness.node_liveness``: its Lease when the telemetry names one and
+    the Leases are read, else ``expires_at`` + the grace, or the TTL + the grace), ``stale_why``
+    saying why."""
 
     name: str
     health: str
@@ -83,6 +101,7 @@ class NodeRow:
     product: str | None = None
     age_s: float | None = None
     stale: bool = False
+    stale_why: str | None = None
     known: bool = True
     problem: str | None = None
     gpu_rows: tuple[GpuRow, ...] = field(default=())
@@ -140,8 +159,14 @@ def node_row(
     prefix: str = "omaticaya.io",
     grace_s: float = GRACE_S,
     ttl_s: float = TTL_S,
+    leases: LeaseView | None = None,
+    seen: Seen | None = None,
+    now_mono: float | None = None,
+    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
 ) -> NodeRow:
-    """The row of one Node (``now``: epoch seconds). Never raises on the Node's content."""
+    """The row of one Node (``now``: epoch seconds; ``now_mono``: the monotonic clock of
+    ``seen``, when ``read_at`` was seen to take its value, and of the Leases'). Never raises on
+    the Node's content."""
     state = schema.parse_node(name, labels, annotations, prefix)
     p = prefix + "/"
     mine = {
@@ -200,12 +225,21 @@ def node_row(
     if healthy is None and gpu_rows:
         healthy = sum(1 for g in gpu_rows if g.health == "Healthy")
     age = now - state.read_at if state.read_at is not None else None
-    if state.expires_at is not None:
-        stale = now > state.expires_at + grace_s
-    else:
-        stale = age is not None and age > ttl_s + grace_s
+    problem, stale, stale_why = state.problem, False, None
+    if state.read_at is not None and not problem:
+        lookup = None
+        if leases is not None and state.lease is not None and leases.watched(state.lease):
+            lookup = leases.lease
+        alive = node_liveness(
+            state, seen=seen, leases=lookup, prefix=prefix, now_s=now, now_mono_s=now_mono,
+            ttl_s=ttl_s, grace_s=grace_s, max_skew_s=max_skew_s,
+        )  # fmt: skip
+        if alive.kind == AHEAD:
+            problem = alive.why
+        stale = alive.kind == STALE
+        stale_why = alive.why if stale else None
     health = state.health or "Unknown"
-    if state.problem:
+    if problem:
         health = INVALID
     return NodeRow(
         name=name,
@@ -221,7 +255,8 @@ def node_row(
         product=mine.get(schema.PRODUCT),
         age_s=age,
         stale=stale,
-        problem=state.problem,
+        stale_why=stale_why,
+        problem=problem,
         gpu_rows=gpu_rows,
     )
 
@@ -234,19 +269,27 @@ def fleet_rows(
     grace_s: float = GRACE_S,
     ttl_s: float = TTL_S,
     include_unknown: bool = False,
+    leases: LeaseView | None = None,
+    seen: Callable[[str], Seen | None] | None = None,
+    now_mono: float | None = None,
 ) -> list[NodeRow]:
     """Rows of Nodes (anything with ``name``, ``labels``, ``annotations``: ``NodeMeta``), by
-    name; Nodes with no Omaticaya data at all only with ``include_unknown``."""
+    name; Nodes with no Omaticaya data at all only with ``include_unknown``. ``leases``,
+    ``seen`` (by Node name) and ``now_mono`` as ``node_row``."""
     rows = []
     for node in nodes:
+        name = str(getattr(node, "name", "") or "")
         row = node_row(
-            str(getattr(node, "name", "") or ""),
+            name,
             getattr(node, "labels", None),
             getattr(node, "annotations", None),
             now=now,
             prefix=prefix,
             grace_s=grace_s,
             ttl_s=ttl_s,
+            leases=leases,
+            seen=seen(name) if seen is not None else None,
+            now_mono=now_mono,
         )
         if row.known or row.problem or include_unknown:
             rows.append(row)

@@ -3,10 +3,12 @@ they select from the Nodes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .fleet import GRACE_S, TTL_S, NodeRow, filter_rows, fleet_rows, sort_rows
+from ..core.liveness import Seen
+from .fleet import GRACE_S, TTL_S, LeaseView, NodeRow, filter_rows, fleet_rows, sort_rows
 
 __all__ = ["OUTPUTS", "TopOptions", "select_rows", "top_options"]
 
@@ -19,8 +21,8 @@ class TopOptions:
     how to show (``output``: one of ``OUTPUTS``; ``sort``: name, free, util or age; ``gpus``: a
     row per GPU), which rows (``unhealthy``, ``stale``, ``all_nodes``: also Nodes without data),
     ``watch`` (redrawn at least every ``interval_s`` seconds), the label ``prefix``, and when a
-    reading is stale: ``grace_s`` seconds past its expiry, or older than ``ttl_s`` + ``grace_s``
-    from an agent that publishes no expiry."""
+    reading is stale: by the extender's rule (``core.liveness``), with ``grace_s`` past its
+    expiry or its Lease's, or ``ttl_s`` + ``grace_s`` from an agent that publishes no expiry."""
 
     kubeconfig: str | None = None
     context: str | None = None
@@ -38,8 +40,17 @@ class TopOptions:
     ttl_s: float = TTL_S
 
 
-def select_rows(nodes: Any, options: TopOptions, now: float) -> list[NodeRow]:
-    """Nodes -> the rows shown: parsed, filtered and sorted as the options say."""
+def select_rows(
+    nodes: Any,
+    options: TopOptions,
+    now: float,
+    *,
+    leases: LeaseView | None = None,
+    seen: Callable[[str], Seen | None] | None = None,
+    now_mono: float | None = None,
+) -> list[NodeRow]:
+    """Nodes -> the rows shown: parsed, judged (``leases``, ``seen``, ``now_mono`` as
+    ``fleet.node_row``), filtered and sorted as the options say."""
     rows = fleet_rows(
         nodes,
         now=now,
@@ -47,6 +58,9 @@ def select_rows(nodes: Any, options: TopOptions, now: float) -> list[NodeRow]:
         grace_s=options.grace_s,
         ttl_s=options.ttl_s,
         include_unknown=options.all_nodes,
+        leases=leases,
+        seen=seen,
+        now_mono=now_mono,
     )
     rows = filter_rows(rows, unhealthy=options.unhealthy, stale=options.stale)
     return sort_rows(rows, options.sort)
