@@ -343,3 +343,106 @@ def test_top_needs_only_list_and_watch_on_nodes(fleet, dev_cluster, admin_api, t
     finally:
         rbac.delete_cluster_role_binding(role)
         rbac.delete_cluster_role(role)
+
+
+# ------------------------------------------------------------- Lease-mode nodes ----
+
+LEASES_NS = "omaticaya-top-leases"
+
+
+@pytest.fixture
+def lease_fleet(fleet, admin_api, make_node):
+    """Three Lease-mode Nodes labelled by the real agent, whose labels last changed two hours
+    ago (a quiet node: the agent rewrites its telemetry only when a label changes): one whose
+    Lease was just renewed, one whose Lease lapsed an hour ago, one whose Lease is missing."""
+    from tests.test_untrusted_time import put_lease
+
+    tag = f"top-leases-{os.getpid()}"
+    renewed, lapsed, missing = (make_node(labels={"omaticaya-test": tag}) for _ in range(3))
+    two_hours_ago = datetime.now(UTC) - timedelta(hours=2)
+    for node in (renewed, lapsed, missing):
+        _agent(fleet["env"], node, H100_TRACE, 14)
+        doc = json.loads(admin_api.read_node(node).metadata.annotations[P + "telemetry"])
+        doc.pop("expires_at", None)
+        doc.pop("refresh_s", None)
+        doc["read_at"] = two_hours_ago.strftime("%Y-%m-%dT%H:%M:%SZ")
+        doc["lease"] = f"{LEASES_NS}/omaticaya-node-{node}"
+        admin_api.patch_node(node, {"metadata": {"annotations": {P + "telemetry": json.dumps(doc)}}})
+    put_lease(admin_api, LEASES_NS, f"omaticaya-node-{renewed}", datetime.now(UTC))
+    put_lease(admin_api, LEASES_NS, f"omaticaya-node-{lapsed}", datetime.now(UTC) - timedelta(hours=1))
+    return {"env": fleet["env"], "selector": f"omaticaya-test={tag}", "renewed": renewed,
+            "lapsed": lapsed, "missing": missing}  # fmt: skip
+
+
+def test_top_shows_lease_mode_nodes_fresh_while_their_lease_is_renewed(lease_fleet):
+    f = lease_fleet
+    done = _top("-l", f["selector"], "-o", "json", env=f["env"])
+    assert done.returncode == 0, done.stderr
+    nodes = {n["name"]: n for n in json.loads(done.stdout)["nodes"]}
+    assert nodes[f["renewed"]]["stale"] is False and nodes[f["renewed"]]["age_s"] > 7000
+    assert nodes[f["lapsed"]]["stale"] is True
+    assert "expired at" in nodes[f["lapsed"]]["stale_why"]
+    assert nodes[f["missing"]]["stale_why"] == f"Lease {LEASES_NS}/omaticaya-node-{f['missing']} not found"
+    table = _rows(_top("-l", f["selector"], env=f["env"]).stdout)
+    assert "STALE" not in table[f["renewed"]] and table[f["lapsed"]][-1] == "STALE"
+    stale = _top("-l", f["selector"], "--stale", env=f["env"])
+    assert set(_rows(stale.stdout)) == {f["lapsed"], f["missing"]}
+
+
+def test_top_watch_follows_lease_renewals(lease_fleet, admin_api):
+    """With ``--watch`` the Leases are watched: the lapsed node turns fresh at its next redraw
+    once its agent renews the Lease again."""
+    from tests.test_untrusted_time import put_lease
+
+    f = lease_fleet
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omaticaya_py", "top", "-l", f["selector"], "--watch", "-o",
+         "json", "--interval", "1"],
+        env=dict(f["env"], PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines = _lines(proc)
+    last: dict[str, dict] = {}
+
+    def stale_of(node: str):
+        while not lines.empty():
+            last.update({n["name"]: n for n in json.loads(lines.get_nowait())["nodes"]})
+        return last.get(node, {}).get("stale")
+
+    try:
+        assert wait_for("the first draw", lambda: stale_of(f["lapsed"]) is True, 30)
+        put_lease(admin_api, LEASES_NS, f"omaticaya-node-{f['lapsed']}", datetime.now(UTC))
+        wait_for("a draw with the renewed Lease", lambda: stale_of(f["lapsed"]) is False, 30)
+        assert stale_of(f["renewed"]) is False and stale_of(f["missing"]) is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_top_without_access_to_leases_says_so_and_judges_by_read_at(
+    lease_fleet, dev_cluster, admin_api, tmp_path
+):
+    from kubernetes import client as k
+
+    rbac = k.RbacAuthorizationV1Api(admin_api.api_client)
+    role = f"top-nodes-only-{os.getpid()}"
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]})  # fmt: skip
+    viewer = _token_kubeconfig(dev_cluster, admin_api, tmp_path, role)
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": role, "namespace": "default"}]})  # fmt: skip
+    try:
+        env = dict(lease_fleet["env"])
+        env.pop("KUBECONFIG", None)
+        done = wait_for(
+            "top as the nodes-only user",
+            lambda: (d := _top("--kubeconfig", str(viewer), "-l", lease_fleet["selector"], "-o",
+                               "json", env=env)).returncode == 0 and d, 30)  # fmt: skip
+        assert f"Leases in {LEASES_NS} not read" in done.stderr and "403" in done.stderr
+        assert "Traceback" not in done.stderr
+        nodes = {n["name"]: n for n in json.loads(done.stdout)["nodes"]}
+        assert nodes[lease_fleet["renewed"]]["stale_why"].endswith("read_at older than 360s")
+    finally:
+        rbac.delete_cluster_role_binding(role)
+        rbac.delete_cluster_role(role)
