@@ -13,11 +13,13 @@ optionally ``<prefix>/gpu-count`` (GPUs, default 1). A pod without it passes thr
 
 Filter, per node, from the agent's labels and its ``<prefix>/telemetry`` annotation:
 
-- no Omaticaya data on the node (or the node is unknown to the cache), or stale telemetry: past
-  its ``expires_at`` (the agent's promise: heartbeat + schedule period + jitter after
-  ``read_at``) plus ``grace_s``, or, from an agent that does not publish ``expires_at``, older
-  than ``ttl_s + grace_s``: the node's GPU state is unknown; it fails, unless ``fail_open``
-  (then it passes, with score 0);
+- no Omaticaya data on the node (or the node is unknown to the cache), or stale telemetry (the
+  agent is not reporting, by ``core.liveness``: its Lease lapsed, or its telemetry past its
+  ``expires_at`` (the agent's promise: heartbeat + schedule period + jitter after ``read_at``)
+  plus ``grace_s``, or, from an agent that does not publish ``expires_at``, older than ``ttl_s +
+  grace_s``; judged by when the extender saw the value change, on its own clock), or a time
+  ahead of the clock by more than ``max_clock_skew_s``: the node's GPU state is unknown; it
+  fails, unless ``fail_open`` (then it passes, with score 0);
 - ``gpu.health`` Unhealthy or Unknown: fails;
 - fewer than ``gpu-count`` healthy GPUs with ``gpu-memory-mib`` free: fails.
 
@@ -25,9 +27,9 @@ Prioritize: among the nodes that fit, ``binpack`` gives 10 to the node with the 
 memory on its healthy GPUs and 1 to the one with the most; ``spread`` the reverse. Nodes that do
 not fit (or are unknown) get 0.
 
-Modules: ``settings`` (``OMATICAYA_EXTENDER_*``), ``rules`` (pure: the pod's need, filter,
-prioritize over ``core.schema.NodeGpuState``), ``protocol`` (pure: ExtenderArgs in, results
-out), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
+Modules: ``settings`` (``OMATICAYA_EXTENDER_*``), ``need`` (pure: the pod's need), ``rules``
+(pure: filter, prioritize over ``core.schema.NodeGpuState``; each node judged alone),
+``protocol`` (pure: ExtenderArgs in, results out), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
 cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli``'s ``extender``.
 """
 

@@ -1,16 +1,16 @@
-"""Pure placement rules: a pod's GPU need, and filter and prioritize over the nodes' GPU state."""
+"""Pure placement rules: filter and prioritize over the nodes' GPU state, for a pod's need
+(``need``)."""
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.liveness import AHEAD, DEFAULT_MAX_CLOCK_SKEW_S, STALE, LeaseOf, node_liveness
-from ..core.schema import NodeGpuState, json_int, json_mapping
+from ..core.schema import NodeGpuState
 from .inflight import Placement, adjust
+from .need import MAX_GPU_COUNT, MAX_MEMORY_MIB, Need, parse_need
 from .staleness import effective, legacy_default
 
 __all__ = [
@@ -43,85 +43,6 @@ BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
 
 
 # ------------------------------------------------------------------------------ rules ----
-
-
-@dataclass(frozen=True, slots=True)
-class Need:
-    """What a pod asks for: ``count`` GPUs with ``memory_mib`` free each. ``error`` is set when
-    the annotations are malformed (every node then fails with that message)."""
-
-    memory_mib: int
-    count: int = 1
-    error: str | None = None
-
-
-#: a plain whole number: MiB (the annotation's unit)
-_PLAIN_MIB = re.compile(r"^[0-9]{1,15}$")
-#: a memory quantity with a binary or decimal suffix (``1.5Gi``, ``30G``; ``MiB`` spellings
-#: too); negative numbers, exponents and milli-units are not memory sizes
-_MEMORY_QUANTITY = re.compile(r"^([0-9]{1,15}(?:\.[0-9]{1,9})?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)(?:B)?$")
-MIB = 1 << 20
-#: the most a pod can ask for on one GPU (1 EiB), and GPUs per pod
-MAX_MEMORY_MIB = 1 << 40
-MAX_GPU_COUNT = 1_000_000
-
-
-def _memory_mib(raw: str) -> int | None:
-    """MiB from a plain whole number (MiB) or a quantity with a memory suffix, rounded up to
-    whole MiB (``30G`` asks for 28611 MiB, never less than it said); ``None`` otherwise. The
-    suffix arithmetic is the Kubernetes client's (``kube.parse_quantity``)."""
-    text = raw.strip()
-    if _PLAIN_MIB.match(text):
-        return int(text)
-    m = _MEMORY_QUANTITY.match(text)
-    if not m:
-        return None
-    from ..kube import parse_quantity  # the kubernetes client loads only for a suffixed value
-
-    try:
-        size = parse_quantity(m.group(1) + m.group(2))
-    except ValueError:
-        return None
-    return int(math.ceil(size / MIB))
-
-
-def parse_need(pod: Any, prefix: str = "omaticaya.io") -> Need | None:
-    """The pod's need from ``<prefix>/gpu-memory-mib`` and ``<prefix>/gpu-count``; ``None``
-    when the pod has no ``gpu-memory-mib`` annotation (or is not a pod object at all).
-
-    Memory is MiB per GPU: a plain whole number is MiB, a quantity with a memory suffix
-    (``30Gi``, ``1.5Gi``, ``30G``) is converted by the Kubernetes client's parser and rounded up
-    to whole MiB; at most ``MAX_MEMORY_MIB``. The count is a whole number from 1 to
-    ``MAX_GPU_COUNT`` (default 1). A bad value gives a ``Need`` with ``error`` set, naming the
-    annotation and the expected form: every node then fails with it."""
-    meta = json_mapping(json_mapping(pod).get("metadata"))
-    annotations = json_mapping(meta.get("annotations"))
-    mem_key, count_key = f"{prefix}/gpu-memory-mib", f"{prefix}/gpu-count"
-    if mem_key not in annotations:
-        return None
-    raw_mem, raw_count = str(annotations[mem_key]), str(annotations.get(count_key, "1"))
-    shown_mem, shown_count = _shown(raw_mem), _shown(raw_count)
-    memory = _memory_mib(raw_mem) if len(raw_mem) <= 64 else None
-    if memory is None:
-        return Need(
-            0, 1, f"pod annotation {mem_key}={shown_mem} is not a memory size: expected MiB as "
-            "a whole number (30720) or a quantity (30Gi, 1.5Gi)",
-        )  # fmt: skip
-    if memory > MAX_MEMORY_MIB:
-        return Need(0, 1, f"pod annotation {mem_key}={shown_mem} asks for more than 1 EiB")
-    count = json_int(raw_count)
-    if count is None or not 1 <= count <= MAX_GPU_COUNT:
-        return Need(
-            memory, 1,
-            f"pod annotation {count_key}={shown_count} is not a whole number from 1 to "
-            f"{MAX_GPU_COUNT}",
-        )  # fmt: skip
-    return Need(memory, count)
-
-
-def _shown(raw: str) -> str:
-    """``repr`` of a value for a message, cut to 40 characters."""
-    return repr(raw if len(raw) <= 40 else raw[:40] + "...")
 
 
 @dataclass(frozen=True, slots=True)
