@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -87,6 +88,43 @@ def test_sigterm_during_a_slow_patch_stops_retrying_and_cleans_up(
     assert not dynamic(node_metadata(admin_api, node)[0]), err
     assert "removed" in err and "dynamic labels" in err
     proxy.close()
+
+
+@pytest.mark.cluster
+def test_a_tick_stuck_in_nvml_does_not_hold_the_cleanup_back(dev_cluster, admin_api, make_node):
+    """SIGTERM while a tick hangs in its read (a hung NVML call): the cleanup still removes the
+    dynamic labels within the deadline (before: shutdown waited for the tick forever, and the
+    kubelet's SIGKILL left every label in place)."""
+    from datetime import timezone
+
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from omaticaya_py.agent.daemon import schedule_ticks
+    from tests.test_stuck_tick import BlockingReader
+
+    node = make_node()
+    client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
+    reader = BlockingReader()
+    agent = Agent(
+        settings(node_name=node, schedule="@every 0.2s", shutdown_timeout_s=3), reader, client,
+        environ={},
+    )  # fmt: skip
+    scheduler = BackgroundScheduler(timezone=timezone.utc)
+    watchdog = schedule_ticks(agent, scheduler)
+    scheduler.start()
+    try:
+        wait_for("the agent to label the node", lambda: dynamic(node_metadata(admin_api, node)[0]), 30)
+        reader.blocked.set()
+        assert reader.entered.wait(20)  # a tick is now stuck in read()
+        stopping = threading.Thread(target=agent.shutdown, daemon=True)  # what SIGTERM runs
+        stopping.start()
+        stopping.join(30)  # a bound: before, it waited for the stuck tick forever
+        assert not stopping.is_alive(), "shutdown waits for the stuck tick"
+        assert not dynamic(node_metadata(admin_api, node)[0])
+        assert agent.cache.tick_stage == "read"
+    finally:
+        reader.gate.set()
+        watchdog.stop()
 
 
 def test_signal_handlers_are_installed_before_the_metrics_server(tmp_path, monkeypatch):
