@@ -176,9 +176,13 @@ def test_lease_is_created_and_renewed_while_a_quiet_node_gets_no_patch(
     assert audit_count(dev_cluster, verb="patch", resource="nodes", name=node) == before_quiet
     assert audit_count(dev_cluster, verb="update", resource="leases", name=name) == 5
 
-    agent.shutdown()  # SIGTERM's path: the Lease is released, dynamic labels removed
-    released = leases.read_namespaced_lease(name, namespace)
-    assert released.spec.holder_identity is None
+    agent.shutdown()  # SIGTERM's path: dynamic labels removed, and with cleanup_on_exit (the
+    # default) the Lease it holds deleted (test_lease_owner.py: released when that is off)
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as gone:
+        leases.read_namespaced_lease(name, namespace)
+    assert gone.value.status == 404
 
 
 def test_budget_holds_a_rise_and_sends_a_drop_at_once(dev_cluster, admin_api, make_node, namespace):
@@ -357,8 +361,9 @@ def test_the_charts_rbac_lets_the_agent_hold_its_lease_and_no_other(
     from kubernetes.client.exceptions import ApiException
 
     docs = _chart_rbac_docs()
-    assert sorted(d["kind"] for d in docs) == [
-        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"
+    assert sorted(d["kind"] for d in docs) == [  # the Lease Role, and the Events Role
+        "ClusterRole", "ClusterRoleBinding", "Role", "Role", "RoleBinding", "RoleBinding",
+        "ServiceAccount",
     ]
     for doc in docs:
         try:
@@ -413,7 +418,11 @@ def test_the_charts_rbac_lets_the_agent_hold_its_lease_and_no_other(
         with pytest.raises(KubeForbidden):
             elsewhere.renew()
         probe.close()
-        agent.shutdown()
+        assert lease.metadata.owner_references[0].uid == admin_api.read_node(node).metadata.uid
+        agent.shutdown()  # the chart lets it delete its Lease on exit (cleanup_on_exit)
+        with pytest.raises(ApiException) as gone:
+            leases.read_namespaced_lease(lease_name(node), namespace)
+        assert gone.value.status == 404
     finally:
         for doc in docs:
             try:

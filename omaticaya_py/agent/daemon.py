@@ -132,7 +132,8 @@ def cleanup_on_exit(agent: Agent) -> None:
     ``dry_run``); a failure is logged, never raised."""
     if agent.dry_run:
         return
-    agent.liveness.release()
+    # cleanup_on_exit: the Lease goes too (a rolling update's new pod creates it again)
+    agent.liveness.release(delete=agent.settings.cleanup_on_exit)
     if not agent.settings.cleanup_on_exit:
         return
     try:

@@ -44,6 +44,7 @@ def make_lease(
         name=lease_name(name),
         holder=(environ.get("POD_NAME") or "").strip() or name,
         duration_s=duration_s,
+        node=name,  # the Lease's owner: it goes with its Node
     )
 
 
@@ -125,11 +126,15 @@ class Liveness:
             logger.error("could not renew Lease {}: {}; retrying each tick", self.lease.ref, exc)
         self._failing = True
 
-    def release(self) -> None:
-        """Release the Lease on exit (if one was ever renewed); a failure is logged."""
+    def release(self, delete: bool = False) -> None:
+        """Release the Lease on exit (if one was ever renewed); ``delete``: delete it instead
+        while this pod still holds it (``cleanup_on_exit``); a failure is logged."""
         if self.lease is None or self.lease_at_s is None:
             return
         try:
+            if delete and self.lease.delete(only_if_held=True):
+                logger.info("deleted Lease {}", self.lease.ref)
+                return
             self.lease.release()
             logger.info("released Lease {}", self.lease.ref)
         except KubeError as exc:

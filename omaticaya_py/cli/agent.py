@@ -50,7 +50,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         agent = Agent(settings, NoReader(), node_client(settings, args))
         patch = agent.cleanup(keep_static=False)
         removed = sum(len(v) for v in (patch or {}).get("metadata", {}).values())
-        print(f"removed {removed} keys under {settings.prefix}/ from Node {settings.node_name}")
+        # and its Lease, whoever holds it, where the agent's namespace is known (POD_NAMESPACE)
+        lease = agent.lease.ref if agent.lease is not None and agent.lease.delete() else None
+        print(f"removed {removed} keys under {settings.prefix}/ from Node {settings.node_name}"
+              + (f" and Lease {lease}" if lease else ""))
         return 0
     if args.command == "once":
         return _once(args, settings)
