@@ -33,7 +33,7 @@ from ..core.render import Desired, render
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
-from ..kube import KubeError, LeaseClient, NodeClient
+from ..kube import LeaseClient, NodeClient
 from . import daemon
 from .apiwriter import ApiWriter, api_round
 from .attribution import Attribution, make_attribution
@@ -100,7 +100,7 @@ class Agent:
         #: rewritten on the first tick after the heartbeat is due (published as ``refresh_s``
         #: and ``expires_at``, so that readers judge staleness by the publisher's own pace)
         self.refresh_s = settings.heartbeat_s + self.period_s + settings.jitter_s
-        self._slow_warned_s = float("-inf")
+        self.slow_warned_s = float("-inf")  # the last slow-tick warning (daemon.guarded)
         if lease == "auto":
             env = os.environ if environ is None else environ
             lease = make_lease(settings, node, env, self.refresh_s, dry_run)
@@ -250,26 +250,7 @@ class Agent:
         self._guarded(tick)
 
     def _guarded(self, tick: Callable[[], object]) -> None:
-        if self._stopping.is_set():
-            self.stop()  # a signal that came before the scheduler ran: stop it now
-            return
-        started = self.clock()
-        try:
-            tick()
-        except AgentStopping:
-            return
-        except KubeError:
-            pass  # logged once per outage in ApiOutage.failed
-        except Exception:  # noqa: BLE001 - the daemon must survive any bug in one tick
-            self.cache.tick_errors += 1
-            logger.exception("tick failed")
-        took_s = self.clock() - started
-        if took_s > self.period_s / 2 and started - self._slow_warned_s > 300:
-            self._slow_warned_s = started
-            logger.warning(
-                "a tick took {:.2f}s, more than half the {:.3g}s interval; later ticks may be "
-                "skipped (warned at most every 5 min)", took_s, self.period_s
-            )
+        daemon.guarded(self, tick)
 
     # -- cleanup -----------------------------------------------------------------------------
 

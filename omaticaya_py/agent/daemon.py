@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,9 @@ from .watchdog import JOB_ID, SteadyTrigger, Watchdog
 if TYPE_CHECKING:
     from .agent import Agent
 
-__all__ = ["cleanup_on_exit", "install_signal_handlers", "run", "schedule_ticks", "shutdown"]
+__all__ = [
+    "cleanup_on_exit", "guarded", "install_signal_handlers", "run", "schedule_ticks", "shutdown",
+]
 
 
 def run(agent: Agent) -> None:
@@ -77,6 +80,34 @@ def schedule_ticks(agent: Agent, scheduler: Any, **clocks: Any) -> Watchdog:
     agent.api_writer = ApiWriter(agent).start()
     agent.watchdog = Watchdog(agent, **clocks).start()
     return agent.watchdog
+
+
+def guarded(agent: Agent, tick: Callable[[], object]) -> None:
+    """Run ``tick`` for the scheduler: every failure is logged (an API outage once, in
+    ``ApiOutage``) and counted, never raised, so the schedule goes on; a tick that took more
+    than half the period is warned about at most every 5 min."""
+    from .agent import AgentStopping
+
+    if agent.stopping:
+        agent.stop()  # a signal that came before the scheduler ran: stop it now
+        return
+    started = agent.clock()
+    try:
+        tick()
+    except AgentStopping:
+        return
+    except KubeError:
+        pass  # logged once per outage in ApiOutage.failed
+    except Exception:  # noqa: BLE001 - the daemon must survive any bug in one tick
+        agent.cache.tick_errors += 1
+        logger.exception("tick failed")
+    took_s = agent.clock() - started
+    if took_s > agent.period_s / 2 and started - agent.slow_warned_s > 300:
+        agent.slow_warned_s = started
+        logger.warning(
+            "a tick took {:.2f}s, more than half the {:.3g}s interval; later ticks may be "
+            "skipped (warned at most every 5 min)", took_s, agent.period_s
+        )
 
 
 def shutdown(agent: Agent) -> None:
