@@ -58,7 +58,8 @@ class _Cache:
 def served(states: dict[str, Any], **kw: Any) -> tuple[TestClient, NodeProblems]:
     problems = NodeProblems()
     ext = Extender(S, states.get, clock=lambda: NOW, on_problem=problems.judged, **kw)
-    return TestClient(create_app(ext, metrics_registry(_Cache(states), problems))), problems
+    registry = metrics_registry(_Cache(states), problems, decisions=ext.decisions)
+    return TestClient(create_app(ext, registry)), problems
 
 
 def problems_metric(client: TestClient, problem: str) -> float:
@@ -161,6 +162,11 @@ def test_judging_that_raises_is_that_nodes_reason_counted_and_logged_once(warnin
         "node(s) could not be judged by the omaticaya extender (judging raised RuntimeError)"
     )
     assert problems_metric(client, "judging raised RuntimeError") == 1
+    from tests.test_hardening_extender import metric
+
+    text = client.get("/metrics").text
+    assert metric(text, "omaticaya_extender_decisions_total", verb="filter", result="failed",
+                  reason="judging-failed") == 2  # fmt: skip
     logged = [line for line in warnings if "judging raised RuntimeError" in line]
     assert len(logged) == 1 and "a placement no one expected" in logged[0]
 

@@ -25,6 +25,7 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("not-in-cache", "not yet in the omaticaya extender's cache"),
     ("not-synced", "cache is not synced yet"),
     ("bad-pod", "pod annotation"),
+    ("judging-failed", "could not be judged by the omaticaya extender"),
 )
 REASONS: tuple[str, ...] = ("", *(k for k, _ in _KINDS), "other")
 
