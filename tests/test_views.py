@@ -442,3 +442,57 @@ def test_any_node_content_renders(label_values, doc):
     for options in (TopOptions(), TopOptions(gpus=True), TopOptions(output="wide")):
         assert "n" in _text([row], options, width=200 if options.output == "wide" else 80)
     json.dumps(fleet.to_json([row]), allow_nan=False)
+
+
+class _FakeLeaseCache:
+    """Beside the real ``kube.LeaseCache`` (tests/test_views_cluster.py): synced at once, or
+    failing at once with ``fail``."""
+
+    fail: str | None = None
+
+    def __init__(self, transform, namespace, *, on_error, **kw) -> None:
+        self.namespace, self.on_error, self.synced, self.stopped = namespace, on_error, False, False
+
+    def start(self):
+        if self.fail:
+            from omaticaya_py.kube import KubeError
+
+            self.on_error(KubeError(self.fail))
+        else:
+            self.synced = True
+        return self
+
+    def wait_synced(self, timeout_s):
+        return self.synced
+
+    def lease(self, ref):
+        return None
+
+    def stop(self, timeout_s=5.0):
+        self.stopped = True
+
+
+def test_top_reads_at_most_a_few_namespaces_of_leases():
+    """The nodes' telemetry is untrusted: 20 namespaces named start 8 list+watches, one line."""
+    from omaticaya_py.views.leases import MAX_NAMESPACES, TopLeases
+
+    said: list[str] = []
+    leases = TopLeases(warn=said.append, factory=_FakeLeaseCache)
+    leases.follow(f"ns-{i:02d}" for i in range(20))
+    leases.follow(f"ns-{i:02d}" for i in range(20))  # again: nothing new, nothing said
+    assert [leases.watched(f"ns-{i:02d}/x") for i in range(20)] == [True] * MAX_NAMESPACES + [False] * 12
+    assert said == ["Leases in 12 more namespaces not read (at most 8): their nodes judged by read_at"]
+
+
+def test_top_says_once_when_leases_cannot_be_read():
+    from omaticaya_py.views.leases import TopLeases
+
+    class Refused(_FakeLeaseCache):
+        fail = "list leases: HTTP 403 Forbidden"
+
+    said: list[str] = []
+    leases = TopLeases(warn=said.append, factory=Refused)
+    leases.follow(["agents"])
+    leases.follow(["agents"])
+    assert not leases.watched("agents/omaticaya-node-a") and leases.lease("agents/x") is None
+    assert said == ["Leases in agents not read (list leases: HTTP 403 Forbidden): its nodes judged by read_at"]

@@ -17,7 +17,11 @@ from typing import Any
 from ..core.liveness import LeaseState, lease_from_object
 from ..kube import KubeError, LeaseCache
 
-__all__ = ["TopLeases"]
+__all__ = ["MAX_NAMESPACES", "TopLeases"]
+
+#: the most namespaces watched: the nodes' telemetry is untrusted, and each namespace costs a
+#: list+watch (an agent fleet keeps its Leases in one)
+MAX_NAMESPACES = 8
 
 
 class TopLeases:
@@ -46,10 +50,20 @@ class TopLeases:
         self._monotonic = monotonic
         self._caches: dict[str, Any] = {}
         self._refused: set[str] = set()
+        self._over: set[str] = set()
 
     def follow(self, namespaces: Iterable[str]) -> None:
-        """Watch the Leases of each namespace not yet watched (or refused)."""
-        for namespace in sorted(set(namespaces) - set(self._caches) - self._refused):
+        """Watch the Leases of each namespace not yet watched (or refused), up to
+        ``MAX_NAMESPACES`` (the others: one line, their nodes judged by ``read_at``)."""
+        new = sorted(set(namespaces) - set(self._caches) - self._refused - self._over)
+        room = max(0, MAX_NAMESPACES - len(self._caches) - len(self._refused))
+        if len(new) > room:
+            self._over.update(new[room:])
+            self._warn(
+                f"Leases in {len(self._over)} more namespaces not read (at most "
+                f"{MAX_NAMESPACES}): their nodes judged by read_at"
+            )
+        for namespace in new[:room]:
             cache = self._start(namespace)
             if cache is None:
                 self._refused.add(namespace)
