@@ -81,8 +81,9 @@ class Recorder:
     def _handle(self, index: int) -> Any:
         """GPU ``index``'s handle, got once per session: then its static facts go into
         ``devices`` (until they could be read) and its Xid events are registered (until that
-        worked: a GPU lost at first registers when it is back). Raises the
-        error of ``nvmlDeviceGetHandleByIndex`` (GpuIsLost: tried again at the next sample)."""
+        worked: a GPU lost at first registers when it is back). Raises NVML's error (of
+        ``nvmlDeviceGetHandleByIndex``, GpuIsLost while the GPU is off the bus, or of a required
+        fact): the GPU's error in this sample, tried again at the next."""
         h = self._handles[index]
         if h is None:
             h = self._handles[index] = pynvml.nvmlDeviceGetHandleByIndex(index)
