@@ -353,3 +353,41 @@ def test_pod_resources_mount_is_read_only_and_never_created(helm):  # noqa: F811
     assert vol["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
     (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
     assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}
+
+
+def test_unix_socket_connects_through_a_read_only_bind_mount(tmp_path):
+    """Why readOnly does not cut the agent off the kubelet: connect(2) on a unix socket needs
+    write permission on the socket file, not a writable mount (Linux; a private mount namespace,
+    as the kubelet's read-only bind mount for the container)."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (a mount namespace)")
+    host, seen = tmp_path / "host", tmp_path / "container"
+    host.mkdir()
+    seen.mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(host / "kubelet.sock"))
+    server.listen(1)
+    server.settimeout(60)  # accept() raises rather than hang when the connect failed
+    client = (
+        "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+        "s.sendall(b'ok'); open(sys.argv[2], 'w')"
+    )
+    script = (
+        f"mount --bind {host} {seen} && mount -o remount,bind,ro {seen} && "
+        f"{sys.executable} -c \"{client}\" {seen}/kubelet.sock {seen}/written"
+    )
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    conn, _ = server.accept()
+    assert conn.recv(2) == b"ok"  # the connection went through the read-only mount
+    assert "Read-only file system" in proc.stderr, proc.stderr  # and nothing can be written
+    conn.close()
+    server.close()
