@@ -20,7 +20,7 @@ from omaticaya_py.agent.daemon import schedule_ticks
 from omaticaya_py.agent.watchdog import SteadyTrigger
 from omaticaya_py.core.schedule import STEP_TOLERANCE_S, clock_step, parse_schedule, run_after_step
 from omaticaya_py.sources.replay import TraceReader
-from tests.helpers import H100_TRACE, settings
+from tests.helpers import H100_TRACE, Clock, settings
 from tests.waiting import wait_for
 
 T = 1_800_000_000.0  # a wall-clock time (Unix seconds)
@@ -56,7 +56,7 @@ def test_clock_step(before: float, now: float, step: float) -> None:
     ],
 )
 def test_run_after_step(case: str, planned: float, now: float, step: float, expected: float) -> None:
-    assert run_after_step(planned, now, step, interval_s=1.0, slack_s=0.25) == pytest.approx(expected), case
+    assert run_after_step(planned, now, step, interval_s=1.0, slack_s=0.25) == pytest.approx(expected, abs=1e-3), case
 
 
 @pytest.mark.parametrize("schedule", ["@every 1s", "* * * * * ?"])
@@ -118,5 +118,38 @@ def test_real_scheduler_keeps_ticking_across_steps_back_and_forward(schedule, mo
         assert watchdog.steps == 3
     finally:
         watchdog.stop()
+        scheduler.shutdown(wait=False)
+        agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("schedule", "planned_in_s", "step_s", "expected_in_s"),
+    [
+        ("@every 10s", 4.0, -HOUR, 4.0),  # the same 4 s to go, on the new clock
+        ("@every 10s", 4.0, +HOUR, 4.0),
+        ("@every 10s", 4.0, 0.2, 4.0),  # within the tolerance: left alone
+        ("*/10 * * * * ?", 4.0, -HOUR - 3.0, 3.0),  # cron: its next fire time on the new clock (:00)
+    ],
+)
+def test_the_watchdog_moves_the_planned_run_on_a_hand_driven_clock(
+    schedule, planned_in_s, step_s, expected_in_s
+) -> None:
+    """A real scheduler, started paused (so that only the watchdog moves the job), and the
+    watchdog's wall and monotonic clocks driven by hand."""
+    wall, mono = Clock(T), Clock(50.0)
+    agent = Agent(settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE), None, dry_run=True)
+    scheduler = BackgroundScheduler(timezone=timezone.utc)
+    watchdog = schedule_ticks(agent, scheduler, wall=wall, monotonic=mono)
+    watchdog.stop()  # its thread ends: this test makes each look itself
+    scheduler.start(paused=True)
+    try:
+        scheduler.modify_job("tick", next_run_time=datetime.fromtimestamp(T + planned_in_s, timezone.utc))
+        assert watchdog.check_clock() == 0.0
+        wall.t += step_s
+        assert watchdog.check_clock() == (step_s if abs(step_s) > STEP_TOLERANCE_S else 0.0)
+        planned = scheduler.get_job("tick").next_run_time.timestamp()
+        expected = T + expected_in_s + (step_s if abs(step_s) > STEP_TOLERANCE_S else 0.0)
+        assert planned == pytest.approx(expected, abs=1e-3)
+    finally:
         scheduler.shutdown(wait=False)
         agent.stop()
