@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .schema.nodestate import NodeGpuState
 from .schema.values import epoch_text, json_mapping, rfc3339_s
@@ -84,13 +84,13 @@ def observe(
     return Seen(now_mono_s, changed=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Liveness:
+class Liveness(NamedTuple):
     """The verdict of ``judge_liveness``: ``kind`` (``FRESH``, ``STALE``, ``AHEAD``);
     ``age_s``, the age judged by; ``limit_s``, the validity plus the grace; ``observed``: the
     age is the time this process has seen the value unchanged, on its own clock (False: the
-    publisher's ``now - published``); ``ahead_s``: how far the published time is ahead of the reader's
-    wall clock (negative: behind); ``published_s``, the published time (epoch seconds)."""
+    publisher's ``now - published``); ``ahead_s``: how far the published time is ahead of the
+    reader's wall clock (negative: behind); ``published_s``, the published time (epoch
+    seconds). (A tuple: made for every node of every request.)"""
 
     kind: Kind
     age_s: float
@@ -123,18 +123,24 @@ def judge_liveness(
     limit_s = valid_s + grace_s
     if ahead_s > max_skew_s:
         return Liveness(AHEAD, 0.0, limit_s, False, ahead_s, published_s)
-    publisher_age_s = -ahead_s
-    if seen is None or now_mono_s is None:
-        age_s, observed = publisher_age_s, False
-    else:
-        seen_age_s = max(0.0, now_mono_s - seen.at_s)
-        if seen.changed:
-            age_s, observed = seen_age_s, True
-        else:
-            age_s = max(seen_age_s, publisher_age_s)
-            observed = seen_age_s >= publisher_age_s
+    age_s, observed = _age(published_s, seen, now_s, now_mono_s)
     kind: Kind = FRESH if age_s <= limit_s else STALE
     return Liveness(kind, age_s, limit_s, observed, ahead_s, published_s)
+
+
+def _age(
+    published_s: float, seen: Seen | None, now_s: float, now_mono_s: float | None
+) -> tuple[float, bool]:
+    """(age in seconds, observed) of a published time, by the rule (times not ahead)."""
+    publisher_age_s = now_s - published_s
+    if seen is None or now_mono_s is None:
+        return publisher_age_s, False
+    seen_age_s = max(0.0, now_mono_s - seen.at_s)
+    if seen.changed:
+        return seen_age_s, True
+    if seen_age_s >= publisher_age_s:
+        return seen_age_s, True
+    return publisher_age_s, False
 
 
 def ahead_text(what: str, verdict: Liveness, max_skew_s: float) -> str:
@@ -255,13 +261,13 @@ def node_liveness(
     ``now_s`` is ``AHEAD``. Times: epoch seconds (``now_mono_s``: the monotonic clock)."""
     read_at = state.read_at if state.read_at is not None else now_s
     valid_s = state.expires_at - read_at if state.expires_at is not None else ttl_s
-    telemetry = judge_liveness(
-        read_at, valid_s, seen, now_s=now_s, now_mono_s=now_mono_s, grace_s=grace_s,
-        max_skew_s=max_skew_s,
-    )  # fmt: skip
-    what = f"{prefix}/telemetry read_at"
-    if telemetry.kind == AHEAD:
-        return NodeLiveness(AHEAD, ahead_text(what, telemetry, max_skew_s), READ_AT_AHEAD)
+    if read_at - now_s > max_skew_s:
+        telemetry = judge_liveness(
+            read_at, valid_s, seen, now_s=now_s, now_mono_s=now_mono_s, grace_s=grace_s,
+            max_skew_s=max_skew_s,
+        )  # fmt: skip
+        why = ahead_text(f"{prefix}/telemetry read_at", telemetry, max_skew_s)
+        return NodeLiveness(AHEAD, why, READ_AT_AHEAD)
     if leases is not None and state.lease is not None:
         ref = state.lease
         lease = leases(ref)
@@ -281,8 +287,14 @@ def node_liveness(
             stamp = epoch_text(lease.renewed_at + lease.duration_s)
             return NodeLiveness(STALE, f"Lease {ref} expired at {stamp}, grace {grace_s:g}s")
         return FRESH_NODE
-    if telemetry.kind == FRESH:
+    # the common case first, no objects made: fresh by read_at
+    if _age(read_at, seen, now_s, now_mono_s)[0] <= valid_s + grace_s:
         return FRESH_NODE
+    telemetry = judge_liveness(
+        read_at, valid_s, seen, now_s=now_s, now_mono_s=now_mono_s, grace_s=grace_s,
+        max_skew_s=max_skew_s,
+    )  # fmt: skip
+    what = f"{prefix}/telemetry read_at"
     if telemetry.observed:
         return NodeLiveness(STALE, unchanged_text(what, telemetry))
     if state.expires_at is not None:

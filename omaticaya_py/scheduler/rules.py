@@ -140,22 +140,24 @@ def judge(
 JUDGING_RAISED = "judging raised"
 
 
+#: judge one node: (state, its in-flight placements) -> verdict (``judge`` with the request's
+#: arguments bound)
+Judging = Callable[["NodeGpuState | None", Sequence[Placement]], Verdict]
+
+
 def judge_safely(
     name: str,
     state: NodeGpuState | None,
-    need: Need,
-    on_problem: ProblemOf | None,
-    *,
+    judging: Judging,
     inflight: InFlightOf | None,
-    **kwargs: Any,
+    on_problem: ProblemOf | None,
 ) -> Verdict:
-    """``judge`` for the node ``name``, with its in-flight placements: whatever a node carries,
+    """``judging`` of the node ``name`` with its in-flight placements: whatever a node carries,
     an exception while judging it (its placements included) is that node's failure, with the
     reason, never the request's; ``on_problem(name, problem, detail)`` hears of the verdict's
     ``problem`` (``None`` when it has none)."""
     try:
-        placed = inflight(name, state) if inflight is not None else ()
-        verdict = judge(state, need, inflight=placed, **kwargs)
+        verdict = judging(state, inflight(name, state) if inflight is not None else ())
         detail = verdict.reason
     except Exception as exc:  # noqa: BLE001 - one node's data must not fail the others
         problem = f"{JUDGING_RAISED} {type(exc).__name__}"
@@ -191,13 +193,16 @@ def filter_nodes(
     failed: dict[str, str] = {}
     if need is None:
         return [name for name, _ in states], failed
-    for name, state in states:
-        v = judge_safely(
-            name, state, need, on_problem, now=now, ttl_s=ttl_s, grace_s=grace_s,
-            fail_open=fail_open, prefix=prefix, stale_policy=stale_policy,
-            unknown_policy=unknown_policy, inflight=inflight, leases=leases, now_mono=now_mono,
-            max_skew_s=max_skew_s,
+
+    def judging(state: NodeGpuState | None, placed: Sequence[Placement]) -> Verdict:
+        return judge(
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=fail_open,
+            prefix=prefix, stale_policy=stale_policy, unknown_policy=unknown_policy,
+            inflight=placed, leases=leases, now_mono=now_mono, max_skew_s=max_skew_s,
         )  # fmt: skip
+
+    for name, state in states:
+        v = judge_safely(name, state, judging, inflight, on_problem)
         if v.ok:
             passed.append(name)
         else:
@@ -232,13 +237,16 @@ def prioritize_nodes(
     if need is None or need.error:
         return [{"Host": name, "Score": MIN_PRIORITY} for name, _ in items]
     free: dict[str, int] = {}
-    for name, state in items:
-        v = judge_safely(
-            name, state, need, on_problem, now=now, ttl_s=ttl_s, grace_s=grace_s,
-            fail_open=False, prefix=prefix,
+
+    def judging(state: NodeGpuState | None, placed: Sequence[Placement]) -> Verdict:
+        return judge(
+            state, need, now=now, ttl_s=ttl_s, grace_s=grace_s, fail_open=False, prefix=prefix,
             stale_policy="allow" if effective(state, stale_policy or "") == "allow" else "reject",
-            inflight=inflight, leases=leases, now_mono=now_mono, max_skew_s=max_skew_s,
+            inflight=placed, leases=leases, now_mono=now_mono, max_skew_s=max_skew_s,
         )  # fmt: skip
+
+    for name, state in items:
+        v = judge_safely(name, state, judging, inflight, on_problem)
         if v.fits and state is not None:
             free[name] = v.free_mib
     out = []
