@@ -374,7 +374,7 @@ def lease_fleet(fleet, admin_api, make_node):
             "lapsed": lapsed, "missing": missing}  # fmt: skip
 
 
-def test_top_shows_lease_mode_nodes_fresh_while_their_lease_is_renewed(lease_fleet):
+def test_top_shows_lease_mode_nodes_fresh_while_their_lease_is_renewed(lease_fleet, tmp_path):
     f = lease_fleet
     done = _top("-l", f["selector"], "-o", "json", env=f["env"])
     assert done.returncode == 0, done.stderr
@@ -387,6 +387,26 @@ def test_top_shows_lease_mode_nodes_fresh_while_their_lease_is_renewed(lease_fle
     assert "STALE" not in table[f["renewed"]] and table[f["lapsed"]][-1] == "STALE"
     stale = _top("-l", f["selector"], "--stale", env=f["env"])
     assert set(_rows(stale.stdout)) == {f["lapsed"], f["missing"]}
+
+    # with kubectl's --context: the Leases are read from that context's cluster too, not from
+    # the kubeconfig's current context (here a server that is not there)
+    import yaml
+
+    kubeconfig = yaml.safe_load(Path(f["env"]["KUBECONFIG"]).read_text())
+    real = kubeconfig["current-context"]
+    kubeconfig["clusters"].append({"name": "gone", "cluster": {"server": "https://127.0.0.1:9"}})
+    kubeconfig["contexts"].append({"name": "gone", "context": {"cluster": "gone", "user": "x"}})
+    kubeconfig["users"].append({"name": "x", "user": {"token": "x"}})
+    kubeconfig["current-context"] = "gone"
+    elsewhere = tmp_path / "kubeconfig"
+    elsewhere.write_text(yaml.safe_dump(kubeconfig))
+    env = dict(f["env"])
+    env.pop("KUBECONFIG")
+    done = _top("--kubeconfig", str(elsewhere), "--context", real, "-l", f["selector"],
+                "-o", "json", env=env)  # fmt: skip
+    assert done.returncode == 0 and "not read" not in done.stderr, done.stderr
+    nodes = {n["name"]: n["stale"] for n in json.loads(done.stdout)["nodes"]}
+    assert nodes == {f["renewed"]: False, f["lapsed"]: True, f["missing"]: True}
 
 
 def test_top_watch_follows_lease_renewals(lease_fleet, admin_api):
