@@ -181,3 +181,25 @@ def test_a_restarted_agent_keeps_an_xid_unhealthy_until_the_window_ends(
         (40.5, (), "Healthy"),
     ]
     assert second.ledger.seeded == 1 and second.ledger.seed_refused == 0
+
+
+@pytest.mark.cluster
+def test_a_node_that_cannot_be_read_seeds_nothing_and_the_agent_goes_on(
+    dev_cluster, make_node, tmp_path
+) -> None:
+    from loguru import logger
+
+    node = make_node()
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    try:
+        missing = NodeClient("no-such-node", kubeconfig=str(dev_cluster.kubeconfig))
+        a = Agent(settings(node_name=node), Reader(snapshot(gpu(0))), missing, lease=None)
+        snap, health, _ = a.evaluate()
+        assert a.xid_seeder is None  # done: nothing more to try
+        assert a.ledger.seeded == 0 and health.gpus[0].healthy
+        assert sum("could not read the Node's telemetry" in line for line in lines) == 1
+        a.evaluate()
+        assert sum("could not read the Node's telemetry" in line for line in lines) == 1
+    finally:
+        logger.remove(sink)
