@@ -11,7 +11,10 @@ MIG, as NVIDIA's plugin does under its ``mixed`` strategy: whole GPUs (MIG off) 
 ``nvidia.com/mig-<profile>`` (``nvidia.com/mig-1g.10gb``), each served by its own plugin on its
 own socket (``DevicePluginSet``), by MIG UUID, with health (the parent GPU's faults included)
 and preferred allocation by live free memory per MIG device. A profile that first appears after
-start (the GPU was repartitioned) gets its plugin on the next tick.
+start (the GPU was repartitioned) gets its plugin on the next tick; MIG devices that left the
+reading (a re-created layout has new UUIDs) leave the list, and a profile plugin with none left
+stops (``allocation.departed``). While the reading is older than the agent's stuck-tick bound
+(``allocation.stale_after_s``), every device is Unhealthy (``stale-reading``).
 
 - ``ListAndWatch`` sends the device list, then a new one whenever a device's health changes
   (the cache is polled every ``poll_s``; ``notify()`` wakes the streams at once).
