@@ -36,6 +36,8 @@ __all__ = [
     "DEFAULT_MAX_CLOCK_SKEW_S",
     "FRESH",
     "MAX_LEASE_DURATION_S",
+    "READ_AT_AHEAD",
+    "RENEW_TIME_AHEAD",
     "STALE",
     "LeaseOf",
     "LeaseState",
