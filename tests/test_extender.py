@@ -97,8 +97,10 @@ def args_with_nodes(pod_doc: dict, names: list[str]) -> dict[str, Any]:
 def test_parse_node_from_the_agents_telemetry():
     s = parse_node("n", NODES["degraded"]["metadata"]["labels"], NODES["degraded"]["metadata"]["annotations"])
     assert s.known and s.health == "Degraded" and s.read_at == READ_AT.timestamp()
-    assert [(g.index, g.free_mib, g.healthy) for g in s.gpus] == [(0, 40000, True), (1, 70000, False)]
-    assert s.free_total_mib == 40000
+    # the least of the telemetry's exact MiB and the labels (gpu-0.memory.free-mib 39936; the
+    # node's gpu.memory.free-mib, 39936 over healthy GPUs, bounds every GPU)
+    assert [(g.index, g.free_mib, g.healthy) for g in s.gpus] == [(0, 39936, True), (1, 39936, False)]
+    assert s.free_total_mib == 39936
 
 
 def test_parse_node_falls_back_to_labels():

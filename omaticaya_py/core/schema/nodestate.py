@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .names import (
@@ -31,6 +31,7 @@ __all__ = [
     "GpuInfo",
     "GpuReading",
     "NodeGpuState",
+    "label_bounds",
     "lease_ref",
     "parse_gpu_readings",
     "parse_node",
@@ -103,6 +104,15 @@ def parse_node(
     ``gpu.healthy-count`` GPUs). Only whole GPUs count: a GPU with MIG on (``mig_enabled`` in
     the telemetry, ``gpu-N.mig.enabled`` label) is given out as MIG devices, not as a GPU.
 
+    Never above the truth: each GPU's ``free_mib`` is the least of the telemetry's exact value
+    and what the labels say (``label_bounds``): its ``gpu-N.memory.free-mib``, and the node's
+    ``gpu.memory.free-mib`` (the most free on any one healthy unit, so a bound on every GPU);
+    ``free_total_mib`` is also at most ``gpu.memory.free-total-mib``. Labels go down at once
+    and are rounded down (``core.budget``, ``core.labelvalues.stable_down``), while the
+    telemetry may be a drop behind (it is rewritten when a label changes or free memory drops by
+    ``OMATICAYA_TELEMETRY_FREE_DROP_MIB``): whichever is lower is the one to trust. A label that
+    is absent or not a whole number bounds nothing.
+
     Everything here is untrusted (any controller can write a Node's annotations): it never
     raises. Values of the wrong type are ignored; a telemetry annotation that is not a JSON
     object, is over ``MAX_TELEMETRY_BYTES``, nests too deep for the parser, holds a number that
@@ -148,7 +158,11 @@ def parse_node(
         )
     if not gpus and not listed:
         gpus = _label_gpus(mine)
+    per_gpu, best, total = label_bounds(mine)
+    gpus = [_capped(g, per_gpu.get(g.index), best) for g in gpus]
     free_total = sum(g.free_mib for g in gpus if g.healthy)
+    if total is not None:
+        free_total = min(free_total, max(total, 0))
     return NodeGpuState(
         name=name,
         known=True,
@@ -162,14 +176,41 @@ def parse_node(
     )
 
 
-def _label_gpus(mine: Mapping[str, str]) -> list[GpuInfo]:
-    """Whole GPUs from the ``gpu-N.*`` labels, else from the node aggregates."""
-    gpus: list[GpuInfo] = []
+def _per_gpu_labels(mine: Mapping[str, str]) -> dict[int, dict[str, str]]:
+    """GPU index -> its ``gpu-N.*`` labels (the name after ``gpu-N.`` -> value)."""
     per: dict[int, dict[str, str]] = {}
     for key, value in mine.items():
         m = PER_GPU_KEY.match(key)
         if m:
             per.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    return per
+
+
+def label_bounds(mine: Mapping[str, str]) -> tuple[dict[int, int], int | None, int | None]:
+    """What a node's labels (``mine``: our label names without the prefix -> values) say the
+    free memory is at most, MiB: ``(per GPU index from gpu-N.memory.free-mib, any one GPU
+    from gpu.memory.free-mib, the sum over healthy GPUs from gpu.memory.free-total-mib)``;
+    ``None`` (or no entry) where the label is absent or not a whole number. Never raises."""
+    per_gpu: dict[int, int] = {}
+    for index, names in _per_gpu_labels(mine).items():
+        free = json_int(names.get(GPU_MEMORY_FREE))
+        if free is not None:
+            per_gpu[index] = free
+    return per_gpu, json_int(mine.get(MEMORY_FREE)), json_int(mine.get(MEMORY_FREE_TOTAL))
+
+
+def _capped(gpu: GpuInfo, *caps: int | None) -> GpuInfo:
+    """``gpu`` with ``free_mib`` at most each cap that is not ``None`` (and never below 0)."""
+    bound = min((c for c in caps if c is not None), default=None)
+    if bound is None or gpu.free_mib <= bound:
+        return gpu
+    return replace(gpu, free_mib=max(bound, 0))
+
+
+def _label_gpus(mine: Mapping[str, str]) -> list[GpuInfo]:
+    """Whole GPUs from the ``gpu-N.*`` labels, else from the node aggregates."""
+    gpus: list[GpuInfo] = []
+    per = _per_gpu_labels(mine)
     for index in sorted(per):
         if per[index].get(GPU_MIG_ENABLED) == "true":
             continue
