@@ -139,3 +139,73 @@ def test_freshness_directions_quick(dev_cluster: DevCluster) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "4/4" in proc.stdout and "safe" in proc.stdout and "attractive" in proc.stdout
+
+
+@pytest.mark.cluster
+def test_burst_quick(dev_cluster: DevCluster) -> None:
+    """Stock, the extender at HEAD (a git worktree) and at the working tree, each on its own
+    kube-scheduler v1.20.2: every row and figure printed (the figures are not judged here)."""
+    proc = run_bench(
+        "burst.py", "--quick", "--timeout-s", "60", env=cluster_env(dev_cluster), timeout=400
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "machine:" in out and "command:" in out and "slots of 30720 MiB for 12 pods" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split()[:1]}
+    for variant in ("stock", "before", "after"):
+        assert variant in rows, out
+        assert "yes" in rows[variant] or "timeout" in rows[variant], out
+    assert "pods over" in out and "pending w/ room" in out and "x stock" in out
+    assert "goal (0 over, 0 pending with room, time <= 1.5x stock)" in out
+
+
+@pytest.mark.parametrize(
+    ("frees", "needs", "packed"),
+    [
+        ([40000, 70000], [30720] * 3, 3),  # one size: free // need per GPU
+        ([40000, 70000], [30720] * 4, 3),
+        ([50000, 50000], [30000, 30000, 20000, 20000], 4),  # 30+20 on each
+        ([50000, 50000], [40000, 20000, 20000, 20000], 3),  # 40 alone, 20+20 beside it
+        ([60000, 30000], [30000, 30000, 30000], 3),
+        ([45000, 45000], [30000, 20000, 20000, 20000], 3),  # first fit (30, 20) would give 3 too
+        ([100, 100], [], 0),
+        ([], [10], 0),
+    ],
+)
+def test_burst_packing_is_exact(frees: list[int], needs: list[int], packed: int) -> None:
+    """bench/burst.py's judge: the most pods (one GPU each) that fit on a node's GPUs."""
+    from bench.burst_data import max_packed
+
+    assert max_packed(frees, needs) == packed
+
+
+def test_burst_packing_matches_every_assignment() -> None:
+    """max_packed against trying every assignment (pod -> GPU or left out), small random nodes."""
+    import itertools
+    import random
+
+    from bench.burst_data import max_packed
+
+    rng = random.Random(5)
+    for _ in range(200):
+        frees = [rng.choice([0, 20000, 35000, 50000, 80000]) for _ in range(rng.randint(1, 3))]
+        needs = [rng.choice([10000, 20000, 30000, 45000]) for _ in range(rng.randint(0, 5))]
+        best = 0
+        for choice in itertools.product(range(len(frees) + 1), repeat=len(needs)):
+            room = list(frees)
+            for need, gpu in zip(needs, choice, strict=True):
+                if gpu < len(frees):
+                    room[gpu] -= need
+            if min(room) >= 0:
+                best = max(best, sum(g < len(frees) for g in choice))
+        assert max_packed(frees, needs) == best, (frees, needs)
+
+
+def test_burst_pending_with_room_counts_each_slot_once() -> None:
+    from bench.burst_data import pending_with_room
+
+    frees = {"a": [70000, 20000], "b": [35000], "c": [10000]}
+    # a holds 2 x 30 GiB (one bound), b 1 (free), c none: 2 of 5 pending pods had room
+    assert pending_with_room(frees, {"a": [30720]}, [30720] * 5) == 2
+    # a node already over its room holds no more
+    assert pending_with_room({"a": [40000]}, {"a": [30720, 30720]}, [30720]) == 0

@@ -1,0 +1,394 @@
+"""A burst of GPU pods on the real kube-scheduler v1.20.2: time to bound, overcommit, and pods
+left Pending that had room, for the stock scheduler and the extender before and after a change.
+
+The cluster (``bench/burst_data.py``): ``--nodes`` Nodes x ``--gpus`` H100s, each GPU's free
+memory drawn from the per-GPU free memory recorded in ``tests/data/h100-trace.json`` and
+``multi-gpu-trace.json`` (seeded: the same cluster for every variant and run), written as the
+agent would write them (``core.render`` labels and the telemetry annotation, read now, fresh
+for an hour); no agent and no kubelet run, so nothing the pods do shows in the telemetry: what
+the extender holds for bound pods (``--settle-s`` 3600) is all that stops overcommit.
+
+Variants, one after the other on the same kube-apiserver, each on a fresh copy of the cluster
+(its own Nodes and namespace, deleted afterwards) with its own kube-scheduler
+(``examples/scheduler/scheduler-config-v1beta1.yaml``, leader election off):
+
+- ``stock``: no extender; pods in ``examples/scheduler/pod-affinity.yaml``'s form,
+  ``gpu.memory.free-mib Gt <need - 1>`` and ``gpu.health In [Healthy]``;
+- ``before``: ``omaticaya extender`` (its own process) from a ``git worktree`` of
+  ``--before-rev``;
+- ``after``: ``omaticaya extender`` from the working tree (or a worktree of ``--after-rev``);
+  extender pods in ``examples/scheduler/pod-extender.yaml``'s form (``gpu-memory-mib``).
+
+A warm-up pod (no GPU need) is bound and deleted first, so the scheduler and extender are
+serving; then ``--pods`` pods of ``--pod-mib`` are created at once from ``--threads`` threads.
+A watch records when each pod is first seen bound. The variant ends when every pod is bound, or
+settled: no binding for ``--quiet-s`` and every Pending pod carries the scheduler's
+Unschedulable condition (or at ``--timeout-s``).
+
+Figures: ``time s``: first create to the last binding (every pod bound or settled Pending);
+``nodes over``: nodes whose bound pods cannot all be placed on their GPUs within each GPU's
+free memory (an exact packing check, ``burst_data.max_packed``); ``pods over``: the bound pods
+no packing can hold; ``pending w/ room``: Pending pods that some node could still hold beside
+its bound pods. Goal (issue 24): 0 over, 0 pending with room, ``after`` time <= 1.5x stock.
+
+    .venv/bin/python bench/burst.py --before-rev <rev>      # 50 nodes x 8, 200 pods, ~5 min
+    .venv/bin/python bench/burst.py --quick                  # 3 nodes x 8, 12 pods
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.burst_data import (  # noqa: E402
+    TRACES,
+    free_pool,
+    max_packed,
+    node_docs,
+    node_frees,
+    pending_with_room,
+)
+from bench.common import ROOT, admin_api, cluster, delete_nodes, emit, header, table  # noqa: E402
+
+UNSCHEDULABLE = ("PodScheduled", "False", "Unschedulable")
+
+
+@dataclass
+class Variant:
+    key: str  # stock, before, after
+    tree: Path | None  # the extender's source tree; None: no extender
+    rev: str = ""
+
+
+@dataclass
+class Watched:
+    """What the pod watch saw: first time each pod was bound (monotonic s), the last
+    Unschedulable message of each pod."""
+
+    bound_at: dict[str, float] = field(default_factory=dict)
+    reason: dict[str, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def watch_pods(kubeconfig: str, ns: str, rv: str, seen: Watched, stop: threading.Event) -> None:
+    from kubernetes import watch
+
+    api = admin_api(kubeconfig)
+    while not stop.is_set():
+        w = watch.Watch()
+        for ev in w.stream(api.list_namespaced_pod, ns, resource_version=rv, timeout_seconds=5):
+            pod, now = ev["object"], time.monotonic()
+            rv = pod.metadata.resource_version
+            with seen.lock:
+                if pod.spec.node_name and pod.metadata.name not in seen.bound_at:
+                    seen.bound_at[pod.metadata.name] = now
+                for c in pod.status.conditions or []:
+                    if (c.type, c.status, c.reason) == UNSCHEDULABLE:
+                        seen.reason[pod.metadata.name] = c.message or ""
+            if stop.is_set():
+                w.stop()
+    api.api_client.close()
+
+
+def start_extender(v: Variant, kubeconfig: str, name: str, port: int, strategy: str,
+                   tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
+    """``omaticaya extender`` from ``v.tree`` (its own interpreter, the tree first on the path,
+    run from an empty dir: no ``.env``), configured through the environment only (every rev
+    reads it); waits for ``/readyz`` (its Node cache synced)."""
+    env = {k: val for k, val in os.environ.items() if not k.startswith("OMATICAYA_")}
+    env.update(PYTHONPATH=str(v.tree), OMATICAYA_EXTENDER_PORT=str(port),
+               OMATICAYA_EXTENDER_ADDRESS="127.0.0.1", OMATICAYA_EXTENDER_STRATEGY=strategy,
+               OMATICAYA_EXTENDER_SETTLE_S="3600", OMATICAYA_EXTENDER_SCHEDULER_NAME=name,
+               OMATICAYA_EXTENDER_KUBECONFIG=kubeconfig)  # fmt: skip
+    cwd = tmp / f"{name}-cwd"
+    cwd.mkdir()
+    with open(tmp / f"{name}-extender.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "omaticaya_py", "extender"], env=env,
+                                cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
+    _wait_http(f"http://127.0.0.1:{port}/readyz", proc, f"extender {name}")
+    return proc
+
+
+def start_scheduler(kubeconfig: str, name: str, extender_port: int | None,
+                    tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
+    """kube-scheduler v1.20.2 from the example v1beta1 config (the extender removed for
+    stock), profile ``name``; waits for its /healthz."""
+    import yaml
+
+    from tests.devcluster import DevCluster, scheduler_binary
+    from tests.test_scheduling_cluster import EXAMPLES, _free_port
+
+    config = yaml.safe_load((EXAMPLES / "scheduler-config-v1beta1.yaml").read_text())
+    config["clientConnection"]["kubeconfig"] = kubeconfig
+    config["leaderElection"] = {"leaderElect": False}
+    health = _free_port()
+    config["healthzBindAddress"] = config["metricsBindAddress"] = f"127.0.0.1:{health}"
+    config["profiles"][0]["schedulerName"] = name
+    if extender_port is None:
+        del config["extenders"]
+    else:
+        config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    if not scheduler_binary().exists():
+        subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "build", "--scheduler"], check=True)
+    # spawn_scheduler uses nothing of its cluster (the config names the kubeconfig)
+    proc = DevCluster.spawn_scheduler(None, path, tmp / f"{name}.log")  # type: ignore[arg-type]
+    _wait_http(f"http://127.0.0.1:{health}/healthz", proc, f"kube-scheduler {name}")
+    return proc
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {proc.returncode}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what}: {url} not ready after {timeout_s:g} s")
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def pod_body(v: Variant, name: str, scheduler: str, mib: int | None) -> dict[str, Any]:
+    """A pod in the example's form for this variant; ``mib`` None: no GPU need (warm-up)."""
+    from tests.test_scheduling_cluster import EXAMPLES, gpu_pod, load_pod
+
+    if v.tree is not None:
+        pod = gpu_pod(name, scheduler, mib or 0)
+        if mib is None:
+            del pod["metadata"]["annotations"]
+        return pod
+    pod = load_pod(EXAMPLES / "pod-affinity.yaml", name, schedulerName=scheduler)
+    if mib is None:
+        del pod["spec"]["affinity"]
+    else:
+        term = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] = [str(mib - 1)]
+    return pod
+
+
+def run_variant(v: Variant, kubeconfig: str, frees: list[list[int]], args: argparse.Namespace,
+                tmp: Path) -> dict[str, Any]:  # fmt: skip
+    from tests.test_scheduling_cluster import _free_port, schedulable
+    from tests.waiting import wait_for
+
+    api = admin_api(kubeconfig)
+    api.api_client.configuration.connection_pool_maxsize = args.threads
+    group = f"burst-{v.key}-{os.getpid()}"
+    names = [f"{group}-{i:03d}" for i in range(len(frees))]
+    ext = sched = None
+    stop = threading.Event()
+    try:
+        for doc in node_docs(names, frees, group):
+            api.create_node(doc)
+            schedulable(api, doc["metadata"]["name"])
+        api.create_namespace({"metadata": {"name": group}})
+        api.create_namespaced_service_account(group, {"metadata": {"name": "default"}})
+        port = _free_port() if v.tree is not None else None
+        if port is not None:
+            ext = start_extender(v, kubeconfig, group, port, args.strategy, tmp)
+        sched = start_scheduler(kubeconfig, group, port, tmp)
+        api.create_namespaced_pod(group, pod_body(v, "warm-up", group, None))
+        wait_for("the warm-up pod to bind",
+                 lambda: api.read_namespaced_pod("warm-up", group).spec.node_name, 60)  # fmt: skip
+        api.delete_namespaced_pod("warm-up", group, grace_period_seconds=0)
+        wait_for("the warm-up pod to go", lambda: not api.list_namespaced_pod(group).items, 30)
+        seen = Watched()
+        rv = api.list_namespaced_pod(group).metadata.resource_version
+        watcher = threading.Thread(target=watch_pods, args=(kubeconfig, group, rv, seen, stop),
+                                   daemon=True)  # fmt: skip
+        watcher.start()
+        bodies = [pod_body(v, f"gpu-{i:04d}", group, args.pod_mib) for i in range(args.pods)]
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(lambda b: api.create_namespaced_pod(group, b), bodies))
+        created = time.monotonic()
+        pods = {b["metadata"]["name"] for b in bodies}
+        settled = False
+        while time.monotonic() - t0 < args.timeout_s:
+            with seen.lock:
+                bound, reason = dict(seen.bound_at), dict(seen.reason)
+            quiet = time.monotonic() - max([created, *bound.values()])
+            if len(bound) == len(pods) or (
+                quiet >= args.quiet_s and all(p in bound or p in reason for p in pods)
+            ):
+                settled = True
+                break
+            time.sleep(0.2)
+        stop.set()
+        return judge(api, group, names, frees, args.pod_mib, t0, created, bound, reason, settled)
+    finally:
+        stop.set()
+        _stop(sched)
+        _stop(ext)
+        with contextlib.suppress(Exception):
+            api.delete_collection_namespaced_pod(group, grace_period_seconds=0)
+            api.delete_namespace(group)
+        delete_nodes(api, group)
+        api.api_client.close()
+
+
+def judge(api: Any, ns: str, names: list[str], frees: list[list[int]], mib: int, t0: float,
+          created: float, bound_at: dict[str, float], reason: dict[str, str],
+          settled: bool) -> dict[str, Any]:  # fmt: skip
+    """The figures, from a LIST after the end (who is bound where) and the watch's times."""
+    free_of = dict(zip(names, frees, strict=True))
+    on: dict[str, list[int]] = {}
+    pending = []
+    for p in api.list_namespaced_pod(ns).items:
+        if p.spec.node_name:
+            on.setdefault(p.spec.node_name, []).append(mib)
+        else:
+            pending.append(p.metadata.name)
+    packed = {n: max_packed(free_of[n], needs) for n, needs in on.items()}
+    why = Counter(_short(reason.get(p, "(no reason yet)")) for p in pending)
+    return {
+        "create_s": created - t0,
+        "time_s": (max(bound_at.values()) - t0) if bound_at else float("nan"),
+        "bound": sum(len(v) for v in on.values()),
+        "pending": len(pending),
+        "nodes_over": sum(packed[n] < len(on[n]) for n in on),
+        "pods_over": sum(len(on[n]) - packed[n] for n in on),
+        "pending_room": pending_with_room(free_of, on, [mib] * len(pending)),
+        "settled": "yes" if settled else "timeout",
+        "why": why.most_common(2),
+    }
+
+
+def _short(message: str) -> str:
+    """The scheduler's message without its ``0/N nodes are available:`` head."""
+    return message.split(": ", 1)[-1][:110]
+
+
+def worktree(rev: str, tmp: Path, key: str) -> tuple[Path, str]:
+    """A detached ``git worktree`` of ``rev`` in ``tmp``; (its path, the full commit)."""
+    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    path = tmp / f"{key}-{sha[:10]}"
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=ROOT, check=True,
+                   capture_output=True)  # fmt: skip
+    return path, sha
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--pods", type=int, default=200)
+    ap.add_argument("--pod-mib", type=int, default=30720)
+    ap.add_argument("--before-rev", default="HEAD", help="the extender 'before' (a git rev)")
+    ap.add_argument("--after-rev", help="the extender 'after' (default: the working tree)")
+    ap.add_argument("--variants", nargs="+", default=["stock", "before", "after"],
+                    choices=["stock", "before", "after"])  # fmt: skip
+    ap.add_argument("--strategy", default="binpack", choices=["binpack", "spread"])
+    ap.add_argument("--threads", type=int, default=16, help="threads creating the pods")
+    ap.add_argument("--quiet-s", type=float, default=10, help="no binding this long: settled")
+    ap.add_argument("--timeout-s", type=float, default=180, help="per variant, from 1st create")
+    ap.add_argument("--seed", type=int, default=24)
+    ap.add_argument("--kubeconfig", help="an API server to use (default: start a dev cluster)")
+    ap.add_argument("--quick", action="store_true", help="3 nodes, 12 pods, quiet 3 s")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes, args.pods, args.quiet_s = 3, 12, 3
+
+    frees = node_frees(args.nodes, args.gpus, free_pool(), args.seed)
+    slots = sum(f // args.pod_mib for node in frees for f in node)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+    rows, results = [], {}
+    with (
+        tempfile.TemporaryDirectory(prefix="omaticaya-burst-") as d,
+        cluster(args.kubeconfig) as cl,
+    ):
+        tmp = Path(d)
+        trees: list[Path] = []
+        try:
+            variants = []
+            for key in args.variants:
+                rev = {"before": args.before_rev, "after": args.after_rev}.get(key)
+                if rev:
+                    path, sha = worktree(rev, tmp, key)
+                    trees.append(path)
+                    variants.append(Variant(key, path, sha[:10]))
+                elif key == "after":
+                    variants.append(Variant(key, ROOT, f"{head[:10]} + working tree"))
+                else:
+                    variants.append(Variant(key, None))
+            for v in variants:
+                print(f"(running {v.key} ...)", file=sys.stderr, flush=True)
+                results[v.key] = r = run_variant(v, cl.kubeconfig, frees, args, tmp)
+                rows.append([v.key, v.rev or "-", r["bound"], r["pending"], r["time_s"],
+                             r["create_s"], r["settled"], r["nodes_over"], r["pods_over"],
+                             r["pending_room"]])  # fmt: skip
+        finally:
+            for path in trees:
+                subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT,
+                               check=False, capture_output=True)  # fmt: skip
+    base = results.get("stock", {}).get("time_s")
+    lines = [f"cluster: {args.nodes} nodes x {args.gpus} GPUs, free MiB per GPU drawn from "
+             f"{', '.join(p.name for p in TRACES)} (seed {args.seed}): {slots} slots of "
+             f"{args.pod_mib} MiB for {args.pods} pods, created from {args.threads} threads; "
+             f"extender strategy {args.strategy}, quiet {args.quiet_s:g} s"]  # fmt: skip
+    for key, r in results.items():
+        ratio = f", {r['time_s'] / base:.2f}x stock" if base and key != "stock" else ""
+        lines.append(f"{key}: time to bound {r['time_s']:.1f} s{ratio}; Pending: {r['why'] or '-'}")
+    after = results.get("after")
+    if after and base:
+        met = (after["pods_over"] == 0 and after["pending_room"] == 0
+               and after["time_s"] <= 1.5 * base)  # fmt: skip
+        lines.append(f"goal (0 over, 0 pending with room, time <= 1.5x stock): "
+                     f"{'met' if met else 'NOT met'} by after")  # fmt: skip
+    emit(
+        header("scheduler burst: kube-scheduler v1.20.2, stock vs extender before/after"),
+        "\n".join(lines[:1]),
+        table(
+            [
+                "variant",
+                "rev",
+                "bound",
+                "pending",
+                "time s",
+                "create s",
+                "settled",
+                "nodes over",
+                "pods over",
+                "pending w/ room",
+            ],
+            rows,
+        ),  # fmt: skip
+        "\n".join(lines[1:]),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
