@@ -175,7 +175,9 @@ FILTER_CASES = [
                          ids=[c[0] for c in FILTER_CASES])  # fmt: skip
 def test_filter_with_nodes(pod_doc, kw, passed, failed):
     result = handle_filter(args_with_nodes(pod_doc, ALL), settings(**kw), now=NOW)
-    assert set(result) == {"Nodes", "NodeNames", "FailedNodes", "Error"}
+    assert set(result) - {"FailedAndUnresolvableNodes"} == {"Nodes", "NodeNames", "FailedNodes", "Error"}
+    # nodes eviction cannot help (tests/test_preemption.py): some of the failed ones, same reasons
+    assert result.get("FailedAndUnresolvableNodes", {}).items() <= failed.items()
     assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == passed
     # the scheduler's own objects come back, untouched
     assert all(item is NODES[name] for item, name in zip(result["Nodes"]["items"], passed, strict=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from loguru import logger as log
@@ -236,8 +236,12 @@ def _pod_metrics(pods: Any, pod_problems: Any) -> Iterable[Any]:
     yield skipped
 
 
-def create_app(extender: Extender, registry: Any = None) -> Any:
-    """The Starlette app: ``POST /filter``, ``POST /prioritize``, ``GET /healthz``,
+def create_app(
+    extender: Extender, registry: Any = None, preempt: Callable[[Any], Any] | None = None
+) -> Any:
+    """The Starlette app: ``POST /filter``, ``POST /prioritize``, ``POST /preempt`` (with
+    ``preempt``: ExtenderPreemptionArgs -> ExtenderPreemptionResult, run in a worker thread:
+    it reads the API server; ``scheduler.preempt``), ``GET /healthz``,
     ``GET /readyz`` (503 with the reason until the node cache has synced, and while its
     list+watch is dead or stalled: ``Extender.health``), and ``GET /metrics`` (Prometheus text,
     from ``registry``; absent without one)."""
@@ -301,6 +305,18 @@ def create_app(extender: Extender, registry: Any = None) -> Any:
             log.exception("prioritize failed")
             return JSONResponse({"Error": f"omaticaya extender: {exc}"}, status_code=500)
 
+    async def preempt_(request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        args = await read_args(request)
+        if isinstance(args, tuple):
+            return JSONResponse({"Error": args[1]}, status_code=args[0])
+        try:
+            return answer(await run_in_threadpool(preempt, args))  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - no preemption rather than a failed scheduling cycle
+            log.exception("preempt failed")
+            return answer({"NodeNameToMetaVictims": {}})
+
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -313,6 +329,7 @@ def create_app(extender: Extender, registry: Any = None) -> Any:
     routes: list[Any] = [
         Route("/filter", filter_, methods=["POST"]),
         Route("/prioritize", prioritize, methods=["POST"]),
+        *([Route("/preempt", preempt_, methods=["POST"])] if preempt is not None else []),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]

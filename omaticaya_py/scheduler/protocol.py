@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..core.schema import NodeGpuState, json_mapping, json_str
 from .decisions import Decisions
 from .inflight import Placement, pending
+from .preemption import unresolvable
 from .rules import InFlightOf, LeaseOf, ProblemOf, filter_nodes, parse_need, prioritize_nodes
 from .settings import ExtenderSettings
 from .staleness import view_from_object
@@ -18,6 +19,35 @@ from .staleness import view_from_object
 
 
 Lookup = Callable[[str], "NodeGpuState | None"]
+
+
+class MetaPod(TypedDict):
+    """A victim by ``UID`` (``extender/v1.MetaPod``)."""
+
+    UID: str
+
+
+class MetaVictims(TypedDict):
+    """A node's victims (``extender/v1.MetaVictims``)."""
+
+    Pods: list[MetaPod]
+    NumPDBViolations: int
+
+
+class ExtenderPreemptionArgs(TypedDict, total=False):
+    """What kube-scheduler POSTs to ``preemptVerb``: the preemptor ``Pod`` and its candidates,
+    ``NodeNameToMetaVictims`` when ``nodeCacheCapable``, else ``NodeNameToVictims`` (node ->
+    ``{"Pods": [v1.Pod], "NumPDBViolations"}``)."""
+
+    Pod: Any
+    NodeNameToVictims: dict[str, Any] | None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None
+
+
+class ExtenderPreemptionResult(TypedDict):
+    """The answer: the nodes kept, each with its victims (``scheduler.preempt``)."""
+
+    NodeNameToMetaVictims: dict[str, MetaVictims]
 
 
 @dataclass
@@ -125,6 +155,8 @@ class Extender:
         if need is not None:
             self.decisions.filtered(self._pod_name(args.get("Pod")), passed, failed)
         result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
+        if hopeless := unresolvable(need, failed, self.lookup):  # read from 1.21; 1.20 ignores it
+            result["FailedAndUnresolvableNodes"] = hopeless
         if by_name:
             result["NodeNames"] = passed
             result["Nodes"] = None

@@ -14,6 +14,7 @@ from ..core.schema import NodeGpuState, parse_node
 from ..serving import HttpServer
 from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
 from .placements import InFlight, PodProblems, placement_from_pod
+from .preempt import preemptor
 from .protocol import Extender
 from .settings import ExtenderSettings
 from .signal import with_signal
@@ -71,7 +72,8 @@ def serve(
         inflight = InFlight(pods)
         ext.placements, ext.assume = inflight.for_node, inflight.assume
     app = create_app(
-        ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases)
+        ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases),
+        preempt=preemptor(ext, settings.kubeconfig),
     )
     try:
         server = HttpServer(

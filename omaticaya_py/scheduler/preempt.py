@@ -1,0 +1,247 @@
+"""The ``preemptVerb``: ExtenderPreemptionArgs in, ExtenderPreemptionResult out.
+
+kube-scheduler sends the preemptor ``Pod`` and its candidates: ``NodeNameToMetaVictims`` (node
+-> ``{"Pods": [{"UID"}], "NumPDBViolations"}``) when the extender is ``nodeCacheCapable``, else
+``NodeNameToVictims`` (the same with whole v1.Pods). The answer is always
+``{"NodeNameToMetaVictims": {...}}``, a subset of the candidate nodes, each with the victims to
+evict (kube-scheduler looks each UID up among the pods on that node; one it cannot find fails
+the preemption).
+
+Per candidate node: a node the filter would fail for a reason eviction cannot change
+(``preemption.unresolvable``) is dropped; the others are read fresh from the API server
+(``NodeReader``: the Node, for its telemetry's per-GPU holders, and the pods bound to it, for
+their uid and priority), at most ``MAX_NODES`` per call, and ``preemption.choose_victims``
+decides. A pod without a GPU need passes through untouched (the candidates as given). Every
+node's outcome is counted in ``omaticaya_extender_decisions_total{verb="preempt"}``; bad
+entries (a victim or pod that cannot be read, a Node that cannot be read) drop that node only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loguru import logger as log
+
+from ..core.schema import json_int, json_mapping, json_str, parse_gpu_readings, parse_node
+from .need import parse_need
+from .preemption import (
+    GpuRoom,
+    PodOnNode,
+    Reservations,
+    choose_victims,
+    pod_on_node,
+    pod_started_s,
+    reserved_by_gpu,
+    unresolvable,
+)
+from .rules import filter_nodes
+
+__all__ = ["MAX_NODES", "NodeReader", "NodeView", "gpu_rooms", "preempt"]
+
+#: the most candidate nodes read from the API server per call (two requests each); the rest
+#: are dropped, counted as ``over-cap`` (kube-scheduler picks one node of those kept)
+MAX_NODES = 32
+#: seconds spent reading nodes per call, at most (kube-scheduler's ``httpTimeout`` is 5 s in
+#: the examples): nodes not read by then are dropped as ``over-cap``
+BUDGET_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A candidate node read fresh: its whole GPUs, the pods bound to it (oldest first), and
+    how many of its pod documents could not be read (skipped)."""
+
+    gpus: tuple[GpuRoom, ...]
+    pods: tuple[PodOnNode, ...]
+    skipped: int = 0
+
+
+def gpu_rooms(node: Any, prefix: str) -> tuple[GpuRoom, ...]:
+    """The whole GPUs of a v1.Node document: free memory and health as the filter decides
+    (``parse_node``), total memory and holders from its telemetry (``parse_gpu_readings``)."""
+    meta = json_mapping(json_mapping(node).get("metadata"))
+    state = parse_node(
+        json_str(meta.get("name")) or "", meta.get("labels"), meta.get("annotations"), prefix
+    )
+    if state.problem or state.read_at is None:
+        return ()
+    readings = {g.index: g for g in parse_gpu_readings(meta.get("annotations"), prefix)}
+    out = []
+    for g in state.gpus:
+        r = readings.get(g.index)
+        holders = tuple(
+            (f"{h.namespace}/{h.pod}", h.memory_used_mib)
+            for h in (r.pods or ()) if r is not None
+            if h.namespace and h.pod
+        )  # fmt: skip
+        total = r.memory_total_mib if r is not None else None
+        out.append(GpuRoom(g.index, g.free_mib, g.healthy, total, holders))
+    return tuple(out)
+
+
+def node_view(node: Any, pod_list: Any, prefix: str) -> NodeView:
+    """A ``NodeView`` from a v1.Node and a v1.PodList of the pods bound to it (untrusted: a pod
+    that cannot be read is skipped and counted)."""
+    items = json_mapping(pod_list).get("items")
+    pods: list[tuple[float, int, PodOnNode]] = []
+    skipped = 0
+    for i, doc in enumerate(items if isinstance(items, list) else ()):
+        try:
+            pods.append((pod_started_s(doc) or float("inf"), i, pod_on_node(doc)))
+        except ValueError:
+            skipped += 1
+    pods.sort(key=lambda t: (t[0], t[1]))
+    return NodeView(gpu_rooms(node, prefix), tuple(p for _, _, p in pods), skipped)
+
+
+class NodeReader:
+    """Reads a candidate node for preemption through ``session`` (``kube.ApiSession``): a GET
+    of the Node and a LIST of the pods with ``spec.nodeName`` = it (RBAC: ``get`` nodes,
+    ``list`` pods). Raises ``KubeError`` when the API server does not answer."""
+
+    def __init__(self, session: Any, prefix: str) -> None:
+        self._session, self._prefix = session, prefix
+
+    def _get(self, verb: str, what: str, path: str, query: dict[str, str] | None = None) -> Any:
+        raw = self._session.call(verb, what, lambda: self._session.http("GET", path, query=query))
+        return json.loads(raw.data)
+
+    def __call__(self, node: str) -> NodeView:
+        node_doc = self._get("get", f"node {node}", f"/api/v1/nodes/{node}")
+        pods = self._get(
+            "list", f"pods on {node}", "/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}
+        )
+        return node_view(node_doc, pods, self._prefix)
+
+
+def _candidates(args: Mapping[str, Any]) -> tuple[dict[str, list[str]], dict[str, int], int]:
+    """({node: named victim uids}, {node: NumPDBViolations}, bad entries) from either map."""
+    meta = args.get("NodeNameToMetaVictims")
+    full = meta is None
+    raw = json_mapping(args.get("NodeNameToVictims") if full else meta)
+    out: dict[str, list[str]] = {}
+    pdb: dict[str, int] = {}
+    bad = 0
+    for node, victims in raw.items():
+        victims = json_mapping(victims)
+        pods = victims.get("Pods")
+        uids = [
+            json_str(json_mapping(json_mapping(p).get("metadata")).get("uid")) if full
+            else json_str(json_mapping(p).get("UID"))
+            for p in (pods if isinstance(pods, list) else ())
+        ]  # fmt: skip
+        if not node or not all(uids) or not isinstance(pods, list | None):
+            bad += 1  # a victim that cannot be named: the node cannot be checked
+            continue
+        out[node] = [u for u in uids if u]
+        pdb[node] = json_int(victims.get("NumPDBViolations")) or 0
+    return out, pdb, bad
+
+
+def _meta(uids: Sequence[str], pdb: int) -> dict[str, Any]:
+    return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
+
+
+def preempt(
+    ext: Any,
+    args: Mapping[str, Any],
+    read: Callable[[str], NodeView],
+    *,
+    reserved_on: Callable[[str], Reservations] | None = None,
+    max_nodes: int = MAX_NODES,
+    budget_s: float = BUDGET_S,
+) -> dict[str, Any]:
+    """ExtenderPreemptionArgs -> ExtenderPreemptionResult for the extender ``ext``
+    (``protocol.Extender``: settings, the Node cache, clocks, in-flight placements, decision
+    counts). ``read(node)``: the node read fresh (``NodeReader``); ``reserved_on(node)``: the
+    ledger's reservations by GPU (``None``: from ``ext``'s in-flight placements). At most
+    ``max_nodes`` nodes are read, within ``budget_s`` seconds."""
+    pod = args.get("Pod")
+    need = parse_need(pod, ext.settings.prefix)
+    candidates, pdb, bad = _candidates(args)
+    count = _counter(ext)
+    if bad:
+        count("dropped", "bad-victim", bad)
+    if need is None:  # not a GPU pod: kube-scheduler's own choice stands
+        return {"NodeNameToMetaVictims": {n: _meta(u, pdb[n]) for n, u in candidates.items()}}
+    if need.error:
+        count("dropped", "bad-pod", len(candidates))
+        return {"NodeNameToMetaVictims": {}}
+    meta, spec = (json_mapping(json_mapping(pod).get(k)) for k in ("metadata", "spec"))
+    uid = json_str(meta.get("uid")) or ""
+    priority = json_int(spec.get("priority")) or 0
+    states = {n: ext.lookup(n) for n in candidates}
+    inflight = ext._inflight(pod)
+    _, failed = filter_nodes(
+        need, list(states.items()), fail_open=False, inflight=inflight,
+        **{**ext._clocks(), "stale_policy": "reject"},
+    )  # fmt: skip
+    hopeless = unresolvable(need, failed, states.get)
+    out: dict[str, Any] = {}
+    read_n, deadline = 0, time.monotonic() + budget_s
+    for node, named in candidates.items():
+        if node in hopeless:
+            count("dropped", "unresolvable")
+            continue
+        if read_n >= max_nodes or time.monotonic() > deadline:
+            count("dropped", "over-cap")
+            continue
+        read_n += 1
+        try:
+            view = read(node)
+        except Exception as exc:  # noqa: BLE001 - one node's failure must not fail the others
+            log.warning("preempt: node {} could not be read: {}", node, str(exc)[:200])
+            count("dropped", "read-failed")
+            continue
+        if view.skipped:
+            count("dropped", "bad-pod-on-node", view.skipped)
+        if reserved_on is not None:
+            reserved = reserved_on(node)
+        else:
+            placed = inflight(node, states[node]) if inflight is not None else ()
+            reserved = reserved_by_gpu(view.gpus, placed)
+        choice = choose_victims(
+            need, priority, view.gpus, view.pods, reserved=reserved, named=named,
+            preemptor_uid=uid,
+        )  # fmt: skip
+        if choice.victims is None:
+            log.info("preempt {}: node {} dropped: {}", ext._pod_name(pod), node, choice.reason)
+            count("dropped", "too-little" if "too little" in choice.reason else "no-fit")
+            continue
+        count("kept", "")
+        out[node] = _meta(choice.victims, pdb[node])
+    log.info(
+        "preempt {}: {} of {} candidate node(s) kept: {}", ext._pod_name(pod), len(out),
+        len(candidates), {n: len(v["Pods"]) for n, v in list(out.items())[:8]},
+    )  # fmt: skip
+    return {"NodeNameToMetaVictims": out}
+
+
+def _counter(ext: Any) -> Callable[..., None]:
+    """Counts into ``ext.decisions`` as ``("preempt", result, reason)``."""
+    decisions = ext.decisions
+
+    def count(result: str, reason: str, n: int = 1) -> None:
+        with decisions._lock:
+            decisions.counts[("preempt", result, reason)] += n
+
+    return count
+
+
+def preemptor(ext: Any, kubeconfig: str | None = None) -> Callable[[Any], Any] | None:
+    """The ``/preempt`` handler for ``ext``: ``preempt`` over a ``NodeReader`` with its own API
+    session (one attempt, 2 s per request: kube-scheduler waits ``httpTimeout`` for the whole
+    answer); ``None`` (no ``/preempt`` route) when the session cannot be configured."""
+    from ..kube import ApiSession, KubeError
+
+    try:
+        session = ApiSession(kubeconfig=kubeconfig, timeout_s=2.0, attempts=1)
+    except KubeError as err:
+        log.error("preemption off: {}", err)
+        return None
+    reader = NodeReader(session, ext.settings.prefix)
+    return lambda args: preempt(ext, args, reader)

@@ -1,0 +1,231 @@
+"""Pure preemption rules: which lower-priority pods on a node must go for a GPU pod to fit.
+
+kube-scheduler (1.20) finds preemption candidates with its in-tree filters only. A pod that
+asks for GPU memory by annotation requests nothing those filters see, so its dry run reprieves
+every lower-priority pod and hands the extender each candidate node with *no* victims (or with
+the few its own resources need). Evicting nothing frees no GPU memory; evicting by the in-tree
+rules can evict pods whose GPUs are not the ones that would make room. The extender's
+``preemptVerb`` therefore chooses the GPU victims itself, per node (``choose_victims``):
+
+- the pool: the node's pods of lower priority than the preemptor (``PodOnNode``), not already
+  terminating or finished;
+- what evicting a pod frees on each GPU: its reservation in the extender's ledger (a pod placed
+  and not yet in the telemetry; ``Reservations``) plus the memory the telemetry attributes to it
+  on that GPU (``GpuRoom.holders``: the kubelet's holders, with their processes' memory when it
+  is known; a holder whose memory is unknown frees nothing: never more than the truth);
+- the node is kept only if evicting the whole pool lets the pod fit: ``need.count`` healthy GPUs
+  each with ``need.memory_mib`` free after the remaining reservations;
+- then the set is trimmed as kube-scheduler trims its own: from the most important pod (highest
+  priority, then the earlier in the node's order) down, a pod is spared when the rest still make
+  it fit. Every pod left is needed; pods whose GPUs the preemptor cannot use are never victims.
+- the victims kube-scheduler named stay victims: its in-tree filters need them gone (CPU,
+  memory, ports), which the extender cannot judge; their GPU memory counts as freed.
+
+Nothing here reads the cluster: ``scheduler.preempt`` gathers each node's view and applies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.schema import NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
+from .decisions import reason_kind
+from .inflight import Placement
+from .need import Need
+
+__all__ = [
+    "UNRESOLVABLE_KINDS",
+    "Choice",
+    "GpuRoom",
+    "PodOnNode",
+    "Reservations",
+    "choose_victims",
+    "pod_on_node",
+    "reserved_by_gpu",
+    "unresolvable",
+]
+
+#: a node's reservations per GPU: GPU index -> pod uid -> MiB (the extender's ledger)
+Reservations = Mapping[int, Mapping[str, int]]
+
+#: filter reasons (``decisions.reason_kind``) that evicting pods cannot change
+UNRESOLVABLE_KINDS = frozenset(
+    {"stale", "unhealthy", "no-telemetry", "unusable-telemetry", "not-in-cache", "bad-pod",
+     "judging-failed"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PodOnNode:
+    """A pod bound to the node: ``uid``, ``key`` (``namespace/name``, as the telemetry names
+    its holders), ``priority`` (``spec.priority``; 0 when absent, as kube-scheduler reads it)
+    and ``going`` (terminating or finished: it frees its memory by itself, never a victim)."""
+
+    uid: str
+    key: str
+    priority: int = 0
+    going: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRoom:
+    """One whole GPU as preemption sees it: ``free_mib`` (what the filter decides on, before
+    reservations), ``healthy``, ``total_mib`` (``None``: not published) and ``holders``:
+    ``(namespace/name, MiB or None)`` for each container the telemetry says holds it (MiB: its
+    processes' memory, ``None`` when the agent could not tell)."""
+
+    index: int
+    free_mib: int
+    healthy: bool
+    total_mib: int | None = None
+    holders: tuple[tuple[str, int | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A node's outcome: ``victims`` (pod uids, kube-scheduler's first, then the GPU victims in
+    the node's order), or ``None`` with ``reason`` when preemption cannot make the pod fit."""
+
+    victims: tuple[str, ...] | None
+    reason: str = ""
+
+
+def pod_on_node(doc: Any) -> PodOnNode:
+    """A ``PodOnNode`` from a v1.Pod document (the API's LIST, or ``NodeNameToVictims``).
+    Raises ``ValueError`` when it has no uid, namespace or name as text, or a priority that is
+    not a whole number: untrusted input, the caller skips it and counts it."""
+    if not isinstance(doc, Mapping):
+        raise ValueError("pod is not an object")
+    meta, spec, status = (json_mapping(doc.get(k)) for k in ("metadata", "spec", "status"))
+    uid, ns, name = (json_str(meta.get(k)) for k in ("uid", "namespace", "name"))
+    if not uid or not ns or not name:
+        raise ValueError("pod without metadata.uid, namespace and name")
+    raw = spec.get("priority")
+    priority = 0 if raw is None else json_int(raw)
+    if priority is None or isinstance(raw, bool):
+        raise ValueError("spec.priority is not a whole number")
+    going = bool(meta.get("deletionTimestamp")) or status.get("phase") in ("Failed", "Succeeded")
+    return PodOnNode(uid, f"{ns}/{name}", priority, going)
+
+
+def pod_started_s(doc: Any) -> float | None:
+    """``status.startTime`` of a pod document in epoch seconds (``None``: absent or bad)."""
+    return rfc3339_s(json_mapping(json_mapping(doc).get("status")).get("startTime"))
+
+
+def reserved_by_gpu(
+    gpus: Sequence[GpuRoom], placements: Sequence[Placement]
+) -> dict[int, dict[str, int]]:
+    """``Reservations`` from in-flight placements: on the GPUs the ledger gave each one, or,
+    when it names none, on ``count`` GPUs taken as ``inflight.adjust`` takes them (healthy, most
+    free left first)."""
+    free = {g.index: g.free_mib for g in gpus}
+    healthy = [g.index for g in gpus if g.healthy]
+    out: dict[int, dict[str, int]] = {}
+    for p in placements:
+        known = [i for i in getattr(p, "gpus", ()) if i in free]  # the ledger's GPUs, if any
+        for index in known or sorted(healthy, key=lambda i: -free[i])[: p.count]:
+            free[index] = max(0, free[index] - p.memory_mib)
+            out.setdefault(index, {})[p.uid] = out.get(index, {}).get(p.uid, 0) + p.memory_mib
+    return out
+
+
+def _fits(
+    need: Need, gpus: Sequence[GpuRoom], reserved: Reservations, gone: frozenset[str],
+    keys: Mapping[str, str],
+) -> bool:
+    """Whether ``need`` fits once the pods ``gone`` (uids) are evicted."""
+    fitting = 0
+    for g in gpus:
+        if not g.healthy:
+            continue
+        room = g.free_mib
+        for uid, mib in reserved.get(g.index, {}).items():
+            if uid in gone:
+                continue  # a victim's reservation no longer counts
+            room -= mib
+        for key, mib in g.holders:
+            if mib and keys.get(key) in gone:
+                room += mib
+        if room >= need.memory_mib:
+            fitting += 1
+            if fitting >= need.count:
+                return True
+    return False
+
+
+def choose_victims(
+    need: Need,
+    priority: int,
+    gpus: Sequence[GpuRoom],
+    pods: Iterable[PodOnNode],
+    *,
+    reserved: Reservations | None = None,
+    named: Sequence[str] = (),
+    preemptor_uid: str = "",
+) -> Choice:
+    """The victims on one node for a pod of ``priority`` that needs ``need`` (module docstring).
+
+    ``gpus``: the node's whole GPUs; ``pods``: the pods bound to it, in the node's order (their
+    start, oldest first, as kube-scheduler orders pods of one priority); ``reserved``: the
+    ledger's reservations on it (the preemptor's own, ``preemptor_uid``, never counts);
+    ``named``: the uids kube-scheduler named as victims (each must be one of ``pods`` with a
+    lower priority, else the node is dropped: it cannot be checked)."""
+    reserved = {
+        i: {u: m for u, m in by.items() if u != preemptor_uid}
+        for i, by in (reserved or {}).items()
+    }
+    pods = list(pods)
+    by_uid = {p.uid: p for p in pods}
+    keys = {p.key: p.uid for p in pods}
+    forced: list[str] = []
+    for uid in dict.fromkeys(named):
+        p = by_uid.get(uid)
+        if p is None or p.priority >= priority:
+            return Choice(None, f"victim {uid} named by the scheduler is not a lower-priority pod "
+                          "on the node")  # fmt: skip
+        forced.append(uid)
+    big = [g for g in gpus if g.healthy and (g.total_mib is None or g.total_mib >= need.memory_mib)]
+    if len(big) < need.count:
+        return Choice(None, f"fewer than {need.count} healthy GPU(s) of {need.memory_mib} MiB")
+    if _fits(need, gpus, reserved, frozenset(forced), keys):
+        return Choice(tuple(forced))
+    holds = {u for by in reserved.values() for u in by} | {
+        keys[k] for g in gpus for k, mib in g.holders if mib and k in keys
+    }
+    pool = [
+        p for p in pods
+        if p.priority < priority and not p.going and p.uid in holds and p.uid not in forced
+        and p.uid != preemptor_uid
+    ]  # fmt: skip
+    gone = set(forced) | {p.uid for p in pool}
+    if not _fits(need, gpus, reserved, frozenset(gone), keys):
+        return Choice(None, "evicting every lower-priority pod frees too little GPU memory")
+    order = {p.uid: i for i, p in enumerate(pool)}
+    for p in sorted(pool, key=lambda p: (-p.priority, order[p.uid])):
+        if _fits(need, gpus, reserved, frozenset(gone - {p.uid}), keys):
+            gone.discard(p.uid)  # spared: the rest still make room
+    return Choice((*forced, *(p.uid for p in pool if p.uid in gone)))
+
+
+def unresolvable(
+    need: Need | None, failed: Mapping[str, str], lookup: Callable[[str], NodeGpuState | None]
+) -> dict[str, str]:
+    """The failed nodes (``failed``: name -> reason) that evicting pods cannot help, for
+    ``FailedAndUnresolvableNodes``: a reason of an ``UNRESOLVABLE_KINDS`` kind (stale, unhealthy,
+    no or unusable telemetry, not in the cache, a bad pod annotation, judging raised), or no
+    room on a node with fewer than ``need.count`` healthy GPUs (``lookup``: name -> state)."""
+    if need is None:
+        return {}
+    out: dict[str, str] = {}
+    for name, reason in failed.items():
+        kind = reason_kind(reason)
+        if kind in UNRESOLVABLE_KINDS:
+            out[name] = reason
+        elif kind == "no-room":
+            state = lookup(name)
+            if state is not None and sum(1 for g in state.gpus if g.healthy) < need.count:
+                out[name] = reason
+    return out

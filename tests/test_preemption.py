@@ -1,0 +1,401 @@
+"""Preemption by GPU memory (``scheduler.preemption``, ``scheduler.preempt``): which pods go, as
+tables over the pure rules, and the ``/preempt`` verb over Nodes rendered by core from synthetic
+snapshots with per-GPU pod attribution, as an agent publishes them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution, PodMemory
+from omaticaya_py.core.health import assess
+from omaticaya_py.core.render import render
+from omaticaya_py.core.render_telemetry import telemetry_annotation
+from omaticaya_py.core.schema import parse_node
+from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app
+from omaticaya_py.scheduler.inflight import Placement
+from omaticaya_py.scheduler.need import Need
+from omaticaya_py.scheduler.preempt import NodeView, node_view, preempt
+from omaticaya_py.scheduler.preemption import (
+    GpuRoom,
+    PodOnNode,
+    choose_victims,
+    pod_on_node,
+    reserved_by_gpu,
+    unresolvable,
+)
+from tests.helpers import H100_TOTAL_MIB, PREFIX, READ_AT, gpu, settings, snapshot
+
+NOW = READ_AT.timestamp() + 5
+GIB = 1024
+NEED = Need(60 * GIB)  # 61440 MiB on one GPU
+
+
+# ------------------------------------------------------------------ builders ----
+
+
+#: one GPU: (free MiB, holders as (namespace/name, MiB or None: not known))
+Gpu = tuple[int, Sequence[tuple[str, int | None]]]
+
+
+def gpu_node(
+    name: str,
+    gpus: Sequence[Gpu],
+    *,
+    read_at: datetime = READ_AT,
+    refresh_s: float | None = None,
+    total_mib: int = H100_TOTAL_MIB,
+    unhealthy: Sequence[int] = (),
+) -> dict[str, Any]:
+    """A v1.Node document as an agent writes it: labels and telemetry rendered by core from a
+    snapshot of these GPUs, each with the pods the kubelet gave it (one holder with a known
+    memory figure: its processes'; ``None``: processes that could not be placed)."""
+    readings, attribution = [], {}
+    for i, (free, holders) in enumerate(gpus):
+        g = gpu(
+            i, memory_free_mib=free, memory_total_mib=total_mib,
+            memory_used_mib=total_mib - free, process_count=len(holders),
+            ecc_uncorrected_volatile=1 if i in unhealthy else 0,
+        )  # fmt: skip
+        devices, pods, unknown = [], [], []
+        for n, (key, mib) in enumerate(holders):
+            ns, pod = key.split("/")
+            devices.append(ContainerDevices(ns, pod, "main", "nvidia.com/gpu", (g.uuid,)))
+            if mib is None:
+                unknown.append(1000 * i + n)
+            else:
+                pods.append(PodMemory(f"uid-{pod}", None, ns, pod, "main", mib, (1000 * i + n,)))
+        attribution[g.uuid] = GpuAttribution(
+            g.uuid, tuple(devices), tuple(pods), unknown_pids=tuple(unknown)
+        )
+        readings.append(g)
+    snap = snapshot(*readings, read_at=read_at)
+    health = assess(snap)
+    labels = render(snap, health, settings(), with_telemetry=False).labels
+    annotations, _ = telemetry_annotation(
+        snap, health, PREFIX, refresh_s=refresh_s, attribution=attribution
+    )
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+
+
+def pod_doc(key: str, priority: int | None = 0, *, node: str = "", started: int = 0, **meta: Any) -> dict:
+    """A v1.Pod document bound to ``node`` (``uid-<name>``; ``started``: seconds after READ_AT)."""
+    ns, name = key.split("/")
+    start = datetime.fromtimestamp(READ_AT.timestamp() - 600 + started, timezone.utc)
+    spec: dict[str, Any] = {"nodeName": node}
+    if priority is not None:
+        spec["priority"] = priority
+    return {
+        "metadata": {"uid": f"uid-{name}", "namespace": ns, "name": name, **meta},
+        "spec": spec,
+        "status": {"phase": "Running", "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ")},
+    }
+
+
+def gpu_pod(mib: int = NEED.memory_mib, priority: int = 1000, count: int = 1) -> dict:
+    return {
+        "metadata": {
+            "uid": "uid-preemptor", "namespace": "ml", "name": "preemptor",
+            "annotations": {f"{PREFIX}/gpu-memory-mib": str(mib), f"{PREFIX}/gpu-count": str(count)},
+        },
+        "spec": {"priority": priority},
+    }  # fmt: skip
+
+
+def room(index: int, free: int, *holders: tuple[str, int | None], total: int | None = 81559,
+         healthy: bool = True) -> GpuRoom:  # fmt: skip
+    return GpuRoom(index, free, healthy, total, tuple(holders))
+
+
+def pods(*spec: tuple[str, int]) -> list[PodOnNode]:
+    return [PodOnNode(f"uid-{k.split('/')[1]}", k, p) for k, p in spec]
+
+
+# ------------------------------------------------------------ choose_victims ----
+
+LOW = 0
+
+VICTIM_CASES = [
+    # (id, gpus, pods, kwargs, expected victims or None)
+    ("the holder of a GPU that then fits goes",
+     [room(0, 10_000, ("a/x", 70_000))], pods(("a/x", LOW)), {}, ("uid-x",)),
+    ("already fits: nobody goes",
+     [room(0, 70_000, ("a/x", 10_000))], pods(("a/x", LOW)), {}, ()),
+    ("a GPU smaller than the need: dropped, whatever it holds",
+     [room(0, 1_000, ("a/x", 39_000), total=40_960)], pods(("a/x", LOW)), {}, None),
+    ("holders whose memory is unknown free nothing: dropped",
+     [room(0, 1_000, ("a/x", None), ("a/y", None))], pods(("a/x", LOW), ("a/y", LOW)), {}, None),
+    ("a holder of equal priority is never a victim: dropped",
+     [room(0, 10_000, ("a/x", 70_000))], pods(("a/x", 1000)), {}, None),
+    ("a terminating holder is never a victim: dropped",
+     [room(0, 10_000, ("a/x", 70_000))], [PodOnNode("uid-x", "a/x", LOW, going=True)], {}, None),
+    ("pods on a GPU that cannot fit stay; the ones on the GPU that can go",
+     [room(0, 10_000, ("a/x", 30_000), ("a/z", 40_000)), room(1, 1_000, ("a/y", 5_000))],
+     pods(("a/x", LOW), ("a/y", LOW), ("a/z", LOW)), {}, ("uid-x", "uid-z")),
+    ("of two GPUs that would each do, the lower-priority holder goes",
+     [room(0, 1_000, ("a/hi", 70_000)), room(1, 1_000, ("a/lo", 70_000))],
+     pods(("a/hi", 50), ("a/lo", 10)), {}, ("uid-lo",)),
+    ("same priority: the earlier pod (older) is spared",
+     [room(0, 1_000, ("a/old", 70_000)), room(1, 1_000, ("a/new", 70_000))],
+     pods(("a/old", LOW), ("a/new", LOW)), {}, ("uid-new",)),
+    ("an unhealthy GPU never counts",
+     [room(0, 10_000, ("a/x", 70_000), healthy=False)], pods(("a/x", LOW)), {}, None),
+    ("a victim's reservation (placed, not in the telemetry yet) frees its memory",
+     [room(0, 70_000)], pods(("a/r", LOW)), {"reserved": {0: {"uid-r": 30_000}}}, ("uid-r",)),
+    ("the preemptor's own reservation never counts",
+     [room(0, 70_000)], [], {"reserved": {0: {"uid-preemptor": 30_000}}}, ()),
+    ("a reservation of a pod not on the node list is not a victim: dropped",
+     [room(0, 70_000)], [], {"reserved": {0: {"uid-ghost": 30_000}}}, None),
+    ("two GPUs needed: a holder on each goes",
+     [room(0, 1_000, ("a/x", 70_000)), room(1, 1_000, ("a/y", 70_000)), room(2, 1_000)],
+     pods(("a/x", LOW), ("a/y", LOW)), {"need": Need(60 * GIB, 2)}, ("uid-x", "uid-y")),
+    ("the scheduler's named victims stay (its own filters need them), GPU victims added",
+     [room(0, 10_000, ("a/x", 70_000))], pods(("a/x", LOW), ("a/cpu", LOW)),
+     {"named": ["uid-cpu"]}, ("uid-cpu", "uid-x")),
+    ("a named victim that is not a lower-priority pod on the node: dropped",
+     [room(0, 70_000)], pods(("a/x", 2000)), {"named": ["uid-x"]}, None),
+    ("a named victim not on the node at all: dropped",
+     [room(0, 70_000)], [], {"named": ["uid-gone"]}, None),
+]
+
+
+@pytest.mark.parametrize(
+    "gpus,on_node,kw,expected", [c[1:] for c in VICTIM_CASES], ids=[c[0] for c in VICTIM_CASES]
+)
+def test_choose_victims(gpus, on_node, kw, expected):
+    need = kw.pop("need", NEED)
+    choice = choose_victims(need, 1000, gpus, on_node, preemptor_uid="uid-preemptor", **kw)
+    assert choice.victims == expected, choice.reason
+    assert (choice.reason != "") == (expected is None)
+
+
+def test_reservations_sit_on_the_ledgers_gpus_else_on_the_freest():
+    gpus = [room(0, 10_000), room(1, 50_000), room(2, 30_000, healthy=False)]
+    placed = [
+        Placement("a/p", "uid-p", "n", 5_000, 1),
+        Placement("a/q", "uid-q", "n", 7_000, 2),
+    ]
+    # p on the freest healthy GPU (1: 50000 -> 45000), q on the two freest left (1, 0)
+    assert reserved_by_gpu(gpus, placed) == {1: {"uid-p": 5_000, "uid-q": 7_000}, 0: {"uid-q": 7_000}}
+
+
+# ----------------------------------------------------------------- pod input ----
+
+POD_CASES = [
+    ("priority absent reads 0", pod_doc("a/x", None), PodOnNode("uid-x", "a/x", 0)),
+    ("a terminating pod is going", pod_doc("a/x", 5, deletionTimestamp="2025-01-01T00:00:00Z"),
+     PodOnNode("uid-x", "a/x", 5, going=True)),
+    ("not an object", ["a"], ValueError),
+    ("no uid", {"metadata": {"namespace": "a", "name": "x"}}, ValueError),
+    ("a priority that is not a whole number", {**pod_doc("a/x"), "spec": {"priority": "high"}},
+     ValueError),
+    ("a priority that is a boolean", {**pod_doc("a/x"), "spec": {"priority": True}}, ValueError),
+]
+
+
+@pytest.mark.parametrize("doc,expected", [c[1:] for c in POD_CASES], ids=[c[0] for c in POD_CASES])
+def test_pod_on_node(doc, expected):
+    if expected is ValueError:
+        with pytest.raises(ValueError):
+            pod_on_node(doc)
+    else:
+        assert pod_on_node(doc) == expected
+
+
+# ---------------------------------------------------------------- unresolvable ----
+
+def _state(name: str, gpus: Sequence[Gpu], **kw: Any):
+    m = gpu_node(name, gpus, **kw)["metadata"]
+    return parse_node(name, m["labels"], m["annotations"], PREFIX)
+
+
+UNRESOLVABLE_CASES = [
+    ("stale", "node(s) had stale GPU telemetry (read 600 s ago: agent not reporting)", True),
+    ("unhealthy", "node(s) had GPU health Unhealthy (omaticaya.io)", True),
+    ("no telemetry", "node(s) had no GPU telemetry (omaticaya.io labels missing: no agent)", True),
+    ("unknown to the cache", "node(s) not yet in the omaticaya extender's cache", True),
+    ("a bad pod annotation", "pod annotation omaticaya.io/gpu-memory-mib='x' is not a memory", True),
+    ("no room on enough healthy GPUs: eviction may help",
+     "node(s) had no room: pod needs a GPU with 61440 MiB free (omaticaya.io)", False),
+    ("room taken by in-flight pods: may free", "node(s) had room taken by in-flight pods: ...", False),
+]
+
+
+@pytest.mark.parametrize(
+    "reason,hopeless", [c[1:] for c in UNRESOLVABLE_CASES], ids=[c[0] for c in UNRESOLVABLE_CASES]
+)
+def test_unresolvable(reason, hopeless):
+    one = _state("one", [(1_000, ())])
+    got = unresolvable(NEED, {"one": reason}, {"one": one}.get)
+    assert got == ({"one": reason} if hopeless else {})
+
+
+def test_no_room_with_too_few_healthy_gpus_is_unresolvable():
+    two = _state("two", [(1_000, ()), (1_000, ())], unhealthy=[1])
+    reason = "node(s) had no room: pod needs 2 GPUs with 61440 MiB free (omaticaya.io)"
+    assert unresolvable(Need(60 * GIB, 2), {"two": reason}, {"two": two}.get) == {"two": reason}
+    assert unresolvable(Need(60 * GIB, 1), {"two": reason}, {"two": two}.get) == {}
+    assert unresolvable(None, {"two": reason}, {"two": two}.get) == {}
+
+
+# ------------------------------------------------------------------- the verb ----
+
+#: three full nodes of low-priority pods: on "fits" one pod's memory makes room on its GPU; on
+#: "small" the GPU is 40 GiB (nothing there can make 60 GiB); on "shared" the GPU's holders'
+#: memory is unknown (two holders): evicting them is not known to free anything
+NODES = {
+    "fits": gpu_node("fits", [(10_000, [("low/a", 70_000)]), (1_000, [("low/b", 80_000)])]),
+    "small": gpu_node("small", [(1_000, [("low/c", 39_000)])], total_mib=40_960),
+    "shared": gpu_node("shared", [(1_000, [("low/d", None), ("low/e", None)])]),
+    "sick": gpu_node("sick", [(1_000, [("low/f", 80_000)])], unhealthy=[0]),
+}
+ON_NODE = {
+    "fits": [pod_doc("low/a", node="fits"), pod_doc("low/b", node="fits", started=5),
+             pod_doc("low/idle", node="fits")],
+    "small": [pod_doc("low/c", node="small")],
+    "shared": [pod_doc("low/d", node="shared"), pod_doc("low/e", node="shared")],
+    "sick": [pod_doc("low/f", node="sick")],
+}  # fmt: skip
+
+
+def extender(**kw: Any) -> Extender:
+    cache = {
+        n: parse_node(n, d["metadata"]["labels"], d["metadata"]["annotations"], PREFIX)
+        for n, d in NODES.items()
+    }
+    s = ExtenderSettings(_env_file=None, **kw)  # type: ignore[call-arg]
+    return Extender(s, cache.get, clock=lambda: NOW)
+
+
+def reader(read: list[str] | None = None, bad: dict[str, Any] | None = None):
+    def read_node(node: str) -> NodeView:
+        if read is not None:
+            read.append(node)
+        if node not in NODES:
+            raise OSError("connection refused")
+        items = [*ON_NODE[node], *((bad or {}).get(node, ()))]
+        return node_view(NODES[node], {"items": items}, PREFIX)
+
+    return read_node
+
+
+def meta_args(pod: Any, **victims: Sequence[str]) -> dict[str, Any]:
+    return {
+        "Pod": pod,
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0}
+            for n, uids in victims.items()
+        },
+    }
+
+
+def kept(result: dict[str, Any]) -> dict[str, list[str]]:
+    return {n: [p["UID"] for p in v["Pods"]] for n, v in result["NodeNameToMetaVictims"].items()}
+
+
+def test_only_the_pod_whose_gpu_memory_makes_room_goes():
+    ext = extender()
+    read: list[str] = []
+    result = preempt(ext, meta_args(gpu_pod(), fits=[], small=[], shared=[], sick=[]), reader(read))
+    # fits: low/b's 80000 MiB on GPU 1 (1000 free) or low/a's 70000 on GPU 0 (10000 free) each
+    # make room; a is older, so it is spared; idle holds no GPU memory
+    assert kept(result) == {"fits": ["uid-b"]}
+    assert result["NodeNameToMetaVictims"]["fits"]["NumPDBViolations"] == 0
+    assert "sick" not in read, "an unhealthy node is dropped without reading it"
+    counts = {k[1:]: n for k, n in ext.decisions.counts.items() if k[0] == "preempt"}
+    assert counts == {("kept", ""): 1, ("dropped", "unresolvable"): 1,
+                      ("dropped", "no-fit"): 1, ("dropped", "too-little"): 1}  # fmt: skip
+
+
+def test_whole_pods_without_node_cache_get_the_same_answer():
+    args = {
+        "Pod": gpu_pod(),
+        "NodeNameToVictims": {n: {"Pods": [], "NumPDBViolations": 0} for n in NODES},
+        "NodeNameToMetaVictims": None,
+    }
+    assert kept(preempt(extender(), args, reader())) == {"fits": ["uid-b"]}
+
+
+def test_a_pod_without_a_gpu_need_keeps_the_schedulers_choice():
+    pod = {"metadata": {"uid": "u", "namespace": "a", "name": "cpu"}, "spec": {"priority": 9}}
+    args = meta_args(pod, fits=["uid-a"], small=[])
+    assert kept(preempt(extender(), args, reader())) == {"fits": ["uid-a"], "small": []}
+
+
+def test_a_higher_priority_victim_is_never_chosen():
+    assert kept(preempt(extender(), meta_args(gpu_pod(priority=0), fits=[]), reader())) == {}
+
+
+BAD_ARGS = [
+    ("a victim without a UID", {"Pods": [{"uid": "x"}]}),
+    ("a victim that is not an object", {"Pods": ["uid-a"]}),
+    ("Pods that is not a list", {"Pods": "uid-a"}),
+]
+
+
+@pytest.mark.parametrize("victims", [c[1] for c in BAD_ARGS], ids=[c[0] for c in BAD_ARGS])
+def test_bad_victim_entries_drop_that_node_only(victims):
+    ext = extender()
+    args = {"Pod": gpu_pod(), "NodeNameToMetaVictims": {"small": victims, "fits": {"Pods": []}}}
+    assert kept(preempt(ext, args, reader())) == {"fits": ["uid-b"]}
+    assert ext.decisions.counts[("preempt", "dropped", "bad-victim")] == 1
+
+
+def test_bad_pods_on_the_node_are_skipped_and_counted():
+    ext = extender()
+    bad = {"fits": [{"metadata": {"name": "no-uid"}}, "junk"]}
+    assert kept(preempt(ext, meta_args(gpu_pod(), fits=[]), reader(bad=bad))) == {"fits": ["uid-b"]}
+    assert ext.decisions.counts[("preempt", "dropped", "bad-pod-on-node")] == 2
+
+
+def test_a_node_that_cannot_be_read_is_dropped_and_the_others_answered():
+    ext = extender()
+    result = preempt(ext, meta_args(gpu_pod(), gone=[], fits=[]), reader())
+    assert kept(result) == {"fits": ["uid-b"]}
+    assert ext.decisions.counts[("preempt", "dropped", "unresolvable")] == 1  # not in the cache
+
+
+def test_at_most_max_nodes_are_read():
+    read: list[str] = []
+    preempt(extender(), meta_args(gpu_pod(), fits=[], small=[], shared=[]), reader(read),
+            max_nodes=2)  # fmt: skip
+    assert read == ["fits", "small"]
+
+
+def test_a_bad_pod_annotation_keeps_no_node():
+    pod = gpu_pod()
+    pod["metadata"]["annotations"][f"{PREFIX}/gpu-memory-mib"] = "lots"
+    assert kept(preempt(extender(), meta_args(pod, fits=[]), reader())) == {}
+
+
+def test_the_filter_names_the_nodes_preemption_cannot_help():
+    ext = extender()
+    result = ext.filter({"Pod": gpu_pod(), "NodeNames": ["fits", "sick", "nowhere"]})
+    assert set(result["FailedNodes"]) == {"fits", "sick", "nowhere"}
+    assert set(result["FailedAndUnresolvableNodes"]) == {"sick", "nowhere"}
+    assert result["FailedAndUnresolvableNodes"]["sick"] == result["FailedNodes"]["sick"]
+
+
+def test_http_preempt_answers_with_go_field_names_and_never_a_500():
+    ext = extender()
+
+    def broken(args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    with TestClient(create_app(ext, preempt=lambda a: preempt(ext, a, reader()))) as c:
+        r = c.post("/preempt", content=json.dumps(meta_args(gpu_pod(), fits=[])))
+        assert r.status_code == 200
+        assert r.json() == {"NodeNameToMetaVictims": {"fits": {"Pods": [{"UID": "uid-b"}],
+                                                               "NumPDBViolations": 0}}}  # fmt: skip
+        assert c.post("/preempt", content=b"[1]").status_code == 400
+    with TestClient(create_app(ext, preempt=broken)) as c:
+        r = c.post("/preempt", json=meta_args(gpu_pod(), fits=[]))
+        assert (r.status_code, r.json()) == (200, {"NodeNameToMetaVictims": {}})
+    with TestClient(create_app(ext)) as c:
+        assert c.post("/preempt", json={}).status_code in (404, 405)
