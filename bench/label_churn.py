@@ -11,6 +11,14 @@ trace time after start-up, as a Node watcher would see them, for each write budg
 so a change that is undone before the interval has passed never reaches the Node. Budget 0
 is the rendered churn itself.
 
+The telemetry annotation is followed too (issue 24): a GPU's exact free memory down by more than
+``telemetry_free_drop_mib`` (256 MiB) rewrites it at once though no label changed, the same rise
+once the budget lets a change for the better go (``core.budget.telemetry_change``, as
+``agent/writer.py`` applies it). The last table sets the Node patches per hour side by side with
+that rule off (``OMATICAYA_TELEMETRY_FREE_DROP_MIB=0``: the telemetry moved only with a label,
+as before) and on at its default; the traces hold no pods, so a change of holders costs nothing
+here.
+
 Heartbeats are not counted: in a cluster the agent's liveness is its Lease, and the Node is
 written only with a label change. The opt-in ``gpu-N.temperature-c`` is measured in a second
 replay with ``temperature_labels`` on (its row only; the patch counts are at the defaults).
@@ -46,9 +54,18 @@ from bench.common import (  # noqa: E402
     table,
     write_trace,
 )
-from omaticaya_py.core.budget import hold_back, name_of, safe_part, urgent  # noqa: E402
+from omaticaya_py.core.budget import (  # noqa: E402
+    BETTER,
+    WORSE,
+    hold_back,
+    name_of,
+    safe_part,
+    telemetry_change,
+    urgent,
+)
 from omaticaya_py.core.health import XidLedger, XidPolicy, assess  # noqa: E402
 from omaticaya_py.core.render import render  # noqa: E402
+from omaticaya_py.core.render_telemetry import telemetry_marks  # noqa: E402
 from omaticaya_py.sources.replay import TraceReader  # noqa: E402
 
 H100 = ROOT / "tests" / "data" / "h100-trace.json"
@@ -67,9 +84,12 @@ def family(key: str) -> str:
     return _GPU_N.sub("gpu-N.", name_of(key))
 
 
-def rendered_labels(path: Path, settings: Any, duration_s: float) -> Iterator[tuple[float, dict]]:
-    """``(trace seconds, desired labels)`` at each tick of ``settings.schedule`` over
-    ``duration_s`` of looped trace time: the agent's read -> assess -> render, no API."""
+def rendered_labels(
+    path: Path, settings: Any, duration_s: float
+) -> Iterator[tuple[float, dict, dict]]:
+    """``(trace seconds, desired labels, telemetry marks)`` at each tick of
+    ``settings.schedule`` over ``duration_s`` of looped trace time: the agent's read -> assess
+    -> render, no API."""
     period_s = settings.schedule.interval_s
     clock = FakeClock(0.0)
     reader = TraceReader(path, window_s=period_s, loop=True, clock=clock)
@@ -85,7 +105,7 @@ def rendered_labels(path: Path, settings: Any, duration_s: float) -> Iterator[tu
         ledger.record(snapshot.xid_events)
         health = assess(snapshot, ledger.recent(snapshot.clock_s), policy)
         labels = render(snapshot, health, settings, previous, with_telemetry=False).labels
-        yield t, labels
+        yield t, labels, telemetry_marks(snapshot)
         previous = labels
         t += period_s
 
@@ -93,11 +113,16 @@ def rendered_labels(path: Path, settings: Any, duration_s: float) -> Iterator[tu
 @dataclass
 class NodeSide:
     """What a Node watcher sees under one write budget: the labels on the Node, its patches
-    (after the start-up one), the urgent ones among them, held-back ticks and, per label
-    family, the value changes."""
+    (after the start-up one), the urgent ones among them, held-back ticks, per label family
+    the value changes, and the patches that carry the telemetry alone (``telemetry_only``:
+    free memory moved by more than ``drop_mib`` with no label; ``drop_mib`` 0: not followed)."""
 
     budget_s: float
+    drop_mib: int = 256
     labels: dict[str, str] = field(default_factory=dict)
+    published: dict | None = None
+    marks: dict | None = None
+    telemetry_only: int = 0
     last_patch_s: float | None = None
     calm_since_s: float | None = None
     previous: dict[str, str] | None = None
@@ -106,20 +131,32 @@ class NodeSide:
     held: int = 0
     changes: Counter[str] = field(default_factory=Counter)
 
-    def tick(self, now_s: float, desired: dict[str, str]) -> None:
-        """``agent/writer.py``'s rule: a label change is patched unless the budget holds it."""
+    def tick(self, now_s: float, desired: dict[str, str], marks: dict | None = None) -> None:
+        """``agent/writer.py``'s rule: a label change is patched unless the budget holds it;
+        the telemetry alone when its free memory is behind (``core.budget.telemetry_change``)."""
+        marks = marks or {}
         if self.previous is not None and urgent(self.previous, desired):
             self.calm_since_s = now_s  # the reading got worse: a rise waits for calm
-        self.previous = dict(desired)
+        elif self.marks is not None and telemetry_change(self.marks, marks, self.drop_mib) == WORSE:
+            self.calm_since_s = now_s
+        self.previous, self.marks = dict(desired), marks
         if hold_back(now_s, self.last_patch_s, self.budget_s, False, self.calm_since_s):
             safe = safe_part(self.labels, desired)  # changes for the better wait
             self.held += safe != desired
             desired = safe
-        if desired == self.labels:
+        behind = False
+        if desired == self.labels and self.published is not None:
+            change = telemetry_change(self.published, marks, self.drop_mib)
+            behind = change == WORSE or change == BETTER and not hold_back(
+                now_s, self.last_patch_s, self.budget_s, False, self.calm_since_s
+            )
+        if desired == self.labels and not behind:
             return
+        self.published = marks
         is_urgent = urgent(self.labels, desired)
         if self.last_patch_s is not None:  # the start-up patch is not churn
             self.patches += 1
+            self.telemetry_only += desired == self.labels
             self.urgent_patches += is_urgent
             for key in self.labels.keys() | desired.keys():
                 if self.labels.get(key) != desired.get(key):
@@ -127,13 +164,18 @@ class NodeSide:
         self.labels, self.last_patch_s = dict(desired), now_s
 
 
-def replay(path: Path, budgets: Sequence[float], duration_s: float, **overrides: Any) -> list:
-    """One ``NodeSide`` per budget after ``duration_s`` of the trace at ``path``."""
+def replay(
+    path: Path, budgets: Sequence[float], duration_s: float, drop_mib: int | None = None,
+    **overrides: Any,
+) -> list:  # fmt: skip
+    """One ``NodeSide`` per budget after ``duration_s`` of the trace at ``path``
+    (``drop_mib``: the telemetry's free-memory threshold; ``None``: the setting's default)."""
     settings = bench_settings(node_name="churn", **overrides)
-    sides = [NodeSide(b) for b in budgets]
-    for now_s, labels in rendered_labels(path, settings, duration_s):
+    drop = settings.telemetry_free_drop_mib if drop_mib is None else drop_mib
+    sides = [NodeSide(b, drop) for b in budgets]
+    for now_s, labels, marks in rendered_labels(path, settings, duration_s):
         for side in sides:
-            side.tick(now_s, labels)
+            side.tick(now_s, labels, marks)
     return sides
 
 
@@ -178,6 +220,19 @@ def run(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) ->
         ["trace", "budget s", "Node patches/h", "urgent/h", "held ticks/h", "labels/patch"],
         patch_rows,
     )
+    before = {name: replay(path, budgets, duration_s, drop_mib=0) for name, path in traces.items()}
+    cost_rows = [
+        [name, whole(after.budget_s), per_hour(old.patches), per_hour(after.patches),
+         per_hour(after.telemetry_only)]
+        for name in traces
+        for old, after in zip(before[name], results[name], strict=True)
+    ]  # fmt: skip
+    drop = results[next(iter(traces))][0].drop_mib
+    cost_table = table(
+        ["trace", "budget s", "Node patches/h: telemetry with labels only (before)",
+         f"free drop > {drop} MiB rewrites it (after)", "of which telemetry alone"],
+        cost_rows,
+    )  # fmt: skip
     with_temp = ", ".join(
         f"{name} " + "/".join(str(per_hour(side.patches)) for side in temps[name]) for name in traces
     )
@@ -187,7 +242,7 @@ def run(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) ->
         "labels not listed (hardware facts, health, healthy-count) did not change; urgent: a\n"
         "patch with a less attractive change, which the budget never holds"
     )
-    return "\n\n".join([labels_table, patches_table, notes])
+    return "\n\n".join([labels_table, patches_table, notes, cost_table])
 
 
 def main(argv: list[str] | None = None) -> int:

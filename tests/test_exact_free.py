@@ -119,13 +119,18 @@ def test_label_bounds(mine, expected):
     assert label_bounds(mine) == expected
 
 
-def extender_verdict(labels: dict[str, str], annotations: dict[str, str], need_mib: int) -> str | None:
-    """The extender's filter on one Node (``None``: it passes, else the reason it fails)."""
+def extender_verdict(
+    labels: dict[str, str], annotations: dict[str, str], need_mib: int, count: int = 1,
+    now: float | None = NOW,
+) -> str | None:
+    """The extender's filter on one Node (``None``: it passes, else the reason it fails) for a
+    pod asking ``count`` GPUs with ``need_mib`` free each (``now``: epoch seconds, ``None``:
+    the wall clock)."""
     node = {"metadata": {"name": "n", "labels": labels, "annotations": annotations}}
-    pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u-1",
-                        "annotations": {P + "gpu-memory-mib": str(need_mib)}}}  # fmt: skip
+    asks = {P + "gpu-memory-mib": str(need_mib), P + "gpu-count": str(count)}
+    pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u-1", "annotations": asks}}
     args = {"Pod": pod, "Nodes": {"metadata": {}, "items": [node]}, "NodeNames": None}
-    result = handle_filter(args, ExtenderSettings(_env_file=None), now=NOW)  # type: ignore[call-arg]
+    result = handle_filter(args, ExtenderSettings(_env_file=None), now=now)  # type: ignore[call-arg]
     if [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["n"]:
         return None
     return result["FailedNodes"]["n"]

@@ -6,7 +6,10 @@ value changed sends no request at all. The telemetry annotation goes with any la
 patch response is checked against the desired state, so a Node that was re-created or edited by
 hand is put right at once. The write budget (``min_patch_interval_s``, ``core.budget``) holds
 back a change that makes the Node more attractive until the interval since the last patch has
-passed; one that makes it less attractive goes at once.
+passed; one that makes it less attractive goes at once. The telemetry also follows what no
+label shows (``core.budget.telemetry_change``): a GPU's exact free memory down by more than
+``telemetry_free_drop_mib`` or a new pod holding it rewrites it at once, the same rise or a
+holder leaving once the budget lets a change for the better go.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import replace
 from loguru import logger
 
 from ..core.attribution import GpuAttribution
-from ..core.budget import hold_back, safe_part, urgent
+from ..core.budget import BETTER, WORSE, UnitMark, hold_back, safe_part, telemetry_change, urgent
 from ..core.health import NodeHealth
 from ..core.patch import (
     MergePatch,
@@ -30,7 +33,8 @@ from ..core.patch import (
     volatile_due,
 )
 from ..core.render import Desired, is_static, telemetry_annotation
-from ..core.schema import TELEMETRY
+from ..core.render_telemetry import UnitKey, published_marks, telemetry_marks
+from ..core.schema import TELEMETRY, Telemetry
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot
 from ..core.window import PeakWindow
@@ -67,6 +71,10 @@ class NodeWriter:
         #: the last tick whose desired labels were worse than the tick's before (``None``: never)
         self.calm_since_s: float | None = None
         self._last_desired: dict[str, str] | None = None
+        #: the last tick's telemetry marks, and the Node's annotation with its marks (parsed
+        #: once per value)
+        self._last_marks: dict[UnitKey, UnitMark] | None = None
+        self._published: tuple[str, dict[UnitKey, UnitMark]] | None = None
 
     def forget(self) -> None:
         """Drop the cached Node: the next write reads it first (re-created or edited)."""
@@ -91,12 +99,21 @@ class NodeWriter:
     ) -> tuple[Desired, MergePatch | None, bool]:
         """``(desired with its telemetry, the patch computed or None, whether it was sent)``;
         ``attribution`` (who uses each GPU) goes into the telemetry."""
+        drop_mib = self.settings.telemetry_free_drop_mib
+        marks = telemetry_marks(snapshot, attribution)
         if self._last_desired is not None and urgent(self._last_desired, desired.labels):
             self.calm_since_s = now_s
-        self._last_desired = dict(desired.labels)
+        elif self._last_marks is not None and (
+            telemetry_change(self._last_marks, marks, drop_mib) == WORSE
+        ):
+            self.calm_since_s = now_s  # a rise of free memory or holders waits for calm too
+        self._last_desired, self._last_marks = dict(desired.labels), marks
         current = self.current()
         desired = self._within_budget(desired, current, now_s)
-        refresh = self.liveness.refresh(now_s, current.annotations.get(self.telemetry_key))
+        on_node = current.annotations.get(self.telemetry_key)
+        refresh = self.liveness.refresh(now_s, on_node) or self._telemetry_behind(
+            on_node, marks, now_s
+        )
         desired = self._with_telemetry(desired, snapshot, health, current, refresh, attribution)
         patch = self._diff(desired, current, refresh)
         sent = False
@@ -135,6 +152,26 @@ class NodeWriter:
         else:
             annotations = {key: current.annotations[key]}
         return replace(desired, annotations=annotations)
+
+    def _telemetry_behind(
+        self, on_node: str | None, marks: dict[UnitKey, UnitMark], now_s: float
+    ) -> bool:
+        """Whether the telemetry on the Node (``on_node``) must be rewritten though no label
+        changed: a change for the worse in what no label shows (free memory down by more than
+        ``telemetry_free_drop_mib``, a new holder) at once; one for the better (the same rise,
+        a holder gone) when the write budget lets it go (``core.budget.hold_back``). A value on
+        the Node that cannot be read counts as publishing nothing."""
+        if on_node is None:
+            return False  # missing: written anyway (core.patch.volatile_due)
+        if self._published is None or self._published[0] != on_node:
+            doc, _ = Telemetry.parse(on_node)
+            self._published = (on_node, published_marks(doc) if doc is not None else {})
+        change = telemetry_change(self._published[1], marks, self.settings.telemetry_free_drop_mib)
+        if change == WORSE:
+            return True
+        return change == BETTER and not hold_back(
+            now_s, self.last_patch_s, self.settings.min_patch_interval_s, False, self.calm_since_s
+        )
 
     def _diff(self, desired: Desired, current: NodeMeta, refresh: bool) -> MergePatch | None:
         return diff(

@@ -7,11 +7,18 @@ free memory down, utilisation up, fewer healthy or idle units, health worse, a G
 gone. Those go at once, so that a label is only ever stale on the safe side (it may undersell a
 node, never oversell it); a change for the better goes once the reading has not got worse for
 one interval. Pure functions, no I/O.
+
+The telemetry annotation follows the same rule for what no label shows (``telemetry_change``):
+a GPU's or MIG device's exact free memory down by more than ``OMATICAYA_TELEMETRY_FREE_DROP_MIB``
+(labels move in 1,024 MiB steps, so a drop within a step changes none), or a pod that starts
+holding it, is a change for the worse and rewrites the telemetry at once; the same rise, or a
+holder leaving, waits like any change for the better.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .schema import (
     GPU_COUNT,
@@ -33,7 +40,18 @@ from .schema import (
     UTILIZATION,
 )
 
-__all__ = ["HEALTH_RANK", "hold_back", "name_of", "safe_part", "urgent", "worse"]
+__all__ = [
+    "BETTER",
+    "HEALTH_RANK",
+    "WORSE",
+    "UnitMark",
+    "hold_back",
+    "name_of",
+    "safe_part",
+    "telemetry_change",
+    "urgent",
+    "worse",
+]
 
 #: node and per-GPU health, best first; a value not listed ranks as the worst
 HEALTH_RANK = {"Healthy": 0, "Degraded": 1, "Unhealthy": 2, "Unknown": 3}
@@ -139,3 +157,48 @@ def safe_part(before_labels: Mapping[str, str], after_labels: Mapping[str, str])
         if value is not None:
             out[key] = value
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class UnitMark:
+    """What the telemetry says of one GPU or MIG device that no label shows: its exact free
+    memory (MiB; ``None``: not read) and the containers holding it, as ``(namespace, pod,
+    container)`` (the kubelet's PodResources; empty when nothing is attributed)."""
+
+    free_mib: int | None
+    holders: frozenset[tuple[str, str, str]] = frozenset()
+
+
+#: ``telemetry_change`` answers: the telemetry must be rewritten at once / may wait
+WORSE, BETTER = "worse", "better"
+
+
+def telemetry_change(
+    published: Mapping[object, UnitMark], now: Mapping[object, UnitMark], drop_mib: int
+) -> str | None:
+    """How the reading ``now`` differs from the telemetry ``published`` (both: unit key ->
+    ``UnitMark``, the key naming a GPU or a MIG device the same way on both sides) in what no
+    label shows.
+
+    ``WORSE`` when any unit's free memory fell by more than ``drop_mib`` (or can no longer be
+    read, or the unit is gone), or a container holds it that ``published`` does not name: the
+    extender would decide on more room than there is, or preemption on the wrong pods.
+    ``BETTER`` when none did but a unit's free memory rose by more than ``drop_mib`` (or a new
+    unit has some), or a holder left. ``None`` otherwise. ``drop_mib`` 0 turns the free-memory
+    part off (holders still count)."""
+    better = False
+    for key in published.keys() | now.keys():
+        before, after = published.get(key), now.get(key)
+        b_free = before.free_mib if before is not None else None
+        a_free = after.free_mib if after is not None else None
+        b_holders = before.holders if before is not None else frozenset()
+        a_holders = after.holders if after is not None else frozenset()
+        if a_holders - b_holders:
+            return WORSE
+        if drop_mib > 0 and b_free is not None and (a_free is None or b_free - a_free > drop_mib):
+            return WORSE
+        if b_holders - a_holders:
+            better = True
+        elif drop_mib > 0 and a_free is not None and (b_free is None or a_free - b_free > drop_mib):
+            better = True
+    return BETTER if better else None

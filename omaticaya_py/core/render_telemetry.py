@@ -13,11 +13,13 @@ from typing import Any
 
 from .. import __version__
 from .attribution import (
+    ContainerDevices,
     GpuAttribution,
     gpu_out_of_band_mib,
     holder_memory_mib,
     out_of_band_mib,
 )
+from .budget import UnitMark
 from .health import NodeHealth
 from .labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
 from .schema import (
@@ -32,7 +34,17 @@ from .schema.telemetry import XidTelemetry
 from .snapshot import GpuReading, NodeSnapshot
 from .window import PeakWindow
 
-__all__ = ["telemetry", "telemetry_annotation", "telemetry_document"]
+__all__ = [
+    "UnitKey",
+    "published_marks",
+    "telemetry",
+    "telemetry_annotation",
+    "telemetry_document",
+    "telemetry_marks",
+]
+
+#: a unit of the telemetry: ``(GPU index, MIG device index)``, ``-1`` for the GPU itself
+UnitKey = tuple[int, int]
 
 
 def telemetry_document(
@@ -190,3 +202,49 @@ def telemetry_annotation(
     if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
     return {}, [(key, value[:80])]
+
+
+def _holders(attribution: Mapping[str, GpuAttribution] | None, uuid: str | None) -> frozenset:
+    """The ``(namespace, pod, container)`` holding one device, as ``_users`` publishes them."""
+    if attribution is None or not uuid or (att := attribution.get(uuid)) is None:
+        return frozenset()
+    return frozenset(_holder(h) for h in att.holders)
+
+
+def _holder(h: ContainerDevices | PodTelemetry) -> tuple[str, str, str]:
+    return (h.namespace or "", h.pod or "", h.container or "")
+
+
+def telemetry_marks(
+    snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution] | None = None
+) -> dict[UnitKey, UnitMark]:
+    """What the telemetry of ``snapshot`` (with ``attribution``) would say of each GPU and MIG
+    device that no label shows (``core.budget.telemetry_change``): exact free memory and
+    holders, keyed ``(gpu index, mig index or -1)``. Equal to ``published_marks`` of that
+    telemetry, parsed, without building or encoding it (a quiet tick encodes no JSON)."""
+    out: dict[UnitKey, UnitMark] = {}
+    for g in snapshot.gpus:
+        if g.mig_enabled:
+            out[(g.index, -1)] = UnitMark(g.memory_free_mib)
+            for m in g.mig_devices:
+                out[(g.index, m.index)] = UnitMark(m.memory_free_mib, _holders(attribution, m.uuid))
+        else:
+            out[(g.index, -1)] = UnitMark(g.memory_free_mib, _holders(attribution, g.uuid))
+    return out
+
+
+def published_marks(doc: Telemetry) -> dict[UnitKey, UnitMark]:
+    """``telemetry_marks`` as read back from a telemetry document (the one on the Node;
+    untrusted: the first entry of an index wins, like ``parse_gpu_readings``)."""
+    out: dict[UnitKey, UnitMark] = {}
+    for g in doc.gpus:
+        out.setdefault(
+            (g.index, -1),
+            UnitMark(g.memory_free_mib, frozenset(_holder(h) for h in g.pods or ())),
+        )
+        for m in g.mig_devices or ():
+            out.setdefault(
+                (g.index, m.index),
+                UnitMark(m.memory_free_mib, frozenset(_holder(h) for h in m.pods or ())),
+            )
+    return out

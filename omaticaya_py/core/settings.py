@@ -118,6 +118,15 @@ class Settings(CommonSettings):
         "that make the Node less attractive (free memory down, health worse, a GPU gone), which "
         "go at once; held-back changes go out once it has passed (0: off).",
     )
+    telemetry_free_drop_mib: int = Field(
+        default=256,
+        ge=0,
+        le=10**6,
+        description="Rewrite the telemetry annotation at once (a change for the worse) when a "
+        "GPU's or MIG device's exact free memory drops by more than this many MiB though no "
+        "label changed; a rise as large waits like any change for the better (0: off, the "
+        "telemetry follows label changes and the heartbeat only).",
+    )
     window_s: float = Field(
         default=300,
         ge=0,
