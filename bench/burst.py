@@ -51,10 +51,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +67,15 @@ from bench.burst_data import (  # noqa: E402
     node_frees,
     pending_with_room,
 )
+from bench.burst_procs import (  # noqa: E402
+    Watched,
+    start_extender,
+    start_scheduler,
+    watch_pods,
+    worktree,  # noqa: E402
+)
+from bench.burst_procs import stop as stop_proc  # noqa: E402
 from bench.common import ROOT, admin_api, cluster, delete_nodes, emit, header, table  # noqa: E402
-
-UNSCHEDULABLE = ("PodScheduled", "False", "Unschedulable")
 
 
 @dataclass
@@ -78,109 +83,6 @@ class Variant:
     key: str  # stock, before, after
     tree: Path | None  # the extender's source tree; None: no extender
     rev: str = ""
-
-
-@dataclass
-class Watched:
-    """What the pod watch saw: first time each pod was bound (monotonic s), the last
-    Unschedulable message of each pod."""
-
-    bound_at: dict[str, float] = field(default_factory=dict)
-    reason: dict[str, str] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def watch_pods(kubeconfig: str, ns: str, rv: str, seen: Watched, stop: threading.Event) -> None:
-    from kubernetes import watch
-
-    api = admin_api(kubeconfig)
-    while not stop.is_set():
-        w = watch.Watch()
-        for ev in w.stream(api.list_namespaced_pod, ns, resource_version=rv, timeout_seconds=5):
-            pod, now = ev["object"], time.monotonic()
-            rv = pod.metadata.resource_version
-            with seen.lock:
-                if pod.spec.node_name and pod.metadata.name not in seen.bound_at:
-                    seen.bound_at[pod.metadata.name] = now
-                for c in pod.status.conditions or []:
-                    if (c.type, c.status, c.reason) == UNSCHEDULABLE:
-                        seen.reason[pod.metadata.name] = c.message or ""
-            if stop.is_set():
-                w.stop()
-    api.api_client.close()
-
-
-def start_extender(v: Variant, kubeconfig: str, name: str, port: int, strategy: str,
-                   tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
-    """``omaticaya extender`` from ``v.tree`` (its own interpreter, the tree first on the path,
-    run from an empty dir: no ``.env``), configured through the environment only (every rev
-    reads it); waits for ``/readyz`` (its Node cache synced)."""
-    env = {k: val for k, val in os.environ.items() if not k.startswith("OMATICAYA_")}
-    env.update(PYTHONPATH=str(v.tree), OMATICAYA_EXTENDER_PORT=str(port),
-               OMATICAYA_EXTENDER_ADDRESS="127.0.0.1", OMATICAYA_EXTENDER_STRATEGY=strategy,
-               OMATICAYA_EXTENDER_SETTLE_S="3600", OMATICAYA_EXTENDER_SCHEDULER_NAME=name,
-               OMATICAYA_EXTENDER_KUBECONFIG=kubeconfig)  # fmt: skip
-    cwd = tmp / f"{name}-cwd"
-    cwd.mkdir()
-    with open(tmp / f"{name}-extender.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "omaticaya_py", "extender"], env=env,
-                                cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)  # fmt: skip
-    _wait_http(f"http://127.0.0.1:{port}/readyz", proc, f"extender {name}")
-    return proc
-
-
-def start_scheduler(kubeconfig: str, name: str, extender_port: int | None, tree: Path,
-                    tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
-    """kube-scheduler v1.20.2 from ``tree``'s example v1beta1 config (the extender removed for
-    stock), profile ``name``; waits for its /healthz."""
-    import yaml
-
-    from tests.devcluster import DevCluster, scheduler_binary
-    from tests.test_scheduling_cluster import _free_port
-
-    example = tree / "examples" / "scheduler" / "scheduler-config-v1beta1.yaml"
-    config = yaml.safe_load(example.read_text())
-    config["clientConnection"]["kubeconfig"] = kubeconfig
-    config["leaderElection"] = {"leaderElect": False}
-    health = _free_port()
-    config["healthzBindAddress"] = config["metricsBindAddress"] = f"127.0.0.1:{health}"
-    config["profiles"][0]["schedulerName"] = name
-    if extender_port is None:
-        del config["extenders"]
-    else:
-        config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    if not scheduler_binary().exists():
-        subprocess.run([str(ROOT / "scripts" / "dev-cluster"), "build", "--scheduler"], check=True)
-    # spawn_scheduler uses nothing of its cluster (the config names the kubeconfig)
-    proc = DevCluster.spawn_scheduler(None, path, tmp / f"{name}.log")  # type: ignore[arg-type]
-    _wait_http(f"http://127.0.0.1:{health}/healthz", proc, f"kube-scheduler {name}")
-    return proc
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited {proc.returncode}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        time.sleep(0.2)
-    raise RuntimeError(f"{what}: {url} not ready after {timeout_s:g} s")
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 def pod_body(v: Variant, name: str, scheduler: str, mib: int | None) -> dict[str, Any]:
@@ -222,7 +124,7 @@ def run_variant(v: Variant, kubeconfig: str, frees: list[list[int]], args: argpa
         api.create_namespaced_service_account(group, {"metadata": {"name": "default"}})
         port = _free_port() if v.tree is not None else None
         if port is not None:
-            ext = start_extender(v, kubeconfig, group, port, args.strategy, tmp)
+            ext = start_extender(v.tree, kubeconfig, group, port, args.strategy, tmp)
         sched = start_scheduler(kubeconfig, group, port, v.tree or ROOT, tmp)
         api.create_namespaced_pod(group, pod_body(v, "warm-up", group, None))
         wait_for("the warm-up pod to bind",
@@ -255,8 +157,8 @@ def run_variant(v: Variant, kubeconfig: str, frees: list[list[int]], args: argpa
         return judge(api, group, names, frees, args.pod_mib, t0, created, bound, reason, settled)
     finally:
         stop.set()
-        _stop(sched)
-        _stop(ext)
+        stop_proc(sched)
+        stop_proc(ext)
         with contextlib.suppress(Exception):
             api.delete_collection_namespaced_pod(group, grace_period_seconds=0)
             api.delete_namespace(group)
@@ -297,16 +199,6 @@ def _short(message: str) -> str:
     return message.split(": ", 1)[-1].split(":", 1)[0][:90]
 
 
-def worktree(rev: str, tmp: Path, key: str) -> tuple[Path, str]:
-    """A detached ``git worktree`` of ``rev`` in ``tmp``; (its path, the full commit)."""
-    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
-    path = tmp / f"{key}-{sha[:10]}"
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=ROOT, check=True,
-                   capture_output=True)  # fmt: skip
-    return path, sha
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=50)
@@ -332,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     slots = sum(f // args.pod_mib for node in frees for f in node)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()  # fmt: skip
-    rows, results = [], {}
+    rows, results, failed = [], {}, {}
     with (
         tempfile.TemporaryDirectory(prefix="omaticaya-burst-") as d,
         cluster(args.kubeconfig) as cl,
@@ -353,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
                     variants.append(Variant(key, None))
             for v in variants:
                 print(f"(running {v.key} ...)", file=sys.stderr, flush=True)
-                results[v.key] = r = run_variant(v, cl.kubeconfig, frees, args, tmp)
+                try:
+                    results[v.key] = r = run_variant(v, cl.kubeconfig, frees, args, tmp)
+                except Exception as exc:  # noqa: BLE001 - the other variants still run and print
+                    failed[v.key] = f"{type(exc).__name__}: {exc}"
+                    rows.append([v.key, v.rev or "-", *"----", "failed", *"---"])
+                    continue
                 rows.append([v.key, v.rev or "-", r["bound"], r["pending"], r["time_s"],
                              r["create_s"], r["settled"], r["nodes_over"], r["pods_over"],
                              r["pending_room"]])  # fmt: skip
@@ -370,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f", {r['time_s'] / base:.2f}x stock" if base and key != "stock" else ""
         why = "; ".join(f"{n} x '{msg}'" for msg, n in r["why"]) or "none"
         lines.append(f"{key}: time to bound {r['time_s']:.1f} s{ratio}; Pending: {why}")
+    lines += [f"{key}: FAILED: {why}" for key, why in failed.items()]
     after = results.get("after")
     if after and base:
         met = (after["pods_over"] == 0 and after["pending_room"] == 0
@@ -396,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         ),  # fmt: skip
         "\n".join(lines[1:]),
     )
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
