@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import H100_TRACE
+from tests.tools import ToolUnavailable, promtool_path
 from tests.waiting import wait_for
 
 FILES = Path(__file__).resolve().parent.parent / "charts" / "omaticaya" / "files"
@@ -30,10 +30,10 @@ METRIC = re.compile(r"\bomaticaya_[a-z0-9_]+\b")
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not found (Debian: apt-get install -y prometheus)")
-    return path
+    try:
+        return str(promtool_path())
+    except ToolUnavailable as exc:
+        pytest.skip(f"promtool unavailable: {exc}")
 
 
 def _dashboard() -> dict:

