@@ -11,7 +11,8 @@ import pytest
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler import Extender, ExtenderSettings, Need, judge
 from omaticaya_py.scheduler.inflight import Placement, adjust, pending
-from omaticaya_py.scheduler.placements import InFlight, PodProblems, placement_from_pod
+from omaticaya_py.scheduler.ledger import Ledger
+from omaticaya_py.scheduler.placements import PodProblems, placement_from_pod
 from omaticaya_py.scheduler.staleness import node_policy, view_from_object, with_policy
 
 NOW = 1_800_000_000.0
@@ -249,83 +250,52 @@ def test_pod_problems_log_once_and_count():
 # -------------------------------------------------------------------- the extender ----
 
 
-class FakePods:
-    def __init__(self, values: dict[str, Placement]) -> None:
-        self.values, self.version = values, 1
-
-    def snapshot(self) -> dict[str, Placement]:
-        return dict(self.values)
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-
-def test_extender_counts_in_flight_pods_in_filter_and_prioritize():
+def test_extender_counts_bound_pods_in_filter_and_prioritize():
     states = {"a": node(70000, name="a"), "b": node(40000, name="b")}
-    pods = FakePods({"ns/x": placed(30000, uid="x")})
-    pods.values["ns/x"] = Placement("ns/x", "x", "a", 30000, 1, NOW - 1)
     ext = Extender(ExtenderSettings(_env_file=None), states.get, clock=lambda: NOW)  # type: ignore[call-arg]
-    ext.placements = InFlight(pods).for_node
+    ext.ledger = Ledger()
+    ext.ledger.pod_changed("ns/x", None, Placement("ns/x", "x", "a", 30000, 1, NOW - 1))
     args = {
         "Pod": {"metadata": {"uid": "new", "annotations": {f"{P}/gpu-memory-mib": "30000"}}},
         "NodeNames": ["a", "b"],
     }
-    assert ext.filter(args)["NodeNames"] == ["a", "b"]
-    # binpack: a has 40000 left after the in-flight pod, b 40000: equal scores
+    # binpack: a has 40000 left after the bound pod, b 40000: equal scores, the first wins
     assert [h["Score"] for h in ext.prioritize(args)] == [10, 10]
-    pods.values["ns/y"] = Placement("ns/y", "y", "a", 30000, 1, NOW - 1)
-    pods.version += 1
+    out = ext.filter(args)
+    assert out["NodeNames"] == ["a"] and "another was chosen" in out["FailedNodes"]["b"]
+    ext.ledger.pod_changed("ns/y", None, Placement("ns/y", "y", "a", 30000, 1, NOW - 1))
+    args["Pod"]["metadata"]["uid"] = "other"
     out = ext.filter(args)
     assert out["NodeNames"] == ["b"]
     assert "in-flight" in out["FailedNodes"]["a"]
-    # the pod itself is never in flight against itself
-    args["Pod"]["metadata"]["uid"] = "y"
-    assert ext.filter(args)["NodeNames"] == ["a", "b"]
-    # settle_s 0 turns the accounting off
+    # settle_s 0 turns the accounting (and the narrowing) off
     ext.settings = ExtenderSettings(_env_file=None, settle_s=0)  # type: ignore[call-arg]
-    args["Pod"]["metadata"]["uid"] = "new"
     assert ext.filter(args)["NodeNames"] == ["a", "b"]
 
 
-def test_an_assumed_pod_counts_on_every_node_it_passed_until_seen_bound():
-    pods = FakePods({})
-    inflight = InFlight(pods, assume_s=30)
-    inflight.assume("u", "ns/p", 30000, 1, ["a", "b"], NOW)
-    assert [p.uid for p in inflight.for_node("a", NOW)] == ["u"]
-    assert [p.uid for p in inflight.for_node("b", NOW)] == ["u"]
-    assert inflight.for_node("c", NOW) == []
-    # the watch shows it bound on b: it counts there only
-    pods.values["ns/p"] = Placement("ns/p", "u", "b", 30000, 1, NOW)
-    pods.version += 1
-    assert inflight.for_node("a", NOW) == []
-    assert [p.node for p in inflight.for_node("b", NOW)] == ["b"]
-    assert inflight.assumed() == 0
-
-
-def test_an_assumed_pod_that_never_binds_expires():
-    inflight = InFlight(FakePods({}), assume_s=30)
-    inflight.assume("u", "ns/p", 30000, 1, ["a"], NOW)
-    assert inflight.for_node("a", NOW + 29)
-    assert inflight.for_node("a", NOW + 30) == []
-
-
-def test_the_extender_assumes_the_pod_on_the_nodes_that_passed():
+def test_the_extender_reserves_the_pod_on_the_one_node_it_narrowed_to():
     states = {"a": node(70000, name="a"), "b": node(20000, name="b")}
-    inflight = InFlight(FakePods({}))
     ext = Extender(ExtenderSettings(_env_file=None), states.get, clock=lambda: NOW)  # type: ignore[call-arg]
-    ext.placements = lambda name: inflight.for_node(name, NOW)
-    ext.assume = inflight.assume
+    ext.ledger = ledger = Ledger()
     pod = {"metadata": {"uid": "p1", "namespace": "ns", "name": "p1",
                         "annotations": {f"{P}/gpu-memory-mib": "30000"}}}  # fmt: skip
     assert ext.filter({"Pod": pod, "NodeNames": ["a", "b"]})["NodeNames"] == ["a"]
-    assert [p.key for p in inflight.for_node("a", NOW)] == ["ns/p1"]
-    assert inflight.for_node("b", NOW) == []
-    # the next pod of the burst sees the first one's need on a
+    assert [p.key for p in ledger.on_node("a")] == ["ns/p1"]
+    assert ledger.on_node("b") == ()
+    # the next pods of the burst see the first one's need on a
     pod2 = {"metadata": {"uid": "p2", "annotations": {f"{P}/gpu-memory-mib": "30000"}}}
     pod3 = {"metadata": {"uid": "p3", "annotations": {f"{P}/gpu-memory-mib": "30000"}}}
     assert ext.filter({"Pod": pod2, "NodeNames": ["a"]})["NodeNames"] == ["a"]
     out = ext.filter({"Pod": pod3, "NodeNames": ["a"]})
     assert out["NodeNames"] == [] and "in-flight" in out["FailedNodes"]["a"]
+
+
+class FakePods:
+    def __init__(self, values: dict[str, Placement]) -> None:
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 def test_metrics_count_in_flight_pods_and_skipped_ones():

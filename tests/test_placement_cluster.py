@@ -127,8 +127,9 @@ def _check_room(api, ns: str, names: dict[str, str]) -> Counter[str]:
     return on
 
 
-def _restart_extender(sched: ExtenderScheduler) -> None:
-    """Stop the extender (the kube-scheduler keeps running) and start a new one on its port."""
+def _restart_extender(sched: ExtenderScheduler, **serve_kw: Any) -> None:
+    """Stop the extender (the kube-scheduler keeps running) and start a new one on its port
+    (``serve_kw``: more arguments of ``serve``, e.g. the ``ledger`` to fill)."""
     from omaticaya_py.scheduler import serve
 
     settings = sched_settings(sched)
@@ -137,8 +138,8 @@ def _restart_extender(sched: ExtenderScheduler) -> None:
     assert not sched.thread.is_alive(), "extender did not stop"
     sched.ready, sched.stop_event = threading.Event(), threading.Event()
     sched.thread = threading.Thread(
-        target=serve, args=(settings,), kwargs={"ready": sched.ready, "stop": sched.stop_event},
-        daemon=True,
+        target=serve, args=(settings,),
+        kwargs={"ready": sched.ready, "stop": sched.stop_event, **serve_kw}, daemon=True,
     )  # fmt: skip
     sched.thread.start()
     assert sched.ready.wait(15), "extender did not restart"
@@ -314,3 +315,53 @@ def _expires_at(api, name: str) -> float:
 
     doc = json.loads((api.read_node(name).metadata.annotations or {})["omaticaya.io/telemetry"])
     return datetime.fromisoformat(doc["expires_at"].replace("Z", "+00:00")).timestamp()
+
+
+def test_pod_cache_lists_in_pages_and_feeds_the_ledger(api, dev_cluster):
+    """The LIST is paginated (limit 2, then continue: 5 pods in 3 pages) and every change
+    reaches the ledger through ``on_change``: the LIST's pods, a bound pod added, one deleted;
+    a relist (a new Informer LIST) drops what went meanwhile."""
+    from omaticaya_py.kube import PodCache
+    from omaticaya_py.scheduler.ledger import Ledger
+    from omaticaya_py.scheduler.placements import placement_from_pod
+
+    ns = f"podpages-{os.getpid()}"
+    api.create_namespace({"metadata": {"name": ns}})
+    ledger = Ledger()
+
+    def transform(pod: Any, previous: Any) -> Any:
+        return placement_from_pod(pod, previous, prefix="omaticaya.io",
+                                  node_state=lambda n: None, now=0.0)  # fmt: skip
+
+    def pod(name: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "annotations": {"omaticaya.io/gpu-memory-mib": "1024"}},
+            "spec": {"schedulerName": SCHEDULER, "nodeName": f"pages-{ns}",
+                     "containers": [{"name": "c", "image": "pause"}]},
+        }  # fmt: skip
+
+    for i in range(5):
+        api.create_namespaced_pod(ns, pod(f"p{i}"))
+    cache = PodCache(
+        transform, field_selector=f"metadata.namespace={ns},spec.nodeName!=",
+        kubeconfig=str(dev_cluster.kubeconfig), on_change=ledger.pod_changed, page_size=2,
+    ).start()  # fmt: skip
+    try:
+        assert cache.wait_synced(10)
+        assert len(ledger.on_node(f"pages-{ns}")) == 5 and len(ledger) == 5
+        assert cache.requests[("list", "200")] == 3, cache.requests  # 2 + 2 + 1
+        api.create_namespaced_pod(ns, pod("late"))
+        wait_for("the watch to add 'late'", lambda: len(ledger) == 6, 10)
+        api.delete_namespaced_pod("p0", ns, grace_period_seconds=0)
+        wait_for("the watch to drop 'p0'", lambda: len(ledger) == 5, 10)
+        cache._stop.set()  # no watch: the next LIST is the relist a 410 would cause
+        cache._thread.join(10)  # type: ignore[union-attr]
+        api.delete_namespaced_pod("p1", ns, grace_period_seconds=0)
+        wait_for("p1 gone", lambda: all(p.metadata.name != "p1"
+                                        for p in api.list_namespaced_pod(ns).items), 10)  # fmt: skip
+        cache._list()
+        assert len(ledger) == 4 and {p.key for p in ledger.on_node(f"pages-{ns}")} == {
+            f"{ns}/p2", f"{ns}/p3", f"{ns}/p4", f"{ns}/late"}
+    finally:
+        cache.stop()
+        api.delete_namespace(ns)

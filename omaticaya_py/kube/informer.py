@@ -12,7 +12,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .errors import KubeError, KubeUnavailable, wrap
-from .listwatch import end_read, list_objects, open_watch, release, watch_events
+from .listwatch import end_read, list_page, open_watch, release, watch_events
 from .session import ApiSession
 
 __all__ = ["Informer"]
@@ -48,7 +48,14 @@ class Informer(Generic[V]):
     (tenacity) after a random delay in ``[d/2, d]``, ``d = min(backoff_max_s, backoff_s *
     2**n)`` at the ``n``-th failure in a row; ``stop()`` cuts it short. Any other exception (a
     bug) is reported the same way and followed by a fresh LIST: the thread never dies of one.
-    The last known state stays meanwhile. ``health()``: is the loop alive, with a LIST or WATCH
+    The last known state stays meanwhile.
+
+    The LIST is paginated (``limit`` = ``page_size``, then ``continue``): each page is decoded,
+    transformed and freed before the next is read, so the memory a LIST takes follows one page,
+    not the collection. A continue token that expired (410) starts the LIST over.
+    ``on_change(key, old, new)`` (optional) hears of every change of a stored value (``None``:
+    absent), from the watch thread: each event, and after a LIST the keys it added, changed or
+    dropped. ``health()``: is the loop alive, with a LIST or WATCH
     answer within ``stall_s`` seconds? Subclasses set ``path``, ``what`` (its name in messages)
     and ``label`` (in health reasons and the thread's name). Configuration as ``ApiSession``.
     """
@@ -73,8 +80,12 @@ class Informer(Generic[V]):
         clock: Callable[[], float] = time.monotonic,
         query: Mapping[str, str] | None = None,
         context: str | None = None,
+        on_change: Callable[[str, Any, Any], None] | None = None,
+        page_size: int = 500,
     ) -> None:
         self._transform = transform
+        self._on_change = on_change
+        self._page_size = page_size
         self._on_skip = on_skip
         self._on_error = on_error
         self._clock = clock
@@ -246,19 +257,49 @@ class Informer(Generic[V]):
             return key, None
 
     def _list(self) -> None:
-        objects, resource_version = list_objects(self._session, self.path, self._query, self.what)
         items: dict[str, V] = {}
-        for obj in objects:
-            key, value = self._store(obj)
-            if value is not None:
-                items[key] = value
+        query = dict(self._query)
+        if self._page_size > 0:
+            query["limit"] = str(self._page_size)
+        while True:
+            objects, resource_version, token = list_page(
+                self._session, self.path, query, self.what
+            )
+            for obj in objects:
+                key, value = self._store(obj)
+                if value is not None:
+                    items[key] = value
+            del objects
+            self._contact()
+            if not token:
+                break
+            query["continue"] = token
         with self._lock:
-            self._items = items
+            before, self._items = self._items, items
             self.version += 1
         self.resource_version = resource_version
         self.lists += 1
         self._contact()
         self._synced.set()
+        if self._on_change is not None:
+            for key, old in before.items():
+                if key not in items:
+                    self._changed(key, old, None)
+            for key, new in items.items():
+                old = before.get(key)
+                if old is not new:
+                    self._changed(key, old, new)
+
+    def _changed(self, key: str, old: Any, new: Any) -> None:
+        """Tell ``on_change``; a hook that raises is logged through ``on_error``, never kills
+        the loop."""
+        if self._on_change is None or (old is None and new is None):
+            return
+        try:
+            self._on_change(key, old, new)
+        except Exception as exc:  # noqa: BLE001 - a consumer's bug must not stop the watch
+            if self._on_error is not None:
+                self._on_error(KubeUnavailable(f"{self.what}: on_change raised {exc!r}"))
 
     def _watch(self) -> bool:
         """One WATCH until the server ends it. Returns True when a new LIST is needed."""
@@ -304,12 +345,17 @@ class Informer(Generic[V]):
         if kind in ("ADDED", "MODIFIED"):
             key, value = self._store(obj)
             with self._lock:
+                old = self._items.get(key)
                 if value is None:
                     self._items.pop(key, None)  # unknown beats wrong
                 else:
                     self._items[key] = value
                 self.version += 1
+            if old is not value:
+                self._changed(key, old, value)
         elif kind == "DELETED":
+            key = self._key(obj)
             with self._lock:
-                self._items.pop(self._key(obj), None)
+                old = self._items.pop(key, None)
                 self.version += 1
+            self._changed(key, old, None)

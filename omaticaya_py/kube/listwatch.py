@@ -12,7 +12,7 @@ from kubernetes.watch.watch import iter_resp_lines as _watch_lines
 from .errors import KubeUnavailable
 from .session import ApiSession
 
-__all__ = ["end_read", "list_objects", "open_watch", "release", "watch_events"]
+__all__ = ["end_read", "list_objects", "list_page", "open_watch", "release", "watch_events"]
 
 
 def list_objects(
@@ -28,6 +28,22 @@ def list_objects(
         raise KubeUnavailable(f"list {what}: bad JSON: {exc}", verb="list") from exc
     version = (body.get("metadata") or {}).get("resourceVersion", "")
     return list(body.get("items") or []), version
+
+
+def list_page(
+    session: ApiSession, path: str, query: Mapping[str, str], what: str
+) -> tuple[list[Any], str, str]:
+    """One page of a paginated LIST (``query`` carries ``limit`` and, after the first page,
+    ``continue``): ``(items, resourceVersion, continue token)``, the token ``""`` on the last
+    page. Raises as ``list_objects`` (an expired token: ``KubeError`` with status 410)."""
+    response = session.call("list", what, lambda: session.http("GET", path, query=dict(query)))
+    try:
+        body = json.loads(response.data)
+    except ValueError as exc:
+        raise KubeUnavailable(f"list {what}: bad JSON: {exc}", verb="list") from exc
+    meta = body.get("metadata") or {}
+    token = meta.get("continue") or ""
+    return list(body.get("items") or []), meta.get("resourceVersion", ""), str(token)
 
 
 def open_watch(

@@ -101,12 +101,32 @@ class NodeLister:
     def server(self) -> str:
         return self._session.server
 
-    def list(self, label_selector: str | None = None) -> tuple[list[NodeMeta], str]:
-        """Every Node matching ``label_selector``, and the list's resourceVersion."""
+    def list(
+        self, label_selector: str | None = None, page_size: int = 500
+    ) -> tuple[list[NodeMeta], str]:
+        """Every Node matching ``label_selector``, and the list's resourceVersion: a paginated
+        LIST (``limit`` = ``page_size``, then ``continue``), each page decoded and reduced to
+        ``NodeMeta`` before the next is read."""
         api = client.CoreV1Api(self._session.api_client)
         kwargs: dict[str, Any] = {"_request_timeout": self._timeout_s, "_preload_content": False}
         if label_selector:
             kwargs["label_selector"] = label_selector
+        if page_size > 0:
+            kwargs["limit"] = page_size
+        out: list[NodeMeta] = []
+        while True:
+            body = self._page(api, kwargs)
+            items = body.get("items")
+            meta = body.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
+            if isinstance(items, list):
+                out += [_meta(n) for n in items if isinstance(n, dict)]
+            token = meta.get("continue")
+            if not token or not isinstance(token, str):
+                return out, str(meta.get("resourceVersion") or "")
+            kwargs["_continue"] = token
+
+    def _page(self, api: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         try:
             response = self._session.call("list", "nodes", lambda: api.list_node(**kwargs))
         except KubeError as exc:
@@ -121,12 +141,7 @@ class NodeLister:
             raise KubeUnavailable(f"list nodes: bad JSON: {exc}", verb="list") from exc
         if not isinstance(body, dict):
             raise KubeUnavailable("list nodes: the answer is not a JSON object", verb="list")
-        items = body.get("items")
-        meta = body.get("metadata")
-        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-        return [_meta(n) for n in items if isinstance(n, dict)] if isinstance(
-            items, list
-        ) else [], str(version or "")
+        return body
 
     def watch(
         self,

@@ -56,6 +56,12 @@ class NodeProblems:
         self._judged: dict[str, str] = {}
         self._lock = threading.Lock()
 
+    @property
+    def flagged(self) -> Mapping[str, str]:
+        """Names with a problem found at judging time on record (read-only use): the others
+        need not be told that they judged well (``narrow.flagged_of``)."""
+        return self._judged
+
     def judged(self, name: str, problem: str | None, detail: str = "") -> None:
         """Record the problem found while judging node ``name`` (``None``: none), logging and
         counting it when it is new for that node. Cheap when there is none, as for most."""
@@ -132,6 +138,7 @@ def metrics_registry(
     pod_problems: Any = None,
     decisions: Any = None,
     leases: Any = None,
+    ledger: Any = None,
 ) -> Any:
     """A prometheus-client ``CollectorRegistry`` over the node cache (``kube.NodeCache``) and
     ``problems``: ``omaticaya_extender_cache_nodes`` (Nodes held), ``_cache_synced``,
@@ -143,7 +150,9 @@ def metrics_registry(
     ``_pods_skipped_total{problem}`` (pods that could not be read, from ``pod_problems``); with
     ``decisions`` (``scheduler.decisions.Decisions``): ``_decisions_total{verb,result,reason}``;
     with the lease cache (``kube.LeaseCache``): ``_cache_leases``, ``_lease_cache_synced`` and
-    ``_leases_skipped_total`` (Lease events that could not be read)."""
+    ``_leases_skipped_total`` (Lease events that could not be read); with the ``ledger``
+    (``scheduler.ledger.Ledger``): ``_reservations`` (held by the filter, not yet seen bound)
+    and ``_reservation_events_total{event}`` (reserved, confirmed, moved, expired)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -197,6 +206,19 @@ def metrics_registry(
                     "omaticaya_extender_leases_skipped", "Lease events that could not be read "
                     "(the Lease is dropped).", value=leases.skipped,
                 )  # fmt: skip
+            if ledger is not None:
+                yield GaugeMetricFamily(
+                    "omaticaya_extender_reservations", "Reservations made by the filter and "
+                    "not yet seen bound.", value=ledger.reserved(),
+                )  # fmt: skip
+                events = CounterMetricFamily(
+                    "omaticaya_extender_reservation_events", "Reservations by event: reserved (the "
+                    "filter narrowed a pod to a node), confirmed (seen bound there), moved "
+                    "(bound elsewhere), expired (never seen bound).", labels=["event"],
+                )  # fmt: skip
+                for event, n in sorted(ledger.counts.items()):
+                    events.add_metric([event], n)
+                yield events
             if decisions is not None:
                 made = CounterMetricFamily(
                     "omaticaya_extender_decisions",

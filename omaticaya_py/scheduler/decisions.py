@@ -17,6 +17,7 @@ from loguru import logger as log
 #: (reason, text the filter's message starts with or contains), first match wins
 _KINDS: tuple[tuple[str, str], ...] = (
     ("in-flight", "room taken by in-flight pods"),
+    ("other-node", "another was chosen"),
     ("no-room", "had no room"),
     ("stale", "stale GPU telemetry"),
     ("unhealthy", "GPU health"),
@@ -48,7 +49,9 @@ class Decisions:
         self._lock = threading.Lock()
 
     def filtered(self, pod: str, passed: Sequence[str], failed: Mapping[str, str]) -> None:
-        kinds = Counter(reason_kind(r) for r in failed.values())
+        kinds: Counter[str] = Counter()
+        for text, n in Counter(failed.values()).items():  # few distinct texts: classify those
+            kinds[reason_kind(text)] += n
         with self._lock:
             if passed:
                 self.counts[("filter", "passed", "")] += len(passed)

@@ -1,25 +1,31 @@
-"""Pure in-flight rules: pods placed on a node whose memory the node's telemetry does not show yet.
+"""Pure in-flight rules: pods given GPU memory on a node that the node's telemetry does not show yet.
 
 Live labels lag reality by up to one agent interval: ten pods bound in the same second all see
-the same free memory. The extender keeps every pod placed through it (``Placement``) until the
-node's reading shows it, and subtracts the pending ones from the node's GPUs before it filters
-and scores (``adjust``), as Koordinator's assign cache does for CPU.
+the same free memory. The extender keeps each pod's GPU memory as a ``Placement`` on the one
+node (and the GPUs) it was given (``scheduler.ledger``) and subtracts the pending ones from the
+node's GPUs before it filters and scores (``adjust``), as kube-scheduler's cache assumes a pod
+on its node for CPU and memory.
 
-A placement stops counting (``pending`` leaves it out) when
+A placement is *reserved* (``bound`` False) from the moment the filter narrows the pod to its
+node, and *bound* once the pod watch shows it bound there. It stops counting (``pending``
+leaves it out) when
 
-- ``settle_s`` seconds have passed since it was placed (``placed_at``: the pod's PodScheduled
-  transition, which survives an extender restart), or
+- a reserved placement is ``assume_s`` seconds old (``placed_at``: when it was reserved) and
+  was never seen bound (the pod was deleted unbound, or its binding failed and it was never
+  filtered again), or a bound one ``settle_s`` seconds old (``placed_at``: the pod's
+  PodScheduled transition, which survives an extender restart), or
 - the node's telemetry was read after the pod started (``started_at``: the pod's
   ``status.startTime``) and the node's free memory, against what it was when the extender
-  learned of the placement (``baseline_free_mib``), dropped by at least this placement's need
-  plus that of every earlier placement on the node that started before the reading too (the
+  first counted the placement (``baseline_free_mib``), dropped by at least this placement's
+  need plus that of every earlier placement on the node that started before the reading too (the
   rule is conservative: a placement whose memory cannot be told apart waits for ``settle_s``).
 
 A deleted, failed or finished pod is never a placement (the pod watch drops it).
 
-``adjust`` takes each pending placement's ``count`` GPUs from the node, GPU by GPU, as the
-filter would have seen them: the healthy GPUs with the most free memory left (the ones that
-were offering room), clamped at zero.
+``adjust`` takes each pending placement's memory from the GPUs it was given (``gpus``, chosen
+by the filter as the device plugin would: ``choose_gpus``), and a placement whose GPUs are not
+known (learned from the pod watch: bound by another path, or after a restart) from its
+``count`` healthy GPUs with the most free memory left, clamped at zero.
 """
 
 from __future__ import annotations
@@ -29,10 +35,18 @@ from dataclasses import dataclass, replace
 
 from ..core.schema import GpuInfo, NodeGpuState
 
+__all__ = ["ASSUME_S", "Placement", "adjust", "choose_gpus", "expiry", "pending"]
+
+#: how long a reservation made at filter time counts while the pod is not seen bound: the
+#: window Filter -> Bind (a pod held in Permit included: this must exceed the Permit wait)
+ASSUME_S = 30.0
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """One pod bound to ``node`` that needs ``count`` GPUs with ``memory_mib`` free each."""
+    """One pod's GPU memory on ``node``: ``count`` GPUs with ``memory_mib`` each, on the GPUs
+    ``gpus`` (indices; empty: not known, taken from the freest). ``bound``: seen bound by the
+    pod watch (False: reserved by the filter). Times are epoch seconds."""
 
     key: str  # namespace/name
     uid: str
@@ -42,10 +56,17 @@ class Placement:
     placed_at: float = 0.0
     started_at: float | None = None
     baseline_free_mib: int | None = None
+    gpus: tuple[int, ...] = ()
+    bound: bool = True
 
     @property
     def total_mib(self) -> int:
         return self.memory_mib * self.count
+
+
+def expiry(p: Placement, settle_s: float, assume_s: float = ASSUME_S) -> float:
+    """When ``p`` stops counting by age (epoch seconds)."""
+    return p.placed_at + (settle_s if p.bound else assume_s)
 
 
 def pending(
@@ -55,10 +76,12 @@ def pending(
     now: float,
     settle_s: float,
     exclude_uid: str = "",
+    assume_s: float = ASSUME_S,
 ) -> list[Placement]:
     """The placements that still count against ``state``'s node (oldest first)."""
     live = sorted(
-        (p for p in placements if p.uid != exclude_uid and now - p.placed_at < settle_s),
+        (p for p in placements
+         if p.uid != exclude_uid and now < expiry(p, settle_s, assume_s)),  # fmt: skip
         key=lambda p: (p.started_at if p.started_at is not None else float("inf"), p.placed_at),
     )
     if state is None or state.read_at is None:
@@ -84,13 +107,32 @@ def pending(
 
 
 def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
-    """``state`` with each placement's need taken from its GPUs (healthy, most free first)."""
+    """``state`` with each placement's need taken from its GPUs (its own ``gpus`` when known
+    and still healthy on the node, else the healthy ones with the most free left)."""
     if not placements or not state.gpus:
         return state
     free = {g.index: g.free_mib for g in state.gpus}
     healthy = [g.index for g in state.gpus if g.healthy]
-    for p in placements:
-        for index in sorted(healthy, key=lambda i: -free[i])[: p.count]:
+    good = set(healthy)
+    for p in sorted(placements, key=lambda p: not p.gpus):  # known GPUs first
+        mine = [i for i in p.gpus if i in good][: p.count]
+        if len(mine) < p.count:
+            rest = sorted((i for i in healthy if i not in mine), key=lambda i: -free[i])
+            mine += rest[: p.count - len(mine)]
+        for index in mine:
             free[index] = max(0, free[index] - p.memory_mib)
-    gpus = tuple(GpuInfo(g.index, free[g.index], g.healthy) for g in state.gpus)
+    gpus = tuple(GpuInfo(g.index, free[g.index], g.healthy, g.free_min_mib) for g in state.gpus)
     return replace(state, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))
+
+
+def choose_gpus(
+    state: NodeGpuState, memory_mib: int, count: int, strategy: str = "binpack"
+) -> tuple[int, ...]:
+    """The ``count`` GPUs of ``state`` (free memory after the pending placements) a pod needing
+    ``memory_mib`` on each would be given: healthy, with that much free; ``binpack`` the ones
+    with the least room that fits, ``spread`` the most. ``()`` when fewer than ``count`` fit."""
+    fit = [g for g in state.gpus if g.healthy and g.free_mib >= memory_mib]
+    if len(fit) < count:
+        return ()
+    fit.sort(key=lambda g: (g.free_mib if strategy == "binpack" else -g.free_mib, g.index))
+    return tuple(sorted(g.index for g in fit[:count]))

@@ -1,15 +1,14 @@
 """Pods placed through the extender, read from the pod watch: parsing (untrusted) and the index.
 
 ``placement_from_pod`` turns one pod document into a ``Placement`` (or ``None``: not placed yet,
-no GPU need, deleted, failed or finished); ``PodProblems`` logs a bad pod once and counts it;
-``InFlight`` groups the pod cache's placements by node for the filter, rebuilt only when the
-cache changed.
+no GPU need, deleted, failed or finished); ``PodProblems`` logs a bad pod once and counts it.
+The pod cache hands each change to ``ledger.Ledger.pod_changed`` (its ``on_change``): the
+ledger, not this module, holds the placements by node.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,8 +16,10 @@ from typing import Any
 from loguru import logger as log
 
 from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
-from .inflight import Placement
+from .inflight import ASSUME_S, Placement
 from .rules import parse_need
+
+__all__ = ["ASSUME_S", "DONE_PHASES", "PodProblems", "placement_from_pod"]
 
 #: phases of a pod that holds no GPU memory any more
 DONE_PHASES = frozenset({"Failed", "Succeeded"})
@@ -99,72 +100,3 @@ class PodProblems:
             if len(self._seen) > 10_000:  # bounded: forget the oldest
                 self._seen.pop(next(iter(self._seen)))
         log.warning("pod {}: {}: {} (not counted in flight)", key, problem, str(exc)[:200])
-
-
-#: how long a pod that passed the filter counts against the nodes it passed on, waiting for
-#: the pod watch to say where it was bound (the scheduler binds asynchronously, after it has
-#: already sent the next pod's filter)
-ASSUME_S = 30.0
-
-
-class InFlight:
-    """Placements by node: the pod cache's (``snapshot()`` of ``Placement`` values and a
-    ``version`` that grows with every change; the grouping is redone only on a new version),
-    plus the *assumed* ones: a pod that passed the filter counts against every node it passed
-    on until the watch shows it bound (then only against its node), for at most ``ASSUME_S``.
-    This closes the window between the scheduler's decision and the binding showing in the
-    watch, in which the next pod of a burst is already being filtered."""
-
-    def __init__(self, cache: Any, assume_s: float = ASSUME_S) -> None:
-        self._cache = cache
-        self._assume_s = assume_s
-        self._version = -1
-        self._by_node: dict[str, list[Placement]] = {}
-        self._uids: frozenset[str] = frozenset()
-        self._assumed: dict[str, tuple[float, Placement, frozenset[str]]] = {}
-        self._lock = threading.Lock()
-
-    def _refresh(self) -> None:
-        version = self._cache.version
-        if version != self._version:
-            by_node: dict[str, list[Placement]] = {}
-            for p in self._cache.snapshot().values():
-                by_node.setdefault(p.node, []).append(p)
-            self._by_node, self._version = by_node, version
-            self._uids = frozenset(p.uid for ps in by_node.values() for p in ps)
-
-    def assume(
-        self, uid: str, key: str, memory_mib: int, count: int, nodes: list[str], now: float
-    ) -> None:
-        """The pod ``uid`` passed the filter on ``nodes``: count it there until it is bound."""
-        if not uid or not nodes:
-            return
-        with self._lock:
-            self._assumed.pop(uid, None)  # re-inserted last: the dict stays in expiry order
-            self._assumed[uid] = (
-                now + self._assume_s,
-                Placement(key, uid, "", memory_mib, count, placed_at=now),
-                frozenset(nodes),
-            )
-            while len(self._assumed) > 100_000:  # bounded
-                self._assumed.pop(next(iter(self._assumed)))
-
-    def for_node(self, node: str, now: float | None = None) -> list[Placement]:
-        with self._lock:
-            self._refresh()
-            placed = self._by_node.get(node, [])
-            if not self._assumed:
-                return placed
-            now = time.time() if now is None else now
-            for uid in [u for u, (until, _, _) in self._assumed.items()
-                        if until <= now or u in self._uids]:  # fmt: skip
-                del self._assumed[uid]
-            extra = [p for _, p, nodes in self._assumed.values() if node in nodes]
-            return placed + extra if extra else placed
-
-    def assumed(self) -> int:
-        """Pods that passed the filter and are not yet seen bound."""
-        return len(self._assumed)
-
-    def __len__(self) -> int:
-        return len(self._cache)

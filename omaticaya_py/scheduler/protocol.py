@@ -9,7 +9,9 @@ from typing import Any, TypedDict
 
 from ..core.schema import NodeGpuState, json_mapping, json_str
 from .decisions import Decisions
-from .inflight import Placement, pending
+from .inflight import ASSUME_S, Placement, pending
+from .ledger import Ledger
+from .narrow import Narrowing, flagged_of
 from .preemption import unresolvable
 from .rules import InFlightOf, LeaseOf, ProblemOf, filter_nodes, parse_need, prioritize_nodes
 from .settings import ExtenderSettings
@@ -60,12 +62,9 @@ class Extender:
     synced: Callable[[], bool] = field(default=lambda: True)
     #: (ready, reason) of the node cache (``NodeCache.health``): a dead or stalled watch
     health: Callable[[], tuple[bool, str]] = field(default=lambda: (True, "ok"))
-    #: the placements known on a node (``placements.InFlight.for_node``); ``pending`` decides
-    #: which still count
+    #: the placements known on a node when there is no ``ledger`` (tests, pure callers);
+    #: ``pending`` decides which still count
     placements: Callable[[str], Sequence[Placement]] = field(default=lambda name: ())
-    #: told of each pod that passed the filter: (uid, namespace/name, MiB, count, nodes, now)
-    #: (``placements.InFlight.assume``): it counts there until the watch shows it bound
-    assume: Callable[[str, str, int, int, list[str], float], None] | None = None
     #: every decision counted and logged (``omaticaya_extender_decisions_total``)
     decisions: Decisions = field(default_factory=Decisions)
     #: a Lease by ``"<namespace>/<name>"`` (``LeaseCache.lease``), ``None``: no Lease watch;
@@ -77,6 +76,26 @@ class Extender:
     #: told of each node's problem at judging time (a time ahead of the clock, judging
     #: raised): ``app.NodeProblems.judged``
     on_problem: ProblemOf | None = None
+    #: the reservation ledger (``scheduler.ledger``): with it (and ``settle_s`` > 0) the
+    #: filter narrows each pod to one node and reserves its need there (``narrow``)
+    ledger: Ledger | None = None
+    _narrowing: Any = field(default=None, repr=False)
+
+    def narrowing(self) -> Narrowing | None:
+        """The reservation rule over ``ledger``, built for the current settings."""
+        if self.ledger is None or self.settings.settle_s <= 0:
+            return None
+        n = self._narrowing
+        if n is None or n.settings is not self.settings or n.index.lookup is not self.lookup:
+            n = self._narrowing = Narrowing(self.settings, self.lookup, self.ledger)
+        return n
+
+    def _items_of(self, narrowing: Narrowing, args: Mapping[str, Any]) -> Any:
+        names = args.get("NodeNames")
+        if names is not None:
+            return lambda now: narrowing.items(names, (), now)
+        states, _ = self._states(args)
+        return lambda now: narrowing.items(None, states, now)
 
     @staticmethod
     def _pod_name(pod: Any) -> str:
@@ -84,19 +103,23 @@ class Extender:
         return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
     def _inflight(self, pod: Any) -> InFlightOf | None:
-        """The in-flight placements counting against each node for ``pod`` (itself left out)."""
+        """The in-flight placements counting against each node for ``pod`` (itself left out):
+        the ledger's (``ledger.on_node``), else ``placements``'."""
         settle_s = self.settings.settle_s
         if settle_s <= 0:
             return None
         uid = json_mapping(json_mapping(pod).get("metadata")).get("uid")
         uid = uid if isinstance(uid, str) else ""
         now = self.clock()
+        held = self.ledger.on_node if self.ledger is not None else self.placements
+        assume_s = self.ledger.assume_s if self.ledger is not None else ASSUME_S
 
         def of(name: str, state: NodeGpuState | None) -> Sequence[Placement]:
-            known = self.placements(name)
+            known = held(name)
             if not known:
                 return ()
-            return pending(known, state, now=now, settle_s=settle_s, exclude_uid=uid)
+            return pending(known, state, now=now, settle_s=settle_s, exclude_uid=uid,
+                           assume_s=assume_s)  # fmt: skip
 
         return of
 
@@ -128,30 +151,25 @@ class Extender:
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         s = self.settings
         need = parse_need(args.get("Pod"), s.prefix)
-        states, by_name = self._states(args)
+        by_name = args.get("NodeNames") is not None
         if by_name and need is not None and not self.synced() and not s.fail_open:
             # no data yet: say so instead of failing every node one by one
-            passed, failed = (
-                [],
-                {
-                    n: "node(s) not checked: the omaticaya extender's node cache is not synced yet"
-                    for n, _ in states
-                },
-            )
+            why = "node(s) not checked: the omaticaya extender's node cache is not synced yet"
+            passed, failed = [], dict.fromkeys(args["NodeNames"], why)
+        elif (narrowing := self.narrowing()) is not None and need is not None and not need.error:
+            passed, failed = narrowing.filter(
+                args.get("Pod"), need, self._items_of(narrowing, args), self._clocks(),
+                flagged_of(self.on_problem),
+            )  # fmt: skip
         else:
             passed, failed = filter_nodes(
                 need,
-                states,
+                self._states(args)[0],
                 fail_open=s.fail_open,
                 unknown_policy=s.unknown_policy,
                 inflight=self._inflight(args.get("Pod")),
                 **self._clocks(),
             )
-        if self.assume is not None and need is not None and not need.error and passed:
-            meta = json_mapping(json_mapping(args.get("Pod")).get("metadata"))
-            uid, key = meta.get("uid"), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            if isinstance(uid, str) and self.settings.settle_s > 0:
-                self.assume(uid, key, need.memory_mib, need.count, passed, self.clock())
         if need is not None:
             self.decisions.filtered(self._pod_name(args.get("Pod")), passed, failed)
         result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
@@ -173,6 +191,14 @@ class Extender:
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         s = self.settings
         need = parse_need(args.get("Pod"), s.prefix)
+        narrowing = self.narrowing()
+        if narrowing is not None and need is not None and not need.error:
+            scores = narrowing.prioritize(
+                args.get("Pod"), need, self._items_of(narrowing, args), self._clocks(),
+                flagged_of(self.on_problem),
+            )  # fmt: skip
+            self.decisions.prioritized(self._pod_name(args.get("Pod")), scores)
+            return scores
         states, _ = self._states(args)
         scores = prioritize_nodes(
             need,

@@ -79,12 +79,14 @@ def judge(
     leases: LeaseOf | None = None,
     now_mono: float | None = None,
     max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+    left: NodeGpuState | None = None,
 ) -> Verdict:
     """The filter rule for one node (``state`` ``None``: the node is not in the cache).
 
     Stale and unknown nodes follow their policy (``scheduler.staleness``: the node's override,
     else ``stale_policy``/``unknown_policy``, else ``fail_open``'s score-zero or reject). The
-    room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU.
+    room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU, or
+    uses ``left`` (``state`` with them already subtracted: ``nodeindex.NodeRecord.left``).
     Fresh or stale is ``core.liveness.node_liveness`` (``now``: wall clock, ``now_mono``:
     monotonic, against the state's ``seen``); with ``leases`` (a synced Lease watch), a node
     whose telemetry names a Lease is judged by that Lease. A published time more than
@@ -120,7 +122,8 @@ def judge(
         )
     if state.health in BAD_HEALTH or state.health is None:
         return Verdict(False, f"node(s) had GPU health {state.health or 'Unknown'} ({prefix})")
-    left = adjust(state, inflight) if inflight else state
+    if left is None:
+        left = adjust(state, inflight) if inflight else state
     fitting = sum(1 for g in left.gpus if g.healthy and g.free_mib >= need.memory_mib)
     if fitting < need.count:
         wanted = f"pod needs {_gpus_text(need.count)} with {need.memory_mib} MiB free"

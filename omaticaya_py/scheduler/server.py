@@ -13,7 +13,8 @@ from ..core.liveness import observe
 from ..core.schema import NodeGpuState, parse_node
 from ..serving import HttpServer
 from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
-from .placements import InFlight, PodProblems, placement_from_pod
+from .ledger import Ledger
+from .placements import PodProblems, placement_from_pod
 from .preempt import preemptor
 from .protocol import Extender
 from .settings import ExtenderSettings
@@ -29,9 +30,11 @@ def serve(
     cache_factory: Callable[..., Any] | None = None,
     pod_cache_factory: Callable[..., Any] | None = None,
     lease_cache_factory: Callable[..., Any] | None = None,
+    ledger: Ledger | None = None,
 ) -> int:
     """Start the node cache and serve until ``stop`` is set (or SIGTERM/SIGINT when run in the
-    main thread). Returns the exit status. ``ready`` is set once the socket listens."""
+    main thread). Returns the exit status. ``ready`` is set once the socket listens; ``ledger``:
+    the reservation ledger to fill (``None``: a new one; tests pass theirs to read it)."""
     from ..kube import KubeError, NodeCache
 
     prefix = settings.prefix
@@ -62,17 +65,22 @@ def serve(
         log.error("{}", err)
         return 1
     cache.start()
-    pods, pod_problems = _start_pod_cache(settings, cache, pod_cache_factory)
+    ledger = ledger if ledger is not None else Ledger(settings.settle_s, settings.assume_s)
+    pods, pod_problems = _start_pod_cache(settings, cache, pod_cache_factory, ledger)
     leases = _start_lease_cache(settings, lease_cache_factory)
-    ext = Extender(settings, cache.get, synced=lambda: cache.synced, health=cache.health)
+    # the reservations of bound pods come from the pod LIST: not ready before it (a restarted
+    # extender would otherwise narrow pods onto room that bound pods hold)
+    ext = Extender(
+        settings, cache.get, health=cache.health,
+        synced=lambda: cache.synced and (pods is None or pods.synced),
+    )  # fmt: skip
     ext.on_problem = problems.judged
     if leases is not None:
         ext.leases, ext.leases_synced = leases.lease, lambda: leases.synced
     if pods is not None:
-        inflight = InFlight(pods)
-        ext.placements, ext.assume = inflight.for_node, inflight.assume
+        ext.ledger = ledger
     app = create_app(
-        ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases),
+        ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases, ledger),
         preempt=preemptor(ext, settings.kubeconfig),
     )
     try:
@@ -129,10 +137,11 @@ def _stop_caches(*caches: Any) -> None:
 
 
 def _start_pod_cache(
-    settings: ExtenderSettings, nodes: Any, factory: Callable[..., Any] | None
+    settings: ExtenderSettings, nodes: Any, factory: Callable[..., Any] | None, ledger: Ledger
 ) -> tuple[Any, PodProblems]:
-    """The pod list+watch behind the in-flight placements (``None`` with ``settle_s`` 0, or
-    when it cannot be configured: the extender then filters on telemetry alone)."""
+    """The pod list+watch behind the ledger's bound placements, each change handed to
+    ``ledger.pod_changed`` (``None`` with ``settle_s`` 0, or when it cannot be configured: the
+    extender then filters on telemetry alone, without reservations)."""
     from ..kube import KubeError, PodCache
 
     problems = PodProblems()
@@ -157,6 +166,7 @@ def _start_pod_cache(
             kubeconfig=settings.kubeconfig,
             on_error=on_error,
             on_skip=problems.skipped,
+            on_change=ledger.pod_changed,
         )
     except KubeError as err:
         log.error("pod cache (in-flight placements off): {}", err)

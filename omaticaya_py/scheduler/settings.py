@@ -80,6 +80,14 @@ class ExtenderSettings(CommonSettings):
         "memory until the node's telemetry shows it, or for at most this many seconds "
         "(0: no in-flight accounting).",
     )
+    assume_s: float = Field(
+        default=30,
+        gt=0,
+        le=86400,
+        description="A pod's reservation, made when the filter narrows it to one node, counts "
+        "this long while the pod is not seen bound (the window Filter -> Bind; must exceed a "
+        "Permit plugin's wait).",
+    )
     scheduler_name: str = Field(
         default="omaticaya-scheduler",
         max_length=253,

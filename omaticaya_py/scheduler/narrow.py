@@ -1,0 +1,154 @@
+"""The exact reservation rule: the filter narrows a pod to its one best node and reserves its
+GPU memory there.
+
+``Narrowing.filter`` judges the nodes the scheduler asked about (``nodeindex.judge_all``: O(1)
+per name over the per-node records), picks among those that fit the one the strategy prefers
+(``binpack``: the least free memory after the reservations, ``spread``: the most; ties: the
+first asked about), returns only that node as passing (every other node that passed fails with
+``OTHER_NODE``), and reserves the pod's need there in the ledger, on the GPUs the device plugin
+would give it (``inflight.choose_gpus``). A refilter of the same pod (by uid) first releases its
+earlier reservation. When no node fits, the nodes that the staleness policies let pass (no
+known room: nothing to reserve) pass as before. ``Narrowing.prioritize`` scores as
+``rules.prioritize_nodes`` does, the node holding the pod's reservation first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from operator import itemgetter
+from typing import Any
+
+from ..core.schema import NodeGpuState, json_mapping
+from .inflight import Placement, choose_gpus
+from .ledger import Ledger
+from .nodeindex import NodeIndex, NodeRecord, judge_all
+from .rules import MAX_PRIORITY, MIN_PRIORITY, Need, ProblemOf, Verdict, judge, judge_safely
+from .staleness import effective
+
+__all__ = ["OTHER_NODE", "Narrowing", "flagged_of"]
+
+#: the reason of a node that fits but lost to the chosen one (``{prefix}`` filled in); short:
+#: at 5,000 names it is most of the answer
+OTHER_NODE = "node(s) fit, another was chosen ({prefix})"
+
+#: (name, record or None, state or None) of each node of a request
+Items = list[tuple[str, "NodeRecord | None", "NodeGpuState | None"]]
+
+
+def _pod_id(pod: Any) -> tuple[str, str]:
+    meta = json_mapping(json_mapping(pod).get("metadata"))
+    uid = meta.get("uid")
+    return (uid if isinstance(uid, str) else ""), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+class Narrowing:
+    """The rule over a ``ledger`` and the Node cache's ``lookup``; judging settings from
+    ``settings`` (``ExtenderSettings``)."""
+
+    def __init__(self, settings: Any, lookup: Callable[[str], NodeGpuState | None],
+                 ledger: Ledger) -> None:  # fmt: skip
+        self.settings, self.ledger = settings, ledger
+        self.index = NodeIndex(
+            lookup, ledger, settle_s=settings.settle_s, ttl_s=settings.ttl_s,
+            grace_s=settings.grace_s, skew_s=settings.max_clock_skew_s,
+        )  # fmt: skip
+
+    def items(self, names: Sequence[str] | None, states: Sequence[tuple[str, Any]], now: float
+              ) -> Items:  # fmt: skip
+        """Records of the names asked about (kept), or of the whole Nodes sent (ad hoc)."""
+        if names is not None:
+            return self.index.records(names, now)
+        return [(n, self.index.ad_hoc(s, now) if s is not None else None, s) for n, s in states]
+
+    def _judge(self, items: Items, need: Need, clocks: dict[str, Any], judging: Callable[..., Verdict],
+               flagged: Container[str]) -> Any:  # fmt: skip
+        on_problem: ProblemOf | None = clocks.get("on_problem")
+
+        def slow(name: str, state: NodeGpuState | None, left: NodeGpuState | None) -> Verdict:
+            def one(st: NodeGpuState | None, _: Sequence[Placement]) -> Verdict:
+                return judging(st, left)
+
+            return judge_safely(name, state, one, None, on_problem)
+
+        return judge_all(
+            items, need, now=clocks["now"], now_mono=clocks["now_mono"],
+            leases=clocks["leases"], slow=slow, prefix=clocks["prefix"],
+            grace_s=clocks["grace_s"], skew_s=clocks["max_skew_s"], flagged=flagged,
+            on_fresh=(lambda name: on_problem(name, None, "")) if on_problem else None,
+        )  # fmt: skip
+
+    def filter(self, pod: Any, need: Need, items_of: Callable[[float], Items],
+               clocks: dict[str, Any], flagged: Container[str] = ()
+               ) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+        """(the one node chosen, or the nodes the policies let pass when none fits;
+        {name: reason} for the others). Reserves the pod's need on the chosen node."""
+        s, now = self.settings, clocks["now"]
+        uid, key = _pod_id(pod)
+        if uid:
+            self.ledger.release(uid)  # a refilter replaces the earlier reservation
+        kw = {k: v for k, v in clocks.items() if k != "on_problem"}
+        kw.update(fail_open=s.fail_open, unknown_policy=s.unknown_policy)
+
+        def judging(state: NodeGpuState | None, left: NodeGpuState | None) -> Verdict:
+            return judge(state, need, left=left, **kw)
+
+        fits, passed, failed = self._judge(items_of(now), need, clocks, judging, flagged)
+        if not fits:
+            return passed, failed
+        pick = min if s.strategy == "binpack" else max
+        best, _, rec = pick(fits, key=itemgetter(1))
+        other = OTHER_NODE.format(prefix=s.prefix)
+        failed.update(dict.fromkeys([t[0] for t in fits], other))
+        failed.update(dict.fromkeys(passed, other))
+        del failed[best]
+        if uid and rec is not None:
+            gpus = choose_gpus(rec.left, need.memory_mib, need.count, s.strategy)
+            self.ledger.reserve(Placement(
+                key, uid, best, need.memory_mib, need.count, placed_at=now,
+                baseline_free_mib=rec.state.free_total_mib, gpus=gpus, bound=False,
+            ))  # fmt: skip
+        return [best], failed
+
+    def prioritize(self, pod: Any, need: Need, items_of: Callable[[float], Items],
+                   clocks: dict[str, Any], flagged: Container[str] = ()
+                   ) -> list[dict[str, Any]]:  # fmt: skip
+        """A HostPriorityList as ``rules.prioritize_nodes``; the node holding the pod's
+        reservation scores ``MAX_PRIORITY``."""
+        stale_policy = clocks.get("stale_policy") or ""
+        kw = {k: v for k, v in clocks.items() if k not in ("on_problem", "stale_policy")}
+
+        def judging(state: NodeGpuState | None, left: NodeGpuState | None) -> Verdict:
+            allow = effective(state, stale_policy) == "allow"
+            return judge(state, need, left=left, fail_open=False,
+                         stale_policy="allow" if allow else "reject", **kw)  # fmt: skip
+
+        items = items_of(clocks["now"])
+        fits, _, _ = self._judge(items, need, clocks, judging, flagged)
+        free = {name: f for name, f, _ in fits}
+        uid, _ = _pod_id(pod)
+        mine = self.ledger.get(uid) if uid else None
+        lo, hi = (min(free.values()), max(free.values())) if free else (0, 0)
+        span, top = hi - lo, MAX_PRIORITY - 1
+        if span == 0:
+            scores = dict.fromkeys(free, MAX_PRIORITY)
+        elif self.settings.strategy == "binpack":  # 10: the least free
+            scores = {n: 1 + round((1.0 - (f - lo) / span) * top) for n, f in free.items()}
+        else:
+            scores = {n: 1 + round((f - lo) / span * top) for n, f in free.items()}
+        if mine is not None:
+            scores[mine.node] = MAX_PRIORITY
+        get = scores.get
+        return [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name, _, _ in items]
+
+def flagged_of(on_problem: Any) -> Container[str]:
+    """The names with a judging problem on record (``app.NodeProblems.flagged``), or every
+    name (``on_problem`` then hears of each node) when it keeps none."""
+    owner = getattr(on_problem, "__self__", None)
+    flagged = getattr(owner, "flagged", None)
+    return flagged if flagged is not None else _Everything()
+
+
+class _Everything:
+    def __contains__(self, item: object) -> bool:
+        return True
+
