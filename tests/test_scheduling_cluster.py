@@ -263,7 +263,7 @@ class ExtenderScheduler:
 
     def __init__(
         self, cluster: DevCluster, tmp: Path, name: str, strategy: str, settle_s: float = 0.0,
-        signal: str = "now",
+        signal: str = "now", serve_kw: dict[str, Any] | None = None,
     ) -> None:
         from omaticaya_py.scheduler import ExtenderSettings, serve
 
@@ -282,7 +282,8 @@ class ExtenderScheduler:
         )
         self.ready, self.stop_event = threading.Event(), threading.Event()
         self.thread = threading.Thread(
-            target=serve, args=(settings,), kwargs={"ready": self.ready, "stop": self.stop_event},
+            target=serve, args=(settings,),
+            kwargs={"ready": self.ready, "stop": self.stop_event, **(serve_kw or {})},
             daemon=True,
         )  # fmt: skip
         self.thread.start()
