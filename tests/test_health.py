@@ -144,6 +144,26 @@ def test_ledger_records_only_fatal_events() -> None:
     assert ledger.recent(20.0) == (xid(1, 79, 10.0), xid(2, 48, 12.0))
 
 
+def test_ledger_keeps_the_latest_event_of_each_gpu_and_xid_through_a_flood() -> None:
+    """A flood of one Xid (one event a millisecond for 10 minutes) costs one entry per
+    (GPU, Xid), and the latest time is the one the quiet window runs from."""
+    ledger = XidLedger(XidPolicy(quiet_s=600.0))
+    for ms in range(600_000):
+        ledger.record([xid(0, 79, ms / 1000.0)])
+    ledger.record([xid(1, 48, 5.0), xid(1, 48, 4.0)])  # an older event does not move it back
+    assert ledger.recent(600.0) == (xid(1, 48, 5.0), xid(0, 79, 599.999))
+    assert ledger.recent(1199.998) == (xid(0, 79, 599.999),)
+    assert ledger.recent(1200.0) == ()
+
+
+def test_ledger_is_bounded_in_gpu_xid_pairs_keeping_the_newest() -> None:
+    ledger = XidLedger(XidPolicy(quiet_s=1e9, all_fatal=True))
+    ledger.record([xid(0, code, float(code)) for code in range(XidLedger.MAX_ENTRIES + 10)])
+    kept = ledger.recent(0.0)
+    assert len(kept) == XidLedger.MAX_ENTRIES
+    assert kept[0].xid == 10 and kept[-1].xid == XidLedger.MAX_ENTRIES + 9
+
+
 def test_ledger_all_fatal_keeps_application_xids() -> None:
     ledger = XidLedger(XidPolicy(all_fatal=True))
     ledger.record([xid(0, 13, 10.0)])

@@ -166,6 +166,8 @@ class AgentCollector(Collector):
             ("omaticaya_lease_fallbacks", "403s on the Lease: heartbeat back on the Node annotation.", cache.lease_fallbacks),
             ("omaticaya_writes_superseded", "API rounds replaced by a newer reading before they started (a slow API server).", cache.writes_superseded),
             ("omaticaya_clock_steps", "Steps of the wall clock seen by the watchdog (ticks rescheduled).", getattr(getattr(agent, "watchdog", None), "steps", 0)),
+            ("omaticaya_xid_events_seeded", "Fatal Xid events carried over from the Node's telemetry at start (NVML does not replay old events).", agent.ledger.seeded),
+            ("omaticaya_xid_seed_refused", "GPU entries of the Node's telemetry refused when seeding the Xid ledger at start (forged or malformed).", agent.ledger.seed_refused),
             ("omaticaya_xid_events_dropped", "Xid events dropped from the event thread's bounded buffer (the latest per GPU and Xid is kept).", getattr(agent.reader, "xid_events_dropped", 0)),
         ):
             yield CounterMetricFamily(name, doc, value=value)

@@ -140,7 +140,10 @@ class XidPolicy:
 
 
 class XidLedger:
-    """The fatal Xid events of the last ``policy.quiet_s`` seconds, per GPU.
+    """The fatal Xid events of the last ``policy.quiet_s`` seconds, per GPU: the latest event of
+    each (GPU, Xid), which is all the health rules need (a GPU is Unhealthy while its latest
+    fatal Xid is within the window), so a flood of one Xid costs one entry, not one per event.
+    At most ``MAX_ENTRIES`` (GPU, Xid) pairs are kept, the oldest dropped beyond.
 
     The only state the health rules need; the agent feeds it each snapshot's events and passes
     ``recent(now_s)`` to ``assess``. At start it is seeded (``seed``) with the events the
@@ -148,30 +151,48 @@ class XidLedger:
     ``seeded`` and ``seed_refused`` count the events taken and the GPUs whose entry was refused.
     """
 
+    #: (GPU, Xid) pairs kept at most: 8 GPUs x every Xid code NVIDIA documents, with room
+    MAX_ENTRIES = 4096
+
     def __init__(self, policy: XidPolicy) -> None:
         self.policy = policy
-        self._events: list[XidEvent] = []
+        self._latest: dict[tuple[str | int, int], XidEvent] = {}
         self.seeded = 0
         self.seed_refused = 0
 
+    def _keep(self, events: Iterable[XidEvent]) -> int:
+        kept = 0
+        for e in events:
+            if not self.policy.fatal(e.xid):
+                continue
+            kept += 1
+            key = (e.uuid if e.uuid is not None else e.index, e.xid)
+            held = self._latest.get(key)
+            if held is None or e.at_s >= held.at_s:
+                self._latest[key] = e
+        if len(self._latest) > self.MAX_ENTRIES:
+            newest = sorted(self._latest.items(), key=lambda kv: kv[1].at_s)[-self.MAX_ENTRIES :]
+            self._latest = dict(newest)
+        return kept
+
     def record(self, events: Iterable[XidEvent]) -> None:
-        self._events.extend(e for e in events if self.policy.fatal(e.xid))
+        """Keep the fatal ones of a snapshot's ``events`` (the latest per GPU and Xid)."""
+        self._keep(events)
 
     def seed(self, events: Iterable[XidEvent], refused: int = 0) -> None:
         """Add events from an earlier agent's telemetry (the fatal ones), and count ``refused``
         GPU entries."""
-        fatal = [e for e in events if self.policy.fatal(e.xid)]
-        self._events.extend(fatal)
-        self.seeded += len(fatal)
+        self.seeded += self._keep(events)
         self.seed_refused += refused
 
     def recent(self, now_s: float) -> tuple[XidEvent, ...]:
+        """The kept events newer than ``now_s - policy.quiet_s``, oldest first."""
         horizon = now_s - self.policy.quiet_s
-        self._events = [e for e in self._events if e.at_s > horizon]
-        return tuple(self._events)
+        self._latest = {k: e for k, e in self._latest.items() if e.at_s > horizon}
+        return tuple(sorted(self._latest.values(), key=lambda e: e.at_s))
 
     def reset(self) -> None:
-        self._events.clear()
+        self._latest.clear()
 
 
 def assess_gpu(
