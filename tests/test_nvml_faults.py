@@ -87,7 +87,7 @@ def test_an_xid_from_a_gpu_that_fell_off_the_bus_still_arrives(nvml_worker, tmp_
     lost = sample(gpu1=fault("NVMLError_GpuIsLost"), xids=((1, 79),))
     trace = scenario(tmp_path / "scenario.json", sample(), *[lost] * 40)
     w = nvml_worker(trace, tmp_path / "pos")
-    w.read()
+    uuid_1 = w.read()["gpus"][1]["uuid"]
     seen: list[dict] = []
     position = iter(range(1, 1000))
 
@@ -101,3 +101,7 @@ def test_an_xid_from_a_gpu_that_fell_off_the_bus_still_arrives(nvml_worker, tmp_
         return any(e["xid"] == 79 for e in seen)
 
     wait_for("Xid 79 delivered", xid_79)
+    # named by its handle: GPU 1 with its UUID (was index -1, no UUID: the quiet window of an
+    # Xid 79 never applied to the GPU once it came back)
+    assert uuid_1.startswith("GPU-")
+    assert {(e["index"], e["uuid"]) for e in seen if e["xid"] == 79} == {(1, uuid_1)}

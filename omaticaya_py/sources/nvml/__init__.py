@@ -7,7 +7,7 @@
 - ``library``: NVML's error classes, counted calls, ``nvml_available``, ``decode``.
 """
 
-from .library import LIBRARY_GONE, decode, nvml_available
+from .library import LIBRARY_GONE, decode, handle_address, nvml_available
 from .reader import NvmlReader
 
-__all__ = ["LIBRARY_GONE", "NvmlReader", "decode", "nvml_available"]
+__all__ = ["LIBRARY_GONE", "NvmlReader", "decode", "handle_address", "nvml_available"]

@@ -22,7 +22,7 @@ import tenacity
 
 from ...core.snapshot import XidEvent
 from .device import Device
-from .library import decode, error_name
+from .library import decode, error_name, handle_address
 
 __all__ = ["XidWatcher", "bound_events"]
 
@@ -122,6 +122,7 @@ class XidWatcher:
                 except pynvml.NVMLError as exc:
                     self.errors[("nvmlDeviceRegisterEvents", error_name(exc))] += 1
             index_of = {d.uuid: d.index for d in devices if d.uuid}
+            by_address = {handle_address(d.handle): d for d in devices}
 
             def wait_once() -> Any:
                 """The next event; None after a quiet ``WAIT_MS`` or once stopped."""
@@ -144,6 +145,9 @@ class XidWatcher:
                 if data is None:
                     continue
                 uuid = self._event_uuid(data)
+                if uuid is None:  # off the bus (Xid 79): its handle still names the GPU
+                    known = by_address.get(handle_address(data.device))
+                    uuid = known.uuid if known is not None else None
                 xid = (
                     int(data.eventData)
                     if data.eventType == pynvml.nvmlEventTypeXidCriticalError

@@ -6,6 +6,7 @@ Every NVML error other than NotSupported that a ``Calls`` sees is counted in ``C
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,7 +16,10 @@ import pynvml
 
 from ...core.snapshot import GpuProcess
 
-__all__ = ["LIBRARY_GONE", "LOST", "MIB", "Calls", "decode", "error_name", "nvml_available"]
+__all__ = [
+    "LIBRARY_GONE", "LOST", "MIB", "Calls", "decode", "error_name", "handle_address",
+    "nvml_available",
+]
 
 T = TypeVar("T")
 #: bytes in one MiB (NVML reports memory in bytes)
@@ -39,6 +43,12 @@ def nvml_available() -> bool:
         return False
     pynvml.nvmlShutdown()
     return True
+
+
+def handle_address(handle: Any) -> int | None:
+    """An NVML device handle's pointer value: NVML hands out one handle per GPU per session, so
+    it names the GPU when ``nvmlDeviceGetUUID`` cannot (a GPU off the bus, Xid 79)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 def error_name(exc: BaseException) -> str:

@@ -11,12 +11,11 @@ sample is that error and the next sample starts a new session.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import pynvml
 
-from ..nvml import LIBRARY_GONE, decode
+from ..nvml import LIBRARY_GONE, decode, handle_address
 from .gpu import gpu_facts, gpu_sample
 from .values import error, value
 
@@ -25,11 +24,6 @@ __all__ = ["Recorder"]
 _XID_TYPES = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
 #: NVIDIA's Xid for a double-bit ECC error (such an event carries no Xid of its own)
 _XID_DOUBLE_BIT_ECC = 48
-
-
-def _address(handle: Any) -> int | None:
-    """An NVML handle's pointer value (NVML hands out one handle per GPU per session)."""
-    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 class Recorder:
@@ -154,9 +148,9 @@ class Recorder:
         try:
             return index_of.get(decode(pynvml.nvmlDeviceGetUUID(device)), -1)
         except pynvml.NVMLError:
-            address = _address(device)
+            address = handle_address(device)
             for i, h in enumerate(self._handles):
-                if h is not None and _address(h) == address:
+                if h is not None and handle_address(h) == address:
                     return i
             return -1
 
