@@ -92,8 +92,8 @@ class Agent:
         self.xid_seeder = XidSeeder(node, settings.prefix) if node is not None else None
         self.events = HealthEvents()
         self.period_s = settings.schedule.period_s()
-        #: no finished tick for this long: /healthz fails, the device plugin's devices go
-        #: Unhealthy (``SnapshotCache.tick_overdue``)
+        #: no finished tick for this long: /healthz fails (``SnapshotCache.tick_overdue``); the
+        #: device plugin applies the same bound to the age of the reading it serves
         self.cache.stuck_after_s = settings.stuck_tick_periods * self.period_s + settings.jitter_s
         self.outage = ApiOutage(self.period_s, self.cache)
         #: the longest the telemetry annotation goes unrewritten while the agent runs: it is

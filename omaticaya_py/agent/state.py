@@ -124,7 +124,8 @@ class SnapshotCache:
 
     def tick_overdue(self, now_s: float | None = None) -> bool:
         """True once no tick finished for more than ``stuck_after_s`` seconds: a tick is stuck
-        (``tick_stage`` says where) or none starts. The device plugin's "reading too old"."""
+        (``tick_stage`` says where) or none starts. ``/healthz`` and the watchdog's log line
+        read it; the device plugin times the reading it serves against the same bound."""
         return self.tick_age_s(now_s) > self.stuck_after_s
 
 
