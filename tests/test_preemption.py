@@ -322,6 +322,18 @@ def test_whole_pods_without_node_cache_get_the_same_answer():
     assert kept(preempt(extender(), args, reader())) == {"fits": ["uid-b"]}
 
 
+def test_a_node_where_the_pod_already_fits_is_left_out():
+    """A node without victims is an error to kube-scheduler 1.22+ and crashes 1.20's choice."""
+    room_now = gpu_node("roomy", [(70_000, [("low/a", 10_000)])])
+    NODES["roomy"], ON_NODE["roomy"] = room_now, [pod_doc("low/a", node="roomy")]
+    try:
+        ext = extender()
+        assert kept(preempt(ext, meta_args(gpu_pod(), roomy=[]), reader())) == {}
+    finally:
+        del NODES["roomy"], ON_NODE["roomy"]
+    assert ext.decisions.counts[("preempt", "dropped", "fits-already")] == 1
+
+
 def test_a_pod_without_a_gpu_need_keeps_the_schedulers_choice():
     pod = {"metadata": {"uid": "u", "namespace": "a", "name": "cpu"}, "spec": {"priority": 9}}
     args = meta_args(pod, fits=["uid-a"], small=[])
@@ -356,8 +368,16 @@ def test_bad_pods_on_the_node_are_skipped_and_counted():
 
 def test_a_node_that_cannot_be_read_is_dropped_and_the_others_answered():
     ext = extender()
-    result = preempt(ext, meta_args(gpu_pod(), gone=[], fits=[]), reader())
+    read_node = reader()
+
+    def flaky(node: str) -> NodeView:
+        if node == "small":
+            raise OSError("connection refused")
+        return read_node(node)
+
+    result = preempt(ext, meta_args(gpu_pod(), small=[], gone=[], fits=[]), flaky)
     assert kept(result) == {"fits": ["uid-b"]}
+    assert ext.decisions.counts[("preempt", "dropped", "read-failed")] == 1
     assert ext.decisions.counts[("preempt", "dropped", "unresolvable")] == 1  # not in the cache
 
 
@@ -399,3 +419,22 @@ def test_http_preempt_answers_with_go_field_names_and_never_a_500():
         assert (r.status_code, r.json()) == (200, {"NodeNameToMetaVictims": {}})
     with TestClient(create_app(ext)) as c:
         assert c.post("/preempt", json={}).status_code in (404, 405)
+
+
+def test_a_victims_reservation_in_the_ledger_frees_its_gpu():
+    """A pod bound to the node and reserved on GPU 1 by the ledger, not yet in the telemetry:
+    evicting it gives GPU 1 back (70000 free less its 30000 reservation: no room without)."""
+    from omaticaya_py.scheduler.ledger import Ledger
+
+    NODES["held"] = gpu_node("held", [(1_000, ()), (70_000, ())])
+    ON_NODE["held"] = [pod_doc("low/r", node="held"), pod_doc("low/s", node="held")]
+    try:
+        ext = extender(settle_s=600)
+        ext.ledger = Ledger(600)
+        ext.ledger.pod_changed("low/r", None, Placement(
+            "low/r", "uid-r", "held", 30_000, 1, placed_at=NOW, gpus=(1,), bound=True,
+        ))  # fmt: skip
+        assert ext.filter({"Pod": gpu_pod(), "NodeNames": ["held"]})["NodeNames"] == []
+        assert kept(preempt(ext, meta_args(gpu_pod(), held=[]), reader())) == {"held": ["uid-r"]}
+    finally:
+        del NODES["held"], ON_NODE["held"]

@@ -3,9 +3,15 @@
 kube-scheduler sends the preemptor ``Pod`` and its candidates: ``NodeNameToMetaVictims`` (node
 -> ``{"Pods": [{"UID"}], "NumPDBViolations"}``) when the extender is ``nodeCacheCapable``, else
 ``NodeNameToVictims`` (the same with whole v1.Pods). The answer is always
-``{"NodeNameToMetaVictims": {...}}``, a subset of the candidate nodes, each with the victims to
-evict (kube-scheduler looks each UID up among the pods on that node; one it cannot find fails
-the preemption).
+``{"NodeNameToMetaVictims": {...}}``, a subset of the candidate nodes, each with at least one
+victim to evict (kube-scheduler looks each UID up among the pods on that node; one it cannot
+find fails the preemption). A node where the pod fits with nothing evicted is left out.
+
+Which kube-scheduler asks (docs/scheduling.md, "Preemption"): 1.20.0 up to the fix of
+kubernetes#102971 never calls an extender's ``preemptVerb``; from 1.22 (kubernetes#101560)
+a candidate node must have victims in kube-scheduler's own dry run, so a pod that requests
+nothing its in-tree filters see (memory by annotation only) gets no candidates and the
+extender is not asked either.
 
 Per candidate node: a node the filter would fail for a reason eviction cannot change
 (``preemption.unresolvable``) is dropped; the others are read fresh from the API server
@@ -99,9 +105,10 @@ def node_view(node: Any, pod_list: Any, prefix: str) -> NodeView:
 
 
 class NodeReader:
-    """Reads a candidate node for preemption through ``session`` (``kube.ApiSession``): a GET
-    of the Node and a LIST of the pods with ``spec.nodeName`` = it (RBAC: ``get`` nodes,
-    ``list`` pods). Raises ``KubeError`` when the API server does not answer."""
+    """Reads a candidate node for preemption through ``session`` (``kube.ApiSession``): a LIST
+    of the Node by ``metadata.name`` and a LIST of the pods with ``spec.nodeName`` = it (RBAC:
+    ``list`` on nodes and pods, which the extender holds for its caches). Raises ``KubeError``
+    when the API server does not answer."""
 
     def __init__(self, session: Any, prefix: str) -> None:
         self._session, self._prefix = session, prefix
@@ -111,7 +118,11 @@ class NodeReader:
         return json.loads(raw.data)
 
     def __call__(self, node: str) -> NodeView:
-        node_doc = self._get("get", f"node {node}", f"/api/v1/nodes/{node}")
+        nodes = self._get(
+            "list", f"node {node}", "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}
+        )
+        items = json_mapping(nodes).get("items")
+        node_doc = items[0] if isinstance(items, list) and items else {}
         pods = self._get(
             "list", f"pods on {node}", "/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}
         )
@@ -211,6 +222,12 @@ def preempt(
         if choice.victims is None:
             log.info("preempt {}: node {} dropped: {}", ext._pod_name(pod), node, choice.reason)
             count("dropped", "too-little" if "too little" in choice.reason else "no-fit")
+            continue
+        if not choice.victims:
+            # it fits with nothing evicted (room freed since the filter): the next cycle's
+            # filter passes it; a node without victims is an error to kube-scheduler from
+            # 1.22 (kubernetes#101560) and a crash in 1.20's selection (kubernetes#101548)
+            count("dropped", "fits-already")
             continue
         count("kept", "")
         out[node] = _meta(choice.victims, pdb[node])
