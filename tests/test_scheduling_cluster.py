@@ -264,6 +264,7 @@ class ExtenderScheduler:
     def __init__(
         self, cluster: DevCluster, tmp: Path, name: str, strategy: str, settle_s: float = 0.0,
         signal: str = "now", serve_kw: dict[str, Any] | None = None,
+        plugins: dict[str, Any] | None = None,
     ) -> None:
         from omaticaya_py.scheduler import ExtenderSettings, serve
 
@@ -295,7 +296,9 @@ class ExtenderScheduler:
         config["healthzBindAddress"] = f"127.0.0.1:{health_port}"
         config["metricsBindAddress"] = f"127.0.0.1:{health_port}"
         config["profiles"][0]["schedulerName"] = name
-        config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
+        if plugins is not None:  # e.g. {"postFilter": {"disabled": [{"name": "*"}]}}
+            config["profiles"][0]["plugins"] = plugins
+        self.url = config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
         path = tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         self.log = tmp / f"{name}.log"
