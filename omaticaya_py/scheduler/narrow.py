@@ -25,7 +25,7 @@ from .nodeindex import NodeIndex, NodeRecord, judge_all
 from .rules import MAX_PRIORITY, MIN_PRIORITY, Need, ProblemOf, Verdict, judge, judge_safely
 from .staleness import effective
 
-__all__ = ["OTHER_NODE", "Narrowing", "flagged_of"]
+__all__ = ["OTHER_NODE", "ItemsOf", "Narrowing", "flagged_of"]
 
 #: the reason of a node that fits but lost to the chosen one (``{prefix}`` filled in); short:
 #: at 5,000 names it is most of the answer
@@ -41,6 +41,27 @@ def _pod_id(pod: Any) -> tuple[str, str]:
     return (uid if isinstance(uid, str) else ""), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
+#: prioritize reuses the judging of the same pod's filter (same uid and need) this recent, s:
+#: kube-scheduler sends it right after the filter, with the names that passed
+REUSE_S = 1.0
+
+
+class ItemsOf:
+    """The nodes of one request: ``names`` (``NodeNames``), or ``states`` (parsed from whole
+    ``Nodes``); called with the time, their records (``Narrowing.items``)."""
+
+    def __init__(self, narrowing: Narrowing, names: Sequence[str] | None,
+                 states: Sequence[tuple[str, Any]] = ()) -> None:  # fmt: skip
+        self._narrowing, self._names, self._states = narrowing, names, states
+
+    @property
+    def names(self) -> Sequence[str]:
+        return self._names if self._names is not None else [n for n, _ in self._states]
+
+    def __call__(self, now: float) -> Items:
+        return self._narrowing.items(self._names, self._states, now)
+
+
 class Narrowing:
     """The rule over a ``ledger`` and the Node cache's ``lookup``; judging settings from
     ``settings`` (``ExtenderSettings``)."""
@@ -48,6 +69,8 @@ class Narrowing:
     def __init__(self, settings: Any, lookup: Callable[[str], NodeGpuState | None],
                  ledger: Ledger) -> None:  # fmt: skip
         self.settings, self.ledger = settings, ledger
+        #: (uid, need, time, names asked, {fitting name: free MiB}) of the last filter
+        self._last: tuple[str, Need, float, Sequence[str] | None, dict[str, int]] | None = None
         self.index = NodeIndex(
             lookup, ledger, settle_s=settings.settle_s, ttl_s=settings.ttl_s,
             grace_s=settings.grace_s, skew_s=settings.max_clock_skew_s,
@@ -92,7 +115,10 @@ class Narrowing:
         def judging(state: NodeGpuState | None, left: NodeGpuState | None) -> Verdict:
             return judge(state, need, left=left, **kw)
 
-        fits, passed, failed = self._judge(items_of(now), need, clocks, judging, flagged)
+        items = items_of(now)
+        fits, passed, failed = self._judge(items, need, clocks, judging, flagged)
+        self._last = (uid, need, now, items_of.names if isinstance(items_of, ItemsOf) else None,
+                      {name: f for name, f, _ in fits})  # fmt: skip
         if not fits:
             return passed, failed
         pick = min if s.strategy == "binpack" else max
@@ -122,10 +148,21 @@ class Narrowing:
             return judge(state, need, left=left, fail_open=False,
                          stale_policy="allow" if allow else "reject", **kw)  # fmt: skip
 
-        items = items_of(clocks["now"])
-        fits, _, _ = self._judge(items, need, clocks, judging, flagged)
-        free = {name: f for name, f, _ in fits}
         uid, _ = _pod_id(pod)
+        names = items_of.names if isinstance(items_of, ItemsOf) else None
+        if names is None:
+            names = [t[0] for t in items_of(clocks["now"])]
+        last = self._last
+        if (last is not None and uid and last[0] == uid and last[1] == need
+                and 0 <= clocks["now"] - last[2] <= REUSE_S and last[3] is not None
+                and (names == last[3] or set(names) <= set(last[3]))):  # fmt: skip
+            # right after this pod's filter (kube-scheduler's order, with the names that
+            # passed, or all of them): its judging stands
+            get = last[4].get
+            free = {name: f for name in names if (f := get(name)) is not None}
+        else:
+            fits, _, _ = self._judge(items_of(clocks["now"]), need, clocks, judging, flagged)
+            free = {name: f for name, f, _ in fits}
         mine = self.ledger.get(uid) if uid else None
         lo, hi = (min(free.values()), max(free.values())) if free else (0, 0)
         span, top = hi - lo, MAX_PRIORITY - 1
@@ -138,7 +175,7 @@ class Narrowing:
         if mine is not None:
             scores[mine.node] = MAX_PRIORITY
         get = scores.get
-        return [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name, _, _ in items]
+        return [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name in names]
 
 def flagged_of(on_problem: Any) -> Container[str]:
     """The names with a judging problem on record (``app.NodeProblems.flagged``), or every

@@ -220,8 +220,11 @@ def unresolvable(
     if need is None:
         return {}
     out: dict[str, str] = {}
+    kinds: dict[str, str] = {}  # few distinct reasons among thousands of nodes
     for name, reason in failed.items():
-        kind = reason_kind(reason)
+        kind = kinds.get(reason)
+        if kind is None:
+            kind = kinds[reason] = reason_kind(reason)
         if kind in UNRESOLVABLE_KINDS:
             out[name] = reason
         elif kind == "no-room":

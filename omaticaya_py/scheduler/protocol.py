@@ -11,7 +11,7 @@ from ..core.schema import NodeGpuState, json_mapping, json_str
 from .decisions import Decisions
 from .inflight import ASSUME_S, Placement, pending
 from .ledger import Ledger
-from .narrow import Narrowing, flagged_of
+from .narrow import ItemsOf, Narrowing, flagged_of
 from .preemption import unresolvable
 from .rules import InFlightOf, LeaseOf, ProblemOf, filter_nodes, parse_need, prioritize_nodes
 from .settings import ExtenderSettings
@@ -90,12 +90,11 @@ class Extender:
             n = self._narrowing = Narrowing(self.settings, self.lookup, self.ledger)
         return n
 
-    def _items_of(self, narrowing: Narrowing, args: Mapping[str, Any]) -> Any:
+    def _items_of(self, narrowing: Narrowing, args: Mapping[str, Any]) -> ItemsOf:
         names = args.get("NodeNames")
         if names is not None:
-            return lambda now: narrowing.items(names, (), now)
-        states, _ = self._states(args)
-        return lambda now: narrowing.items(None, states, now)
+            return ItemsOf(narrowing, names)
+        return ItemsOf(narrowing, None, self._states(args)[0])
 
     @staticmethod
     def _pod_name(pod: Any) -> str:
