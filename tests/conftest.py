@@ -28,6 +28,26 @@ def admin_api(dev_cluster: DevCluster):  # noqa: F811
     api.api_client.close()
 
 
+def ensure_namespace(admin_api, name: str) -> str:
+    """Create Namespace ``name`` unless it exists; returns ``name``."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        admin_api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return name
+
+
+@pytest.fixture(scope="session")
+def leases(admin_api):
+    """``kubernetes.client.CoordinationV1Api`` as cluster admin."""
+    from kubernetes import client
+
+    return client.CoordinationV1Api(admin_api.api_client)
+
+
 @pytest.fixture
 def make_node(admin_api) -> Iterator[Callable[..., str]]:
     """Create Nodes with a unique name and foreign labels/annotations; delete them after."""

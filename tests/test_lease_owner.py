@@ -24,7 +24,7 @@ from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.lease import lease_name
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import H100_TRACE
+from tests.conftest import H100_TRACE, ensure_namespace
 from tests.helpers import Clock
 from tests.waiting import wait_for
 
@@ -36,23 +36,7 @@ POD = "omaticaya-agent-owner"
 
 @pytest.fixture(scope="module")
 def namespace(admin_api) -> str:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        admin_api.create_namespace(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    return NAMESPACE
-
-
-@pytest.fixture(scope="module")
-def leases(admin_api):
-    from kubernetes import client
-
-    return client.CoordinationV1Api(admin_api.api_client)
+    return ensure_namespace(admin_api, NAMESPACE)
 
 
 def make_agent(dev_cluster, node: str, pod: str = POD, **env) -> Agent:
