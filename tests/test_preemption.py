@@ -235,6 +235,14 @@ def test_unresolvable(reason, hopeless):
     assert got == ({"one": reason} if hopeless else {})
 
 
+def test_no_room_on_gpus_smaller_than_the_need_is_unresolvable():
+    small = _state("small", [(1_000, [("a/x", 39_000)])], total_mib=40_960)
+    reason = "node(s) had no room: pod needs a GPU with 61440 MiB free (omaticaya.io)"
+    assert small.gpus[0].total_mib == 40_960
+    assert unresolvable(NEED, {"small": reason}, {"small": small}.get) == {"small": reason}
+    assert unresolvable(Need(40_000), {"small": reason}, {"small": small}.get) == {}
+
+
 def test_no_room_with_too_few_healthy_gpus_is_unresolvable():
     two = _state("two", [(1_000, ()), (1_000, ())], unhealthy=[1])
     reason = "node(s) had no room: pod needs 2 GPUs with 61440 MiB free (omaticaya.io)"
@@ -307,10 +315,11 @@ def test_only_the_pod_whose_gpu_memory_makes_room_goes():
     # make room; a is older, so it is spared; idle holds no GPU memory
     assert kept(result) == {"fits": ["uid-b"]}
     assert result["NodeNameToMetaVictims"]["fits"]["NumPDBViolations"] == 0
-    assert "sick" not in read, "an unhealthy node is dropped without reading it"
+    assert read == ["fits", "shared"], "unhealthy and too-small nodes are not read"
     counts = {k[1:]: n for k, n in ext.decisions.counts.items() if k[0] == "preempt"}
-    assert counts == {("kept", ""): 1, ("dropped", "unresolvable"): 1,
-                      ("dropped", "no-fit"): 1, ("dropped", "too-little"): 1}  # fmt: skip
+    # sick (unhealthy) and small (a 40 GiB GPU) are dropped without reading them
+    assert counts == {("kept", ""): 1, ("dropped", "unresolvable"): 2,
+                      ("dropped", "too-little"): 1}  # fmt: skip
 
 
 def test_whole_pods_without_node_cache_get_the_same_answer():
@@ -371,11 +380,11 @@ def test_a_node_that_cannot_be_read_is_dropped_and_the_others_answered():
     read_node = reader()
 
     def flaky(node: str) -> NodeView:
-        if node == "small":
+        if node == "shared":
             raise OSError("connection refused")
         return read_node(node)
 
-    result = preempt(ext, meta_args(gpu_pod(), small=[], gone=[], fits=[]), flaky)
+    result = preempt(ext, meta_args(gpu_pod(), shared=[], gone=[], fits=[]), flaky)
     assert kept(result) == {"fits": ["uid-b"]}
     assert ext.decisions.counts[("preempt", "dropped", "read-failed")] == 1
     assert ext.decisions.counts[("preempt", "dropped", "unresolvable")] == 1  # not in the cache
@@ -383,9 +392,11 @@ def test_a_node_that_cannot_be_read_is_dropped_and_the_others_answered():
 
 def test_at_most_max_nodes_are_read():
     read: list[str] = []
-    preempt(extender(), meta_args(gpu_pod(), fits=[], small=[], shared=[]), reader(read),
-            max_nodes=2)  # fmt: skip
-    assert read == ["fits", "small"]
+    ext = extender()
+    preempt(ext, meta_args(gpu_pod(), fits=[], shared=[], sick=[], held=[]), reader(read),
+            max_nodes=1)  # fmt: skip
+    assert read == ["fits"]
+    assert ext.decisions.counts[("preempt", "dropped", "over-cap")] == 1
 
 
 def test_a_bad_pod_annotation_keeps_no_node():

@@ -13,7 +13,7 @@ from omaticaya_py.core.schema import GpuInfo, NodeGpuState, parse_node
 from omaticaya_py.core.window import PeakWindow, WindowSummary, p95
 from omaticaya_py.scheduler import ExtenderSettings, handle_filter, handle_prioritize
 from omaticaya_py.scheduler.signal import with_signal
-from tests.helpers import gpu, lost, snapshot
+from tests.helpers import H100_TOTAL_MIB, gpu, lost, snapshot
 
 P = "omaticaya.io/"
 UUID0 = "GPU-00000000-7fda-b7ae-a94e-630097a14ca4"
@@ -94,7 +94,7 @@ def test_the_window_goes_into_the_telemetry_and_back():
     assert doc["gpus"][0]["memory_free_min_mib"] == 4000
     assert doc["gpus"][0]["utilization_p95_pct"] == 97.0
     state = parse_node("n", {P + "gpu.health": "Healthy"}, {P + "telemetry": raw})
-    assert state.gpus == (GpuInfo(0, 70000, True, 4000),)
+    assert state.gpus == (GpuInfo(0, 70000, True, 4000, H100_TOTAL_MIB),)
     # without a window (or before it is half covered) the keys are absent, not null
     plain = json.loads(telemetry(snap, assess(snap)))
     assert "window_s" not in plain and "memory_free_min_mib" not in plain["gpus"][0]

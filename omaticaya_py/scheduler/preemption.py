@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.schema import NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
+from ..core.schema import GpuInfo, NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
 from .decisions import reason_kind
 from .inflight import Placement
 from .need import Need
@@ -210,13 +210,19 @@ def choose_victims(
     return Choice((*forced, *(p.uid for p in pool if p.uid in gone)))
 
 
+def _smaller(gpu: GpuInfo, mib: int) -> bool:
+    """Whether a GPU's published total memory is below ``mib`` (``False`` when unknown)."""
+    return gpu.total_mib is not None and gpu.total_mib < mib
+
+
 def unresolvable(
     need: Need | None, failed: Mapping[str, str], lookup: Callable[[str], NodeGpuState | None]
 ) -> dict[str, str]:
     """The failed nodes (``failed``: name -> reason) that evicting pods cannot help, for
     ``FailedAndUnresolvableNodes``: a reason of an ``UNRESOLVABLE_KINDS`` kind (stale, unhealthy,
     no or unusable telemetry, not in the cache, a bad pod annotation, judging raised), or no
-    room on a node with fewer than ``need.count`` healthy GPUs (``lookup``: name -> state)."""
+    room on a node with fewer than ``need.count`` healthy GPUs of ``need.memory_mib`` or more
+    (``lookup``: name -> state; a GPU whose total is not published counts as big enough)."""
     if need is None:
         return {}
     out: dict[str, str] = {}
@@ -229,6 +235,10 @@ def unresolvable(
             out[name] = reason
         elif kind == "no-room":
             state = lookup(name)
-            if state is not None and sum(1 for g in state.gpus if g.healthy) < need.count:
+            big = (
+                sum(1 for g in state.gpus if g.healthy and not _smaller(g, need.memory_mib))
+                if state is not None else need.count
+            )  # fmt: skip
+            if big < need.count:
                 out[name] = reason
     return out

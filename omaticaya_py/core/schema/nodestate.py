@@ -42,12 +42,15 @@ __all__ = [
 class GpuInfo:
     """One whole GPU as the extender sees it: ``free_mib`` now, ``healthy``, and
     ``free_min_mib``, the least free memory over the agent's peak window (``None``: not
-    published: window off, not yet half covered, or an older agent)."""
+    published: window off, not yet half covered, or an older agent); ``total_mib``, its
+    memory (the telemetry's ``memory_total_mib``; ``None``: not published), which tells a
+    GPU too small for a pod whatever is evicted from it (``scheduler.preemption``)."""
 
     index: int
     free_mib: int
     healthy: bool
     free_min_mib: int | None = None
+    total_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,7 @@ def parse_node(
                 free or 0,
                 g.health == "Healthy" and free is not None,
                 g.memory_free_min_mib,
+                g.memory_total_mib,
             )
         )
     if not gpus and not listed:
