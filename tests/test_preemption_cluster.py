@@ -24,6 +24,10 @@ the batch pods are created bound (``spec.nodeName``).
 A ``gpu-serving`` pod asking 60 GiB fits nowhere. The extender keeps fits with batch-big as its
 only victim (its memory makes room on GPU 0); nofit and small lose no pod. Once batch-big is
 evicted and the "agent" publishes the freed memory, the pod binds to fits.
+
+A second test keeps the stock profile (DefaultPreemption on) with one candidate node, and shows
+v1.20.2's behaviour: the pod is nominated there with nothing evicted and the extender's
+``/preempt`` is never called (a tripwire for a dev cluster whose kube-scheduler asks).
 """
 
 from __future__ import annotations
@@ -204,3 +208,60 @@ def _post(url: str, body: Any) -> Any:
     with urllib.request.urlopen(request, timeout=10) as r:
         assert r.status == 200
         return json.loads(r.read())
+
+
+@pytest.fixture
+def lone(api, cluster, full, tmp_path_factory) -> Iterator[dict[str, Any]]:  # noqa: F811
+    """One more full Node whose only pod has no PriorityClass (priority 0), a PriorityClass of
+    500 (above it, below gpu-batch: no other node holds a pod it may preempt) and a
+    kube-scheduler with the example's profile as it is (DefaultPreemption on)."""
+    from kubernetes import client
+
+    tmp, ns = tmp_path_factory.mktemp("lone"), full["ns"]
+    node, klass = f"preempt-lone-{os.getpid()}", f"mid-{os.getpid()}"
+    scheduling = client.SchedulingV1Api(api.api_client)
+    scheduling.create_priority_class({"metadata": {"name": klass}, "value": 500})
+    sched = None
+    try:
+        api.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
+        schedulable(api, node)
+        write_node(api, node, ns, "lone", ([(1_000, [("plain", 80_000)])], 81_559))
+        plain = bound_pod("plain", node, "")
+        del plain["spec"]["priorityClassName"]
+        api.create_namespaced_pod(ns, plain)
+        sched = ExtenderScheduler(cluster, tmp, SCHEDULER + "-stock", "binpack", settle_s=60)
+        yield {"ns": ns, "node": node, "class": klass, "sched": sched}
+    finally:
+        if sched is not None:
+            sched.close()
+        api.delete_namespaced_pod("plain", ns, grace_period_seconds=0)
+        api.delete_node(node)
+        scheduling.delete_priority_class(klass)
+
+
+def test_kube_scheduler_1_20_2_never_asks_the_extender_to_preempt(api, lone):  # noqa: F811
+    """kubernetes#102971 on the real v1.20.2: DefaultPreemption runs without the extenders. With
+    one candidate node (no panic: kubernetes#101548 needs two), the pod is nominated there with
+    nothing evicted, and the extender's /preempt is never called. If this fails, the dev
+    cluster's kube-scheduler asks extenders: docs/scheduling.md's table needs a new row."""
+    ns, node, sched = lone["ns"], lone["node"], lone["sched"]
+    api.create_namespaced_pod(ns, {
+        # more than any GPU of the module's other nodes has free (fits: 77000 once freed)
+        "metadata": {"name": "mid", "annotations": {"omaticaya.io/gpu-memory-mib": "79000"}},
+        "spec": {"schedulerName": sched.name, "priorityClassName": lone["class"],
+                 "containers": [{"name": "main", "image": "busybox"}]},
+    })  # fmt: skip
+    try:
+
+        def nominated() -> str | None:
+            return api.read_namespaced_pod("mid", ns).status.nominated_node_name
+
+        assert wait_for("the pod to be nominated", nominated, 60) == node
+        assert sched.proc.poll() is None, "kube-scheduler exited"
+        assert "plain" in _pods(api, ns) and not _pods(api, ns)["plain"].metadata.deletion_timestamp
+        with urllib.request.urlopen(sched.url + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert 'verb="filter"' in metrics and 'verb="preempt"' not in metrics
+        assert not api.read_namespaced_pod("mid", ns).spec.node_name
+    finally:
+        api.delete_namespaced_pod("mid", ns, grace_period_seconds=0)
