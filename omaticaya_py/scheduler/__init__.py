@@ -29,7 +29,9 @@ not fit (or are unknown) get 0.
 
 Modules: ``settings`` (``OMATICAYA_EXTENDER_*``), ``need`` (pure: the pod's need), ``rules``
 (pure: filter, prioritize over ``core.schema.NodeGpuState``; each node judged alone),
-``protocol`` (pure: ExtenderArgs in, results out), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
+``protocol`` (pure: ExtenderArgs in, results out), ``preemption`` (pure: the victims that make
+room on a node's GPUs) and ``preempt`` (the ``preemptVerb``: ExtenderPreemptionArgs in,
+ExtenderPreemptionResult out; docs/scheduling.md, "Preemption"), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
 cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli``'s ``extender``.
 """
 
