@@ -12,7 +12,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .errors import KubeError, KubeUnavailable, wrap
-from .listwatch import end_read, list_page, open_watch, release, watch_events
+from .listwatch import end_read, list_pages, open_watch, release, watch_events
 from .session import ApiSession
 
 __all__ = ["Informer"]
@@ -258,22 +258,16 @@ class Informer(Generic[V]):
 
     def _list(self) -> None:
         items: dict[str, V] = {}
-        query = dict(self._query)
-        if self._page_size > 0:
-            query["limit"] = str(self._page_size)
-        while True:
-            objects, resource_version, token = list_page(
-                self._session, self.path, query, self.what
-            )
+        resource_version = ""
+        pages = list_pages(self._session, self.path, self._query, self.what, self._page_size)
+        for objects, version in pages:
+            resource_version = version
             for obj in objects:
                 key, value = self._store(obj)
                 if value is not None:
                     items[key] = value
-            del objects
+            del objects  # this page is freed before the next is read
             self._contact()
-            if not token:
-                break
-            query["continue"] = token
         with self._lock:
             before, self._items = self._items, items
             self.version += 1

@@ -12,7 +12,9 @@ from kubernetes.watch.watch import iter_resp_lines as _watch_lines
 from .errors import KubeUnavailable
 from .session import ApiSession
 
-__all__ = ["end_read", "list_objects", "list_page", "open_watch", "release", "watch_events"]
+__all__ = [
+    "end_read", "list_objects", "list_page", "list_pages", "open_watch", "release", "watch_events",
+]
 
 
 def list_objects(
@@ -44,6 +46,23 @@ def list_page(
     meta = body.get("metadata") or {}
     token = meta.get("continue") or ""
     return list(body.get("items") or []), meta.get("resourceVersion", ""), str(token)
+
+
+def list_pages(
+    session: ApiSession, path: str, query: Mapping[str, str], what: str, page_size: int
+) -> Iterator[tuple[list[Any], str]]:
+    """A paginated LIST (``limit`` = ``page_size``, then ``continue``; ``page_size`` 0: one
+    request): ``(items, resourceVersion)`` per page, each page read only when the previous one
+    was consumed. Raises as ``list_page``."""
+    query = dict(query)
+    if page_size > 0:
+        query["limit"] = str(page_size)
+    while True:
+        items, version, token = list_page(session, path, query, what)
+        yield items, version
+        if not token:
+            return
+        query["continue"] = token
 
 
 def open_watch(
