@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.liveness import Seen
+from omaticaya_py.core.liveness import LeaseState, Seen
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.inflight import Placement, choose_gpus
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.narrow import OTHER_NODE
 from omaticaya_py.scheduler.nodeindex import NodeIndex, build_record, window
+from omaticaya_py.scheduler.staleness import NodeView
 
 NOW = 1_800_000_000.0
 P = "omaticaya.io"
@@ -312,3 +313,53 @@ def test_each_request_rebuilds_only_the_records_that_changed():
     for i in range(10):
         ext.filter({"Pod": pod(f"p{i}"), "NodeNames": names})
     assert index.builds - before <= 10  # the one node reserved on, per request
+
+
+# ------------------------------------------- the records' fast path = rules.judge, node by node
+
+REF = "omaticaya/omaticaya-node-n"
+HELD = LeaseState("agent-pod", NOW - 10, 40)
+
+
+def lease_node(**kw: Any) -> NodeGpuState:
+    return replace(node("n", 70000), lease=REF, **kw)
+
+
+FAST_CASES = [
+    ("fresh", node("n", 70000), None, 0.0),
+    ("no room", node("n", 20000), None, 0.0),
+    ("stale by read_at", node("n", 70000, read_age_s=400), None, 0.0),
+    ("read_at 301 s ahead", node("n", 70000, read_age_s=-301), None, 0.0),
+    ("unhealthy", replace(node("n", 70000), health="Unhealthy"), None, 0.0),
+    ("unusable telemetry", replace(node("n", 70000), problem="bad"), None, 0.0),
+    ("seen changed 400 s ago (monotonic)",
+     NodeView(**{f: getattr(node("n", 70000), f) for f in NodeGpuState.__dataclass_fields__},
+              seen=Seen(0.0, changed=True)), None, 400.0),
+    ("seen changed 100 s ago", NodeView(**{f: getattr(node("n", 70000), f)
+                                           for f in NodeGpuState.__dataclass_fields__},
+                                        seen=Seen(0.0, changed=True)), None, 100.0),
+    ("Lease renewed", lease_node(), {REF: HELD}, 0.0),
+    ("Lease lapsed", lease_node(), {REF: LeaseState("agent-pod", NOW - 200, 40)}, 0.0),
+    ("Lease released", lease_node(), {REF: LeaseState("", NOW - 10, 40)}, 0.0),
+    ("Lease missing", lease_node(), {}, 0.0),
+    ("Lease renewTime ahead", lease_node(), {REF: LeaseState("agent-pod", NOW + 400, 40)}, 0.0),
+    ("Lease named, no Lease watch", lease_node(read_at=NOW - 400, expires_at=NOW - 70), None, 0.0),
+    ("not in the cache", None, None, 0.0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "leases", "mono"), FAST_CASES,
+                         ids=[c[0] for c in FAST_CASES])  # fmt: skip
+def test_the_narrowing_filter_judges_one_node_as_the_rules_do(case, state, leases, mono):
+    """One node asked about: the narrowing filter (records, windows) passes it or fails it with
+    the same reason as the rules' filter (no ledger) does."""
+    states = {"n": state} if state is not None else {}
+    results = []
+    for ledger in (None, Ledger()):
+        ext = Extender(ExtenderSettings(_env_file=None), states.get, clock=lambda: NOW,  # type: ignore[call-arg]
+                       monotonic=lambda: mono, ledger=ledger)  # fmt: skip
+        if leases is not None:
+            ext.leases = leases.get
+        out = ext.filter({"Pod": pod("p"), "NodeNames": ["n"]})
+        results.append((out["NodeNames"], out["FailedNodes"]))
+    assert results[0] == results[1], case
