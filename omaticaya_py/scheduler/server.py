@@ -79,7 +79,10 @@ def serve(
         ext.leases, ext.leases_synced = leases.lease, lambda: leases.synced
     if pods is not None:
         ext.ledger = ledger
-    threading.Thread(target=settle_heap, args=(cache, pods), name="settle-heap", daemon=True).start()
+    if stop is None:  # a process of its own (the command line), not a test's thread
+        threading.Thread(
+            target=settle_heap, args=(cache, pods), name="settle-heap", daemon=True
+        ).start()
     app = create_app(
         ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases, ledger),
         preempt=preemptor(ext, settings.kubeconfig),
