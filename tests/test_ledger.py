@@ -363,3 +363,27 @@ def test_the_narrowing_filter_judges_one_node_as_the_rules_do(case, state, lease
         out = ext.filter({"Pod": pod("p"), "NodeNames": ["n"]})
         results.append((out["NodeNames"], out["FailedNodes"]))
     assert results[0] == results[1], case
+
+
+def test_settle_heap_waits_for_the_caches_then_freezes():
+    import gc
+
+    from omaticaya_py.scheduler.server import settle_heap
+
+    class Cache:
+        def __init__(self, synced: bool) -> None:
+            self.synced = synced
+
+        def wait_synced(self, timeout_s: float | None = None) -> bool:
+            return self.synced
+
+    thresholds = gc.get_threshold()
+    try:
+        before = gc.get_freeze_count()
+        assert settle_heap(Cache(True), Cache(False), timeout_s=0) is False
+        assert gc.get_freeze_count() == before  # not synced: nothing frozen
+        assert settle_heap(Cache(True), None) is True
+        assert gc.get_freeze_count() > before and gc.get_threshold()[0] == 20_000
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
