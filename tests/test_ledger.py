@@ -387,3 +387,11 @@ def test_settle_heap_waits_for_the_caches_then_freezes():
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+def test_a_node_after_its_reservations_keeps_each_gpus_other_facts():
+    gpus = (GpuInfo(0, 70000, True, 65000, 81559), GpuInfo(1, 70000, True, None, 81559))
+    state = replace(node("a"), gpus=gpus, free_total_mib=140000)
+    left = build_record(state, [res("u", "a", (1,))], **REC).left
+    assert left.gpus == (gpus[0], GpuInfo(1, 40000, True, None, 81559))
+    assert left.free_total_mib == 110000

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ..core.schema import GpuInfo, NodeGpuState
+from ..core.schema import NodeGpuState
 
 __all__ = ["ASSUME_S", "Placement", "adjust", "choose_gpus", "expiry", "pending"]
 
@@ -121,7 +121,9 @@ def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState
             mine += rest[: p.count - len(mine)]
         for index in mine:
             free[index] = max(0, free[index] - p.memory_mib)
-    gpus = tuple(GpuInfo(g.index, free[g.index], g.healthy, g.free_min_mib) for g in state.gpus)
+    gpus = tuple(
+        g if free[g.index] == g.free_mib else replace(g, free_mib=free[g.index]) for g in state.gpus
+    )
     return replace(state, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))
 
 
