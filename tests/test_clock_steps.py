@@ -72,6 +72,24 @@ def test_steady_trigger_skips_a_long_run_of_missed_fire_times_at_once(schedule: 
     assert trigger.get_next_fire_time(now, now) == now + timedelta(seconds=1)
 
 
+@pytest.mark.parametrize("schedule", ["@every 10s", "*/10 * * * * ?"])
+def test_jitter_delays_each_run_from_its_plan_and_never_accumulates(schedule: str) -> None:
+    """Fire times as APScheduler asks for them (each from the one before, which it passes back
+    jittered): run k fires within [plan_k, plan_k + jitter], plan_k = first plan + k periods.
+    An IntervalTrigger with ``jitter`` plans from the jittered run, so its runs drift later by
+    jitter/2 a run on average (a 10 s schedule with 5 s of jitter: every 12.5 s)."""
+    trigger = SteadyTrigger(parse_schedule(schedule).trigger(), period_s=10.0, jitter_s=5.0)
+    start = datetime.fromtimestamp(T - T % 10, timezone.utc)
+    fire = trigger.get_next_fire_time(None, start)
+    plan0 = trigger._last[0]
+    offsets = []
+    for k in range(1, 2001):
+        fire = trigger.get_next_fire_time(fire, fire)
+        offsets.append((fire - (plan0 + timedelta(seconds=10 * k))).total_seconds())
+    assert 0 <= min(offsets) and max(offsets) <= 5.0
+    assert 2.0 < sum(offsets) / len(offsets) < 3.0  # uniform over [0, 5]
+
+
 class SteppedWallClock:
     """The wall clock the scheduler and the watchdog see: the real one plus ``offset_s``."""
 

@@ -61,7 +61,7 @@ def schedule_ticks(agent: Agent, scheduler: Any, **clocks: Any) -> Watchdog:
     started at once does not tick in the same second), start the API writer thread and the
     watchdog (``clocks``: its ``wall``/``monotonic``, for tests). Returns the watchdog."""
     settings = agent.settings
-    trigger = SteadyTrigger(settings.schedule.trigger(jitter_s=settings.jitter_s), agent.period_s)
+    trigger = SteadyTrigger(settings.schedule.trigger(), agent.period_s, settings.jitter_s)
     scheduler.add_job(
         agent.scheduled_tick,
         trigger,

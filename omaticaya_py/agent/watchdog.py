@@ -42,20 +42,36 @@ class SteadyTrigger(BaseTrigger):
     ``CronTrigger``) whose fire times never lag ``now`` by more than two periods
     (``period_s``): when they would (the wall clock stepped forward, or the process was
     stopped), the next fire time is ``now``, so that the scheduler's catch-up loop ends at once
-    instead of listing every missed run (coalesced into one run anyway)."""
+    instead of listing every missed run (coalesced into one run anyway).
 
-    __slots__ = ("inner", "period_s")
+    It also applies the jitter (``jitter_s``: each run a random 0..jitter_s seconds late) to
+    the planned times rather than letting ``inner`` plan from the jittered run before: an
+    APScheduler 3 ``IntervalTrigger`` with ``jitter`` plans each run from the previous
+    *jittered* one, so a 10 s schedule with 5 s of jitter ran every 12.5 s on average. ``inner``
+    is built without jitter."""
 
-    def __init__(self, inner: Any, period_s: float) -> None:
+    __slots__ = ("inner", "period_s", "jitter_s", "_last")
+
+    def __init__(self, inner: Any, period_s: float, jitter_s: float = 0) -> None:
         self.inner = inner
         self.period_s = period_s
+        self.jitter_s = jitter_s
+        #: (planned, jittered) of the last fire time given: the scheduler passes the jittered
+        #: one back as ``previous_fire_time``
+        self._last: tuple[datetime, datetime] | None = None
 
     def get_next_fire_time(self, previous_fire_time: Any, now: datetime) -> Any:
-        nxt = self.inner.get_next_fire_time(previous_fire_time, now)
-        if previous_fire_time is not None and nxt is not None:
-            if (now - nxt).total_seconds() > 2 * self.period_s:
-                return now
-        return nxt
+        planned_before = previous_fire_time
+        if self._last is not None and previous_fire_time == self._last[1]:
+            planned_before = self._last[0]
+        nxt = self.inner.get_next_fire_time(planned_before, now)
+        if nxt is None:
+            return None
+        if previous_fire_time is not None and (now - nxt).total_seconds() > 2 * self.period_s:
+            nxt = now
+        fire = self._apply_jitter(nxt, self.jitter_s or None, now)
+        self._last = (nxt, fire)
+        return fire
 
     def __str__(self) -> str:
         return str(self.inner)
