@@ -25,11 +25,20 @@ MIG_MIXED = DATA / "mig-mixed-trace.json"
 FAULTS = DATA / "faults-trace.json"
 
 
-def record(tmp_path: Path, trace: Path | None, *args: str, speed: float = 1.0):
+def record(
+    tmp_path: Path,
+    trace: Path | None,
+    *args: str,
+    speed: float | None = 1.0,
+    sample_file: Path | None = None,
+    faults: dict[str, str] | None = None,
+):
+    """``omaticaya record -o <tmp_path>/recorded.json ARGS`` over ``trace`` through the NVML
+    test library (``nvmltestlib.testlib_env``); the finished process and the output path."""
     out = tmp_path / "recorded.json"
     done = subprocess.run(
         [sys.executable, "-m", "omaticaya_py", "record", "-o", str(out), *args],
-        env=nvmltestlib.testlib_env(trace, speed=speed),
+        env=nvmltestlib.testlib_env(trace, sample_file, speed=speed, faults=faults),
         cwd=tmp_path,
         capture_output=True,
         text=True,

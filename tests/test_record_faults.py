@@ -9,8 +9,6 @@ What the recorder writes is the trace itself: each test reads it back."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from tests.nvmltestlib import (
     scenario,
     testlib_fixture,  # noqa: F401  (fixture)
 )
+from tests.test_record import record
 
 pytestmark = pytest.mark.skipif(
     nvmltestlib.testlib_unavailable_reason() is not None,
@@ -204,18 +203,10 @@ def record_command(tmp_path: Path, trace: Path, faults: dict[str, str] | None = 
     sample file moves it); the finished process and the output path."""
     pos = tmp_path / "pos"
     pos.write_text("0\n")
-    out = tmp_path / "recorded.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "omaticaya_py", "record", "-o", str(out)]
-        + ["--duration", "300ms", "--interval", "100ms"],
-        env=nvmltestlib.testlib_env(trace, pos, faults=faults),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return done, out
+    return record(
+        tmp_path, trace, "--duration", "300ms", "--interval", "100ms",
+        speed=None, sample_file=pos, faults=faults,
+    )  # fmt: skip
 
 
 def test_a_node_with_a_gpu_lost_throughout_is_recorded_and_exits_0(testlib, tmp_path) -> None:  # noqa: F811
