@@ -91,9 +91,21 @@ def _exists_ok(fn: Callable[[], Any]) -> None:
             raise
 
 
+def _apply(admin_client: Any, docs: list[dict[str, Any]]) -> None:
+    """Create each rendered manifest; one that exists already (409) is fine."""
+    from kubernetes import utils
+
+    for doc in docs:
+        try:
+            utils.create_from_dict(admin_client, doc)
+        except utils.FailToCreateError as exc:
+            if any(e.status != 409 for e in exc.api_exceptions):
+                raise
+
+
 @pytest.fixture(scope="module")
 def agent(dev_cluster) -> Iterator[Agent]:
-    from kubernetes import client, config, utils
+    from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
     docs = render_rbac()
@@ -106,12 +118,7 @@ def agent(dev_cluster) -> Iterator[Agent]:
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
         )
     )
-    for doc in docs:
-        try:
-            utils.create_from_dict(admin_client, doc)
-        except utils.FailToCreateError as exc:
-            if any(e.status != 409 for e in exc.api_exceptions):
-                raise
+    _apply(admin_client, docs)
     for name in (NODE, OTHER_NODE):
         _exists_ok(
             lambda name=name: admin.create_node(

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_chart_rbac import PROPAGATION_S, _core_event, _exists_ok, _status
+from tests.test_chart_rbac import PROPAGATION_S, _apply, _core_event, _exists_ok, _status
 from tests.tools import ToolUnavailable, helm_path
 
 pytestmark = pytest.mark.cluster
@@ -73,7 +73,7 @@ def _kubeconfig(dev_cluster, token: str, path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def tokens(dev_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
-    from kubernetes import client, config, utils
+    from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
     docs = render()
@@ -81,12 +81,7 @@ def tokens(dev_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
     admin = client.CoreV1Api(admin_client)
     rbac = client.RbacAuthorizationV1Api(admin_client)
     _exists_ok(lambda: admin.create_namespace({"metadata": {"name": NAMESPACE}}))
-    for doc in docs:
-        try:
-            utils.create_from_dict(admin_client, doc)
-        except utils.FailToCreateError as exc:
-            if any(e.status != 409 for e in exc.api_exceptions):
-                raise
+    _apply(admin_client, docs)
     coord = client.CoordinationV1Api(admin_client)
     agent_lease = {"metadata": {"name": "omaticaya-node-gpu-1"}, "spec": {"holderIdentity": "a"}}
     _exists_ok(lambda: coord.create_namespaced_lease(NAMESPACE, agent_lease))
