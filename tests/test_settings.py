@@ -19,6 +19,7 @@ from omaticaya_py.core.settings import (
     load_settings,
     parse_schedule,
 )
+from omaticaya_py.core.sharing import SharedGpus
 from tests.helpers import H100_TRACE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,6 +78,10 @@ def test_defaults() -> None:
         "device_plugin": False,
         "device_plugin_resource": "nvidia.com/gpu",
         "device_plugin_dir": Path("/var/lib/kubelet/device-plugins"),
+        "shared_gpus": SharedGpus(),
+        "share_unit_mib": 1024,
+        "shared_resource": "omaticaya.io/gpu-memory",
+        "device_list_strategy": ("envvar", "volume-mounts"),
     }
 
 
@@ -145,6 +150,11 @@ VALID_ENV = [
     ("OMATICAYA_DEVICE_PLUGIN", "true", "device_plugin", True),
     ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "example.com/gpu", "device_plugin_resource", "example.com/gpu"),
     ("OMATICAYA_DEVICE_PLUGIN_DIR", "/tmp/dp", "device_plugin_dir", Path("/tmp/dp")),
+    ("OMATICAYA_SHARED_GPUS", "all", "shared_gpus", SharedGpus(all=True)),
+    ("OMATICAYA_SHARED_GPUS", "0-2", "shared_gpus", SharedGpus(indices=frozenset({0, 1, 2}))),
+    ("OMATICAYA_SHARE_UNIT_MIB", "512", "share_unit_mib", 512),
+    ("OMATICAYA_SHARED_RESOURCE", "example.com/vram", "shared_resource", "example.com/vram"),
+    ("OMATICAYA_DEVICE_LIST_STRATEGY", "cdi-annotations", "device_list_strategy", ("cdi-annotations",)),
 ]
 
 
@@ -387,6 +397,10 @@ BAD_ENV = [
     ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "gpu", "extended resource name"),
     ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "kubernetes.io/gpu", "outside kubernetes.io"),
     ("OMATICAYA_DEVICE_PLUGIN_DIR", "device-plugins", "absolute folder path"),
+    ("OMATICAYA_SHARED_GPUS", "gpu0", "'all', or GPU indices"),
+    ("OMATICAYA_SHARE_UNIT_MIB", "0", "greater than or equal to 1"),
+    ("OMATICAYA_SHARED_RESOURCE", "vram", "extended resource name"),
+    ("OMATICAYA_DEVICE_LIST_STRATEGY", "volumes", "expected one or more of envvar"),
 ]
 
 #: Settings that accept any value, so no bad one exists.

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
@@ -25,7 +25,15 @@ from .settings_base import (
     check_prefix,
     load,
 )
+from .sharing import (
+    DEFAULT_SHARED_RESOURCE,
+    DEFAULT_UNIT_MIB,
+    SharedGpus,
+    parse_shared_gpus,
+)
 
+#: NVIDIA's device list strategies, the ways ``Allocate`` hands a container its GPUs
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 #: the name part of an extended resource (a qualified name: ``gpu``, ``gpu.shared``).
 EXTENDED_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -235,7 +243,44 @@ class Settings(CommonSettings):
         description="The kubelet's device-plugins folder (kubelet.sock and the plugin socket).",
     )
 
-    @field_validator("device_plugin_resource")
+    # -- GPU sharing by memory (core/sharing.py) -----------------------------------------
+    shared_gpus: Annotated[SharedGpus, NoDecode] = Field(
+        default=SharedGpus(),
+        description="GPUs served as memory units instead of whole: none, all, or indices (0-3).",
+    )
+    share_unit_mib: int = Field(
+        default=DEFAULT_UNIT_MIB, ge=1, le=1 << 20, description="MiB per unit of a shared GPU."
+    )
+    shared_resource: str = Field(
+        default=DEFAULT_SHARED_RESOURCE,
+        description="Extended resource name of the memory units of shared GPUs.",
+    )
+    device_list_strategy: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("envvar", "volume-mounts"),
+        description=(
+            "How Allocate hands a container its GPUs, any of: envvar, volume-mounts, "
+            "cdi-annotations, cdi-cri (comma-separated)."
+        ),
+    )
+
+    @field_validator("shared_gpus", mode="before")
+    @classmethod
+    def _parse_shared(cls, value: Any) -> SharedGpus:
+        return parse_shared_gpus(value)
+
+    @field_validator("device_list_strategy", mode="before")
+    @classmethod
+    def _parse_strategy(cls, value: Any) -> tuple[str, ...]:
+        parts = [p for p in re.split(r"[,\s]+", value.strip())] if isinstance(value, str) else list(value)
+        parts = [p for p in parts if p]
+        if not parts or any(p not in DEVICE_LIST_STRATEGIES for p in parts):
+            raise ValueError(
+                "expected one or more of " + ", ".join(DEVICE_LIST_STRATEGIES)
+                + " separated by commas, like 'envvar,volume-mounts'"
+            )
+        return tuple(dict.fromkeys(parts))
+
+    @field_validator("device_plugin_resource", "shared_resource")
     @classmethod
     def _check_resource(cls, value: str) -> str:
         value = value.strip()
@@ -254,6 +299,15 @@ class Settings(CommonSettings):
                 "like 'nvidia.com/gpu'"
             )
         return value
+
+    @model_validator(mode="after")
+    def _two_resources(self) -> Settings:
+        if self.shared_resource == self.device_plugin_resource:
+            raise ValueError(
+                "OMATICAYA_SHARED_RESOURCE must differ from OMATICAYA_DEVICE_PLUGIN_RESOURCE "
+                f"(both {self.shared_resource!r}): a GPU is served whole or in units, never both"
+            )
+        return self
 
     @field_validator("device_plugin_dir")
     @classmethod

@@ -116,7 +116,10 @@ def load(cls: type[S], flag_names: Mapping[str, str] | None = None, **overrides:
         env_prefix = cls.model_config.get("env_prefix", "")
         lines = []
         for err in exc.errors():
-            name = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # a rule across settings: its message names the variables
+                lines.append("invalid settings: " + err["msg"].removeprefix("Value error, "))
+                continue
+            name = str(err["loc"][0])
             if name in flags:
                 var = flags[name]
             elif name in _NODE_NAME_ALIASES:

@@ -1,0 +1,136 @@
+"""GPU sharing by memory: which GPUs are shared, and the memory units they are served as.
+
+A shared GPU is served to the kubelet as ``omaticaya.io/gpu-memory`` (the shared resource), one
+device per ``unit_mib`` of its total memory, instead of as one whole ``nvidia.com/gpu``. A pod
+asks for a slice in units (``resources.limits: omaticaya.io/gpu-memory: 20`` is 20 units, 20 GiB
+with the default 1,024 MiB unit); every unit of one slice comes from one GPU.
+
+Unit device IDs name their GPU: ``<GPU UUID>::<k>`` with ``k`` in ``0 .. units - 1`` (the form
+NVIDIA's time-slicing uses for its replicas), so the kubelet's checkpoint, PodResources and our
+``Allocate`` all tell which GPU a unit is on from the ID alone.
+
+Pure: the agent (render, attribution), the device plugin and the extender use the same rules.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_SHARED_RESOURCE",
+    "DEFAULT_UNIT_MIB",
+    "SHARED_GPUS_FORM",
+    "UNIT_SEPARATOR",
+    "SharedGpus",
+    "parse_shared_gpus",
+    "parse_unit_id",
+    "slice_mib",
+    "unit_count",
+    "unit_gpu",
+    "unit_id",
+    "unit_ids",
+]
+
+#: the shared resource the device plugin serves and the extender places
+DEFAULT_SHARED_RESOURCE = "omaticaya.io/gpu-memory"
+#: MiB per unit device (``OMATICAYA_SHARE_UNIT_MIB``)
+DEFAULT_UNIT_MIB = 1024
+#: between the GPU UUID and the unit number in a unit device ID
+UNIT_SEPARATOR = "::"
+#: the forms ``OMATICAYA_SHARED_GPUS`` takes, for error messages
+SHARED_GPUS_FORM = "'none' (the default), 'all', or GPU indices like '0,1,2,3' or '0-3'"
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_UNIT_ID = re.compile(r"^(?P<uuid>.+)::(?P<k>0|[1-9]\d{0,6})$")
+
+
+@dataclass(frozen=True, slots=True)
+class SharedGpus:
+    """Which GPUs (by NVML index, ``nvmlDeviceGetIndex``) are shared: none, ``all`` or the
+    ``indices`` given. MIG-enabled GPUs are never shared this way (their MIG devices are a
+    resource of their own); callers check ``mig_enabled`` themselves."""
+
+    all: bool = False
+    indices: frozenset[int] = frozenset()
+
+    def __contains__(self, index: object) -> bool:
+        return isinstance(index, int) and (self.all or index in self.indices)
+
+    def __bool__(self) -> bool:
+        return self.all or bool(self.indices)
+
+    def __str__(self) -> str:
+        if self.all:
+            return "all"
+        return ",".join(str(i) for i in sorted(self.indices)) or "none"
+
+
+def parse_shared_gpus(value: str | Iterable[int] | SharedGpus | None) -> SharedGpus:
+    """``OMATICAYA_SHARED_GPUS``: ``''``/``none`` -> no GPU shared, ``all``, or indices and
+    ranges separated by commas or spaces (``0,1,2,3``, ``0-3``, ``0-1 6``).
+
+    Raises ``ValueError`` naming the expected form (``SHARED_GPUS_FORM``) on anything else
+    (a negative or reversed range, a name, more than 1,024 indices)."""
+    if isinstance(value, SharedGpus):
+        return value
+    if value is None:
+        return SharedGpus()
+    if not isinstance(value, str):
+        indices = frozenset(value)
+        if not all(isinstance(i, int) and 0 <= i < 1024 for i in indices):
+            raise ValueError(f"expected {SHARED_GPUS_FORM}")
+        return SharedGpus(indices=indices)
+    text = value.strip().lower()
+    if text in ("", "none"):
+        return SharedGpus()
+    if text == "all":
+        return SharedGpus(all=True)
+    found: set[int] = set()
+    for part in (p for p in re.split(r"[,\s]+", text) if p):
+        m = _RANGE.match(part)
+        if m is None:
+            raise ValueError(f"expected {SHARED_GPUS_FORM}; got {part[:32]!r}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo or hi >= 1024:
+            raise ValueError(f"expected {SHARED_GPUS_FORM}; got the range {part[:32]!r}")
+        found.update(range(lo, hi + 1))
+    return SharedGpus(indices=frozenset(found))
+
+
+def unit_count(memory_total_mib: int | None, unit_mib: int) -> int:
+    """Units a GPU of ``memory_total_mib`` (``nvmlDeviceGetMemoryInfo().total``) is served as:
+    whole units only (an H100 80GB, 81,559 MiB, is 79 units of 1,024 MiB). 0 when unknown."""
+    if not memory_total_mib or memory_total_mib <= 0 or unit_mib <= 0:
+        return 0
+    return memory_total_mib // unit_mib
+
+
+def unit_id(gpu_uuid: str, k: int) -> str:
+    """The device ID of unit ``k`` of a GPU: ``GPU-1a2b...::7``."""
+    return f"{gpu_uuid}{UNIT_SEPARATOR}{k}"
+
+
+def unit_ids(gpu_uuid: str, units: int) -> list[str]:
+    """Every unit device ID of a GPU, in order."""
+    return [unit_id(gpu_uuid, k) for k in range(units)]
+
+
+def parse_unit_id(device_id: str) -> tuple[str, int] | None:
+    """``(GPU UUID, k)`` of a unit device ID, ``None`` for anything else (a whole GPU's UUID,
+    a made-up ID from an untrusted caller)."""
+    m = _UNIT_ID.match(device_id) if len(device_id) <= 256 else None
+    return (m.group("uuid"), int(m.group("k"))) if m else None
+
+
+def unit_gpu(device_id: str) -> str | None:
+    """The GPU UUID a unit device ID names, ``None`` if it is not a unit ID."""
+    parsed = parse_unit_id(device_id)
+    return parsed[0] if parsed else None
+
+
+def slice_mib(units: int, unit_mib: int) -> int:
+    """MiB of a slice of ``units`` units (what ``Allocate`` sets as the limit)."""
+    return max(units, 0) * unit_mib

@@ -1,0 +1,116 @@
+"""GPU sharing by memory: the pure rules (core/sharing.py) and their settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from omaticaya_py.core.settings import SettingsError, load_settings
+from omaticaya_py.core.sharing import (
+    SharedGpus,
+    parse_shared_gpus,
+    parse_unit_id,
+    unit_count,
+    unit_id,
+    unit_ids,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "shared", "not_shared"),
+    [
+        ("", (), (0, 7)),
+        ("none", (), (0,)),
+        ("all", (0, 7, 1023), ()),
+        ("ALL", (0, 7), ()),
+        ("0,1,2,3", (0, 1, 2, 3), (4, 7)),
+        ("0-3", (0, 1, 2, 3), (4,)),
+        ("0-1 6", (0, 1, 6), (2, 5, 7)),
+        (" 5 , 2 ", (2, 5), (0, 3)),
+        ("3-3", (3,), (2, 4)),
+    ],
+)
+def test_shared_gpus_forms(value, shared, not_shared):
+    got = parse_shared_gpus(value)
+    assert all(i in got for i in shared)
+    assert not any(i in got for i in not_shared)
+    assert "0" not in got  # only GPU indices (ints) are members
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "3-1", "0-1024", "gpu0", "1.5", "0,,a"])
+def test_shared_gpus_bad_forms_name_the_form(value):
+    with pytest.raises(ValueError, match="'all', or GPU indices"):
+        parse_shared_gpus(value)
+
+
+def test_shared_gpus_str_round_trips():
+    for value in ("none", "all", "0,1,6"):
+        assert str(parse_shared_gpus(value)) == value
+    assert not SharedGpus() and SharedGpus(all=True)
+
+
+@pytest.mark.parametrize(
+    ("total_mib", "unit_mib", "units"),
+    [(81559, 1024, 79), (81920, 1024, 80), (1023, 1024, 0), (None, 1024, 0), (0, 1024, 0),
+     (-5, 1024, 0), (81559, 2048, 39), (40960, 10240, 4)],
+)  # fmt: skip
+def test_unit_count(total_mib, unit_mib, units):
+    assert unit_count(total_mib, unit_mib) == units
+
+
+@pytest.mark.parametrize(
+    ("device_id", "parsed"),
+    [
+        ("GPU-abc::0", ("GPU-abc", 0)),
+        ("GPU-abc::78", ("GPU-abc", 78)),
+        ("GPU-a::b::3", ("GPU-a::b", 3)),
+        ("GPU-abc", None),
+        ("GPU-abc::", None),
+        ("GPU-abc::01", None),
+        ("GPU-abc::-1", None),
+        ("::3", None),
+        ("GPU-" + "x" * 300 + "::1", None),
+        ("MIG-1234", None),
+    ],
+)
+def test_unit_ids_name_their_gpu(device_id, parsed):
+    assert parse_unit_id(device_id) == parsed
+
+
+def test_unit_ids_round_trip():
+    ids = unit_ids("GPU-1", 3)
+    assert ids == ["GPU-1::0", "GPU-1::1", "GPU-1::2"]
+    assert [parse_unit_id(i) for i in ids] == [("GPU-1", k) for k in range(3)]
+    assert unit_id("GPU-9", 7) == "GPU-9::7"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OMATICAYA_SHARED_GPUS": "gpu0"}, "OMATICAYA_SHARED_GPUS='gpu0': expected 'none'"),
+        ({"OMATICAYA_SHARE_UNIT_MIB": "0"}, "OMATICAYA_SHARE_UNIT_MIB='0'"),
+        ({"OMATICAYA_DEVICE_LIST_STRATEGY": "volumes"},
+         "OMATICAYA_DEVICE_LIST_STRATEGY='volumes': expected one or more of envvar"),
+        ({"OMATICAYA_DEVICE_LIST_STRATEGY": ""}, "OMATICAYA_DEVICE_LIST_STRATEGY=''"),
+        ({"OMATICAYA_SHARED_RESOURCE": "gpu-memory"}, "OMATICAYA_SHARED_RESOURCE='gpu-memory'"),
+        ({"OMATICAYA_SHARED_RESOURCE": "nvidia.com/gpu"},
+         "OMATICAYA_SHARED_RESOURCE must differ from OMATICAYA_DEVICE_PLUGIN_RESOURCE"),
+    ],
+)  # fmt: skip
+def test_bad_sharing_settings_name_the_variable(monkeypatch, env, message):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert message in str(err.value)
+
+
+def test_sharing_settings_defaults_and_forms(monkeypatch):
+    s = load_settings()
+    assert not s.shared_gpus and s.share_unit_mib == 1024
+    assert s.shared_resource == "omaticaya.io/gpu-memory"
+    assert s.device_list_strategy == ("envvar", "volume-mounts")
+    monkeypatch.setenv("OMATICAYA_SHARED_GPUS", "0-3")
+    monkeypatch.setenv("OMATICAYA_DEVICE_LIST_STRATEGY", "cdi-cri, envvar,cdi-cri")
+    s = load_settings()
+    assert [i in s.shared_gpus for i in range(5)] == [True] * 4 + [False]
+    assert s.device_list_strategy == ("cdi-cri", "envvar")
