@@ -11,7 +11,8 @@ import grpc
 from loguru import logger
 
 from ..core.health import Unit
-from .allocation import STALE_READING, VISIBLE_DEVICES_ENV, DeviceState, departed, preferred
+from .allocation import STALE_READING, DeviceState, departed, preferred
+from .strategies import container_response
 from .v1beta1 import api_pb2, api_pb2_grpc
 
 
@@ -73,6 +74,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self._stopping = threading.Event()
         self._logged: dict[str, bool] = {}
         self.refusals = 0  # Allocate / PreStartContainer calls refused (unknown or unhealthy)
+        #: NVIDIA's device list strategies Allocate answers by (``strategies.py``)
+        self.strategies: tuple[str, ...] = ("envvar",)
 
     # -- the devices, from the agent's cache ----------------------------------------------
 
@@ -220,8 +223,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
             ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
             self._refuse(ids, states, context, "allocate")
             logger.info("device plugin: allocate {}", ids)
-            envs = {VISIBLE_DEVICES_ENV: ",".join(ids)} if ids else {}
-            responses.append(api_pb2.ContainerAllocateResponse(envs=envs))
+            responses.append(container_response(ids, {}, self.strategies))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:

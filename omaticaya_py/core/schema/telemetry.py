@@ -10,14 +10,15 @@ document that is not a JSON object (or is too large, or nests too deep) is unrea
 Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
 
     {"schema", "agent", "read_at" (RFC 3339, UTC), "source", "health", "driver", "cuda",
-     "error"?, "lease"?, "refresh_s"?, "expires_at"?, "window_s"?,
+     "error"?, "lease"?, "refresh_s"?, "expires_at"?, "window_s"?, "share_unit_mib"?,
      "gpus": [{"index", "uuid", "product", "memory_total_mib", "memory_free_mib",
                "memory_used_mib", "utilization_pct", "temperature_c", "power_w",
                "ecc_uncorrected_volatile", "ecc_corrected_volatile", "remapped_rows_pending",
                "remapped_rows_failure", "process_count", "health", "reasons", "error"?,
                "memory_free_min_mib"?, "utilization_p95_pct"?, "xids"?: [{"xid", "at"}],
                "pods"?: [{"namespace", "pod",
-               "container", "memory_used_mib"?}], "memory_out_of_band_mib"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
+               "container", "memory_used_mib"?, "limit_mib"?}], "memory_out_of_band_mib"?,
+               "shared"?, "share_units"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
                "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
                "process_count", "health", "reasons", "error"?, "pods"?,
                "memory_out_of_band_mib"?}]}]}
@@ -123,11 +124,13 @@ class PodTelemetry(_Document):
     processes use on it (``memory_used_mib``: when the device has this one holder and every
     process on it could be placed; absent otherwise)."""
 
-    _OPTIONAL = frozenset({"memory_used_mib"})
+    _OPTIONAL = frozenset({"memory_used_mib", "limit_mib"})
     namespace: Str = None
     pod: Str = None
     container: Str = None
     memory_used_mib: Int = None
+    #: on a shared GPU: the container's slice (its memory units x the unit, MiB)
+    limit_mib: Int = None
 
 
 Pods = Annotated[tuple[PodTelemetry, ...] | None, BeforeValidator(_optional_entries(PodTelemetry))]
@@ -183,7 +186,7 @@ class GpuTelemetry(_Document):
     _OPTIONAL = frozenset(
         {
             "error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct",
-            "pods", "memory_out_of_band_mib", "xids",
+            "pods", "memory_out_of_band_mib", "xids", "shared", "share_units",
         }
     )
     index: Index
@@ -214,6 +217,10 @@ class GpuTelemetry(_Document):
     xids: Annotated[
         tuple[XidTelemetry, ...] | None, BeforeValidator(_optional_entries(XidTelemetry))
     ] = None
+    #: served as memory units (``core.sharing``), not whole; absent when not shared
+    shared: Annotated[bool | None, BeforeValidator(lambda v: True if v is True else None)] = None
+    #: units it is served as (``core.sharing.unit_count``); absent when not shared
+    share_units: Int = None
     memory_free_unreadable: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")
@@ -236,7 +243,9 @@ class Telemetry(_Document):
     rewrite the document within ``refresh_s`` of ``read_at``. ``gpus_listed`` (not written) is
     true when the document lists GPU objects at all, even unreadable ones."""
 
-    _OPTIONAL = frozenset({"error", "lease", "refresh_s", "expires_at", "window_s"})
+    _OPTIONAL = frozenset(
+        {"error", "lease", "refresh_s", "expires_at", "window_s", "share_unit_mib"}
+    )
     version: Int = Field(default=None, alias="schema")
     agent: Str = None
     read_at: Str = None
@@ -250,6 +259,8 @@ class Telemetry(_Document):
     refresh_s: Float = None
     expires_at: Str = None
     window_s: Float = None
+    #: MiB per memory unit of the shared GPUs; absent when no GPU is shared
+    share_unit_mib: Int = None
     gpus_listed: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")
