@@ -32,6 +32,12 @@ NOT_IN_CHART = {
     "metrics_address": "the pod has its own IP; 0.0.0.0 is the only useful bind address",
     "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
 }
+#: Settings whose chart value is nested (a group of values), by dotted path.
+NESTED_VALUE = {
+    "shared_gpus": "sharing.gpus",
+    "share_unit_mib": "sharing.unitMib",
+    "shared_resource": "sharing.resource",
+}
 #: Kinds that are not in the core Kubernetes schemas, and why they are not validated.
 NOT_CORE = {
     "ServiceMonitor": "prometheus-operator CRD (monitoring.coreos.com/v1), not a core schema",
@@ -350,6 +356,14 @@ BAD_VALUES = [
         {"validatingAdmissionPolicy": {"failurePolicy": "Maybe"}},
         "failurePolicy",
     ),
+    ("sharing-gpus-name", {"sharing": {"gpus": "gpu0"}}, "/sharing/gpus"),
+    ("sharing-gpus-negative", {"sharing": {"gpus": -1}}, "/sharing/gpus"),
+    ("sharing-unitMib-zero", {"sharing": {"unitMib": 0}}, "/sharing/unitMib"),
+    ("sharing-resource-no-domain", {"sharing": {"resource": "vram"}}, "/sharing/resource"),
+    ("sharing-unknown-key", {"sharing": {"gpu": "all"}}, "gpu"),
+    ("deviceListStrategy-unknown", {"deviceListStrategy": ["volumes"]}, "/deviceListStrategy"),
+    ("deviceListStrategy-empty", {"deviceListStrategy": []}, "/deviceListStrategy"),
+    ("deviceListStrategy-string", {"deviceListStrategy": "envvar"}, "/deviceListStrategy"),
 ]
 
 
@@ -489,6 +503,23 @@ ENV_CASES = [
         "HTTPS_PROXY",
         "http://proxy:3128",
     ),
+    ("sharing-gpus-default", None, "OMATICAYA_SHARED_GPUS", "none"),
+    ("sharing-gpus-range", {"sharing": {"gpus": "0-3"}}, "OMATICAYA_SHARED_GPUS", "0-3"),
+    ("sharing-gpus-one-index", {"sharing": {"gpus": 2}}, "OMATICAYA_SHARED_GPUS", "2"),
+    ("sharing-unitMib", {"sharing": {"unitMib": 2048}}, "OMATICAYA_SHARE_UNIT_MIB", "2048"),
+    (
+        "sharing-resource",
+        {"sharing": {"resource": "example.com/vram"}},
+        "OMATICAYA_SHARED_RESOURCE",
+        "example.com/vram",
+    ),
+    ("deviceListStrategy-default", None, "OMATICAYA_DEVICE_LIST_STRATEGY", "envvar,volume-mounts"),
+    (
+        "deviceListStrategy-cdi",
+        {"deviceListStrategy": ["cdi-cri", "cdi-annotations"]},
+        "OMATICAYA_DEVICE_LIST_STRATEGY",
+        "cdi-cri,cdi-annotations",
+    ),
     ("nvidia-visible-devices", None, "NVIDIA_VISIBLE_DEVICES", "all"),
     ("nvidia-driver-capabilities", None, "NVIDIA_DRIVER_CAPABILITIES", "utility"),
 ]
@@ -524,7 +555,13 @@ def test_every_setting_has_a_chart_value(helm):
     for field in Settings.model_fields:
         if field in NOT_IN_CHART:
             continue
-        assert camel(field) in values, f"values.yaml lacks {camel(field)} (Settings.{field})"
+        path = NESTED_VALUE.get(field, camel(field))
+        node: Any = values
+        for part in path.split("."):
+            assert isinstance(node, dict) and part in node, (
+                f"values.yaml lacks {path} (Settings.{field})"
+            )
+            node = node[part]
         assert f"OMATICAYA_{field.upper()}" in env, (
             f"chart does not render OMATICAYA_{field.upper()}"
         )
@@ -1031,6 +1068,7 @@ STRUCTURED = (
     "grafanaDashboard",
     "prometheusRule",
     "validatingAdmissionPolicy",
+    "sharing",
 )
 
 
