@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from ..core.settings import Settings
 from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, stale_after_s, trace_devices
 from .registration import KubeletRegistration
 from .service import DeviceService
+from .strategies import DEFAULT_STRATEGIES
 
 
 class DevicePlugin(DeviceService, KubeletRegistration):
@@ -32,6 +33,8 @@ class DevicePlugin(DeviceService, KubeletRegistration):
       for the agent's first reading.
     - ``stale_after_s``: every device is Unhealthy while the reading is older than this, on
       ``clock`` (``None``: off; ``from_settings`` sets it, see ``allocation.stale_after_s``).
+    - ``strategies``: NVIDIA's device list strategies ``Allocate`` answers by
+      (``strategies.container_response``; ``from_settings``: ``OMATICAYA_DEVICE_LIST_STRATEGY``).
 
     ``start()`` serves and registers in a background thread; ``stop()`` undoes it.
     """
@@ -50,10 +53,11 @@ class DevicePlugin(DeviceService, KubeletRegistration):
         first_read_timeout_s: float = 30.0,
         stale_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        strategies: Sequence[str] = DEFAULT_STRATEGIES,
     ) -> None:
         DeviceService.__init__(
             self, source, devices=devices, profile=profile, poll_s=poll_s,
-            stale_after_s=stale_after_s, clock=clock,
+            stale_after_s=stale_after_s, clock=clock, strategies=strategies,
         )
         KubeletRegistration.__init__(
             self,
@@ -70,6 +74,7 @@ class DevicePlugin(DeviceService, KubeletRegistration):
         devices from the start; devices turn Unhealthy when the reading is older than
         ``allocation.stale_after_s(settings)``."""
         kwargs.setdefault("stale_after_s", stale_after_s(settings))
+        kwargs.setdefault("strategies", settings.device_list_strategy)
         devices = kwargs.pop("devices", None)
         if devices is None and settings.trace is not None:
             devices = trace_devices(settings.trace)

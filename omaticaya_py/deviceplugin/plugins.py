@@ -56,6 +56,7 @@ class DevicePluginSet:
         known from the start; devices turn Unhealthy when the reading is older than
         ``allocation.stale_after_s(settings)``."""
         kwargs.setdefault("stale_after_s", stale_after_s(settings))
+        kwargs.setdefault("strategies", settings.device_list_strategy)
         units = trace_units(settings.trace) if settings.trace is not None else None
         return cls(
             source,

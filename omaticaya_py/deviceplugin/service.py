@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -12,7 +12,7 @@ from loguru import logger
 
 from ..core.health import Unit
 from .allocation import STALE_READING, DeviceState, departed, preferred
-from .strategies import container_response
+from .strategies import DEFAULT_STRATEGIES, container_response
 from .v1beta1 import api_pb2, api_pb2_grpc
 
 
@@ -39,6 +39,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
       Healthy again as soon as a fresh one comes; ``None``: off. The age is on the plugin's own
       ``clock`` (monotonic seconds), from when it first saw that reading, so the agent's wall
       clock plays no part.
+    - ``strategies``: how ``Allocate`` hands a container its devices, NVIDIA's device list
+      strategies (``strategies.container_response``; ``OMATICAYA_DEVICE_LIST_STRATEGY``).
 
     Devices that left the reading (``allocation.departed``: a re-created MIG layout, a GPU now
     in MIG mode) leave the list. Streams send the last list and end once ``_stopping`` is set.
@@ -55,6 +57,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         poll_s: float = 0.2,
         stale_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        strategies: Sequence[str] = DEFAULT_STRATEGIES,
     ) -> None:
         self._source = source
         # on real NVML the agent's reader knows the PCIe/NVLink topology between two GPUs
@@ -75,7 +78,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self._logged: dict[str, bool] = {}
         self.refusals = 0  # Allocate / PreStartContainer calls refused (unknown or unhealthy)
         #: NVIDIA's device list strategies Allocate answers by (``strategies.py``)
-        self.strategies: tuple[str, ...] = ("envvar",)
+        self.strategies: tuple[str, ...] = tuple(strategies)
 
     # -- the devices, from the agent's cache ----------------------------------------------
 

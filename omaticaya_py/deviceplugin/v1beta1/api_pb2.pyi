@@ -110,6 +110,12 @@ class ContainerAllocateRequest(_message.Message):
     devicesIDs: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, devicesIDs: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class CDIDevice(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
 class AllocateResponse(_message.Message):
     __slots__ = ("container_responses",)
     CONTAINER_RESPONSES_FIELD_NUMBER: _ClassVar[int]
@@ -117,7 +123,7 @@ class AllocateResponse(_message.Message):
     def __init__(self, container_responses: _Optional[_Iterable[_Union[ContainerAllocateResponse, _Mapping]]] = ...) -> None: ...
 
 class ContainerAllocateResponse(_message.Message):
-    __slots__ = ("envs", "mounts", "devices", "annotations")
+    __slots__ = ("envs", "mounts", "devices", "annotations", "cdi_devices")
     class EnvsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -136,11 +142,13 @@ class ContainerAllocateResponse(_message.Message):
     MOUNTS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
     envs: _containers.ScalarMap[str, str]
     mounts: _containers.RepeatedCompositeFieldContainer[Mount]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceSpec]
     annotations: _containers.ScalarMap[str, str]
-    def __init__(self, envs: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceSpec, _Mapping]]] = ..., annotations: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    cdi_devices: _containers.RepeatedCompositeFieldContainer[CDIDevice]
+    def __init__(self, envs: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceSpec, _Mapping]]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("container_path", "host_path", "read_only")
