@@ -34,12 +34,14 @@ from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
 from ..kube import LeaseClient, NodeClient
+from ..kube.pods import PodClient
 from . import daemon
 from .apiwriter import ApiWriter, api_round
 from .attribution import Attribution, make_attribution
 from .events import HealthEvents
 from .liveness import Liveness, make_lease
 from .outage import ApiOutage
+from .slices import SliceWatch
 from .state import SnapshotCache, TickResult
 from .watchdog import Watchdog
 from .writer import NodeWriter
@@ -108,6 +110,10 @@ class Agent:
         #: who uses each GPU (PodResources + /proc); the last tick's answer
         self.attribution = make_attribution(settings) if attribution == "auto" else attribution
         self.last_attribution: dict[str, GpuAttribution] = {}
+        #: shared GPUs: the pods holding slices named from the API, over-use Events
+        self.slices = SliceWatch(settings, self.events.posted) if settings.shared_gpus else None
+        if self.slices is not None and self.attribution is not None:
+            self.attribution.names = self.slices.names.maps
         #: the peak signal (least free memory, p95 utilisation) per GPU over ``window_s``
         self.window = PeakWindow(settings.window_s) if settings.window_s > 0 else None
         self.writer = NodeWriter(
@@ -220,13 +226,17 @@ class Agent:
     def post_events(
         self, health: NodeHealth, snapshot: NodeSnapshot, att: Mapping[str, GpuAttribution]
     ) -> None:
-        """Post the Node Events due (health changes, out-of-band memory); never raises."""
+        """Post the Events due (health changes and out-of-band memory on the Node; with shared
+        GPUs, the slices' pods named and their over-use on the pod); never raises."""
         assert self.node is not None
         uid = self.writer.meta.uid if self.writer.meta else ""
         self.events.post(self.node, uid, health, snapshot)
         threshold = self.settings.out_of_band_event_mib
         if threshold > 0 and att:
             self.events.post_out_of_band(self.node, uid, att, snapshot, threshold)
+        if self.slices is not None and att:
+            pods = PodClient(self.node.session, self.node.node_name)
+            self.slices.round(pods, snapshot, att, self.clock())
 
     def safe_tick(self) -> None:
         """``tick()`` (the API work inline) that never raises: every failure is logged (once per

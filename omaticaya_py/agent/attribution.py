@@ -6,6 +6,12 @@
 holding it and the memory of processes in no pod (out-of-band). Either half may be missing and
 the other still counts: no PodResources socket (said once) leaves the holders empty; PIDs not
 visible from here (no ``hostPID``) are unknown, never out-of-band. Nothing here raises.
+
+The holders are those of the GPU resources (``nvidia.com/...``) and of the shared resource
+(``OMATICAYA_SHARED_RESOURCE``: memory units ``<GPU UUID>::<k>``, held on their GPU). A unit
+that names no GPU of this node is skipped and counted (``skipped["unknown-gpu"]``). With
+``names`` set (``agent.slices``: pods read from the API), processes are named by pod and
+container, which is what tells each slice's use on a shared GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from loguru import logger
 
 from ..core.attribution import ContainerDevices, GpuAttribution, GpuProcess, attribute
 from ..core.settings import Settings
+from ..core.sharing import DEFAULT_SHARED_RESOURCE
+from ..core.slices import stray_unit_ids
 from ..core.snapshot import NodeSnapshot
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
 from ..sources.procs import read_pod_refs
@@ -52,7 +60,10 @@ class Attribution:
     - ``proc_root``: where the host's ``/proc`` is seen (``/proc`` on the host or with
       ``hostPID``; ``None``: processes are not placed, all unknown).
     - ``errors``: PodResources failures by gRPC code (``absent`` for no socket), for
-      ``/metrics``.
+      ``/metrics``; ``skipped``: device IDs skipped, by reason (``unknown-gpu``: a unit of
+      ``shared_resource`` that names no GPU of this node).
+    - ``names``: called each tick for ``(pod UID -> (namespace, name), container ID -> name)``
+      (``None``: processes are keyed by UID and container ID only).
     """
 
     def __init__(
@@ -61,8 +72,13 @@ class Attribution:
         proc_root: Path | None,
         *,
         client_factory: Callable[[Path], Any] = PodResourcesClient,
+        shared_resource: str = DEFAULT_SHARED_RESOURCE,
     ) -> None:
         self.proc_root = proc_root
+        self.shared_resource = shared_resource
+        self.skipped: Counter[str] = Counter()
+        self.names: Callable[[], tuple[dict[str, tuple[str, str]], dict[str, str]]] | None = None
+        self._stray_said = False
         self.client = client_factory(socket_path) if socket_path is not None else None
         self.socket_path = socket_path
         self.errors: Counter[str] = Counter()
@@ -76,7 +92,20 @@ class Attribution:
         processes = device_processes(snapshot)
         pids = {p.pid for procs in processes.values() for p in procs}
         refs = read_pod_refs(pids, self.proc_root) if pids and self.proc_root else {}
-        return attribute(processes, refs, self._holders())
+        holders = self._holders()
+        stray = stray_unit_ids(holders, (g.uuid for g in snapshot.gpus if g.uuid))
+        if stray:
+            self.skipped["unknown-gpu"] += len(stray)
+            if not self._stray_said:  # once: the kubelet's checkpoint names another node's GPUs
+                logger.warning(
+                    "PodResources lists {} unit(s) of {} naming no GPU of this node (first: "
+                    "{!r}); skipped, counted", len(stray), self.shared_resource, stray[0][:80],
+                )
+                self._stray_said = True
+        pod_names, container_names = self.names() if self.names is not None else ({}, {})
+        return attribute(
+            processes, refs, holders, pod_names=pod_names, container_names=container_names
+        )
 
     def _holders(self) -> tuple[ContainerDevices, ...]:
         if self.client is None:
@@ -98,7 +127,11 @@ class Attribution:
         if self._failing is not None:
             logger.info("kubelet PodResources answering again on {}", self.socket_path)
             self._failing = None
-        return tuple(a for a in listed if a.resource_name.startswith(GPU_RESOURCE_PREFIX))
+        return tuple(
+            a for a in listed
+            if a.resource_name.startswith(GPU_RESOURCE_PREFIX)
+            or a.resource_name == self.shared_resource
+        )
 
     def close(self) -> None:
         """Close the gRPC channel."""
@@ -111,4 +144,7 @@ def make_attribution(settings: Settings) -> Attribution | None:
     and processes through ``proc_root`` (either may be off); ``None`` when both are."""
     if settings.pod_resources_socket is None and settings.proc_root is None:
         return None
-    return Attribution(settings.pod_resources_socket, settings.proc_root)
+    return Attribution(
+        settings.pod_resources_socket, settings.proc_root,
+        shared_resource=settings.shared_resource,
+    )

@@ -24,8 +24,10 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..core.attribution import GpuAttribution, gpu_out_of_band_mib
+from ..core.slices import Sharing
 from ..core.snapshot import GpuReading
 from ..serving import HttpServer, metrics_route
+from .slices import slice_families
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -127,6 +129,11 @@ class AgentCollector(Collector):
                     unhealthy_reason.add_metric([str(g.index), g.uuid or "", reason], 1)
         yield from gauges.values()
         yield from by_pod.values()
+        yield from slice_families(
+            last.snapshot if last is not None else None,
+            last.attribution if last is not None else {},
+            Sharing.of(agent.settings),
+        )
         yield node_health
         yield unhealthy_reason
 
@@ -146,6 +153,24 @@ class AgentCollector(Collector):
         for code, n in sorted(getattr(attribution_edge, "errors", {}).items()):
             pod_resources.add_metric([code], n)
         yield pod_resources
+        skipped = CounterMetricFamily(
+            "omaticaya_pod_resources_skipped",
+            "Device IDs from kubelet PodResources skipped, by reason (unknown-gpu: a memory "
+            "unit naming no GPU of this node).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(getattr(attribution_edge, "skipped", {}).items()):
+            skipped.add_metric([reason], n)
+        yield skipped
+        slice_errors = CounterMetricFamily(
+            "omaticaya_slice_api_errors",
+            "API requests for shared GPU slices that failed (get-forbidden, get-failed: reading "
+            "a slice's pod; event-failed: its over-use Event).",
+            labels=["kind"],
+        )
+        for kind, n in sorted(getattr(getattr(agent, "slices", None), "errors", {}).items()):
+            slice_errors.add_metric([kind], n)
+        yield slice_errors
 
         requests = CounterMetricFamily(
             "omaticaya_api_requests", "Kubernetes API requests, by verb and result.",

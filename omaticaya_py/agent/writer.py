@@ -36,6 +36,7 @@ from ..core.render import Desired, is_static, telemetry_annotation
 from ..core.render_telemetry import UnitKey, published_marks, telemetry_marks
 from ..core.schema import TELEMETRY, Telemetry
 from ..core.settings import Settings
+from ..core.slices import Sharing
 from ..core.snapshot import NodeSnapshot
 from ..core.window import PeakWindow
 from ..kube import NodeClient
@@ -146,6 +147,7 @@ class NodeWriter:
                 lease=lease.ref if lease is not None else None,
                 window=self.window,
                 attribution=attribution,
+                sharing=Sharing.of(self.settings),
             )
             for k, v in bad:
                 logger.warning("dropped invalid annotation {}={!r}", k, v)

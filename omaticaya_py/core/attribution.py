@@ -3,7 +3,8 @@ device assignments into per-GPU attribution (pods holding it, memory per pod, ou
 
 No I/O here: ``sources.procs`` reads ``/proc/<pid>/cgroup`` and ``kube.podresources`` asks the
 kubelet; both hand their findings to these functions as plain values. Device IDs are what the
-device plugin advertised, i.e. GPU UUIDs (``GPU-...``) or MIG device UUIDs (``MIG-...``).
+device plugin advertised, i.e. GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``), or
+memory units of a shared GPU (``GPU-...::<k>``, ``core.sharing``), which count on their GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from .sharing import unit_gpu
 
 if TYPE_CHECKING:
     from .snapshot import GpuReading
@@ -243,7 +246,9 @@ def attribute(
     containers = container_names or {}
     holders: dict[str, list[ContainerDevices]] = {d: [] for d in processes}
     for a in assignments:
-        for device_id in dict.fromkeys(a.device_ids):
+        # a memory unit of a shared GPU (``<GPU UUID>::<k>``) is held on its GPU: one entry
+        # per container, however many units it holds there
+        for device_id in dict.fromkeys(unit_gpu(d) or d for d in a.device_ids):
             if device_id in holders:
                 holders[device_id].append(a)
     out: dict[str, GpuAttribution] = {}

@@ -3,7 +3,7 @@
 Every write to a Node goes to every client that watches Nodes (kube-scheduler, the controller
 manager, a CNI agent per node), so the agent sends at most one Node patch per
 ``min_patch_interval_s``, except a change that makes the Node *less attractive* to a scheduler:
-free memory down, utilisation up, fewer healthy or idle units, health worse, a GPU or a label
+free memory (or the largest slice a shared GPU can take) down, utilisation up, fewer healthy or idle units, health worse, a GPU or a label
 gone. Those go at once, so that a label is only ever stale on the safe side (it may undersell a
 node, never oversell it); a change for the better goes once the reading has not got worse for
 one interval. Pure functions, no I/O.
@@ -39,6 +39,7 @@ from .schema import (
     MIG_MEMORY_FREE,
     UTILIZATION,
 )
+from .schema.names import SHARED_MEMORY_FREE
 
 __all__ = [
     "BETTER",
@@ -58,7 +59,10 @@ HEALTH_RANK = {"Healthy": 0, "Degraded": 1, "Unhealthy": 2, "Unknown": 3}
 
 #: label names (or per-GPU / per-MIG-profile suffixes) where less is less attractive
 _MORE_IS_BETTER_NODE = frozenset(
-    {MEMORY_FREE, MEMORY_FREE_TOTAL, IDLE_COUNT, HEALTHY_COUNT, GPU_COUNT, MEMORY_TOTAL}
+    {
+        MEMORY_FREE, MEMORY_FREE_TOTAL, IDLE_COUNT, HEALTHY_COUNT, GPU_COUNT, MEMORY_TOTAL,
+        SHARED_MEMORY_FREE,  # the largest slice a shared GPU can take
+    }
 )
 _MORE_IS_BETTER_SUFFIX = (
     "." + GPU_MEMORY_FREE,  # gpu-N.memory.free-mib and mig-<profile>.memory.free-mib

@@ -57,7 +57,9 @@ from .schema import (
     gpu_key,
     mig_key,
 )
+from .schema.names import SHARED_MEMORY_FREE
 from .settings import Settings
+from .slices import Sharing, is_shared, slice_room_mib
 from .snapshot import NodeSnapshot
 
 __all__ = [
@@ -135,8 +137,12 @@ def _node_labels(
     if totals:
         out[MEMORY_TOTAL] = str(min(totals))
 
-    # aggregates count schedulable units: whole GPUs, and MIG devices on GPUs with MIG on
-    healthy = health.healthy_units
+    # aggregates count schedulable units: whole GPUs, and MIG devices on GPUs with MIG on; a
+    # shared GPU is no whole GPU (a pod asking for nvidia.com/gpu cannot get it): it has its own
+    # label, the largest slice one shared GPU can take
+    sharing = Sharing.of(s)
+    shared = {g.index for g in gpus if is_shared(g, sharing)}
+    healthy = tuple(u for u in health.healthy_units if u.gpu_index not in shared or u.is_mig)
     free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
     mem_step, util_step = s.memory_step_mib, s.utilization_step_pct
     out[MEMORY_FREE] = down(MEMORY_FREE, max(free), mem_step) if free else "0"
@@ -150,6 +156,17 @@ def _node_labels(
     out[IDLE_COUNT] = str(sum(1 for u in healthy if _idle(u, s.idle_utilization_pct)))
     out[HEALTHY_COUNT] = str(len(healthy))
     out.update(_mig_labels(health.units, s, down))
+    if shared:
+        rooms = [
+            room
+            for g in gpus
+            if g.index in shared and g.error is None and health.gpus[g.index].healthy
+            if (room := slice_room_mib(g, attribution.get(g.uuid or ""), s.share_unit_mib))
+            is not None
+        ]
+        out[SHARED_MEMORY_FREE] = (
+            down(SHARED_MEMORY_FREE, max(rooms), mem_step) if rooms else "0"
+        )
 
     if s.per_gpu_labels:
         mig_free: dict[int, list[int]] = {}
@@ -243,7 +260,9 @@ def render(
     keys or values are dropped and listed in ``Desired.dropped``. ``previous`` (the labels
     rendered last tick) turns on hysteresis for the rounded numbers (``settings.hysteresis_pct``).
     ``attribution`` (who uses each GPU, by UUID) adds ``gpu-N.memory.out-of-band-mib`` where
-    processes in no pod hold memory, and goes into the telemetry.
+    processes in no pod hold memory, and goes into the telemetry. GPUs served as memory units
+    (``settings.shared_gpus``, not MIG) are left out of the whole-GPU aggregates (free memory,
+    utilisation, idle and healthy counts) and give ``gpu.shared.memory.free-mib`` instead.
     """
     prefix = settings.prefix
     labels: dict[str, str] = {}
@@ -258,7 +277,8 @@ def render(
     annotations: dict[str, str] = {}
     if with_telemetry:
         annotations, bad = telemetry_annotation(
-            snapshot, health, prefix, attribution=attribution or None
+            snapshot, health, prefix, attribution=attribution or None,
+            sharing=Sharing.of(settings),
         )
         dropped.extend(bad)
     return Desired(labels=labels, annotations=annotations, dropped=tuple(dropped))

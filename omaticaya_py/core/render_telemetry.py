@@ -31,6 +31,8 @@ from .schema import (
     Telemetry,
 )
 from .schema.telemetry import XidTelemetry
+from .sharing import unit_count
+from .slices import Sharing, gpu_slices, is_shared
 from .snapshot import GpuReading, NodeSnapshot
 from .window import PeakWindow
 
@@ -54,6 +56,7 @@ def telemetry_document(
     lease: str | None = None,
     window: PeakWindow | None = None,
     attribution: Mapping[str, GpuAttribution] | None = None,
+    sharing: Sharing | None = None,
 ) -> Telemetry:
     """The telemetry model (``core.schema.telemetry``) of a snapshot and its health.
 
@@ -62,12 +65,19 @@ def telemetry_document(
     change); ``refresh_s``: the publisher's promise to rewrite it within that many seconds of
     ``read_at`` (published with ``expires_at``); ``window``: the peak signal per GPU
     (``core.window``), published with its ``window_s``; ``attribution``: who uses each GPU or
-    MIG device, by UUID (``core.attribution``; ``None``: not attributed, the keys are absent). Utilisation and power are rounded to
-    0.1."""
+    MIG device, by UUID (``core.attribution``; ``None``: not attributed, the keys are absent);
+    ``sharing``: the GPUs served as memory units (``core.slices``): each such GPU without MIG
+    is ``shared`` with its ``share_units``, its holders carry their slice (``limit_mib``), their
+    own use and ``over_limit``, and the document its ``share_unit_mib``. Utilisation and power
+    are rounded to 0.1."""
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
     gpus = []
+    any_shared = False
     for g in snapshot.gpus:
         gh = health.gpus[g.index]
+        shared = is_shared(g, sharing)
+        any_shared = any_shared or shared
+        unit_mib = sharing.unit_mib if sharing is not None else 0
         peak = window.summary(window.key(g.index, g.uuid)) if window is not None else None
         migs = None
         if g.mig_enabled:
@@ -109,7 +119,12 @@ def telemetry_document(
                 error=g.error or None,
                 mig_enabled=True if g.mig_enabled else None,
                 mig_devices=migs,
-                **(_mig_users(g, attribution) if migs is not None else _users(attribution, g.uuid)),
+                **(
+                    _mig_users(g, attribution) if migs is not None
+                    else _users(attribution, g.uuid, unit_mib if shared else None)
+                ),
+                shared=True if shared else None,
+                share_units=unit_count(g.memory_total_mib, unit_mib) if shared else None,
                 memory_free_min_mib=peak.memory_free_min_mib if peak else None,
                 utilization_p95_pct=peak.utilization_p95_pct if peak else None,
                 xids=_xids(snapshot, gh.xid_at_s),
@@ -133,21 +148,32 @@ def telemetry_document(
         if refresh_s is None
         else _rfc3339(snapshot.read_at + timedelta(seconds=refresh_s)),
         window_s=window.window_s if window is not None else None,
+        share_unit_mib=sharing.unit_mib if any_shared and sharing is not None else None,
     )
 
 
-def _users(attribution: Mapping[str, GpuAttribution] | None, uuid: str | None) -> dict[str, Any]:
-    """``pods`` and ``memory_out_of_band_mib`` of one device (nothing when not attributed)."""
+def _users(
+    attribution: Mapping[str, GpuAttribution] | None, uuid: str | None, unit_mib: int | None = None
+) -> dict[str, Any]:
+    """``pods`` and ``memory_out_of_band_mib`` of one device (nothing when not attributed);
+    ``unit_mib`` for a shared GPU: each holder's slice, own use and over-use."""
     if attribution is None or not uuid or (att := attribution.get(uuid)) is None:
         return {}
-    memory = holder_memory_mib(att)
-    return {
-        "pods": tuple(
+    memory = holder_memory_mib(att) if unit_mib is None else None
+    slices = {s.key: s for s in gpu_slices(att, uuid, unit_mib)} if unit_mib else {}
+    pods = []
+    for h in att.holders:
+        s = slices.get((h.namespace, h.pod, h.container))
+        pods.append(
             PodTelemetry(
-                namespace=h.namespace, pod=h.pod, container=h.container, memory_used_mib=memory
+                namespace=h.namespace, pod=h.pod, container=h.container,
+                memory_used_mib=memory if s is None else s.used_mib,
+                limit_mib=None if s is None else s.limit_mib,
+                over_limit=True if s is not None and s.over else None,
             )
-            for h in att.holders
-        ),
+        )
+    return {
+        "pods": tuple(pods),
         "memory_out_of_band_mib": out_of_band_mib(att),
     }
 
@@ -192,12 +218,14 @@ def telemetry_annotation(
     lease: str | None = None,
     window: PeakWindow | None = None,
     attribution: Mapping[str, GpuAttribution] | None = None,
+    sharing: Sharing | None = None,
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
     invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
     value = telemetry(
-        snapshot, health, refresh_s=refresh_s, lease=lease, window=window, attribution=attribution
+        snapshot, health, refresh_s=refresh_s, lease=lease, window=window,
+        attribution=attribution, sharing=sharing,
     )
     if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []

@@ -1,13 +1,19 @@
-"""Pods in one list+watch cache (an informer), for the scheduler extender's in-flight placements."""
+"""Pods in one list+watch cache (an informer), for the scheduler extender's in-flight placements;
+single pods read and given Events (``PodClient``), for the agent's shared-GPU slices."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+from ..core.slices import PodIdentity
+from .errors import KubeError
 from .informer import Informer
+from .session import ApiSession
 
-__all__ = ["PodCache"]
+__all__ = ["PodCache", "PodClient", "pod_identity"]
 
 V = TypeVar("V")
 
@@ -52,3 +58,90 @@ class PodCache(Informer[V]):
     def _key(self, obj: Any) -> str:
         """``namespace/name`` of the pod ("" when it has neither)."""
         return pod_key(obj) if isinstance(obj, Mapping) else ""
+
+
+class PodClient:
+    """Reads single pods and posts Events on them, over an ``ApiSession`` (the agent's:
+    ``NodeClient.session``). RBAC: ``get`` on ``pods`` and ``create`` on ``events`` in the
+    pods' namespaces. Raises ``KubeError`` subclasses (``NodeNotFound`` for any 404: the pod
+    is gone)."""
+
+    def __init__(self, session: ApiSession, reporter: str) -> None:
+        """``reporter``: the reporting instance of the Events (the Node's name)."""
+        self.session = session
+        self.reporter = reporter
+
+    def get_pod(self, namespace: str, name: str) -> PodIdentity:
+        """GET one pod: its UID and its containers' IDs and names."""
+        response = self.session.call(
+            "get",
+            f"pod {namespace}/{name}",
+            lambda: self.session.http(
+                "GET", _POD_PATH, path_params={"namespace": namespace, "name": name}
+            ),
+        )
+        return pod_identity(json.loads(response.data), namespace, name)
+
+    def create_pod_event(
+        self, *, namespace: str, name: str, uid: str, reason: str, message: str, warning: bool
+    ) -> None:
+        """POST a core/v1 Event about the pod in its namespace (``uid``: its ``metadata.uid``,
+        which ``kubectl describe pod`` matches; "" when unknown). A 409 counts as posted (the
+        name is unique to this call); otherwise raises ``KubeError``."""
+        now = datetime.now(timezone.utc)
+        stamp = now.isoformat(timespec="seconds").replace("+00:00", "Z")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{name}.omaticaya.{now.strftime('%Y%m%d%H%M%S%f')}"[-253:],
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
+                **({"uid": uid} if uid else {}),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "omaticaya", "host": self.reporter},
+            "reportingComponent": "omaticaya",
+            "reportingInstance": self.reporter,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.session.call(
+                "create",
+                f"event {reason} on pod {namespace}/{name}",
+                lambda: self.session.http(
+                    "POST", "/api/v1/namespaces/{namespace}/events",
+                    path_params={"namespace": namespace}, body=body,
+                    content_type="application/json",
+                ),
+            )
+        except KubeError as err:
+            if err.status != 409:
+                raise
+
+
+_POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def pod_identity(doc: Any, namespace: str, name: str) -> PodIdentity:
+    """A ``PodIdentity`` from a pod document (untrusted: fields of the wrong type are left
+    out; no UID reads as "")."""
+    meta = doc.get("metadata") if isinstance(doc, Mapping) else None
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    status = doc.get("status") if isinstance(doc, Mapping) else None
+    containers: dict[str, str] = {}
+    for field in ("containerStatuses", "initContainerStatuses"):
+        listed = status.get(field) if isinstance(status, Mapping) else None
+        for c in listed if isinstance(listed, list) else ():
+            if not isinstance(c, Mapping):
+                continue
+            cid, cname = c.get("containerID"), c.get("name")
+            if isinstance(cid, str) and isinstance(cname, str) and cid:
+                containers[cid.rpartition("://")[2]] = cname
+    return PodIdentity(namespace, name, uid if isinstance(uid, str) else "", containers)

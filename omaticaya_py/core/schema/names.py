@@ -25,6 +25,9 @@ UTILIZATION = "gpu.utilization-pct"
 IDLE_COUNT = "gpu.idle-count"
 HEALTHY_COUNT = "gpu.healthy-count"
 MIG_STRATEGY = "mig.strategy"
+#: with shared GPUs (``core.sharing``): the largest slice one healthy shared GPU can take now
+#: (live free memory, no more than its units not held), MiB rounded down to the memory step
+SHARED_MEMORY_FREE = "gpu.shared.memory.free-mib"
 
 #: Label names that describe the hardware, not its state: kept on graceful exit.
 STATIC_NAMES = frozenset(

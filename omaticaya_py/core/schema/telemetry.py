@@ -17,7 +17,7 @@ Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
                "remapped_rows_failure", "process_count", "health", "reasons", "error"?,
                "memory_free_min_mib"?, "utilization_p95_pct"?, "xids"?: [{"xid", "at"}],
                "pods"?: [{"namespace", "pod",
-               "container", "memory_used_mib"?, "limit_mib"?}], "memory_out_of_band_mib"?,
+               "container", "memory_used_mib"?, "limit_mib"?, "over_limit"?}], "memory_out_of_band_mib"?,
                "shared"?, "share_units"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
                "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
                "process_count", "health", "reasons", "error"?, "pods"?,
@@ -122,15 +122,20 @@ class _Document(BaseModel):
 class PodTelemetry(_Document):
     """A container holding a GPU or MIG device (the kubelet's PodResources), and the memory its
     processes use on it (``memory_used_mib``: when the device has this one holder and every
-    process on it could be placed; absent otherwise)."""
+    process on it could be placed; absent otherwise). On a shared GPU: its slice
+    (``limit_mib``), the memory of its own processes there (``memory_used_mib``, when they are
+    placed and named) and ``over_limit`` while it holds more than its slice."""
 
-    _OPTIONAL = frozenset({"memory_used_mib", "limit_mib"})
+    _OPTIONAL = frozenset({"memory_used_mib", "limit_mib", "over_limit"})
     namespace: Str = None
     pod: Str = None
     container: Str = None
     memory_used_mib: Int = None
     #: on a shared GPU: the container's slice (its memory units x the unit, MiB)
     limit_mib: Int = None
+    #: on a shared GPU: true while the container holds more than its slice (``memory_used_mib``
+    #: over ``limit_mib``); absent otherwise
+    over_limit: Annotated[bool | None, BeforeValidator(lambda v: True if v is True else None)] = None
 
 
 Pods = Annotated[tuple[PodTelemetry, ...] | None, BeforeValidator(_optional_entries(PodTelemetry))]
