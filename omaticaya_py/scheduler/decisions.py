@@ -10,9 +10,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from operator import countOf, itemgetter
 from typing import Any
 
 from loguru import logger as log
+
+_score = itemgetter("Score")
 
 #: (reason, text the filter's message starts with or contains), first match wins
 _KINDS: tuple[tuple[str, str], ...] = (
@@ -60,7 +63,7 @@ class Decisions:
         log.debug("filter {}: {} passed, failed {}", pod, len(passed), dict(kinds) or "none")
 
     def prioritized(self, pod: str, scores: Sequence[Mapping[str, Any]]) -> None:
-        scored = sum(1 for h in scores if h.get("Score"))
+        scored = len(scores) - countOf(map(_score, scores), 0)
         with self._lock:
             if scored:
                 self.counts[("prioritize", "scored", "")] += scored

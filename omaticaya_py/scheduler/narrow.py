@@ -14,8 +14,9 @@ known room: nothing to reserve) pass as before. ``Narrowing.prioritize`` scores 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
-from operator import itemgetter
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import add, mul, sub, truediv
 from typing import Any
 
 from ..core.schema import NodeGpuState, json_mapping
@@ -24,6 +25,7 @@ from .ledger import Ledger
 from .nodeindex import NodeIndex, NodeRecord, judge_all
 from .rules import MAX_PRIORITY, MIN_PRIORITY, Need, ProblemOf, Verdict, judge, judge_safely
 from .staleness import effective
+from .verdicts import VerdictsByNeed
 
 __all__ = ["OTHER_NODE", "ItemsOf", "Narrowing", "flagged_of"]
 
@@ -55,6 +57,11 @@ class ItemsOf:
         self._narrowing, self._names, self._states = narrowing, names, states
 
     @property
+    def by_name(self) -> bool:
+        """Whether the request named its nodes (``NodeNames``: the cache's records)."""
+        return self._names is not None
+
+    @property
     def names(self) -> Sequence[str]:
         return self._names if self._names is not None else [n for n, _ in self._states]
 
@@ -75,6 +82,8 @@ class Narrowing:
             lookup, ledger, settle_s=settings.settle_s, ttl_s=settings.ttl_s,
             grace_s=settings.grace_s, skew_s=settings.max_clock_skew_s,
         )  # fmt: skip
+        #: the kept verdicts by need (``verdicts``): a request judges only what changed
+        self.verdicts = VerdictsByNeed(self.index)
 
     def items(self, names: Sequence[str] | None, states: Sequence[tuple[str, Any]], now: float
               ) -> Items:  # fmt: skip
@@ -83,8 +92,12 @@ class Narrowing:
             return self.index.records(names, now)
         return [(n, self.index.ad_hoc(s, now) if s is not None else None, s) for n, s in states]
 
-    def _judge(self, items: Items, need: Need, clocks: dict[str, Any], judging: Callable[..., Verdict],
-               flagged: Container[str]) -> Any:  # fmt: skip
+    def _judge(self, items_of: Callable[[float], Items], need: Need, clocks: dict[str, Any],
+               judging: Callable[..., Verdict], flagged: Container[str]
+               ) -> tuple[dict[str, int], list[str], dict[str, str]]:  # fmt: skip
+        """({fitting name: free MiB} in input order, passed without a score, failed
+        {name: reason}): by the kept verdicts (``verdicts``) for ``NodeNames``, else
+        ``judge_all`` over the Nodes sent."""
         on_problem: ProblemOf | None = clocks.get("on_problem")
 
         def slow(name: str, state: NodeGpuState | None, left: NodeGpuState | None) -> Verdict:
@@ -93,12 +106,24 @@ class Narrowing:
 
             return judge_safely(name, state, one, None, on_problem)
 
-        return judge_all(
-            items, need, now=clocks["now"], now_mono=clocks["now_mono"],
-            leases=clocks["leases"], slow=slow, prefix=clocks["prefix"],
-            grace_s=clocks["grace_s"], skew_s=clocks["max_skew_s"], flagged=flagged,
-            on_fresh=(lambda name: on_problem(name, None, "")) if on_problem else None,
-        )  # fmt: skip
+        kw = {
+            "now": clocks["now"], "now_mono": clocks["now_mono"], "leases": clocks["leases"],
+            "slow": slow, "prefix": clocks["prefix"], "grace_s": clocks["grace_s"],
+            "skew_s": clocks["max_skew_s"], "flagged": flagged,
+            "on_fresh": (lambda name: on_problem(name, None, "")) if on_problem else None,
+        }  # fmt: skip
+        names = items_of.names if isinstance(items_of, ItemsOf) else None
+        if isinstance(items_of, ItemsOf) and items_of.by_name:
+            return self.verdicts(need).judge(names, **kw)  # type: ignore[arg-type]
+        fits, passed, failed = judge_all(items_of(clocks["now"]), need, **kw)
+        return {name: f for name, f, _ in fits}, passed, failed
+
+    def _record(self, items_of: Callable[[float], Items], name: str, now: float
+                ) -> NodeRecord | None:  # fmt: skip
+        """The record of node ``name`` of this request (kept, or made from the Node sent)."""
+        if isinstance(items_of, ItemsOf) and items_of.by_name:
+            return self.index.record(name, now)
+        return next((rec for n, rec, _ in items_of(now) if n == name), None)
 
     def filter(self, pod: Any, need: Need, items_of: Callable[[float], Items],
                clocks: dict[str, Any], flagged: Container[str] = ()
@@ -115,18 +140,21 @@ class Narrowing:
         def judging(state: NodeGpuState | None, left: NodeGpuState | None) -> Verdict:
             return judge(state, need, left=left, **kw)
 
-        items = items_of(now)
-        fits, passed, failed = self._judge(items, need, clocks, judging, flagged)
+        fits, passed, failed = self._judge(items_of, need, clocks, judging, flagged)
         self._last = (uid, need, now, items_of.names if isinstance(items_of, ItemsOf) else None,
-                      {name: f for name, f, _ in fits})  # fmt: skip
+                      fits)  # fmt: skip
         if not fits:
             return passed, failed
         pick = min if s.strategy == "binpack" else max
-        best, _, rec = pick(fits, key=itemgetter(1))
+        best = pick(fits, key=fits.__getitem__)  # ties: the first asked about
         other = OTHER_NODE.format(prefix=s.prefix)
-        failed.update(dict.fromkeys([t[0] for t in fits], other))
-        failed.update(dict.fromkeys(passed, other))
+        if len(failed) * 2 < len(fits):
+            failed = {**dict.fromkeys(fits, other), **dict.fromkeys(passed, other), **failed}
+        else:
+            failed.update(dict.fromkeys(fits, other))
+            failed.update(dict.fromkeys(passed, other))
         del failed[best]
+        rec = self._record(items_of, best, now)
         if uid and rec is not None:
             gpus = choose_gpus(rec.left, need.memory_mib, need.count, s.strategy)
             self.ledger.reserve(Placement(
@@ -158,24 +186,38 @@ class Narrowing:
                 and (names == last[3] or set(names) <= set(last[3]))):  # fmt: skip
             # right after this pod's filter (kube-scheduler's order, with the names that
             # passed, or all of them): its judging stands
-            get = last[4].get
-            free = {name: f for name in names if (f := get(name)) is not None}
+            if names is last[3] or names == last[3]:
+                free = last[4]
+            else:
+                get = last[4].get
+                free = {name: f for name in names if (f := get(name)) is not None}
         else:
-            fits, _, _ = self._judge(items_of(clocks["now"]), need, clocks, judging, flagged)
-            free = {name: f for name, f, _ in fits}
+            free, _, _ = self._judge(items_of, need, clocks, judging, flagged)
         mine = self.ledger.get(uid) if uid else None
         lo, hi = (min(free.values()), max(free.values())) if free else (0, 0)
-        span, top = hi - lo, MAX_PRIORITY - 1
+        span = hi - lo
         if span == 0:
             scores = dict.fromkeys(free, MAX_PRIORITY)
-        elif self.settings.strategy == "binpack":  # 10: the least free
-            scores = {n: 1 + round((1.0 - (f - lo) / span) * top) for n, f in free.items()}
         else:
-            scores = {n: 1 + round((f - lo) / span * top) for n, f in free.items()}
+            scores = dict(zip(free, _scaled(free.values(), lo, span, self.settings.strategy),
+                              strict=True))  # fmt: skip
         if mine is not None:
             scores[mine.node] = MAX_PRIORITY
         get = scores.get
         return [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name in names]
+
+
+def _scaled(free: Iterable[int], lo: int, span: int, strategy: str) -> Iterator[int]:
+    """Scores 1..``MAX_PRIORITY`` of free MiB between ``lo`` and ``lo + span`` (``span`` > 0):
+    ``binpack`` 10 to the least free, ``spread`` to the most. The arithmetic of
+    ``rules.prioritize_nodes`` (the same operations in the same order: the same scores), in
+    ``map`` so that no Python code runs per node."""
+    top = MAX_PRIORITY - 1
+    frac = map(truediv, map(sub, free, repeat(lo)), repeat(span))
+    if strategy == "binpack":
+        frac = map(sub, repeat(1.0), frac)
+    return map(add, repeat(1), map(round, map(mul, frac, repeat(top))))
+
 
 def flagged_of(on_problem: Any) -> Container[str]:
     """The names with a judging problem on record (``app.NodeProblems.flagged``), or every

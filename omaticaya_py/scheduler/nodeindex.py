@@ -154,6 +154,9 @@ class NodeIndex:
 #: request, through ``rules.judge_safely``)
 Slow = Callable[[str, "NodeGpuState | None", "NodeGpuState | None"], Verdict]
 
+#: told of a node judged fresh: (name, record, wall_until, mono_until, Lease object or None)
+OnFast = Callable[[str, NodeRecord, float, float, Any], None]
+
 
 def judge_all(
     items: Sequence[tuple[str, NodeRecord | None, NodeGpuState | None]],
@@ -168,11 +171,14 @@ def judge_all(
     skew_s: float,
     flagged: Container[str] = (),
     on_fresh: Callable[[str], None] | None = None,
+    on_fast: OnFast | None = None,
 ) -> tuple[list[tuple[str, int, NodeRecord | None]], list[str], dict[str, str]]:
     """(fitting ``[(name, free MiB after the reservations, record)]``, passed without a score,
     failed ``{name: reason}``), each in input order. ``items``: ``(name, record, state)``;
     ``flagged``: names with a problem on record (``on_fresh(name)`` is told when one judges
-    well here)."""
+    well here); ``on_fast(name, record, wall_until, mono_until, lease)`` hears of each node
+    judged fresh here, with the end of its fresh window (epoch s, monotonic s) and the Lease
+    object it was judged by (``None``: by its telemetry's times): ``verdicts.Verdicts``."""
     mem, count = need.memory_mib, need.count
     wanted = f"pod needs {_gpus_text(count)} with {mem} MiB free"
     no_room = f"node(s) had no room: {wanted} ({prefix})"
@@ -190,6 +196,8 @@ def judge_all(
             if ref is None:
                 w = rec.win
                 fresh = w[0] <= now <= w[1] and mono <= w[2]
+                if fresh and on_fast is not None:
+                    on_fast(name, rec, w[1], w[2], None)
             else:
                 lease = leases(ref)  # type: ignore[misc]
                 if lease is not None and lease.holder:
@@ -199,6 +207,8 @@ def judge_all(
                                                grace_s, skew_s)  # fmt: skip
                     w, lw = rec.win, rec.lease_win
                     fresh = w[0] <= now and lw[0] <= now <= lw[1] and mono <= lw[2]
+                    if fresh and on_fast is not None:
+                        on_fast(name, rec, lw[1], lw[2], lease)
         if fresh:
             if name in flagged and on_fresh is not None:
                 on_fresh(name)

@@ -226,11 +226,11 @@ def unresolvable(
     if need is None:
         return {}
     out: dict[str, str] = {}
-    kinds: dict[str, str] = {}  # few distinct reasons among thousands of nodes
+    kinds = {r: reason_kind(r) for r in set(failed.values())}  # few distinct among thousands
+    if not any(k in UNRESOLVABLE_KINDS or k == "no-room" for k in kinds.values()):
+        return out
     for name, reason in failed.items():
-        kind = kinds.get(reason)
-        if kind is None:
-            kind = kinds[reason] = reason_kind(reason)
+        kind = kinds[reason]
         if kind in UNRESOLVABLE_KINDS:
             out[name] = reason
         elif kind == "no-room":

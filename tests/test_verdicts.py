@@ -1,0 +1,149 @@
+"""The kept verdicts (``scheduler.verdicts``): after every kind of change a request judges only
+the nodes that changed, and its answer is the one ``judge_all`` gives from scratch.
+
+Each case is a sequence of steps on a small cluster (a Node rewritten, a reservation made, time
+passing a node's window or its reservation's expiry, a Lease renewed or released, the clock
+going back, a node leaving the cache); after each step the kept verdicts are compared with a
+fresh ``judge_all`` over the same records, and the nodes judged again are counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from omaticaya_py.core.liveness import LeaseState
+from omaticaya_py.core.schema import NodeGpuState
+from omaticaya_py.scheduler.ledger import Ledger
+from omaticaya_py.scheduler.nodeindex import NodeIndex, judge_all
+from omaticaya_py.scheduler.rules import Need, judge, judge_safely
+from omaticaya_py.scheduler.verdicts import Verdicts, VerdictsByNeed
+from tests.test_ledger import NOW, node, res
+
+NAMES = [f"n{i}" for i in range(6)]
+NEED = Need(40960)
+REF = "omaticaya/omaticaya-node-n5"
+
+
+class World:
+    """A Node cache, a ledger, Leases and the clocks, changed step by step."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, NodeGpuState] = {n: node(n, 70000, 50000 - 10000 * i)
+                                                for i, n in enumerate(NAMES)}  # fmt: skip
+        self.states["n5"] = replace(self.states["n5"], lease=REF)
+        self.leases: dict[str, LeaseState] = {REF: LeaseState("agent", NOW - 5, 40)}
+        self.ledger = Ledger(settle_s=60, assume_s=30)
+        self.now, self.mono = NOW, 0.0
+        self.index = NodeIndex(self.states.get, self.ledger, settle_s=60, ttl_s=300, grace_s=60,
+                               skew_s=300)  # fmt: skip
+
+    def kw(self) -> dict[str, Any]:
+        now = self.now
+
+        def slow(name: str, state: Any, left: Any) -> Any:
+            def one(st: Any, _: Any) -> Any:
+                return judge(st, NEED, now=now, ttl_s=300, grace_s=60, fail_open=False,
+                             left=left, leases=self.leases.get, now_mono=self.mono)  # fmt: skip
+
+            return judge_safely(name, state, one, None, None)
+
+        return {"now": now, "now_mono": self.mono, "leases": self.leases.get, "slow": slow,
+                "prefix": "omaticaya.io", "grace_s": 60, "skew_s": 300}  # fmt: skip
+
+    def fresh(self) -> tuple[dict[str, int], list[str], dict[str, str]]:
+        index = NodeIndex(self.states.get, self.ledger, settle_s=60, ttl_s=300, grace_s=60,
+                          skew_s=300)  # fmt: skip
+        fits, passed, failed = judge_all(index.records(NAMES, self.now), NEED, **self.kw())
+        return {n: f for n, f, _ in fits}, passed, failed
+
+
+def _rewrite(w: World) -> None:
+    w.states["n1"] = node("n1", 20000, 20000)
+
+
+def _reserve(w: World) -> None:
+    w.ledger.reserve(res("u", "n0", (0,), mib=40000))
+
+
+def _window_ends(w: World) -> None:
+    w.states["n2"] = node("n2", 70000, read_age_s=300)  # expires_at = now + 25 s
+    w.now += 1
+
+
+def _later(w: World) -> None:
+    w.now += 30  # n2's window (expires_at + grace) is not over yet; the reservation's is
+
+
+def _much_later(w: World) -> None:
+    w.now += 100  # past n2's window (read_at + 325 s + grace) and the Lease's
+
+
+def _lease_renewed(w: World) -> None:
+    w.leases[REF] = LeaseState("agent", w.now - 1, 40)
+
+
+def _lease_released(w: World) -> None:
+    w.leases[REF] = LeaseState("", w.now - 1, 40)
+
+
+def _clock_back(w: World) -> None:
+    w.now -= 5
+
+
+def _gone(w: World) -> None:
+    del w.states["n3"]
+
+
+def _nothing(w: World) -> None:
+    pass
+
+
+# (case, steps, nodes judged again at each step after the first request)
+CASES = [
+    ("nothing changed: nothing judged again", [_nothing, _nothing], [0, 0]),
+    ("a Node rewritten: that node", [_rewrite, _nothing], [1, 0]),
+    ("a reservation: that node", [_reserve, _nothing], [1, 0]),
+    ("a reservation stops counting by age: that node", [_reserve, _later], [1, 1]),
+    ("windows end: those nodes, then judged every time (stale)",
+     [_window_ends, _nothing, _much_later, _nothing], [1, 0, 2, 2]),
+    ("a Lease renewed, then released: that node", [_lease_renewed, _lease_released, _nothing],
+     [1, 1, 1]),
+    ("the clock goes back: every node", [_clock_back], [6]),
+    ("a node leaves the cache: judged every time (not in the cache)", [_gone, _nothing], [1, 1]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "steps", "judged"), CASES, ids=[c[0] for c in CASES])
+def test_kept_verdicts_equal_a_fresh_judging_and_judge_only_what_changed(case, steps, judged):
+    w = World()
+    kept = Verdicts(w.index, NEED)
+    assert kept.judge(NAMES, **w.kw()) == w.fresh(), case
+    assert kept.judged == len(NAMES)
+    for step, want in zip(steps, judged, strict=True):
+        step(w)
+        before = kept.judged
+        got = kept.judge(NAMES, **w.kw())
+        assert got == w.fresh(), (case, step.__name__)
+        assert kept.judged - before == want, (case, step.__name__)
+
+
+def test_a_request_for_some_names_answers_for_those_only():
+    w = World()
+    kept = Verdicts(w.index, NEED)
+    kept.judge(NAMES, **w.kw())
+    _rewrite(w)
+    fits, passed, failed = kept.judge(["n4", "n1", "n0"], **w.kw())
+    assert list(fits) == ["n4", "n0"] and passed == [] and list(failed) == ["n1"]
+
+
+def test_verdicts_are_kept_per_need_for_the_last_few():
+    w = World()
+    by_need = VerdictsByNeed(w.index, keep=2)
+    first = by_need(Need(1000))
+    assert by_need(Need(1000)) is first
+    by_need(Need(2000))
+    by_need(Need(3000))
+    assert by_need(Need(1000)) is not first  # the least recently used went
