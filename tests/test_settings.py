@@ -81,6 +81,8 @@ def test_defaults() -> None:
         "shared_gpus": SharedGpus(),
         "share_unit_mib": 1024,
         "shared_resource": "omaticaya.io/gpu-memory",
+        "share_policy": "binpack",
+        "share_settle_s": 60,
         "device_list_strategy": ("envvar", "volume-mounts"),
     }
 
@@ -154,6 +156,8 @@ VALID_ENV = [
     ("OMATICAYA_SHARED_GPUS", "0-2", "shared_gpus", SharedGpus(indices=frozenset({0, 1, 2}))),
     ("OMATICAYA_SHARE_UNIT_MIB", "512", "share_unit_mib", 512),
     ("OMATICAYA_SHARED_RESOURCE", "example.com/vram", "shared_resource", "example.com/vram"),
+    ("OMATICAYA_SHARE_POLICY", "spread", "share_policy", "spread"),
+    ("OMATICAYA_SHARE_SETTLE_S", "0", "share_settle_s", 0),
     ("OMATICAYA_DEVICE_LIST_STRATEGY", "cdi-annotations", "device_list_strategy", ("cdi-annotations",)),
 ]
 
@@ -400,6 +404,8 @@ BAD_ENV = [
     ("OMATICAYA_SHARED_GPUS", "gpu0", "'all', or GPU indices"),
     ("OMATICAYA_SHARE_UNIT_MIB", "0", "greater than or equal to 1"),
     ("OMATICAYA_SHARED_RESOURCE", "vram", "extended resource name"),
+    ("OMATICAYA_SHARE_POLICY", "pack", "binpack"),
+    ("OMATICAYA_SHARE_SETTLE_S", "-1", "greater than or equal to 0"),
     ("OMATICAYA_DEVICE_LIST_STRATEGY", "volumes", "expected one or more of envvar"),
 ]
 

@@ -11,7 +11,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -254,6 +254,18 @@ class Settings(CommonSettings):
     shared_resource: str = Field(
         default=DEFAULT_SHARED_RESOURCE,
         description="Extended resource name of the memory units of shared GPUs.",
+    )
+    share_policy: Literal["binpack", "spread"] = Field(
+        default="binpack",
+        description="Which shared GPU the device plugin prefers for a slice, among those with "
+        "the units and the live free memory: binpack the least room, spread the most.",
+    )
+    share_settle_s: float = Field(
+        default=60,
+        ge=0,
+        le=86400,
+        description="A slice handed out counts against its GPU's live free memory until the "
+        "reading shows it in use, or for at most this many seconds.",
     )
     device_list_strategy: Annotated[tuple[str, ...], NoDecode] = Field(
         default=("envvar", "volume-mounts"),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.settings import Settings
+from ..core.sharing import SharedGpus, unit_count, unit_ids
 from ..core.snapshot import NodeSnapshot
 
 API_VERSION = "v1beta1"
@@ -155,6 +156,23 @@ def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:
         profile: sorted(((i, u) for u, i in devices.items()), key=lambda t: t[0])
         for profile, devices in found.items()
     }
+
+
+def trace_slices(path: Path | str, shared: SharedGpus, unit_mib: int) -> list[tuple[int, str]]:
+    """``(GPU index, unit ID)`` of every unit of the shared GPUs a trace describes (MIG off in
+    a frame that reads it, index in ``shared``), ``unit_count(total, unit_mib)`` per GPU
+    (``core.sharing``), in GPU index order, then unit order."""
+    from ..sources.replay import TraceReader
+
+    found: dict[str, tuple[int, int]] = {}
+    for frame in TraceReader(path).frames:
+        for gpu in frame.gpus:
+            if gpu.uuid and gpu.memory_total_mib and gpu.uuid not in found:
+                n = unit_count(gpu.memory_total_mib, unit_mib)
+                if gpu.index in shared and not gpu.mig_enabled and n:
+                    found[gpu.uuid] = (gpu.index, n)
+    ordered = sorted(found.items(), key=lambda kv: (kv[1][0], kv[0]))
+    return [(index, d) for uuid, (index, n) in ordered for d in unit_ids(uuid, n)]
 
 
 def trace_devices(path: Path | str) -> list[tuple[int, str]]:

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.settings import Settings
+from ..core.sharing import SharedGpus
 from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, stale_after_s, trace_devices
 from .registration import KubeletRegistration
-from .service import DeviceService
+from .service import NOT_SHARED, DeviceService
+from .shared import DEFAULT_SETTLE_S
 from .strategies import DEFAULT_STRATEGIES
 
 
@@ -35,6 +37,9 @@ class DevicePlugin(DeviceService, KubeletRegistration):
       ``clock`` (``None``: off; ``from_settings`` sets it, see ``allocation.stale_after_s``).
     - ``strategies``: NVIDIA's device list strategies ``Allocate`` answers by
       (``strategies.container_response``; ``from_settings``: ``OMATICAYA_DEVICE_LIST_STRATEGY``).
+    - ``shared``, ``unit_mib``, ``policy``, ``settle_s``: GPU sharing by memory (see
+      ``service.DeviceService``): the whole-GPU resource leaves the ``shared`` GPUs out; with
+      ``unit_mib`` this plugin serves their units (``DevicePluginSet`` makes that one).
 
     ``start()`` serves and registers in a background thread; ``stop()`` undoes it.
     """
@@ -54,10 +59,15 @@ class DevicePlugin(DeviceService, KubeletRegistration):
         stale_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         strategies: Sequence[str] = DEFAULT_STRATEGIES,
+        shared: SharedGpus = NOT_SHARED,
+        unit_mib: int | None = None,
+        policy: str = "binpack",
+        settle_s: float = DEFAULT_SETTLE_S,
     ) -> None:
         DeviceService.__init__(
             self, source, devices=devices, profile=profile, poll_s=poll_s,
             stale_after_s=stale_after_s, clock=clock, strategies=strategies,
+            shared=shared, unit_mib=unit_mib, policy=policy, settle_s=settle_s,
         )
         KubeletRegistration.__init__(
             self,
@@ -75,9 +85,10 @@ class DevicePlugin(DeviceService, KubeletRegistration):
         ``allocation.stale_after_s(settings)``."""
         kwargs.setdefault("stale_after_s", stale_after_s(settings))
         kwargs.setdefault("strategies", settings.device_list_strategy)
+        kwargs.setdefault("shared", settings.shared_gpus)
         devices = kwargs.pop("devices", None)
         if devices is None and settings.trace is not None:
-            devices = trace_devices(settings.trace)
+            devices = [d for d in trace_devices(settings.trace) if d[0] not in settings.shared_gpus]
         return cls(
             source,
             resource_name=settings.device_plugin_resource,

@@ -1,4 +1,4 @@
-"""Every resource of the node: whole GPUs and each MIG profile, one plugin each (NVIDIA's ``mixed`` strategy)."""
+"""Every resource of the node: whole GPUs, each MIG profile (NVIDIA's ``mixed`` strategy) and the memory units of shared GPUs, one plugin each."""
 
 from __future__ import annotations
 
@@ -11,8 +11,16 @@ from typing import Any
 from loguru import logger
 
 from ..core.settings import Settings
-from .allocation import DEFAULT_PLUGIN_DIR, mig_resource_name, stale_after_s, trace_units
+from ..core.sharing import DEFAULT_SHARED_RESOURCE
+from .allocation import (
+    DEFAULT_PLUGIN_DIR,
+    mig_resource_name,
+    stale_after_s,
+    trace_slices,
+    trace_units,
+)
 from .plugin import DevicePlugin
+from .shared import DEFAULT_SETTLE_S
 
 
 class DevicePluginSet:
@@ -24,6 +32,13 @@ class DevicePluginSet:
     profile plugin with no device left (its MIG devices left the reading: the layout was
     re-created or MIG turned off) sends the kubelet an empty list, stops and removes its socket.
     ``plugins`` maps the profile (``None`` for whole GPUs, always served) to its plugin.
+
+    Sharing by memory: with ``shared`` GPUs (``OMATICAYA_SHARED_GPUS``) and ``unit_mib``, one
+    more plugin, ``shared_plugin``, serves ``shared_resource`` (``omaticaya.io/gpu-memory``):
+    the units of every shared GPU (``shared_units``: unit IDs known before the first reading,
+    a trace's), placed by ``policy`` with ``settle_s`` (``shared.Slicer``); the whole-GPU
+    plugin leaves those GPUs out, so no GPU is served both whole and in units. MIG-enabled
+    GPUs are never shared (their MIG devices are served by profile).
     """
 
     def __init__(
@@ -33,6 +48,11 @@ class DevicePluginSet:
         resource_name: str = "nvidia.com/gpu",
         plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
         units: dict[str | None, list[tuple[int, str]]] | None = None,
+        shared_resource: str = DEFAULT_SHARED_RESOURCE,
+        unit_mib: int | None = None,
+        shared_units: Iterable[tuple[int, str]] = (),
+        policy: str = "binpack",
+        settle_s: float = DEFAULT_SETTLE_S,
         **kwargs: Any,
     ) -> None:
         self._source = source
@@ -49,6 +69,18 @@ class DevicePluginSet:
         units.setdefault(None, [])
         for profile, devices in units.items():
             self._add(profile, devices)
+        self.shared_plugin: DevicePlugin | None = None
+        if kwargs.get("shared") and unit_mib:
+            self.shared_plugin = DevicePlugin(
+                source,
+                resource_name=shared_resource,
+                plugin_dir=plugin_dir,
+                devices=shared_units,
+                unit_mib=unit_mib,
+                policy=policy,
+                settle_s=settle_s,
+                **kwargs,
+            )
 
     @classmethod
     def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePluginSet:
@@ -57,12 +89,22 @@ class DevicePluginSet:
         ``allocation.stale_after_s(settings)``."""
         kwargs.setdefault("stale_after_s", stale_after_s(settings))
         kwargs.setdefault("strategies", settings.device_list_strategy)
-        units = trace_units(settings.trace) if settings.trace is not None else None
+        kwargs.setdefault("shared", settings.shared_gpus)
+        kwargs.setdefault("policy", settings.share_policy)
+        kwargs.setdefault("settle_s", settings.share_settle_s)
+        units, shared_units = None, []
+        if settings.trace is not None:
+            units = trace_units(settings.trace)
+            units[None] = [d for d in units.get(None, []) if d[0] not in kwargs["shared"]]
+            shared_units = trace_slices(settings.trace, kwargs["shared"], settings.share_unit_mib)
         return cls(
             source,
             resource_name=settings.device_plugin_resource,
             plugin_dir=settings.device_plugin_dir,
             units=units,
+            shared_resource=settings.shared_resource,
+            unit_mib=settings.share_unit_mib,
+            shared_units=shared_units,
             **kwargs,
         )
 
@@ -100,11 +142,16 @@ class DevicePluginSet:
                 self._stopped[profile] = self.plugins.pop(profile)
                 plugin.stop()  # its streams send the empty list first
 
+    def _every(self) -> list[DevicePlugin]:
+        """The plugins serving now: whole GPUs, MIG profiles, the shared resource."""
+        plugins = list(self.plugins.values())
+        return plugins + [self.shared_plugin] if self.shared_plugin is not None else plugins
+
     def start(self) -> None:
         """Start every plugin; follow the ticks for new MIG profiles."""
         with self._lock:
             self._started = True
-            for plugin in self.plugins.values():
+            for plugin in self._every():
                 plugin.start()
         listeners = getattr(self._source, "on_tick", None)
         if isinstance(listeners, list) and self._on_tick not in listeners:
@@ -117,13 +164,13 @@ class DevicePluginSet:
         """Stop every plugin."""
         with self._lock:
             self._started = False
-            plugins = list(self.plugins.values())
+            plugins = self._every()
         for plugin in plugins:
             plugin.stop(grace_s)
 
     def notify(self) -> None:
         """Wake every plugin's streams."""
-        for plugin in list(self.plugins.values()):
+        for plugin in self._every():
             plugin.notify()
 
     def wait_registered(self, timeout_s: float) -> bool:
@@ -131,5 +178,5 @@ class DevicePluginSet:
         deadline = time.monotonic() + timeout_s
         return all(
             p.wait_registered(max(deadline - time.monotonic(), 0.0))
-            for p in list(self.plugins.values())
+            for p in self._every()
         )

@@ -11,9 +11,15 @@ import grpc
 from loguru import logger
 
 from ..core.health import Unit
+from ..core.sharing import SharedGpus, unit_count, unit_gpu
 from .allocation import STALE_READING, DeviceState, departed, preferred
+from .shared import DEFAULT_SETTLE_S, Slicer, SliceRefused
+from .slices import expand
 from .strategies import DEFAULT_STRATEGIES, container_response
 from .v1beta1 import api_pb2, api_pb2_grpc
+
+#: no GPU shared (the default of ``shared``)
+NOT_SHARED = SharedGpus()
 
 
 def plugin_options() -> Any:
@@ -41,6 +47,11 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
       clock plays no part.
     - ``strategies``: how ``Allocate`` hands a container its devices, NVIDIA's device list
       strategies (``strategies.container_response``; ``OMATICAYA_DEVICE_LIST_STRATEGY``).
+    - ``shared``: the GPUs served as memory units (``OMATICAYA_SHARED_GPUS``; MIG-enabled ones
+      never are): the whole-GPU resource (``profile`` and ``unit_mib`` None) leaves them out.
+    - ``unit_mib``: set, this serves the shared resource: each shared GPU as one unit device
+      per ``unit_mib`` MiB of its total memory (``devices`` then are unit IDs), with the health
+      of its GPU; ``policy`` and ``settle_s`` as in ``shared.Slicer``.
 
     Devices that left the reading (``allocation.departed``: a re-created MIG layout, a GPU now
     in MIG mode) leave the list. Streams send the last list and end once ``_stopping`` is set.
@@ -58,6 +69,10 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         stale_after_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         strategies: Sequence[str] = DEFAULT_STRATEGIES,
+        shared: SharedGpus = NOT_SHARED,
+        unit_mib: int | None = None,
+        policy: str = "binpack",
+        settle_s: float = DEFAULT_SETTLE_S,
     ) -> None:
         self._source = source
         # on real NVML the agent's reader knows the PCIe/NVLink topology between two GPUs
@@ -65,6 +80,12 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self._cache = getattr(source, "cache", source)
         self.poll_s = poll_s
         self.profile = profile
+        self.shared = shared
+        self.slicer = Slicer(unit_mib, policy=policy, settle_s=settle_s, clock=clock) if unit_mib else None
+        devices = list(devices)
+        if self.slicer is not None:  # unit IDs known in advance: their GPUs, and unit counts
+            self.slicer.learn(d for _, d in devices)
+            devices = list(dict.fromkeys((i, unit_gpu(d) or d) for i, d in devices))
         self._known: dict[str, int] = {uuid: index for index, uuid in devices}
         self._parents: dict[str, str] = {}  # MIG device UUID -> its parent GPU's UUID
         self.stale_after_s = stale_after_s
@@ -83,7 +104,22 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     # -- the devices, from the agent's cache ----------------------------------------------
 
     def devices(self) -> list[DeviceState]:
-        """Every known GPU with its health from the latest reading, in index order."""
+        """Every known device with its health from the latest reading, in index order: GPUs,
+        MIG devices, or (the shared resource) each shared GPU's units."""
+        gpus = self.gpu_states()
+        if self.slicer is None:
+            return gpus
+        return expand(gpus, self.slicer.counts)
+
+    def _mine(self, unit: Unit) -> bool:
+        """Whether ``unit`` (from the health assessment) is one of this resource's."""
+        if unit.profile != self.profile or unit.is_mig != (self.profile is not None):
+            return False
+        return unit.is_mig or (unit.gpu_index in self.shared) == (self.slicer is not None)
+
+    def gpu_states(self) -> list[DeviceState]:
+        """Every known GPU (or MIG device) of this resource with its health from the latest
+        reading, in index order; for the shared resource, the shared GPUs (not yet as units)."""
         last = self._cache.last
         with self._lock:
             if last is None:
@@ -98,11 +134,13 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
             gpu_uuid = {g.index: g.uuid for g in snapshot.gpus if g.uuid}
             units: dict[str, Unit] = {}
             for unit in health.units:
-                if unit.profile != self.profile or unit.is_mig != (self.profile is not None):
+                if not self._mine(unit):
                     continue  # another plugin's resource
                 uuid = unit.uuid or (None if unit.is_mig else by_index.get(unit.gpu_index))
                 if uuid is None:
                     continue  # never read its UUID: nothing to advertise
+                if self.slicer is not None:
+                    self.slicer.note_units(uuid, unit_count(unit.memory_total_mib, self.slicer.unit_mib))
                 self._known[uuid] = unit.gpu_index
                 if unit.is_mig and unit.gpu_index in gpu_uuid:
                     self._parents[uuid] = gpu_uuid[unit.gpu_index]
@@ -200,6 +238,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 self._changed.wait(self.poll_s)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        if self.slicer is not None:
+            return self._preferred_slices(request)
         states = {s.id: s for s in self.devices()}
         responses = []
         for req in request.container_requests:
@@ -219,14 +259,48 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
+    def _preferred_slices(self, request: Any) -> Any:
+        """``GetPreferredAllocation`` of the shared resource: each container's units from one
+        GPU (``shared.Slicer.preferred``)."""
+        assert self.slicer is not None
+        gpus = self.gpu_states()
+        responses = []
+        for req in request.container_requests:
+            ids = self.slicer.preferred(
+                gpus,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+                req.allocation_size,
+            )
+            logger.info(
+                "device plugin: preferred {} units on {} of {} available (must include {})",
+                len(ids), ",".join(dict.fromkeys(unit_gpu(d) or d for d in ids)) or "no GPU",
+                len(req.available_deviceIDs), list(req.must_include_deviceIDs)[:8],
+            )
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
     def Allocate(self, request: Any, context: Any) -> Any:
-        states = {s.id: s for s in self.devices()}
+        gpus = self.gpu_states() if self.slicer is not None else []
+        devices = expand(gpus, self.slicer.counts) if self.slicer is not None else self.devices()
+        states = {s.id: s for s in devices}
         responses = []
         for req in request.container_requests:
             ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
             self._refuse(ids, states, context, "allocate")
-            logger.info("device plugin: allocate {}", ids)
-            responses.append(container_response(ids, {}, self.strategies))
+            visible, envs = ids, {}
+            if self.slicer is not None:
+                try:
+                    gpu, envs = self.slicer.allocate(ids, gpus)
+                except SliceRefused as exc:
+                    self.refusals += 1
+                    logger.warning("device plugin: refused a slice: {}", exc.message)
+                    context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+                visible = [gpu]
+                logger.info("device plugin: allocate {} units on {} ({})", len(ids), gpu, envs)
+            else:
+                logger.info("device plugin: allocate {}", ids)
+            responses.append(container_response(visible, envs, self.strategies))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
@@ -247,7 +321,10 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices: {shown}{more}")
         bad = [states[d] for d in ids if not states[d].healthy]
         if bad:
-            detail = "; ".join(f"GPU {s.index} {s.id}: {','.join(s.reasons)}" for s in bad)
+            # a slice's units name their GPU once: "GPU 2 GPU-...: remap-pending"
+            detail = "; ".join(dict.fromkeys(
+                f"GPU {s.index} {unit_gpu(s.id) or s.id}: {','.join(s.reasons)}" for s in bad
+            ))
             self.refusals += 1
             logger.warning("device plugin: refused to {} unhealthy GPUs: {}", what, detail)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"unhealthy: {detail}")

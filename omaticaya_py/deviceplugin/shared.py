@@ -1,0 +1,145 @@
+"""The shared resource's state beside the kubelet: unit counts per GPU and the slices handed out.
+
+``Slicer`` is what the servicer of ``omaticaya.io/gpu-memory`` asks (``service.DeviceService``
+with ``unit_mib`` set): which units to prefer and whether a slice may be allocated, from the
+GPU states of the latest reading and the slices it handed out (``slices.still_pending``). Its
+one piece of state is that book of slices, kept in memory: after a restart of the plugin, slices
+handed out before it count only once the reading shows them (their units stay counted by the
+kubelet, from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from ..core.sharing import parse_unit_id, slice_mib
+from .allocation import DeviceState
+from .slices import POLICIES, Slice, gpus_of, preferred_units, rooms, slice_envs, still_pending
+
+__all__ = ["DEFAULT_SETTLE_S", "SliceRefused", "Slicer"]
+
+#: how long a slice counts against its GPU's live free memory when the reading never shows it
+DEFAULT_SETTLE_S = 60.0
+#: at most this many slices are kept per GPU (the oldest go first)
+MAX_SLICES_PER_GPU = 4096
+
+
+class SliceRefused(Exception):
+    """``Allocate`` must refuse a slice: ``code`` is the gRPC status name (``INVALID_ARGUMENT``
+    for units across GPUs, ``FAILED_PRECONDITION`` for a GPU without the live room)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Slicer:
+    """Slices of shared GPUs: ``unit_mib`` MiB per unit, ``policy`` ``binpack`` or ``spread``,
+    ``settle_s`` seconds at most a slice counts unseen, on ``clock`` (monotonic seconds).
+
+    ``counts`` maps a GPU UUID to its unit count (from its total memory; the servicer keeps it).
+    ``slices`` maps a GPU UUID to the slices still counting there (oldest first). Thread-safe.
+    """
+
+    def __init__(
+        self,
+        unit_mib: int,
+        *,
+        policy: str = "binpack",
+        settle_s: float = DEFAULT_SETTLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"expected a policy among {', '.join(POLICIES)}; got {policy!r}")
+        self.unit_mib = unit_mib
+        self.policy = policy
+        self.settle_s = settle_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+        self.slices: dict[str, tuple[Slice, ...]] = {}
+
+    def pending_mib(self, gpus: Iterable[DeviceState], skip: frozenset[str] = frozenset()) -> dict[str, int]:
+        """MiB handed out per GPU UUID that its reading does not show yet; slices the reading
+        shows, or older than ``settle_s``, are forgotten. ``skip``: the units of a slice being
+        allocated again (an app container reusing its init container's units) count no more."""
+        now_s = self._clock()
+        out: dict[str, int] = {}
+        with self._lock:
+            for g in gpus:
+                held = self.slices.get(g.id)
+                if not held:
+                    continue
+                kept = still_pending(held, g.free_mib, now_s, self.settle_s)
+                if kept:
+                    self.slices[g.id] = kept
+                else:
+                    del self.slices[g.id]
+                out[g.id] = sum(s.mib for s in kept if s.units != skip)
+        return out
+
+    def preferred(
+        self,
+        gpus: Sequence[DeviceState],
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+    ) -> list[str]:
+        """The unit IDs to prefer for a slice of ``size`` units (``slices.preferred_units``)
+        out of ``available``, given the GPU states ``gpus`` (``id`` the GPU UUID)."""
+        candidates = rooms(gpus, self.pending_mib(gpus), available)
+        return preferred_units(candidates, must_include, size, self.unit_mib, self.policy)
+
+    def allocate(self, ids: Sequence[str], gpus: Sequence[DeviceState]) -> tuple[str, dict[str, str]]:
+        """Hand out the slice of unit IDs ``ids`` (known, healthy: the servicer checked): its
+        GPU's UUID and the container's extra environment (``slices.slice_envs``); the slice then
+        counts on that GPU. Raises ``SliceRefused`` when the units are on more than one GPU, or
+        when the GPU's live free memory less the slices pending there cannot hold it."""
+        on = gpus_of(ids)
+        by_id = {g.id: g for g in gpus}
+        if len(on) != 1:
+            named = ", ".join(
+                f"GPU {by_id[u].index} {u}" if u in by_id else u[:64] for u in on[:5]
+            )
+            raise SliceRefused(
+                "INVALID_ARGUMENT",
+                f"the {len(ids)} units span {len(on)} GPUs ({named}): a slice of "
+                f"{self.unit_mib} MiB units comes from one GPU",
+            )
+        gpu = by_id[on[0]]
+        units = frozenset(ids)
+        mib = slice_mib(len(units), self.unit_mib)
+        pending = self.pending_mib([gpu], skip=units).get(gpu.id, 0)
+        if gpu.free_mib is not None and gpu.free_mib - pending < mib:
+            raise SliceRefused(
+                "FAILED_PRECONDITION",
+                f"GPU {gpu.index} {gpu.id} has {gpu.free_mib} MiB free by its live reading, "
+                f"{pending} MiB of it handed out to slices not in use yet: a slice of {mib} MiB "
+                "does not fit",
+            )
+        with self._lock:
+            held = [s for s in self.slices.get(gpu.id, ()) if s.units != units]
+            held.append(Slice(units, gpu.id, mib, self._clock(), gpu.free_mib))
+            self.slices[gpu.id] = tuple(held[-MAX_SLICES_PER_GPU:])
+        return gpu.id, slice_envs(len(units), self.unit_mib)
+
+    def note_units(self, gpu_uuid: str, count: int) -> None:
+        """Record a GPU's unit count (from its total memory); a count of 0 (total unknown)
+        keeps the one known."""
+        if count > 0:
+            self.counts[gpu_uuid] = count
+
+    def learn(self, unit_ids: Iterable[str]) -> dict[str, int]:
+        """Record the unit counts that unit IDs known in advance (a trace's) imply; returns
+        GPU UUID -> count."""
+        found: dict[str, int] = {}
+        for d in unit_ids:
+            parsed = parse_unit_id(d)
+            if parsed is not None:
+                found[parsed[0]] = max(found.get(parsed[0], 0), parsed[1] + 1)
+        for gpu, n in found.items():
+            self.note_units(gpu, n)
+        return found

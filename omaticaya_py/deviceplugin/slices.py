@@ -1,0 +1,200 @@
+"""Pure rules of GPU sharing in the device plugin: unit devices, the one GPU a slice goes to,
+and the slices handed out that the GPU's reading does not show yet.
+
+A shared GPU is served as ``omaticaya.io/gpu-memory`` units (``core.sharing``: one device per
+``unit_mib`` of its total memory, IDs ``<GPU UUID>::<k>``). A slice is the units one container
+gets; all of them come from one GPU, chosen where both books have room:
+
+- the kubelet's: the GPU's units in the kubelet's ``available`` list (units not handed out);
+- the GPU's own: its live free memory (``nvmlDeviceGetMemoryInfo``, memory held by processes
+  Kubernetes does not know about counts) minus the slices ``Allocate`` handed out on it that
+  the reading does not show yet (``still_pending``).
+
+``choose`` takes, among the healthy GPUs where the slice fits in both, the one with the least
+room (``binpack``, the default: big holes stay whole for big slices) or the most (``spread``);
+room is the least of the two books, lowest GPU index on a tie.
+
+A slice handed out stops counting against its GPU's live free memory (``still_pending``) when
+
+- the GPU's free memory has dropped, since the slice was handed out (``baseline_free_mib``),
+  by at least this slice plus every slice handed out before it that still counts (the memory
+  is in use now: the live reading shows it), or
+- it is ``settle_s`` old (``OMATICAYA_SHARE_SETTLE_S``: a container that never uses its
+  slice, or one deleted before it did; the kubelet's units still count it until the pod goes).
+
+The rule is conservative in what it takes as shown: memory freed by another process at the same
+time hides a drop, and the slice then waits out ``settle_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ..core.sharing import parse_unit_id, slice_mib, unit_id
+from .allocation import DeviceState
+
+__all__ = [
+    "LIMIT_ENV",
+    "MPS_LIMIT_ENV",
+    "POLICIES",
+    "Room",
+    "Slice",
+    "choose",
+    "expand",
+    "gpus_of",
+    "preferred_units",
+    "rooms",
+    "slice_envs",
+    "still_pending",
+]
+
+#: the slice's size for frameworks that size themselves (vLLM, PyTorch), MiB
+LIMIT_ENV = "OMATICAYA_GPU_MEMORY_LIMIT_MIB"
+#: CUDA MPS's per-client device memory limit: enforced only under an MPS control daemon
+MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+#: placement policies: the fitting GPU with the least room, or with the most
+POLICIES = ("binpack", "spread")
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A slice handed out by ``Allocate``: its unit IDs, its GPU's UUID, its size (MiB), when
+    (``at_s``, the plugin's monotonic clock) and the GPU's live free memory then (MiB, ``None``
+    when unknown)."""
+
+    units: frozenset[str]
+    gpu: str
+    mib: int
+    at_s: float
+    baseline_free_mib: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """A GPU as a slice's candidate: UUID, index, health, ``free_mib`` (live free memory minus
+    the slices pending on it, MiB; ``None`` when unknown) and ``available`` (its unit IDs in the
+    kubelet's available list, in unit order)."""
+
+    gpu: str
+    index: int
+    healthy: bool
+    free_mib: int | None
+    available: tuple[str, ...]
+
+    def room_mib(self, unit_mib: int) -> int:
+        """What a slice could still get here: the least of the two books (MiB; -1 unknown)."""
+        units_mib = len(self.available) * unit_mib
+        return -1 if self.free_mib is None else min(self.free_mib, units_mib)
+
+
+def expand(gpus: Iterable[DeviceState], counts: Mapping[str, int]) -> list[DeviceState]:
+    """Each GPU state (``id`` its UUID) as its ``counts[uuid]`` unit devices, which share its
+    health, reasons and free memory; in GPU order, then unit order."""
+    return [
+        DeviceState(unit_id(g.id, k), g.index, g.healthy, g.reasons, g.free_mib)
+        for g in gpus
+        for k in range(counts.get(g.id, 0))
+    ]
+
+
+def gpus_of(device_ids: Iterable[str]) -> list[str]:
+    """The GPU UUIDs ``device_ids`` (unit IDs) are on, in first-seen order; an ID that is not a
+    unit ID counts as a GPU of its own name."""
+    found: dict[str, None] = {}
+    for d in device_ids:
+        parsed = parse_unit_id(d)
+        found.setdefault(parsed[0] if parsed else d, None)
+    return list(found)
+
+
+def still_pending(
+    slices: Sequence[Slice], free_now_mib: int | None, now_s: float, settle_s: float
+) -> tuple[Slice, ...]:
+    """The slices of one GPU (oldest first) that still count against its live free memory
+    ``free_now_mib`` (see the module docstring). Callers keep the result as the GPU's slices, so
+    that every slice still counting was counting when each later one was handed out: a slice
+    shows only once the drop from its baseline covers it and every earlier one (memory that
+    cannot be told apart waits)."""
+    live = [s for s in slices if now_s - s.at_s < settle_s]
+    if free_now_mib is None:
+        return tuple(live)
+    out: list[Slice] = []
+    ahead = 0  # every earlier slice still counting was counting when this one was handed out
+    for s in live:
+        ahead += s.mib
+        shown = s.baseline_free_mib is not None and s.baseline_free_mib - free_now_mib >= ahead
+        if not shown:
+            out.append(s)
+    return tuple(out)
+
+
+def rooms(
+    gpus: Iterable[DeviceState],
+    pending_mib: Mapping[str, int],
+    available: Iterable[str],
+) -> list[Room]:
+    """Each GPU (state ``id`` its UUID) with the units of it in ``available`` (unit IDs from
+    the kubelet, untrusted: unknown and repeated IDs are dropped) and its live free memory less
+    ``pending_mib[uuid]``."""
+    by_gpu: dict[str, dict[int, str]] = {}
+    for d in available:
+        parsed = parse_unit_id(d)
+        if parsed is not None:
+            by_gpu.setdefault(parsed[0], {})[parsed[1]] = d
+    out = []
+    for g in gpus:
+        units = by_gpu.get(g.id, {})
+        free = None if g.free_mib is None else g.free_mib - pending_mib.get(g.id, 0)
+        out.append(Room(g.id, g.index, g.healthy, free, tuple(units[k] for k in sorted(units))))
+    return out
+
+
+def choose(candidates: Sequence[Room], size: int, unit_mib: int, policy: str = "binpack") -> Room | None:
+    """The GPU a slice of ``size`` units goes to: healthy, ``size`` units available and
+    ``size * unit_mib`` MiB of live room; ``binpack`` the least room, ``spread`` the most, lowest
+    index on a tie. ``None`` when no GPU has both."""
+    need_mib = slice_mib(size, unit_mib)
+    fit = [
+        r for r in candidates
+        if r.healthy and len(r.available) >= size and r.free_mib is not None and r.free_mib >= need_mib
+    ]  # fmt: skip
+    if not fit:
+        return None
+    sign = 1 if policy != "spread" else -1
+    return min(fit, key=lambda r: (sign * r.room_mib(unit_mib), r.index))
+
+
+def preferred_units(
+    candidates: Sequence[Room],
+    must_include: Sequence[str],
+    size: int,
+    unit_mib: int,
+    policy: str = "binpack",
+) -> list[str]:
+    """The ``size`` unit IDs to prefer: every must-include unit, then more from the must-include
+    GPU (that GPU is the one); else all from ``choose``'s GPU. When no GPU has room in both
+    books, the healthy GPU with the units and the most live room (``Allocate`` then refuses it
+    with the reason); ``[]`` when no single GPU has the units (the kubelet then picks, and
+    ``Allocate`` refuses a slice across GPUs)."""
+    chosen = list(dict.fromkeys(must_include))
+    if chosen:
+        gpu = gpus_of(chosen[:1])[0]
+        for r in candidates:
+            if r.gpu == gpu:
+                chosen += [u for u in r.available if u not in chosen][: max(size - len(chosen), 0)]
+        return chosen
+    best = choose(candidates, size, unit_mib, policy)
+    if best is None:
+        enough = [r for r in candidates if r.healthy and len(r.available) >= size]
+        if not enough:
+            return []
+        best = max(enough, key=lambda r: (r.free_mib if r.free_mib is not None else -1, -r.index))
+    return list(best.available[:size])
+
+
+def slice_envs(units: int, unit_mib: int) -> dict[str, str]:
+    """The environment of a container given a slice of ``units`` units: the MPS limit on its one
+    visible device (``0=<N>M``) and ``OMATICAYA_GPU_MEMORY_LIMIT_MIB=<N>`` (N in MiB)."""
+    n = slice_mib(units, unit_mib)
+    return {MPS_LIMIT_ENV: f"0={n}M", LIMIT_ENV: str(n)}

@@ -1,0 +1,407 @@
+# ruff: noqa: F811  (test arguments named after the imported fixtures)
+"""GPU sharing by memory in the device plugin (issue 25, items 1 and 2): the rules as tables, and
+the plugins over real gRPC channels (the fake kubelet of test_device_plugin.py), fed by a real
+``Agent`` replaying the 8-GPU trace with GPUs 0-3 shared.
+
+``tests/data/multi-gpu-trace.json``, every GPU an H100 80GB (81,559 MiB: 79 units of 1,024 MiB),
+free memory by the live reading: GPU 0 81,079 MiB (idle), GPU 1 50,359 (30 GiB held by a process
+Kubernetes does not know), GPU 2 70,839, GPU 3 9,399 (72 GiB out of band), GPU 4 81,079,
+GPU 5 34,999, GPU 6 75,959, GPU 7 3,255. ``write_sharing_trace`` derives from it a trace of
+three samples: steady (t=0), GPU 2 remap-pending (t=1), steady again (t=2).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from omaticaya_py.agent import Agent, SnapshotCache
+from omaticaya_py.core.sharing import SharedGpus, unit_ids
+from omaticaya_py.deviceplugin import DevicePluginSet
+from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
+from omaticaya_py.deviceplugin.shared import Slicer
+from omaticaya_py.deviceplugin.slices import (
+    LIMIT_ENV,
+    MPS_LIMIT_ENV,
+    Room,
+    Slice,
+    choose,
+    preferred_units,
+    slice_envs,
+    still_pending,
+)
+from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from omaticaya_py.sources.replay import TraceReader
+from tests.helpers import MULTI_TRACE, Clock, settings
+from tests.test_device_plugin import FakeKubelet, folder  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(8)]
+UNITS = 79  # 81,559 MiB // 1,024
+GPU_RESOURCE = "example.com/gpu"
+SHARED_RESOURCE = "example.com/gpu-memory"
+MIB = 1024
+
+
+def write_sharing_trace(path: Path) -> Path:
+    """The 8-GPU trace as three samples: steady (t=0), GPU 2's remapped rows pending (t=1: GPU 2
+    Unhealthy), steady again (t=2)."""
+    doc = json.loads(MULTI_TRACE.read_text())
+    steady = doc["samples"][0]
+    samples = []
+    for t in (0.0, 1.0, 2.0):
+        s = copy.deepcopy(steady)
+        s["t"] = t
+        if t == 1.0:
+            s["gpus"][2]["remapped_rows"]["pending"] = 1
+        samples.append(s)
+    doc["samples"] = samples
+    doc["interval_s"] = 1.0
+    doc["phases"] = [{"t": 0, "phase": "steady"}, {"t": 1, "phase": "GPU 2 remap pending"}]
+    doc["source"] = "synthetic, for tests: multi-gpu-trace.json sample 0, GPU 2 remap-pending at t=1"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def units_of(gpu: int, n: int | None = None, start: int = 0) -> list[str]:
+    ids = unit_ids(UUID[gpu], UNITS)
+    return ids[start:] if n is None else ids[start : start + n]
+
+
+# -- the rules, as tables ------------------------------------------------------------------
+
+
+def room(index: int, free_mib: int | None, units: int = UNITS, healthy: bool = True) -> Room:
+    return Room(UUID[index], index, healthy, free_mib, tuple(units_of(index, units)))
+
+
+ROOMS = [room(0, 81079), room(1, 50359), room(2, 70839), room(3, 9399)]
+
+
+@pytest.mark.parametrize(
+    ("rooms", "size", "policy", "expected"),
+    [
+        pytest.param(ROOMS, 30, "binpack", 1, id="binpack-least-live-room-that-fits"),
+        pytest.param(ROOMS, 30, "spread", 0, id="spread-most-room"),
+        pytest.param(ROOMS, 60, "binpack", 2, id="big-slice-skips-out-of-band-gpu-1"),
+        pytest.param(ROOMS, 9, "binpack", 3, id="small-slice-fits-gpu-3"),
+        pytest.param(ROOMS, 10, "binpack", 1, id="10-gib-does-not-fit-gpu-3-live"),
+        pytest.param([room(0, 81079, units=20), room(1, 50359)], 30, "binpack", 1,
+                     id="kubelet-units-rule-out-gpu-0"),
+        pytest.param([room(0, 81079, units=40), room(2, 70839)], 30, "binpack", 0,
+                     id="room-is-the-least-of-both-books"),
+        pytest.param([room(0, 81079, healthy=False), room(2, 70839)], 30, "spread", 2,
+                     id="unhealthy-never"),
+        pytest.param([room(0, None), room(2, 70839)], 30, "spread", 2, id="unknown-free-never"),
+        pytest.param([room(0, 81079), room(4, 81079)], 30, "binpack", 0, id="tie-lowest-index"),
+        pytest.param([room(3, 9399), room(1, 20000)], 30, "binpack", None, id="none-fits"),
+    ],
+)
+def test_choose(rooms, size, policy, expected) -> None:
+    got = choose(rooms, size, MIB, policy)
+    assert (got.index if got else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("rooms", "must", "size", "expected"),
+    [
+        pytest.param(ROOMS, [], 30, units_of(1, 30), id="one-gpu-lowest-units"),
+        pytest.param(ROOMS, [units_of(3)[5]], 3, [units_of(3)[5], *units_of(3, 2)],
+                     id="must-include-its-gpu-is-the-one"),
+        pytest.param([room(0, 81079, units=0), room(3, 9399)], [], 30, units_of(3, 30),
+                     id="no-live-room-anywhere-one-gpu-by-units-allocate-refuses"),
+        pytest.param([room(0, 81079, units=20), room(1, 81079, units=20)], [], 30, [],
+                     id="no-single-gpu-has-the-units"),
+    ],
+)
+def test_preferred_units(rooms, must, size, expected) -> None:
+    assert preferred_units(rooms, must, size, MIB) == expected
+
+
+def s(mib: int, at_s: float, baseline: int | None, gpu: int = 1) -> Slice:
+    return Slice(frozenset({f"{UUID[gpu]}::{at_s}"}), UUID[gpu], mib, at_s, baseline)
+
+
+@pytest.mark.parametrize(
+    ("slices", "free_now", "now_s", "expected"),
+    [
+        pytest.param([s(30720, 0, 50359)], 50359, 10, [0], id="not-in-use-yet"),
+        pytest.param([s(30720, 0, 50359)], 50359 - 30720, 10, [], id="in-use-shown"),
+        pytest.param([s(30720, 0, 50359)], 50359 - 20000, 10, [0], id="part-shown-counts-whole"),
+        pytest.param([s(30720, 0, 50359)], 50359, 60, [], id="settled-by-age"),
+        pytest.param([s(30720, 0, 50359)], None, 10, [0], id="free-unknown-keeps-it"),
+        pytest.param([s(10240, 0, 70839), s(10240, 1, 70839)], 70839 - 10240, 10, [1],
+                     id="first-of-two-shown"),
+        pytest.param([s(10240, 0, 70839), s(10240, 1, 70839)], 70839 - 20480, 10, [],
+                     id="both-shown"),
+        pytest.param([s(10240, 0, 70839), s(20480, 1, 70839)], 70839 - 20480, 10, [1],
+                     id="a-drop-the-size-of-the-second-alone-is-taken-as-the-first"),
+        pytest.param([s(10240, 0, None), s(10240, 1, 70839)], 70839 - 20480, 10, [0],
+                     id="later-slice-covers-the-one-without-baseline"),
+    ],
+)
+def test_still_pending(slices, free_now, now_s, expected) -> None:
+    kept = still_pending(slices, free_now, now_s, settle_s=60)
+    assert [k.at_s for k in kept] == expected
+
+
+def test_slice_envs() -> None:
+    assert slice_envs(30, 1024) == {MPS_LIMIT_ENV: "0=30720M", LIMIT_ENV: "30720"}
+    assert slice_envs(3, 512) == {
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1536M", "OMATICAYA_GPU_MEMORY_LIMIT_MIB": "1536"
+    }
+
+
+def test_slicer_forgets_a_slice_once_the_reading_shows_it_or_it_settles() -> None:
+    clock = Clock(100.0)
+    slicer = Slicer(MIB, settle_s=60, clock=clock)
+    gpu = DeviceState(UUID[0], 0, True, free_mib=81079)
+    assert slicer.allocate(units_of(0, 30), [gpu]) == (UUID[0], slice_envs(30, MIB))
+    assert slicer.pending_mib([gpu]) == {UUID[0]: 30720}
+    # the same units again (an app container reusing its init container's): replaced, not added
+    slicer.allocate(units_of(0, 30), [gpu])
+    assert slicer.pending_mib([gpu]) == {UUID[0]: 30720}
+    used = DeviceState(UUID[0], 0, True, free_mib=81079 - 30720)
+    assert slicer.pending_mib([used]) == {UUID[0]: 0}
+    assert UUID[0] not in slicer.slices
+    slicer.allocate(units_of(0, 10, 30), [used])
+    clock.t += 59.9
+    assert slicer.pending_mib([used]) == {UUID[0]: 10240}
+    clock.t += 0.2
+    assert slicer.pending_mib([used]) == {UUID[0]: 0}
+
+
+def test_trace_slices() -> None:
+    got = trace_slices(MULTI_TRACE, SharedGpus(indices=frozenset({0, 3})), MIB)
+    assert got == [(0, u) for u in units_of(0)] + [(3, u) for u in units_of(3)]
+    assert trace_slices(MULTI_TRACE, SharedGpus(), MIB) == []
+
+
+# -- the plugins over gRPC -----------------------------------------------------------------
+
+
+class Rig:
+    """``DevicePluginSet.from_settings`` over a real Agent replaying the sharing trace with GPUs
+    0-3 shared; trace time moves with ``at(t)``, the plugins' clock with ``clock.t``."""
+
+    def __init__(self, folder: Path, **overrides) -> None:
+        trace = write_sharing_trace(folder / "sharing-trace.json")
+        self.settings = settings(
+            trace=str(trace), device_plugin_resource=GPU_RESOURCE, shared_resource=SHARED_RESOURCE,
+            device_plugin_dir=str(folder), shared_gpus="0-3", schedule="@every 1s", **overrides,
+        )
+        self.reader = TraceReader(trace, at_s=0.0)
+        self.agent = Agent(self.settings, self.reader, None, dry_run=True)
+        self.clock = Clock(1000.0)
+        self.set = DevicePluginSet.from_settings(
+            self.agent, self.settings, resync_s=0.5, clock=self.clock, stale_after_s=10.0
+        )
+        self.kubelet = FakeKubelet(folder)
+        self.channels: list[grpc.Channel] = []
+
+    def at(self, t: float) -> None:
+        self.reader.at_s = t
+        self.agent.tick()
+        self.set.notify()
+
+    def stub(self, shared: bool = True) -> api_pb2_grpc.DevicePluginStub:
+        plugin = self.set.shared_plugin if shared else self.set.plugins[None]
+        assert plugin is not None
+        channel = grpc.insecure_channel(f"unix://{plugin.socket_path}")
+        self.channels.append(channel)
+        return api_pb2_grpc.DevicePluginStub(channel)
+
+    def preferred(self, available: list[str], size: int, must: list[str] = ()) -> list[str]:
+        resp = self.stub().GetPreferredAllocation(
+            api_pb2.PreferredAllocationRequest(container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, must_include_deviceIDs=list(must),
+                    allocation_size=size,
+                )
+            ]),
+            timeout=5,
+        )
+        return list(resp.container_responses[0].deviceIDs)
+
+    def allocate(self, ids: list[str], shared: bool = True) -> dict[str, str]:
+        resp = self.stub(shared).Allocate(
+            api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devicesIDs=ids)]),
+            timeout=5,
+        )
+        return dict(resp.container_responses[0].envs)
+
+
+@pytest.fixture
+def rig(folder: Path) -> Iterator[Rig]:
+    rig = Rig(folder)
+    rig.at(0.0)
+    rig.kubelet.start()
+    rig.set.start()
+    assert rig.set.wait_registered(10), "the plugins did not register"
+    yield rig
+    for channel in rig.channels:
+        channel.close()
+    rig.set.stop(0)
+    rig.kubelet.stop()
+
+
+def all_units(gpus=range(4)) -> list[str]:
+    return [u for g in gpus for u in units_of(g)]
+
+
+def test_trace_units_are_known_before_the_first_reading(folder: Path) -> None:
+    rig = Rig(folder)  # no tick yet
+    shared = rig.set.shared_plugin
+    assert shared is not None and shared.resource_name == SHARED_RESOURCE
+    states = shared.devices()
+    assert [d.id for d in states] == all_units()
+    assert {d.reasons for d in states} == {("no-reading",)}
+    assert [d.id for d in rig.set.plugins[None].devices()] == UUID[4:]
+
+
+def test_two_resources_registered_never_the_same_gpu(rig: Rig) -> None:
+    assert sorted(r.resource_name for r in rig.kubelet.requests) == [GPU_RESOURCE, SHARED_RESOURCE]
+    assert len({r.endpoint for r in rig.kubelet.requests}) == 2
+    whole = next(rig.stub(shared=False).ListAndWatch(api_pb2.Empty(), timeout=10))
+    units = next(rig.stub().ListAndWatch(api_pb2.Empty(), timeout=10))
+    assert [d.ID for d in whole.devices] == UUID[4:]
+    assert [d.ID for d in units.devices] == all_units()  # 4 x 79 = 316
+    assert {d.health for d in units.devices} == {"Healthy"}
+    # a shared GPU cannot be had whole, a whole GPU's units do not exist
+    with pytest.raises(grpc.RpcError) as err:
+        rig.allocate([UUID[0]], shared=False)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:
+        rig.allocate(units_of(4, 2))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown devices" in err.value.details()
+
+
+def test_binpack_two_slices_then_out_of_band_memory_steers_them(rig: Rig) -> None:
+    available = all_units()
+    given: list[tuple[int, dict[str, str]]] = []
+    for _ in range(4):  # four 30 GiB slices, each Allocate'd as the kubelet would
+        ids = rig.preferred(available, 30)
+        assert len(ids) == 30
+        gpu = UUID.index(ids[0].split("::")[0])
+        given.append((gpu, rig.allocate(ids)))
+        available = [u for u in available if u not in ids]
+    # GPU 1 (least live room that fits), then GPU 2 twice: GPU 1 keeps 49 units by the
+    # kubelet's books but 19,639 MiB live; then GPU 0. GPU 3 (79 units, 9,399 MiB) never.
+    assert [g for g, _ in given] == [1, 2, 2, 0]
+    for gpu, envs in given:
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == UUID[gpu]
+        assert envs[MPS_LIMIT_ENV] == "0=30720M"
+        assert envs[LIMIT_ENV] == "30720"
+    # a fifth: GPU 0 has 49 units and 50,359 MiB left; GPU 2 19 units: GPU 0
+    assert rig.preferred(available, 30)[0].startswith(UUID[0])
+    # a 10 GiB slice: GPU 3 has 9,399 MiB live, GPU 2 9,399 MiB after its two slices: GPU 1
+    assert rig.preferred(available, 10)[0].startswith(UUID[1])
+
+
+def test_spread(folder: Path) -> None:
+    rig = Rig(folder, share_policy="spread")
+    rig.at(0.0)
+    gpus = rig.set.shared_plugin.gpu_states()
+    first = rig.set.shared_plugin.slicer.preferred(gpus, all_units(), [], 30)
+    assert first == units_of(0, 30)
+
+
+def test_must_include_is_honoured(rig: Rig) -> None:
+    must = [units_of(2)[40]]
+    got = rig.preferred(all_units(), 4, must)
+    assert got == [units_of(2)[40], *units_of(2, 3)]
+
+
+def test_units_across_two_gpus_are_refused(rig: Rig) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        rig.allocate(units_of(0, 2) + units_of(2, 2))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    text = err.value.details()
+    assert f"GPU 0 {UUID[0]}" in text and f"GPU 2 {UUID[2]}" in text and "span 2 GPUs" in text
+    assert rig.set.shared_plugin.slicer.slices == {}  # nothing counted
+
+
+def test_a_slice_the_live_memory_cannot_hold_is_refused(rig: Rig) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        rig.allocate(units_of(3, 30))  # 79 units free by the kubelet, 9,399 MiB by the GPU
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"GPU 3 {UUID[3]} has 9399 MiB free" in err.value.details()
+    assert rig.allocate(units_of(3, 9))[LIMIT_ENV] == "9216"
+
+
+def test_units_follow_their_gpus_health(rig: Rig) -> None:
+    stream = rig.stub().ListAndWatch(api_pb2.Empty(), timeout=30)
+    assert {d.health for d in next(stream).devices} == {"Healthy"}
+    rig.at(1.0)  # GPU 2 remap-pending
+    sick = {d.ID for d in next(stream).devices if d.health != "Healthy"}
+    assert sick == set(units_of(2))
+    reasons = {s.reasons for s in rig.set.shared_plugin.devices() if s.id in sick}
+    assert len(reasons) == 1 and reasons != {()}
+    assert rig.preferred(all_units(), 30)[0].startswith(UUID[1])
+    assert rig.preferred(all_units(), 60)[0].startswith(UUID[0])  # not GPU 2 (70,839 MiB)
+    with pytest.raises(grpc.RpcError) as err:
+        rig.allocate(units_of(2, 30))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.details().count(UUID[2]) == 1  # the GPU named once, not per unit
+    rig.at(2.0)  # recovered
+    assert {d.health for d in next(stream).devices} == {"Healthy"}
+    stream.cancel()
+
+
+def test_a_stale_reading_turns_every_unit_unhealthy(rig: Rig) -> None:
+    assert all(s.healthy for s in rig.set.shared_plugin.devices())  # seen now
+    rig.clock.t += 10.5
+    states = rig.set.shared_plugin.devices()
+    assert len(states) == 4 * UNITS and {s.reasons for s in states} == {(STALE_READING,)}
+    rig.at(0.0)  # a fresh reading
+    assert all(s.healthy for s in rig.set.shared_plugin.devices())
+
+
+def test_units_appear_with_the_first_reading_without_a_trace(folder: Path) -> None:
+    """On NVML no device is known before the first reading: the tick brings the units."""
+    s = settings(device_plugin_dir=str(folder), shared_gpus="0-3")
+    agent = Agent(s, TraceReader(MULTI_TRACE, at_s=0.0), None, dry_run=True)
+    plugins = DevicePluginSet.from_settings(agent, s)
+    assert plugins.shared_plugin is not None and plugins.shared_plugin.devices() == []
+    agent.tick()
+    assert [d.id for d in plugins.shared_plugin.devices()] == all_units()
+    assert [d.id for d in plugins.plugins[None].devices()] == UUID[4:]
+
+
+def test_mig_gpus_are_never_shared(folder: Path) -> None:
+    mixed = Path(__file__).parent / "data" / "mig-mixed-trace.json"  # GPU 0 MIG, GPU 1 whole
+    s = settings(trace=str(mixed), device_plugin_dir=str(folder), shared_gpus="all")
+    doc = json.loads(mixed.read_text())
+    whole_uuid = doc["devices"][1]["uuid"]
+    agent = Agent(s, TraceReader(mixed, at_s=0.0), None, dry_run=True)
+    plugins = DevicePluginSet.from_settings(agent, s)
+    agent.tick()
+    units = plugins.shared_plugin.devices()
+    assert units and {u.id.split("::")[0] for u in units} == {whole_uuid}
+    assert plugins.plugins[None].devices() == []
+    assert "1g.10gb" in plugins.plugins
+
+
+def test_no_shared_gpu_no_shared_plugin(folder: Path) -> None:
+    s = settings(trace=str(MULTI_TRACE), device_plugin_dir=str(folder))
+    plugins = DevicePluginSet.from_settings(SnapshotCache(), s)
+    assert plugins.shared_plugin is None
+    assert [d.id for d in plugins.plugins[None].devices()] == UUID
+
+
+def test_bench_sharing_quick() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sharing.py"), "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "GetPreferredAllocation" in proc.stdout and "ListAndWatch" in proc.stdout
+    assert "requested-only" in proc.stdout
