@@ -439,3 +439,40 @@ def test_pod_identity_from_untrusted_documents(doc, uid, containers):
 
 def test_unit_ids_helper_matches_the_device_plugin_form():
     assert unit_ids(U0, 2) == [f"{U0}::0", f"{U0}::1"]
+
+
+OVER = ("ml", "infer-a", "server")
+MARK_CASES = [
+    # (id, published over, now over, change)
+    ("goes-over", frozenset(), frozenset({OVER}), "worse"),
+    ("stays-over", frozenset({OVER}), frozenset({OVER}), None),
+    ("back-under", frozenset({OVER}), frozenset(), "better"),
+]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "change"), [c[1:] for c in MARK_CASES], ids=[c[0] for c in MARK_CASES]
+)
+def test_a_slice_going_over_rewrites_the_telemetry_at_once(before, after, change):
+    from omaticaya_py.core.budget import UnitMark, telemetry_change
+
+    holders = frozenset({OVER})
+    published = {(0, -1): UnitMark(50000, holders, before)}
+    now = {(0, -1): UnitMark(50000, holders, after)}
+    assert telemetry_change(published, now, 256) == change
+
+
+def test_marks_of_shared_gpus_read_back_equal():
+    from omaticaya_py.core.render_telemetry import published_marks, telemetry_marks
+
+    procs = {U0: [GpuProcess(10, 25000)]}
+    att = attributed(procs, {10: PodRef(UID_A, CID_A)}, [holder("ml", "infer-a", "server", U0, 20)],
+                     NAMES, CONTAINERS)  # fmt: skip
+    snap = snapshot(gpu(0, memory_free_mib=50000), gpu(1))
+    sharing = Sharing(settings(shared_gpus="0").shared_gpus, 1024)
+    doc, _ = Telemetry.parse(
+        telemetry_document(snap, assess(snap), attribution=att, sharing=sharing).to_json()
+    )
+    marks = telemetry_marks(snap, att, sharing)
+    assert published_marks(doc) == marks
+    assert marks[(0, -1)].over == frozenset({OVER})

@@ -101,7 +101,7 @@ class NodeWriter:
         """``(desired with its telemetry, the patch computed or None, whether it was sent)``;
         ``attribution`` (who uses each GPU) goes into the telemetry."""
         drop_mib = self.settings.telemetry_free_drop_mib
-        marks = telemetry_marks(snapshot, attribution)
+        marks = telemetry_marks(snapshot, attribution, Sharing.of(self.settings))
         if self._last_desired is not None and urgent(self._last_desired, desired.labels):
             self.calm_since_s = now_s
         elif self._last_marks is not None and (

@@ -166,11 +166,13 @@ def safe_part(before_labels: Mapping[str, str], after_labels: Mapping[str, str])
 @dataclass(frozen=True, slots=True)
 class UnitMark:
     """What the telemetry says of one GPU or MIG device that no label shows: its exact free
-    memory (MiB; ``None``: not read) and the containers holding it, as ``(namespace, pod,
-    container)`` (the kubelet's PodResources; empty when nothing is attributed)."""
+    memory (MiB; ``None``: not read), the containers holding it, as ``(namespace, pod,
+    container)`` (the kubelet's PodResources; empty when nothing is attributed), and, on a
+    shared GPU, those of them holding more than their slice (``over``)."""
 
     free_mib: int | None
     holders: frozenset[tuple[str, str, str]] = frozenset()
+    over: frozenset[tuple[str, str, str]] = frozenset()
 
 
 #: ``telemetry_change`` answers: the telemetry must be rewritten at once / may wait
@@ -185,10 +187,11 @@ def telemetry_change(
     label shows.
 
     ``WORSE`` when any unit's free memory fell by more than ``drop_mib`` (or can no longer be
-    read, or the unit is gone), or a container holds it that ``published`` does not name: the
-    extender would decide on more room than there is, or preemption on the wrong pods.
-    ``BETTER`` when none did but a unit's free memory rose by more than ``drop_mib`` (or a new
-    unit has some), or a holder left. ``None`` otherwise. ``drop_mib`` 0 turns the free-memory
+    read, or the unit is gone), or a container holds it that ``published`` does not name, or a
+    container went over its slice of a shared GPU: the extender would decide on more room than
+    there is, or preemption on the wrong pods. ``BETTER`` when none did but a unit's free
+    memory rose by more than ``drop_mib`` (or a new unit has some), or a holder left or is no
+    longer over its slice. ``None`` otherwise. ``drop_mib`` 0 turns the free-memory
     part off (holders still count)."""
     better = False
     for key in published.keys() | now.keys():
@@ -197,11 +200,13 @@ def telemetry_change(
         a_free = after.free_mib if after is not None else None
         b_holders = before.holders if before is not None else frozenset()
         a_holders = after.holders if after is not None else frozenset()
-        if a_holders - b_holders:
+        b_over = before.over if before is not None else frozenset()
+        a_over = after.over if after is not None else frozenset()
+        if a_holders - b_holders or a_over - b_over:
             return WORSE
         if drop_mib > 0 and b_free is not None and (a_free is None or b_free - a_free > drop_mib):
             return WORSE
-        if b_holders - a_holders:
+        if b_holders - a_holders or b_over - a_over:
             better = True
         elif drop_mib > 0 and a_free is not None and (b_free is None or a_free - b_free > drop_mib):
             better = True

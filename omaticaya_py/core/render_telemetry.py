@@ -244,12 +244,15 @@ def _holder(h: ContainerDevices | PodTelemetry) -> tuple[str, str, str]:
 
 
 def telemetry_marks(
-    snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution] | None = None
+    snapshot: NodeSnapshot,
+    attribution: Mapping[str, GpuAttribution] | None = None,
+    sharing: Sharing | None = None,
 ) -> dict[UnitKey, UnitMark]:
-    """What the telemetry of ``snapshot`` (with ``attribution``) would say of each GPU and MIG
-    device that no label shows (``core.budget.telemetry_change``): exact free memory and
-    holders, keyed ``(gpu index, mig index or -1)``. Equal to ``published_marks`` of that
-    telemetry, parsed, without building or encoding it (a quiet tick encodes no JSON)."""
+    """What the telemetry of ``snapshot`` (with ``attribution`` and ``sharing``) would say of
+    each GPU and MIG device that no label shows (``core.budget.telemetry_change``): exact free
+    memory, holders and the holders over their slice, keyed ``(gpu index, mig index or -1)``.
+    Equal to ``published_marks`` of that telemetry, parsed, without building or encoding it (a
+    quiet tick encodes no JSON)."""
     out: dict[UnitKey, UnitMark] = {}
     for g in snapshot.gpus:
         if g.mig_enabled:
@@ -257,7 +260,12 @@ def telemetry_marks(
             for m in g.mig_devices:
                 out[(g.index, m.index)] = UnitMark(m.memory_free_mib, _holders(attribution, m.uuid))
         else:
-            out[(g.index, -1)] = UnitMark(g.memory_free_mib, _holders(attribution, g.uuid))
+            over = frozenset(
+                s.key
+                for s in gpu_slices((attribution or {}).get(g.uuid or ""), g.uuid, sharing.unit_mib)
+                if s.over
+            ) if is_shared(g, sharing) and sharing is not None else frozenset()
+            out[(g.index, -1)] = UnitMark(g.memory_free_mib, _holders(attribution, g.uuid), over)
     return out
 
 
@@ -268,7 +276,11 @@ def published_marks(doc: Telemetry) -> dict[UnitKey, UnitMark]:
     for g in doc.gpus:
         out.setdefault(
             (g.index, -1),
-            UnitMark(g.memory_free_mib, frozenset(_holder(h) for h in g.pods or ())),
+            UnitMark(
+                g.memory_free_mib,
+                frozenset(_holder(h) for h in g.pods or ()),
+                frozenset(_holder(h) for h in g.pods or () if h.over_limit),
+            ),
         )
         for m in g.mig_devices or ():
             out.setdefault(
