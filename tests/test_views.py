@@ -211,6 +211,31 @@ def test_gpu_rows_name_the_pods_holding_them():
     assert fleet.to_json([row])["nodes"][0]["gpus"][0]["pods"] == ["ml/train-0"]
 
 
+def test_gpu_rows_show_used_and_limit_of_slices_on_shared_gpus():
+    """Issue 25: on a shared GPU, ``top --gpus`` shows each slice's used/limit (``OVER`` when
+    a pod holds more than it asked for); a whole GPU's holders show as before."""
+    shared = gpu(0, shared=True, share_units=79, pods=[
+        {"namespace": "ml", "pod": "a", "container": "s", "limit_mib": 8192,
+         "memory_used_mib": 10240, "over_limit": True},
+        {"namespace": "ml", "pod": "b", "container": "s", "limit_mib": 20480},  # use unknown
+        {"namespace": "ml", "pod": "c", "container": "s", "limit_mib": "x"},  # untrusted
+    ])
+    whole = gpu(1, pods=[{"namespace": "ml", "pod": "t", "container": "c",
+                          "memory_used_mib": 30720}])
+    row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([shared, whole])}, now=NOW)
+    g0, g1 = row.gpu_rows
+    assert g0.shared and not g1.shared and g1.slices == ()
+    assert g0.slices == (
+        fleet.SliceRow("ml/a", "s", 8192, 10240, True), fleet.SliceRow("ml/b", "s", 20480),
+    )
+    text = _text([row], TopOptions(gpus=True), width=200)
+    assert "ml/a 10.0/8.0GiB OVER,ml/b -/20.0GiB" in text and "shared" in text
+    assert "ml/t" in text
+    doc = fleet.to_json([row])["nodes"][0]["gpus"][0]
+    assert doc["shared"] is True and doc["slices"][0] == {
+        "pod": "ml/a", "container": "s", "limit_mib": 8192, "used_mib": 10240, "over": True}
+
+
 @pytest.mark.parametrize(("uuid", "short"), [
     ("GPU-178dd196-7fda-b7ae", "178dd196"), ("MIG-abc-def", "abc"), ("plain", "plain"),
     (None, None), ("", None), ("GPU-", None),

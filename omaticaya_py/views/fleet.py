@@ -15,13 +15,23 @@ from typing import Any, Protocol
 
 from ..core import schema
 from ..core.liveness import AHEAD, DEFAULT_MAX_CLOCK_SKEW_S, STALE, LeaseState, Seen, node_liveness
-from .rows import SORTS, GpuRow, NodeRow, filter_rows, short_uuid, sort_rows, to_json
+from .rows import (
+    SORTS,
+    GpuRow,
+    NodeRow,
+    SliceRow,
+    filter_rows,
+    short_uuid,
+    sort_rows,
+    to_json,
+)
 
 __all__ = [
     "GRACE_S",
     "SORTS",
     "TTL_S",
     "GpuRow",
+    "SliceRow",
     "LeaseView",
     "NodeRow",
     "filter_rows",
@@ -126,6 +136,8 @@ def node_row(
                 mig=r.mig_enabled,
                 pods=holders(r),
                 out_of_band_mib=r.memory_out_of_band_mib,
+                shared=r.shared is True,
+                slices=slices(r),
             )
             for r in readings
         )
@@ -222,6 +234,19 @@ def fleet_rows(
         if row.known or row.problem or include_unknown:
             rows.append(row)
     return sorted(rows, key=lambda r: r.name)
+
+
+def slices(g: schema.GpuTelemetry) -> tuple[SliceRow, ...]:
+    """The slices held on shared GPU ``g`` (holders with a ``limit_mib``), in the telemetry's
+    order; ``()`` for a GPU not shared."""
+    if g.shared is not True:
+        return ()
+    return tuple(
+        SliceRow(f"{p.namespace}/{p.pod}", p.container, p.limit_mib, p.memory_used_mib,
+                 p.over_limit is True)  # fmt: skip
+        for p in g.pods or ()
+        if p.namespace and p.pod and p.limit_mib is not None
+    )
 
 
 def holders(g: schema.GpuTelemetry) -> tuple[str, ...]:

@@ -7,10 +7,25 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["SORTS", "GpuRow", "NodeRow", "filter_rows", "short_uuid", "sort_rows", "to_json"]
+__all__ = [
+    "SORTS", "GpuRow", "NodeRow", "SliceRow", "filter_rows", "short_uuid", "sort_rows", "to_json",
+]
 
 #: ``--sort`` keys
 SORTS = ("name", "free", "util", "age")
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRow:
+    """A container's slice of a shared GPU, from the telemetry: ``pod`` (``namespace/pod``),
+    its limit and the memory its own processes hold (MiB; ``None``: not known), ``over``
+    while it holds more than its slice."""
+
+    pod: str
+    container: str | None
+    limit_mib: int
+    used_mib: int | None = None
+    over: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +47,9 @@ class GpuRow:
     pods: tuple[str, ...] = ()
     #: memory of processes in no pod, MiB (``None``: not known)
     out_of_band_mib: int | None = None
+    #: served as memory units (``OMATICAYA_SHARED_GPUS``), and the slices held on it
+    shared: bool = False
+    slices: tuple[SliceRow, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,8 +147,16 @@ def _free_total(g: GpuRow) -> str:
 
 
 def _pods(g: GpuRow) -> str:
-    """The pods holding a GPU, and its out-of-band memory where there is some."""
-    text = ",".join(g.pods) or "-"
+    """The pods holding a GPU (on a shared GPU each slice's used/limit GiB, ``OVER`` when it
+    holds more than its slice), and its out-of-band memory where there is some."""
+    if g.slices:
+        text = ",".join(
+            f"{s.pod} {'-' if s.used_mib is None else f'{s.used_mib / 1024:.1f}'}/"
+            f"{s.limit_mib / 1024:.1f}GiB" + (" OVER" if s.over else "")
+            for s in g.slices
+        )
+    else:
+        text = ",".join(g.pods) or "-"
     if g.out_of_band_mib:
         text += f" +{g.out_of_band_mib / 1024:.1f}GiB out-of-band"
     return text
@@ -158,7 +166,7 @@ def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
     """One row per GPU of each Node: UUID (shortened unless ``wide``), a bar of used memory,
     free/total GiB, utilisation, temperature, processes, health with its reasons, and, where
     agents attribute their GPUs, the pods holding each (and memory held by processes in no
-    pod)."""
+    pod; on a shared GPU, each slice's used/limit)."""
     table = _table(gap=1)
     table.add_column("NODE", no_wrap=True, overflow="ellipsis", max_width=None if wide else 18)
     _col(table, "GPU", 3, right=True)
@@ -185,6 +193,8 @@ def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
                 health.append(" " + ",".join(g.reasons))
             if g.mig:
                 health.append(" mig")
+            if g.shared:
+                health.append(" shared")
             uuid = (g.uuid or "-") if wide else (short_uuid(g.uuid) or "-")
             table.add_row(
                 r.name,
