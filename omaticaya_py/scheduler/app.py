@@ -150,13 +150,18 @@ def create_app(
     ``GET /readyz`` (503 with the reason until the node cache has synced, and while its
     list+watch is dead or stalled: ``Extender.health``), and ``GET /metrics`` (Prometheus text,
     from ``registry``; absent without one)."""
+    import orjson
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
     def answer(body: Any) -> Response:
-        return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+        try:  # orjson: a 5,000-node answer in ~0.2 ms (the standard encoder: ~2 ms)
+            data = orjson.dumps(body)
+        except TypeError:  # what it refuses (a lone surrogate from the request, an int > 64 bits)
+            data = json.dumps(body, separators=(",", ":")).encode()
+        return Response(data, media_type="application/json")
 
     async def read_args(request: Request) -> dict[str, Any] | tuple[int, str]:
         """The ExtenderArgs object, or (HTTP status, reason) for a body that is not one."""
