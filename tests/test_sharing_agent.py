@@ -476,3 +476,44 @@ def test_marks_of_shared_gpus_read_back_equal():
     marks = telemetry_marks(snap, att, sharing)
     assert published_marks(doc) == marks
     assert marks[(0, -1)].over == frozenset({OVER})
+
+
+class _RefusingPods:
+    """A ``PodClient`` stand-in whose every request is refused (RBAC without ``get pods`` and
+    ``create events``); the real client is exercised in tests/test_sharing_overlimit.py."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get_pod(self, namespace, name):
+        from omaticaya_py.kube import KubeForbidden
+
+        self.calls += 1
+        raise KubeForbidden(f"get pod {namespace}/{name}: HTTP 403", status=403, verb="get")
+
+    def create_pod_event(self, **kw):
+        from omaticaya_py.kube import KubeForbidden
+
+        self.calls += 1
+        raise KubeForbidden("create event: HTTP 403", status=403, verb="create")
+
+
+def test_refused_pod_reads_and_events_are_counted_and_retried():
+    from omaticaya_py.agent.slices import SliceWatch
+
+    watch = SliceWatch(settings(shared_gpus="0"))
+    procs = {U0: [GpuProcess(10, 25000)]}
+    assignments = [holder("ml", "infer-a", "server", U0, 20)]
+    snap = snapshot(gpu(0), gpu(1))
+    pods = _RefusingPods()
+    unnamed = attributed(procs, {10: PodRef(UID_A, CID_A)}, assignments)
+    watch.round(pods, snap, unnamed, 0.0)
+    watch.round(pods, snap, unnamed, 1.0)  # not asked again within refetch_s (30 s)
+    assert watch.errors["get-forbidden"] == 1
+    watch.round(pods, snap, unnamed, 31.0)
+    assert watch.errors["get-forbidden"] == 2
+    named = attributed(procs, {10: PodRef(UID_A, CID_A)}, assignments, NAMES, CONTAINERS)
+    watch.round(pods, snap, named, 32.0)
+    watch.round(pods, snap, named, 33.0)
+    assert watch.errors["event-failed"] == 2  # an Event not posted is tried again
+    assert watch.posted["GpuMemoryOverLimit"] == 0

@@ -76,6 +76,10 @@ class PodNames:
                 self._asked_s.pop(key, None)
         return out[:_MAX_GETS]
 
+    def tried(self, key: tuple[str, str], now_s: float) -> None:
+        """Note a read of ``key`` at ``now_s`` that got no answer (what is known stays)."""
+        self._asked_s[key] = now_s
+
     def asked(self, key: tuple[str, str], now_s: float, found: PodIdentity | None) -> None:
         """Note a read of ``key`` at ``now_s``: its answer, or ``None`` (gone)."""
         self._asked_s[key] = now_s
@@ -123,6 +127,7 @@ class SliceWatch:
                 found = None
             except KubeError as exc:
                 self._fail("get-forbidden" if isinstance(exc, KubeForbidden) else "get-failed", exc)
+                self.names.tried((namespace, name), now_s)  # again after refetch_s, not each tick
                 continue
             self.names.asked((namespace, name), now_s, found)
         if post:
