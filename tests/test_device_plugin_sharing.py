@@ -7,7 +7,8 @@ the plugins over real gRPC channels (the fake kubelet of test_device_plugin.py),
 free memory by the live reading: GPU 0 81,079 MiB (idle), GPU 1 50,359 (30 GiB held by a process
 Kubernetes does not know), GPU 2 70,839, GPU 3 9,399 (72 GiB out of band), GPU 4 81,079,
 GPU 5 34,999, GPU 6 75,959, GPU 7 3,255. ``write_sharing_trace`` derives from it a trace of
-three samples: steady (t=0), GPU 2 remap-pending (t=1), steady again (t=2).
+four samples: steady (t=0), GPU 2 remap-pending (t=1), steady again (t=2), 60 GiB out of band
+on GPU 0 (t=3).
 """
 
 from __future__ import annotations
@@ -50,22 +51,38 @@ SHARED_RESOURCE = "example.com/gpu-memory"
 MIB = 1024
 
 
+#: the out-of-band process of sample 3 on GPU 0 (MiB)
+OUT_OF_BAND_MIB = 61440
+
+
 def write_sharing_trace(path: Path) -> Path:
-    """The 8-GPU trace as three samples: steady (t=0), GPU 2's remapped rows pending (t=1: GPU 2
-    Unhealthy), steady again (t=2)."""
+    """The 8-GPU trace as four samples: steady (t=0), GPU 2's remapped rows pending (t=1: GPU 2
+    Unhealthy), steady again (t=2), and (t=3) a process Kubernetes does not know holding 60 GiB
+    on GPU 0 (19,639 MiB free) while GPU 7 (whole, not shared) has remapped rows pending (a
+    change the kubelet shows, so a test can tell the plugin read this sample)."""
     doc = json.loads(MULTI_TRACE.read_text())
     steady = doc["samples"][0]
     samples = []
-    for t in (0.0, 1.0, 2.0):
+    for t in (0.0, 1.0, 2.0, 3.0):
         s = copy.deepcopy(steady)
         s["t"] = t
         if t == 1.0:
             s["gpus"][2]["remapped_rows"]["pending"] = 1
+        if t == 3.0:
+            g = s["gpus"][0]
+            for key in ("memory_bytes", "memory_v2_bytes"):
+                g[key]["used"] += OUT_OF_BAND_MIB << 20
+                g[key]["free"] -= OUT_OF_BAND_MIB << 20
+            g["compute_processes"] = [{"pid": 49999, "usedGpuMemory": OUT_OF_BAND_MIB << 20}]
+            s["gpus"][7]["remapped_rows"]["pending"] = 1
         samples.append(s)
     doc["samples"] = samples
     doc["interval_s"] = 1.0
-    doc["phases"] = [{"t": 0, "phase": "steady"}, {"t": 1, "phase": "GPU 2 remap pending"}]
-    doc["source"] = "synthetic, for tests: multi-gpu-trace.json sample 0, GPU 2 remap-pending at t=1"
+    doc["phases"] = [
+        {"t": 0, "phase": "steady"}, {"t": 1, "phase": "GPU 2 remap pending"},
+        {"t": 2, "phase": "steady"}, {"t": 3, "phase": "60 GiB out of band on GPU 0; GPU 7 remap pending"},
+    ]
+    doc["source"] = "synthetic, for tests: multi-gpu-trace.json sample 0 with the phases above"
     path.write_text(json.dumps(doc))
     return path
 
@@ -304,6 +321,17 @@ def test_binpack_two_slices_then_out_of_band_memory_steers_them(rig: Rig) -> Non
     assert rig.preferred(available, 30)[0].startswith(UUID[0])
     # a 10 GiB slice: GPU 3 has 9,399 MiB live, GPU 2 9,399 MiB after its two slices: GPU 1
     assert rig.preferred(available, 10)[0].startswith(UUID[1])
+
+
+def test_out_of_band_memory_in_a_later_reading_steers_slices_away(rig: Rig) -> None:
+    assert rig.preferred(all_units(), 15)[0].startswith(UUID[1])  # 50,359 MiB: least that fits
+    rig.at(3.0)  # 60 GiB out of band on GPU 0: 19,639 MiB free, all 79 units still available
+    assert rig.preferred(all_units(), 15)[0].startswith(UUID[0])  # now the least that fits
+    assert rig.preferred(all_units(), 30)[0].startswith(UUID[1])  # no longer fits GPU 0
+    with pytest.raises(grpc.RpcError) as err:
+        rig.allocate(units_of(0, 30))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "19639 MiB free" in err.value.details()
 
 
 def test_spread(folder: Path) -> None:
