@@ -34,11 +34,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TRACE = Path(__file__).parent / "data" / "multi-gpu-trace.json"
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(8)]
 RESOURCE = "example.com/gpu"
+SHARED = "omaticaya.io/gpu-memory"
 IMAGE = "omaticaya.local/busybox:1"
 ROOT = "/var/run/nvidia-container-devices"
 #: what the pod writes: its variable, the device files with their type, their mounts
 SCRIPT = (
     'echo "$NVIDIA_VISIBLE_DEVICES" > /out/visible; '
+    'echo "$OMATICAYA_GPU_MEMORY_LIMIT_MIB" > /out/limit; '
     f"for f in {ROOT}/*; do stat -c '%n %F %t:%T' \"$f\"; done > /out/files 2>&1; "
     "grep nvidia-container-devices /proc/self/mountinfo > /out/mounts; "
     "echo done > /out/done; exec sleep 3600"
@@ -48,10 +50,11 @@ SCRIPT = (
 class Plugin:
     """``omaticaya device-plugin --trace`` with the given strategies."""
 
-    def __init__(self, workdir: Path, strategies: str) -> None:
-        self.log_path = workdir / f"device-plugin-{strategies}.log"
+    def __init__(self, workdir: Path, strategies: str, shared: str = "none") -> None:
+        self.log_path = workdir / f"device-plugin-{strategies}-{shared}.log"
         env = dict(
             os.environ,
+            OMATICAYA_SHARED_GPUS=shared,
             OMATICAYA_METRICS_PORT="0",
             OMATICAYA_LOG_LEVEL="INFO",
             OMATICAYA_DEVICE_PLUGIN_RESOURCE=RESOURCE,
@@ -87,21 +90,24 @@ def workdir() -> Path:
 
 @pytest.fixture(scope="module")
 def serve(kubelet: str, admin_api, workdir: Path) -> Iterator[Callable[[str], Plugin]]:
-    """``serve(strategies)``: stop the plugin running (if any), start one with these
-    strategies and wait until the Node's allocatable shows its 8 GPUs."""
+    """``serve(strategies, shared)``: stop the plugin running (if any), start one with these
+    strategies (and ``OMATICAYA_SHARED_GPUS``) and wait until the Node's allocatable shows its
+    whole GPUs (and the shared GPUs' units)."""
     running: list[Plugin] = []
 
-    def start(strategies: str) -> Plugin:
+    def start(strategies: str, shared: str = "none") -> Plugin:
         for p in running:
             assert p.stop() == 0, p.log()
             wait_for("plugin gone", lambda: allocatable(admin_api, kubelet) == 0, 15)
         running.clear()
-        plugin = Plugin(workdir, strategies)
+        plugin = Plugin(workdir, strategies, shared)
         running.append(plugin)
-        got = wait_for(
-            "8 GPUs allocatable", lambda: allocatable(admin_api, kubelet) == 8 or None, 60
+        whole = 8 if shared == "none" else 7
+        wait_for(
+            f"{whole} GPUs allocatable", lambda: allocatable(admin_api, kubelet) == whole, 60
         )
-        assert got, plugin.log()
+        if shared != "none":
+            wait_for("units allocatable", lambda: allocatable(admin_api, kubelet, SHARED) > 0, 30)
         return plugin
 
     yield start
@@ -109,13 +115,14 @@ def serve(kubelet: str, admin_api, workdir: Path) -> Iterator[Callable[[str], Pl
         p.stop()
 
 
-def allocatable(admin_api, node: str) -> int:
-    return int((admin_api.read_node(node).status.allocatable or {}).get(RESOURCE, "0"))
+def allocatable(admin_api, node: str, resource: str = RESOURCE) -> int:
+    return int((admin_api.read_node(node).status.allocatable or {}).get(resource, "0"))
 
 
 @pytest.fixture(scope="module")
 def pods(admin_api, kubelet: str, workdir: Path) -> Iterator[Callable[..., Path]]:
-    """``make(name, gpus) -> host folder`` the pod writes to; pods are deleted afterwards."""
+    """``make(name, gpus, resource) -> host folder`` the pod writes to; pods are deleted
+    afterwards."""
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -125,7 +132,7 @@ def pods(admin_api, kubelet: str, workdir: Path) -> Iterator[Callable[..., Path]
             raise
     created: list[str] = []
 
-    def make(name: str, gpus: int) -> Path:
+    def make(name: str, gpus: int, resource: str = RESOURCE) -> Path:
         out = workdir / name
         admin_api.create_namespaced_pod("default", {
             "apiVersion": "v1",
@@ -143,7 +150,7 @@ def pods(admin_api, kubelet: str, workdir: Path) -> Iterator[Callable[..., Path]
                     "image": IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["/bin/sh", "-c", SCRIPT],
-                    "resources": {"limits": {RESOURCE: str(gpus)}},
+                    "resources": {"limits": {resource: str(gpus)}},
                     "volumeMounts": [{"name": "out", "mountPath": "/out"}],
                 }],
                 "volumes": [
@@ -163,13 +170,13 @@ def pods(admin_api, kubelet: str, workdir: Path) -> Iterator[Callable[..., Path]
 
 
 def seen(admin_api, name: str, out: Path) -> dict[str, str] | None:
-    """What the running pod wrote, once it has: {visible, files, mounts}."""
+    """What the running pod wrote, once it has: {visible, limit, files, mounts}."""
     pod = admin_api.read_namespaced_pod(name, "default")
     if pod.status.phase == "Failed":
         raise AssertionError(f"pod {name} failed: {pod.status.reason} {pod.status.message}")
     if not (out / "done").is_file():
         return None
-    return {f: (out / f).read_text().strip() for f in ("visible", "files", "mounts")}
+    return {f: (out / f).read_text().strip() for f in ("visible", "limit", "files", "mounts")}
 
 
 def files_of(text: str) -> dict[str, str]:
@@ -255,3 +262,17 @@ def test_cdi_annotations_alone_set_no_variable_and_no_mount(
     assert key.startswith("cdi.k8s.io/omaticaya-device-plugin_")
     (name,) = annotations[key].split(",")
     assert name.removeprefix("nvidia.com/gpu=") in UUID
+
+
+def test_a_memory_slice_gets_its_gpu_by_mounts_and_cdi(dev_cluster, admin_api, serve, pods) -> None:
+    """GPU 0 shared (``omaticaya.io/gpu-memory``, 1024 MiB units): a pod asking 2 units gets
+    GPU 0 by the mount of its UUID and the CDI annotation, with its limit in the environment;
+    the unit IDs themselves never reach the runtime."""
+    serve("volume-mounts,cdi-annotations", shared="0")
+    out = pods("dls-slice", 2, SHARED)
+    got = wait_for("dls-slice running", lambda: seen(admin_api, "dls-slice", out), 60)
+    assert got["visible"] == ROOT and got["limit"] == "2048", got
+    assert files_of(got["files"]) == {UUID[0]: "character special file 1:3"}, got
+    assert set(mount_options(got["mounts"])) == {UUID[0]}, got
+    annotations = cri_annotations(dev_cluster, admin_api, "dls-slice")
+    assert annotations[cdi_annotation_key([UUID[0]])] == f"nvidia.com/gpu={UUID[0]}"
