@@ -147,3 +147,50 @@ def test_verdicts_are_kept_per_need_for_the_last_few():
     by_need(Need(2000))
     by_need(Need(3000))
     assert by_need(Need(1000)) is not first  # the least recently used went
+
+
+def test_a_reservation_on_a_node_not_asked_about_counts_when_it_is(monkeypatch):
+    w = World()
+    kept = Verdicts(w.index, NEED)
+    kept.judge(NAMES, **w.kw())
+    _reserve(w)  # on n0
+    kept.judge(["n1", "n2"], **w.kw())  # n0 not asked: forgotten, not judged
+    assert kept.judge(NAMES, **w.kw()) == w.fresh()
+
+
+@pytest.mark.parametrize("changes", [3, 10])  # within the ledger's memory, and past it
+def test_more_changes_between_requests_than_the_ledger_remembers(monkeypatch, changes):
+    import omaticaya_py.scheduler.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "MAX_CHANGES", 4)
+    w = World()
+    kept = Verdicts(w.index, NEED)
+    kept.judge(NAMES, **w.kw())
+    for i in range(changes):
+        w.ledger.reserve(res(f"u{i}", NAMES[i % 3], (0,), mib=20000))
+    before = kept.judged
+    assert kept.judge(NAMES, **w.kw()) == w.fresh()
+    assert kept.judged - before == 3  # the three nodes reserved on
+
+
+LEDGER_CHANGES = [
+    ("nothing since", 0, [], 0, []),
+    ("two since", 0, ["a", "b"], 0, ["a", "b"]),
+    ("since the first of three", 1, ["a", "b", "c"], 1, ["b", "c"]),
+    ("more than it keeps (4)", 0, ["a", "b", "c", "d", "e"], 0, None),
+    ("never looked", 0, ["a"], -1, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "first", "nodes", "seq", "want"), LEDGER_CHANGES,
+                         ids=[c[0] for c in LEDGER_CHANGES])  # fmt: skip
+def test_ledger_changed_since(monkeypatch, case, first, nodes, seq, want):
+    import omaticaya_py.scheduler.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "MAX_CHANGES", 4)
+    ledger = Ledger()
+    start, _ = ledger.changed_since(0)
+    for i, n in enumerate(nodes):
+        ledger.reserve(res(f"u{i}", n))
+    now, got = ledger.changed_since(start + first if seq >= 0 else seq)
+    assert now == start + len(nodes) and got == want, case

@@ -6,6 +6,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 from loguru import logger as log
@@ -38,7 +39,7 @@ def args_problem(args: Mapping[str, Any]) -> str | None:
     of objects. (``Pod`` may be anything: a pod without a readable need passes through.)"""
     names = args.get("NodeNames")
     if names is not None and not (
-        isinstance(names, list) and all(isinstance(n, str) for n in names)
+        isinstance(names, list) and all(map(isinstance, names, repeat(str)))
     ):
         return "NodeNames must be null or a list of Node names"
     nodes = args.get("Nodes")

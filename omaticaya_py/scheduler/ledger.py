@@ -15,7 +15,8 @@ Who writes it:
 
 Readers (``nodeindex.NodeIndex``) ask ``on_node(name)`` and ``version(name)``: a per-node number
 that grows with every change on that node, so that a node's record is rebuilt only when its
-reservations changed. Every operation is O(1) in the number of pods and nodes, except that a
+reservations changed; ``changed_since(seq)`` names the nodes changed since a point
+(``verdicts.Verdicts``: a request looks only at those). Every operation is O(1) in the number of pods and nodes, except that a
 node's own placements are copied on a change there. Thread-safe: the pod watch's thread and the
 request handlers share it.
 """
@@ -23,7 +24,9 @@ request handlers share it.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import replace
+from itertools import islice
 
 from .inflight import ASSUME_S, Placement, expiry
 
@@ -31,6 +34,8 @@ __all__ = ["Ledger"]
 
 #: at most this many unbound reservations are held (the oldest go first)
 MAX_RESERVED = 100_000
+#: changes remembered for ``changed_since``
+MAX_CHANGES = 4096
 
 
 class Ledger:
@@ -41,6 +46,9 @@ class Ledger:
         self._by_uid: dict[str, Placement] = {}
         self._by_node: dict[str, dict[str, Placement]] = {}
         self._versions: dict[str, int] = {}
+        #: the nodes changed, in order (``changed_since``): the last ``MAX_CHANGES`` kept
+        self._changes: deque[str] = deque(maxlen=MAX_CHANGES)
+        self._seq = 0  # changes ever made
         self._reserved: dict[str, float] = {}  # unbound uids, in reservation order -> expiry
         self._lock = threading.Lock()
         #: how many reservations were made, confirmed by the watch, moved to another node,
@@ -59,6 +67,18 @@ class Ledger:
         """A number that changes whenever ``node``'s placements change."""
         return self._versions.get(node, 0)
 
+    def changed_since(self, seq: int) -> tuple[int, list[str] | None]:
+        """``(now, the nodes whose placements changed after change number seq)``; ``None``
+        instead of the nodes when more than ``MAX_CHANGES`` were made since (the caller then
+        compares every version)."""
+        with self._lock:
+            now, n = self._seq, self._seq - seq
+            if n <= 0:
+                return now, []
+            if seq < 0 or n > len(self._changes):
+                return now, None
+            return now, list(islice(self._changes, len(self._changes) - n, None))
+
     def get(self, uid: str) -> Placement | None:
         """The placement of the pod ``uid``, or ``None``."""
         return self._by_uid.get(uid)
@@ -76,7 +96,12 @@ class Ledger:
     def _put(self, p: Placement) -> None:
         self._by_node.setdefault(p.node, {})[p.uid] = p
         self._by_uid[p.uid] = p
-        self._versions[p.node] = self._versions.get(p.node, 0) + 1
+        self._bump(p.node)
+
+    def _bump(self, node: str) -> None:
+        self._versions[node] = self._versions.get(node, 0) + 1
+        self._changes.append(node)
+        self._seq += 1
 
     def _drop(self, uid: str) -> Placement | None:
         p = self._by_uid.pop(uid, None)
@@ -88,7 +113,7 @@ class Ledger:
             held.pop(uid, None)
             if not held:
                 del self._by_node[p.node]
-        self._versions[p.node] = self._versions.get(p.node, 0) + 1
+        self._bump(p.node)
         return p
 
     def reserve(self, p: Placement) -> None:

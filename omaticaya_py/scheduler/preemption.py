@@ -227,9 +227,11 @@ def unresolvable(
         return {}
     out: dict[str, str] = {}
     kinds = {r: reason_kind(r) for r in set(failed.values())}  # few distinct among thousands
-    if not any(k in UNRESOLVABLE_KINDS or k == "no-room" for k in kinds.values()):
+    kinds = {r: k for r, k in kinds.items() if k in UNRESOLVABLE_KINDS or k == "no-room"}
+    if not kinds:
         return out
-    for name, reason in failed.items():
+    for name in [n for n, r in failed.items() if r in kinds]:
+        reason = failed[name]
         kind = kinds[reason]
         if kind in UNRESOLVABLE_KINDS:
             out[name] = reason

@@ -14,9 +14,10 @@ MiB, or it fails with the need's fixed reason), with what it was judged on:
 - the times it holds until: the end of its fresh window (wall and monotonic clocks, from the
   telemetry or the Lease) and ``NodeRecord.until`` (a pending placement stops counting by age).
 
-A request compares the first two for every name it asks about in C (``map`` over the names; no
-Python code per unchanged name), the Leases of the kept nodes, and pops the times passed from
-two heaps; only the nodes found changed, never seen, or judged on the slow path last time
+A request compares the Node object of every name it asks about in C (``map`` over the names;
+no Python code per unchanged name), looks at the nodes whose reservations changed since the
+last request (``Ledger.changed_since``) and at the Leases of the kept nodes, and pops the times
+passed from two heaps; only the nodes found changed, never seen, or judged on the slow path last time
 (stale, unknown, unhealthy, not in the cache: their reasons may name ages, and their policies
 differ between filter and prioritize) are judged again, through ``judge_all`` itself. A clock
 that goes back, or a Lease watch that comes or goes (``leases`` not equal to the last one),
@@ -28,7 +29,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Container, Mapping, Sequence
 from itertools import compress, repeat
-from operator import is_not, ne
+from operator import is_not
 from typing import Any
 
 from ..core.liveness import LeaseOf
@@ -64,10 +65,12 @@ class Verdicts:
         self._mono: list[tuple[float, str, int]] = []
         self._token: dict[str, int] = {}
         self._count = 0
+        self._seq = -1  # the ledger's change number last looked at (-1: none)
         self._leases, self._now, self._mono_now = leases, -INF, -INF
 
     def _forget(self, name: str) -> None:
         self._state.pop(name, None)
+        self._version.pop(name, None)
         self._lease.pop(name, None)
         self._token.pop(name, None)
         self.free.pop(name, None)
@@ -107,12 +110,16 @@ class Verdicts:
                     self._forget(name)
         index, lookup = self.index, self.index.lookup
         versions = index.ledger._versions if index.ledger is not None else {}
+        if index.ledger is not None:
+            seq, moved = index.ledger.changed_since(self._seq)
+            if moved is None:  # the first request, or too many changes since: look at all kept
+                moved = list(self._version)
+            for name in moved:  # forgotten here, judged below if asked about
+                if self._version.get(name, -1) != versions.get(name, 0):
+                    self._forget(name)
+            self._seq = seq
         states = list(map(lookup, names))
-        stale = list(compress(names, map(is_not, states, map(self._state.get, names,
-                                                             repeat(_MISSING)))))  # fmt: skip
-        if versions:
-            stale += compress(names, map(ne, map(versions.get, names, repeat(0)),
-                                         map(self._version.get, names, repeat(-1))))  # fmt: skip
+        stale = compress(names, map(is_not, states, map(self._state.get, names, repeat(_MISSING))))
         todo = list(dict.fromkeys(stale))
         fast: dict[str, tuple[NodeRecord, float, float, Any]] = {}
 
