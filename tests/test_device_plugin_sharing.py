@@ -365,6 +365,34 @@ def test_a_slice_the_live_memory_cannot_hold_is_refused(rig: Rig) -> None:
     assert rig.allocate(units_of(3, 9))[LIMIT_ENV] == "9216"
 
 
+@pytest.mark.parametrize(
+    ("available", "size", "expected"),
+    [
+        pytest.param(lambda: all_units(), 0, [], id="size-0"),
+        pytest.param(lambda: all_units(), 80, [], id="more-than-any-gpu-has"),
+        pytest.param(lambda: units_of(0, 3) * 3 + ["GPU-nope::1", "nope", "x" * 10_000], 3,
+                     lambda: units_of(0, 3), id="repeated-unknown-and-made-up-ids"),
+        pytest.param(lambda: [], 2, [], id="nothing-available"),
+    ],
+)
+def test_odd_preferred_requests_for_units(rig: Rig, available, size, expected) -> None:
+    want = expected() if callable(expected) else expected
+    assert rig.preferred(available(), size) == want
+    assert rig.allocate(units_of(0, 1))[LIMIT_ENV] == "1024"  # still serving
+
+
+def test_odd_allocate_requests_for_units(rig: Rig) -> None:
+    resp = rig.stub().Allocate(
+        api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest()]), timeout=5
+    )
+    assert dict(resp.container_responses[0].envs) == {}  # no device: an empty answer
+    env = rig.allocate(units_of(0, 2) * 2)  # repeated: once each
+    assert env[LIMIT_ENV] == "2048"
+    with pytest.raises(grpc.RpcError) as err:
+        rig.allocate([f"{UUID[0]}::79"])  # GPU 0's units are ::0 to ::78
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_units_follow_their_gpus_health(rig: Rig) -> None:
     stream = rig.stub().ListAndWatch(api_pb2.Empty(), timeout=30)
     assert {d.health for d in next(stream).devices} == {"Healthy"}

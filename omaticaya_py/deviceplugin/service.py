@@ -227,7 +227,10 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
             states = self.devices()
             now = tuple((s.id, s.health) for s in states)
             if now != sent:
-                logger.debug("device plugin: ListAndWatch sends {}", now)
+                logger.debug(
+                    "device plugin: ListAndWatch sends {} devices, {} unhealthy",
+                    len(now), sum(1 for _, h in now if h != "Healthy"),
+                )
                 yield api_pb2.ListAndWatchResponse(
                     devices=[api_pb2.Device(ID=d, health=h) for d, h in now]
                 )
@@ -289,7 +292,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
             ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
             self._refuse(ids, states, context, "allocate")
             visible, envs = ids, {}
-            if self.slicer is not None:
+            if self.slicer is not None and ids:  # (no device: an empty answer, as for GPUs)
                 try:
                     gpu, envs = self.slicer.allocate(ids, gpus)
                 except SliceRefused as exc:
