@@ -17,8 +17,9 @@ environment the caller computed, by any several of (``OMATICAYA_DEVICE_LIST_STRA
   ``cdi.k8s.io/omaticaya-device-plugin_<digest>: nvidia.com/gpu=<uuid>,...``, read by a
   CDI-enabled runtime against the spec ``nvidia-ctk cdi generate`` writes (kind
   ``nvidia.com/gpu``, devices named by UUID among others).
-- ``cdi-cri``: the ``CDIDevices`` field of the response (``v1beta1``, kubelet 1.28+), passed in
-  the CRI to a CDI-enabled containerd or CRI-O; older kubelets skip the unknown field.
+- ``cdi-cri``: the ``CDIDevices`` field of the response (``v1beta1``; kubelet 1.29+, 1.28 with
+  the ``DevicePluginCDIDevices`` gate), passed in the CRI to a CDI-enabled containerd or CRI-O;
+  older kubelets skip the unknown field.
 
 With ``envvar`` and ``volume-mounts`` both on, ``NVIDIA_VISIBLE_DEVICES`` holds the UUIDs, not
 the mount root as NVIDIA's plugin leaves it (its volume-mounts step overwrites the variable):
