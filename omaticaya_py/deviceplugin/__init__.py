@@ -16,6 +16,14 @@ reading (a re-created layout has new UUIDs) leave the list, and a profile plugin
 stops (``allocation.departed``). While the reading is older than the agent's stuck-tick bound
 (``allocation.stale_after_s``), every device is Unhealthy (``stale-reading``).
 
+Sharing by memory: GPUs listed in ``OMATICAYA_SHARED_GPUS`` (MIG-enabled ones never) are served
+instead as ``omaticaya.io/gpu-memory``, one unit device per ``OMATICAYA_SHARE_UNIT_MIB`` of their
+total memory (IDs ``<GPU UUID>::<k>``, ``core.sharing``), with their GPU's health, by one more
+plugin of the set. Its preferred allocation takes every unit of a slice from one healthy GPU
+that has both the units and the live free memory less the slices handed out and not yet in use
+(``slices``, ``shared``); ``Allocate`` refuses units across GPUs and a slice the GPU's live memory
+cannot hold, and sets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``OMATICAYA_GPU_MEMORY_LIMIT_MIB``.
+
 - ``ListAndWatch`` sends the device list, then a new one whenever a device's health changes
   (the cache is polled every ``poll_s``; ``notify()`` wakes the streams at once).
 - ``GetPreferredAllocation`` prefers healthy GPUs with the most free memory by the live reading
@@ -30,7 +38,8 @@ stops (``allocation.departed``). While the reading is older than the agent's stu
 
 This module imports neither ``pynvml`` nor ``kubernetes``.
 
-Modules: ``allocation`` (pure: device state, names, the preferred allocation), ``service`` (the
+Modules: ``allocation`` (pure: device state, names, the preferred allocation), ``slices`` (pure:
+units, the one GPU of a slice, slices pending), ``shared`` (the book of slices), ``service`` (the
 gRPC servicer of one resource), ``registration`` (serving its socket and registering it with
 the kubelet), ``plugin`` (the two together: one resource), ``plugins`` (every resource of the
 node), ``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).

@@ -241,45 +241,19 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 self._changed.wait(self.poll_s)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
-        if self.slicer is not None:
-            return self._preferred_slices(request)
-        states = {s.id: s for s in self.devices()}
+        # the shared resource: each container's units from one GPU (``shared.Slicer``)
+        gpus = self.gpu_states() if self.slicer is not None else []
+        states = {s.id: s for s in self.devices()} if self.slicer is None else {}
         responses = []
         for req in request.container_requests:
-            ids = preferred(
-                states,
-                list(req.available_deviceIDs),
-                list(req.must_include_deviceIDs),
-                req.allocation_size,
-                self._topology,
-            )
-            logger.info(
-                "device plugin: preferred {} of {} (must include {})",
-                ids,
-                list(req.available_deviceIDs),
-                list(req.must_include_deviceIDs),
-            )
-            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
-        return api_pb2.PreferredAllocationResponse(container_responses=responses)
-
-    def _preferred_slices(self, request: Any) -> Any:
-        """``GetPreferredAllocation`` of the shared resource: each container's units from one
-        GPU (``shared.Slicer.preferred``)."""
-        assert self.slicer is not None
-        gpus = self.gpu_states()
-        responses = []
-        for req in request.container_requests:
-            ids = self.slicer.preferred(
-                gpus,
-                list(req.available_deviceIDs),
-                list(req.must_include_deviceIDs),
-                req.allocation_size,
-            )
-            logger.info(
-                "device plugin: preferred {} units on {} of {} available (must include {})",
-                len(ids), ",".join(dict.fromkeys(unit_gpu(d) or d for d in ids)) or "no GPU",
-                len(req.available_deviceIDs), list(req.must_include_deviceIDs)[:8],
-            )
+            available, must = list(req.available_deviceIDs), list(req.must_include_deviceIDs)
+            if self.slicer is not None:
+                ids = self.slicer.preferred(gpus, available, must, req.allocation_size)
+            else:
+                ids = preferred(states, available, must, req.allocation_size, self._topology)
+                logger.info(
+                    "device plugin: preferred {} of {} (must include {})", ids, available, must
+                )
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 

@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from loguru import logger
+
 from ..core.sharing import parse_unit_id, slice_mib
 from .allocation import DeviceState
 from .slices import POLICIES, Slice, gpus_of, preferred_units, rooms, slice_envs, still_pending
@@ -91,7 +93,12 @@ class Slicer:
         """The unit IDs to prefer for a slice of ``size`` units (``slices.preferred_units``)
         out of ``available``, given the GPU states ``gpus`` (``id`` the GPU UUID)."""
         candidates = rooms(gpus, self.pending_mib(gpus), available)
-        return preferred_units(candidates, must_include, size, self.unit_mib, self.policy)
+        ids = preferred_units(candidates, must_include, size, self.unit_mib, self.policy)
+        logger.info(
+            "device plugin: preferred {} units on {} of {} available (must include {})",
+            len(ids), ",".join(gpus_of(ids)) or "no GPU", len(available), list(must_include)[:8],
+        )
+        return ids
 
     def allocate(self, ids: Sequence[str], gpus: Sequence[DeviceState]) -> tuple[str, dict[str, str]]:
         """Hand out the slice of unit IDs ``ids`` (known, healthy: the servicer checked): its
