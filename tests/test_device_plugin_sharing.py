@@ -453,6 +453,17 @@ def test_no_shared_gpu_no_shared_plugin(folder: Path) -> None:
     assert [d.id for d in plugins.plugins[None].devices()] == UUID
 
 
+def test_device_plugin_command_takes_the_sharing_flags() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "omaticaya_py", "device-plugin", "--shared-gpus", "0-3",
+         "--share-policy", "pack"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2
+    assert "invalid setting --share-policy='pack'" in proc.stderr  # parsed, then refused
+    assert "'binpack' or 'spread'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_bench_sharing_quick() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "sharing.py"), "--quick"],

@@ -29,7 +29,8 @@ _DAEMON_ONLY = frozenset({
 _DEVICE_PLUGIN_USES = frozenset({
     "log_json", "log_level", "schedule", "trace", "xid_ignore", "xid_all_fatal", "xid_quiet_s",
     "jitter_s", "metrics_port", "metrics_address", "fail_on_init_error",
-    "device_plugin_resource", "device_plugin_dir",
+    "device_plugin_resource", "device_plugin_dir", "device_list_strategy",
+    "shared_gpus", "share_unit_mib", "shared_resource", "share_policy", "share_settle_s",
 })  # fmt: skip
 _NODE_FLAG = {"node_name": "--node"}
 
