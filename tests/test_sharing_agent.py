@@ -42,6 +42,7 @@ P = "omaticaya.io/"
 SHARED = "gpu.shared.memory.free-mib"
 U0, U1 = gpu(0).uuid, gpu(1).uuid
 UID_A, UID_B = "0b3a4f6e-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "1b3a4f6e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+UID_C = "2b3a4f6e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 CID_A, CID_A2, CID_B = "a" * 64, "c" * 64, "b" * 64
 RES = "omaticaya.io/gpu-memory"
 
@@ -287,6 +288,22 @@ SLICE_CASES = [
          SliceUse("ml", "infer-a", "sidecar", 8, 8192, None)],
     ),
     (
+        "a-process-of-a-pod-holding-no-slice-hides-nothing",
+        [GpuProcess(10, 3000), GpuProcess(13, 5000)],
+        {10: PodRef(UID_A, CID_A), 13: PodRef(UID_C, "e" * 64)},  # 13: a pod with no slice
+        [holder("ml", "infer-a", "server", U0, 20)],
+        True,
+        [SliceUse("ml", "infer-a", "server", 20, 20480, 3000)],
+    ),
+    (
+        "holder-not-named-yet",
+        [GpuProcess(13, 5000)],
+        {13: PodRef(UID_C, "e" * 64)},  # maybe its process: cannot say
+        [holder("ml", "infer-c", "server", U0, 2)],
+        True,
+        [SliceUse("ml", "infer-c", "server", 2, 2048, None)],
+    ),
+    (
         "units-of-another-gpu-and-repeats",
         [],
         {},
@@ -517,3 +534,47 @@ def test_refused_pod_reads_and_events_are_counted_and_retried():
     watch.round(pods, snap, named, 33.0)
     assert watch.errors["event-failed"] == 2  # an Event not posted is tried again
     assert watch.posted["GpuMemoryOverLimit"] == 0
+
+
+def _names_after_one_read(found=True):
+    from omaticaya_py.agent.slices import PodNames
+    from omaticaya_py.core.slices import PodIdentity
+
+    names = PodNames()
+    key = ("ml", "infer-a")
+    if found:
+        names.asked(key, 0.0, PodIdentity("ml", "infer-a", UID_A, {CID_A: "server"}))
+    else:
+        names.tried(key, 0.0)
+    return names
+
+
+WANTED_CASES = [
+    # (id, read answered?, process on the GPU: (pod UID, container ID), now, wanted?)
+    ("quiet", True, (UID_A, CID_A), 1000.0, False),
+    ("restarted-container-soon", True, (UID_A, "f" * 64), 10.0, False),
+    ("restarted-container", True, (UID_A, "f" * 64), 31.0, True),
+    ("stranger-pod-soon", True, (UID_C, "e" * 64), 31.0, False),
+    ("stranger-pod", True, (UID_C, "e" * 64), 301.0, True),
+    ("read-failed-soon", False, (UID_A, CID_A), 10.0, False),
+    ("read-failed", False, (UID_A, CID_A), 31.0, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("found", "proc", "now", "wanted"), [c[1:] for c in WANTED_CASES], ids=[c[0] for c in WANTED_CASES]
+)
+def test_which_slice_pods_are_read_again(found, proc, now, wanted):
+    names = _names_after_one_read(found)
+    pod_names, containers = names.maps()
+    att = attributed({U0: [GpuProcess(10, 100)]}, {10: PodRef(*proc)},
+                     [holder("ml", "infer-a", "server", U0, 2)], pod_names, containers)  # fmt: skip
+    by_gpu = {U0: (att[U0], gpu_slices(att[U0], U0, 1024))}
+    assert names.wanted(by_gpu, now) == ([("ml", "infer-a")] if wanted else [])
+
+
+def test_a_pod_no_longer_holding_a_slice_is_forgotten():
+    names = _names_after_one_read()
+    assert names.wanted({}, 1.0) == [] and names.known == {} and names.maps() == ({}, {})
+    att = attributed({}, {}, [holder("ml", "infer-a", "server", U0, 2)])
+    assert names.wanted({U0: (att[U0], gpu_slices(att[U0], U0, 1024))}, 2.0) == [("ml", "infer-a")]

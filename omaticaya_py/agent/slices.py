@@ -41,8 +41,9 @@ class PodNames:
     """Pods holding slices of shared GPUs, as the API names them (``PodIdentity``), by
     ``(namespace, name)``. ``maps()`` gives the attribution its name lookups."""
 
-    def __init__(self, refetch_s: float = 30.0) -> None:
+    def __init__(self, refetch_s: float = 30.0, stranger_refetch_s: float = 300.0) -> None:
         self.refetch_s = refetch_s
+        self.stranger_refetch_s = stranger_refetch_s
         self.known: dict[tuple[str, str], PodIdentity] = {}
         self._asked_s: dict[tuple[str, str], float] = {}
 
@@ -55,19 +56,30 @@ class PodNames:
     def wanted(
         self, slices_by_gpu: Mapping[str, tuple[GpuAttribution, tuple]], now_s: float
     ) -> list[tuple[str, str]]:
-        """Holders to read now: not read yet, or (``refetch_s`` after the last read) on a GPU
-        with a process the names do not cover. Forgets pods no longer holding a slice."""
+        """Holders to read now: one not read yet; one not known (its read failed, or it was
+        gone) ``refetch_s`` after the last read; a known one ``refetch_s`` after the last read
+        while a process of it runs in a container the names lack (restarted), or
+        ``stranger_refetch_s`` after while a process on its GPU is in a pod no name covers (a
+        pod re-created under the same name, or a pod holding no slice: the latter costs one
+        read per holder per ``stranger_refetch_s``). Forgets pods no longer holding a slice."""
         holding: set[tuple[str, str]] = set()
         out: list[tuple[str, str]] = []
         for att, slices in slices_by_gpu.values():
-            unnamed = any(
-                p.pod is None or (p.container is None and p.container_id) for p in att.pods
-            )
+            strangers = any(p.pod is None for p in att.pods)
+            restarted = {
+                (p.namespace, p.pod) for p in att.pods
+                if p.pod is not None and p.container is None and p.container_id
+            }
             for s in slices:
                 key = (s.namespace, s.pod)
                 holding.add(key)
                 asked = self._asked_s.get(key)
-                due = asked is None or (unnamed and now_s - asked >= self.refetch_s)
+                if asked is None:
+                    due = True
+                elif key not in self.known or key in restarted:
+                    due = now_s - asked >= self.refetch_s
+                else:
+                    due = strangers and now_s - asked >= self.stranger_refetch_s
                 if due and key not in out:
                     out.append(key)
         for key in set(self.known) | set(self._asked_s):

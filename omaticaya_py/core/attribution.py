@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .sharing import unit_gpu
@@ -104,6 +104,9 @@ class GpuAttribution:
       (a process on the host, or in a container Kubernetes does not run).
     - ``unknown_memory_mib`` / ``unknown_pids``: processes whose cgroup could not be read (gone,
       or not visible from this PID namespace): neither in a pod nor proved out-of-band.
+    - ``named_pods``: the ``(namespace, name)`` of every pod the name lookups knew (``None``:
+      none were given); a holder named there whose processes are not among ``pods`` has none
+      here (a shared GPU's slice uses nothing). Not compared.
     """
 
     device_id: str
@@ -113,6 +116,7 @@ class GpuAttribution:
     out_of_band_pids: tuple[int, ...] = ()
     unknown_memory_mib: int = 0
     unknown_pids: tuple[int, ...] = ()
+    named_pods: frozenset[tuple[str, str]] | None = field(default=None, compare=False)
 
 
 # --- cgroup paths ---------------------------------------------------------------------------
@@ -271,6 +275,7 @@ def attribute(
             out_of_band_pids=tuple(sorted(p.pid for p in out_of_band)),
             unknown_memory_mib=_sum_mib(unknown),
             unknown_pids=tuple(sorted(p.pid for p in unknown)),
+            named_pods=frozenset(names.values()) if pod_names is not None else None,
         )
     return out
 

@@ -102,17 +102,24 @@ def gpu_slices(att: GpuAttribution | None, gpu_uuid: str | None, unit_mib: int) 
     """The slices held on the shared GPU ``gpu_uuid``: one per holder with units of it, in the
     kubelet's order. A container's use is the memory of the processes named as its own; the
     processes of its pod whose container is not named count for it when it is the pod's only
-    holder of this GPU. ``()`` when not attributed."""
+    holder of this GPU. Its use is unknown while a process on the GPU is not placed, or while
+    its pod is not named (``GpuAttribution.named_pods``; without that, while any process's pod
+    is not). ``()`` when not attributed."""
     if att is None or not gpu_uuid:
         return ()
     held = [(h, n) for h in att.holders if (n := _units_on(h, gpu_uuid)) > 0]
     per_pod: dict[tuple[str, str], int] = {}
     for h, _ in held:
         per_pod[(h.namespace, h.pod)] = per_pod.get((h.namespace, h.pod), 0) + 1
-    named = not att.unknown_pids and all(p.pod is not None for p in att.pods)
+    placed = not att.unknown_pids
+    every_pod_named = all(p.pod is not None for p in att.pods)
     out = []
     for h, units in held:
         used: int | None = None
+        if att.named_pods is not None:
+            named = placed and (h.namespace, h.pod) in att.named_pods
+        else:
+            named = placed and every_pod_named
         if named:
             mine = [p for p in att.pods if (p.namespace, p.pod) == (h.namespace, h.pod)]
             own = sum(p.used_memory_mib for p in mine if p.container == h.container)
