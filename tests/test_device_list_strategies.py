@@ -278,7 +278,8 @@ def test_a_1_20_kubelet_reads_a_response_with_cdi_devices() -> None:
     ]
     assert dict(old.annotations) == dict(new.annotations)
     assert not hasattr(old, "cdi_devices")
-    assert old.SerializeToString() == new.SerializeToString()  # the unknown field is kept
+    # the unknown field is kept (map entries in a fixed order: deterministic)
+    assert old.SerializeToString(deterministic=True) == new.SerializeToString(deterministic=True)
 
 
 @pytest.mark.skipif(
