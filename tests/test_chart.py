@@ -37,6 +37,8 @@ NESTED_VALUE = {
     "shared_gpus": "sharing.gpus",
     "share_unit_mib": "sharing.unitMib",
     "shared_resource": "sharing.resource",
+    "share_policy": "sharing.policy",
+    "share_settle_s": "sharing.settleS",
 }
 #: Kinds that are not in the core Kubernetes schemas, and why they are not validated.
 NOT_CORE = {
@@ -359,6 +361,8 @@ BAD_VALUES = [
     ("sharing-gpus-name", {"sharing": {"gpus": "gpu0"}}, "/sharing/gpus"),
     ("sharing-gpus-negative", {"sharing": {"gpus": -1}}, "/sharing/gpus"),
     ("sharing-unitMib-zero", {"sharing": {"unitMib": 0}}, "/sharing/unitMib"),
+    ("sharing-policy", {"sharing": {"policy": "pack"}}, "/sharing/policy"),
+    ("sharing-settleS-negative", {"sharing": {"settleS": -1}}, "/sharing/settleS"),
     ("sharing-resource-no-domain", {"sharing": {"resource": "vram"}}, "/sharing/resource"),
     ("sharing-unknown-key", {"sharing": {"gpu": "all"}}, "gpu"),
     ("deviceListStrategy-unknown", {"deviceListStrategy": ["volumes"]}, "/deviceListStrategy"),
@@ -507,6 +511,8 @@ ENV_CASES = [
     ("sharing-gpus-range", {"sharing": {"gpus": "0-3"}}, "OMATICAYA_SHARED_GPUS", "0-3"),
     ("sharing-gpus-one-index", {"sharing": {"gpus": 2}}, "OMATICAYA_SHARED_GPUS", "2"),
     ("sharing-unitMib", {"sharing": {"unitMib": 2048}}, "OMATICAYA_SHARE_UNIT_MIB", "2048"),
+    ("sharing-policy", {"sharing": {"policy": "spread"}}, "OMATICAYA_SHARE_POLICY", "spread"),
+    ("sharing-settleS", {"sharing": {"settleS": 15}}, "OMATICAYA_SHARE_SETTLE_S", "15"),
     (
         "sharing-resource",
         {"sharing": {"resource": "example.com/vram"}},

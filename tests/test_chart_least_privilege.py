@@ -250,6 +250,25 @@ def test_events_only_create_in_default(helm):  # noqa: F811
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
 
 
+@pytest.mark.parametrize("gpus", ["all", "0-3", 2])
+def test_sharing_adds_pod_get_and_events_create_only(helm, gpus):  # noqa: F811
+    docs = docs_with(helm, {"sharing": {"gpus": gpus}}, "--kube-version", "1.30.0")
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+
+
+def test_no_pod_rule_without_sharing(helm):  # noqa: F811
+    docs = docs_with(helm, None, "--kube-version", "1.30.0")
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
+    ]
+
+
 def test_events_go_where_the_role_is():
     """The Role's namespace is where NodeClient posts (its default, which agent/events.py uses)."""
     import inspect

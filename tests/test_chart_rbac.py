@@ -46,12 +46,15 @@ PROPAGATION_S = 20.0
 # it here as well would make a module-level copy and start a second cluster.
 
 
-def render_rbac() -> list[dict]:
+def render_rbac(release: str = RELEASE, *sets: str) -> list[dict]:
+    """The chart's RBAC documents for ``release``, with ``--set`` values ``sets``."""
     try:
         helm = helm_path()
     except ToolUnavailable as exc:
         pytest.skip(f"helm unavailable: {exc}")
-    args = [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args = [str(helm), "template", release, str(CHART), "--namespace", NAMESPACE]
+    for value in sets:
+        args += ["--set", value]
     for t in RBAC_TEMPLATES:
         args += ["--show-only", t]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
@@ -105,10 +108,20 @@ def _apply(admin_client: Any, docs: list[dict[str, Any]]) -> None:
 
 @pytest.fixture(scope="module")
 def agent(dev_cluster) -> Iterator[Agent]:
+    """The agent's token under the chart's default values."""
+    yield from _agent_of(dev_cluster, render_rbac())
+
+
+@pytest.fixture(scope="module")
+def sharing_agent(dev_cluster) -> Iterator[Agent]:
+    """The agent's token of a release with GPU sharing on (``sharing.gpus=all``)."""
+    yield from _agent_of(dev_cluster, render_rbac(f"{RELEASE}-sharing", "sharing.gpus=all"))
+
+
+def _agent_of(dev_cluster: Any, docs: list[dict]) -> Iterator[Agent]:
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
-    docs = render_rbac()
     admin_client = config.new_client_from_config(config_file=str(dev_cluster.kubeconfig))
     admin = client.CoreV1Api(admin_client)
     rbac = client.RbacAuthorizationV1Api(admin_client)
@@ -373,3 +386,51 @@ def test_rbac_alone_does_not_pin_the_node(agent):
     another Node is patchable too. That is what validatingAdmissionPolicy (>= 1.30) adds."""
     test_agent_patches_its_node_labels(agent)
     assert _status(lambda: _merge_patch(agent.core, OTHER_NODE, {"omaticaya.io/x": "1"})) == 200
+
+
+# ------------------------------------------------------------------- GPU sharing's extra ----
+#: With sharing on, the agent reads each slice's pod (GET, by name) and posts
+#: GpuMemoryOverLimit on it, in the pod's own namespace; still no list, watch or write of pods.
+SHARING_CASES = [
+    ("get-pod-other-namespace", lambda a: a.core.read_namespaced_pod("absent", "team-a"), 404),
+    ("list-pods", lambda a: a.core.list_namespaced_pod("team-a"), 403),
+    ("list-pods-all", lambda a: a.core.list_pod_for_all_namespaces(), 403),
+    ("delete-pod", lambda a: a.core.delete_namespaced_pod("absent", "team-a"), 403),
+    ("create-event-pod-namespace", lambda a: a.core.create_namespaced_event("team-a", _pod_event("team-a")), 201),
+    ("get-secret", lambda a: a.core.read_namespaced_secret("not-for-the-agent", NAMESPACE), 403),
+]  # fmt: skip
+
+
+def _pod_event(namespace: str) -> dict:
+    """A GpuMemoryOverLimit-like Event on a pod in ``namespace``."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": namespace, "uid": "u"}
+    return {**_core_event(namespace), "involvedObject": pod, "reason": "GpuMemoryOverLimit"}
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"), [c[1:] for c in SHARING_CASES], ids=[c[0] for c in SHARING_CASES]
+)
+def test_sharing_agent_token_permissions(sharing_agent, call, expected):
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        sharing_agent.admin.create_namespace({"metadata": {"name": "team-a"}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    test_agent_patches_its_node_labels(sharing_agent)  # waits for RBAC to propagate
+    deadline = time.monotonic() + PROPAGATION_S
+    while True:  # the sharing rules are their own ClusterRole rules: let them propagate too
+        status = _status(lambda: call(sharing_agent))
+        if status != 403 or expected == 403 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if expected == 201:
+        assert status in (200, 201), status
+    else:
+        assert status == expected
+
+
+def test_default_agent_cannot_read_pods(agent):
+    test_agent_patches_its_node_labels(agent)
+    assert _status(lambda: agent.core.read_namespaced_pod("absent", "default")) == 403
