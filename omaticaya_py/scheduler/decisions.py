@@ -29,6 +29,7 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("not-in-cache", "not yet in the omaticaya extender's cache"),
     ("not-synced", "cache is not synced yet"),
     ("bad-pod", "pod annotation"),
+    ("bad-pod", "pod container"),
     ("judging-failed", "could not be judged by the omaticaya extender"),
 )
 REASONS: tuple[str, ...] = ("", *(k for k, _ in _KINDS), "other")

@@ -25,7 +25,9 @@ A deleted, failed or finished pod is never a placement (the pod watch drops it).
 ``adjust`` takes each pending placement's memory from the GPUs it was given (``gpus``, chosen
 by the filter as the device plugin would: ``choose_gpus``), and a placement whose GPUs are not
 known (learned from the pod watch: bound by another path, or after a restart) from its
-``count`` healthy GPUs with the most free memory left, clamped at zero.
+``count`` healthy GPUs with the most free memory left, clamped at zero. A placement of slices
+(``slices``: units per container) is taken from the node's shared GPUs the same way, each slice
+from one GPU (``slices.place_slices`` chose them), and is shown by the shared GPUs' free memory.
 """
 
 from __future__ import annotations
@@ -58,10 +60,17 @@ class Placement:
     baseline_free_mib: int | None = None
     gpus: tuple[int, ...] = ()
     bound: bool = True
+    #: a pod's slices of shared GPUs, units per container, largest first (``gpus`` then the
+    #: shared GPU of each, in the same order); empty: whole GPUs
+    slices: tuple[int, ...] = ()
 
     @property
     def total_mib(self) -> int:
         return self.memory_mib * self.count
+
+    def mib_at(self, unit_mib: int | None) -> int:
+        """The memory it holds at ``unit_mib`` MiB per unit (slices), or ``total_mib``."""
+        return sum(self.slices) * (unit_mib or 0) if self.slices else self.total_mib
 
 
 def expiry(p: Placement, settle_s: float, assume_s: float = ASSUME_S) -> float:
@@ -86,20 +95,34 @@ def pending(
     )
     if state is None or state.read_at is None:
         return live
-    read_at, free_now = state.read_at, state.free_total_mib
+    whole = [p for p in live if not p.slices]
+    sliced = [p for p in live if p.slices]
+    out = _not_shown(whole, state.read_at, state.free_total_mib, None)
+    if sliced:  # on the shared GPUs: their own free memory tells
+        kept = set(map(id, _not_shown(sliced, state.read_at, state.shared_free_total_mib,
+                                      state.share_unit_mib)))  # fmt: skip
+        out = [p for p in live if (p.slices and id(p) in kept) or (not p.slices and p in out)]
+    return out
+
+
+def _not_shown(live: list[Placement], read_at: float, free_now: int, unit_mib: int | None
+               ) -> list[Placement]:  # fmt: skip
+    """The placements of ``live`` (oldest first) a reading at ``read_at`` with ``free_now``
+    free does not show yet (see the module's docstring)."""
     shown = 0  # memory of earlier placements the reading must show as well
     out: list[Placement] = []
     settling = True
     for p in live:
+        mib = p.mib_at(unit_mib)
         seen = (
             settling
             and p.started_at is not None
             and read_at > p.started_at
             and p.baseline_free_mib is not None
-            and p.baseline_free_mib - free_now >= shown + p.total_mib
+            and p.baseline_free_mib - free_now >= shown + mib
         )
         if seen:
-            shown += p.total_mib
+            shown += mib
             continue
         settling = False  # later ones cannot be told apart from this one: they wait
         out.append(p)
@@ -109,7 +132,15 @@ def pending(
 def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
     """``state`` with each placement's need taken from its GPUs (its own ``gpus`` when known
     and still healthy on the node, else the healthy ones with the most free left)."""
-    if not placements or not state.gpus:
+    if not placements:
+        return state
+    sliced = [p for p in placements if p.slices]
+    if sliced:
+        state = _adjust_shared(state, sliced)
+        placements = [p for p in placements if not p.slices]
+        if not placements:
+            return state
+    if not state.gpus:
         return state
     free = {g.index: g.free_mib for g in state.gpus}
     healthy = [g.index for g in state.gpus if g.healthy]
@@ -125,6 +156,28 @@ def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState
         g if free[g.index] == g.free_mib else replace(g, free_mib=free[g.index]) for g in state.gpus
     )
     return replace(state, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))
+
+
+def _adjust_shared(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
+    """``state`` with each slice taken from its shared GPU (its own when known and healthy,
+    else the healthy shared GPU with the most free left), clamped at zero."""
+    unit = state.share_unit_mib
+    if not state.shared or not unit:
+        return state
+    free = {g.index: g.free_mib for g in state.shared}
+    good = {g.index for g in state.shared if g.healthy}
+    for p in sorted(placements, key=lambda p: not p.gpus):  # known GPUs first
+        for k, units in enumerate(p.slices):
+            index = p.gpus[k] if k < len(p.gpus) and p.gpus[k] in good else None
+            if index is None:
+                if not good:
+                    break
+                index = max(good, key=lambda i: (free[i], -i))
+            free[index] = max(0, free[index] - units * unit)
+    shared = tuple(
+        g if free[g.index] == g.free_mib else replace(g, free_mib=free[g.index]) for g in state.shared
+    )
+    return replace(state, shared=shared)
 
 
 def choose_gpus(

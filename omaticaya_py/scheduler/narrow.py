@@ -24,6 +24,7 @@ from .inflight import Placement, choose_gpus
 from .ledger import Ledger
 from .nodeindex import NodeIndex, NodeRecord, judge_all
 from .rules import MAX_PRIORITY, MIN_PRIORITY, Need, ProblemOf, Verdict, judge, judge_safely
+from .slices import place_slices
 from .staleness import effective
 from .verdicts import VerdictsByNeed
 
@@ -156,11 +157,7 @@ class Narrowing:
         del failed[best]
         rec = self._record(items_of, best, now)
         if uid and rec is not None:
-            gpus = choose_gpus(rec.left, need.memory_mib, need.count, s.strategy)
-            self.ledger.reserve(Placement(
-                key, uid, best, need.memory_mib, need.count, placed_at=now,
-                baseline_free_mib=rec.state.free_total_mib, gpus=gpus, bound=False,
-            ))  # fmt: skip
+            self.ledger.reserve(_reservation(need, rec, key, uid, best, now, s.strategy))
         return [best], failed
 
     def prioritize(self, pod: Any, need: Need, items_of: Callable[[float], Items],
@@ -205,6 +202,24 @@ class Narrowing:
             scores[mine.node] = MAX_PRIORITY
         get = scores.get
         return [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name in names]
+
+
+def _reservation(need: Need, rec: NodeRecord, key: str, uid: str, node: str, now: float,
+                 strategy: str) -> Placement:  # fmt: skip
+    """The pod's reservation on ``node`` (its record ``rec``): on the GPUs the device plugin
+    would give it (``inflight.choose_gpus``; slices: ``slices.place_slices``, largest first,
+    best fit when ``strategy`` cannot place them all)."""
+    if need.slices:
+        units = tuple(sorted(need.slices, reverse=True))
+        mibs = need.slice_mibs(rec.left.share_unit_mib or 0)
+        placed = (place_slices(rec.left.shared, mibs, strategy)
+                  or place_slices(rec.left.shared, mibs))  # fmt: skip
+        return Placement(key, uid, node, 0, 0, placed_at=now, slices=units,
+                         baseline_free_mib=rec.state.shared_free_total_mib,
+                         gpus=placed[0] if placed else (), bound=False)  # fmt: skip
+    gpus = choose_gpus(rec.left, need.memory_mib, need.count, strategy)
+    return Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
+                     baseline_free_mib=rec.state.free_total_mib, gpus=gpus, bound=False)  # fmt: skip
 
 
 def _scaled(free: Iterable[int], lo: int, span: int, strategy: str) -> Iterator[int]:

@@ -1,4 +1,8 @@
-"""A pod's GPU need, from its annotations (pure): what the filter and the placements judge by."""
+"""A pod's GPU need (pure): what the filter and the placements judge by.
+
+Whole GPUs by annotation (``<prefix>/gpu-memory-mib``, ``<prefix>/gpu-count``), or memory
+slices of shared GPUs by resource (``resources.limits`` or ``requests`` of the shared resource,
+``omaticaya.io/gpu-memory`` by default, in units: ``core.sharing``), one slice per container."""
 
 from __future__ import annotations
 
@@ -8,18 +12,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.schema import json_int, json_mapping
+from ..core.sharing import DEFAULT_SHARED_RESOURCE
 
-__all__ = ["MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MIB", "Need", "parse_need"]
+__all__ = ["MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Need", "parse_need",
+           "parse_slices"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Need:
-    """What a pod asks for: ``count`` GPUs with ``memory_mib`` free each. ``error`` is set when
-    the annotations are malformed (every node then fails with that message)."""
+    """What a pod asks for: ``count`` GPUs with ``memory_mib`` free each, or, when ``slices``
+    is set, one slice per container of a shared GPU: units of the shared resource (MiB: units
+    x the node's ``share_unit_mib``). ``error`` is set when the pod's request is malformed
+    (every node then fails with that message)."""
 
     memory_mib: int
     count: int = 1
     error: str | None = None
+    slices: tuple[int, ...] = ()
+    #: the shared resource the slices are of (for messages)
+    resource: str = DEFAULT_SHARED_RESOURCE
+
+    def slice_mibs(self, unit_mib: int) -> tuple[int, ...]:
+        """Each container's slice in MiB at ``unit_mib`` MiB per unit, largest first."""
+        return tuple(sorted((u * unit_mib for u in self.slices), reverse=True))
 
 
 #: a plain whole number: MiB (the annotation's unit)
@@ -31,6 +46,9 @@ MIB = 1 << 20
 #: the most a pod can ask for on one GPU (1 EiB), and GPUs per pod
 MAX_MEMORY_MIB = 1 << 40
 MAX_GPU_COUNT = 1_000_000
+#: the most units one container can ask for (a 1 GiB unit: 1 PiB)
+MAX_UNITS = 1 << 20
+_UNITS = re.compile(r"^[0-9]{1,15}$")
 
 
 def _memory_mib(raw: str) -> int | None:
@@ -52,7 +70,48 @@ def _memory_mib(raw: str) -> int | None:
     return int(math.ceil(size / MIB))
 
 
-def parse_need(pod: Any, prefix: str = "omaticaya.io") -> Need | None:
+def parse_slices(pod: Any, resource: str = DEFAULT_SHARED_RESOURCE) -> Need | None:
+    """The slices ``pod`` asks for: each container's ``resources.limits[resource]`` (else its
+    ``requests``), a whole number of units from 0 to ``MAX_UNITS`` (a JSON number, or a string
+    of digits as the API writes quantities); ``None`` when no container asks for any. A value of
+    another form (negative, a fraction, ``500m``, a suffix) gives a ``Need`` with ``error``
+    naming the container and the value. Init containers are not looked at."""
+    spec = json_mapping(json_mapping(pod).get("spec"))
+    containers = spec.get("containers")
+    units: list[int] = []
+    for c in containers if isinstance(containers, list) else ():
+        c = json_mapping(c)
+        res = json_mapping(c.get("resources"))
+        limits, requests = json_mapping(res.get("limits")), json_mapping(res.get("requests"))
+        raw = limits.get(resource, requests.get(resource))
+        if raw is None:
+            continue
+        n = _units(raw)
+        if n is None:
+            name = c.get("name")
+            shown = _shown(str(name) if isinstance(name, str) else "?")
+            return Need(0, 1, f"pod container {shown} asks for {resource}={_shown(str(raw))}: "
+                        f"expected a whole number of units from 0 to {MAX_UNITS}")  # fmt: skip
+        if n > 0:
+            units.append(n)
+    return Need(0, 1, slices=tuple(units), resource=resource) if units else None
+
+
+def _units(raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        n: int | None = raw
+    elif isinstance(raw, str) and _UNITS.match(raw.strip()):
+        n = int(raw.strip())
+    else:
+        return None
+    return n if n is not None and 0 <= n <= MAX_UNITS else None
+
+
+def parse_need(
+    pod: Any, prefix: str = "omaticaya.io", shared_resource: str = DEFAULT_SHARED_RESOURCE
+) -> Need | None:
     """The pod's need from ``<prefix>/gpu-memory-mib`` and ``<prefix>/gpu-count``; ``None``
     when the pod has no ``gpu-memory-mib`` annotation (or is not a pod object at all).
 
@@ -60,7 +119,12 @@ def parse_need(pod: Any, prefix: str = "omaticaya.io") -> Need | None:
     (``30Gi``, ``1.5Gi``, ``30G``) is converted by the Kubernetes client's parser and rounded up
     to whole MiB; at most ``MAX_MEMORY_MIB``. The count is a whole number from 1 to
     ``MAX_GPU_COUNT`` (default 1). A bad value gives a ``Need`` with ``error`` set, naming the
-    annotation and the expected form: every node then fails with it."""
+    annotation and the expected form: every node then fails with it.
+
+    A pod that asks for slices of ``shared_resource`` (``parse_slices``) has that need
+    instead: its annotations are not read."""
+    if (sliced := parse_slices(pod, shared_resource)) is not None:
+        return sliced
     meta = json_mapping(json_mapping(pod).get("metadata"))
     annotations = json_mapping(meta.get("annotations"))
     mem_key, count_key = f"{prefix}/gpu-memory-mib", f"{prefix}/gpu-count"

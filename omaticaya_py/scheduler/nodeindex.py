@@ -28,6 +28,7 @@ from ..core.schema import NodeGpuState
 from .inflight import ASSUME_S, Placement, adjust, expiry, pending
 from .ledger import Ledger
 from .rules import BAD_HEALTH, Need, Verdict, _gpus_text
+from .slices import slice_reasons, slice_room
 
 __all__ = ["NodeIndex", "NodeRecord", "build_record", "judge_all", "window"]
 
@@ -184,6 +185,8 @@ def judge_all(
     no_room = f"node(s) had no room: {wanted} ({prefix})"
     taken = (f"node(s) had room taken by in-flight pods: {wanted}, and pods placed there are "
              f"not in its telemetry yet ({prefix})")  # fmt: skip
+    sliced = bool(need.slices)
+    slice_no_room, slice_taken = slice_reasons(need, prefix) if sliced else ("", "")
     fits: list[tuple[str, int, NodeRecord | None]] = []
     passed: list[str] = []
     failed: dict[str, str] = {}
@@ -212,6 +215,14 @@ def judge_all(
         if fresh:
             if name in flagged and on_fresh is not None:
                 on_fresh(name)
+            if sliced:
+                room = slice_room(rec.left, need)  # type: ignore[union-attr]
+                if room is not None:
+                    fits.append((name, room, rec))
+                else:
+                    failed[name] = (slice_taken if slice_room(rec.state, need) is not None  # type: ignore[union-attr]
+                                    else slice_no_room)  # fmt: skip
+                continue
             f = rec.fits  # type: ignore[union-attr]
             if len(f) > k and f[k] >= mem:
                 fits.append((name, rec.free, rec))  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ from typing import Any
 from loguru import logger as log
 
 from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
+from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .inflight import ASSUME_S, Placement
 from .rules import parse_need
 
@@ -41,13 +42,15 @@ def placement_from_pod(
     prefix: str,
     node_state: Callable[[str], NodeGpuState | None],
     now: float,
+    shared_resource: str = DEFAULT_SHARED_RESOURCE,
 ) -> Placement | None:
     """The placement a pod document stands for, or ``None``. Raises ``ValueError`` for a pod
     whose fields have the wrong shape (the caller skips it and counts it).
 
     ``previous`` (the placement stored for this pod before) keeps the first ``placed_at`` and
     ``baseline_free_mib``; a new placement's baseline is the node's free memory now
-    (``node_state``), its ``placed_at`` the pod's PodScheduled transition (else ``now``)."""
+    (``node_state``; of its shared GPUs for a pod of slices of ``shared_resource``), its
+    ``placed_at`` the pod's PodScheduled transition (else ``now``)."""
     if not isinstance(pod, Mapping):
         raise ValueError("pod is not an object")
     meta, spec, status = (json_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
@@ -58,7 +61,7 @@ def placement_from_pod(
         raise ValueError("spec.nodeName is not a Node name")
     if meta.get("deletionTimestamp") or status.get("phase") in DONE_PHASES:
         return None
-    need = parse_need(pod, prefix)
+    need = parse_need(pod, prefix, shared_resource)
     if need is None or need.error:
         return None  # never placed through the extender's rules: nothing to account
     uid = meta.get("uid")
@@ -69,7 +72,9 @@ def placement_from_pod(
     else:
         placed_at = _scheduled_at(status) or now
         state = node_state(node)
-        baseline = state.free_total_mib if state is not None and state.known else None
+        baseline = None
+        if state is not None and state.known:
+            baseline = state.shared_free_total_mib if need.slices else state.free_total_mib
     return Placement(
         key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         uid=uid,
@@ -79,6 +84,7 @@ def placement_from_pod(
         placed_at=placed_at,
         started_at=rfc3339_s(status.get("startTime")),
         baseline_free_mib=baseline,
+        slices=tuple(sorted(need.slices, reverse=True)),
     )
 
 

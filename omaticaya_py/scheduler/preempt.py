@@ -172,12 +172,14 @@ def preempt(
     ledger's reservations by GPU (``None``: from ``ext``'s in-flight placements). At most
     ``max_nodes`` nodes are read, within ``budget_s`` seconds."""
     pod = args.get("Pod")
-    need = parse_need(pod, ext.settings.prefix)
+    need = parse_need(pod, ext.settings.prefix, ext.settings.shared_resource)
     candidates, pdb, bad = _candidates(args)
     count = _counter(ext)
     if bad:
         count("dropped", "bad-victim", bad)
-    if need is None:  # not a GPU pod: kube-scheduler's own choice stands
+    if need is None or need.slices:
+        # not a GPU pod, or a pod of slices (kube-scheduler's own fit counts their units, and
+        # chose victims by them): kube-scheduler's own choice stands
         return {"NodeNameToMetaVictims": {n: _meta(u, pdb[n]) for n, u in candidates.items()}}
     if need.error:
         count("dropped", "bad-pod", len(candidates))

@@ -125,6 +125,8 @@ def reserved_by_gpu(
     healthy = [g.index for g in gpus if g.healthy]
     out: dict[int, dict[str, int]] = {}
     for p in placements:
+        if getattr(p, "slices", ()):
+            continue  # slices are on shared GPUs, never on these whole ones
         known = [i for i in getattr(p, "gpus", ()) if i in free]  # the ledger's GPUs, if any
         for index in known or sorted(healthy, key=lambda i: -free[i])[: p.count]:
             free[index] = max(0, free[index] - p.memory_mib)
@@ -235,6 +237,10 @@ def unresolvable(
         kind = kinds[reason]
         if kind in UNRESOLVABLE_KINDS:
             out[name] = reason
+        elif kind == "no-room" and need.slices:  # no healthy shared GPU: nothing to free
+            state = lookup(name)
+            if state is None or not any(g.healthy for g in state.shared):
+                out[name] = reason
         elif kind == "no-room":
             state = lookup(name)
             big = (

@@ -11,6 +11,7 @@ from ..core.liveness import AHEAD, DEFAULT_MAX_CLOCK_SKEW_S, STALE, LeaseOf, nod
 from ..core.schema import NodeGpuState
 from .inflight import Placement, adjust
 from .need import MAX_GPU_COUNT, MAX_MEMORY_MIB, Need, parse_need
+from .slices import slice_reasons, slice_room
 from .staleness import effective, legacy_default
 
 __all__ = [
@@ -87,6 +88,8 @@ def judge(
     else ``stale_policy``/``unknown_policy``, else ``fail_open``'s score-zero or reject). The
     room check subtracts the ``inflight`` placements (``scheduler.inflight``) GPU by GPU, or
     uses ``left`` (``state`` with them already subtracted: ``nodeindex.NodeRecord.left``).
+    A need of slices (``Need.slices``) fits when each slice fits on one healthy shared GPU
+    (``slices.slice_room``: the verdict's ``free_mib`` is that GPU's room).
     Fresh or stale is ``core.liveness.node_liveness`` (``now``: wall clock, ``now_mono``:
     monotonic, against the state's ``seen``); with ``leases`` (a synced Lease watch), a node
     whose telemetry names a Lease is judged by that Lease. A published time more than
@@ -124,6 +127,13 @@ def judge(
         return Verdict(False, f"node(s) had GPU health {state.health or 'Unknown'} ({prefix})")
     if left is None:
         left = adjust(state, inflight) if inflight else state
+    if need.slices:
+        room = slice_room(left, need)
+        if room is not None:
+            return Verdict(True, fits=True, free_mib=room)
+        no_room, taken = slice_reasons(need, prefix)
+        return Verdict(False, taken if left is not state and slice_room(state, need) is not None
+                       else no_room)  # fmt: skip
     fitting = sum(1 for g in left.gpus if g.healthy and g.free_mib >= need.memory_mib)
     if fitting < need.count:
         wanted = f"pod needs {_gpus_text(need.count)} with {need.memory_mib} MiB free"

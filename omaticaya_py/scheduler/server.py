@@ -175,7 +175,8 @@ def _start_pod_cache(
 
     def transform(pod: Any, previous: Any) -> Any:
         return placement_from_pod(
-            pod, previous, prefix=settings.prefix, node_state=nodes.get, now=time.time()
+            pod, previous, prefix=settings.prefix, node_state=nodes.get, now=time.time(),
+            shared_resource=settings.shared_resource,
         )
 
     def on_error(err: KubeError) -> None:

@@ -9,7 +9,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
-from ..core.settings import CommonSettings, load
+from ..core.settings import CommonSettings, Settings, load
+from ..core.sharing import DEFAULT_SHARED_RESOURCE
 
 # ---------------------------------------------------------------------------- settings ----
 
@@ -103,12 +104,23 @@ class ExtenderSettings(CommonSettings):
         "held and renewTime + leaseDurationSeconds + grace_s is ahead. Empty: no Lease watch, "
         "every node judged by its telemetry's expires_at or read_at + ttl_s.",
     )
+    shared_resource: str = Field(
+        default=DEFAULT_SHARED_RESOURCE,
+        description="The resource of GPU memory slices (the device plugin's "
+        "OMATICAYA_SHARED_RESOURCE): a pod asking for it in units passes a node only where one "
+        "shared GPU has each slice free by the live reading less the reservations.",
+    )
     kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
 
     @field_validator("strategy", "stale_policy", "unknown_policy", "signal", mode="before")
     @classmethod
     def _lower_strategy(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("shared_resource")
+    @classmethod
+    def _check_shared_resource(cls, value: str) -> str:
+        return Settings._check_resource(value)  # the agent's rule for the same name
 
     @field_validator("address")
     @classmethod

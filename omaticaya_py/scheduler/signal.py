@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Literal, TypeVar
 
-from ..core.schema import NodeGpuState
+from ..core.schema import GpuInfo, NodeGpuState
 
 __all__ = ["SIGNALS", "Signal", "with_signal"]
 
@@ -23,12 +23,19 @@ State = TypeVar("State", bound=NodeGpuState)
 
 
 def with_signal(state: State, signal: str) -> State:
-    """``state`` with each GPU's ``free_mib`` (and the node's ``free_total_mib``) taken from
-    ``signal``; the same object when nothing changes."""
-    if signal != "window-min" or not any(g.free_min_mib is not None for g in state.gpus):
+    """``state`` with each GPU's ``free_mib``, whole and shared (and the node's
+    ``free_total_mib``), taken from ``signal``; the same object when nothing changes."""
+    if signal != "window-min" or not any(
+        g.free_min_mib is not None for g in (*state.gpus, *state.shared)
+    ):
         return state
-    gpus = tuple(
+    gpus, shared = _window_min(state.gpus), _window_min(state.shared)
+    return replace(state, gpus=gpus, shared=shared,
+                   free_total_mib=sum(g.free_mib for g in gpus if g.healthy))  # fmt: skip
+
+
+def _window_min(gpus: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
+    return tuple(
         replace(g, free_mib=min(g.free_mib, g.free_min_mib)) if g.free_min_mib is not None else g
-        for g in state.gpus
+        for g in gpus
     )
-    return replace(state, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))

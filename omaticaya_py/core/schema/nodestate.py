@@ -22,6 +22,7 @@ from .names import (
     MEMORY_FREE_TOTAL,
     MIG_STRATEGY,
     PER_GPU_KEY,
+    SHARED_MEMORY_FREE,
 )
 from .telemetry import TELEMETRY, GpuTelemetry, Telemetry
 from .values import json_int, json_mapping, json_str
@@ -74,6 +75,13 @@ class NodeGpuState:
     free_total_mib: int = 0
     problem: str | None = None
     lease: str | None = None
+    shared: tuple[GpuInfo, ...] = ()
+    share_unit_mib: int | None = None
+
+    @property
+    def shared_free_total_mib(self) -> int:
+        """Free MiB summed over the healthy shared GPUs."""
+        return sum(g.free_mib for g in self.shared if g.healthy)
 
 
 #: the longest ``expires_at - read_at`` trusted (a weekly schedule plus a day of heartbeat):
@@ -107,9 +115,13 @@ def parse_node(
     ``gpu.healthy-count`` GPUs). Only whole GPUs count: a GPU with MIG on (``mig_enabled`` in
     the telemetry, ``gpu-N.mig.enabled`` label) is given out as MIG devices, not as a GPU.
 
+    Shared GPUs (the telemetry's ``gpus[].shared``, with its ``share_unit_mib``) go to
+    ``shared``, never to ``gpus``: a pod asking for whole GPUs cannot be given one.
+
     Never above the truth: each GPU's ``free_mib`` is the least of the telemetry's exact value
     and what the labels say (``label_bounds``): its ``gpu-N.memory.free-mib``, and the node's
-    ``gpu.memory.free-mib`` (the most free on any one healthy unit, so a bound on every GPU);
+    ``gpu.memory.free-mib`` (the most free on any one healthy unit, so a bound on every GPU;
+    for a shared GPU ``gpu.shared.memory.free-mib``, the largest slice one can take);
     ``free_total_mib`` is also at most ``gpu.memory.free-total-mib``. Labels go down at once
     and are rounded down (``core.budget``, ``core.labelvalues.stable_down``), while the
     telemetry may be a drop behind (it is rewritten when a label changes or free memory drops by
@@ -142,8 +154,12 @@ def parse_node(
         expires_at = None
 
     # whole GPUs only: a GPU with MIG on is given out as MIG devices (nvidia.com/mig-<profile>),
-    # never as a whole GPU, so its whole-GPU free memory must not make room for a pod
+    # never as a whole GPU, so its whole-GPU free memory must not make room for a pod; a shared
+    # GPU is given out in memory units (slices), never whole either
     gpus: list[GpuInfo] = []
+    shared: list[GpuInfo] = []
+    unit_mib = doc.share_unit_mib if doc is not None else None
+    unit_mib = unit_mib if unit_mib is not None and unit_mib > 0 else None
     listed = doc is not None and doc.gpus_listed
     for g in doc.gpus if doc is not None else ():
         if g.mig:
@@ -151,19 +167,25 @@ def parse_node(
         if g.memory_free_unreadable:
             problem = "telemetry annotation with a bad memory_free_mib"
         free = g.memory_free_mib
-        gpus.append(
-            GpuInfo(
-                g.index,
-                free or 0,
-                g.health == "Healthy" and free is not None,
-                g.memory_free_min_mib,
-                g.memory_total_mib,
-            )
+        info = GpuInfo(
+            g.index,
+            free or 0,
+            g.health == "Healthy" and free is not None,
+            g.memory_free_min_mib,
+            g.memory_total_mib,
         )
+        if g.shared:  # without a unit size its slices cannot be sized: not given out
+            if unit_mib is not None:
+                shared.append(info)
+            continue
+        gpus.append(info)
     if not gpus and not listed:
         gpus = _label_gpus(mine)
     per_gpu, best, total = label_bounds(mine)
     gpus = [_capped(g, per_gpu.get(g.index), best) for g in gpus]
+    # the largest slice one shared GPU can take (gpu.shared.memory.free-mib) bounds each one
+    shared_best = json_int(mine.get(SHARED_MEMORY_FREE))
+    shared = [_capped(g, per_gpu.get(g.index), shared_best) for g in shared]
     free_total = sum(g.free_mib for g in gpus if g.healthy)
     if total is not None:
         free_total = min(free_total, max(total, 0))
@@ -177,6 +199,8 @@ def parse_node(
         gpus=tuple(gpus),
         free_total_mib=free_total,
         problem=problem,
+        shared=tuple(shared),
+        share_unit_mib=unit_mib if shared else None,
     )
 
 
