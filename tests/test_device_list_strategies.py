@@ -379,5 +379,6 @@ def test_a_device_no_strategy_can_name_fails_allocate_and_the_plugin_keeps_servi
     with serving(trace, "envvar,volume-mounts", monkeypatch) as dps:
         with pytest.raises(grpc.RpcError) as err:
             allocate(dps.plugins[None], bad)
-        assert err.value.code() == grpc.StatusCode.UNKNOWN
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert bad in err.value.details()
         assert allocate(dps.plugins["1g.10gb"], MIG) == expect({NVD: MIG}, mounts=(MIG,))

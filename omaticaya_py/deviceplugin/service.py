@@ -277,7 +277,12 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 logger.info("device plugin: allocate {} units on {} ({})", len(ids), gpu, envs)
             else:
                 logger.info("device plugin: allocate {}", ids)
-            responses.append(container_response(visible, envs, self.strategies))
+            try:
+                responses.append(container_response(visible, envs, self.strategies))
+            except ValueError as exc:  # a device ID no strategy can name (from the driver)
+                self.refusals += 1
+                logger.warning("device plugin: refused to allocate: {}", exc)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)[:256])
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
