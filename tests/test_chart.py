@@ -1109,3 +1109,28 @@ def test_schema_describes_every_value():
                 sub = schema["definitions"][sub["$ref"].rsplit("/", 1)[1]]
             assert sub.get("additionalProperties") is False, key
             assert set(value) <= set(sub["properties"]), key
+
+
+def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):
+    """The scheduler's extender places slices of the same resource the device plugin serves:
+    ``sharing.resource`` reaches both, and the extender's rendered env loads."""
+    from omaticaya_py.scheduler import load_extender_settings
+
+    values = {"scheduler": {"enabled": True}, "sharing": {"resource": "example.com/vram"}}
+    docs = render(helm, values)
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    (extender,) = [
+        c for c in deploy["spec"]["template"]["spec"]["containers"]
+        if any(e["name"].startswith(EXTENDER_ENV) for e in c.get("env", []))
+    ]  # fmt: skip
+    env = {e["name"]: e["value"] for e in extender["env"] if "value" in e}
+    assert env["OMATICAYA_EXTENDER_SHARED_RESOURCE"] == "example.com/vram"
+    assert env_of(docs)["OMATICAYA_SHARED_RESOURCE"] == "example.com/vram"
+    for key in list(os.environ):
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    for key, value in env.items():
+        if key.startswith(EXTENDER_ENV):
+            monkeypatch.setenv(key, value)
+    assert load_extender_settings().shared_resource == "example.com/vram"
