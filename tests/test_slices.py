@@ -224,3 +224,43 @@ def test_a_burst_of_slices_never_promises_a_gpu_more_than_it_has_free():
     assert all(promised[k] <= free[k] for k in promised), (promised, free)
     fit = sum(f // (20 * U) for f in free.values())
     assert passed == fit == 19  # every slot of 20 units that the live free memory holds
+
+
+def test_a_bound_slice_pod_from_the_watch_is_a_placement_of_its_slices():
+    from omaticaya_py.scheduler.placements import placement_from_pod
+
+    state = shared_node("n", 40000, 60000, 50000, shared="0,1")
+    doc = slice_pod(10, 20, uid="u")
+    doc["spec"]["nodeName"] = "n"
+    p = placement_from_pod(doc, None, prefix="omaticaya.io", node_state={"n": state}.get, now=NOW)
+    assert p is not None and p.slices == (20, 10) and p.gpus == ()
+    assert p.baseline_free_mib == state.shared_free_total_mib == 39936 + 59392  # shared only
+    assert p.mib_at(U) == 30 * U
+
+
+def test_whole_and_slice_reservations_on_one_node_each_take_their_own_gpus():
+    state = shared_node("n", 40000, 60000, 50000, shared="0,1")  # GPU 2 whole
+    whole = Placement("ns/w", "w", "n", 30000, 1, placed_at=NOW, gpus=(2,), bound=False)
+    sliced = Placement("ns/s", "s", "n", 0, 0, placed_at=NOW, gpus=(), slices=(20,), bound=False)
+    left = adjust(state, [whole, sliced])
+    assert [g.free_mib for g in left.gpus] == [49152 - 30000]
+    assert [g.free_mib for g in left.shared] == [39936, 59392 - 20 * U]  # the freest: unknown GPU
+
+
+def test_the_window_minimum_bounds_shared_gpus_too():
+    from dataclasses import replace
+
+    from omaticaya_py.scheduler.signal import with_signal
+
+    state = shared_node("n", 40000, 60000)
+    dipped = replace(state, shared=(replace(state.shared[0], free_min_mib=1000), state.shared[1]))
+    assert [g.free_mib for g in with_signal(dipped, "window-min").shared] == [1000, 59392]
+    assert with_signal(dipped, "now") is dipped
+
+
+def test_preemption_of_a_slice_pod_is_kube_schedulers_own():
+    from omaticaya_py.scheduler.preempt import preempt
+    from tests.test_preemption import extender, kept, meta_args, reader
+
+    args = meta_args(slice_pod(20, uid="uid-preemptor"), fits=["uid-a"], small=[])
+    assert kept(preempt(extender(), args, reader())) == {"fits": ["uid-a"], "small": []}
