@@ -194,3 +194,13 @@ def test_ledger_changed_since(monkeypatch, case, first, nodes, seq, want):
         ledger.reserve(res(f"u{i}", n))
     now, got = ledger.changed_since(start + first if seq >= 0 else seq)
     assert now == start + len(nodes) and got == want, case
+
+
+def test_a_flagged_node_asked_about_and_kept_fresh_is_told_its_problem_is_over():
+    w = World()
+    kept = Verdicts(w.index, NEED)
+    told: list[str] = []
+    kept.judge(NAMES, **w.kw())  # every node kept, none flagged yet
+    flagged = {"n0": "ahead", "n4": "ahead"}  # flagged since by another request
+    kept.judge(["n0", "n1"], **w.kw(), flagged=flagged, on_fresh=told.append)
+    assert told == ["n0"]  # n4 was not asked about

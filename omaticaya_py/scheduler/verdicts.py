@@ -160,8 +160,9 @@ class Verdicts:
                 heapq.heappush(self._mono, (mono_until, name, token))
         self._compact()
         if on_fresh is not None and isinstance(flagged, Mapping) and flagged:
-            for name in [n for n in flagged if n in self._state and n not in fast]:
-                on_fresh(name)  # judged well, kept: its problem is over
+            asked = set(names)
+            for name in [n for n in flagged if n in asked and n in self._state and n not in fast]:
+                on_fresh(name)  # asked about, judged well and kept: its problem is over
         return self._assemble(names, slow_fits, passed, slow_failed)
 
     def _assemble(self, names: Sequence[str], slow_fits: dict[str, int], passed: list[str],
