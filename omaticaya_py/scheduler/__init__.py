@@ -8,8 +8,10 @@ scores 0..10 = ``MaxExtenderPriority`` of the 1.20 scheduler). Field names are t
 Go types have no JSON tags.
 
 A pod states its need with the annotation ``<prefix>/gpu-memory-mib`` (free MiB on each GPU) and
-optionally ``<prefix>/gpu-count`` (GPUs, default 1). A pod without it passes through untouched
-(every node passes, every score is 0).
+optionally ``<prefix>/gpu-count`` (GPUs, default 1), or asks for memory slices of shared GPUs
+by resource (``omaticaya.io/gpu-memory`` in units, per container: ``slices``; each slice must fit
+on one healthy shared GPU by its live free memory less the reservations there). A pod with
+neither passes through untouched (every node passes, every score is 0).
 
 Filter, per node, from the agent's labels and its ``<prefix>/telemetry`` annotation:
 
@@ -29,7 +31,10 @@ not fit (or are unknown) get 0.
 
 Modules: ``settings`` (``OMATICAYA_EXTENDER_*``), ``need`` (pure: the pod's need), ``rules``
 (pure: filter, prioritize over ``core.schema.NodeGpuState``; each node judged alone),
-``protocol`` (pure: ExtenderArgs in, results out), ``preemption`` (pure: the victims that make
+``slices`` (pure: where a pod's slices fit), ``protocol`` (pure: ExtenderArgs in, results
+out), ``ledger`` (the reservations), ``narrow`` (the filter narrows a pod to one node and
+reserves there), ``nodeindex`` and ``verdicts`` (per-node records and per-need verdicts kept
+between requests: a request judges only the nodes that changed), ``preemption`` (pure: the victims that make
 room on a node's GPUs) and ``preempt`` (the ``preemptVerb``: ExtenderPreemptionArgs in,
 ExtenderPreemptionResult out; docs/scheduling.md, "Preemption"), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
 cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli``'s ``extender``.
