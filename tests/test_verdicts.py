@@ -204,3 +204,15 @@ def test_a_flagged_node_asked_about_and_kept_fresh_is_told_its_problem_is_over()
     flagged = {"n0": "ahead", "n4": "ahead"}  # flagged since by another request
     kept.judge(["n0", "n1"], **w.kw(), flagged=flagged, on_fresh=told.append)
     assert told == ["n0"]  # n4 was not asked about
+
+
+def test_what_is_kept_of_deleted_nodes_goes_at_the_next_sweep(monkeypatch):
+    import omaticaya_py.scheduler.verdicts as verdicts_module
+
+    monkeypatch.setattr(verdicts_module, "SWEEP_EVERY", 2)  # (1,024 by default)
+    w = World()
+    kept = Verdicts(w.index, NEED)
+    kept.judge(NAMES, **w.kw())
+    del w.states["n0"]  # deleted; the scheduler stops asking about it
+    kept.judge(NAMES[1:], **w.kw())  # the second request sweeps
+    assert "n0" not in kept.free and "n0" not in kept._state and len(w.index) == len(NAMES) - 1

@@ -147,6 +147,14 @@ class NodeIndex:
         held = self.ledger.on_node(state.name) if self.ledger is not None else ()
         return build_record(state, held, now=now, **self.params)
 
+    def sweep(self) -> int:
+        """Drop the records of Nodes no longer in the Node cache (deleted, never asked about
+        again); returns how many. O(records)."""
+        gone = [n for n in self._records if self.lookup(n) is None]
+        for name in gone:
+            self._records.pop(name, None)
+        return len(gone)
+
     def __len__(self) -> int:
         return len(self._records)
 

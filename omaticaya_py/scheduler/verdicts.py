@@ -40,6 +40,8 @@ __all__ = ["Judged", "Verdicts", "VerdictsByNeed"]
 
 _MISSING = object()
 INF = float("inf")
+#: every this many requests, what is kept of Nodes no longer in the cache is dropped
+SWEEP_EVERY = 1024
 
 #: (fitting {name: free MiB after the reservations} in input order, passed without a score,
 #: failed {name: reason}; the failed of the fast path first, then the slow path's)
@@ -53,6 +55,7 @@ class Verdicts:
         self.index, self.need = index, need
         #: nodes judged (a measure of work: the changed ones, not every name asked about)
         self.judged = 0
+        self._calls = 0
         self._reset(None)
 
     def _reset(self, leases: LeaseOf | None) -> None:
@@ -109,6 +112,11 @@ class Verdicts:
                 if leases(ref) is not lease:
                     self._forget(name)
         index, lookup = self.index, self.index.lookup
+        self._calls += 1
+        if self._calls % SWEEP_EVERY == 0:  # Nodes deleted and never asked about again
+            for name in [n for n in self._state if lookup(n) is None]:
+                self._forget(name)
+            index.sweep()
         versions = index.ledger._versions if index.ledger is not None else {}
         if index.ledger is not None:
             seq, moved = index.ledger.changed_since(self._seq)
