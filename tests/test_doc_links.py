@@ -117,6 +117,14 @@ def _broken_links(path: Path, root: Path = REPO) -> list[str]:
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_code_fences_are_closed(path: Path) -> None:
+    """An unclosed fence would hide every link after it from the checks below (and GitHub would
+    show the rest of the page as code)."""
+    fences = [line for line in path.read_text().splitlines() if _FENCE.match(line)]
+    assert len(fences) % 2 == 0, f"{path.relative_to(REPO)}: a code fence is not closed"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_and_anchors_resolve(path: Path) -> None:
     assert _broken_links(path) == []
 
