@@ -20,26 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .schema import (
-    GPU_COUNT,
-    GPU_HEALTH,
-    GPU_MEMORY_FREE,
-    GPU_MEMORY_OUT_OF_BAND,
-    GPU_TEMPERATURE,
-    GPU_UTILIZATION,
-    HEALTH,
-    HEALTHY_COUNT,
-    IDLE_COUNT,
-    MEMORY_FREE,
-    MEMORY_FREE_TOTAL,
-    MEMORY_TOTAL,
-    MIG_COUNT,
-    MIG_HEALTHY_COUNT,
-    MIG_IDLE_COUNT,
-    MIG_MEMORY_FREE,
-    UTILIZATION,
-)
-from .schema.names import SHARED_MEMORY_FREE
+from .schema.names import Worse, by_worse
 
 __all__ = [
     "BETTER",
@@ -57,25 +38,26 @@ __all__ = [
 #: node and per-GPU health, best first; a value not listed ranks as the worst
 HEALTH_RANK = {"Healthy": 0, "Degraded": 1, "Unhealthy": 2, "Unknown": 3}
 
+def _suffixes(worse: Worse) -> tuple[str, ...]:
+    """``.<name>`` of the per-GPU and per-MIG-profile labels whose ``worse`` is ``worse``
+    (``gpu-N.memory.free-mib`` and ``mig-<profile>.memory.free-mib`` end alike)."""
+    names = by_worse(worse, "gpu") | by_worse(worse, "mig")
+    return tuple(sorted("." + name for name in names))
+
+
+# the direction tables, from the label table (``core.schema.names.LABELS``)
 #: label names (or per-GPU / per-MIG-profile suffixes) where less is less attractive
-_MORE_IS_BETTER_NODE = frozenset(
-    {
-        MEMORY_FREE, MEMORY_FREE_TOTAL, IDLE_COUNT, HEALTHY_COUNT, GPU_COUNT, MEMORY_TOTAL,
-        SHARED_MEMORY_FREE,  # the largest slice a shared GPU can take
-    }
-)
-_MORE_IS_BETTER_SUFFIX = (
-    "." + GPU_MEMORY_FREE,  # gpu-N.memory.free-mib and mig-<profile>.memory.free-mib
-    "." + MIG_MEMORY_FREE,
-    "." + MIG_COUNT,
-    "." + MIG_HEALTHY_COUNT,
-    "." + MIG_IDLE_COUNT,
-)
+_MORE_IS_BETTER_NODE = by_worse("less", "node")
+_MORE_IS_BETTER_SUFFIX = _suffixes("less")
 #: where more is less attractive
-_LESS_IS_BETTER_NODE = frozenset({UTILIZATION})
-_LESS_IS_BETTER_SUFFIX = ("." + GPU_UTILIZATION, "." + GPU_MEMORY_OUT_OF_BAND)
+_LESS_IS_BETTER_NODE = by_worse("more", "node")
+_LESS_IS_BETTER_SUFFIX = _suffixes("more")
 #: not a scheduling input: never urgent (it changes with load; it waits for the next patch)
-_NEUTRAL_SUFFIX = ("." + GPU_TEMPERATURE,)
+_NEUTRAL_NODE = by_worse("neutral", "node")
+_NEUTRAL_SUFFIX = _suffixes("neutral")
+#: ranked by ``HEALTH_RANK``
+_HEALTH_NODE = by_worse("health", "node")
+_HEALTH_SUFFIX = _suffixes("health")
 
 
 def name_of(key: str) -> str:
@@ -96,11 +78,11 @@ def worse(name: str, before: str | None, after: str | None) -> bool:
     attractive, or could (a value that cannot be ranked counts as worse)."""
     if before == after:
         return False
-    if name.endswith(_NEUTRAL_SUFFIX):
+    if name in _NEUTRAL_NODE or name.endswith(_NEUTRAL_SUFFIX):
         return False
     if after is None:
         return True  # a key gone: `Gt`/`In` no longer match, a GPU may be gone
-    if name == HEALTH or name.endswith("." + GPU_HEALTH):
+    if name in _HEALTH_NODE or name.endswith(_HEALTH_SUFFIX):
         if before is None:
             return HEALTH_RANK.get(after, 9) > 0  # a new GPU that is not healthy
         return HEALTH_RANK.get(after, 9) > HEALTH_RANK.get(before, 9)

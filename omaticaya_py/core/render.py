@@ -25,39 +25,8 @@ from .labelvalues import (
     stable_nearest,
 )
 from .render_telemetry import telemetry, telemetry_annotation, telemetry_document
-from .schema import (
-    COMPUTE_MAJOR,
-    COMPUTE_MINOR,
-    CUDA_MAJOR,
-    CUDA_MINOR,
-    FAMILY,
-    GPU_COUNT,
-    GPU_HEALTH,
-    GPU_MEMORY_FREE,
-    GPU_MEMORY_OUT_OF_BAND,
-    GPU_MIG_ENABLED,
-    GPU_TEMPERATURE,
-    GPU_UTILIZATION,
-    HEALTH,
-    HEALTHY_COUNT,
-    IDLE_COUNT,
-    MEMORY_FREE,
-    MEMORY_FREE_TOTAL,
-    MEMORY_TOTAL,
-    MIG_COUNT,
-    MIG_HEALTHY_COUNT,
-    MIG_IDLE_COUNT,
-    MIG_MEMORY_FREE,
-    MIG_STRATEGY,
-    PRODUCT,
-    PRODUCT_MIXED,
-    STATIC_NAMES,
-    TELEMETRY,
-    UTILIZATION,
-    gpu_key,
-    mig_key,
-)
-from .schema.names import SHARED_MEMORY_FREE
+from .schema import TELEMETRY, names
+from .schema.names import STATIC_NAMES, gpu_key, mig_key
 from .settings import Settings
 from .slices import Sharing, is_shared, slice_room_mib
 from .snapshot import NodeSnapshot
@@ -101,7 +70,7 @@ def _node_labels(
     previous: Mapping[str, str],
     attribution: Mapping[str, GpuAttribution],
 ) -> dict[str, str]:
-    out: dict[str, str] = {HEALTH: str(health.state)}
+    out: dict[str, str] = {names.HEALTH: str(health.state)}
     share = s.hysteresis_pct / 100
 
     def before(name: str) -> int | None:
@@ -117,25 +86,25 @@ def _node_labels(
     if snapshot.error is not None:
         return out  # nothing else can be trusted: numbers would be stale
     gpus = snapshot.gpus
-    out[GPU_COUNT] = str(len(gpus))
+    out[names.GPU_COUNT] = str(len(gpus))
     products = Counter(g.product for g in gpus if g.product)
     if products:
         product, _ = products.most_common(1)[0]
-        out[PRODUCT] = sanitise_value(product)
+        out[names.PRODUCT] = sanitise_value(product)
         if len(products) > 1:
-            out[PRODUCT_MIXED] = "true"
+            out[names.PRODUCT_MIXED] = "true"
         ref = next(g for g in gpus if g.product == product)
         if ref.architecture:
-            out[FAMILY] = ref.architecture
+            out[names.FAMILY] = ref.architecture
         if ref.compute_major is not None and ref.compute_minor is not None:
-            out[COMPUTE_MAJOR] = str(ref.compute_major)
-            out[COMPUTE_MINOR] = str(ref.compute_minor)
+            out[names.COMPUTE_MAJOR] = str(ref.compute_major)
+            out[names.COMPUTE_MINOR] = str(ref.compute_minor)
     if snapshot.cuda_driver_version is not None:
-        out[CUDA_MAJOR] = str(snapshot.cuda_driver_version[0])
-        out[CUDA_MINOR] = str(snapshot.cuda_driver_version[1])
+        out[names.CUDA_MAJOR] = str(snapshot.cuda_driver_version[0])
+        out[names.CUDA_MINOR] = str(snapshot.cuda_driver_version[1])
     totals = [g.memory_total_mib for g in gpus if g.memory_total_mib is not None]
     if totals:
-        out[MEMORY_TOTAL] = str(min(totals))
+        out[names.MEMORY_TOTAL] = str(min(totals))
 
     # aggregates count schedulable units: whole GPUs, and MIG devices on GPUs with MIG on; a
     # shared GPU is no whole GPU (a pod asking for nvidia.com/gpu cannot get it): it has its own
@@ -145,16 +114,16 @@ def _node_labels(
     healthy = tuple(u for u in health.healthy_units if u.gpu_index not in shared or u.is_mig)
     free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
     mem_step, util_step = s.memory_step_mib, s.utilization_step_pct
-    out[MEMORY_FREE] = down(MEMORY_FREE, max(free), mem_step) if free else "0"
-    out[MEMORY_FREE_TOTAL] = (
-        down(MEMORY_FREE_TOTAL, sum(free), mem_step) if free else "0"
+    out[names.MEMORY_FREE] = down(names.MEMORY_FREE, max(free), mem_step) if free else "0"
+    out[names.MEMORY_FREE_TOTAL] = (
+        down(names.MEMORY_FREE_TOTAL, sum(free), mem_step) if free else "0"
     )
     utils = [u.utilization_pct for u in healthy if u.utilization_pct is not None]
     if utils:
         # NVML can report a sample above 100 (rounding in the driver): never publish one
-        out[UTILIZATION] = nearest(UTILIZATION, min(min(utils), 100.0), util_step)
-    out[IDLE_COUNT] = str(sum(1 for u in healthy if _idle(u, s.idle_utilization_pct)))
-    out[HEALTHY_COUNT] = str(len(healthy))
+        out[names.UTILIZATION] = nearest(names.UTILIZATION, min(min(utils), 100.0), util_step)
+    out[names.IDLE_COUNT] = str(sum(1 for u in healthy if _idle(u, s.idle_utilization_pct)))
+    out[names.HEALTHY_COUNT] = str(len(healthy))
     out.update(_mig_labels(health.units, s, down))
     if shared:
         rooms = [
@@ -164,8 +133,8 @@ def _node_labels(
             if (room := slice_room_mib(g, attribution.get(g.uuid or ""), s.share_unit_mib))
             is not None
         ]
-        out[SHARED_MEMORY_FREE] = (
-            down(SHARED_MEMORY_FREE, max(rooms), mem_step) if rooms else "0"
+        out[names.SHARED_MEMORY_FREE] = (
+            down(names.SHARED_MEMORY_FREE, max(rooms), mem_step) if rooms else "0"
         )
 
     if s.per_gpu_labels:
@@ -177,31 +146,31 @@ def _node_labels(
             def key(name: str, index: int = g.index) -> str:
                 return gpu_key(index, name)
 
-            out[key(GPU_HEALTH)] = str(health.gpus[g.index].state)
+            out[key(names.GPU_HEALTH)] = str(health.gpus[g.index].state)
             if g.error is not None:
                 continue
             if g.mig_enabled:
-                out[key(GPU_MIG_ENABLED)] = "true"
+                out[key(names.GPU_MIG_ENABLED)] = "true"
                 # a MIG GPU's free memory is that of its freest healthy MIG device: the most
                 # one pod can get on it; no utilisation (NVML has none with MIG on)
                 if g.index in mig_free:
-                    out[key(GPU_MEMORY_FREE)] = down(
-                        key(GPU_MEMORY_FREE), max(mig_free[g.index]), mem_step
+                    out[key(names.GPU_MEMORY_FREE)] = down(
+                        key(names.GPU_MEMORY_FREE), max(mig_free[g.index]), mem_step
                     )
             elif g.memory_free_mib is not None:
-                out[key(GPU_MEMORY_FREE)] = down(key(GPU_MEMORY_FREE), g.memory_free_mib, mem_step)
+                out[key(names.GPU_MEMORY_FREE)] = down(key(names.GPU_MEMORY_FREE), g.memory_free_mib, mem_step)
             if g.utilization_pct is not None and not g.mig_enabled:
-                out[key(GPU_UTILIZATION)] = nearest(
-                    key(GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
+                out[key(names.GPU_UTILIZATION)] = nearest(
+                    key(names.GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
                 )
             # processes in no pod (needs the host's /proc): only when there is some
             oob = gpu_out_of_band_mib(g, attribution)
             if oob and quantise_down(oob, mem_step) > 0:
-                out[key(GPU_MEMORY_OUT_OF_BAND)] = str(quantise_down(oob, mem_step))
+                out[key(names.GPU_MEMORY_OUT_OF_BAND)] = str(quantise_down(oob, mem_step))
             # opt-in: it changes with load and no scheduler decides on it (telemetry has it)
             if s.temperature_labels and g.temperature_c is not None and g.temperature_c >= 0:
-                out[key(GPU_TEMPERATURE)] = nearest(
-                    key(GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
+                out[key(names.GPU_TEMPERATURE)] = nearest(
+                    key(names.GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
                 )
     return out
 
@@ -229,15 +198,15 @@ def _mig_labels(
             by_profile.setdefault(u.profile, []).append(u)
     if not by_profile:
         return {}
-    out = {MIG_STRATEGY: "mixed"}
+    out = {names.MIG_STRATEGY: "mixed"}
     for profile, members in sorted(by_profile.items()):
         healthy = [u for u in members if u.healthy]
-        out[mig_key(profile, MIG_COUNT)] = str(len(members))
-        out[mig_key(profile, MIG_HEALTHY_COUNT)] = str(len(healthy))
-        out[mig_key(profile, MIG_IDLE_COUNT)] = str(sum(1 for u in healthy if _idle(u, 0.0)))
+        out[mig_key(profile, names.MIG_COUNT)] = str(len(members))
+        out[mig_key(profile, names.MIG_HEALTHY_COUNT)] = str(len(healthy))
+        out[mig_key(profile, names.MIG_IDLE_COUNT)] = str(sum(1 for u in healthy if _idle(u, 0.0)))
         free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
-        out[mig_key(profile, MIG_MEMORY_FREE)] = (
-            down(mig_key(profile, MIG_MEMORY_FREE), max(free), s.memory_step_mib) if free else "0"
+        out[mig_key(profile, names.MIG_MEMORY_FREE)] = (
+            down(mig_key(profile, names.MIG_MEMORY_FREE), max(free), s.memory_step_mib) if free else "0"
         )
     return out
 

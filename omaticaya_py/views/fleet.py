@@ -73,16 +73,16 @@ def _label_gpus(name: str, mine: Mapping[str, str]) -> tuple[GpuRow, ...]:
     rows = []
     for index in sorted(per):
         got = per[index]
-        util = schema.json_int(got.get(schema.GPU_UTILIZATION))
+        util = schema.json_int(got.get(schema.names.GPU_UTILIZATION))
         rows.append(
             GpuRow(
                 node=name,
                 index=index,
-                free_mib=schema.json_int(got.get(schema.GPU_MEMORY_FREE)),
+                free_mib=schema.json_int(got.get(schema.names.GPU_MEMORY_FREE)),
                 util_pct=float(util) if util is not None else None,
-                temperature_c=schema.json_int(got.get(schema.GPU_TEMPERATURE)),
-                health=got.get(schema.GPU_HEALTH),
-                mig=got.get(schema.GPU_MIG_ENABLED) == "true",
+                temperature_c=schema.json_int(got.get(schema.names.GPU_TEMPERATURE)),
+                health=got.get(schema.names.GPU_HEALTH),
+                mig=got.get(schema.names.GPU_MIG_ENABLED) == "true",
             )
         )
     return tuple(rows)
@@ -143,11 +143,11 @@ def node_row(
         )
     else:
         gpu_rows = _label_gpus(name, mine)
-    total = schema.json_int(mine.get(schema.MEMORY_TOTAL))
+    total = schema.json_int(mine.get(schema.names.MEMORY_TOTAL))
     if total is None:
         totals = [g.total_mib for g in gpu_rows if g.total_mib is not None]
         total = min(totals) if totals else None
-    free = schema.json_int(mine.get(schema.MEMORY_FREE))
+    free = schema.json_int(mine.get(schema.names.MEMORY_FREE))
     if free is None:
         frees = [g.free_mib for g in state.gpus if g.healthy]
         free = max(frees) if frees else None
@@ -155,11 +155,11 @@ def node_row(
     utils = [g.util_pct for g in healthy_whole if g.util_pct is not None]
     util = sum(utils) / len(utils) if utils else None
     if util is None:
-        label_util = schema.json_int(mine.get(schema.UTILIZATION))
+        label_util = schema.json_int(mine.get(schema.names.UTILIZATION))
         util = float(label_util) if label_util is not None else None
     temps = [g.temperature_c for g in gpu_rows if g.temperature_c is not None]
-    count = schema.json_int(mine.get(schema.GPU_COUNT))
-    healthy = schema.json_int(mine.get(schema.HEALTHY_COUNT))
+    count = schema.json_int(mine.get(schema.names.GPU_COUNT))
+    healthy = schema.json_int(mine.get(schema.names.HEALTHY_COUNT))
     if count is None and gpu_rows:
         count = len(gpu_rows)
     if healthy is None and gpu_rows:
@@ -188,11 +188,11 @@ def node_row(
         healthy=healthy,
         free_mib=free,
         total_mib=total,
-        free_total_mib=schema.json_int(mine.get(schema.MEMORY_FREE_TOTAL)),
+        free_total_mib=schema.json_int(mine.get(schema.names.MEMORY_FREE_TOTAL)),
         util_pct=util,
-        idle=schema.json_int(mine.get(schema.IDLE_COUNT)),
+        idle=schema.json_int(mine.get(schema.names.IDLE_COUNT)),
         temperature_c=max(temps) if temps else None,
-        product=mine.get(schema.PRODUCT),
+        product=mine.get(schema.names.PRODUCT),
         age_s=age,
         stale=stale,
         stale_why=stale_why,

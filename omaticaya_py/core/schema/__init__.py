@@ -1,44 +1,15 @@
 """The label and telemetry contract: every key name, the telemetry model, and their parse.
 
-The agent writes Node labels ``<prefix>/<name>`` (``names``) and one annotation
+The agent writes Node labels ``<prefix>/<name>`` (``names``: the label table, ``LABELS``, and
+each name) and one annotation
 ``<prefix>/telemetry`` (``telemetry``: one versioned pydantic model, written by
 ``core.render`` and parsed by every reader); ``nodestate.parse_node`` turns a Node's labels and
 telemetry back into typed state (``NodeGpuState``), treating them as untrusted input
 (``values``). Readers import the names from here.
 """
 
-from .names import (
-    COMPUTE_MAJOR,
-    COMPUTE_MINOR,
-    CUDA_MAJOR,
-    CUDA_MINOR,
-    FAMILY,
-    GPU_COUNT,
-    GPU_HEALTH,
-    GPU_MEMORY_FREE,
-    GPU_MEMORY_OUT_OF_BAND,
-    GPU_MIG_ENABLED,
-    GPU_TEMPERATURE,
-    GPU_UTILIZATION,
-    HEALTH,
-    HEALTHY_COUNT,
-    IDLE_COUNT,
-    MEMORY_FREE,
-    MEMORY_FREE_TOTAL,
-    MEMORY_TOTAL,
-    MIG_COUNT,
-    MIG_HEALTHY_COUNT,
-    MIG_IDLE_COUNT,
-    MIG_MEMORY_FREE,
-    MIG_STRATEGY,
-    PER_GPU_KEY,
-    PRODUCT,
-    PRODUCT_MIXED,
-    STATIC_NAMES,
-    UTILIZATION,
-    gpu_key,
-    mig_key,
-)
+from . import names
+from .names import LABELS, PER_GPU_KEY, STATIC_NAMES, Label, gpu_key, mig_key
 from .nodestate import (
     MAX_REFRESH_S,
     GpuInfo,
@@ -61,41 +32,17 @@ from .telemetry import (
 from .values import json_float, json_int, json_mapping, json_str, rfc3339_s
 
 __all__ = [
-    "COMPUTE_MAJOR",
-    "COMPUTE_MINOR",
-    "CUDA_MAJOR",
-    "CUDA_MINOR",
-    "FAMILY",
-    "GPU_COUNT",
-    "GPU_HEALTH",
-    "GPU_MEMORY_FREE",
-    "GPU_MEMORY_OUT_OF_BAND",
-    "GPU_MIG_ENABLED",
-    "GPU_TEMPERATURE",
-    "GPU_UTILIZATION",
-    "HEALTH",
-    "HEALTHY_COUNT",
-    "IDLE_COUNT",
+    "LABELS",
     "MAX_REFRESH_S",
     "MAX_TELEMETRY_BYTES",
-    "MEMORY_FREE",
-    "MEMORY_FREE_TOTAL",
-    "MEMORY_TOTAL",
-    "MIG_COUNT",
-    "MIG_HEALTHY_COUNT",
-    "MIG_IDLE_COUNT",
-    "MIG_MEMORY_FREE",
-    "MIG_STRATEGY",
     "PER_GPU_KEY",
-    "PRODUCT",
-    "PRODUCT_MIXED",
     "STATIC_NAMES",
     "TELEMETRY",
     "TELEMETRY_VERSION",
-    "UTILIZATION",
     "GpuInfo",
     "GpuReading",
     "GpuTelemetry",
+    "Label",
     "MigTelemetry",
     "NodeGpuState",
     "PodTelemetry",
@@ -107,6 +54,7 @@ __all__ = [
     "json_str",
     "lease_ref",
     "mig_key",
+    "names",
     "parse_gpu_readings",
     "parse_node",
     "rfc3339_s",

@@ -1,12 +1,31 @@
-"""Label names: every Node label the agent writes, as ``<prefix>/<name>``.
+"""The label table: every Node label the agent writes, as ``<prefix>/<name>``, one row each.
 
-The writer (``core.render``), the write budget (``core.budget``), every reader (the extender,
-``omaticaya top``, the tests) and the README's tables take the names from here.
+``LABELS`` says of each label its name, where it sits (the node, each GPU: ``gpu-N.<name>``,
+each MIG profile: ``mig-<profile>.<name>``), whether it is a hardware fact (kept on graceful
+exit: ``STATIC_NAMES``), its unit, and which way it moves when the Node gets less attractive to
+a scheduler (``core.budget`` sends those changes at once). The writer (``core.render``), the
+write budget (``core.budget``), every reader (``schema.nodestate``, the extender, ``omaticaya
+top``) and the README's label tables (checked by ``tests/test_label_table.py``) agree with it.
+Adding a label is one row here, plus its value in ``core.render``.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "LABELS",
+    "PER_GPU_KEY",
+    "STATIC_NAMES",
+    "Label",
+    "Scope",
+    "Worse",
+    "by_worse",
+    "gpu_key",
+    "mig_key",
+]
 
 # node labels (under the prefix)
 HEALTH = "gpu.health"
@@ -29,21 +48,6 @@ MIG_STRATEGY = "mig.strategy"
 #: (live free memory, no more than its units not held), MiB rounded down to the memory step
 SHARED_MEMORY_FREE = "gpu.shared.memory.free-mib"
 
-#: Label names that describe the hardware, not its state: kept on graceful exit.
-STATIC_NAMES = frozenset(
-    {
-        GPU_COUNT,
-        PRODUCT,
-        PRODUCT_MIXED,
-        FAMILY,
-        COMPUTE_MAJOR,
-        COMPUTE_MINOR,
-        CUDA_MAJOR,
-        CUDA_MINOR,
-        MEMORY_TOTAL,
-    }
-)
-
 # per-GPU labels: gpu_key(index, ...)
 GPU_HEALTH = "health"
 GPU_MEMORY_FREE = "memory.free-mib"
@@ -58,6 +62,70 @@ MIG_COUNT = "count"
 MIG_HEALTHY_COUNT = "healthy-count"
 MIG_IDLE_COUNT = "idle-count"
 MIG_MEMORY_FREE = "memory.free-mib"
+
+
+#: where a label sits: on the node, per GPU (``gpu-N.<name>``), per MIG profile
+Scope = Literal["node", "gpu", "mig"]
+#: which way a change makes the Node less attractive: ``less`` (a number down), ``more`` (a
+#: number up), ``health`` (down the ``core.budget.HEALTH_RANK``), ``neutral`` (never: not a
+#: scheduling input), ``changed`` (text: a value that changes, never one that appears)
+Worse = Literal["less", "more", "health", "neutral", "changed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """One row of the label table: ``name`` (per GPU or per MIG profile: the part after
+    ``gpu-N.`` / ``mig-<profile>.``), ``scope``, ``static`` (a hardware fact, kept on graceful
+    exit), ``unit`` (``mib``, ``pct``, ``c``, ``count``; ``None``: text or a flag) and
+    ``worse`` (see ``Worse``)."""
+
+    name: str
+    scope: Scope
+    static: bool
+    unit: str | None
+    worse: Worse
+
+
+#: every label the agent writes (``core.render`` gives each its value)
+LABELS: tuple[Label, ...] = (
+    Label(HEALTH, "node", False, None, "health"),
+    Label(GPU_COUNT, "node", True, "count", "less"),
+    Label(PRODUCT, "node", True, None, "changed"),
+    Label(PRODUCT_MIXED, "node", True, None, "changed"),
+    Label(FAMILY, "node", True, None, "changed"),
+    Label(COMPUTE_MAJOR, "node", True, None, "changed"),
+    Label(COMPUTE_MINOR, "node", True, None, "changed"),
+    Label(CUDA_MAJOR, "node", True, None, "changed"),
+    Label(CUDA_MINOR, "node", True, None, "changed"),
+    Label(MEMORY_TOTAL, "node", True, "mib", "less"),
+    Label(MEMORY_FREE, "node", False, "mib", "less"),
+    Label(MEMORY_FREE_TOTAL, "node", False, "mib", "less"),
+    Label(UTILIZATION, "node", False, "pct", "more"),
+    Label(IDLE_COUNT, "node", False, "count", "less"),
+    Label(HEALTHY_COUNT, "node", False, "count", "less"),
+    Label(MIG_STRATEGY, "node", False, None, "changed"),
+    Label(SHARED_MEMORY_FREE, "node", False, "mib", "less"),
+    Label(GPU_HEALTH, "gpu", False, None, "health"),
+    Label(GPU_MEMORY_FREE, "gpu", False, "mib", "less"),
+    Label(GPU_UTILIZATION, "gpu", False, "pct", "more"),
+    Label(GPU_TEMPERATURE, "gpu", False, "c", "neutral"),
+    Label(GPU_MIG_ENABLED, "gpu", False, None, "changed"),
+    Label(GPU_MEMORY_OUT_OF_BAND, "gpu", False, "mib", "more"),
+    Label(MIG_COUNT, "mig", False, "count", "less"),
+    Label(MIG_HEALTHY_COUNT, "mig", False, "count", "less"),
+    Label(MIG_IDLE_COUNT, "mig", False, "count", "less"),
+    Label(MIG_MEMORY_FREE, "mig", False, "mib", "less"),
+)
+
+#: Label names that describe the hardware, not its state: kept on graceful exit.
+STATIC_NAMES = frozenset(row.name for row in LABELS if row.static)
+
+
+def by_worse(worse: Worse, scope: Scope) -> frozenset[str]:
+    """The names (for ``gpu``/``mig``: the part after ``gpu-N.`` / ``mig-<profile>.``) of the
+    labels in ``scope`` whose ``worse`` is ``worse``."""
+    return frozenset(row.name for row in LABELS if row.worse == worse and row.scope == scope)
+
 
 
 def gpu_key(index: int, name: str) -> str:
