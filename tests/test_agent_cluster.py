@@ -20,7 +20,7 @@ import pytest
 from omaticaya_py.agent import Agent
 from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.core.settings import load_settings
-from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient, NodeNotFound
+from omaticaya_py.kube import KubeForbidden, KubeNotFound, KubeUnavailable, NodeClient
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
 from tests.helpers import Clock
@@ -176,7 +176,7 @@ def test_recreated_node_is_relabelled(dev_cluster, admin_api, make_node):
 
 def test_edge_errors_are_our_own_types(dev_cluster, tmp_path):
     missing = NodeClient("no-such-node", kubeconfig=str(dev_cluster.kubeconfig))
-    with pytest.raises(NodeNotFound, match="404"):
+    with pytest.raises(KubeNotFound, match="404"):
         missing.get_node()
     assert missing.requests[("get", "404")] == 1
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from ..kube import KubeError, NodeNotFound
+from ..kube import KubeError, KubeNotFound
 from .state import TickResult
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def api_round(agent: Agent, result: TickResult, now_s: float) -> TickResult:
             agent.outage.ok(now_s)
             if agent.node is not None and not agent.dry_run:
                 agent.post_events(health, snapshot, attribution)
-        except NodeNotFound as exc:
+        except KubeNotFound as exc:
             agent.writer.forget()
             agent.outage.failed(exc, now_s)
             raise

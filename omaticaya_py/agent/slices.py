@@ -23,7 +23,7 @@ from ..core.attribution import GpuAttribution
 from ..core.settings import Settings
 from ..core.slices import PodIdentity, Sharing, episodes, gpu_slices, is_shared, over_limit
 from ..core.snapshot import NodeSnapshot
-from ..kube import KubeError, KubeForbidden, NodeNotFound
+from ..kube import KubeError, KubeForbidden, KubeNotFound
 from ..kube.pods import PodClient
 
 __all__ = ["OVER_LIMIT", "PodNames", "SliceWatch", "slice_families"]
@@ -135,7 +135,7 @@ class SliceWatch:
         for namespace, name in self.names.wanted(by_gpu, now_s):
             try:
                 found: PodIdentity | None = client.get_pod(namespace, name)
-            except NodeNotFound:
+            except KubeNotFound:
                 found = None
             except KubeError as exc:
                 self._fail("get-forbidden" if isinstance(exc, KubeForbidden) else "get-failed", exc)

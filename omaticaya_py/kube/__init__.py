@@ -8,7 +8,16 @@ agents' Leases); ``errors`` holds the
 """
 
 from .cache import NodeCache
-from .errors import KubeError, KubeForbidden, KubeRejected, KubeUnavailable, NodeNotFound
+from .errors import (
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeNotFound,
+    KubeRejected,
+    KubeTooManyRequests,
+    KubeUnauthorized,
+    KubeUnavailable,
+)
 from .lease import LeaseClient as LeaseClient
 from .leases import LeaseCache
 from .nodes import MERGE_PATCH, NodeClient
@@ -21,14 +30,17 @@ from .workloads import stop_daemonset as stop_daemonset
 __all__ = [
     "MERGE_PATCH",
     "ApiSession",
+    "KubeConflict",
     "KubeError",
     "KubeForbidden",
+    "KubeNotFound",
     "KubeRejected",
+    "KubeTooManyRequests",
+    "KubeUnauthorized",
     "KubeUnavailable",
     "LeaseCache",
     "NodeCache",
     "NodeClient",
-    "NodeNotFound",
     "PodCache",
     "parse_quantity",
 ]

@@ -6,6 +6,13 @@ Failures are raised as ``KubeError`` and subclasses (the client's exception chai
 create) are retried by ``ApiSession`` with exponential backoff and full jitter (tenacity),
 never sooner than a ``Retry-After``; a 401 reloads the credentials once; 403 and 404 are not
 retried.
+
+The classes split the answers as kopf's ``clients/errors.py`` does: ``KubeUnauthorized`` (401),
+``KubeForbidden`` (403; 401 is one too, so that a caller pausing on any refusal catches one
+type), ``KubeNotFound`` (404, for any kind of object), ``KubeConflict`` (409) and
+``KubeTooManyRequests`` (429), both ``KubeUnavailable`` (worth another try), ``KubeRejected``
+(any other 4xx). What RBAC a refused request needed is said by the caller, which knows what it
+asked for (``wrap``'s ``rbac``, ``ApiSession.call``'s), never guessed here.
 """
 
 from __future__ import annotations
@@ -16,11 +23,14 @@ import tenacity
 from kubernetes.client.exceptions import ApiException
 
 __all__ = [
+    "KubeConflict",
     "KubeError",
     "KubeForbidden",
+    "KubeNotFound",
     "KubeRejected",
+    "KubeTooManyRequests",
+    "KubeUnauthorized",
     "KubeUnavailable",
-    "NodeNotFound",
     "RetryWait",
     "is_transient",
     "wrap",
@@ -44,18 +54,38 @@ class KubeUnavailable(KubeError):
     """No answer, a timeout, or a transient status (409, 429, 5xx) after the retries."""
 
 
+class KubeConflict(KubeUnavailable):
+    """409: the object changed since it was read (an update), or exists already (a create)."""
+
+
+class KubeTooManyRequests(KubeUnavailable):
+    """429: the API server asks for fewer requests (its ``Retry-After`` in ``retry_after_s``)."""
+
+
 class KubeForbidden(KubeError):
-    """401/403: the credentials are wrong or RBAC does not allow the request."""
+    """403: RBAC does not allow the request (and the base of ``KubeUnauthorized``: a refusal)."""
 
 
-class NodeNotFound(KubeError):
-    """404: the Node does not exist (deleted, or ``NODE_NAME`` is wrong)."""
+class KubeUnauthorized(KubeForbidden):
+    """401: the credentials are wrong, expired or missing."""
+
+
+class KubeNotFound(KubeError):
+    """404: the object does not exist (a Node deleted or ``NODE_NAME`` wrong, a pod gone, ...)."""
 
 
 class KubeRejected(KubeError):
     """Any other 4xx: the API server refused the request (a bug, not a fault to retry)."""
 
 
+#: the class of each status that has one of its own
+_BY_STATUS: dict[int, type[KubeError]] = {
+    401: KubeUnauthorized,
+    403: KubeForbidden,
+    404: KubeNotFound,
+    409: KubeConflict,
+    429: KubeTooManyRequests,
+}
 
 
 def _retry_after_s(exc: ApiException) -> float | None:
@@ -67,9 +97,11 @@ def _retry_after_s(exc: ApiException) -> float | None:
         return None
 
 
-def wrap(exc: Exception, verb: str, what: str) -> KubeError:
+def wrap(exc: Exception, verb: str, what: str, rbac: str = "") -> KubeError:
     """The ``KubeError`` for a failed request: by HTTP status for an ``ApiException`` (with its
-    ``Retry-After``), ``KubeUnavailable`` for no answer."""
+    ``Retry-After``), ``KubeUnavailable`` for no answer. ``rbac``: what the caller's request
+    needs (``"the agent needs get and patch on nodes"``), added to a 403's message as
+    ``(RBAC: ...)``; nothing is added without it."""
     if isinstance(exc, ApiException):
         status = exc.status
         reason = (exc.reason or "").strip()
@@ -80,16 +112,14 @@ def wrap(exc: Exception, verb: str, what: str) -> KubeError:
             pass
         message = f"{verb} {what}: HTTP {status} {reason}" + (f": {detail}" if detail else "")
         kind: type[KubeError]
-        if status == 404:
-            kind = NodeNotFound
-        elif status in (401, 403):
-            kind = KubeForbidden
-            if status == 403:
-                message += " (RBAC: the agent needs get and patch on nodes, create/patch on events)"
+        if status in _BY_STATUS:
+            kind = _BY_STATUS[status]
         elif status in _TRANSIENT_STATUS or not status or status >= 500:  # 0: no answer (TLS)
             kind = KubeUnavailable
         else:
             kind = KubeRejected
+        if status == 403 and rbac:
+            message += f" (RBAC: {rbac})"
         err = kind(message, status=status, verb=verb)
         err.retry_after_s = _retry_after_s(exc)
         return err

@@ -20,17 +20,6 @@ __all__ = ["Informer"]
 V = TypeVar("V")
 
 
-def _session(context: str | None) -> Any:
-    """The session class for a kubeconfig ``context`` (``None``: the current one)."""
-    if not context:
-        return ApiSession
-    from functools import partial
-
-    from .nodes_list import _ContextSession
-
-    return partial(_ContextSession, context=context)
-
-
 class Informer(Generic[V]):
     """An informer-style cache of one collection (``path``; ``query`` adds a
     ``fieldSelector``): one LIST, then a WATCH from its resourceVersion, in a daemon thread.
@@ -57,7 +46,9 @@ class Informer(Generic[V]):
     absent), from the watch thread: each event, and after a LIST the keys it added, changed or
     dropped. ``health()``: is the loop alive, with a LIST or WATCH
     answer within ``stall_s`` seconds? Subclasses set ``path``, ``what`` (its name in messages)
-    and ``label`` (in health reasons and the thread's name). Configuration as ``ApiSession``.
+    and ``label`` (in health reasons and the thread's name). Configuration as ``ApiSession``
+    (``context``: a kubeconfig context). ``rbac``: what a refused (403) request lacked, in the
+    error's message (default: ``list and watch on <what>``); the caller says it for whom.
     """
 
     path = ""
@@ -82,8 +73,10 @@ class Informer(Generic[V]):
         context: str | None = None,
         on_change: Callable[[str, Any, Any], None] | None = None,
         page_size: int = 500,
+        rbac: str | None = None,
     ) -> None:
         self._transform = transform
+        self.rbac = rbac if rbac is not None else f"list and watch on {self.what}"
         self._on_change = on_change
         self._page_size = page_size
         self._on_skip = on_skip
@@ -100,9 +93,10 @@ class Informer(Generic[V]):
         # the session brings the configuration, token rotation and request accounting; its
         # retries are kept to one attempt: this loop does its own backoff
         # (``context``: a kubeconfig context, as kubectl's ``--context``)
-        self._session = _session(context)(
-            kubeconfig=kubeconfig, environ=environ, timeout_s=timeout_s, attempts=1
-        )
+        self._session = ApiSession(
+            kubeconfig=kubeconfig, context=context, environ=environ, timeout_s=timeout_s,
+            attempts=1,
+        )  # fmt: skip
         self._items: dict[str, V] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -259,7 +253,9 @@ class Informer(Generic[V]):
     def _list(self) -> None:
         items: dict[str, V] = {}
         resource_version = ""
-        pages = list_pages(self._session, self.path, self._query, self.what, self._page_size)
+        pages = list_pages(
+            self._session, self.path, self._query, self.what, self._page_size, self.rbac
+        )
         for objects, version in pages:
             resource_version = version
             for obj in objects:
@@ -321,12 +317,12 @@ class Informer(Generic[V]):
         except ApiException as exc:
             if exc.status == 410:
                 return True
-            raise wrap(exc, "watch", what) from exc
+            raise wrap(exc, "watch", what, self.rbac) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError, AttributeError) as exc:
             # (AttributeError: http.client's read on a response that stop() closed)
             if self._stop.is_set():
                 return False
-            raise wrap(exc, "watch", what) from exc
+            raise wrap(exc, "watch", what, self.rbac) from exc
         finally:
             response, self._response = self._response, None
             release(response)

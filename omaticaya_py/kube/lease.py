@@ -103,10 +103,12 @@ class LeaseClient:
 
     def _request(self, verb: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
         params = {"namespace": self.namespace}
+        rbac = f"the agent needs get, create, update and delete on leases in {self.namespace}"
         if path == _ONE:
             params["name"] = self.name
         if path == _NODE:
             params = {"name": self.node or ""}
+            rbac = "the agent needs get on nodes"
         response = self.session.call(
             verb,
             f"lease {self.ref}",
@@ -117,6 +119,7 @@ class LeaseClient:
                 body=body,
                 content_type="application/json" if body is not None else None,
             ),
+            rbac=rbac,
         )
         return json.loads(response.data)
 

@@ -13,32 +13,21 @@ from .errors import KubeUnavailable
 from .session import ApiSession
 
 __all__ = [
-    "end_read", "list_objects", "list_page", "list_pages", "open_watch", "release", "watch_events",
+    "end_read", "list_page", "list_pages", "open_watch", "release", "watch_events",
 ]
 
 
-def list_objects(
-    session: ApiSession, path: str, query: Mapping[str, str], what: str
-) -> tuple[list[Any], str]:
-    """One LIST of ``path`` through ``session.call`` (its accounting; ``what`` names the
-    collection in errors): ``(items, resourceVersion)``, the items as decoded (untrusted).
-    Raises ``KubeError`` types (``KubeUnavailable`` for a body that is not JSON)."""
-    response = session.call("list", what, lambda: session.http("GET", path, query=dict(query)))
-    try:
-        body = json.loads(response.data)
-    except ValueError as exc:
-        raise KubeUnavailable(f"list {what}: bad JSON: {exc}", verb="list") from exc
-    version = (body.get("metadata") or {}).get("resourceVersion", "")
-    return list(body.get("items") or []), version
-
-
 def list_page(
-    session: ApiSession, path: str, query: Mapping[str, str], what: str
+    session: ApiSession, path: str, query: Mapping[str, str], what: str, rbac: str = ""
 ) -> tuple[list[Any], str, str]:
     """One page of a paginated LIST (``query`` carries ``limit`` and, after the first page,
     ``continue``): ``(items, resourceVersion, continue token)``, the token ``""`` on the last
-    page. Raises as ``list_objects`` (an expired token: ``KubeError`` with status 410)."""
-    response = session.call("list", what, lambda: session.http("GET", path, query=dict(query)))
+    page. ``what`` names the collection in errors, ``rbac`` what a 403 lacked. Raises
+    ``KubeError`` types (``KubeUnavailable`` for a body that is not JSON; an expired token:
+    status 410)."""
+    response = session.call(
+        "list", what, lambda: session.http("GET", path, query=dict(query)), rbac=rbac
+    )
     try:
         body = json.loads(response.data)
     except ValueError as exc:
@@ -49,7 +38,12 @@ def list_page(
 
 
 def list_pages(
-    session: ApiSession, path: str, query: Mapping[str, str], what: str, page_size: int
+    session: ApiSession,
+    path: str,
+    query: Mapping[str, str],
+    what: str,
+    page_size: int,
+    rbac: str = "",
 ) -> Iterator[tuple[list[Any], str]]:
     """A paginated LIST (``limit`` = ``page_size``, then ``continue``; ``page_size`` 0: one
     request): ``(items, resourceVersion)`` per page, each page read only when the previous one
@@ -58,7 +52,7 @@ def list_pages(
     if page_size > 0:
         query["limit"] = str(page_size)
     while True:
-        items, version, token = list_page(session, path, query, what)
+        items, version, token = list_page(session, path, query, what, rbac)
         yield items, version
         if not token:
             return

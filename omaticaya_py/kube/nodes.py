@@ -60,11 +60,12 @@ class NodeClient:
     def get_node(self) -> NodeMeta:
         """GET the Node; returns its name, uid, labels and annotations.
 
-        Raises ``NodeNotFound``, ``KubeForbidden``, ``KubeUnavailable``, ``KubeRejected``."""
+        Raises ``KubeNotFound``, ``KubeForbidden``, ``KubeUnavailable``, ``KubeRejected``."""
         response = self.session.call(
             "get",
             f"node {self.node_name}",
             lambda: self.session.http("GET", _NODE_PATH, path_params={"name": self.node_name}),
+            rbac="the agent needs get on nodes",
         )
         return self._meta(response)
 
@@ -82,6 +83,7 @@ class NodeClient:
                 body=patch,
                 content_type=MERGE_PATCH,
             ),
+            rbac="the agent needs get and patch on nodes",
         )
         return self._meta(response)
 
@@ -127,6 +129,7 @@ class NodeClient:
                     body=body,
                     content_type="application/json",
                 ),
+                rbac=f"the agent needs create on events in {namespace}",
             )
         except KubeError as err:
             if err.status != 409:

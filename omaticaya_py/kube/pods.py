@@ -63,8 +63,7 @@ class PodCache(Informer[V]):
 class PodClient:
     """Reads single pods and posts Events on them, over an ``ApiSession`` (the agent's:
     ``NodeClient.session``). RBAC: ``get`` on ``pods`` and ``create`` on ``events`` in the
-    pods' namespaces. Raises ``KubeError`` subclasses (``NodeNotFound`` for any 404: the pod
-    is gone)."""
+    pods' namespaces. Raises ``KubeError`` subclasses (``KubeNotFound``: the pod is gone)."""
 
     def __init__(self, session: ApiSession, reporter: str) -> None:
         """``reporter``: the reporting instance of the Events (the Node's name)."""
@@ -79,6 +78,7 @@ class PodClient:
             lambda: self.session.http(
                 "GET", _POD_PATH, path_params={"namespace": namespace, "name": name}
             ),
+            rbac=f"the agent needs get on pods in {namespace}",
         )
         return pod_identity(json.loads(response.data), namespace, name)
 
@@ -120,6 +120,7 @@ class PodClient:
                     path_params={"namespace": namespace}, body=body,
                     content_type="application/json",
                 ),
+                rbac=f"the agent needs create on events in {namespace}",
             )
         except KubeError as err:
             if err.status != 409:

@@ -31,7 +31,8 @@ class ApiSession:
 
     - ``kubeconfig``: path, else in-cluster config when ``KUBERNETES_SERVICE_HOST`` is set in
       ``environ`` (service-account ``token_file`` and ``ca_file``; a rotated token file is
-      re-read before the next request), else the default kubeconfig.
+      re-read before the next request), else the default kubeconfig; ``context``: the
+      kubeconfig's context to use (kubectl's ``--context``; ``None``: its current one).
     - ``timeout_s``: per request; ``attempts`` and ``backoff_s``/``backoff_max_s`` bound the
       retries of one call; ``sleep`` is tenacity's sleep (tests pass a no-op).
     - ``requests`` counts requests by ``(verb, result)``, result being the HTTP status or
@@ -43,6 +44,7 @@ class ApiSession:
         self,
         *,
         kubeconfig: str | None = None,
+        context: str | None = None,
         environ: Mapping[str, str] | None = None,
         token_file: str = incluster_config.SERVICE_TOKEN_FILENAME,
         ca_file: str = incluster_config.SERVICE_CERT_FILENAME,
@@ -54,6 +56,7 @@ class ApiSession:
     ) -> None:
         self.timeout_s = timeout_s
         self._kubeconfig = kubeconfig
+        self._context = context or None
         self._environ = os.environ if environ is None else environ
         self._token_file = token_file
         self._ca_file = ca_file
@@ -76,7 +79,8 @@ class ApiSession:
     def _connect(self) -> client.ApiClient:
         cfg = client.Configuration()
         try:
-            if self._kubeconfig is None and self._environ.get("KUBERNETES_SERVICE_HOST"):
+            in_cluster = self._kubeconfig is None and self._context is None
+            if in_cluster and self._environ.get("KUBERNETES_SERVICE_HOST"):
                 incluster_config.InClusterConfigLoader(
                     token_filename=self._token_file,
                     cert_filename=self._ca_file,
@@ -85,7 +89,9 @@ class ApiSession:
                 self._token_stamp = self._stamp()
                 cfg.refresh_api_key_hook = self._reload_rotated_token
             else:
-                config.load_kube_config(config_file=self._kubeconfig, client_configuration=cfg)
+                config.load_kube_config(
+                    config_file=self._kubeconfig, context=self._context, client_configuration=cfg
+                )
         except (config.ConfigException, OSError, ValueError) as exc:
             raise KubeError(f"no Kubernetes configuration: {exc}") from exc
         cfg.retries = urllib3.Retry(total=0, connect=0, read=0, redirect=0, status=0)
@@ -141,10 +147,11 @@ class ApiSession:
 
     # -- requests ------------------------------------------------------------------------
 
-    def call(self, verb: str, what: str, fn: Callable[[], Any]) -> Any:
+    def call(self, verb: str, what: str, fn: Callable[[], Any], *, rbac: str = "") -> Any:
         """``fn()`` (one or more ``http`` requests) with the retries and accounting: counted in
         ``requests`` by ``(verb, status)``; transient failures retried; a 401 reloads the
-        credentials once. Raises ``KubeError`` subclasses (``what`` names the object)."""
+        credentials once. Raises ``KubeError`` subclasses (``what`` names the object; ``rbac``,
+        what the request needs, is said in a 403's message: see ``errors.wrap``)."""
         reloaded = False
 
         def attempt() -> Any:
@@ -157,7 +164,7 @@ class ApiSession:
                     reloaded = True
                     self._api = self._connect()
                     return attempt()
-                raise wrap(exc, verb, what) from exc
+                raise wrap(exc, verb, what, rbac) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 self.requests[(verb, "error")] += 1
                 raise wrap(exc, verb, what) from exc

@@ -111,10 +111,11 @@ def stop_daemonset(
     ``DaemonSetStop``: ``stopped`` False when pods were left at the timeout. Raises
     ``KubeError`` when the API refuses or does not answer."""
     what = f"daemonset {namespace}/{name}"
+    rbac = f"stop-daemonset needs get and delete on daemonsets, list on pods in {namespace}"
     params = {"namespace": namespace, "name": name}
     try:
         response = session.call(
-            "get", what, lambda: session.http("GET", _DS_PATH, path_params=params)
+            "get", what, lambda: session.http("GET", _DS_PATH, path_params=params), rbac=rbac
         )
     except KubeError as err:
         if err.status == 404:
@@ -142,6 +143,7 @@ def stop_daemonset(
                     body=body,
                     content_type="application/json",
                 ),
+                rbac=rbac,
             )
         except KubeError as err:
             if err.status not in (404, 409):  # gone already, or replaced (uid precondition)
@@ -157,6 +159,7 @@ def stop_daemonset(
                 path_params={"namespace": namespace},
                 query={"labelSelector": selector} if selector else None,
             ),
+            rbac=rbac,
         )
         left = owned_pods(json.loads(response.data).get("items") or [], uid)
         seen.update(p["metadata"]["uid"] for p in left)
