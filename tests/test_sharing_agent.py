@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuProcess, PodRef, attribute
+from omaticaya_py.core.attribution import ContainerDevices, PodRef, attribute
 from omaticaya_py.core.budget import safe_part, urgent
 from omaticaya_py.core.health import assess
 from omaticaya_py.core.render import render
@@ -35,6 +35,7 @@ from omaticaya_py.core.slices import (
     slice_room_mib,
     stray_unit_ids,
 )
+from omaticaya_py.core.snapshot import GpuProcess
 from omaticaya_py.kube.pods import pod_identity
 from tests.helpers import gpu, h100_static, prefixed, settings, snapshot
 

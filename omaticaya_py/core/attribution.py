@@ -12,17 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .sharing import unit_gpu
-
-if TYPE_CHECKING:
-    from .snapshot import GpuReading
+from .snapshot import GpuProcess, GpuReading
 
 __all__ = [
     "ContainerDevices",
     "GpuAttribution",
-    "GpuProcess",
     "PodMemory",
     "PodRef",
     "attribute",
@@ -61,16 +57,6 @@ class ContainerDevices:
     container: str
     resource_name: str
     device_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """A compute process on a GPU or MIG device: ``nvmlDeviceGetComputeRunningProcesses`` on its
-    handle (``pid`` in the host's PID namespace; ``usedGpuMemory`` bytes -> MiB, rounded down;
-    ``None`` where NVML does not report it)."""
-
-    pid: int
-    used_memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

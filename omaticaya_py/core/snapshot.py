@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from .attribution import GpuProcess
-
 __all__ = [
     "ARCHITECTURES",
     "GpuProcess",
@@ -41,6 +39,16 @@ ARCHITECTURES: dict[int, str] = {
     10: "blackwell",
     13: "rubin",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU or MIG device: ``nvmlDeviceGetComputeRunningProcesses`` on its
+    handle (``pid`` in the host's PID namespace; ``usedGpuMemory`` bytes -> MiB, rounded down;
+    ``None`` where NVML does not report it)."""
+
+    pid: int
+    used_memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
