@@ -13,11 +13,12 @@ import os
 import stat
 from pathlib import Path
 from types import TracebackType
-
-import grpc
+from typing import TYPE_CHECKING
 
 from ...core.attribution import ContainerDevices
-from .v1 import api_pb2, api_pb2_grpc
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -89,6 +90,11 @@ class PodResourcesClient:
         ``PodResourcesCallFailed`` when the call fails (see its ``code``).
         """
         self._check_socket()
+        # grpc (~9 MiB of RSS) is loaded once a socket is there, not by an agent without a kubelet
+        import grpc
+
+        from .v1 import api_pb2, api_pb2_grpc
+
         if self._channel is None:
             self._channel = grpc.insecure_channel(
                 f"unix://{self.socket_path.absolute()}", options=_CHANNEL_OPTIONS
