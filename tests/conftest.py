@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.chart import helm  # noqa: F401  (session fixture)
 from tests.devcluster import DevCluster, dev_cluster  # noqa: F401  (session fixture)
 
 DATA = Path(__file__).parent / "data"

@@ -11,8 +11,8 @@
 - the PodResources folder is mounted read-only and never created.
 
 What a real 1.20 server makes of the RBAC: tests/test_chart_rbac.py and
-tests/test_chart_rbac_scheduler.py. The CEL runtime is ``cel-expr-python`` (tests/test_chart.py's
-``_Vap``), not Kubernetes' own.
+tests/test_chart_rbac_scheduler.py. The CEL runtime is ``cel-expr-python`` (tests/chart.py's
+``Vap``), not Kubernetes' own.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import pytest
 import yaml
 
 from omaticaya_py.kube.lease import lease_name
-from tests.test_chart import (  # noqa: F401  (helm is a fixture)
+from tests.chart import (
     CHART,
     NAMESPACE,
     RELEASE,
-    _node,
-    _Vap,
-    helm,
+    Vap,
+    node_doc,
     render,
     run_helm,
     values_args,
@@ -40,7 +39,7 @@ CLAIM_KEY = "authentication.kubernetes.io/node-name"
 VAP_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
-def docs_with(helm, values: dict | None, *extra: str) -> list[dict]:  # noqa: F811
+def docs_with(helm, values: dict | None, *extra: str) -> list[dict]:
     proc = run_helm(
         helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
         *values_args(helm, values), *extra,
@@ -73,7 +72,7 @@ AUTO_CASES = [
 @pytest.mark.parametrize(
     ("kube", "extra", "on"), [c[1:] for c in AUTO_CASES], ids=[c[0] for c in AUTO_CASES]
 )
-def test_policies_on_by_default_where_the_cluster_enforces_them(helm, kube, extra, on):  # noqa: F811
+def test_policies_on_by_default_where_the_cluster_enforces_them(helm, kube, extra, on):
     docs = docs_with(helm, None, "--kube-version", kube, *extra)
     got = kinds(docs) & VAP_KINDS
     assert got == (VAP_KINDS if on else set()), got
@@ -81,7 +80,7 @@ def test_policies_on_by_default_where_the_cluster_enforces_them(helm, kube, extr
     assert names == ([f"{RELEASE}-lease-writes", f"{RELEASE}-node-writes"] if on else [])
 
 
-def test_policies_can_be_turned_off_and_forced_on(helm):  # noqa: F811
+def test_policies_can_be_turned_off_and_forced_on(helm):
     off = docs_with(helm, {"validatingAdmissionPolicy": {"enabled": False}}, "--kube-version", "1.33.0")
     assert not kinds(off) & VAP_KINDS
     forced = docs_with(helm, {"validatingAdmissionPolicy": {"enabled": True}}, "--kube-version", "1.30.0", *LIVE)
@@ -94,7 +93,7 @@ def test_policies_can_be_turned_off_and_forced_on(helm):  # noqa: F811
 
 
 @pytest.mark.parametrize("bad", ["yes", "Auto", 1])
-def test_enabled_is_auto_or_a_boolean(helm, bad):  # noqa: F811
+def test_enabled_is_auto_or_a_boolean(helm, bad):
     proc = run_helm(
         helm, "template", RELEASE, str(CHART),
         *values_args(helm, {"validatingAdmissionPolicy": {"enabled": bad}}), check=False,
@@ -102,7 +101,7 @@ def test_enabled_is_auto_or_a_boolean(helm, bad):  # noqa: F811
     assert proc.returncode != 0 and "validatingAdmissionPolicy" in proc.stderr, proc.stderr
 
 
-def test_notes_say_what_is_not_enforced_below_1_30(helm):  # noqa: F811
+def test_notes_say_what_is_not_enforced_below_1_30(helm):
     # install --dry-run=client takes helm's own version (>= 1.30): "off" stands for < 1.30
     args = ("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
     off = {"validatingAdmissionPolicy": {"enabled": False}}
@@ -115,14 +114,14 @@ def test_notes_say_what_is_not_enforced_below_1_30(helm):  # noqa: F811
 # ---------------------------------------------------------------- the Lease policy's CEL ----
 
 
-def lease_policy(helm, **vap: Any) -> _Vap:  # noqa: F811
+def lease_policy(helm, **vap: Any) -> Vap:
     pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
     docs = docs_with(helm, {"validatingAdmissionPolicy": vap} if vap else None, "--kube-version", "1.30.0")
     (doc,) = [
         d for d in docs
         if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-lease-writes")
     ]  # fmt: skip
-    return _Vap(doc)
+    return Vap(doc)
 
 
 def lease(name: str, holder: str = "omaticaya-abc12") -> dict:
@@ -159,7 +158,7 @@ LEASE_CASES = [
 
 
 @pytest.fixture(scope="module")
-def lease_vap(helm) -> _Vap:  # noqa: F811
+def lease_vap(helm) -> Vap:
     return lease_policy(helm)
 
 
@@ -186,7 +185,7 @@ def test_lease_policy_ignores_other_users(lease_vap):
     assert lease_vap.denials(None, lease("omaticaya-scheduler"), sched, None) is None
 
 
-def test_lease_policy_without_claim_required_keeps_the_prefix(helm):  # noqa: F811
+def test_lease_policy_without_claim_required_keeps_the_prefix(helm):
     vap = lease_policy(helm, requireNodeClaim=False)
     assert vap.denials(None, lease(lease_name("gpu-7")), AGENT, None) == []
     got = vap.denials(lease("omaticaya-scheduler"), lease("omaticaya-scheduler", "me"), AGENT, None)
@@ -195,7 +194,7 @@ def test_lease_policy_without_claim_required_keeps_the_prefix(helm):  # noqa: F8
     assert vap.denials(None, lease(lease_name("gpu-7")), AGENT, claim("gpu-1")) != []
 
 
-def test_lease_policy_shape(helm):  # noqa: F811
+def test_lease_policy_shape(helm):
     docs = docs_with(helm, None, "--kube-version", "1.30.0")
     (policy,) = [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-lease-writes" and d["kind"] == "ValidatingAdmissionPolicy"]
     (binding,) = [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-lease-writes" and d["kind"] == "ValidatingAdmissionPolicyBinding"]
@@ -216,28 +215,28 @@ OWNER = [{"apiVersion": "v1", "kind": "Node", "name": "gone", "uid": "0000"}]
 TAINT = [{"key": "x", "effect": "NoExecute"}]
 NODE_CASES = [
     # (id, old, new, denied)
-    ("taint-noexecute", _node(), _node(spec={"taints": TAINT}), "spec"),
-    ("unschedulable", _node(), _node(spec={"unschedulable": True}), "spec"),
-    ("owner-reference-added", _node(), {**_node(), "metadata": {"name": "gpu-1", "ownerReferences": OWNER}}, "ownerReferences"),
-    ("telemetry-of-another-node", _node(name="gpu-2"), _node(annotations={"omaticaya.io/telemetry": "{}"}, name="gpu-2"), "may not change node gpu-2"),
+    ("taint-noexecute", node_doc(), node_doc(spec={"taints": TAINT}), "spec"),
+    ("unschedulable", node_doc(), node_doc(spec={"unschedulable": True}), "spec"),
+    ("owner-reference-added", node_doc(), {**node_doc(), "metadata": {"name": "gpu-1", "ownerReferences": OWNER}}, "ownerReferences"),
+    ("telemetry-of-another-node", node_doc(name="gpu-2"), node_doc(annotations={"omaticaya.io/telemetry": "{}"}, name="gpu-2"), "may not change node gpu-2"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("old", "new", "denied"), [c[1:] for c in NODE_CASES], ids=[c[0] for c in NODE_CASES]
 )
-def test_node_policy_on_by_default_denies_disruption(helm, old, new, denied):  # noqa: F811
+def test_node_policy_on_by_default_denies_disruption(helm, old, new, denied):
     pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
     docs = docs_with(helm, None, "--kube-version", "1.30.0")
     (doc,) = [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-node-writes" and d["kind"] == "ValidatingAdmissionPolicy"]
-    got = _Vap(doc).denials(old, new, AGENT, NODE_CLAIM)
+    got = Vap(doc).denials(old, new, AGENT, NODE_CLAIM)
     assert got is not None and len(got) == 1 and denied in got[0], got
 
 
 # ------------------------------------------------------------------------------- Events ----
 
 
-def test_events_only_create_in_default(helm):  # noqa: F811
+def test_events_only_create_in_default(helm):
     for kube in ("1.20.2", "1.30.0"):
         docs = docs_with(helm, None, "--kube-version", kube)
         (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
@@ -251,7 +250,7 @@ def test_events_only_create_in_default(helm):  # noqa: F811
 
 
 @pytest.mark.parametrize("gpus", ["all", "0-3", 2])
-def test_sharing_adds_pod_get_and_events_create_only(helm, gpus):  # noqa: F811
+def test_sharing_adds_pod_get_and_events_create_only(helm, gpus):
     docs = docs_with(helm, {"sharing": {"gpus": gpus}}, "--kube-version", "1.30.0")
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
@@ -261,7 +260,7 @@ def test_sharing_adds_pod_get_and_events_create_only(helm, gpus):  # noqa: F811
     ]
 
 
-def test_no_pod_rule_without_sharing(helm):  # noqa: F811
+def test_no_pod_rule_without_sharing(helm):
     docs = docs_with(helm, None, "--kube-version", "1.30.0")
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
@@ -282,12 +281,12 @@ def test_events_go_where_the_role_is():
 # ----------------------------------------------------------------- the extender's token ----
 
 
-def scheduler_docs(helm, kube: str = "1.30.0") -> list[dict]:  # noqa: F811
+def scheduler_docs(helm, kube: str = "1.30.0") -> list[dict]:
     return docs_with(helm, {"scheduler": {"enabled": True}}, "--kube-version", kube)
 
 
 @pytest.mark.parametrize("kube", ["1.20.2", "1.30.0"])
-def test_extender_sidecar_does_not_see_the_schedulers_token(helm, kube):  # noqa: F811
+def test_extender_sidecar_does_not_see_the_schedulers_token(helm, kube):
     docs = scheduler_docs(helm, kube)
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
     pod = deploy["spec"]["template"]["spec"]
@@ -338,7 +337,7 @@ def grants(docs: list[dict], sa: str) -> set[tuple[str | None, str, str, str, st
     return out
 
 
-def test_extender_token_reads_only(helm):  # noqa: F811
+def test_extender_token_reads_only(helm):
     docs = scheduler_docs(helm)
     assert grants(docs, f"{RELEASE}-extender") == {
         (None, "", "nodes", "list", "*"),
@@ -363,7 +362,7 @@ def test_extender_token_reads_only(helm):  # noqa: F811
 # ------------------------------------------------------------------------ PodResources ----
 
 
-def test_pod_resources_mount_is_read_only_and_never_created(helm):  # noqa: F811
+def test_pod_resources_mount_is_read_only_and_never_created(helm):
     sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
     docs = render(helm, {"podResourcesSocket": sock})
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]

@@ -5,7 +5,7 @@ admin, and then a client that holds ONLY a bound token of that ServiceAccount (T
 and the cluster CA tries what the agent does (allowed) and what it must not do (403).
 
 The dev cluster is Kubernetes 1.20: it proves RBAC, not the ValidatingAdmissionPolicy (>= 1.30),
-whose logic tests/test_chart.py evaluates with a CEL runtime.
+whose logic tests/test_chart_admission.py evaluates with a CEL runtime.
 """
 
 from __future__ import annotations

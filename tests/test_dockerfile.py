@@ -260,7 +260,7 @@ def test_dockerignore_keeps_the_build_context_small():
         "requirements/build.lock",
     ):
         assert not _ignored(needed, patterns), f"{needed} must reach the build"
-    for secret_or_bulk in (".env", ".venv/bin/python", ".git/config", "tests/test_chart.py"):
+    for secret_or_bulk in (".env", ".venv/bin/python", ".git/config", "tests/test_chart_values.py"):
         assert _ignored(secret_or_bulk, patterns), f"{secret_or_bulk} must stay out of the build"
 
 

@@ -25,7 +25,6 @@ from omaticaya_py.scheduler import (
     parse_node,
 )
 from tests.helpers import READ_AT, evaluate, gpu, snapshot
-from tests.test_chart import helm  # noqa: F401, F811  (fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -318,8 +317,8 @@ def test_http_bad_json_and_readiness(client):
 # ------------------------------------------------------------- the chart's second scheduler ----
 
 
-def test_chart_scheduler_renders_valid_manifests_with_the_extender(helm):  # noqa: F811
-    from tests.test_chart import K8S_VERSION, render
+def test_chart_scheduler_renders_valid_manifests_with_the_extender(helm):
+    from tests.chart import K8S_VERSION, render
 
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     docs = render(helm, {"scheduler": {"enabled": True, "extender": {"strategy": "spread"}}})
@@ -351,7 +350,7 @@ def test_chart_scheduler_renders_valid_manifests_with_the_extender(helm):  # noq
     assert not selector.items() <= pod["metadata"]["labels"].items()
 
 
-def test_chart_scheduler_is_off_by_default(helm):  # noqa: F811
-    from tests.test_chart import render
+def test_chart_scheduler_is_off_by_default(helm):
+    from tests.chart import render
 
     assert not [d for d in render(helm) if d["kind"] in ("Deployment", "ConfigMap")]

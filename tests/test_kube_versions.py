@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_chart import CHART, NAMESPACE, NOT_CORE, RELEASE, helm, run_helm  # noqa: F401
+from tests.chart import CHART, NAMESPACE, NOT_CORE, RELEASE, run_helm
 from tests.test_kube_versions_models import (
     MODELS,
     SERVED,
@@ -66,7 +66,7 @@ ALL_ON = {
 }
 
 
-def render_at(helm, kube_version: str, values: dict | None = None, *, check: bool = True):  # noqa: F811
+def render_at(helm, kube_version: str, values: dict | None = None, *, check: bool = True):
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     args += ["--kube-version", kube_version]
     if values:
@@ -77,7 +77,7 @@ def render_at(helm, kube_version: str, values: dict | None = None, *, check: boo
     return run_helm(helm, *args, check=check)
 
 
-def docs_at(helm, kube_version: str, values: dict | None = None) -> list[dict]:  # noqa: F811
+def docs_at(helm, kube_version: str, values: dict | None = None) -> list[dict]:
     return [d for d in yaml.safe_load_all(render_at(helm, kube_version, values).stdout) if d]
 
 
@@ -131,7 +131,7 @@ def test_chart_kube_version_admits_every_supported_version():
 @pytest.mark.parametrize(
     ("kube", "expected"), list(SCHEDULER_CASES.items()), ids=list(SCHEDULER_CASES)
 )
-def test_scheduler_follows_the_cluster_version(helm, kube, expected):  # noqa: F811
+def test_scheduler_follows_the_cluster_version(helm, kube, expected):
     api, tag = expected
     docs = docs_at(helm, kube, {"scheduler": {"enabled": True}})
     config = scheduler_config(docs)
@@ -156,7 +156,7 @@ def test_scheduler_follows_the_cluster_version(helm, kube, expected):  # noqa: F
         ),
     ],
 )
-def test_scheduler_overrides(helm, kube, values, api, image):  # noqa: F811
+def test_scheduler_overrides(helm, kube, values, api, image):
     docs = docs_at(helm, kube, {"scheduler": {"enabled": True} | values})
     assert scheduler_config(docs)["apiVersion"] == GROUP + api
     if image:
@@ -175,7 +175,7 @@ def test_scheduler_overrides(helm, kube, values, api, image):  # noqa: F811
         ("1.21.0", "v1beta2"),
     ],
 )
-def test_scheduler_refuses_an_api_version_the_cluster_does_not_read(helm, kube, api):  # noqa: F811
+def test_scheduler_refuses_an_api_version_the_cluster_does_not_read(helm, kube, api):
     proc = render_at(
         helm, kube, {"scheduler": {"enabled": True, "configApiVersion": GROUP + api}}, check=False
     )
@@ -184,7 +184,7 @@ def test_scheduler_refuses_an_api_version_the_cluster_does_not_read(helm, kube, 
 
 
 @pytest.mark.parametrize("kube", ["1.29.9", "1.25.0", "1.20.2"])
-def test_admission_policy_refused_before_1_30(helm, kube):  # noqa: F811
+def test_admission_policy_refused_before_1_30(helm, kube):
     proc = render_at(helm, kube, {"validatingAdmissionPolicy": {"enabled": True}}, check=False)
     assert proc.returncode != 0 and "needs Kubernetes >= 1.30" in proc.stderr
 
@@ -209,7 +209,7 @@ def test_kubernetes_validate_ships_the_supported_versions_from_1_25():
 
 
 @pytest.mark.parametrize("kube", ["1.25.0", "1.28.0", "1.30.0", "1.33.0", "1.36.0"])
-def test_rendered_manifests_validate_against_that_versions_schemas(helm, kube):  # noqa: F811
+def test_rendered_manifests_validate_against_that_versions_schemas(helm, kube):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     docs = docs_at(helm, kube, all_on(kube))
     kinds = {d["kind"] for d in docs}
@@ -283,7 +283,7 @@ def test_examples_agree_apart_from_the_api_version():
 
 
 @pytest.mark.parametrize("kube", ["1.20.2", "1.23.0", "1.36.0"])
-def test_chart_extender_stanza_is_the_examples(helm, kube):  # noqa: F811
+def test_chart_extender_stanza_is_the_examples(helm, kube):
     config = scheduler_config(docs_at(helm, kube, {"scheduler": {"enabled": True}}))
     (example,) = [
         yaml.safe_load(p.read_text())
@@ -348,7 +348,7 @@ def _kubectl(dev_cluster, *args: str, stdin: str | None = None) -> subprocess.Co
 
 
 @pytest.mark.cluster
-def test_chart_at_1_20_is_accepted_by_the_real_1_20_server(helm, dev_cluster):  # noqa: F811
+def test_chart_at_1_20_is_accepted_by_the_real_1_20_server(helm, dev_cluster):
     """kubectl validates strictly against the server's own OpenAPI (1.20 has no server-side
     field validation, so kubectl does it client side) and the server admits it (dry run)."""
     docs = [d for d in docs_at(helm, "1.20.2", all_on("1.20.2")) if d["kind"] not in NOT_CORE]
@@ -403,7 +403,7 @@ def _v1beta1_example() -> dict:
     return yaml.safe_load((EXAMPLES / "scheduler" / "scheduler-config-v1beta1.yaml").read_text())
 
 
-def _chart_at_1_20(helm) -> dict:  # noqa: F811
+def _chart_at_1_20(helm) -> dict:
     return scheduler_config(docs_at(helm, "1.20.2", {"scheduler": {"enabled": True}}))
 
 
@@ -430,7 +430,7 @@ SCHEDULER_1_20_CASES = {
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("case", list(SCHEDULER_1_20_CASES))
-def test_real_kube_scheduler_1_20_reads_the_config(helm, dev_cluster, tmp_path, case):  # noqa: F811
+def test_real_kube_scheduler_1_20_reads_the_config(helm, dev_cluster, tmp_path, case):
     """kube-scheduler v1.20.2 decodes the configuration strictly and writes the defaulted
     result (``--write-config-to``, then exits): no API server contact, no waiting."""
     from tests.devcluster import scheduler_binary
@@ -475,7 +475,7 @@ def test_installed_kubernetes_client_satisfies_the_pin():
 
 
 @pytest.mark.parametrize("kube", ["1.20.2", "1.25.0", "1.30.0", "1.33.0", "1.36.0"])
-def test_helm_lint_strict_at_each_version(helm, kube):  # noqa: F811
+def test_helm_lint_strict_at_each_version(helm, kube):
     values = helm["home"] / f"lint-{kube}.yaml"
     values.write_text(yaml.safe_dump(all_on(kube)))
     proc = run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", kube, "-f", str(values))

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_chart import NAMESPACE, RELEASE, _Vap, helm  # noqa: F401
+from tests.chart import NAMESPACE, RELEASE, Vap
 from tests.test_kube_versions import docs_at
 
 DATA = Path(__file__).parent / "data" / "admission" / "node-patches-v1.20.2.json"
@@ -119,7 +119,7 @@ def _audit_event(dev_cluster, name: str, seen: set[str]) -> dict:
     raise AssertionError(f"no audit event for the agent's PATCH of node {name}")
 
 
-def capture(dev_cluster, helm, tmp: Path) -> dict:  # noqa: F811
+def capture(dev_cluster, helm, tmp: Path) -> dict:
     """Run the agent's PATCHes against the real server; return the stored file's content."""
     from kubernetes import client
 
@@ -287,7 +287,7 @@ def capture(dev_cluster, helm, tmp: Path) -> dict:  # noqa: F811
 # ------------------------------------------------------------------------------ evaluate ----
 
 
-class _VapRequest(_Vap):
+class _VapRequest(Vap):
     """The policy evaluated on a whole AdmissionRequest (its object, oldObject and request)."""
 
     def evaluate(self, request: dict) -> list[str] | None:
@@ -312,7 +312,7 @@ def with_claim(request: dict, node: str) -> dict:
     return out
 
 
-def policy(helm, kube: str, **vap: Any) -> _VapRequest:  # noqa: F811
+def policy(helm, kube: str, **vap: Any) -> _VapRequest:
     pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
     values = {"validatingAdmissionPolicy": {"enabled": True, **vap}}
     (doc,) = [
@@ -350,14 +350,14 @@ def test_stored_requests_are_complete_and_from_the_agent():
 
 @pytest.mark.parametrize("kube", ["1.30.0", "1.33.0", "1.36.0"])
 @pytest.mark.parametrize("case_id", CASE_IDS)
-def test_policy_on_captured_requests_with_the_node_claim(helm, kube, case_id):  # noqa: F811
+def test_policy_on_captured_requests_with_the_node_claim(helm, kube, case_id):
     case = next(c for c in stored()["cases"] if c["id"] == case_id)
     vap = policy(helm, kube)
     _check(vap.evaluate(with_claim(case["request"], NODE)), WITH_CLAIM[case_id])
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
-def test_policy_on_captured_requests_without_the_claim(helm, case_id):  # noqa: F811
+def test_policy_on_captured_requests_without_the_claim(helm, case_id):
     """As captured from 1.20 (no claim): denied by default, whatever the change."""
     case = next(c for c in stored()["cases"] if c["id"] == case_id)
     got = policy(helm, "1.30.0").evaluate(case["request"])
@@ -365,13 +365,13 @@ def test_policy_on_captured_requests_without_the_claim(helm, case_id):  # noqa: 
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
-def test_policy_on_captured_requests_claim_not_required(helm, case_id):  # noqa: F811
+def test_policy_on_captured_requests_claim_not_required(helm, case_id):
     case = next(c for c in stored()["cases"] if c["id"] == case_id)
     vap = policy(helm, "1.30.0", requireNodeClaim=False)
     _check(vap.evaluate(case["request"]), NO_CLAIM_NOT_REQUIRED[case_id])
 
 
-def test_policy_ignores_the_same_request_from_another_user(helm):  # noqa: F811
+def test_policy_ignores_the_same_request_from_another_user(helm):
     request = with_claim(stored()["cases"][3]["request"], NODE)  # a foreign label change
     request["userInfo"]["username"] = "system:node:" + NODE
     assert policy(helm, "1.30.0").evaluate(request) is None
@@ -404,7 +404,7 @@ def _projection(data: dict) -> list[dict]:
 
 
 @pytest.mark.cluster
-def test_captured_requests_are_what_the_server_does(helm, dev_cluster, tmp_path):  # noqa: F811
+def test_captured_requests_are_what_the_server_does(helm, dev_cluster, tmp_path):
     fresh = capture(dev_cluster, helm, tmp_path)
     if os.environ.get("OMATICAYA_WRITE_ADMISSION_DATA") == "1":
         DATA.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,6 @@ from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
 from tests.helpers import settings
-from tests.test_chart import helm  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 
 P = "omaticaya.io/"
@@ -170,8 +169,8 @@ def test_signal_handlers_are_installed_before_the_metrics_server(tmp_path, monke
 
 
 @pytest.mark.parametrize(("grace", "deadline"), [(None, "20"), (60, "40"), (0, "1")])
-def test_chart_sets_the_shutdown_deadline_below_the_grace_period(helm, grace, deadline):  # noqa: F811
-    from tests.test_chart import render
+def test_chart_sets_the_shutdown_deadline_below_the_grace_period(helm, grace, deadline):
+    from tests.chart import render
 
     values = {} if grace is None else {"terminationGracePeriodSeconds": grace}
     ds = next(d for d in render(helm, values) if d["kind"] == "DaemonSet")

@@ -3,7 +3,7 @@
 A ``pre-delete`` Job runs ``omaticaya stop-daemonset`` for the release's DaemonSet, as its own
 ServiceAccount bound to a Role in the release namespace that may only get/delete that
 DaemonSet and list pods; the three RBAC objects are hooks too, created before the Job (lower
-weight) and deleted with it once it succeeded. tests/test_chart.py checks the release's other
+weight) and deleted with it once it succeeded. tests/test_chart_manifests.py checks the release's other
 objects (its ``render`` leaves hooks out); tests/test_helm_install.py runs the hook for real.
 """
 
@@ -15,19 +15,18 @@ import pytest
 import yaml
 
 from omaticaya_py.cli import build_parser
-from tests.test_chart import (  # noqa: F401
+from tests.chart import (
     ALL_ON,
     K8S_VERSION,
     NAMESPACE,
     RELEASE,
-    helm,
     template,
 )
 
 HOOK_KINDS = ["ServiceAccount", "Role", "RoleBinding", "Job"]
 
 
-def hooks(helm: dict[str, Any], values: dict[str, Any] | None = None) -> list[dict]:  # noqa: F811
+def hooks(helm: dict[str, Any], values: dict[str, Any] | None = None) -> list[dict]:
     docs = [d for d in yaml.safe_load_all(template(helm, values).stdout) if d]
     return [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
 
@@ -38,7 +37,7 @@ def by_kind(docs: list[dict]) -> dict[str, dict]:
     return out
 
 
-def test_hook_objects_and_their_order(helm):  # noqa: F811
+def test_hook_objects_and_their_order(helm):
     docs = hooks(helm)
     assert [d["kind"] for d in docs] == HOOK_KINDS
     weights = []
@@ -55,7 +54,7 @@ def test_hook_objects_and_their_order(helm):  # noqa: F811
     assert weights == sorted(weights) and len(set(weights)) == len(weights)
 
 
-def test_hook_rbac_is_namespaced_and_minimal(helm):  # noqa: F811
+def test_hook_rbac_is_namespaced_and_minimal(helm):
     docs = by_kind(hooks(helm, ALL_ON))
     role, binding, sa = docs["Role"], docs["RoleBinding"], docs["ServiceAccount"]
     granted = set()
@@ -81,7 +80,7 @@ def test_hook_rbac_is_namespaced_and_minimal(helm):  # noqa: F811
     assert not [d for d in hooks(helm, ALL_ON) if d["kind"].startswith("Cluster")]
 
 
-def test_hook_job_runs_stop_daemonset_on_the_release(helm):  # noqa: F811
+def test_hook_job_runs_stop_daemonset_on_the_release(helm):
     values = {
         "image": {"repository": "registry.example/omaticaya", "tag": "dev", "pullPolicy": "Never"},
         "terminationGracePeriodSeconds": 45,
@@ -113,7 +112,7 @@ def test_hook_job_runs_stop_daemonset_on_the_release(helm):  # noqa: F811
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
 
 
-def test_hook_follows_the_fullname(helm):  # noqa: F811
+def test_hook_follows_the_fullname(helm):
     docs = hooks(helm, {"fullnameOverride": "gpu-labeller"})
     assert {d["metadata"]["name"] for d in docs} == {"gpu-labeller-uninstall"}
     job = by_kind(docs)["Job"]["spec"]["template"]["spec"]["containers"][0]
@@ -133,17 +132,17 @@ def test_hook_follows_the_fullname(helm):  # noqa: F811
     ],
     ids=["off", "no-rbac"],
 )
-def test_no_hook(helm, values):  # noqa: F811
+def test_no_hook(helm, values):
     assert hooks(helm, values) == []
 
 
-def test_schema_refuses_a_non_boolean(helm):  # noqa: F811
+def test_schema_refuses_a_non_boolean(helm):
     proc = template(helm, {"cleanupOnUninstall": "yes"}, check=False)
     assert proc.returncode != 0 and "cleanupOnUninstall" in proc.stderr
 
 
 @pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
-def test_hook_objects_validate_against_k8s_schemas(helm, values):  # noqa: F811
+def test_hook_objects_validate_against_k8s_schemas(helm, values):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     for doc in hooks(helm, values):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)

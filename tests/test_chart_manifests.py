@@ -1,0 +1,354 @@
+"""The chart's rendered manifests: ``helm lint --strict``, the Kubernetes 1.30 schemas
+(``kubernetes-validate``, strict), RBAC, the DaemonSet, the optional Service and monitors, and
+NOTES.txt. Helpers: tests/chart.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.chart import (
+    ALL_ON,
+    CHART,
+    K8S_VERSION,
+    NAMESPACE,
+    NOT_CORE,
+    RELEASE,
+    agent_container,
+    env_of,
+    one,
+    render,
+    run_helm,
+    values_args,
+)
+
+# --------------------------------------------------------------------------------------------
+# lint and schema validation of the rendered manifests
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
+def test_helm_lint_strict(helm, values):
+    proc = run_helm(helm, "lint", "--strict", str(CHART), *values_args(helm, values), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+#: on by default at K8S_VERSION (1.30): validatingAdmissionPolicy.enabled "auto"
+VAP = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+RENDER_CASES = {
+    # id: (values, kinds expected)
+    "default": (
+        None,
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"}
+        | VAP,
+    ),
+    "all-on": (
+        ALL_ON,
+        {
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "DaemonSet",
+            "Service",
+            "ServiceMonitor",
+            "PodMonitor",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        },
+    ),
+    "metrics-off": (
+        {"metricsPort": 0, "serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"}
+        | VAP,
+    ),
+    "no-rbac-external-sa": (
+        {"serviceAccount": {"create": False, "name": "existing"}, "rbac": {"create": False}},
+        {"DaemonSet"} | VAP,
+    ),
+    "overrides": (
+        {
+            "fullnameOverride": "gpu-labeller",
+            "nodeSelector": {},
+            "tolerations": [],
+            "resources": {},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+            "tmpSizeLimit": "",
+            "livenessProbe": {"enabled": False},
+            "readinessProbe": {"enabled": False},
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+            "podSecurityContext": {"runAsNonRoot": False, "runAsUser": 0},
+        },
+        {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet"}
+        | VAP,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RENDER_CASES))
+def test_rendered_manifests_validate_against_k8s_schemas(helm, case):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    values, kinds = RENDER_CASES[case]
+    docs = render(helm, values)
+    assert {d["kind"] for d in docs} == kinds
+    skipped = []
+    for doc in docs:
+        if doc["kind"] in NOT_CORE:
+            skipped.append(f"{doc['kind']}: {NOT_CORE[doc['kind']]}")
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {path}: {exc.message}")
+    for reason in skipped:  # visible with -rA; the CRDs are checked structurally below
+        print(f"not schema-validated: {reason}")
+
+
+def test_vap_needs_kubernetes_1_30(helm):
+    proc = run_helm(
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "--kube-version",
+        "1.29.0",
+        "--set",
+        "validatingAdmissionPolicy.enabled=true",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "Kubernetes >= 1.30" in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# RBAC
+# --------------------------------------------------------------------------------------------
+
+
+def test_clusterrole_has_exactly_the_needed_rules(helm):
+    docs = render(helm, ALL_ON)
+    role = one(docs, "ClusterRole")
+    granted = set()
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule  # no names, no URLs
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    granted.add((group, resource, verb))
+    # Events: a Role in "default" (tests/test_chart_least_privilege.py), not cluster-wide
+    assert granted == {("", "nodes", "get"), ("", "nodes", "patch")}
+    # the liveness Lease: get/create/update (delete: its own on uninstall) on leases, in the
+    # release namespace only
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    lease_role, lease_binding = roles[NAMESPACE], bindings[NAMESPACE]
+    assert set(roles) == set(bindings) == {NAMESPACE, "default"}
+    (rule,) = lease_role["rules"]
+    assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+    assert {"get", "create", "update"} <= set(rule["verbs"]) <= {"get", "create", "update", "delete"}
+    assert lease_binding["metadata"]["namespace"] == NAMESPACE
+    assert lease_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+        "name": lease_role["metadata"]["name"],
+    }
+
+    sa = one(docs, "ServiceAccount")
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert sa["metadata"]["namespace"] == NAMESPACE
+    assert lease_binding["subjects"] == binding["subjects"]
+    env = env_of(docs)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+# --------------------------------------------------------------------------------------------
+# the DaemonSet: placement, security, probes
+# --------------------------------------------------------------------------------------------
+
+
+def test_security_context(helm):
+    docs = render(helm)
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    c = agent_container(docs)
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in sc
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key)
+    # a writable /tmp on a read-only root filesystem, and no host paths
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert "emptyDir" in pod["volumes"][0]
+
+
+def test_device_plugin_runs_as_root_and_keeps_the_rest_of_the_lockdown(helm):
+    """The kubelet's device-plugins folder is root's: the plugin runs as uid 0, nothing else
+    of the security context is loosened, and the manifest still validates."""
+    docs = render(helm, {"devicePlugin": True})
+    sc = agent_container(docs)["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (0, 0, False)
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and "privileged" not in sc
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"} in agent_container(
+        docs
+    )["volumeMounts"]
+    assert any(v.get("hostPath", {}).get("path") == "/var/lib/kubelet/device-plugins" for v in pod["volumes"])
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_daemonset_defaults(helm):
+    docs = render(helm)
+    ds = one(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    c = agent_container(docs)
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["appVersion"] == "0.1.0"
+    assert c["image"] == f"ghcr.io/omaticaya/omaticaya:{chart['appVersion']}"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert "runtimeClassName" not in pod and "priorityClassName" not in pod
+    assert pod["terminationGracePeriodSeconds"] == 30
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    assert c["resources"] == {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"cpu": "100m", "memory": "128Mi"},
+    }
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9402, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["periodSeconds"] >= c["readinessProbe"]["periodSeconds"]
+    # no GPU is requested: the agent must not take one from the device plugin
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    # selector labels are a subset of the pod labels
+    selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_daemonset_options(helm):
+    docs = render(
+        helm,
+        ALL_ON
+        | {
+            "image": {
+                "repository": "registry.example/omaticaya",
+                "tag": "dev",
+                "pullPolicy": "Always",
+            }
+        },
+    )
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    meta = one(docs, "DaemonSet")["spec"]["template"]["metadata"]
+    c = agent_container(docs)
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["affinity"] == ALL_ON["affinity"]
+    assert meta["annotations"] == {"example.com/a": "b"}
+    assert meta["labels"]["team"] == "gpu"
+    assert c["image"] == "registry.example/omaticaya:dev" and c["imagePullPolicy"] == "Always"
+
+
+def test_metrics_port_zero_drops_ports_and_probes(helm):
+    docs = render(helm, {"metricsPort": 0, "service": {"enabled": True}})
+    c = agent_container(docs)
+    assert "ports" not in c and "livenessProbe" not in c and "readinessProbe" not in c
+    assert not [d for d in docs if d["kind"] in ("Service", "ServiceMonitor", "PodMonitor")]
+
+
+def test_names_follow_overrides(helm):
+    docs = render(helm, {"fullnameOverride": "gpu-labeller"})
+    assert {d["metadata"]["name"] for d in docs} == {
+        "gpu-labeller",
+        "gpu-labeller-events",
+        "gpu-labeller-node-writes",
+        "gpu-labeller-lease-writes",
+    }
+    docs = render(helm, {"nameOverride": "gpu"})
+    assert one(docs, "DaemonSet")["metadata"]["name"] == f"{RELEASE}-gpu"
+
+
+
+# --------------------------------------------------------------------------------------------
+# optional features: Service, monitors (the admission policy: tests/test_chart_admission.py)
+# --------------------------------------------------------------------------------------------
+
+
+def test_service_and_monitors_select_the_agent(helm):
+    docs = render(helm, ALL_ON)
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    svc = one(docs, "Service")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 9402, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+
+    sm = one(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "prometheus"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (ep,) = sm["spec"]["endpoints"]
+    assert (ep["port"], ep["path"], ep["scrapeTimeout"]) == ("metrics", "/metrics", "10s")
+
+    pm = one(docs, "PodMonitor")
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert (ep["port"], ep["path"]) == ("metrics", "/metrics")
+    assert ep["relabelings"] == [{"action": "labeldrop", "regex": "pod"}]
+
+
+def test_service_monitor_alone_creates_the_service(helm):
+    docs = render(helm, {"serviceMonitor": {"enabled": True}})
+    assert {d["kind"] for d in docs} >= {"Service", "ServiceMonitor"}
+    assert "PodMonitor" not in {d["kind"] for d in docs}
+
+
+
+# --------------------------------------------------------------------------------------------
+# NOTES.txt
+# --------------------------------------------------------------------------------------------
+
+
+def test_notes_show_how_to_see_the_labels(helm):
+    proc = run_helm(
+        helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"
+    )
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "kubectl get nodes -L omaticaya.io/gpu.health,omaticaya.io/gpu.memory.free-mib" in notes
+    assert (
+        r"kubectl get node $NODE -o jsonpath='{.metadata.annotations.omaticaya\.io/telemetry}'"
+        in notes
+    )

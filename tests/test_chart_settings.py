@@ -1,0 +1,301 @@
+"""The chart <-> Settings contract: the env the chart renders from its values, every setting a
+value and every rendered variable a setting, the chart's defaults the code's, values that
+survive values -> env -> Settings; .env.example lists every setting with its default; the
+extender's env. Helpers: tests/chart.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import pytest
+
+from omaticaya_py.core.settings import Settings, load_settings
+from tests.chart import (
+    ALL_ON,
+    ENV_EXAMPLE,
+    NESTED_VALUE,
+    NOT_IN_CHART,
+    as_plain,
+    camel,
+    chart_settings,
+    chart_values,
+    code_defaults,
+    env_of,
+    render,
+)
+
+# --------------------------------------------------------------------------------------------
+# env rendered from values, and the chart <-> Settings contract
+# --------------------------------------------------------------------------------------------
+
+ENV_CASES = [
+    # (id, values, env name, expected value)
+    ("schedule-6-field", {"schedule": "*/5 * * * * ?"}, "OMATICAYA_SCHEDULE", "*/5 * * * * ?"),
+    ("schedule-every", {"schedule": "@every 1m30s"}, "OMATICAYA_SCHEDULE", "@every 1m30s"),
+    ("xidIgnore-list", {"xidIgnore": [13, 31, 79]}, "OMATICAYA_XID_IGNORE", "13,31,79"),
+    ("xidIgnore-empty", {"xidIgnore": []}, "OMATICAYA_XID_IGNORE", ""),
+    ("xidIgnore-big", {"xidIgnore": [1000000]}, "OMATICAYA_XID_IGNORE", "1000000"),
+    ("prefix", {"prefix": "gpu.example.com"}, "OMATICAYA_PREFIX", "gpu.example.com"),
+    (
+        "prefix-trailing-slash",
+        {"prefix": "gpu.example.com/"},
+        "OMATICAYA_PREFIX",
+        "gpu.example.com",
+    ),
+    ("memoryStepMib-big", {"memoryStepMib": 1048576}, "OMATICAYA_MEMORY_STEP_MIB", "1048576"),
+    ("utilizationStepPct", {"utilizationStepPct": 25}, "OMATICAYA_UTILIZATION_STEP_PCT", "25"),
+    ("temperatureStepC", {"temperatureStepC": 2}, "OMATICAYA_TEMPERATURE_STEP_C", "2"),
+    ("hysteresisPct-off", {"hysteresisPct": 0}, "OMATICAYA_HYSTERESIS_PCT", "0"),
+    ("hysteresisPct-float", {"hysteresisPct": 12.5}, "OMATICAYA_HYSTERESIS_PCT", "12.5"),
+    (
+        "idleUtilizationPct-float",
+        {"idleUtilizationPct": 2.5},
+        "OMATICAYA_IDLE_UTILIZATION_PCT",
+        "2.5",
+    ),
+    ("perGpuLabels-false", {"perGpuLabels": False}, "OMATICAYA_PER_GPU_LABELS", "false"),
+    ("temperatureLabels-default-false", None, "OMATICAYA_TEMPERATURE_LABELS", "false"),
+    ("temperatureLabels-true", {"temperatureLabels": True}, "OMATICAYA_TEMPERATURE_LABELS", "true"),
+    ("cleanupOnExit-false", {"cleanupOnExit": False}, "OMATICAYA_CLEANUP_ON_EXIT", "false"),
+    ("logJson-default-true", None, "OMATICAYA_LOG_JSON", "true"),
+    ("logJson-false", {"logJson": False}, "OMATICAYA_LOG_JSON", "false"),
+    ("logLevel", {"logLevel": "DEBUG"}, "OMATICAYA_LOG_LEVEL", "DEBUG"),
+    ("xidAllFatal", {"xidAllFatal": True}, "OMATICAYA_XID_ALL_FATAL", "true"),
+    ("xidQuietS", {"xidQuietS": 0}, "OMATICAYA_XID_QUIET_S", "0"),
+    ("heartbeatS", {"heartbeatS": 60}, "OMATICAYA_HEARTBEAT_S", "60"),
+    ("jitterS-default", None, "OMATICAYA_JITTER_S", "5"),
+    ("jitterS", {"jitterS": 3}, "OMATICAYA_JITTER_S", "3"),
+    ("jitterS-off", {"jitterS": 0}, "OMATICAYA_JITTER_S", "0"),
+    ("minPatchIntervalS-default", None, "OMATICAYA_MIN_PATCH_INTERVAL_S", "30"),
+    ("minPatchIntervalS-off", {"minPatchIntervalS": 0}, "OMATICAYA_MIN_PATCH_INTERVAL_S", "0"),
+    ("metricsPort", {"metricsPort": 9500}, "OMATICAYA_METRICS_PORT", "9500"),
+    ("metricsPort-off", {"metricsPort": 0}, "OMATICAYA_METRICS_PORT", "0"),
+    ("failOnInitError", {"failOnInitError": True}, "OMATICAYA_FAIL_ON_INIT_ERROR", "true"),
+    ("kubeTimeoutS", {"kubeTimeoutS": 2.5}, "OMATICAYA_KUBE_TIMEOUT_S", "2.5"),
+    (
+        "extraEnv",
+        {"extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]},
+        "HTTPS_PROXY",
+        "http://proxy:3128",
+    ),
+    ("sharing-gpus-default", None, "OMATICAYA_SHARED_GPUS", "none"),
+    ("sharing-gpus-range", {"sharing": {"gpus": "0-3"}}, "OMATICAYA_SHARED_GPUS", "0-3"),
+    ("sharing-gpus-one-index", {"sharing": {"gpus": 2}}, "OMATICAYA_SHARED_GPUS", "2"),
+    ("sharing-unitMib", {"sharing": {"unitMib": 2048}}, "OMATICAYA_SHARE_UNIT_MIB", "2048"),
+    ("sharing-policy", {"sharing": {"policy": "spread"}}, "OMATICAYA_SHARE_POLICY", "spread"),
+    ("sharing-settleS", {"sharing": {"settleS": 15}}, "OMATICAYA_SHARE_SETTLE_S", "15"),
+    (
+        "sharing-resource",
+        {"sharing": {"resource": "example.com/vram"}},
+        "OMATICAYA_SHARED_RESOURCE",
+        "example.com/vram",
+    ),
+    ("deviceListStrategy-default", None, "OMATICAYA_DEVICE_LIST_STRATEGY", "envvar,volume-mounts"),
+    (
+        "deviceListStrategy-cdi",
+        {"deviceListStrategy": ["cdi-cri", "cdi-annotations"]},
+        "OMATICAYA_DEVICE_LIST_STRATEGY",
+        "cdi-cri,cdi-annotations",
+    ),
+    ("nvidia-visible-devices", None, "NVIDIA_VISIBLE_DEVICES", "all"),
+    ("nvidia-driver-capabilities", None, "NVIDIA_DRIVER_CAPABILITIES", "utility"),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "name", "expected"), [c[1:] for c in ENV_CASES], ids=[c[0] for c in ENV_CASES]
+)
+def test_env_rendered_from_values(helm, values, name, expected):
+    env = env_of(render(helm, values))
+    assert env[name] == expected
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_schedule_via_set_flag(helm):
+    docs = render(helm, None, "--set", "schedule=*/5 * * * * ?", "--set", "xidIgnore={13,31}")
+    env = env_of(docs)
+    assert env["OMATICAYA_SCHEDULE"] == "*/5 * * * * ?"
+    assert env["OMATICAYA_XID_IGNORE"] == "13,31"
+
+
+def test_every_rendered_omaticaya_env_is_a_setting(helm):
+    fields = set(Settings.model_fields)
+    env = env_of(render(helm, ALL_ON))
+    rendered = {k.removeprefix("OMATICAYA_").lower() for k in env if k.startswith("OMATICAYA_")}
+    assert rendered <= fields, f"not settings: {sorted(rendered - fields)}"
+    assert all(isinstance(v, str) for k, v in env.items() if k.startswith("OMATICAYA_"))
+
+
+def test_every_setting_has_a_chart_value(helm):
+    values = chart_values()
+    env = env_of(render(helm))
+    for field in Settings.model_fields:
+        if field in NOT_IN_CHART:
+            continue
+        path = NESTED_VALUE.get(field, camel(field))
+        node: Any = values
+        for part in path.split("."):
+            assert isinstance(node, dict) and part in node, (
+                f"values.yaml lacks {path} (Settings.{field})"
+            )
+            node = node[part]
+        assert f"OMATICAYA_{field.upper()}" in env, (
+            f"chart does not render OMATICAYA_{field.upper()}"
+        )
+    assert set(NOT_IN_CHART) <= set(Settings.model_fields), "NOT_IN_CHART names a gone setting"
+
+
+def test_chart_defaults_parse_into_the_code_defaults(helm, monkeypatch, tmp_path):
+    """The defaults the chart renders load, and equal Settings' defaults (logJson, jitterS and
+    podResourcesSocket aside)."""
+    loaded = as_plain(chart_settings(env_of(render(helm)), monkeypatch, tmp_path))
+    defaults = code_defaults()
+    assert loaded.pop("log_json") is True  # JSON logs in the cluster
+    defaults.pop("log_json")
+    # a fleet's first ticks and writes spread, within the schedule period
+    jitter_s = loaded.pop("jitter_s")
+    assert loaded["schedule"] == "@every 10s" and 0 < jitter_s < 10
+    assert jitter_s == 5
+    defaults.pop("jitter_s")
+    assert loaded.pop("node_name") == "gpu-node-1"
+    defaults.pop("node_name")
+    # the chart mounts no host path by default: pod attribution is turned on with a value
+    assert loaded.pop("pod_resources_socket") is None
+    defaults.pop("pod_resources_socket")
+    assert loaded == defaults
+
+
+def test_chart_values_parse_in_settings(helm, monkeypatch, tmp_path):
+    """Non-default values survive the trip values -> env -> Settings."""
+    values = {
+        "schedule": "*/5 * * * * ?",
+        "prefix": "gpu.example.com/",
+        "memoryStepMib": 2048,
+        "utilizationStepPct": 5,
+        "temperatureStepC": 3,
+        "hysteresisPct": 0,
+        "idleUtilizationPct": 2.5,
+        "perGpuLabels": False,
+        "temperatureLabels": True,
+        "cleanupOnExit": False,
+        "logJson": False,
+        "logLevel": "DEBUG",
+        "xidIgnore": [79, 13],
+        "xidAllFatal": True,
+        "xidQuietS": 30,
+        "heartbeatS": 60.5,
+        "metricsPort": 0,
+        "failOnInitError": True,
+        "kubeTimeoutS": 3,
+    }
+    s = chart_settings(env_of(render(helm, values)), monkeypatch, tmp_path)
+    assert s.schedule.text == "*/5 * * * * ?"
+    assert s.prefix == "gpu.example.com"
+    assert (s.memory_step_mib, s.utilization_step_pct, s.idle_utilization_pct) == (2048, 5, 2.5)
+    assert (s.per_gpu_labels, s.cleanup_on_exit, s.log_json) == (False, False, False)
+    assert s.temperature_labels is True
+    assert s.log_level == "DEBUG" and s.xid_ignore == frozenset({13, 79}) and s.xid_all_fatal
+    assert (s.xid_quiet_s, s.heartbeat_s, s.metrics_port, s.kube_timeout_s) == (30, 60.5, 0, 3)
+    assert s.fail_on_init_error is True
+    assert (s.temperature_step_c, s.hysteresis_pct) == (3, 0)
+
+
+
+# --------------------------------------------------------------------------------------------
+# .env.example
+# --------------------------------------------------------------------------------------------
+
+_ENV_LINE = re.compile(r"^(?P<off>#\s*)?(?P<key>NODE_NAME|OMATICAYA_[A-Z0-9_]+)=(?P<value>.*)$")
+
+
+def env_example() -> dict[str, tuple[str, bool, str]]:
+    """key -> (value, commented out, the comment line above)."""
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    out: dict[str, tuple[str, bool, str]] = {}
+    for i, line in enumerate(lines):
+        m = _ENV_LINE.match(line)
+        if not m:
+            continue
+        assert m["key"] not in out, f"{m['key']} twice in .env.example"
+        above = lines[i - 1] if i else ""
+        out[m["key"]] = (m["value"], bool(m["off"]), above)
+    return out
+
+
+def env_name(field: str) -> str:
+    return "NODE_NAME" if field == "node_name" else f"OMATICAYA_{field.upper()}"
+
+
+EXTENDER_ENV = "OMATICAYA_EXTENDER_"
+
+
+def _setting_of(key: str) -> Any:
+    """The pydantic field behind a .env.example key (agent or extender settings)."""
+    from omaticaya_py.scheduler import ExtenderSettings
+
+    if key.startswith(EXTENDER_ENV):
+        return ExtenderSettings.model_fields[key.removeprefix(EXTENDER_ENV).lower()]
+    field = "node_name" if key == "NODE_NAME" else key.removeprefix("OMATICAYA_").lower()
+    return Settings.model_fields[field]
+
+
+def test_env_example_lists_every_setting_with_a_comment():
+    from omaticaya_py.scheduler import ExtenderSettings
+
+    entries = env_example()
+    expected = {env_name(f) for f in Settings.model_fields} | {
+        f"{EXTENDER_ENV}{f.upper()}" for f in ExtenderSettings.model_fields
+    }
+    assert set(entries) == expected, (
+        f"missing: {sorted(expected - set(entries))}, unknown: {sorted(set(entries) - expected)}"
+    )
+    for key, (_value, off, above) in entries.items():
+        assert (
+            above.startswith("#") and not _ENV_LINE.match(above) and len(above.strip("# ")) > 10
+        ), f"{key} needs a one-line comment above it"
+        # settings without a default are shown commented out: an empty value is not "unset"
+        assert off == (_setting_of(key).default is None), key
+
+
+def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
+    for key in list(os.environ):
+        if key.startswith("OMATICAYA_") or key == "NODE_NAME":
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)  # no .env
+    for key, (value, off, _) in env_example().items():
+        if not off:
+            monkeypatch.setenv(key, value)
+    assert as_plain(load_settings()) == code_defaults()
+    from omaticaya_py.scheduler import ExtenderSettings, load_extender_settings
+
+    assert load_extender_settings() == ExtenderSettings(_env_file=None)  # type: ignore[call-arg]
+
+
+
+
+def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):
+    """The scheduler's extender places slices of the same resource the device plugin serves:
+    ``sharing.resource`` reaches both, and the extender's rendered env loads."""
+    from omaticaya_py.scheduler import load_extender_settings
+
+    values = {"scheduler": {"enabled": True}, "sharing": {"resource": "example.com/vram"}}
+    docs = render(helm, values)
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    (extender,) = [
+        c for c in deploy["spec"]["template"]["spec"]["containers"]
+        if any(e["name"].startswith(EXTENDER_ENV) for e in c.get("env", []))
+    ]  # fmt: skip
+    env = {e["name"]: e["value"] for e in extender["env"] if "value" in e}
+    assert env["OMATICAYA_EXTENDER_SHARED_RESOURCE"] == "example.com/vram"
+    assert env_of(docs)["OMATICAYA_SHARED_RESOURCE"] == "example.com/vram"
+    for key in list(os.environ):
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    for key, value in env.items():
+        if key.startswith(EXTENDER_ENV):
+            monkeypatch.setenv(key, value)
+    assert load_extender_settings().shared_resource == "example.com/vram"
