@@ -343,32 +343,37 @@ def test_top_options(flags, env, expected):
     assert {k: getattr(options, k) for k in expected} == expected
 
 
-# -- run_top with a stand-in lister (the real one: tests/test_views_cluster.py) -----------
+# -- run_top with a stand-in feed (the real one, a kube.NodeCache: tests/test_views_cluster.py) --
 
 
-class FakeLister:
-    """Answers ``list`` from ``lists`` and each ``watch`` from ``watches`` (a list of events,
-    or an exception to raise); a watch past the script ends the command with Ctrl-C."""
+class FakeFeed:
+    """Built from the options (``selector`` kept); ``start`` answers the first of ``script``
+    (the Nodes listed, or an exception to raise), each ``changes`` the next (a batch of
+    ``(name, node or None)``); past the script, the command ends with Ctrl-C."""
 
-    def __init__(self, lists, watches):
-        self.lists, self.watches = list(lists), list(watches)
+    def __init__(self, script):
+        self.script = list(script)
         self.calls: list[tuple] = []
 
-    def list(self, selector=None):
-        self.calls.append(("list", selector))
-        got = self.lists.pop(0)
-        if isinstance(got, Exception):
-            raise got
-        return got
+    def __call__(self, options):
+        self.calls.append(("feed", options.selector))
+        return self
 
-    def watch(self, version, selector=None, timeout_s=30):
-        self.calls.append(("watch", version, selector, timeout_s))
-        if not self.watches:
-            raise KeyboardInterrupt
-        got = self.watches.pop(0)
+    def start(self):
+        got = self.script.pop(0)
         if isinstance(got, Exception):
             raise got
-        yield from got
+        self.calls.append(("list",))
+        return {n.name: n for n in got}
+
+    def changes(self, timeout_s):
+        self.calls.append(("changes", timeout_s))
+        if not self.script:
+            raise KeyboardInterrupt
+        return self.script.pop(0)
+
+    def close(self):
+        self.calls.append(("close",))
 
 
 def _node(name, util=50.0, read_at=NOW - 5):
@@ -376,38 +381,35 @@ def _node(name, util=50.0, read_at=NOW - 5):
         P + "telemetry": telemetry([gpu(0, utilization_pct=util)], read_at=read_at)})
 
 
-def _run(options, lister):
+def _run(options, feed):
     from omaticaya_py.views.top import run_top
 
     out, err = io.StringIO(), io.StringIO()
-    code = run_top(options, stdout=out, stderr=err, clock=lambda: NOW, lister=lister)
+    code = run_top(options, stdout=out, stderr=err, clock=lambda: NOW, feeds=feed)
     return code, out.getvalue(), err.getvalue()
 
 
 def test_run_top_once_json_and_table():
-    lister = FakeLister([([_node("a"), _node("b", 10.0)], "7")], [])
-    code, out, _ = _run(TopOptions(output="json", selector="x=y", sort="util"), lister)
+    feed = FakeFeed([[_node("a"), _node("b", 10.0)]])
+    code, out, _ = _run(TopOptions(output="json", selector="x=y", sort="util"), feed)
     assert code == 0 and [n["name"] for n in json.loads(out)["nodes"]] == ["a", "b"]
-    assert lister.calls == [("list", "x=y")]
-    code, out, _ = _run(TopOptions(), FakeLister([([_node("a")], "7")], []))
+    assert feed.calls == [("feed", "x=y"), ("list",), ("close",)]
+    code, out, _ = _run(TopOptions(), FakeFeed([[_node("a")]]))
     assert code == 0 and out.splitlines()[2].split()[:2] == ["a", "Healthy"]
 
 
-def test_watch_redraws_on_events_relists_on_410_and_ends_on_ctrl_c():
-    from omaticaya_py.kube import KubeUnavailable
-    from omaticaya_py.kube.nodes_list import WatchExpired
-
-    lister = FakeLister(
-        [([_node("a")], "7"), ([_node("a", 1.0), _node("c")], "20"), ([_node("d")], "30")],
-        [
-            [("MODIFIED", _node("a", 90.0), "8"), ("ADDED", _node("b"), "9")],
-            [("DELETED", _node("b"), "10")],
-            WatchExpired("gone", status=410),
-            [],  # the server ended a quiet watch: a redraw (ages move on)
-            KubeUnavailable("dropped"),
-        ],
-    )
-    code, out, _ = _run(TopOptions(output="json", watch=True, interval_s=5), lister)
+def test_watch_redraws_on_changes_and_every_interval_and_ends_on_ctrl_c():
+    a90, b = _node("a", 90.0), _node("b")
+    feed = FakeFeed([
+        [_node("a")],
+        [("a", a90)],
+        [("b", b)],
+        [("b", None)],
+        [("a", _node("a", 1.0)), ("c", _node("c"))],  # the cache listed again (a 410)
+        [],  # no change within the interval: a redraw (ages move on)
+        [("a", None), ("c", None), ("d", _node("d"))],  # listed again after a dropped watch
+    ])
+    code, out, _ = _run(TopOptions(output="json", watch=True, interval_s=5), feed)
     assert code == 0
     draws = [[(n["name"], n["util_pct"]) for n in json.loads(line)["nodes"]]
              for line in out.splitlines()]
@@ -417,19 +419,19 @@ def test_watch_redraws_on_events_relists_on_410_and_ends_on_ctrl_c():
         [("a", 90.0), ("b", 50.0)],
         [("a", 90.0)],
         [("a", 1.0), ("c", 50.0)],  # listed again after the 410
-        [("a", 1.0), ("c", 50.0)],  # the quiet watch
+        [("a", 1.0), ("c", 50.0)],  # the quiet interval
         [("d", 50.0)],  # listed again after the dropped watch
     ]
-    assert [c[1] for c in lister.calls if c[0] == "watch"] == ["7", "9", "10", "20", "20", "30"]
-    assert all(c[3] == 5 for c in lister.calls if c[0] == "watch")
+    assert [c[1] for c in feed.calls if c[0] == "changes"] == [5] * 7
+    assert feed.calls[-1] == ("close",)
 
 
 def test_api_failure_is_one_line_and_status_1():
     from omaticaya_py.kube import KubeForbidden
 
-    lister = FakeLister([KubeForbidden("list nodes: HTTP 403 Forbidden (omaticaya top needs "
-                                       "list and watch on nodes)", status=403)], [])
-    code, out, err = _run(TopOptions(), lister)
+    feed = FakeFeed([KubeForbidden("list nodes: HTTP 403 Forbidden (omaticaya top needs "
+                                   "list and watch on nodes)", status=403)])
+    code, out, err = _run(TopOptions(), feed)
     assert code == 1 and out == ""
     assert err == ("omaticaya top: list nodes: HTTP 403 Forbidden (omaticaya top needs list "
                    "and watch on nodes)\n")

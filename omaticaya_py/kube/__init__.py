@@ -21,7 +21,6 @@ from .errors import (
 from .lease import LeaseClient as LeaseClient
 from .leases import LeaseCache
 from .nodes import MERGE_PATCH, NodeClient
-from .nodes_list import NodeLister as NodeLister
 from .pods import PodCache
 from .quantity import parse_quantity
 from .session import ApiSession

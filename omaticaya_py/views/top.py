@@ -1,7 +1,8 @@
 """``omaticaya top`` (and ``kubectl omaticaya top``): a cluster-wide table of live GPU state.
 
-One LIST of Nodes (and with ``watch``, the client's WATCH from its resourceVersion, redrawn on
-each change and every ``interval_s``), rendered with ``rich`` (``tables``): colour only on a
+The Nodes come through ``NodeFeed``, one ``kube.NodeCache`` (the list+watch informer): its
+first LIST for one table, and with ``watch`` its changes, redrawn on each batch of changes and
+every ``interval_s``; rendered with ``rich`` (``tables``): colour only on a
 terminal (``NO_COLOR`` is honoured), fitted to 80 columns when the output is not a terminal.
 ``-o json`` prints ``{"nodes": [...]}`` (one line per redraw with ``--watch``); ``-o wide`` adds
 columns. The options and the rows they select are in ``options``. A node whose telemetry names
@@ -13,7 +14,9 @@ and ``watch`` on ``nodes``, and on ``leases`` in the agents' namespace.
 from __future__ import annotations
 
 import json
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import IO, Any
@@ -23,14 +26,86 @@ from rich.live import Live
 
 from ..core import schema
 from ..core.liveness import Seen, observe
-from ..kube import KubeError, KubeUnavailable
-from ..kube.nodes_list import NodeLister, WatchExpired
+from ..core.patch import NodeMeta
+from ..kube import KubeError, KubeUnavailable, NodeCache
+from ..kube.errors import is_transient
 from .fleet import NodeRow, to_json
 from .leases import TopLeases
 from .options import OUTPUTS, TopOptions, select_rows, top_options
 from .tables import render
 
-__all__ = ["OUTPUTS", "TopOptions", "render", "run_top", "select_rows", "top_options"]
+__all__ = ["OUTPUTS", "NodeFeed", "TopOptions", "render", "run_top", "select_rows", "top_options"]
+
+#: what ``top`` needs, said in the message of a refused (403) LIST or WATCH
+RBAC = "omaticaya top needs list and watch on nodes"
+
+
+class NodeFeed:
+    """The Nodes ``top`` shows (those matching ``options.selector``), as ``NodeMeta``: one
+    ``kube.NodeCache`` (``factory``; list+watch in its own thread, context and kubeconfig from
+    ``options``), whose changes are queued for the drawing thread.
+
+    ``start(wait_s)`` returns every Node by name once the first LIST is stored; it raises the
+    ``KubeError`` of a refusal (401, 403, another 4xx) at once, and the last transient one
+    (no answer, 429, 5xx) when no LIST succeeded within ``wait_s`` seconds. ``changes(timeout_s)``
+    returns the changes since the last call, ``(name, node)`` (``None``: gone), waiting up to
+    ``timeout_s`` seconds for the first (``[]``: none came). Failures after the first LIST are the
+    cache's: it retries, and ``top`` keeps showing what it has."""
+
+    def __init__(self, options: TopOptions, *, factory: Callable[..., Any] = NodeCache) -> None:
+        self._changes: queue.SimpleQueue[tuple[str, NodeMeta | None]] = queue.SimpleQueue()
+        self._errors: list[KubeError] = []
+        self._failed = threading.Event()
+        self._cache = factory(
+            lambda node: node,
+            query={"labelSelector": options.selector} if options.selector else {},
+            kubeconfig=options.kubeconfig,
+            context=options.context,
+            on_change=lambda name, old, new: self._changes.put((name, new)),
+            on_error=self._error,
+            rbac=RBAC,
+        )
+
+    def _error(self, err: KubeError) -> None:
+        self._errors.append(err)
+        if not is_transient(err) and err.status is not None:
+            self._failed.set()  # refused: no point in waiting for the retries
+
+    def start(self, wait_s: float = 30.0) -> dict[str, NodeMeta]:
+        """Start the cache; every Node by name once its first LIST is stored (see the class)."""
+        self._cache.start()
+        deadline = time.monotonic() + wait_s
+        while not self._cache.synced and not self._failed.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._errors[-1] if self._errors else KubeUnavailable(
+                    f"list nodes: no answer in {wait_s:g}s", verb="list"
+                )
+            self._cache.wait_synced(min(left, 0.05))
+        if not self._cache.synced:
+            raise self._errors[-1]
+        self._drain()  # the first LIST's own changes: the snapshot holds them
+        return self._cache.snapshot()
+
+    def _drain(self) -> list[tuple[str, NodeMeta | None]]:
+        out = []
+        while True:
+            try:
+                out.append(self._changes.get_nowait())
+            except queue.Empty:
+                return out
+
+    def changes(self, timeout_s: float) -> list[tuple[str, NodeMeta | None]]:
+        """The changes since the last call (see the class)."""
+        try:
+            first = self._changes.get(timeout=timeout_s)
+        except queue.Empty:
+            return []
+        return [first, *self._drain()]
+
+    def close(self) -> None:
+        """Stop the cache (its open WATCH ends at once)."""
+        self._cache.stop(timeout_s=1.0)
 
 
 def _console(stream: IO[str], wide: bool = False) -> Console:
@@ -82,27 +157,25 @@ def run_top(
     stdout: IO[str] | None = None,
     stderr: IO[str] | None = None,
     clock: Callable[[], float] = time.time,
-    lister: NodeLister | None = None,
+    feeds: Callable[[TopOptions], Any] = NodeFeed,
     leases: TopLeases | None = None,
 ) -> int:
     """``omaticaya top``: 0 when shown (a watch ended by Ctrl-C too); 1 when the API server
     cannot be read (one line on stderr). Leases that cannot be read: one line on stderr, and
-    the nodes naming them are judged by ``read_at``."""
+    the nodes naming them are judged by ``read_at``. ``feeds``: builds the ``NodeFeed``."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
-    own = lister is None
     own_leases = leases is None
     try:
-        lister = lister or NodeLister(kubeconfig=options.kubeconfig, context=options.context)
+        feed = feeds(options)
         leases = leases or TopLeases(
             kubeconfig=options.kubeconfig, context=options.context,
             warn=lambda line: print(f"omaticaya top: {line}", file=err),
         )  # fmt: skip
         try:
-            return _top(lister, leases, options, out, clock)
+            return _top(feed, leases, options, out, clock)
         finally:
-            if own:
-                lister.close()
+            feed.close()
             if own_leases:
                 leases.close()
     except KubeError as exc:
@@ -113,16 +186,15 @@ def run_top(
 
 
 def _top(
-    lister: NodeLister,
+    feed: NodeFeed,
     leases: TopLeases,
     options: TopOptions,
     out: IO[str],
     clock: Callable[[], float],
 ) -> int:
-    items, version = lister.list(options.selector)
-    nodes = {n.name: n for n in items}
+    nodes = feed.start()
     sightings = Sightings(options.prefix)
-    for node in items:
+    for node in nodes.values():
         sightings.see(node)
     as_json = options.output == "json"
 
@@ -162,28 +234,15 @@ def _top(
         draw()
         interval = max(1, int(options.interval_s))
         while True:
-            try:
-                changed = False
-                for kind, node, rv in lister.watch(version, options.selector, interval):
-                    version = rv or version
-                    if kind == "DELETED":
-                        nodes.pop(node.name, None)
-                        sightings.drop(node.name)
-                    else:
-                        nodes[node.name] = node
-                        sightings.see(node)
-                    changed = True
-                    draw()
-                if not changed:  # the server ended a quiet watch: ages moved on
-                    draw()
-            except (WatchExpired, KubeUnavailable):  # expired, or the watch dropped: list again
-                items, version = lister.list(options.selector)
-                for name in set(nodes) - {n.name for n in items}:
+            # a batch of changes, or none within the interval (then ages moved on): a redraw
+            for name, node in feed.changes(interval):
+                if node is None:
+                    nodes.pop(name, None)
                     sightings.drop(name)
-                nodes = {n.name: n for n in items}
-                for node in items:
+                else:
+                    nodes[name] = node
                     sightings.see(node)
-                draw()
+            draw()
     finally:
         if live is not None:
             live.stop()
