@@ -4,7 +4,7 @@
   and off against a live cluster that does not serve ``admissionregistration.k8s.io/v1``'s
   ValidatingAdmissionPolicy (helm's capabilities from discovery);
 - the Lease policy binds the agent's Lease writes to its token's node-name claim, by the same
-  name ``omaticaya_py.kube.lease.lease_name`` gives; the Node policy keeps spec, taints and
+  name ``omaticaya_py.kube.heartbeat_lease.lease_name`` gives; the Node policy keeps spec, taints and
   ownerReferences as they are;
 - Events: a Role in ``default`` (where ``NodeClient.create_node_event`` posts them), create only;
 - the extender sidecar holds its own read-only token, never the scheduler's;
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.kube.lease import lease_name
+from omaticaya_py.kube.heartbeat_lease import lease_name
 from tests.chart import (
     CHART,
     NAMESPACE,
@@ -272,7 +272,7 @@ def test_events_go_where_the_role_is():
     """The Role's namespace is where NodeClient posts (its default, which agent/events.py uses)."""
     import inspect
 
-    from omaticaya_py.kube.nodes import NodeClient
+    from omaticaya_py.kube.node_client import NodeClient
 
     param = inspect.signature(NodeClient.create_node_event).parameters["namespace"]
     assert param.default == "default"

@@ -25,7 +25,7 @@ from omaticaya_py.kube import (
     NodeClient,
 )
 from omaticaya_py.kube.errors import is_transient, wrap
-from omaticaya_py.kube.pods import PodClient
+from omaticaya_py.kube.pod_client import PodClient
 
 
 def _exc(status: int, message: str = "", retry_after: str | None = None) -> ApiException:

@@ -1,11 +1,11 @@
-"""The Lease's name and namespace (kube/lease.py), without an API server."""
+"""The Lease's name and namespace (kube/heartbeat_lease.py), without an API server."""
 
 from __future__ import annotations
 
 import pytest
 
 from omaticaya_py.core.render import is_valid_key  # a DNS subdomain check is part of it
-from omaticaya_py.kube.lease import lease_name, lease_namespace
+from omaticaya_py.kube.heartbeat_lease import lease_name, lease_namespace
 
 
 @pytest.mark.parametrize(

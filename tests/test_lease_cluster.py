@@ -17,7 +17,7 @@ from omaticaya_py.agent import Agent
 from omaticaya_py.agent.metrics import AgentCollector
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
-from omaticaya_py.kube.lease import lease_name
+from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, ensure_namespace, node_metadata
 from tests.helpers import Clock
@@ -382,7 +382,7 @@ def test_the_charts_rbac_lets_the_agent_hold_its_lease_and_no_other(
         # RBAC reaches the authorizer through an informer, and a 403 on the Lease would fall
         # back for good: wait until the token may do both, then tick
         probe = NodeClient(node, kubeconfig=str(kubeconfig), sleep=lambda s: None)
-        from omaticaya_py.kube.lease import LeaseClient
+        from omaticaya_py.kube.heartbeat_lease import LeaseClient
 
         other = LeaseClient(probe.session, namespace=namespace, name="rbac-probe",
                             holder="probe", duration_s=10)

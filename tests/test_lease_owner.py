@@ -22,7 +22,7 @@ from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import cleanup_on_exit
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
-from omaticaya_py.kube.lease import lease_name
+from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, ensure_namespace
 from tests.helpers import Clock

@@ -36,7 +36,7 @@ from omaticaya_py.core.slices import (
     stray_unit_ids,
 )
 from omaticaya_py.core.snapshot import GpuProcess
-from omaticaya_py.kube.pods import pod_identity
+from omaticaya_py.kube.pod_client import pod_identity
 from tests.helpers import gpu, h100_static, prefixed, settings, snapshot
 
 P = "omaticaya.io/"

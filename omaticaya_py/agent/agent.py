@@ -34,7 +34,7 @@ from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
 from ..kube import LeaseClient, NodeClient
-from ..kube.pods import PodClient
+from ..kube.pod_client import PodClient
 from . import daemon
 from .apiwriter import ApiWriter, api_round
 from .attribution import Attribution, make_attribution

@@ -15,7 +15,7 @@ from loguru import logger
 from ..core.schema import Telemetry
 from ..core.settings import Settings
 from ..kube import KubeError, KubeForbidden, LeaseClient, NodeClient
-from ..kube.lease import lease_name, lease_namespace
+from ..kube.heartbeat_lease import lease_name, lease_namespace
 from .state import SnapshotCache
 
 __all__ = ["Liveness", "make_lease"]

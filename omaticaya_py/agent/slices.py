@@ -24,7 +24,7 @@ from ..core.settings import Settings
 from ..core.slices import PodIdentity, Sharing, episodes, gpu_slices, is_shared, over_limit
 from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, KubeForbidden, KubeNotFound
-from ..kube.pods import PodClient
+from ..kube.pod_client import PodClient
 
 __all__ = ["OVER_LIMIT", "PodNames", "SliceWatch", "slice_families"]
 

@@ -1,13 +1,20 @@
 """The Kubernetes edge: the only package that imports the ``kubernetes`` client.
 
-``ApiSession`` talks to the API server (configuration, credentials, retries, accounting);
-``NodeClient`` reads and merge-patches the agent's own Node and posts Events on it;
-``NodeCache`` lists and watches every Node for the scheduler extender (``LeaseCache`` the
-agents' Leases); ``errors`` holds the
-``KubeError`` family that nothing above this package sees library types through.
+One module per thing held, named by it:
+
+- ``session``: ``ApiSession``, requests to the API server (configuration, credentials,
+  retries, accounting); ``errors``: the ``KubeError`` family, so that nothing above this
+  package sees library types.
+- ``node_client``: ``NodeClient``, the agent's own Node (GET, merge patch) and its Events;
+  ``heartbeat_lease``: ``LeaseClient``, the agent's own liveness Lease;
+  ``pod_client``: ``PodClient``, single pods read and given Events (shared-GPU slices).
+- ``informer``: ``Informer``, the one list+watch loop (``listwatch``: its requests), and the
+  caches over it: ``node_cache`` (``NodeCache``, every Node: the extender, ``omaticaya top``),
+  ``lease_cache`` (``LeaseCache``, the agents' Leases), ``pod_cache`` (``PodCache``).
+- ``workloads``: stopping a DaemonSet (the chart's pre-delete hook); ``quantity``;
+  ``podresources``: the kubelet's PodResources API.
 """
 
-from .cache import NodeCache
 from .errors import (
     KubeConflict,
     KubeError,
@@ -18,10 +25,11 @@ from .errors import (
     KubeUnauthorized,
     KubeUnavailable,
 )
-from .lease import LeaseClient as LeaseClient
-from .leases import LeaseCache
-from .nodes import MERGE_PATCH, NodeClient
-from .pods import PodCache
+from .heartbeat_lease import LeaseClient as LeaseClient
+from .lease_cache import LeaseCache
+from .node_cache import NodeCache
+from .node_client import MERGE_PATCH, NodeClient
+from .pod_cache import PodCache
 from .quantity import parse_quantity
 from .session import ApiSession
 from .workloads import stop_daemonset as stop_daemonset

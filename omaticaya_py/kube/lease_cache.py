@@ -1,5 +1,5 @@
 """The Leases of one namespace in one list+watch cache, for the scheduler extender: the agents'
-liveness (``kube.lease``), read where their telemetry names a Lease."""
+liveness (``kube.heartbeat_lease``), read where their telemetry names a Lease."""
 
 from __future__ import annotations
 
