@@ -22,6 +22,7 @@ from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import KubeForbidden, KubeNotFound, KubeUnavailable, NodeClient
 from omaticaya_py.sources.replay import TraceReader
+from tests.audit import audit_count
 from tests.conftest import H100_TRACE, node_metadata
 from tests.helpers import Clock
 from tests.waiting import wait_for
@@ -48,23 +49,12 @@ def ours(labels: dict[str, str]) -> dict[str, str]:
 
 def audit_gets(dev_cluster, node: str) -> int:
     """GET requests on this Node in the API server's audit log (ResponseComplete stage)."""
-    return audit_patches(dev_cluster, node, verb="get")
+    return audit_count(dev_cluster, verb="get", name=node)
 
 
-def audit_patches(dev_cluster, node: str, verb: str = "patch") -> int:
+def audit_patches(dev_cluster, node: str) -> int:
     """PATCH requests on this Node in the API server's audit log (ResponseComplete stage)."""
-    n = 0
-    for line in dev_cluster.audit_lines():
-        event = json.loads(line)
-        ref = event.get("objectRef", {})
-        if (
-            event.get("stage") == "ResponseComplete"
-            and event.get("verb") == verb
-            and ref.get("resource") == "nodes"
-            and ref.get("name") == node
-        ):
-            n += 1
-    return n
+    return audit_count(dev_cluster, verb="patch", name=node)
 
 
 def test_labels_follow_the_trace_phases(dev_cluster, admin_api, make_node):

@@ -24,6 +24,7 @@ from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient
 from omaticaya_py.sources.nvml import NvmlReader, nvml_available
 from omaticaya_py.sources.replay import TraceReader
+from tests.audit import audit_events
 from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
 from tests.waiting import wait_for
@@ -188,12 +189,10 @@ def test_rotated_in_cluster_token_is_used_by_the_next_request(
     tmp.rename(token_file)
     client.patch_node({"metadata": {"labels": {P + "who": "new"}}})
 
-    patchers = []
-    for line in dev_cluster.audit_lines():
-        event = json.loads(line)
-        ref = event.get("objectRef", {})
-        if event.get("verb") == "patch" and ref.get("name") == node:
-            patchers.append(event["user"]["username"])
+    patchers = [
+        event["user"]["username"]
+        for event in audit_events(dev_cluster, stage=None, verb="patch", name=node)
+    ]
     assert patchers == [f"system:serviceaccount:default:{u}" for u in users]
 
 

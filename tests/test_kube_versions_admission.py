@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.audit import audit_events
 from tests.chart import NAMESPACE, RELEASE, Vap
 from tests.test_kube_versions import docs_at
 
@@ -103,17 +104,9 @@ def _create(fn) -> None:
 
 def _audit_event(dev_cluster, name: str, seen: set[str]) -> dict:
     """The newest ResponseComplete audit event of the agent's PATCH of Node ``name``."""
-    for line in reversed(dev_cluster.audit_lines()):
-        event = json.loads(line)
-        ref = event.get("objectRef") or {}
-        if (
-            event.get("stage") == "ResponseComplete"
-            and event.get("verb") == "patch"
-            and ref.get("resource") == "nodes"
-            and ref.get("name") == name
-            and event["user"]["username"] == AGENT_USER
-            and event["auditID"] not in seen
-        ):
+    patches = audit_events(dev_cluster, verb="patch", resource="nodes", name=name, user=AGENT_USER)
+    for event in reversed(patches):
+        if event["auditID"] not in seen:
             seen.add(event["auditID"])
             return event
     raise AssertionError(f"no audit event for the agent's PATCH of node {name}")
