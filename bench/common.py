@@ -220,10 +220,14 @@ class Cluster:
     def pid(self, name: str) -> int | None:
         if self.state_dir is None:
             return None
+        from devtools.devcluster import DevClusterError, load_state
+
         try:
-            return int((self.state_dir / f"{name}.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            state = load_state(self.state_dir)
+        except DevClusterError:
             return None
+        proc = state.procs.get(name) if state else None
+        return proc.pid if proc else None
 
 
 @contextlib.contextmanager
@@ -234,7 +238,7 @@ def cluster(kubeconfig: str | None = None) -> Iterator[Cluster]:
     kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
     if kubeconfig:
         state = os.environ.get("OMATICAYA_DEV_DIR") or str(Path(kubeconfig).parent)
-        state_dir = Path(state) if (Path(state) / "apiserver.pid").exists() else None
+        state_dir = Path(state) if (Path(state) / "state.json").exists() else None
         yield Cluster(kubeconfig=kubeconfig, state_dir=state_dir)
         return
     from tests.devcluster import start_dev_cluster

@@ -1,5 +1,9 @@
 """A real local kube-apiserver (+ etcd) for tests, driven by scripts/dev-cluster.
 
+The commands run ``scripts/dev-cluster`` (a process of its own: the daemons it starts outlive it
+in their own sessions, never children of pytest); what a cluster is (ports, pids, kubelet, full
+cluster) is read from its ``state.json`` with ``devtools.devcluster``.
+
 Use the session-scoped ``dev_cluster`` fixture (import it in conftest.py, or
 list ``tests.devcluster`` in ``pytest_plugins``). It builds kube-apiserver
 v1.20.2 from Debian's source on first use (minutes; cached afterwards in
@@ -7,7 +11,7 @@ v1.20.2 from Debian's source on first use (minutes; cached afterwards in
 temporary state dir. Set ``OMATICAYA_SKIP_CLUSTER=1`` to skip the tests that
 need it; otherwise a failure to build or start is an error, not a skip.
 
-Only the standard library and pytest are used.
+Only the standard library, pytest and ``devtools.devcluster`` (standard library) are used.
 """
 
 from __future__ import annotations
@@ -25,15 +29,13 @@ from pathlib import Path
 
 import pytest
 
+from devtools.devcluster import DevClusterError, State, load_state
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "dev-cluster"
 
 # Cold build of kube-apiserver is ~5-6 minutes on 2 cores; allow plenty.
 UP_TIMEOUT_S = float(os.environ.get("OMATICAYA_CLUSTER_UP_TIMEOUT", "1800"))
-
-
-class DevClusterError(RuntimeError):
-    """scripts/dev-cluster failed."""
 
 
 def _run_script(state_dir: Path, *args: str, timeout: float = 180) -> str:
@@ -80,14 +82,29 @@ class DevCluster:
         self.audit_log = self.state_dir / "audit.log"
         self.server = f"https://127.0.0.1:{self.ports()['APISERVER_PORT']}"
 
+    def state(self) -> State:
+        """The cluster's ``state.json`` as written by ``up`` (ports, processes, kubelet, full)."""
+        st = load_state(self.state_dir)
+        if st is None:
+            raise DevClusterError(f"no state.json in {self.state_dir}")
+        return st
+
     def ports(self) -> dict[str, int]:
-        """Ports recorded by `up` in ``ports.env``."""
-        out: dict[str, int] = {}
-        for line in (self.state_dir / "ports.env").read_text().splitlines():
-            key, sep, value = line.partition("=")
-            if sep and value.strip().isdigit():
-                out[key.strip()] = int(value)
-        return out
+        """Ports recorded by `up`: ETCD_CLIENT_PORT, ETCD_PEER_PORT, APISERVER_PORT,
+        SCHEDULER_PORT."""
+        p = self.state().ports
+        return {
+            "ETCD_CLIENT_PORT": p.etcd_client,
+            "ETCD_PEER_PORT": p.etcd_peer,
+            "APISERVER_PORT": p.apiserver,
+            "SCHEDULER_PORT": p.scheduler,
+        }
+
+    def pid(self, name: str) -> int | None:
+        """The pid of the process ``up`` started as ``name`` (etcd, apiserver, scheduler,
+        containerd, kubelet, controller-manager, proxy), None when it did not."""
+        proc = self.state().procs.get(name)
+        return proc.pid if proc else None
 
     # --- process control ------------------------------------------------
     def stop_apiserver(self) -> None:
@@ -139,12 +156,11 @@ class DevCluster:
 
     @property
     def kubelet_node(self) -> str:
-        """Name of the kubelet's Node (``kubelet/kubelet.env``)."""
-        for line in (self.state_dir / "kubelet" / "kubelet.env").read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key == "KUBELET_NODE":
-                return value.strip()
-        raise DevClusterError("no KUBELET_NODE in kubelet/kubelet.env")
+        """Name of the kubelet's Node (``up --kubelet`` recorded it in the state)."""
+        kubelet = self.state().kubelet
+        if kubelet is None:
+            raise DevClusterError("no kubelet in the dev cluster's state (up --kubelet first)")
+        return kubelet.node
 
     def stop_kubelet(self) -> None:
         """Stop the kubelet only: containerd and the pods' containers keep running."""
@@ -170,18 +186,26 @@ class DevCluster:
         return self.kubelet_node
 
     def full_env(self) -> dict[str, str]:
-        """``full.env``: POD_BRIDGE, POD_SUBNET, POD_GATEWAY and the extra components' ports."""
-        out: dict[str, str] = {}
-        for line in (self.state_dir / "full.env").read_text().splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                out[key.strip()] = value.strip()
-        return out
+        """The full cluster's network: POD_BRIDGE, POD_SUBNET, POD_GATEWAY and the extra
+        components' ports (KCM_PORT, PROXY_HEALTHZ_PORT, PROXY_METRICS_PORT)."""
+        full = self.state().full
+        if full is None:
+            raise DevClusterError("not a full cluster (up --full first)")
+        return {
+            "POD_BRIDGE": full.pod_bridge,
+            "POD_SUBNET": full.pod_subnet,
+            "POD_GATEWAY": full.pod_gateway,
+            "KCM_PORT": str(full.kcm_port),
+            "PROXY_HEALTHZ_PORT": str(full.proxy_healthz_port),
+            "PROXY_METRICS_PORT": str(full.proxy_metrics_port),
+        }
 
     @property
     def agent_image(self) -> str:
         """The agent image ``up --full`` imported, ``omaticaya.local/omaticaya:<version>``."""
-        key = (self.state_dir / "containerd" / "omaticaya-image.key").read_text().strip()
+        key = self.state().image_key
+        if key is None:
+            raise DevClusterError("no agent image imported (up --full first)")
         version = key.removeprefix("omaticaya-").rsplit("-", 1)[0]
         return f"omaticaya.local/omaticaya:{version}"
 

@@ -1,0 +1,1 @@
+"""Developer tools for working on Omaticaya (not shipped in the wheel: only ``omaticaya_py*`` is)."""

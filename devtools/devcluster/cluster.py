@@ -1,0 +1,148 @@
+"""One dev cluster's state dir and state, its processes by name, its API server's client, and
+the build step (``scripts/dev-cluster-build``, bash)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from devtools.devcluster import procs
+from devtools.devcluster.state import DevClusterError, Proc, State, load_state
+
+K8S_VERSION = "v1.20.2"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "dev-cluster-build"
+#: the user agent for the API server: not curl's, for which it pretty-prints JSON (this v1.20
+#: build, Go 1.19 and json-iterator/reflect2 1.0.1, crashes on pretty-printing a map)
+USER_AGENT = "omaticaya-dev-cluster"
+
+
+def _env_s(name: str, default: float) -> float:
+    return float(os.environ.get(name) or default)
+
+
+def cache_dir() -> Path:
+    """``$OMATICAYA_CACHE``, default ``~/.cache/omaticaya``: the build cache."""
+    return Path(
+        os.environ.get("OMATICAYA_CACHE") or Path(os.environ.get("HOME") or "/root") / ".cache/omaticaya"
+    )
+
+
+def bin_dir() -> Path:
+    """Where the built Kubernetes binaries are: ``<cache>/k8s-v1.20.2/bin``."""
+    return cache_dir() / f"k8s-{K8S_VERSION}" / "bin"
+
+
+def binary(name: str, build_flag: str) -> str:
+    """The path of a built Kubernetes binary; raises ``DevClusterError`` naming the build
+    command when it is missing."""
+    path = bin_dir() / name
+    if not os.access(path, os.X_OK):
+        raise DevClusterError(f"{name} not built: run 'scripts/dev-cluster build {build_flag}'".rstrip())
+    return str(path)
+
+
+def etcd_binary() -> str:
+    """Debian's etcd (``etcd-server``); raises ``DevClusterError`` when it is not installed."""
+    found = shutil.which("etcd") or ("/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
+    if not found:
+        raise DevClusterError("etcd not installed (apt-get install etcd-server)")
+    return found
+
+
+def build(*flags: str) -> None:
+    """Build (or find cached) the Kubernetes binaries: ``scripts/dev-cluster-build [flags]``
+    (``--scheduler``, ``--kubelet``, ``--full``, ...), its output on stderr. Raises
+    ``DevClusterError`` when it fails."""
+    res = subprocess.run([str(BUILD_SCRIPT), *flags], stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                         check=False)
+    if res.returncode != 0:
+        raise DevClusterError(f"scripts/dev-cluster-build {' '.join(flags)} exited {res.returncode}")
+
+
+class Cluster:
+    """A state dir (``$OMATICAYA_DEV_DIR``, default /tmp/omaticaya-dev; made absolute) and the
+    ``State`` in it (None before the first ``up``)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = Path(state_dir).absolute()
+        if self.dir.exists():
+            self.dir = self.dir.resolve()
+        self.state: State | None = load_state(self.dir) if self.dir.exists() else None
+        self.ready_timeout_s = _env_s("OMATICAYA_READY_TIMEOUT", 60)
+        self.kubelet_ready_timeout_s = _env_s("OMATICAYA_KUBELET_READY_TIMEOUT", 60)
+
+    @property
+    def st(self) -> State:
+        """The state; raises ``DevClusterError`` before the first ``up``."""
+        if self.state is None:
+            raise DevClusterError(f"no {self.dir}/state.json: run 'scripts/dev-cluster up' first")
+        return self.state
+
+    def save(self) -> None:
+        self.st.save(self.dir)
+
+    def log_path(self, name: str) -> Path:
+        """``<state dir>/<name>.log``: the process's stdout and stderr."""
+        return self.dir / f"{name}.log"
+
+    def proc(self, name: str) -> Proc | None:
+        return self.state.procs.get(name) if self.state else None
+
+    def running(self, name: str) -> bool:
+        """True while the process started as ``name`` runs (same pid and start time)."""
+        return procs.alive(self.proc(name))
+
+    def start(self, name: str, argv: list[str]) -> Proc:
+        """Start ``argv`` as ``name`` (own process group, log in ``<name>.log``), record it."""
+        proc = procs.spawn(name, argv, self.log_path(name))
+        self.st.procs[name] = proc
+        self.save()
+        return proc
+
+    def stop(self, name: str) -> None:
+        """Stop the process group of ``name`` if it runs, forget it."""
+        procs.stop(name, self.proc(name))
+        if self.state is not None and self.state.procs.pop(name, None) is not None:
+            self.save()
+
+    def wait_ready(
+        self, name: str, what: str, ready: Callable[[], bool], timeout_s: float
+    ) -> float:
+        """``procs.wait_until`` on the process ``name`` and its log."""
+        return procs.wait_until(what, ready, timeout_s, proc=self.proc(name),
+                                log_path=self.log_path(name))
+
+    # -- the API server, as admin -------------------------------------------------------------
+    def ssl_context(self) -> ssl.SSLContext:
+        pki = self.dir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    def api_get(self, path: str, timeout_s: float = 3) -> bytes:
+        """GET ``path`` from the API server as admin; the body. Raises ``OSError`` (HTTP errors
+        included) when there is no answer or not a 2xx."""
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{self.st.ports.apiserver}{path}",
+            headers={"User-Agent": USER_AGENT, "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, context=self.ssl_context(), timeout=timeout_s) as r:
+                return bytes(r.read())
+        except http.client.HTTPException as e:
+            raise OSError(str(e)) from e
+
+    def api_ready(self) -> bool:
+        """True when the API server's /readyz answers ``ok``."""
+        try:
+            return self.api_get("/readyz").strip() == b"ok"
+        except OSError:
+            return False

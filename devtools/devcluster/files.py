@@ -1,0 +1,243 @@
+"""Files the dev cluster's processes read: certificates (openssl), kubeconfigs, the audit policy,
+the kubelet's CNI config, containerd's config and the busybox image tarball.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+from devtools.devcluster.procs import log, run
+from devtools.devcluster.state import FullState
+
+KUBELET_IMAGE = "omaticaya.local/busybox:1"
+
+SERVING_EXT = """basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+"""
+CLIENT_EXT = """basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth
+"""
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages:
+- RequestReceived
+rules:
+- level: Metadata
+"""
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (mode 0600) through a temp file and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _client_cert(pki: Path, key: Path, crt: Path, subject: str) -> None:
+    """A client key and certificate signed by the dev CA in ``pki``."""
+    csr = crt.with_suffix(".csr")
+    run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+         "-subj", subject], stderr=subprocess.DEVNULL)
+    run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey",
+         str(pki / "ca.key"), "-CAcreateserial", "-out", str(crt), "-days", "3650", "-extfile",
+         str(pki / "client.ext")], stderr=subprocess.DEVNULL)
+    csr.unlink()
+
+
+def make_pki(state_dir: Path) -> None:
+    """The CA, the API server's serving certificate, the admin client certificate
+    (system:masters) and the ServiceAccount key pair in ``<state_dir>/pki`` (kept once made)."""
+    p = state_dir / "pki"
+    if (p / ".complete").exists():
+        return
+    log(f"creating certificates in {p}")
+    if p.exists():
+        for f in p.iterdir():
+            f.unlink()
+    p.mkdir(parents=True, exist_ok=True)
+    quiet = {"stderr": subprocess.DEVNULL, "cwd": p}
+    old = os.umask(0o077)
+    try:
+        run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+             "-out", "ca.crt", "-days", "3650", "-subj", "/CN=omaticaya-dev-ca",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"], **quiet)
+        (p / "serving.ext").write_text(SERVING_EXT)
+        (p / "client.ext").write_text(CLIENT_EXT)
+        run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
+             "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver"], **quiet)
+        run(["openssl", "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey",
+             "ca.key", "-CAcreateserial", "-out", "apiserver.crt", "-days", "3650", "-extfile",
+             "serving.ext"], **quiet)
+        (p / "apiserver.csr").unlink()
+        _client_cert(p, p / "admin.key", p / "admin.crt", "/O=system:masters/CN=admin")
+        run(["openssl", "genrsa", "-out", "sa.key", "2048"], **quiet)
+        run(["openssl", "rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], **quiet)
+    finally:
+        os.umask(old)
+    for f in [*p.glob("*.crt"), p / "sa.pub"]:
+        f.chmod(0o644)
+    (p / ".complete").touch()
+
+
+def write_kubeconfig(state_dir: Path, apiserver_port: int) -> None:
+    """``<state_dir>/kubeconfig``: the admin credentials inline, the server on 127.0.0.1."""
+    pki = state_dir / "pki"
+
+    def b64(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    _write_private(state_dir / "kubeconfig", f"""apiVersion: v1
+kind: Config
+clusters:
+- name: omaticaya-dev
+  cluster:
+    server: https://127.0.0.1:{apiserver_port}
+    certificate-authority-data: {b64("ca.crt")}
+users:
+- name: admin
+  user:
+    client-certificate-data: {b64("admin.crt")}
+    client-key-data: {b64("admin.key")}
+contexts:
+- name: omaticaya-dev
+  context:
+    cluster: omaticaya-dev
+    user: admin
+current-context: omaticaya-dev
+""")
+
+
+def write_audit_policy(state_dir: Path) -> None:
+    """``<state_dir>/audit-policy.yaml``: every request at Metadata level."""
+    (state_dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
+
+
+def kubelet_files(
+    state_dir: Path, node: str, apiserver_port: int, full: FullState | None
+) -> None:
+    """The kubelet's client certificate (O=system:nodes and system:masters: RBAC only, no Node
+    authorizer), kubeconfig and CNI config (loopback; in a full cluster the bridge with
+    host-local IPAM), and containerd's config, under ``<state_dir>/kubelet`` and
+    ``<state_dir>/containerd``."""
+    k, c, p = state_dir / "kubelet", state_dir / "containerd", state_dir / "pki"
+    for d in (k / "root", k / "volume-plugins", k / "pki", k / "net.d", c / "root", c / "state",
+              c / "runc"):
+        d.mkdir(parents=True, exist_ok=True)
+    if not (k / "pki" / "node.crt").exists():
+        log(f"creating the kubelet client certificate (O=system:nodes, CN=system:node:{node})")
+        old = os.umask(0o077)
+        try:
+            _client_cert(p, k / "pki" / "node.key", k / "pki" / "node.crt",
+                         f"/O=system:nodes/O=system:masters/CN=system:node:{node}")
+        finally:
+            os.umask(old)
+    _write_private(k / "kubeconfig", f"""apiVersion: v1
+kind: Config
+clusters:
+- name: omaticaya-dev
+  cluster:
+    server: https://127.0.0.1:{apiserver_port}
+    certificate-authority: {p}/ca.crt
+users:
+- name: kubelet
+  user:
+    client-certificate: {k}/pki/node.crt
+    client-key: {k}/pki/node.key
+contexts:
+- name: omaticaya-dev
+  context: {{cluster: omaticaya-dev, user: kubelet}}
+current-context: omaticaya-dev
+""")
+    cri_extra = ""
+    if full is not None:
+        # pods get their own network namespace on a Linux bridge (containerd adds loopback), the
+        # namespaces mounted under containerd's state dir so that `down` unmounts them
+        (k / "net.d" / "10-loopback.conflist").unlink(missing_ok=True)
+        conf = {"cniVersion": "0.4.0", "name": "omaticaya-bridge", "plugins": [
+            {"type": "bridge", "bridge": full.pod_bridge, "isGateway": True, "ipMasq": False,
+             "hairpinMode": True,
+             "ipam": {"type": "host-local", "dataDir": f"{state_dir}/cni-ipam",
+                      "ranges": [[{"subnet": full.pod_subnet, "gateway": full.pod_gateway}]],
+                      "routes": [{"dst": "0.0.0.0/0"}]}}]}
+        (k / "net.d" / "10-omaticaya-bridge.conflist").write_text(json.dumps(conf) + "\n")
+        cri_extra = "netns_mounts_under_state_dir = true"
+    else:
+        conf = {"cniVersion": "0.4.0", "name": "omaticaya-loopback",
+                "plugins": [{"type": "loopback"}]}
+        (k / "net.d" / "10-loopback.conflist").write_text(json.dumps(conf) + "\n")
+    (c / "config.toml").write_text(f"""version = 2
+root = "{c}/root"
+state = "{c}/state"
+[grpc]
+  address = "{c}/containerd.sock"
+[ttrpc]
+  address = "{c}/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{KUBELET_IMAGE}"
+  disable_apparmor = true
+  # the kubelet asks -998 for sandboxes; lowering oom_score_adj is refused in some VMs
+  # (nsexec: "failed to update /proc/self/oom_score_adj: Permission denied")
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  {cri_extra}
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{c}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{k}/net.d"
+""")
+
+
+def busybox_image_tar(out: Path, tag: str = KUBELET_IMAGE) -> None:
+    """A docker-save tarball of one layer holding /bin/busybox and its applet links: both the
+    sandbox ("pause") image and the test image."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for d in ("bin", "tmp", "etc", "proc", "sys", "dev", "out"):
+            i = tarfile.TarInfo(d)
+            i.type, i.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
+            t.addfile(i)
+        t.add("/bin/busybox", "bin/busybox")
+        for a in ("sh", "sleep", "echo", "cat", "env", "ls", "true", "printenv", "mkdir", "test"):
+            i = tarfile.TarInfo(f"bin/{a}")
+            i.type, i.linkname = tarfile.SYMTYPE, "busybox"
+            t.addfile(i)
+    layer_bytes = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    pause = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait; done"
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh", "-c", pause]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created_by": "scripts/dev-cluster (busybox-static)"}],
+    }).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]}]
+    ).encode()
+    with tarfile.open(out, "w") as t:
+        for name, data in ((config_name, config), ("layer/layer.tar", layer_bytes),
+                           ("manifest.json", manifest)):
+            i = tarfile.TarInfo(name)
+            i.size = len(data)
+            t.addfile(i, io.BytesIO(data))

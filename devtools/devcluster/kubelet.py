@@ -1,0 +1,182 @@
+"""``up --kubelet``: containerd and a real kubelet (built from the same source tree), their state
+in ``<state dir>/kubelet`` and ``<state dir>/containerd``, CNI loopback only, a busybox image made
+locally (nothing is pulled). The Node registers as ``OMATICAYA_KUBELET_NODE`` (default
+omaticaya-kubelet). In v1.20 the device-plugin registration socket is always
+/var/lib/kubelet/device-plugins/kubelet.sock, whatever --root-dir says, so one such kubelet runs
+per machine. Linux and root only."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+from devtools.devcluster.cluster import K8S_VERSION, Cluster, binary, build
+from devtools.devcluster.files import KUBELET_IMAGE, busybox_image_tar, kubelet_files
+from devtools.devcluster.procs import free_port, log, run, wait_until
+from devtools.devcluster.state import DevClusterError, KubeletState
+
+DEVICE_CHECKPOINT = Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
+_apt_updated = False
+
+
+def apt_install(missing: list[str]) -> None:
+    """``apt-get install`` the Debian packages in ``missing`` (``apt-get update`` first, once per
+    run). Raises ``DevClusterError`` when not root or apt-get fails."""
+    global _apt_updated
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise DevClusterError(f"need root to apt-get install {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", RUNLEVEL="1")
+    if not _apt_updated:
+        log("apt-get update")
+        run(["apt-get", "update", "-qq"], env=env, stdout=sys.stderr)
+        _apt_updated = True
+    log(f"apt-get install {' '.join(missing)}")
+    # RUNLEVEL=1: keep postinst scripts from starting system services
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env,
+        stdout=sys.stderr)
+
+
+def require_linux_root(flag: str) -> None:
+    if platform.system() != "Linux" or os.geteuid() != 0:
+        raise DevClusterError(f"{flag} needs Linux and root")
+
+
+def kubelet_deps() -> None:
+    missing = [pkg for ok, pkg in (
+        (shutil.which("containerd"), "containerd"),
+        (shutil.which("runc"), "runc"),
+        (os.access("/bin/busybox", os.X_OK), "busybox-static"),
+        (os.access("/usr/lib/cni/loopback", os.X_OK), "containernetworking-plugins"),
+    ) if not ok]
+    apt_install(missing)
+
+
+def ctr(c: Cluster, *args: str, check: bool = True, quiet: bool = False) -> str:
+    """``ctr`` on this cluster's containerd, namespace k8s.io; its stdout. Raises
+    ``DevClusterError`` when ``check`` and it fails."""
+    sock = f"{c.dir}/containerd/containerd.sock"
+    return run(["ctr", "--address", sock, "-n", "k8s.io", *args], check=check, quiet=quiet).stdout
+
+
+def ctr_answers(c: Cluster) -> bool:
+    """True when containerd answers ``ctr version``."""
+    sock = f"{c.dir}/containerd/containerd.sock"
+    return run(["ctr", "--address", sock, "version"], check=False, quiet=True).returncode == 0
+
+
+def start_containerd(c: Cluster) -> None:
+    """Start containerd with the state dir's config; wait until ``ctr`` answers (10 s); import the
+    busybox image when it is not there."""
+    version = run(["containerd", "--version"]).stdout.split()
+    log(f"starting containerd ({version[2] if len(version) > 2 else '?'}) on "
+        f"{c.dir}/containerd/containerd.sock")
+    c.start("containerd", ["containerd", "--config", f"{c.dir}/containerd/config.toml"])
+    c.wait_ready("containerd", "containerd answering", lambda: ctr_answers(c), 10)
+    if KUBELET_IMAGE not in ctr(c, "images", "ls", "-q").splitlines():
+        tar = c.dir / "kubelet" / "busybox-image.tar"
+        busybox_image_tar(tar)
+        ctr(c, "images", "import", str(tar))
+
+
+def node_ready(c: Cluster, node: str) -> bool:
+    """True when the Node ``node`` reports Ready=True."""
+    try:
+        obj = json.loads(c.api_get(f"/api/v1/nodes/{node}"))
+    except (OSError, ValueError):
+        return False
+    status = obj.get("status") if isinstance(obj, dict) and obj.get("kind") == "Node" else None
+    conds = {x.get("type"): x.get("status") for x in (status or {}).get("conditions") or []}
+    return conds.get("Ready") == "True"
+
+
+def start_kubelet(c: Cluster) -> None:
+    """Start the kubelet (files already written); wait until its Node is Ready
+    (``OMATICAYA_KUBELET_READY_TIMEOUT``, 60 s)."""
+    kl, k = c.st.kubelet, c.dir / "kubelet"
+    assert kl is not None
+    # a full cluster: the Node's InternalIP is the pod bridge's gateway (a Node address may not be
+    # loopback), where the API server reaches the kubelet for logs and exec
+    node_ip = c.st.full.pod_gateway if c.st.full else "127.0.0.1"
+    argv = [
+        binary("kubelet", "--kubelet"), "--kubeconfig", f"{k}/kubeconfig",
+        "--container-runtime=remote",
+        f"--container-runtime-endpoint=unix://{c.dir}/containerd/containerd.sock",
+        "--runtime-request-timeout=30s", "--cgroup-driver=cgroupfs", "--cgroups-per-qos=true",
+        "--enforce-node-allocatable=", "--fail-swap-on=false", "--eviction-hard=",
+        "--image-gc-high-threshold=100", "--root-dir", f"{k}/root",
+        "--volume-plugin-dir", f"{k}/volume-plugins", "--cert-dir", f"{k}/pki",
+        f"--address={node_ip}", f"--port={kl.port}", "--read-only-port=0",
+        "--healthz-bind-address=127.0.0.1", f"--healthz-port={kl.healthz_port}",
+        f"--hostname-override={kl.node}", f"--node-ip={node_ip}", "--register-node=true",
+        "--anonymous-auth=false", "--client-ca-file", f"{c.dir}/pki/ca.crt",
+        "--node-status-update-frequency=1s", "--sync-frequency=5s",
+        "--register-with-taints=omaticaya.io/dev-kubelet=true:NoSchedule", "--v=1",
+    ]
+    log(f"starting kubelet {K8S_VERSION} as Node {kl.node} (port {node_ip}:{kl.port})")
+    c.start("kubelet", argv)
+    took = c.wait_ready("kubelet", f"Node {kl.node} Ready", lambda: node_ready(c, kl.node),
+                        c.kubelet_ready_timeout_s)
+    log(f"Node {kl.node} Ready after {took:.0f} s")
+
+
+def kubelet_up(c: Cluster) -> None:
+    """containerd and the kubelet, unless it runs (building it, installing what is missing)."""
+    require_linux_root("--kubelet")
+    build("--kubelet")
+    kubelet_deps()
+    if c.running("kubelet"):
+        log("kubelet already running")
+        return
+    if c.st.kubelet is None:
+        port = free_port()
+        c.st.kubelet = KubeletState(
+            node=os.environ.get("OMATICAYA_KUBELET_NODE") or "omaticaya-kubelet",
+            port=port,
+            healthz_port=free_port((port,)),
+        )
+        c.save()
+    kubelet_files(c.dir, c.st.kubelet.node, c.st.ports.apiserver, c.st.full)
+    # a fresh kubelet: forget device allocations of an earlier one (same fixed folder)
+    DEVICE_CHECKPOINT.unlink(missing_ok=True)
+    if not c.running("containerd"):
+        start_containerd(c)
+    start_kubelet(c)
+
+
+def start_kubelet_again(c: Cluster) -> None:
+    """``start-kubelet``: the kubelet again (containerd must run); waits for its Node."""
+    if not c.running("containerd"):
+        raise DevClusterError("containerd is not running: use 'scripts/dev-cluster up --kubelet'")
+    if c.running("kubelet"):
+        log("kubelet already running")
+        return
+    start_kubelet(c)
+
+
+def kubelet_down(c: Cluster) -> None:
+    """Stop the kubelet, then every container it started, then containerd; unmount what is left
+    under the state dir (sandbox shm, rootfs)."""
+    c.stop("kubelet")
+    if c.running("containerd"):
+        for t in ctr(c, "tasks", "ls", "-q", check=False, quiet=True).split():
+            ctr(c, "tasks", "kill", "-s", "SIGKILL", t, check=False, quiet=True)
+        try:
+            wait_until("the containers to stop",
+                       lambda: "RUNNING" not in ctr(c, "tasks", "ls", check=False, quiet=True), 5)
+        except DevClusterError:
+            pass  # `tasks delete -f` kills what is left
+        for t in ctr(c, "tasks", "ls", "-q", check=False, quiet=True).split():
+            ctr(c, "tasks", "delete", "-f", t, check=False, quiet=True)
+        for t in ctr(c, "containers", "ls", "-q", check=False, quiet=True).split():
+            ctr(c, "containers", "delete", t, check=False, quiet=True)
+    c.stop("containerd")
+    prefix = f"{c.dir}/"
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
+        run(["umount", "-l", m], check=False, quiet=True)

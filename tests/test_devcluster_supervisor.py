@@ -1,0 +1,156 @@
+"""The dev cluster's supervisor (devtools/devcluster): its JSON state, process groups, the
+pid-reuse guard and the readiness helper, on real processes (no cluster needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from devtools.devcluster import procs
+from devtools.devcluster.state import (
+    DevClusterError,
+    FullState,
+    KubeletState,
+    Ports,
+    Proc,
+    State,
+    load_state,
+)
+from tests.devcluster import REPO_ROOT
+
+PORTS = Ports(etcd_client=2379, etcd_peer=2380, apiserver=6443, scheduler=10259)
+FULL = FullState("omaticaya0", "10.217.0.0/24", "10.217.0.1", 10257, 10256, 10249)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        State(ports=PORTS),
+        State(ports=PORTS, procs={"etcd": Proc(12, 345, ("/usr/bin/etcd", "--name", "x y"))}),
+        State(ports=PORTS, kubelet=KubeletState("omaticaya-kubelet", 10250, 10248)),
+        State(ports=PORTS, kubelet=KubeletState("n", 1, 2), full=FULL, image_key="omaticaya-0.1.0-ab"),
+    ],
+    ids=["ports", "procs", "kubelet", "full"],
+)
+def test_state_round_trips_through_json(tmp_path: Path, state: State) -> None:
+    state.save(tmp_path)
+    assert load_state(tmp_path) == state
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        "{}",
+        '{"ports": {"apiserver": 1}}',
+        '{"ports": {"etcd_client": 1, "etcd_peer": 2, "apiserver": 3, "scheduler": 4},'
+        ' "procs": {"etcd": {"pid": "x", "start_ticks": 1, "argv": []}}}',
+        '{"ports": {"etcd_client": 1, "etcd_peer": 2, "apiserver": 3, "scheduler": 4},'
+        ' "full": {"pod_bridge": "b"}}',
+    ],
+    ids=["not-json", "list", "empty", "ports-missing", "pid-not-int", "full-missing"],
+)
+def test_unreadable_state_is_an_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / "state.json").write_text(text)
+    with pytest.raises(DevClusterError, match="unreadable dev cluster state"):
+        load_state(tmp_path)
+
+
+def test_no_state_before_up(tmp_path: Path) -> None:
+    assert load_state(tmp_path) is None
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+def test_spawn_gives_a_process_group_and_stop_ends_all_of_it(tmp_path: Path) -> None:
+    log = tmp_path / "sh.log"
+    proc = procs.spawn("sh", ["sh", "-c", "sleep 300 & echo started; wait"], log)
+    procs.wait_until("the child", lambda: len(_group_members(proc.pid)) == 2, 10)
+    assert os.getpgid(proc.pid) == proc.pid == os.getsid(proc.pid)
+    assert procs.alive(proc)
+    procs.stop("sh", proc)
+    assert not procs.alive(proc)
+    assert _group_members(proc.pid) == []
+    assert "started" in log.read_text()
+
+
+def test_stop_kills_what_ignores_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procs, "STOP_TIMEOUT_S", 0.5)
+    proc = procs.spawn("stubborn", ["sh", "-c", "trap '' TERM; echo ready; sleep 300"],
+                       tmp_path / "stubborn.log")
+    procs.wait_until("ready", lambda: "ready" in (tmp_path / "stubborn.log").read_text(), 10)
+    procs.stop("stubborn", proc)
+    assert _group_members(proc.pid) == []
+
+
+def test_a_reused_pid_is_not_ours_and_is_not_signalled(tmp_path: Path) -> None:
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        real = procs.identify(other.pid, ["sleep"])
+        assert procs.alive(real)
+        # the pid recorded by an earlier cluster, now another process's: another start time
+        stale = Proc(other.pid, real.start_ticks - 1, ("/usr/bin/etcd",))
+        assert not procs.alive(stale)
+        procs.stop("etcd", stale)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    assert not procs.alive(real)
+
+
+def test_wait_until_returns_when_ready_and_counts_oserror_as_not_ready() -> None:
+    calls = []
+
+    def ready() -> bool:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionRefusedError
+        return True
+
+    assert procs.wait_until("thing", ready, 10, poll_s=0.01) >= 0
+    assert len(calls) == 3
+
+
+def test_wait_until_times_out_with_the_log_named(tmp_path: Path) -> None:
+    with pytest.raises(DevClusterError, match=r"thing ready: not after 0.2 s \(log: .*x.log\)"):
+        procs.wait_until("thing ready", lambda: False, 0.2, log_path=tmp_path / "x.log",
+                         poll_s=0.01)
+
+
+def test_wait_until_stops_when_the_process_exits(tmp_path: Path) -> None:
+    log = tmp_path / "failing.log"
+    proc = procs.spawn("failing", ["sh", "-c", "echo bad flag >&2; exit 3"], log)
+    with pytest.raises(DevClusterError, match="failing ready: sh exited"):
+        procs.wait_until("failing ready", lambda: False, 60, proc=proc, log_path=log)
+    assert "bad flag" in log.read_text()
+
+
+def test_script_status_and_usage_without_a_cluster(tmp_path: Path) -> None:
+    env = dict(os.environ, OMATICAYA_DEV_DIR=str(tmp_path / "none"))
+    script = str(REPO_ROOT / "scripts" / "dev-cluster")
+    status = subprocess.run([script, "status"], env=env, capture_output=True, text=True)
+    assert status.returncode == 1
+    assert status.stdout.splitlines()[-1] == "status: down"
+    assert "etcd: stopped" in status.stdout
+    bad = subprocess.run([script, "no-such-command"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "scripts/dev-cluster up" in bad.stderr
+    down = subprocess.run([script, "down"], env=env, capture_output=True, text=True)
+    assert down.returncode == 0 and "nothing to stop" in down.stderr
