@@ -1,7 +1,7 @@
 """Freshness: time from a change in the GPU reading to the new label visible on the Node,
 seen through a watch stream, for safe-direction and attractive-direction changes apart.
 
-The agent runs for real (``Agent.run()``: the APScheduler loop, a real ``NodeClient``, a real
+The agent runs for real (``Daemon.run()``: the APScheduler loop, a real ``NodeClient``, a real
 kube-apiserver, liveness on a Lease in ``default``) over a step trace built from two recorded
 H100 samples, idle (free memory 81079 MiB) and 30 GiB allocated (49832 MiB), and the idle one
 with remapped rows pending (the GPU Unhealthy). The states cycle idle -> 30 GiB -> idle ->
@@ -95,6 +95,7 @@ def run_one(
     from urllib3.exceptions import ProtocolError
 
     from omaticaya_py.agent import Agent
+    from omaticaya_py.agent.daemon import Daemon
     from omaticaya_py.kube import NodeClient
     from omaticaya_py.sources.replay import TraceReader
 
@@ -139,11 +140,12 @@ def run_one(
     th = threading.Thread(target=watcher, daemon=True)
     th.start()
     ready.wait(10)
-    stopper = threading.Timer(run_s, agent.stop)
+    daemon = Daemon(agent)
+    stopper = threading.Timer(run_s, daemon.stop)
     stopper.start()
     reader._start = time.monotonic()  # noqa: SLF001 - trace time 0 = now (changes at k*hold)
     start = reader._start  # noqa: SLF001
-    agent.run()  # main thread: APScheduler loop until the timer stops it
+    daemon.run()  # main thread: APScheduler loop until the timer stops it
     stopper.cancel()
     w.stop()
     expected = state_labels(path, hold, changes, settings)

@@ -8,7 +8,7 @@ use the chart's request timeout (10 s) and the edge's retries, so each API call 
 
 - before: the API work inline in the tick (``Agent.safe_tick``, the daemon's job until issue
   23): the next reading waits for the Lease renewal and the Node write to give up;
-- after: the daemon's wiring (``agent.daemon.schedule_ticks``): the tick reads, caches and
+- after: the daemon's wiring (``agent.daemon.Daemon.schedule_ticks``): the tick reads, caches and
   tells the device plugin, and the writer thread takes the API work (latest reading wins).
 
 A reading counts when the agent hands it to its listeners (the device plugin), which both do
@@ -57,7 +57,7 @@ def start_agent(mode: str, kubeconfig: str, timeout_s: float) -> tuple[Any, Any,
     from apscheduler.schedulers.background import BackgroundScheduler
 
     from omaticaya_py.agent import Agent
-    from omaticaya_py.agent.daemon import schedule_ticks
+    from omaticaya_py.agent.daemon import Daemon
     from omaticaya_py.kube import NodeClient
     from omaticaya_py.sources.replay import TraceReader
 
@@ -71,13 +71,12 @@ def start_agent(mode: str, kubeconfig: str, timeout_s: float) -> tuple[Any, Any,
     agent.on_tick.append(lambda _result: readings.append(time.monotonic()))
     scheduler = BackgroundScheduler(timezone=timezone.utc)
     if mode == "after":
-        schedule_ticks(agent, scheduler)
+        Daemon(agent).schedule_ticks(scheduler)
     else:
         scheduler.add_job(
             agent.safe_tick, settings.schedule.trigger(), id="tick", coalesce=True,
             max_instances=1, misfire_grace_time=None,
         )  # fmt: skip
-        agent.scheduler = scheduler
     scheduler.start()
     return agent, scheduler, readings
 
@@ -99,10 +98,9 @@ def run(seconds: float, timeout_s: float) -> str:
             n, n * 60.0 / seconds, max(gaps), agent.cache.writes_superseded,
         ])  # fmt: skip
         scheduler.shutdown(wait=False)
-        if agent.api_writer is not None:
-            agent.api_writer.stop()
-        if agent.watchdog is not None:
-            agent.watchdog.stop()
+        if agent.daemon is not None:  # "after": the writer thread and the watchdog
+            agent.daemon.stop()
+            agent.daemon.watchdog.stop()
     sock.close()
     return table(
         ["agent (@every 1s, API accepts and never answers)", "readings", "per minute",

@@ -2,7 +2,7 @@
 
 The agent talks to the real kube-apiserver through ``tests/faultproxy.py``; ``stall()`` makes
 the proxy accept every request and never answer it. The agent runs as the daemon runs it (a
-real ``BackgroundScheduler``, ``agent.daemon.schedule_ticks``): while the Node write (or the
+real ``BackgroundScheduler``, ``agent.daemon.Daemon.schedule_ticks``): while the Node write (or the
 Lease renewal) is held, readings keep coming on the schedule; once the proxy heals, the Node
 converges to the latest reading."""
 
@@ -14,7 +14,7 @@ import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.daemon import schedule_ticks
+from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
@@ -38,7 +38,8 @@ def test_readings_keep_the_schedule_while_the_api_hangs(dev_cluster, admin_api, 
         reader, client, environ={"POD_NAMESPACE": "default", "POD_NAME": "agent-0"},
     )  # fmt: skip
     scheduler = BackgroundScheduler(timezone=timezone.utc)
-    watchdog = schedule_ticks(agent, scheduler)
+    daemon = Daemon(agent)
+    watchdog = daemon.schedule_ticks(scheduler)
     scheduler.start()
     try:
         idle_free = wait_for("the idle labels", lambda: node_metadata(admin_api, node)[0].get(FREE))
@@ -63,6 +64,6 @@ def test_readings_keep_the_schedule_while_the_api_hangs(dev_cluster, admin_api, 
         proxy.heal()
         watchdog.stop()
         scheduler.shutdown(wait=False)
-        agent.shutdown()
+        daemon.shutdown()
         proxy.close()
     assert FREE not in node_metadata(admin_api, node)[0]  # cleaned up on exit

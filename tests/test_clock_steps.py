@@ -3,7 +3,7 @@
 APScheduler 3 plans runs on the wall clock: stepped back an hour, the plain scheduler sleeps an
 hour; stepped forward years, it lists every missed fire time. The pure rules
 (``core.schedule.clock_step``, ``run_after_step``, ``SteadyTrigger``) are tested as tables; then
-a real ``BackgroundScheduler`` wired as the daemon wires it (``agent.daemon.schedule_ticks``)
+a real ``BackgroundScheduler`` wired as the daemon wires it (``agent.daemon.Daemon.schedule_ticks``)
 runs while its wall clock steps: APScheduler's own ``datetime.now`` and the watchdog's wall
 clock are moved together by a hand-set offset (no LD_PRELOAD, no faketime)."""
 
@@ -16,7 +16,7 @@ from apscheduler.schedulers import base as apscheduler_base
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.daemon import schedule_ticks
+from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.watchdog import SteadyTrigger
 from omaticaya_py.core.schedule import STEP_TOLERANCE_S, clock_step, parse_schedule, run_after_step
 from omaticaya_py.sources.replay import TraceReader
@@ -120,7 +120,8 @@ def test_real_scheduler_keeps_ticking_across_steps_back_and_forward(schedule, mo
         settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE), None, dry_run=True
     )
     scheduler = BackgroundScheduler(timezone=timezone.utc)
-    watchdog = schedule_ticks(agent, scheduler, wall=wall.time)
+    daemon = Daemon(agent)
+    watchdog = daemon.schedule_ticks(scheduler, wall=wall.time)
     scheduler.start()
     try:
         wait_for("two ticks", lambda: agent.cache.ticks >= 2, 20)
@@ -137,7 +138,7 @@ def test_real_scheduler_keeps_ticking_across_steps_back_and_forward(schedule, mo
     finally:
         watchdog.stop()
         scheduler.shutdown(wait=False)
-        agent.stop()
+        daemon.stop()
 
 
 @pytest.mark.parametrize(
@@ -157,7 +158,8 @@ def test_the_watchdog_moves_the_planned_run_on_a_hand_driven_clock(
     wall, mono = Clock(T), Clock(50.0)
     agent = Agent(settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE), None, dry_run=True)
     scheduler = BackgroundScheduler(timezone=timezone.utc)
-    watchdog = schedule_ticks(agent, scheduler, wall=wall, monotonic=mono)
+    daemon = Daemon(agent)
+    watchdog = daemon.schedule_ticks(scheduler, wall=wall, monotonic=mono)
     watchdog.stop()  # its thread ends: this test makes each look itself
     scheduler.start(paused=True)
     try:
@@ -170,4 +172,4 @@ def test_the_watchdog_moves_the_planned_run_on_a_hand_driven_clock(
         assert planned == pytest.approx(expected, abs=1e-3)
     finally:
         scheduler.shutdown(wait=False)
-        agent.stop()
+        daemon.stop()

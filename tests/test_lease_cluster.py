@@ -14,6 +14,7 @@ import pytest
 from loguru import logger
 
 from omaticaya_py.agent import Agent
+from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import AgentCollector
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
@@ -160,7 +161,7 @@ def test_lease_is_created_and_renewed_while_a_quiet_node_gets_no_patch(
     assert audit_count(dev_cluster, verb="patch", resource="nodes", name=node) == before_quiet
     assert audit_count(dev_cluster, verb="update", resource="leases", name=name) == 5
 
-    agent.shutdown()  # SIGTERM's path: dynamic labels removed, and with cleanup_on_exit (the
+    Daemon(agent).shutdown()  # SIGTERM's path: dynamic labels removed, and with cleanup_on_exit (the
     # default) the Lease it holds deleted (test_lease_owner.py: released when that is off)
     from kubernetes.client.exceptions import ApiException
 
@@ -403,7 +404,7 @@ def test_the_charts_rbac_lets_the_agent_hold_its_lease_and_no_other(
             elsewhere.renew()
         probe.close()
         assert lease.metadata.owner_references[0].uid == admin_api.read_node(node).metadata.uid
-        agent.shutdown()  # the chart lets it delete its Lease on exit (cleanup_on_exit)
+        Daemon(agent).shutdown()  # the chart lets it delete its Lease on exit (cleanup_on_exit)
         with pytest.raises(ApiException) as gone:
             leases.read_namespaced_lease(lease_name(node), namespace)
         assert gone.value.status == 404

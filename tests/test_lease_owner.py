@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.daemon import cleanup_on_exit
+from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
@@ -98,13 +98,13 @@ def test_sigterm_with_cleanup_deletes_the_lease_without_it_releases(
     agent = make_agent(dev_cluster, node)
     agent.tick()
     assert read_lease(leases, node) is not None
-    cleanup_on_exit(agent)  # what SIGTERM does, cleanup_on_exit true (the chart's default)
+    Daemon(agent).cleanup_on_exit()  # what SIGTERM does, cleanup_on_exit true (the chart's default)
     assert read_lease(leases, node) is None
 
     kept = make_node()
     agent = make_agent(dev_cluster, kept, cleanup_on_exit=False)
     agent.tick()
-    cleanup_on_exit(agent)
+    Daemon(agent).cleanup_on_exit()
     lease = read_lease(leases, kept)
     assert lease is not None and not lease.spec.holder_identity  # released, kept
 
@@ -116,7 +116,7 @@ def test_sigterm_leaves_a_lease_a_new_pod_took_over(
     old = make_agent(dev_cluster, node, pod="agent-old")
     old.tick()
     make_agent(dev_cluster, node, pod="agent-new").tick()  # a rolling update with surge
-    cleanup_on_exit(old)
+    Daemon(old).cleanup_on_exit()
     lease = read_lease(leases, node)
     assert lease is not None and lease.spec.holder_identity == "agent-new"
 

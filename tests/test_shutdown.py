@@ -15,6 +15,7 @@ import pytest
 
 from omaticaya_py import cli
 from omaticaya_py.agent import Agent, AgentStopping
+from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader
@@ -40,7 +41,7 @@ def test_no_tick_writes_after_the_cleanup(dev_cluster, admin_api, make_node):
     agent.tick()
     assert dynamic(node_metadata(admin_api, node)[0])
     agent.stop()
-    agent.shutdown()
+    Daemon(agent).shutdown()
     assert not dynamic(node_metadata(admin_api, node)[0])
     with pytest.raises(AgentStopping):
         agent.tick()  # too late: must do nothing
@@ -98,7 +99,6 @@ def test_a_tick_stuck_in_nvml_does_not_hold_the_cleanup_back(dev_cluster, admin_
 
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from omaticaya_py.agent.daemon import schedule_ticks
     from tests.test_stuck_tick import BlockingReader
 
     node = make_node()
@@ -109,13 +109,14 @@ def test_a_tick_stuck_in_nvml_does_not_hold_the_cleanup_back(dev_cluster, admin_
         environ={},
     )  # fmt: skip
     scheduler = BackgroundScheduler(timezone=timezone.utc)
-    watchdog = schedule_ticks(agent, scheduler)
+    daemon = Daemon(agent)
+    watchdog = daemon.schedule_ticks(scheduler)
     scheduler.start()
     try:
         wait_for("the agent to label the node", lambda: dynamic(node_metadata(admin_api, node)[0]), 30)
         reader.blocked.set()
         assert reader.entered.wait(20)  # a tick is now stuck in read()
-        stopping = threading.Thread(target=agent.shutdown, daemon=True)  # what SIGTERM runs
+        stopping = threading.Thread(target=daemon.shutdown, daemon=True)  # what SIGTERM runs
         stopping.start()
         stopping.join(30)  # a bound: before, it waited for the stuck tick forever
         assert not stopping.is_alive(), "shutdown waits for the stuck tick"

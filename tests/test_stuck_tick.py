@@ -18,7 +18,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from loguru import logger
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.daemon import schedule_ticks
+from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import liveness, serve
 from omaticaya_py.agent.watchdog import Watchdog
 from omaticaya_py.sources.replay import TraceReader
@@ -68,7 +68,8 @@ def test_a_blocked_read_fails_healthz_and_is_logged_once(log_lines) -> None:
         reader, None, dry_run=True,
     )  # fmt: skip
     scheduler = BackgroundScheduler(timezone=timezone.utc)
-    watchdog = schedule_ticks(agent, scheduler)
+    daemon = Daemon(agent)
+    watchdog = daemon.schedule_ticks(scheduler)
     scheduler.start()
     server = serve(agent, "127.0.0.1", 0)
     try:
@@ -94,7 +95,7 @@ def test_a_blocked_read_fails_healthz_and_is_logged_once(log_lines) -> None:
         reader.gate.set()
         server.shutdown()
         watchdog.stop()
-        agent.stop()
+        daemon.stop()
 
 
 def test_the_stuck_rule_on_a_hand_driven_clock(log_lines) -> None:
@@ -105,7 +106,7 @@ def test_the_stuck_rule_on_a_hand_driven_clock(log_lines) -> None:
     class Running:
         running = True
 
-    agent.scheduler = Running()
+    Daemon(agent).scheduler = Running()  # the probe reads it through agent.daemon
     watchdog = Watchdog(agent)
     assert agent.cache.stuck_after_s == 35.0  # 3 periods of 10 s, plus the 5 s jitter
     table = [

@@ -26,6 +26,7 @@ import pytest
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
+from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.budget import BETTER, WORSE, UnitMark, telemetry_change
 from omaticaya_py.core.render_telemetry import published_marks, telemetry_document, telemetry_marks
@@ -208,7 +209,7 @@ def test_the_issues_drop_is_published_at_once_and_refused(
             assert set(result.patch["metadata"]) == {"annotations"}  # the telemetry alone
         else:
             assert not result.sent and result.patch is None and free == [10900]
-        agent.shutdown()
+        Daemon(agent).shutdown()
 
 
 @pytest.mark.cluster
@@ -231,7 +232,7 @@ def test_without_per_gpu_labels_the_rewrite_decides(
         tick_at(agent, clock, 11.0)
         assert node_metadata(admin_api, node)[0] == labels  # no label moved
         verdicts[drop_mib] = verdict(admin_api, node, 10500, count=2)
-        agent.shutdown()
+        Daemon(agent).shutdown()
     assert verdicts[0] is None  # the hole the rewrite closes
     assert verdicts[256] is not None and "10500 MiB" in verdicts[256]
 
@@ -258,7 +259,7 @@ def test_a_rise_waits_for_the_budget_and_calm(
     assert [g["memory_free_mib"] for g in published(admin_api, node)] == [10900]
     assert not tick_at(agent, clock, 51.0).sent  # nothing moved since: no write
     assert agent.cache.patches_sent == 3
-    agent.shutdown()
+    Daemon(agent).shutdown()
 
 
 class _Kubelet(api_pb2_grpc.PodResourcesListerServicer):
@@ -328,5 +329,5 @@ def test_a_new_holder_goes_at_once_and_one_leaving_waits(
         assert tick_at(agent, clock, 35.0).sent
         assert pods() == [[], []]
     finally:
-        agent.shutdown()
+        Daemon(agent).shutdown()
         attribution.close()

@@ -1,6 +1,7 @@
-"""The node agent: a tick (read, assess, render, diff, patch) on a schedule (``agent``), and its
-``/metrics``, ``/healthz`` and ``/readyz`` (``metrics``)."""
+"""The node agent: a tick (read, assess, render, diff, patch: ``agent``), its lifecycle on a
+schedule (``daemon``), and its ``/metrics``, ``/healthz`` and ``/readyz`` (``metrics``)."""
 
-from .agent import Agent, AgentStopping, SnapshotCache, TickResult
+from .agent import Agent
+from .state import AgentStopping, SnapshotCache, TickResult
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]

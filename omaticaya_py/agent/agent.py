@@ -1,12 +1,11 @@
 """The one place that wires the stages: read -> cache -> assess -> render -> write.
 
-``Agent.tick()`` runs one pass and can be called alone (tests, ``omaticaya once``);
-``Agent.run()`` runs ``scheduled_tick`` from an APScheduler 3.x schedule until SIGTERM/SIGINT
-(``agent.daemon``): each tick reads, caches and tells its listeners, and hands the API work to
-one writer thread (``agent.apiwriter``), so that a slow API server never delays a reading;
-``agent.watchdog`` keeps the ticks on their period across wall-clock steps and says when one
-is stuck. On exit the agent finishes the write in flight, releases its Lease and removes the
-dynamic labels (unless ``cleanup_on_exit`` is off). Liveness goes on a ``coordination.k8s.io``
+``Agent.tick()`` runs one pass and can be called alone (tests, ``omaticaya once``); the agent
+only ticks. Its lifecycle is ``agent.daemon.Daemon``'s: the APScheduler 3.x schedule, the
+signals, the API writer thread, the watchdog and the cleanup on exit; a scheduled tick is the
+read path here (``read_path``: read, cache, tell the listeners) and the API work (``write``)
+handed to the writer thread, so that a slow API server never delays a reading. Liveness goes
+on a ``coordination.k8s.io``
 Lease renewed every ``heartbeat_s``, or on the Node's telemetry annotation
 (``agent.liveness``); the Node is written by ``agent.writer`` within the write budget; API
 outages are logged once and refusals paced (``agent.outage``); GPU health changes become Node
@@ -26,32 +25,23 @@ from loguru import logger
 
 from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
-from ..core.patch import (
-    MergePatch,
-)
+from ..core.patch import MergePatch
 from ..core.render import Desired, render
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
-from ..kube import LeaseClient, NodeClient
+from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
 from ..kube.pod_client import PodClient
-from . import daemon
-from .apiwriter import ApiWriter, api_round
 from .attribution import Attribution, make_attribution
 from .events import HealthEvents
 from .liveness import Liveness, make_lease
 from .outage import ApiOutage
 from .slices import SliceWatch
-from .state import SnapshotCache, TickResult
-from .watchdog import Watchdog
+from .state import AgentStopping, Runner, SnapshotCache, TickResult
 from .writer import NodeWriter
 from .xid_seed import XidSeeder
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
-
-
-class AgentStopping(RuntimeError):
-    """``tick()`` was called after ``stop()``: nothing is read or written any more."""
 
 
 class Agent:
@@ -102,7 +92,7 @@ class Agent:
         #: rewritten on the first tick after the heartbeat is due (published as ``refresh_s``
         #: and ``expires_at``, so that readers judge staleness by the publisher's own pace)
         self.refresh_s = settings.heartbeat_s + self.period_s + settings.jitter_s
-        self.slow_warned_s = float("-inf")  # the last slow-tick warning (daemon.guarded)
+        self.slow_warned_s = float("-inf")  # the last slow-tick warning (``guarded``)
         if lease == "auto":
             env = os.environ if environ is None else environ
             lease = make_lease(settings, node, env, self.refresh_s, dry_run)
@@ -124,16 +114,12 @@ class Agent:
         self._dropped_seen: set[tuple[str, str]] = set()
         #: held by each tick's read path (and by a whole ``tick()``)
         self.tick_lock = threading.Lock()
-        #: held by each round of API work and by the exit cleanup (see ``api_round``)
+        #: held by each round of API work and by the exit cleanup (see ``write``)
         self.write_lock = threading.Lock()
-        #: the thread that does the API work of scheduled ticks, and the watchdog (both set
-        #: by ``run()``)
-        self.api_writer: ApiWriter | None = None
-        self.watchdog: Watchdog | None = None
         self._stopping = threading.Event()
-        self.signals_installed = False
-        #: the APScheduler scheduler while ``run()`` runs
-        self.scheduler: Any = None
+        #: the ``agent.daemon.Daemon`` running this agent (``None``: ticked by hand); the probes
+        #: and metrics read ``running`` and ``watchdog`` through it
+        self.daemon: Runner | None = None
         #: called once per tick with the reading and its health, as soon as they are cached and
         #: before any API request (the device plugin listens here; an outage must not delay it)
         self.on_tick: list[Callable[[TickResult], None]] = []
@@ -192,14 +178,15 @@ class Agent:
         ``AgentStopping`` after ``stop()``: a tick must never put back what the cleanup removed.
         """
         with self.tick_lock:
-            result, now_s = self._read_path()
-            result = api_round(self, result, now_s)
+            result, now_s = self.read_path()
+            result = self.write(result, now_s)
             self.cache.store(result, now_s)
             return result
 
-    def _read_path(self) -> tuple[TickResult, float]:
+    def read_path(self) -> tuple[TickResult, float]:
         """Read, assess, render, cache and tell the listeners (no API request); returns the
-        result and the agent-clock time it was read at. Called under the tick lock."""
+        result and the agent-clock time it was read at. Call under ``tick_lock``. Raises
+        ``AgentStopping`` after ``stop()``."""
         if self._stopping.is_set():
             raise AgentStopping("the agent is stopping: no more ticks")
         started = time.perf_counter()
@@ -223,6 +210,43 @@ class Agent:
             except Exception:  # noqa: BLE001 - a listener must not stop the agent
                 logger.exception("on_tick listener failed")
 
+    def write(self, result: TickResult, now_s: float) -> TickResult:
+        """The API work of a tick: renew the Lease when due, bring the Node to
+        ``result.desired`` within the write budget, post the Events due; returns ``result``
+        with the desired state written, the patch and whether it was sent. Runs under
+        ``write_lock``. Raises ``AgentStopping`` after ``stop()`` (nothing is written after the
+        cleanup), ``KubeError`` when the API server cannot be reached or refuses (after the
+        edge's retries; logged once per outage)."""
+        snapshot, health, desired, attribution = (
+            result.snapshot, result.health, result.desired, result.attribution
+        )
+        with self.write_lock:
+            if self.stopping:
+                raise AgentStopping("the agent is stopping: no more writes")
+            if self.outage.paused(now_s):  # RBAC refused us: do not hammer
+                return result
+            started = time.perf_counter()
+            try:
+                if self.liveness.lease_due(now_s) and not self.dry_run:
+                    if self.liveness.renew(now_s):
+                        self.writer.forget()  # re-read the Node each heartbeat: re-created, edited
+                desired, patch, sent = self.writer.write(
+                    desired, snapshot, health, now_s, attribution
+                )
+                self.outage.ok(now_s)
+                if self.node is not None and not self.dry_run:
+                    self.post_events(health, snapshot, attribution)
+            except KubeNotFound as exc:
+                self.writer.forget()
+                self.outage.failed(exc, now_s)
+                raise
+            except KubeError as exc:
+                self.outage.failed(exc, now_s)
+                raise
+            finally:
+                self.cache.write_seconds.observe(time.perf_counter() - started)
+        return TickResult(snapshot, health, desired, patch, sent, attribution)
+
     def post_events(
         self, health: NodeHealth, snapshot: NodeSnapshot, att: Mapping[str, GpuAttribution]
     ) -> None:
@@ -241,28 +265,29 @@ class Agent:
     def safe_tick(self) -> None:
         """``tick()`` (the API work inline) that never raises: every failure is logged (once per
         outage) and counted, so that a loop of them goes on."""
-        self._guarded(self.tick)
+        self.guarded(self.tick)
 
-    def scheduled_tick(self) -> None:
-        """The scheduler's job: the read path, then the API work handed to ``api_writer`` (the
-        latest reading wins), so that ticks keep the schedule whatever the API server does.
-        Never raises. Without a writer thread (not started by ``run()``), the API work is
-        done inline as in ``safe_tick``."""
-
-        def tick() -> None:
-            if self.api_writer is None:
-                self.tick()
-                return
-            with self.tick_lock:
-                result, now_s = self._read_path()
-            self.api_writer.submit(result, now_s)
-
-        self._guarded(tick)
-
-    def _guarded(self, tick: Callable[[], object]) -> None:
-        daemon.guarded(self, tick)
-
-    # -- cleanup -----------------------------------------------------------------------------
+    def guarded(self, tick: Callable[[], object]) -> None:
+        """Run ``tick`` so that it never raises: every failure is logged (an API outage once,
+        in ``ApiOutage``) and counted, so the schedule goes on; a tick that took more than half
+        the period is warned about at most every 5 min."""
+        started = self.clock()
+        try:
+            tick()
+        except AgentStopping:
+            return
+        except KubeError:
+            pass  # logged once per outage in ApiOutage.failed
+        except Exception:  # noqa: BLE001 - the daemon must survive any bug in one tick
+            self.cache.tick_errors += 1
+            logger.exception("tick failed")
+        took_s = self.clock() - started
+        if took_s > self.period_s / 2 and started - self.slow_warned_s > 300:
+            self.slow_warned_s = started
+            logger.warning(
+                "a tick took {:.2f}s, more than half the {:.3g}s interval; later ticks may be "
+                "skipped (warned at most every 5 min)", took_s, self.period_s
+            )
 
     def cleanup(self, *, keep_static: bool) -> MergePatch | None:
         """Remove our keys from the Node: the dynamic ones (``keep_static``) or all of them.
@@ -270,17 +295,7 @@ class Agent:
         ``KubeError``."""
         return self.writer.cleanup(keep_static=keep_static)
 
-    # -- the daemon ---------------------------------------------------------------------------
-
-    def run(self) -> None:
-        """Tick on the schedule until SIGTERM/SIGINT, then clean up (``agent.daemon``)."""
-        daemon.run(self)
-
-    def install_signal_handlers(self) -> None:
-        """Make SIGTERM and SIGINT call ``stop()`` (main thread only). ``omaticaya run`` calls
-        this before it starts any server, so that no signal finds the default action (which
-        would kill the process with every label in place); ``run()`` calls it too."""
-        daemon.install_signal_handlers(self)
+    # -- stopping --------------------------------------------------------------------------
 
     @property
     def stopping(self) -> bool:
@@ -288,32 +303,27 @@ class Agent:
         return self._stopping.is_set()
 
     def stop(self) -> None:
-        """Ask ``run()`` to return after the tick in flight; safe from a signal handler.
+        """No more ticks or writes (``AgentStopping``); safe from a signal handler.
 
         Starts the shutdown deadline (``settings.shutdown_timeout_s`` from now): from here on
         the Kubernetes edge retries nothing and cuts each request to the time left, so that
-        the tick in flight and the cleanup end before the kubelet's SIGKILL."""
+        the tick in flight and the cleanup end before the kubelet's SIGKILL. The schedule is
+        the ``Daemon``'s to stop (``Daemon.stop``)."""
         if not self._stopping.is_set():
             self._stopping.set()
             if self.node is not None:
                 self.node.begin_shutdown(time.monotonic() + self.settings.shutdown_timeout_s)
-        if self.scheduler is not None and self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
-        if self.api_writer is not None:
-            self.api_writer.stop()
 
     @property
     def running(self) -> bool:
-        """True while the scheduler runs (the ``/healthz`` probe)."""
-        return bool(self.scheduler is not None and self.scheduler.running)
+        """True while a ``Daemon``'s scheduler runs this agent (the ``/healthz`` probe)."""
+        return self.daemon is not None and self.daemon.running
 
-    def shutdown(self) -> None:
-        """After ``stop()``: wait for the API write in flight, remove the dynamic labels
-        (unless ``cleanup_on_exit`` is off or ``dry_run``), close the reader and the API client
-        (``agent.daemon.shutdown``)."""
-        daemon.shutdown(self)
+    @property
+    def watchdog(self) -> Any:
+        """The running ``Daemon``'s watchdog (its ``steps`` are a metric), or ``None``."""
+        return self.daemon.watchdog if self.daemon is not None else None
 
     @property
     def node_name(self) -> str:
         return self.settings.node_name or ""
-

@@ -6,75 +6,36 @@ that held the next reading, and the health the device plugin serves, for 80 s at
 schedule. The daemon's tick therefore only reads, caches and tells its listeners, then hands
 its reading to ``ApiWriter``: one thread that writes the latest reading it was given (a newer
 one replaces one not yet started: latest wins, counted in ``writes_superseded``), so that a
-slow API delays the Node's labels, never the reading. ``api_round`` is that work, also run
-inline by ``Agent.tick()`` (``omaticaya once``, tests).
+slow API delays the Node's labels, never the reading. The work itself is ``Agent.write``, also
+run inline by ``Agent.tick()`` (``omaticaya once``, tests).
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from loguru import logger
 
-from ..kube import KubeError, KubeNotFound
-from .state import TickResult
+from ..kube import KubeError
+from .state import AgentStopping, SnapshotCache, TickResult
 
-if TYPE_CHECKING:
-    from .agent import Agent
-
-__all__ = ["ApiWriter", "api_round"]
-
-
-def api_round(agent: Agent, result: TickResult, now_s: float) -> TickResult:
-    """Renew the Lease when due, bring the Node to ``result.desired`` within the write budget,
-    post the Events due; returns ``result`` with the desired state written, the patch and
-    whether it was sent. Runs under ``agent.write_lock``. Raises ``AgentStopping`` after
-    ``stop()`` (nothing is written after the cleanup), ``KubeError`` when the API server cannot
-    be reached or refuses (after the edge's retries; logged once per outage)."""
-    from .agent import AgentStopping
-
-    snapshot, health, desired, attribution = (
-        result.snapshot, result.health, result.desired, result.attribution
-    )
-    with agent.write_lock:
-        if agent.stopping:
-            raise AgentStopping("the agent is stopping: no more writes")
-        if agent.outage.paused(now_s):  # RBAC refused us: do not hammer
-            return result
-        started = time.perf_counter()
-        try:
-            if agent.liveness.lease_due(now_s) and not agent.dry_run:
-                if agent.liveness.renew(now_s):
-                    agent.writer.forget()  # re-read the Node each heartbeat: re-created, edited
-            desired, patch, sent = agent.writer.write(
-                desired, snapshot, health, now_s, attribution
-            )
-            agent.outage.ok(now_s)
-            if agent.node is not None and not agent.dry_run:
-                agent.post_events(health, snapshot, attribution)
-        except KubeNotFound as exc:
-            agent.writer.forget()
-            agent.outage.failed(exc, now_s)
-            raise
-        except KubeError as exc:
-            agent.outage.failed(exc, now_s)
-            raise
-        finally:
-            agent.cache.write_seconds.observe(time.perf_counter() - started)
-    return TickResult(snapshot, health, desired, patch, sent, attribution)
+__all__ = ["ApiWriter"]
 
 
 class ApiWriter:
-    """The thread (``kube-writer``) that runs ``api_round`` for the latest reading submitted.
+    """The thread (``kube-writer``) that runs ``write`` (``Agent.write``: a reading and the
+    agent-clock time it was read at -> what was written) for the latest reading submitted;
+    ``cache`` gets each result and counts what was superseded or failed.
 
     ``submit`` never blocks on the API; a reading submitted while another waits replaces it.
     Every failure is logged (once per outage) and counted, never raised: the thread goes on
     with the next reading. ``stop`` ends it after the round in flight."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(
+        self, write: Callable[[TickResult, float], TickResult], cache: SnapshotCache
+    ) -> None:
+        self.write, self.cache = write, cache
         self._cond = threading.Condition()
         self._pending: tuple[TickResult, float] | None = None
         self._stopped = False
@@ -91,7 +52,7 @@ class ApiWriter:
         """Write ``result`` (read at ``now_s``, agent clock) next; replaces one not started."""
         with self._cond:
             if self._pending is not None:
-                self.agent.cache.writes_superseded += 1
+                self.cache.writes_superseded += 1
             self._pending = (result, now_s)
             self._cond.notify()
 
@@ -110,9 +71,7 @@ class ApiWriter:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        from .agent import AgentStopping
-
-        cache = self.agent.cache
+        cache = self.cache
         while True:
             with self._cond:
                 while self._pending is None and not self._stopped:
@@ -122,7 +81,7 @@ class ApiWriter:
                 result, now_s = self._pending  # type: ignore[misc]
                 self._pending = None
             try:
-                cache.replace(result, api_round(self.agent, result, now_s))
+                cache.replace(result, self.write(result, now_s))
             except AgentStopping:
                 return
             except KubeError:

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from prometheus_client import Histogram
 
@@ -16,7 +17,25 @@ from ..core.patch import MergePatch
 from ..core.render import Desired
 from ..core.snapshot import NodeSnapshot
 
-__all__ = ["SnapshotCache", "TickResult"]
+__all__ = ["AgentStopping", "Runner", "SnapshotCache", "TickResult"]
+
+
+class AgentStopping(RuntimeError):
+    """``tick()`` was called after ``stop()``: nothing is read or written any more."""
+
+
+class Runner(Protocol):
+    """What runs an agent on its schedule (``agent.daemon.Daemon``), as the probes see it."""
+
+    @property
+    def running(self) -> bool:
+        """True while the schedule runs."""
+        ...
+
+    @property
+    def watchdog(self) -> Any:
+        """The watchdog thread (``agent.watchdog.Watchdog``), or ``None`` before the start."""
+        ...
 
 
 @dataclass(frozen=True)

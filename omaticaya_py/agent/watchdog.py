@@ -81,7 +81,8 @@ class SteadyTrigger(BaseTrigger):
 
 
 class Watchdog:
-    """One thread (``watchdog``) over one agent's scheduler and cache; ``check()`` is one look.
+    """One thread (``watchdog``) over one agent's cache and the APScheduler ``scheduler`` that
+    ticks it (``None``: steps are counted, no job is moved); ``check()`` is one look.
 
     ``wall`` and ``monotonic`` are the clocks compared for steps (Unix and monotonic seconds;
     injectable for tests, as is the agent's own clock for the stuck-tick rule). ``steps``
@@ -90,12 +91,13 @@ class Watchdog:
     def __init__(
         self,
         agent: Agent,
+        scheduler: Any = None,
         *,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         check_s: float | None = None,
     ) -> None:
-        self.agent = agent
+        self.agent, self.scheduler = agent, scheduler
         self.wall, self.monotonic = wall, monotonic
         self.check_s = check_s if check_s is not None else min(1.0, agent.period_s)
         self.steps = 0
@@ -135,7 +137,7 @@ class Watchdog:
         self._offset_s = offset_s
         if step_s:
             self.steps += 1
-        scheduler = self.agent.scheduler
+        scheduler = self.scheduler
         if scheduler is None or not scheduler.running:
             return step_s
         job = scheduler.get_job(JOB_ID)

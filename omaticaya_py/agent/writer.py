@@ -43,7 +43,7 @@ from ..kube import NodeClient
 from .liveness import Liveness
 from .state import SnapshotCache
 
-__all__ = ["NodeWriter"]
+__all__ = ["NodeWriter", "remove_keys"]
 
 
 class NodeWriter:
@@ -228,10 +228,24 @@ class NodeWriter:
         or ``None`` when there was nothing to remove (or no API)."""
         if self.node is None:
             return None
-        current = self.node.get_node()
-        prefix = self.settings.prefix
-        keep = [k for k in current.labels if keep_static and is_static(k, prefix)]
-        patch = removal_patch(current, prefix, keep=keep)
-        if patch is not None and not self.dry_run:
-            self.meta = self.node.patch_node(patch)
+        patch, meta = remove_keys(
+            self.node, self.settings.prefix, keep_static=keep_static, dry_run=self.dry_run
+        )
+        if meta is not None:
+            self.meta = meta
         return patch
+
+
+def remove_keys(
+    node: NodeClient, prefix: str, *, keep_static: bool, dry_run: bool = False
+) -> tuple[MergePatch | None, NodeMeta | None]:
+    """Remove every key under ``prefix`` from the Node (the hardware-fact labels stay with
+    ``keep_static``), reading it first: the cache may be stale after an outage. Returns the
+    patch (``None``: nothing to remove) and the Node as the patch left it (``None``: nothing
+    sent, or ``dry_run``). Raises ``KubeError``."""
+    current = node.get_node()
+    keep = [k for k in current.labels if keep_static and is_static(k, prefix)]
+    patch = removal_patch(current, prefix, keep=keep)
+    if patch is None or dry_run:
+        return patch, None
+    return patch, node.patch_node(patch)

@@ -12,7 +12,7 @@ from typing import Any
 from ..core.schema import TELEMETRY, parse_gpu_readings
 from ..core.settings import Settings, SettingsError, load_settings
 from .errors import UsageError, print_lines
-from .inputs import NoReader, node_client, reader
+from .inputs import node_client, reader
 from .parser import AGENT_SETTINGS_FLAGS
 
 __all__ = ["agent_command", "show_text"]
@@ -47,14 +47,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         print(show_text(agent.evaluate(), args.json))
         return 0
     if args.command == "cleanup":
-        agent = Agent(settings, NoReader(), node_client(settings, args))
-        patch = agent.cleanup(keep_static=False)
-        removed = sum(len(v) for v in (patch or {}).get("metadata", {}).values())
-        # and its Lease, whoever holds it, where the agent's namespace is known (POD_NAMESPACE)
-        lease = agent.lease.ref if agent.lease is not None and agent.lease.delete() else None
-        print(f"removed {removed} keys under {settings.prefix}/ from Node {settings.node_name}"
-              + (f" and Lease {lease}" if lease else ""))
-        return 0
+        return _cleanup(args, settings)
     if args.command == "once":
         return _once(args, settings)
     if args.command == "device-plugin":  # the plugin alone: read and serve, label no Node
@@ -62,6 +55,24 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             args, settings.model_copy(update={"device_plugin": True}), label_node=False
         )
     return run_daemon(args, settings)
+
+
+def _cleanup(args: argparse.Namespace, settings: Settings) -> int:
+    """Remove every key under the prefix from the Node, and the agent's Lease, whoever holds
+    it, where the agent's namespace is known (``POD_NAMESPACE``). Raises ``KubeError``."""
+    import os
+
+    from ..agent.liveness import make_lease
+    from ..agent.writer import remove_keys
+
+    node = node_client(settings, args)
+    patch, _ = remove_keys(node, settings.prefix, keep_static=False)
+    removed = sum(len(v) for v in (patch or {}).get("metadata", {}).values())
+    lease = make_lease(settings, node, os.environ, settings.heartbeat_s, dry_run=False)
+    deleted = lease.ref if lease is not None and lease.delete() else None
+    print(f"removed {removed} keys under {settings.prefix}/ from Node {settings.node_name}"
+          + (f" and Lease {deleted}" if deleted else ""))
+    return 0
 
 
 def _once(args: argparse.Namespace, settings: Settings) -> int:

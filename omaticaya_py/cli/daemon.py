@@ -22,6 +22,7 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
     from loguru import logger
 
     from ..agent import Agent
+    from ..agent.daemon import Daemon
 
     gpus = reader(settings, args)
     if settings.fail_on_init_error:
@@ -33,8 +34,8 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
         agent = Agent(settings, gpus, node_client(settings, args))
     else:
         agent = Agent(settings, gpus, None, dry_run=True)
-    agent.install_signal_handlers()  # before any server starts: a SIGTERM must find them
-    server = None
+    daemon = Daemon(agent)
+    daemon.install_signal_handlers()  # before any server starts: a SIGTERM must find them
     if settings.metrics_port:
         from ..agent.metrics import serve
 
@@ -49,17 +50,11 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
                 f"cannot serve /metrics on {where}: {exc.strerror or exc}; set another "
                 "--metrics-port / OMATICAYA_METRICS_PORT (0: off) or OMATICAYA_METRICS_ADDRESS"
             ) from None
-    plugin = None
+        daemon.serve(None, server.shutdown)
     if settings.device_plugin and not agent.stopping:
         from ..deviceplugin import DevicePluginSet
 
         plugin = DevicePluginSet.from_settings(agent, settings)
-        plugin.start()
-    try:
-        agent.run()
-    finally:
-        if plugin is not None:
-            plugin.stop()
-        if server is not None:
-            server.shutdown()
+        daemon.serve(plugin.start, plugin.stop)
+    daemon.run()
     return 0

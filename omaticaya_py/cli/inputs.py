@@ -8,7 +8,7 @@ from typing import Any
 from ..core.settings import Settings
 from .errors import UsageError
 
-__all__ = ["NoReader", "node_client", "reader"]
+__all__ = ["node_client", "reader"]
 
 
 def reader(settings: Settings, args: argparse.Namespace) -> Any:
@@ -47,14 +47,3 @@ def node_client(settings: Settings, args: argparse.Namespace) -> Any:
     return NodeClient(
         settings.node_name, kubeconfig=args.kubeconfig, timeout_s=settings.kube_timeout_s
     )
-
-
-class NoReader:
-    """Reader for ``cleanup``, which reads no GPU."""
-
-    def read(self) -> Any:  # pragma: no cover - never called
-        """Never called: ``cleanup`` reads no GPU; raises ``RuntimeError``."""
-        raise RuntimeError("cleanup reads no GPU")
-
-    def close(self) -> None:
-        """Nothing to close."""
