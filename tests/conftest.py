@@ -5,15 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.chart import helm  # noqa: F401  (session fixture)
 from tests.devcluster import DevCluster, dev_cluster  # noqa: F401  (session fixture)
+from tests.helpers import H100_TRACE  # noqa: F401  (re-exported: tests import it from here too)
 
-DATA = Path(__file__).parent / "data"
-H100_TRACE = DATA / "h100-trace.json"
 _names = itertools.count()
 
 

@@ -20,6 +20,8 @@ DATA = Path(__file__).parent / "data"
 H100_TRACE = DATA / "h100-trace.json"
 FAULTS_TRACE = DATA / "faults-trace.json"
 MULTI_TRACE = DATA / "multi-gpu-trace.json"
+H100_MIG_TRACE = DATA / "h100-mig-trace.json"
+MIG_MIXED_TRACE = DATA / "mig-mixed-trace.json"
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_LABEL = "NVIDIA-H100-80GB-HBM3"

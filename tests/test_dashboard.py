@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import H100_TRACE
+from tests.helpers import FAULTS_TRACE
 from tests.tools import ToolUnavailable, promtool_path
 from tests.waiting import wait_for
 
 FILES = Path(__file__).resolve().parent.parent / "charts" / "omaticaya" / "files"
 DASHBOARD = FILES / "dashboard.json"
 ALERTS = FILES / "alerts.yaml"
-FAULTS_TRACE = H100_TRACE.parent / "faults-trace.json"
 METRIC = re.compile(r"\bomaticaya_[a-z0-9_]+\b")
 
 

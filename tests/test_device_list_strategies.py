@@ -32,9 +32,9 @@ from omaticaya_py.deviceplugin.strategies import (
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
 from tests.devcluster import REPO_ROOT
+from tests.helpers import MIG_MIXED_TRACE as MIG_MIXED
 from tests.test_device_plugin import FakeKubelet
 
-MIG_MIXED = Path(__file__).parent / "data" / "mig-mixed-trace.json"
 GPU0 = "GPU-178dd196-7fda-b7ae-a94e-630097a14ca4"  # mig-mixed-trace: GPU 0, MIG on
 GPU1 = "GPU-e26e8cb2-ee20-51d1-b6bb-da4b063db955"  # mig-mixed-trace: GPU 1, whole
 MIG = "MIG-d025794b-fcd4-51e5-8806-c3410fd5a3ac"  # GPU 0's first 1g.10gb device

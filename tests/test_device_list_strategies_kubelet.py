@@ -26,12 +26,12 @@ import pytest
 
 from omaticaya_py.deviceplugin.strategies import cdi_annotation_key
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.helpers import MULTI_TRACE as TRACE
 from tests.kubelet import kubelet_node, stop_plugin
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-TRACE = Path(__file__).parent / "data" / "multi-gpu-trace.json"
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(8)]
 RESOURCE = "example.com/gpu"
 SHARED = "omaticaya.io/gpu-memory"

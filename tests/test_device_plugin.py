@@ -28,9 +28,9 @@ from omaticaya_py.deviceplugin import (
 )
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
+from tests.helpers import FAULTS_TRACE
 from tests.waiting import wait_for
 
-FAULTS_TRACE = Path(__file__).parent / "data" / "faults-trace.json"
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(4)]
 RESOURCE = "example.com/gpu"
 

@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.helpers import FAULTS_TRACE
 from tests.kubelet import PLUGIN_DIR, kubelet_node, stop_plugin
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-FAULTS_TRACE = Path(__file__).parent / "data" / "faults-trace.json"
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(4)]
 RESOURCE = "nvidia.com/gpu"
 CHECKPOINT = PLUGIN_DIR / "kubelet_internal_checkpoint"

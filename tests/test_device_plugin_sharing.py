@@ -40,7 +40,7 @@ from omaticaya_py.deviceplugin.slices import (
 )
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
-from tests.helpers import MULTI_TRACE, Clock, settings
+from tests.helpers import MIG_MIXED_TRACE, MULTI_TRACE, Clock, settings
 from tests.test_device_plugin import FakeKubelet, folder  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -433,7 +433,7 @@ def test_units_appear_with_the_first_reading_without_a_trace(folder: Path) -> No
 
 
 def test_mig_gpus_are_never_shared(folder: Path) -> None:
-    mixed = Path(__file__).parent / "data" / "mig-mixed-trace.json"  # GPU 0 MIG, GPU 1 whole
+    mixed = MIG_MIXED_TRACE  # GPU 0 MIG, GPU 1 whole
     s = settings(trace=str(mixed), device_plugin_dir=str(folder), shared_gpus="all")
     doc = json.loads(mixed.read_text())
     whole_uuid = doc["devices"][1]["uuid"]

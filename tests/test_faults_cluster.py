@@ -27,6 +27,7 @@ from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_events
 from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
+from tests.helpers import FAULTS_TRACE
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -331,7 +332,6 @@ def test_without_nvml_health_is_unknown_and_numbers_are_absent(dev_cluster, admi
     assert agent.reader.errors[("nvmlInit", result.snapshot.error)] == 2
 
 
-FAULTS_TRACE = H100_TRACE.parent / "faults-trace.json"
 
 
 def test_fault_trace_gives_the_right_labels_and_events(dev_cluster, admin_api, make_node):

@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.metrics import AgentCollector, readiness, serve
+from omaticaya_py.agent.metrics import agent_registry, readiness, serve
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE
-from tests.helpers import settings
+from tests.helpers import FAULTS_TRACE, settings
 from tests.waiting import wait_for
 
 MIB = 1024 * 1024
@@ -31,7 +31,7 @@ MIB = 1024 * 1024
 
 def collect(agent: Agent) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agent))
+    agent_registry(agent, registry)
     return registry
 
 
@@ -71,7 +71,7 @@ def test_collector_reads_the_cache_only():
 
 def test_unhealthy_gpus_are_counted_by_reason():
     """The faults trace at 12 s: GPU 1's remapped rows are pending; at 21 s GPU 2 has Xid 79."""
-    faults = H100_TRACE.parent / "faults-trace.json"
+    faults = FAULTS_TRACE
     uuid = "GPU-{:08d}-7fda-b7ae-a94e-630097a14ca4".format
     reader = TraceReader(faults, at_s=12.0)
     agent = Agent(load_settings(node_name="n", xid_quiet_s=600), reader, None)

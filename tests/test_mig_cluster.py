@@ -24,15 +24,14 @@ from omaticaya_py.core.schema import STATIC_NAMES
 from tests import nvmltestlib  # (its testlib_env would be collected as a test if imported)
 from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.helpers import H100_MIG_TRACE as H100_MIG
+from tests.helpers import MIG_MIXED_TRACE as MIG_MIXED
 from tests.kubelet import PLUGIN_DIR, kubelet_node, stop_plugin
 from tests.test_mig import H100_MIG_AT_15
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster]
 
-DATA = Path(__file__).parent / "data"
-H100_MIG = DATA / "h100-mig-trace.json"
-MIG_MIXED = DATA / "mig-mixed-trace.json"
 P = "omaticaya.io/"
 RESOURCE = "example.com/gpu"  # MIG profiles then are example.com/mig-<profile>
 MIG_RESOURCE = "example.com/mig-1g.10gb"

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests import nvmltestlib
+from tests.helpers import DATA
+from tests.helpers import FAULTS_TRACE as FAULTS
+from tests.helpers import MIG_MIXED_TRACE as MIG_MIXED
 from tests.nvmltestlib import NvmlWorker
 from tests.waiting import wait_for
 
@@ -20,9 +23,6 @@ pytestmark = pytest.mark.skipif(
     reason=str(nvmltestlib.testlib_unavailable_reason()),
 )
 
-DATA = Path(__file__).parent / "data"
-FAULTS = DATA / "faults-trace.json"
-MIG_MIXED = DATA / "mig-mixed-trace.json"
 
 
 def index_at(trace: Path, t: float) -> int:

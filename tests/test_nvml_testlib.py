@@ -18,6 +18,10 @@ import pynvml
 import pytest
 
 from omaticaya_py.core.snapshot import ARCHITECTURES
+from tests.helpers import DATA
+from tests.helpers import FAULTS_TRACE as FAULTS
+from tests.helpers import H100_TRACE as H100
+from tests.helpers import MULTI_TRACE as MULTI
 from tests.nvmltestlib import (  # noqa: F401  (fixtures: testlib, nvml_worker)
     build_testlib,
     nvml_worker_fixture,
@@ -25,10 +29,6 @@ from tests.nvmltestlib import (  # noqa: F401  (fixtures: testlib, nvml_worker)
 )
 from tests.waiting import wait_for
 
-DATA = Path(__file__).parent / "data"
-H100 = DATA / "h100-trace.json"
-MULTI = DATA / "multi-gpu-trace.json"
-FAULTS = DATA / "faults-trace.json"
 MIB = 1024 * 1024
 NOT_SUPPORTED = {"nvml_error": "NVMLError_NotSupported", "message": "Not Supported"}
 

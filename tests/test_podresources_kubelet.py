@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
-from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.attribution import ContainerDevices, PodRef
 from omaticaya_py.kube.podresources import (
     DEFAULT_SOCKET,
@@ -44,10 +44,10 @@ from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.procs import read_pod_refs
 from omaticaya_py.sources.replay import TraceReader
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.helpers import MULTI_TRACE as TRACE
 from tests.kubelet import kubelet_node, stop_plugin
 from tests.waiting import wait_for
 
-TRACE = Path(__file__).parent / "data" / "multi-gpu-trace.json"
 UUIDS = {d["uuid"] for d in json.loads(TRACE.read_text())["devices"]}
 RESOURCE = "nvidia.com/gpu"
 IMAGE = "omaticaya.local/busybox:1"
@@ -294,7 +294,7 @@ def _held_series(agent: Agent) -> set[tuple[str, ...]]:
     pod on the agent's /metrics collector."""
     agent.tick()
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agent))
+    agent_registry(agent, registry)
     family = registry.collect()
     return {
         (s.labels["uuid"], s.labels["pod"], s.labels["namespace"], s.labels["container"])

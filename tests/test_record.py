@@ -14,15 +14,14 @@ import pytest
 
 from omaticaya_py.sources.replay import TraceReader, load_trace
 from tests import nvmltestlib
+from tests.helpers import FAULTS_TRACE as FAULTS
+from tests.helpers import MIG_MIXED_TRACE as MIG_MIXED
 
 pytestmark = pytest.mark.skipif(
     nvmltestlib.testlib_unavailable_reason() is not None,
     reason=str(nvmltestlib.testlib_unavailable_reason()),
 )
 
-DATA = Path(__file__).parent / "data"
-MIG_MIXED = DATA / "mig-mixed-trace.json"
-FAULTS = DATA / "faults-trace.json"
 
 
 def record(

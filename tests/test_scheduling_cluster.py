@@ -38,13 +38,13 @@ import pytest
 import yaml
 
 from tests.devcluster import DevCluster
+from tests.helpers import H100_TRACE
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "scheduler"
-H100_TRACE = REPO / "tests" / "data" / "h100-trace.json"
 MIB = 1024 * 1024
 TTL_S, GRACE_S = 4.0, 1.0
 

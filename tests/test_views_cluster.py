@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import H100_TRACE
+from tests.helpers import FAULTS_TRACE
 from tests.tools import ToolUnavailable, kubectl_path
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
 P = "omaticaya.io/"
-FAULTS_TRACE = H100_TRACE.parent / "faults-trace.json"
 BIN = Path(sys.executable).parent
 
 
