@@ -172,3 +172,22 @@ def test_a_broken_link_and_a_missing_path_are_found(tmp_path: Path) -> None:
         "docs/probe.md:7: tests/no_such_test.py",
         "docs/probe.md:7: tests/x*.py",
     ]
+
+
+def _layout_block(text: str) -> str:
+    """The ``omaticaya_py/`` tree drawn in docs/development.md's Layout section."""
+    start = text.index("```\nomaticaya_py/")
+    return text[start : text.index("\n```", start + 3)]
+
+
+def test_the_layout_names_only_modules_that_exist() -> None:
+    """Each ``name.py`` in docs/development.md's layout is a file of the repository (by name:
+    the tree's indentation says where), so a rename that forgets the layout fails here."""
+    block = _layout_block((REPO / "docs" / "development.md").read_text())
+    named = set(re.findall(r"\b([a-z_0-9]+\.py)\b", block))
+    here = {
+        path.name
+        for top in ("omaticaya_py", "tests", "scripts", "bench", "devtools")
+        for path in (REPO / top).rglob("*.py")
+    }
+    assert sorted(named - here) == []
