@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
-from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.budget import urgent
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.deviceplugin.allocation import preferred
@@ -142,7 +142,7 @@ def test_telemetry_labels_and_metrics_say_who_uses_the_gpu(rig):
     assert not any(k.endswith("out-of-band-mib") for k in labels if "gpu-0." not in k)
 
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agent))
+    agent_registry(agent, registry)
     on_gpu0 = {"gpu": "0", "uuid": uuids[0]}
     held = {"pod": "train-0", "namespace": "ml", "container": "trainer"}
     used = registry.get_sample_value("omaticaya_gpu_memory_used_bytes", {**on_gpu0, **held})

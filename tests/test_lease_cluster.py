@@ -15,7 +15,7 @@ from loguru import logger
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
-from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
@@ -212,7 +212,7 @@ def test_budget_holds_a_rise_and_sends_a_drop_at_once(dev_cluster, admin_api, ma
     assert free() >= idle - 2048
     assert int(node_metadata(admin_api, node)[0][P + "gpu.utilization-pct"]) <= 10
     held = [
-        m for m in AgentCollector(agent).collect() if m.name == "omaticaya_patches_held"
+        m for m in agent_registry(agent).collect() if m.name == "omaticaya_patches_held"
     ]
     assert held and held[0].samples[0].value == 2
     # one watch event per patch sent (5), none for the held-back ticks
@@ -306,7 +306,7 @@ def test_without_lease_rbac_the_agent_falls_back_and_says_so_once(
     assert len(said) == 1, lines
     assert agent.cache.lease_fallbacks == 1
     assert agent.node.requests[("renew", "403")] + agent.node.requests[("get", "403")] == 1
-    metrics = {m.name: m for m in AgentCollector(agent).collect()}
+    metrics = {m.name: m for m in agent_registry(agent).collect()}
     assert metrics["omaticaya_lease_fallbacks"].samples[0].value == 1
     assert metrics["omaticaya_heartbeat_on_lease"].samples[0].value == 0
 

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
-from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
 from tests.test_device_plugin_sharing import UUID, write_sharing_trace
@@ -74,7 +74,7 @@ def test_the_agent_sees_the_kubelets_slices(admin_api, dev_cluster, kubelet, plu
     assert result.desired.labels[P + "gpu.shared.memory.free-mib"] == str(max(rooms) // 1024 * 1024)
 
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agent))
+    agent_registry(agent, registry)
     assert registry.get_sample_value("omaticaya_pod_gpu_memory_limit_bytes", {
         "gpu": str(index), "uuid": UUID[index], "pod": "agent-slice", "namespace": "default",
         "container": "c",

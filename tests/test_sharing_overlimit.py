@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
-from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.agent.slices import OVER_LIMIT
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.core.sharing import unit_ids
@@ -150,7 +150,7 @@ def test_over_limit_event_once_per_episode_telemetry_and_metrics(shared_rig, adm
     assert labels[P + "gpu.shared.memory.free-mib"] == str(min(gpu0_free, 71 * 1024) // 1024 * 1024)
 
     registry = CollectorRegistry()
-    registry.register(AgentCollector(agent))
+    agent_registry(agent, registry)
     key = {"gpu": "0", "uuid": uuids[0], "pod": "infer-0", "namespace": namespace,
            "container": "server"}  # fmt: skip
     assert registry.get_sample_value("omaticaya_pod_gpu_memory_limit_bytes", key) == 8192 * MIB

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.metrics import AgentCollector
+from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.health import XidLedger, XidPolicy, assess
 from omaticaya_py.core.render import telemetry
 from omaticaya_py.core.snapshot import NodeSnapshot, XidEvent
@@ -184,7 +184,7 @@ def test_a_restarted_agent_keeps_an_xid_unhealthy_until_the_window_ends(
     ]
     assert second.ledger.seeded == 1 and second.ledger.seed_refused == 0
     registry = CollectorRegistry()
-    registry.register(AgentCollector(second))
+    agent_registry(second, registry)
     assert registry.get_sample_value("omaticaya_xid_events_seeded_total") == 1
     assert registry.get_sample_value("omaticaya_xid_seed_refused_total") == 0
 
