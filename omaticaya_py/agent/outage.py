@@ -11,12 +11,44 @@ from __future__ import annotations
 import tenacity
 from loguru import logger
 
+from ..core.sayonce import SayOnce
 from ..kube import KubeError, KubeForbidden
 from .state import SnapshotCache
 
-__all__ = ["ApiOutage"]
+__all__ = ["ApiOutage", "Refusals"]
 
 MAX_PAUSE_S = 300.0
+OUTAGE = "api"  # the one key of ApiOutage's SayOnce
+
+
+class Refusals:
+    """Consecutive refusals, paced by tenacity's own retry loop: a ``Retrying`` that retries on
+    ``KubeForbidden`` with ``wait`` is driven one attempt per refusal, and the pause it would
+    sleep before the next attempt is returned instead of slept (the agent keeps ticking and
+    reading the GPUs meanwhile)."""
+
+    def __init__(self, wait: tenacity.wait.wait_base) -> None:
+        self._retrying = tenacity.Retrying(
+            wait=wait, retry=tenacity.retry_if_exception_type(KubeForbidden),
+            stop=tenacity.stop_never, sleep=self._pause,
+        )  # fmt: skip
+        self._pause_s = 0.0
+        self.reset()
+
+    def _pause(self, seconds: float) -> None:
+        self._pause_s = seconds
+
+    def reset(self) -> None:
+        """An API round went through: the next refusal is the first again."""
+        self._attempts = iter(self._retrying)
+        self._attempt = next(self._attempts)
+
+    def refused(self, exc: KubeForbidden) -> float:
+        """One more refusal: the seconds to pause before the next API request."""
+        with self._attempt:  # the attempt failed with ``exc`` (tenacity records it)
+            raise exc
+        self._attempt = next(self._attempts)  # tenacity waits (``_pause``), then the next one
+        return self._pause_s
 
 
 class ApiOutage:
@@ -24,10 +56,10 @@ class ApiOutage:
 
     def __init__(self, period_s: float, cache: SnapshotCache) -> None:
         self.cache = cache
-        self._pause = tenacity.wait_exponential(multiplier=period_s, min=0, max=MAX_PAUSE_S)
-        self._refusals = tenacity.RetryCallState(None, None, (), {})
-        self._refusals.attempt_number = 0  # consecutive 401/403 answers
-        self._failing_since: float | None = None
+        self._refusals = Refusals(
+            tenacity.wait_exponential(multiplier=period_s, min=0, max=MAX_PAUSE_S)
+        )
+        self._said: SayOnce[str, bool] = SayOnce()
         self._paused_until_s = float("-inf")
 
     def paused(self, now_s: float) -> bool:
@@ -37,20 +69,16 @@ class ApiOutage:
     def ok(self, now_s: float) -> None:
         """An API round went through."""
         self.cache.last_api_ok_s = now_s
-        self._refusals.attempt_number = 0
-        if self._failing_since is not None:
-            logger.info(
-                "Kubernetes API reachable again after {:.1f}s", now_s - self._failing_since
-            )
-            self._failing_since = None
+        self._refusals.reset()
+        over = self._said.end(OUTAGE)
+        if over is not None and over.since_s is not None:
+            logger.info("Kubernetes API reachable again after {:.1f}s", now_s - over.since_s)
 
     def failed(self, exc: KubeError, now_s: float) -> None:
         """An API request failed (after the edge's retries)."""
         if isinstance(exc, KubeForbidden):
-            self._refusals.attempt_number += 1
-            self._paused_until_s = now_s + self._pause(self._refusals)
-        if self._failing_since is None:
-            self._failing_since = now_s
+            self._paused_until_s = now_s + self._refusals.refused(exc)
+        if self._said.start(OUTAGE, True, now_s):
             hint = " (check RBAC)" if isinstance(exc, KubeForbidden) else ""
             logger.error("Kubernetes API request failed{}: {}; will retry each tick", hint, exc)
         else:
