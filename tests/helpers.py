@@ -148,10 +148,17 @@ def h100_static(count: int, *, product: str = H100_LABEL, total: int = H100_TOTA
 
 
 class Clock:
-    """A hand-driven monotonic clock: ``clock.t`` is what it says (seconds)."""
+    """A hand-driven monotonic clock: ``clock.t`` is what it says (seconds). Set ``t`` to move
+    it, or pass ``clock.sleep`` as the code's sleep: it records each nap (``sleeps``, seconds)
+    and moves the clock by it, so a wait that polls takes no real time."""
 
     def __init__(self, t: float = 0.0) -> None:
         self.t = t
+        self.sleeps: list[float] = []
 
     def __call__(self) -> float:
         return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.t += s

@@ -27,7 +27,7 @@ from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_events
 from tests.conftest import H100_TRACE, node_metadata
 from tests.faultproxy import Fault, FaultProxy
-from tests.helpers import FAULTS_TRACE
+from tests.helpers import FAULTS_TRACE, Clock
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -127,13 +127,13 @@ def test_forbidden_is_reported_and_not_hammered(dev_cluster, admin_api, make_nod
         node, environ=environ, token_file=str(token_file), ca_file=str(dev_cluster.ca_file),
         sleep=lambda s: None,
     )
-    clock = [0.0]
+    clock = Clock(0.0)
     settings = load_settings(node_name=node, schedule="@every 10s")
     agent = Agent(
-        settings, TraceReader(H100_TRACE, at_s=3.0), client, clock=lambda: clock[0]
+        settings, TraceReader(H100_TRACE, at_s=3.0), client, clock=clock
     )
     for tick in range(60):  # ten minutes of ticks
-        clock[0] = tick * 10.0
+        clock.t = tick * 10.0
         agent.safe_tick()
     # 10 s, 20 s, 40 s, 80 s, 160 s, then every 300 s: 6 tries in 600 s, not 60; and the one
     # GET at start that would carry Xid health over a restart (agent.xid_seed), refused too
@@ -338,15 +338,15 @@ def test_fault_trace_gives_the_right_labels_and_events(dev_cluster, admin_api, m
     """Xid 79 on GPU 2, remapped rows pending on GPU 1, GPU 3 lost, the driver gone: labels
     and Events at each point, and recovery without a restart."""
     node = make_node()
-    clock = [0.0]
+    clock = Clock(0.0)
     # recoveries on the Node at the tick they happen: no write budget (it would hold them)
     settings = load_settings(node_name=node, xid_quiet_s=8, min_patch_interval_s=0)
-    reader = TraceReader(FAULTS_TRACE, loop=False, window_s=1.0, clock=lambda: clock[0])
+    reader = TraceReader(FAULTS_TRACE, loop=False, window_s=1.0, clock=clock)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
-    agent = Agent(settings, reader, client, clock=lambda: clock[0])
+    agent = Agent(settings, reader, client, clock=clock)
     states: dict[int, dict[str, str]] = {}
     for t in range(40):
-        clock[0] = float(t)
+        clock.t = float(t)
         agent.tick()
         labels = node_metadata(admin_api, node)[0]
         states[t] = {k.removeprefix(P): v for k, v in labels.items() if k.startswith(P)}
@@ -390,18 +390,18 @@ def test_a_health_event_lost_to_an_outage_is_posted_on_the_next_tick(
     dev_cluster, admin_api, make_node, proxy, tmp_path
 ):
     node = make_node()
-    clock = [9.0]
+    clock = Clock(9.0)
     settings = load_settings(node_name=node)
     reader = TraceReader(FAULTS_TRACE, at_s=9.0)
     client = NodeClient(
         node, kubeconfig=str(proxy.kubeconfig(tmp_path / "kc")), attempts=2, sleep=lambda s: None
     )
-    agent = Agent(settings, reader, client, clock=lambda: clock[0])
+    agent = Agent(settings, reader, client, clock=clock)
     agent.tick()  # all healthy
-    reader.at_s = clock[0] = 10.0  # GPU 1: remapped rows pending
+    reader.at_s = clock.t = 10.0  # GPU 1: remapped rows pending
     proxy.inject(Fault("POST", status=503), Fault("POST", status=503))
     agent.tick()
-    reader.at_s = clock[0] = 11.0
+    reader.at_s = clock.t = 11.0
     agent.tick()
 
     events = admin_api.list_namespaced_event(

@@ -23,6 +23,7 @@ import yaml
 from omaticaya_py.cli import main
 from omaticaya_py.kube import ApiSession, KubeError
 from omaticaya_py.kube.workloads import DaemonSetStop, label_selector, owned_pods, stop_daemonset
+from tests.helpers import Clock
 
 NS, NAME, UID = "omaticaya", "omaticaya", "ds-uid-1"
 SELECTOR = {
@@ -184,28 +185,13 @@ def api(tmp_path: Path) -> Iterator[tuple[FakeApi, Path]]:
         server.server_close()
 
 
-class Clock:
-    """A clock that moves only when slept on."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.now += s
-
-
 def session(kubeconfig: Path) -> ApiSession:
     return ApiSession(kubeconfig=str(kubeconfig), attempts=1, sleep=lambda _s: None)
 
 
 def test_deletes_in_the_foreground_then_waits_for_its_own_pods(api):
     fake, kubeconfig = api
-    clock = Clock()
+    clock = Clock(100.0)  # moves only when slept on
     result = stop_daemonset(
         session(kubeconfig), NS, NAME, timeout_s=30, clock=clock, sleep=clock.sleep
     )
@@ -236,7 +222,7 @@ def test_a_daemonset_not_there_is_nothing_to_stop(api):
 def test_a_daemonset_already_being_deleted_is_waited_for_not_deleted_again(api):
     fake, kubeconfig = api
     fake.deleted = True  # a first hook attempt deleted it
-    clock = Clock()
+    clock = Clock(100.0)  # moves only when slept on
     result = stop_daemonset(
         session(kubeconfig), NS, NAME, timeout_s=30, clock=clock, sleep=clock.sleep
     )
@@ -256,7 +242,7 @@ def test_a_daemonset_gone_or_replaced_between_get_and_delete_is_waited_for(api, 
 def test_pods_left_at_the_timeout_are_named(api):
     fake, kubeconfig = api
     fake.lists_until_gone = None  # a NotReady node: its pod never goes
-    clock = Clock()
+    clock = Clock(100.0)  # moves only when slept on
     result = stop_daemonset(
         session(kubeconfig), NS, NAME, timeout_s=2.5, poll_s=1.0, clock=clock, sleep=clock.sleep
     )
