@@ -4,20 +4,22 @@ The agent's sub-commands (``run``, ``once``, ``show``, ``cleanup``, ``device-plu
 ``extender`` have a flag for each setting they use, generated from the settings class
 (``flags.SettingsFlags``); the other flags are written out here. A sub-command's flags are added
 when it is parsed (or its help shown), so that building the tree imports nothing that only one
-sub-command needs (the extender's settings load the scheduler: Starlette, uvicorn).
+sub-command needs (the extender's settings load the scheduler: Starlette, uvicorn; the agent's
+load pydantic and pydantic-settings, which ``top``, ``record`` and ``stop-daemonset`` do without).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from .. import __version__
-from ..core.settings import Settings
-from .flags import SettingsFlags
+if TYPE_CHECKING:
+    from .flags import SettingsFlags
 
-__all__ = ["AGENT_SETTINGS_FLAGS", "build_parser", "extender_settings_flags"]
+# and AGENT_SETTINGS_FLAGS, built on first use (see ``__getattr__``)
+__all__ = ["build_parser", "extender_settings_flags"]
 
 #: settings only the daemon (``run``) uses: ``once``, ``show`` and ``cleanup`` have no flag
 _DAEMON_ONLY = frozenset({
@@ -34,18 +36,33 @@ _DEVICE_PLUGIN_USES = frozenset({
 })  # fmt: skip
 _NODE_FLAG = {"node_name": "--node"}
 
-#: sub-command -> its flags for ``Settings`` (the agent's settings)
-AGENT_SETTINGS_FLAGS: dict[str, SettingsFlags] = {
-    "run": SettingsFlags(Settings, names=_NODE_FLAG),
-    "once": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
-    "show": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
-    "cleanup": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
-    "device-plugin": SettingsFlags(
-        Settings,
-        frozenset(Settings.model_fields) - _DEVICE_PLUGIN_USES,
-        {"device_plugin_resource": "--resource", "device_plugin_dir": "--plugin-dir"},
-    ),
-}
+
+@cache
+def _agent_settings_flags() -> dict[str, SettingsFlags]:
+    """Sub-command -> its flags for ``Settings`` (the agent's settings), built on first use."""
+    from ..core.settings import Settings
+    from .flags import SettingsFlags
+
+    return {
+        "run": SettingsFlags(Settings, names=_NODE_FLAG),
+        "once": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
+        "show": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
+        "cleanup": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
+        "device-plugin": SettingsFlags(
+            Settings,
+            frozenset(Settings.model_fields) - _DEVICE_PLUGIN_USES,
+            {"device_plugin_resource": "--resource", "device_plugin_dir": "--plugin-dir"},
+        ),
+    }
+
+
+def __getattr__(name: str) -> dict[str, SettingsFlags]:
+    """``AGENT_SETTINGS_FLAGS`` (sub-command -> its ``SettingsFlags``), built when first asked
+    for, so that importing the parser loads no pydantic (PEP 562)."""
+    if name == "AGENT_SETTINGS_FLAGS":
+        return _agent_settings_flags()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _KUBECONFIG_HELP = "kubeconfig path (default: in-cluster or $KUBECONFIG)"
 
@@ -57,6 +74,7 @@ def extender_settings_flags() -> SettingsFlags:
     """The ``extender``'s flags: one for each field of ``ExtenderSettings`` (imports the
     scheduler package)."""
     from ..scheduler.settings import ExtenderSettings
+    from .flags import SettingsFlags
 
     return SettingsFlags(ExtenderSettings)
 
@@ -93,6 +111,17 @@ class _SubParser(argparse.ArgumentParser):
         return super().format_help()
 
 
+class _Version(argparse.Action):
+    """``--version``: argparse's own, with the version read only when asked for (it reads the
+    installed package's metadata: ``importlib.metadata``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from .. import __version__
+
+        print(f"omaticaya {__version__}")  # stdout, as argparse's "version" action prints
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (sub-commands and their flags). ``parse_args`` gives a ``Namespace``
     with ``command`` (the sub-command's name) and one attribute per flag of it."""
@@ -100,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="omaticaya",
         description="Publish live NVIDIA GPU state (NVML) as Kubernetes Node labels.",
     )
-    parser.add_argument("--version", action="version", version=f"omaticaya {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="show program's version number and exit"
+    )
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_SubParser
     )
@@ -165,7 +196,7 @@ def _agent_flags(command: str, *more: _AddFlags) -> _AddFlags:
     """Adds the settings flags of the agent's sub-command ``command``, then ``more``."""
 
     def add(p: argparse.ArgumentParser) -> None:
-        AGENT_SETTINGS_FLAGS[command].add_to(p)
+        _agent_settings_flags()[command].add_to(p)
         for add_more in more:
             add_more(p)
 
