@@ -23,6 +23,7 @@ from tests.helpers import (
     H100,
     H100_TRACE,
     MULTI_TRACE,
+    Clock,
     h100_static,
     policy_of,
     prefixed,
@@ -216,12 +217,12 @@ def test_no_loop_holds_the_last_sample() -> None:
 
 
 def test_wall_clock_replay_covers_successive_windows_and_wraps() -> None:
-    t = [1000.0]
-    reader = TraceReader(H100_TRACE, window_s=2.0, clock=lambda: t[0])
+    clock = Clock(1000.0)
+    reader = TraceReader(H100_TRACE, window_s=2.0, clock=clock)
     seen = []
     prev = None
     for k in range(31):  # 0..60 s: more than two loops of 25.924 s
-        t[0] = 1000.0 + 2.0 * k
+        clock.t = 1000.0 + 2.0 * k
         snap = reader.read()
         now = 2.0 * k
         assert snap.clock_s == pytest.approx(now)
@@ -237,19 +238,19 @@ def test_wall_clock_replay_covers_successive_windows_and_wraps() -> None:
 
 
 def test_speed_factor() -> None:
-    t = [0.0]
-    reader = TraceReader(H100_TRACE, speed=4.0, clock=lambda: t[0])
+    clock = Clock(0.0)
+    reader = TraceReader(H100_TRACE, speed=4.0, clock=clock)
     reader.read()
-    t[0] = 3.75  # 15 s of trace time
+    clock.t = 3.75  # 15 s of trace time
     assert reader.read().clock_s == 15.0
 
 
 def test_xid_events_delivered_once_each_across_loops() -> None:
-    t = [0.0]
-    reader = TraceReader(FAULTS_TRACE, clock=lambda: t[0])
+    clock = Clock(0.0)
+    reader = TraceReader(FAULTS_TRACE, clock=clock)
     delivered: list[tuple[float, XidEvent]] = []
     for k in range(85):  # trace period is 40 s
-        t[0] = float(k)
+        clock.t = float(k)
         snap = reader.read()
         delivered.extend((snap.clock_s, e) for e in snap.xid_events)
     assert [(t, replace(e, uuid=None)) for t, e in delivered] == [

@@ -24,6 +24,7 @@ from omaticaya_py.scheduler import (
     parse_node,
 )
 from omaticaya_py.scheduler.staleness import LeaseState, NodeView, with_policy
+from tests.helpers import Clock
 from tests.waiting import wait_for
 
 P = "omaticaya.io/"
@@ -191,19 +192,19 @@ def test_a_live_agent_behind_by_10_minutes_is_fresh_while_its_values_change():
     stale with the extender's own count of seconds."""
     behind = parse_node("behind", HEALTHY, tele(read_at="2025-12-31T23:50:00Z",
                                                  expires_at="2025-12-31T23:55:30Z"))  # fmt: skip
-    mono = [1000.0]
+    mono = Clock(1000.0)
 
     def state(seen: Seen | None) -> NodeView:
         return with_policy(behind, {}, "omaticaya.io", seen)
 
     states: dict[str, Any] = {"behind": state(Seen(995.0, changed=True))}
-    client, _ = served(states, monotonic=lambda: mono[0])
+    client, _ = served(states, monotonic=mono)
     assert call(client, "filter", ["behind"])["NodeNames"] == ["behind"]
-    mono[0] = 995.0 + 330 + 60 + 1
+    mono.t = 995.0 + 330 + 60 + 1
     reason = call(client, "filter", ["behind"])["FailedNodes"]["behind"]
     assert "read_at unchanged for 391s (limit 390s)" in reason
     # never seen to change (the extender just started): its own clock is all there is
-    states["behind"] = state(Seen(mono[0], changed=False))
+    states["behind"] = state(Seen(mono.t, changed=False))
     assert (
         "expired at 2025-12-31T23:55:30Z"
         in call(client, "filter", ["behind"])["FailedNodes"]["behind"]
