@@ -1,12 +1,183 @@
-"""The extender's Prometheus metrics: one collector over its caches, problems, decisions and
-reservation ledger, read at scrape time (no I/O)."""
+"""The extender's Prometheus metrics: one small collector per source (the node cache and the
+problems found in Nodes, the API requests, the pod cache of in-flight placements, the Lease
+cache, the reservation ledger, the decisions), each given only what it reads and read at scrape
+time (no I/O); ``metrics_registry`` registers them. prometheus-client is imported when a
+registry is made or scraped, not with this module."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["metrics_registry"]
+__all__ = [
+    "ApiRequests",
+    "Decisions",
+    "LeaseCacheMetrics",
+    "LedgerMetrics",
+    "NodeCacheMetrics",
+    "PodCacheMetrics",
+    "metrics_registry",
+]
+
+
+def _counter(name: str, doc: str, labels: list[str], counts: Mapping[Any, int]) -> Any:
+    """A counter family with one sample per key of ``counts`` (a key: one label value, or a
+    tuple of them), in key order."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, n in sorted(counts.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], n)
+    return family
+
+
+class NodeCacheMetrics:
+    """The node cache (``kube.NodeCache``: ``len``, ``synced``, ``health()``, ``lists``,
+    ``events``, ``skipped``) and ``problems`` (``app.NodeProblems``: ``counts`` by problem):
+    ``omaticaya_extender_cache_nodes``, ``_cache_synced``, ``_cache_ready``,
+    ``_cache_lists_total``, ``_cache_events_total``, ``_nodes_skipped_total`` (Nodes whose
+    parsing raised) and ``_node_problems_total{problem}`` (Nodes whose telemetry turned
+    unusable)."""
+
+    def __init__(self, cache: Any, problems: Any) -> None:
+        self._cache = cache
+        self._problems = problems
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        cache = self._cache
+        yield GaugeMetricFamily(
+            "omaticaya_extender_cache_nodes", "Nodes in the cache.", value=len(cache)
+        )
+        yield GaugeMetricFamily(
+            "omaticaya_extender_cache_synced", "1 once the first LIST is stored.",
+            value=1 if cache.synced else 0,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "omaticaya_extender_cache_ready", "1 while the list+watch is alive and current.",
+            value=1 if cache.health()[0] else 0,
+        )  # fmt: skip
+        for name, doc, value in (
+            ("omaticaya_extender_cache_lists", "LISTs of every Node.", cache.lists),
+            ("omaticaya_extender_cache_events", "WATCH events received.", cache.events),
+            ("omaticaya_extender_nodes_skipped", "Nodes whose parsing raised (dropped).",
+             cache.skipped),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, doc, value=value)
+        yield _counter(
+            "omaticaya_extender_node_problems",
+            "Times a Node's GPU telemetry turned unusable, by problem.",
+            ["problem"], self._problems.counts,
+        )  # fmt: skip
+
+
+class ApiRequests:
+    """``omaticaya_extender_api_requests_total{verb,result}``: the node cache's requests
+    (``requests``: ``Informer.requests``, by ``(verb, HTTP status or "error")``)."""
+
+    def __init__(self, requests: Mapping[tuple[str, str], int]) -> None:
+        self._requests = requests
+
+    def collect(self) -> Iterator[Any]:
+        yield _counter(
+            "omaticaya_extender_api_requests", "Kubernetes API requests, by verb and result.",
+            ["verb", "result"], self._requests,
+        )  # fmt: skip
+
+
+class PodCacheMetrics:
+    """The pod cache of in-flight placements (``kube.PodCache``: ``len``, ``synced``,
+    ``events``) and ``pod_problems`` (``counts`` by problem; ``None``: none):
+    ``omaticaya_extender_inflight_pods`` (pods placed and not yet settled or gone),
+    ``_pod_cache_synced``, ``_pod_cache_events_total`` and ``_pods_skipped_total{problem}``."""
+
+    def __init__(self, pods: Any, pod_problems: Any = None) -> None:
+        self._pods = pods
+        self._counts: Mapping[str, int] = pod_problems.counts if pod_problems is not None else {}
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        pods = self._pods
+        yield GaugeMetricFamily(
+            "omaticaya_extender_inflight_pods",
+            "Pods placed through the extender that hold a placement (bound, not finished).",
+            value=len(pods),
+        )
+        yield GaugeMetricFamily(
+            "omaticaya_extender_pod_cache_synced", "1 once the first LIST of pods is stored.",
+            value=1 if pods.synced else 0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "omaticaya_extender_pod_cache_events", "Pod WATCH events received.", value=pods.events
+        )
+        yield _counter(
+            "omaticaya_extender_pods_skipped", "Pods that could not be read (not counted in "
+            "flight).", ["problem"], self._counts,
+        )  # fmt: skip
+
+
+class LeaseCacheMetrics:
+    """The Lease cache (``kube.LeaseCache``: ``len``, ``synced``, ``skipped``):
+    ``omaticaya_extender_cache_leases``, ``_lease_cache_synced`` and ``_leases_skipped_total``
+    (Lease events that could not be read)."""
+
+    def __init__(self, leases: Any) -> None:
+        self._leases = leases
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        leases = self._leases
+        yield GaugeMetricFamily(
+            "omaticaya_extender_cache_leases", "Leases in the cache.", value=len(leases)
+        )
+        yield GaugeMetricFamily(
+            "omaticaya_extender_lease_cache_synced", "1 once the first LIST of Leases "
+            "is stored.", value=1 if leases.synced else 0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "omaticaya_extender_leases_skipped", "Lease events that could not be read "
+            "(the Lease is dropped).", value=leases.skipped,
+        )  # fmt: skip
+
+
+class LedgerMetrics:
+    """The reservation ledger (``scheduler.ledger.Ledger``: ``reserved()``, ``counts``):
+    ``omaticaya_extender_reservations`` (held by the filter, not yet seen bound) and
+    ``_reservation_events_total{event}`` (reserved, confirmed, moved, expired)."""
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily(
+            "omaticaya_extender_reservations", "Reservations made by the filter and "
+            "not yet seen bound.", value=self._ledger.reserved(),
+        )  # fmt: skip
+        yield _counter(
+            "omaticaya_extender_reservation_events", "Reservations by event: reserved (the "
+            "filter narrowed a pod to a node), confirmed (seen bound there), moved "
+            "(bound elsewhere), expired (never seen bound).", ["event"], self._ledger.counts,
+        )  # fmt: skip
+
+
+class Decisions:
+    """``omaticaya_extender_decisions_total{verb,result,reason}``: per-node decisions
+    (``decisions.counts``: ``scheduler.decisions.Decisions``)."""
+
+    def __init__(self, decisions: Any) -> None:
+        self._decisions = decisions
+
+    def collect(self) -> Iterator[Any]:
+        yield _counter(
+            "omaticaya_extender_decisions",
+            "Per-node decisions, by verb, result and reason (scheduler/decisions.py).",
+            ["verb", "result", "reason"], self._decisions.counts,
+        )  # fmt: skip
 
 
 def metrics_registry(
@@ -17,120 +188,27 @@ def metrics_registry(
     decisions: Any = None,
     leases: Any = None,
     ledger: Any = None,
+    requests: Mapping[tuple[str, str], int] | None = None,
 ) -> Any:
-    """A prometheus-client ``CollectorRegistry`` over the node cache (``kube.NodeCache``) and
-    ``problems`` (``app.NodeProblems``): ``omaticaya_extender_cache_nodes`` (Nodes held), ``_cache_synced``,
-    ``_cache_ready`` (``cache.health()``), ``_cache_lists_total``, ``_cache_events_total``,
-    ``_nodes_skipped_total`` (Nodes whose parsing raised), ``_node_problems_total{problem}``
-    (Nodes whose telemetry turned unusable) and ``_api_requests_total{verb,result}``; with the
-    pod cache (``kube.PodCache`` of in-flight placements): ``_inflight_pods`` (pods placed and
-    not yet settled or gone), ``_pod_cache_synced``, ``_pod_cache_events_total`` and
-    ``_pods_skipped_total{problem}`` (pods that could not be read, from ``pod_problems``); with
-    ``decisions`` (``scheduler.decisions.Decisions``): ``_decisions_total{verb,result,reason}``;
-    with the lease cache (``kube.LeaseCache``): ``_cache_leases``, ``_lease_cache_synced`` and
-    ``_leases_skipped_total`` (Lease events that could not be read); with the ``ledger``
-    (``scheduler.ledger.Ledger``): ``_reservations`` (held by the filter, not yet seen bound)
-    and ``_reservation_events_total{event}`` (reserved, confirmed, moved, expired)."""
+    """A prometheus-client ``CollectorRegistry`` of the collectors above: the node cache and
+    ``problems`` always; the API requests with ``requests`` (the node cache's
+    ``Informer.requests``); the in-flight pods with ``pods`` (and ``pod_problems``); the
+    decisions, the Lease cache and the ledger with each."""
     from prometheus_client import CollectorRegistry
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    class _Collector:
-        def collect(self) -> Iterable[Any]:
-            yield GaugeMetricFamily(
-                "omaticaya_extender_cache_nodes", "Nodes in the cache.", value=len(cache)
-            )
-            yield GaugeMetricFamily(
-                "omaticaya_extender_cache_synced", "1 once the first LIST is stored.",
-                value=1 if cache.synced else 0,
-            )
-            yield GaugeMetricFamily(
-                "omaticaya_extender_cache_ready", "1 while the list+watch is alive and current.",
-                value=1 if cache.health()[0] else 0,
-            )
-            for name, doc, value in (
-                ("omaticaya_extender_cache_lists", "LISTs of every Node.", cache.lists),
-                ("omaticaya_extender_cache_events", "WATCH events received.", cache.events),
-                ("omaticaya_extender_nodes_skipped", "Nodes whose parsing raised (dropped).",
-                 cache.skipped),
-            ):  # fmt: skip
-                yield CounterMetricFamily(name, doc, value=value)
-            bad = CounterMetricFamily(
-                "omaticaya_extender_node_problems",
-                "Times a Node's GPU telemetry turned unusable, by problem.",
-                labels=["problem"],
-            )
-            for problem, n in sorted(problems.counts.items()):
-                bad.add_metric([problem], n)
-            yield bad
-            requests = CounterMetricFamily(
-                "omaticaya_extender_api_requests", "Kubernetes API requests, by verb and result.",
-                labels=["verb", "result"],
-            )
-            client = getattr(cache, "_client", None)
-            for (verb, result), n in sorted(getattr(client, "requests", {}).items()):
-                requests.add_metric([verb, result], n)
-            yield requests
-            if pods is not None:
-                yield from _pod_metrics(pods, pod_problems)
-            if leases is not None:
-                yield GaugeMetricFamily(
-                    "omaticaya_extender_cache_leases", "Leases in the cache.", value=len(leases)
-                )
-                yield GaugeMetricFamily(
-                    "omaticaya_extender_lease_cache_synced", "1 once the first LIST of Leases "
-                    "is stored.", value=1 if leases.synced else 0,
-                )  # fmt: skip
-                yield CounterMetricFamily(
-                    "omaticaya_extender_leases_skipped", "Lease events that could not be read "
-                    "(the Lease is dropped).", value=leases.skipped,
-                )  # fmt: skip
-            if ledger is not None:
-                yield GaugeMetricFamily(
-                    "omaticaya_extender_reservations", "Reservations made by the filter and "
-                    "not yet seen bound.", value=ledger.reserved(),
-                )  # fmt: skip
-                events = CounterMetricFamily(
-                    "omaticaya_extender_reservation_events", "Reservations by event: reserved (the "
-                    "filter narrowed a pod to a node), confirmed (seen bound there), moved "
-                    "(bound elsewhere), expired (never seen bound).", labels=["event"],
-                )  # fmt: skip
-                for event, n in sorted(ledger.counts.items()):
-                    events.add_metric([event], n)
-                yield events
-            if decisions is not None:
-                made = CounterMetricFamily(
-                    "omaticaya_extender_decisions",
-                    "Per-node decisions, by verb, result and reason (scheduler/decisions.py).",
-                    labels=["verb", "result", "reason"],
-                )
-                for key, n in sorted(decisions.counts.items()):
-                    made.add_metric(list(key), n)
-                yield made
-
+    collectors: list[Any] = [
+        NodeCacheMetrics(cache, problems),
+        ApiRequests(requests if requests is not None else {}),
+    ]
+    if pods is not None:
+        collectors.append(PodCacheMetrics(pods, pod_problems))
+    if leases is not None:
+        collectors.append(LeaseCacheMetrics(leases))
+    if ledger is not None:
+        collectors.append(LedgerMetrics(ledger))
+    if decisions is not None:
+        collectors.append(Decisions(decisions))
     registry = CollectorRegistry()
-    registry.register(_Collector())  # type: ignore[arg-type]
+    for collector in collectors:
+        registry.register(collector)
     return registry
-
-
-def _pod_metrics(pods: Any, pod_problems: Any) -> Iterable[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    yield GaugeMetricFamily(
-        "omaticaya_extender_inflight_pods",
-        "Pods placed through the extender that hold a placement (bound, not finished).",
-        value=len(pods),
-    )
-    yield GaugeMetricFamily(
-        "omaticaya_extender_pod_cache_synced", "1 once the first LIST of pods is stored.",
-        value=1 if pods.synced else 0,
-    )  # fmt: skip
-    yield CounterMetricFamily(
-        "omaticaya_extender_pod_cache_events", "Pod WATCH events received.", value=pods.events
-    )
-    skipped = CounterMetricFamily(
-        "omaticaya_extender_pods_skipped", "Pods that could not be read (not counted in flight).",
-        labels=["problem"],
-    )  # fmt: skip
-    for problem, n in sorted(getattr(pod_problems, "counts", {}).items()):
-        skipped.add_metric([problem], n)
-    yield skipped

@@ -84,7 +84,10 @@ def serve(
             target=settle_heap, args=(cache, pods), name="settle-heap", daemon=True
         ).start()
     app = create_app(
-        ext, metrics_registry(cache, problems, pods, pod_problems, ext.decisions, leases, ledger),
+        ext,
+        metrics_registry(
+            cache, problems, pods, pod_problems, ext.decisions, leases, ledger, cache.requests
+        ),
         preempt=preemptor(ext, settings.kubeconfig),
     )
     try:
