@@ -1,4 +1,6 @@
-"""Small builders for the pure-stage tests: readings, snapshots, settings, expected label maps.
+"""Small builders for the pure-stage tests: readings, snapshots, settings, expected label maps;
+and the pieces every kind of test shares: the paths of ``tests/data``, a hand-driven ``Clock``,
+``free_port``. (Waits: tests/waiting.py; the audit log: tests/audit.py; the chart: tests/chart.py.)
 
 Defaults are a healthy, idle NVIDIA H100 80GB HBM3 as the real trace (``tests/data/h100-trace.json``)
 records it: 81559 MiB total, 81079 MiB free, 40 C, 120 W, no ECC error, no remapped rows, no process.
@@ -6,6 +8,7 @@ records it: 81559 MiB total, 81079 MiB free, 40 C, 120 W, no ECC error, no remap
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -162,3 +165,11 @@ class Clock:
     def sleep(self, s: float) -> None:
         self.sleeps.append(s)
         self.t += s
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS's pick; a server started
+    soon after gets it unless another process races for it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAULTS_TRACE
+from tests.helpers import FAULTS_TRACE, free_port
 from tests.tools import ToolUnavailable, promtool_path
 from tests.waiting import wait_for
 
@@ -90,12 +89,6 @@ def test_alert_rules_check():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _names(exposition: str) -> set[str]:
     """Every metric name a scrape exposes: sample lines, and each family's series names (a
     counter's ``_total``, a histogram's ``_bucket``/``_sum``/``_count``) from ``# TYPE``."""
@@ -117,7 +110,7 @@ def _names(exposition: str) -> set[str]:
 def test_every_metric_named_is_in_a_real_scrape(dev_cluster, make_node):
     """An agent replaying the faults trace against the real API server, scraped."""
     node = make_node()
-    port = _free_port()
+    port = free_port()
     env = dict(dev_cluster.env(), NODE_NAME=node)
     proc = subprocess.Popen(
         [sys.executable, "-m", "omaticaya_py", "run", "--trace", str(FAULTS_TRACE),

@@ -5,7 +5,6 @@ the cache down, and ``/readyz`` must say when the list+watch is dead or stalled.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.error
 import urllib.request
@@ -19,15 +18,10 @@ from starlette.testclient import TestClient
 from omaticaya_py.kube import NodeCache
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, serve
 from tests.faultproxy import Fault, FaultProxy
+from tests.helpers import free_port
 from tests.waiting import wait_for
 
 P = "omaticaya.io/"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def telemetry(free_mib: Any = 40960, *, read_at: str | None = None) -> str:
@@ -50,7 +44,7 @@ class RunningExtender:
     """``extender.serve`` in a thread on a free port, against the dev cluster."""
 
     def __init__(self, kubeconfig: str, settings: dict[str, Any] | None = None, **kw: Any) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         settings = ExtenderSettings(  # type: ignore[call-arg]
             _env_file=None, port=self.port, kubeconfig=kubeconfig, **(settings or {})
         )

@@ -23,7 +23,7 @@ from omaticaya_py.agent.metrics import agent_registry, readiness, serve
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE
-from tests.helpers import FAULTS_TRACE, settings
+from tests.helpers import FAULTS_TRACE, free_port, settings
 from tests.waiting import wait_for
 
 MIB = 1024 * 1024
@@ -106,12 +106,6 @@ def test_readiness(read_ago_s, api_ago_s, ready, reason):
     agent.cache.last_read_ok_s = None if read_ago_s is None else now - read_ago_s
     agent.cache.last_api_ok_s = None if api_ago_s is None else now - api_ago_s
     assert readiness(agent, now) == (ready, reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> tuple[int, str]:

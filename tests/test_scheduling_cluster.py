@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from tests.devcluster import DevCluster
-from tests.helpers import H100_TRACE
+from tests.helpers import H100_TRACE, free_port
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -268,7 +268,7 @@ class ExtenderScheduler:
     ) -> None:
         from omaticaya_py.scheduler import ExtenderSettings, serve
 
-        port = _free_port()
+        port = free_port()
         settings = ExtenderSettings(
             address="127.0.0.1",
             port=port,
@@ -292,7 +292,7 @@ class ExtenderScheduler:
         config = yaml.safe_load((EXAMPLES / "scheduler-config-v1beta1.yaml").read_text())
         config["clientConnection"]["kubeconfig"] = str(cluster.kubeconfig)
         config["leaderElection"] = {"leaderElect": False}
-        health_port = _free_port()
+        health_port = free_port()
         config["healthzBindAddress"] = f"127.0.0.1:{health_port}"
         config["metricsBindAddress"] = f"127.0.0.1:{health_port}"
         config["profiles"][0]["schedulerName"] = name
@@ -325,14 +325,6 @@ class ExtenderScheduler:
             self.proc.kill()
         self.stop_event.set()
         self.thread.join(10)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
