@@ -27,6 +27,7 @@ from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
 from ..core.patch import MergePatch
 from ..core.render import Desired, render
+from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
@@ -110,7 +111,7 @@ class Agent:
             settings, node, self.liveness, self.cache, refresh_s=self.refresh_s,
             dry_run=dry_run, window=self.window,
         )
-        self._nvml_failing = False
+        self._said: SayOnce[str, bool] = SayOnce()  # NVML unreadable
         self._dropped_seen: set[tuple[str, str]] = set()
         #: held by each tick's read path (and by a whole ``tick()``)
         self.tick_lock = threading.Lock()
@@ -154,11 +155,11 @@ class Agent:
         return snapshot, health, desired
 
     def _log_nvml(self, snapshot: NodeSnapshot) -> None:
-        if snapshot.error is not None and not self._nvml_failing:
+        if snapshot.error is None:
+            if self._said.end("nvml") is not None:
+                logger.info("NVML readable again: {} GPUs", len(snapshot.gpus))
+        elif self._said.start("nvml", True):
             logger.error("NVML cannot be read ({}): gpu.health=Unknown, retrying", snapshot.error)
-        elif snapshot.error is None and self._nvml_failing:
-            logger.info("NVML readable again: {} GPUs", len(snapshot.gpus))
-        self._nvml_failing = snapshot.error is not None
 
     @property
     def lease(self) -> LeaseClient | None:

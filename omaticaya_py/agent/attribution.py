@@ -24,6 +24,7 @@ from typing import Any
 from loguru import logger
 
 from ..core.attribution import ContainerDevices, GpuAttribution, attribute
+from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from ..core.slices import stray_unit_ids
@@ -78,11 +79,11 @@ class Attribution:
         self.shared_resource = shared_resource
         self.skipped: Counter[str] = Counter()
         self.names: Callable[[], tuple[dict[str, tuple[str, str]], dict[str, str]]] | None = None
-        self._stray_said = False
         self.client = client_factory(socket_path) if socket_path is not None else None
         self.socket_path = socket_path
         self.errors: Counter[str] = Counter()
-        self._failing: str | None = None
+        #: said once: a kind of PodResources failure (until it answers again), stray unit IDs
+        self._said: SayOnce[str, str] = SayOnce()
 
     def observe(self, snapshot: NodeSnapshot) -> dict[str, GpuAttribution]:
         """Device ID -> ``GpuAttribution`` for this snapshot (``{}`` when NVML could not be
@@ -96,12 +97,11 @@ class Attribution:
         stray = stray_unit_ids(holders, (g.uuid for g in snapshot.gpus if g.uuid))
         if stray:
             self.skipped["unknown-gpu"] += len(stray)
-            if not self._stray_said:  # once: the kubelet's checkpoint names another node's GPUs
+            if self._said.start("stray", ""):  # once: the checkpoint names another node's GPUs
                 logger.warning(
                     "PodResources lists {} unit(s) of {} naming no GPU of this node (first: "
                     "{!r}); skipped, counted", len(stray), self.shared_resource, stray[0][:80],
                 )
-                self._stray_said = True
         pod_names, container_names = self.names() if self.names is not None else ({}, {})
         return attribute(
             processes, refs, holders, pod_names=pod_names, container_names=container_names
@@ -115,18 +115,16 @@ class Attribution:
         except PodResourcesError as exc:
             code = "absent" if isinstance(exc, PodResourcesAbsent) else getattr(exc, "code", "")
             self.errors[code or "unknown"] += 1
-            if self._failing != code:  # once per kind of failure, not every tick
+            if self._said.start("podresources", code):  # once per kind, not every tick
                 # no socket: not on a kubelet's node (or not mounted): expected, said quietly
                 log = logger.info if code == "absent" else logger.warning
                 log(
                     "no pod attribution from the kubelet ({}); GPUs are published without "
                     "their pods, retrying each tick", exc,
                 )
-            self._failing = code
             return ()
-        if self._failing is not None:
+        if self._said.end("podresources") is not None:
             logger.info("kubelet PodResources answering again on {}", self.socket_path)
-            self._failing = None
         return tuple(
             a for a in listed
             if a.resource_name.startswith(GPU_RESOURCE_PREFIX)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from loguru import logger
 
+from ..core.sayonce import SayOnce
 from ..core.schema import Telemetry
 from ..core.settings import Settings
 from ..kube import KubeError, KubeForbidden, LeaseClient, NodeClient
@@ -19,6 +20,8 @@ from ..kube.heartbeat_lease import lease_name, lease_namespace
 from .state import SnapshotCache
 
 __all__ = ["Liveness", "make_lease"]
+
+RENEWAL = "renewal"  # the key of a Lease renewal failing
 
 
 def make_lease(
@@ -58,7 +61,7 @@ class Liveness:
         self.cache = cache
         self.telemetry_at_s: float | None = None  # last write of the annotation
         self.lease_at_s: float | None = None  # last renewal of the Lease
-        self._failing = False
+        self._said: SayOnce[str, bool] = SayOnce()  # a renewal failing
 
     def annotation_due(self, now_s: float) -> bool:
         """Whether the Node's telemetry annotation is due for its heartbeat rewrite: never while
@@ -112,9 +115,8 @@ class Liveness:
         except KubeError as exc:
             self._failed(exc)
             return False
-        if self._failing:
+        if self._said.end(RENEWAL) is not None:
             logger.info("Lease {} renewed again", self.lease.ref)
-        self._failing = False
         self.lease_at_s = now_s
         self.cache.lease_renewals += 1
         return True
@@ -122,9 +124,8 @@ class Liveness:
     def _failed(self, exc: KubeError) -> None:
         assert self.lease is not None
         self.cache.lease_failures += 1
-        if not self._failing:
+        if self._said.start(RENEWAL, True):
             logger.error("could not renew Lease {}: {}; retrying each tick", self.lease.ref, exc)
-        self._failing = True
 
     def release(self, delete: bool = False) -> None:
         """Release the Lease on exit (if one was ever renewed); ``delete``: delete it instead

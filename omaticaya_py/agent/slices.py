@@ -20,6 +20,7 @@ from loguru import logger
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ..core.attribution import GpuAttribution
+from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.slices import PodIdentity, Sharing, episodes, gpu_slices, is_shared, over_limit
 from ..core.snapshot import NodeSnapshot
@@ -114,7 +115,7 @@ class SliceWatch:
         self.posted: Counter[str] = posted if posted is not None else Counter()
         self.errors: Counter[str] = Counter()
         self._reported: frozenset[tuple[str, str, str, str]] = frozenset()
-        self._said: set[str] = set()
+        self._said: SayOnce[str, bool] = SayOnce()  # failures, by kind
 
     def round(
         self,
@@ -173,9 +174,8 @@ class SliceWatch:
 
     def _fail(self, kind: str, exc: KubeError) -> None:
         self.errors[kind] += 1
-        if kind not in self._said:  # once per kind: RBAC does not change tick to tick
+        if self._said.start(kind, True):  # once per kind: RBAC does not change tick to tick
             logger.warning("shared GPU slices: {} ({}); retrying next round", kind, exc)
-            self._said.add(kind)
 
 
 def slice_families(

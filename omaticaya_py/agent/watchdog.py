@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from apscheduler.triggers.base import BaseTrigger
 from loguru import logger
 
+from ..core.sayonce import SayOnce
 from ..core.schedule import clock_step, run_after_step
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["JOB_ID", "SteadyTrigger", "Watchdog"]
 
+STUCK = "stuck"  # the key of a stuck tick
 #: the id of the tick's job in the agent's scheduler
 JOB_ID = "tick"
 
@@ -102,7 +104,7 @@ class Watchdog:
         self.check_s = check_s if check_s is not None else min(1.0, agent.period_s)
         self.steps = 0
         self._offset_s = wall() - monotonic()
-        self._stuck = False  # the stuck line went out, the recovery line not yet
+        self._said: SayOnce[str, bool] = SayOnce()  # the stuck line went out, not the recovery
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -174,8 +176,7 @@ class Watchdog:
         cache = self.agent.cache
         now_s = cache.clock()
         if cache.tick_overdue(now_s):
-            if not self._stuck:
-                self._stuck = True
+            if self._said.start(STUCK, True):
                 age_s = cache.tick_age_s(now_s)
                 if cache.tick_stage is not None and cache.tick_started_wall_s is not None:
                     where = (
@@ -190,8 +191,7 @@ class Watchdog:
                     age_s, self.agent.settings.stuck_tick_periods, self.agent.period_s, where,
                 )
             return True
-        if self._stuck:
-            self._stuck = False
+        if self._said.end(STUCK) is not None:
             logger.info("tick no longer stuck: one finished {:.1f}s ago", cache.tick_age_s(now_s))
         return False
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from loguru import logger as log
 
+from ..core.sayonce import SayOnce
 from ..core.schema import NodeGpuState
 from ..serving import metrics_route
 from .metrics import metrics_registry
@@ -52,6 +53,21 @@ def args_problem(args: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _said(
+    said: SayOnce[str, str], lock: threading.Lock, counts: Counter[str], name: str,
+    problem: str | None,
+) -> bool | None:
+    """``problem`` (``None``: none) holds for ``name`` now: True when it is a new one (counted),
+    False when one ended, ``None`` when nothing changed (nothing to say)."""
+    with lock:
+        if problem is None:
+            return False if said.end(name) is not None else None
+        if not said.start(name, problem):
+            return None
+        counts[problem] += 1
+        return True
+
+
 class NodeProblems:
     """Bad Node data seen by the cache, logged once per Node and problem and counted.
 
@@ -63,45 +79,31 @@ class NodeProblems:
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
-        self._current: dict[str, str] = {}
-        self._judged: dict[str, str] = {}
+        self._current: SayOnce[str, str] = SayOnce()  # the cache's view, by node
+        self._judged: SayOnce[str, str] = SayOnce()  # found at judging time, by node
         self._lock = threading.Lock()
 
     @property
     def flagged(self) -> Mapping[str, str]:
         """Names with a problem found at judging time on record (read-only use): the others
         need not be told that they judged well (``narrow.flagged_of``)."""
-        return self._judged
+        return self._judged.current
 
     def judged(self, name: str, problem: str | None, detail: str = "") -> None:
         """Record the problem found while judging node ``name`` (``None``: none), logging and
         counting it when it is new for that node. Cheap when there is none, as for most."""
         if problem is None and name not in self._judged:
             return
-        with self._lock:
-            before = self._judged.get(name)
-            if problem == before:
-                return
-            if problem is None:
-                self._judged.pop(name, None)
-            else:
-                self._judged[name] = problem
-                self.counts[problem] += 1
+        if _said(self._judged, self._lock, self.counts, name, problem) is None:
+            return
         if problem is None:
             log.info("node {}: GPU telemetry judged usable again", name)
         else:
             log.warning("node {}: {} ({})", name, problem, detail)
 
     def _set(self, name: str, problem: str | None, detail: str = "") -> None:
-        with self._lock:
-            before = self._current.get(name)
-            if problem == before:
-                return
-            if problem is None:
-                self._current.pop(name, None)
-            else:
-                self._current[name] = problem
-                self.counts[problem] += 1
+        if _said(self._current, self._lock, self.counts, name, problem) is None:
+            return
         if problem is None:
             log.info("node {}: GPU telemetry usable again", name)
         else:
@@ -123,22 +125,18 @@ class LeaseProblems:
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
-        self._current: dict[str, str] = {}
+        self._current: SayOnce[str, str] = SayOnce()
         self._lock = threading.Lock()
 
     def good(self, name: str) -> None:
-        with self._lock:
-            if self._current.pop(name, None) is None:
-                return
+        if _said(self._current, self._lock, self.counts, name, None) is None:
+            return
         log.info("Lease {}: readable again", name)
 
     def skipped(self, name: str, exc: Exception) -> None:
         problem = str(exc)[:200]
-        with self._lock:
-            if self._current.get(name) == problem:
-                return
-            self._current[name] = problem
-            self.counts[problem] += 1
+        if _said(self._current, self._lock, self.counts, name, problem) is None:
+            return
         log.warning("Lease {}: {} (skipped: the nodes naming it are stale)", name, problem)
 
 

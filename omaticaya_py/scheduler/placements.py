@@ -15,6 +15,7 @@ from typing import Any
 
 from loguru import logger as log
 
+from ..core.sayonce import SayOnce
 from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .inflight import ASSUME_S, Placement
@@ -93,16 +94,13 @@ class PodProblems:
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
-        self._seen: dict[str, str] = {}
+        self._seen: SayOnce[str, str] = SayOnce(max_keys=10_000)  # bounded: the oldest goes
         self._lock = threading.Lock()
 
     def skipped(self, key: str, exc: Exception) -> None:
         problem = f"skipped: {type(exc).__name__}"
         with self._lock:
             self.counts[problem] += 1
-            if self._seen.get(key) == problem:
+            if not self._seen.start(key, problem):
                 return
-            self._seen[key] = problem
-            if len(self._seen) > 10_000:  # bounded: forget the oldest
-                self._seen.pop(next(iter(self._seen)))
         log.warning("pod {}: {}: {} (not counted in flight)", key, problem, str(exc)[:200])
