@@ -11,6 +11,7 @@ import grpc
 from loguru import logger
 
 from ..core.health import Unit
+from ..core.sayonce import SayOnce
 from ..core.sharing import SharedGpus, unit_count, unit_gpu
 from .allocation import STALE_READING, DeviceState, departed, preferred
 from .shared import DEFAULT_SETTLE_S, Slicer, SliceRefused
@@ -96,7 +97,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self._lock = threading.Lock()
         self._changed = threading.Condition()
         self._stopping = threading.Event()
-        self._logged: dict[str, bool] = {}
+        self._logged: SayOnce[str, bool] = SayOnce()  # devices said unhealthy
         self.refusals = 0  # Allocate / PreStartContainer calls refused (unknown or unhealthy)
         #: NVIDIA's device list strategies Allocate answers by (``strategies.py``)
         self.strategies: tuple[str, ...] = tuple(strategies)
@@ -151,7 +152,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 logger.info("device plugin: {} left the reading: no longer advertised", uuid)
                 del self._known[uuid]
                 self._parents.pop(uuid, None)
-                self._logged.pop(uuid, None)
+                self._logged.end(uuid)
             states = []
             for uuid, index in self._known.items():
                 unit = units.get(uuid)
@@ -199,13 +200,10 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     def _log_changes(self, states: list[DeviceState]) -> None:
         with self._lock:
             for s in states:
-                before = self._logged.get(s.id)
-                if before == s.healthy:
-                    continue
-                self._logged[s.id] = s.healthy
-                if s.healthy and before is not None:
-                    logger.info("device plugin: GPU {} {} healthy again", s.index, s.id)
-                elif not s.healthy:
+                if s.healthy:
+                    if self._logged.end(s.id) is not None:
+                        logger.info("device plugin: GPU {} {} healthy again", s.index, s.id)
+                elif self._logged.start(s.id, True):
                     logger.warning(
                         "device plugin: GPU {} {} unhealthy ({})", s.index, s.id, ",".join(s.reasons)
                     )
