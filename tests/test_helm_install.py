@@ -34,6 +34,8 @@ import pytest
 import yaml
 
 from omaticaya_py.core.render import is_static
+from tests import waiting
+from tests.audit import audit_events
 from tests.devcluster import DevCluster, _run_script, start_dev_cluster
 from tests.tools import ToolUnavailable, helm_path, kubectl_path
 
@@ -74,17 +76,12 @@ def kubelet_sock_in_use() -> bool:
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    """``tests.waiting.wait_for`` every 0.5 s, up to ``timeout`` seconds, printing how long the
+    wait took (the figures this module reports)."""
     start = time.monotonic()
-    deadline = start + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            print(f"[helm-install] {what}: after {time.monotonic() - start:.1f} s")
-            return last
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    got = waiting.wait_for(what, probe, timeout_s=timeout, every_s=0.5)
+    print(f"[helm-install] {what}: after {time.monotonic() - start:.1f} s")
+    return got
 
 
 @pytest.fixture(scope="module")
@@ -403,22 +400,7 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
     sa_user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
 
     def patch_from_pod() -> list[dict[str, Any]]:
-        events = []
-        for line in cluster.audit_lines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            ref = event.get("objectRef") or {}
-            if (
-                event.get("user", {}).get("username") == sa_user
-                and event.get("verb") == "patch"
-                and ref.get("resource") == "nodes"
-                and ref.get("name") == node
-                and event.get("stage") == "ResponseComplete"
-            ):
-                events.append(event)
-        return events
+        return audit_events(cluster, verb="patch", resource="nodes", name=node, user=sa_user)
 
     patches = wait_for("the agent's patch in the audit log", patch_from_pod)
     assert {ip for e in patches for ip in e["sourceIPs"]} == {pod["status"]["podIP"]}, patches[0]
@@ -569,14 +551,7 @@ def test_plain_helm_uninstall_keeps_rbac_until_cleanup(cluster, tools, tmp_path)
     # the API server's view: the agent's SIGTERM patch came from its pod and was allowed; the
     # hook deleted the DaemonSet (foreground) as its own ServiceAccount, before helm deleted
     # the ClusterRoleBinding
-    events = []
-    for line in cluster.audit_lines()[audit_start:]:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("stage") == "ResponseComplete":
-            events.append(event)
+    events = audit_events(cluster, since=audit_start)
     agent_user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
     cleanup = [
         e
@@ -643,19 +618,12 @@ def test_without_the_hook_a_plain_uninstall_leaves_the_dynamic_labels(cluster, t
     wait_for("the agent pods to be gone", lambda: not kube.pods())
     assert dynamic & set(kube.node_labels(node)), "the agent's cleanup was not refused"
     agent_user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
-    refused = []
-    for line in cluster.audit_lines()[audit_start:]:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if (
-            event.get("stage") == "ResponseComplete"
-            and event["user"]["username"] == agent_user
-            and event.get("sourceIPs") == [pod["status"]["podIP"]]
-            and event["responseStatus"]["code"] == 403
-        ):
-            refused.append(event)
+    refused = [
+        event
+        for event in audit_events(cluster, since=audit_start, user=agent_user)
+        if event.get("sourceIPs") == [pod["status"]["podIP"]]
+        and event["responseStatus"]["code"] == 403
+    ]
     assert refused, "the agent's SIGTERM patch was refused (403)"
     # what the NOTES and docs say to do then
     kube.kubectl("label", "node", node, *(f"{PREFIX}{k}-" for k in dynamic))
