@@ -32,8 +32,15 @@ from .collectors import (
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .state import Runner
 
 __all__ = ["MetricsServer", "agent_registry", "liveness", "make_app", "readiness", "serve"]
+
+
+def _clock_steps(runner: Runner | None) -> int:
+    """The wall-clock steps the running daemon's watchdog saw (0 before it runs)."""
+    watchdog = runner.watchdog if runner is not None else None
+    return int(watchdog.steps) if watchdog is not None else 0
 
 
 def agent_registry(agent: Agent, registry: CollectorRegistry | None = None) -> CollectorRegistry:
@@ -60,7 +67,7 @@ def agent_registry(agent: Agent, registry: CollectorRegistry | None = None) -> C
         ApiRequests(node.requests if node is not None else {}),
         AgentCounters(
             agent.cache, agent.ledger, agent.events_posted,
-            clock_steps=lambda: agent.watchdog.steps if agent.watchdog is not None else 0,
+            clock_steps=lambda: _clock_steps(agent.daemon),
             on_lease=lambda: agent.lease is not None,
         ),
     ):  # fmt: skip
@@ -82,7 +89,7 @@ def readiness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
 
 def liveness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
     """(alive, reason) for ``/healthz`` (see the module docstring)."""
-    if not agent.running:
+    if agent.daemon is None or not agent.daemon.running:
         return False, "scheduler not running"
     cache = agent.cache
     if cache.tick_overdue(now_s):

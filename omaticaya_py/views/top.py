@@ -54,7 +54,7 @@ class NodeFeed:
 
     def __init__(self, options: TopOptions, *, factory: Callable[..., Any] = NodeCache) -> None:
         self._changes: queue.SimpleQueue[tuple[str, NodeMeta | None]] = queue.SimpleQueue()
-        self._errors: list[KubeError] = []
+        self._last_error: KubeError | None = None
         self._failed = threading.Event()
         self._cache = factory(
             lambda node: node,
@@ -67,7 +67,7 @@ class NodeFeed:
         )
 
     def _error(self, err: KubeError) -> None:
-        self._errors.append(err)
+        self._last_error = err
         if not is_transient(err) and err.status is not None:
             self._failed.set()  # refused: no point in waiting for the retries
 
@@ -78,12 +78,12 @@ class NodeFeed:
         while not self._cache.synced and not self._failed.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._errors[-1] if self._errors else KubeUnavailable(
+                raise self._last_error or KubeUnavailable(
                     f"list nodes: no answer in {wait_s:g}s", verb="list"
                 )
             self._cache.wait_synced(min(left, 0.05))
         if not self._cache.synced:
-            raise self._errors[-1]
+            raise self._last_error  # type: ignore[misc]  # set with _failed
         self._drain()  # the first LIST's own changes: the snapshot holds them
         return self._cache.snapshot()
 
