@@ -64,7 +64,7 @@ def served(states: dict[str, Any], **kw: Any) -> tuple[TestClient, NodeProblems]
 
 
 def problems_metric(client: TestClient, problem: str) -> float:
-    from tests.test_extender_cache import metric
+    from tests.extender import metric
 
     text = client.get("/metrics").text
     return metric(text, "omaticaya_extender_node_problems_total", problem=problem)
@@ -163,7 +163,7 @@ def test_judging_that_raises_is_that_nodes_reason_counted_and_logged_once(warnin
         "node(s) could not be judged by the omaticaya extender (judging raised RuntimeError)"
     )
     assert problems_metric(client, "judging raised RuntimeError") == 1
-    from tests.test_extender_cache import metric
+    from tests.extender import metric
 
     text = client.get("/metrics").text
     assert metric(text, "omaticaya_extender_decisions_total", verb="filter", result="failed",
@@ -258,7 +258,7 @@ def test_skewed_agents_on_the_real_watch(dev_cluster, admin_api, make_node):
     stale once that stops; a node a year ahead fails, counted; one in year 1 fails alone."""
     from kubernetes import client
 
-    from tests.test_extender_cache import RunningExtender, metric
+    from tests.extender import RunningExtender, metric
 
     leases_api = client.CoordinationV1Api(admin_api.api_client)
     lease_mode, tele_mode, ahead, year1 = (make_node() for _ in range(4))
