@@ -18,7 +18,7 @@ from omaticaya_py.scheduler.metrics import (
     LedgerMetrics,
     metrics_registry,
 )
-from tests.test_extender_cache import extender, metric  # noqa: F401 - the fixture
+from tests.extender import RunningExtender, metric
 from tests.waiting import wait_for
 
 
@@ -69,8 +69,13 @@ def test_the_request_counter_is_read_at_each_scrape():
 
 
 @pytest.mark.cluster
-def test_the_running_extender_counts_its_node_cache_requests(extender):  # noqa: F811
-    wait_for("readyz", lambda: extender.get("/readyz")[0] == 200, 30)
-    status, text = extender.get("/metrics")
-    assert status == 200
-    assert metric(text, "omaticaya_extender_api_requests_total", verb="list", result="200") >= 1
+def test_the_running_extender_counts_its_node_cache_requests(dev_cluster):
+    extender = RunningExtender(str(dev_cluster.kubeconfig))
+    try:
+        wait_for("readyz", lambda: extender.get("/readyz")[0] == 200, 30)
+        status, text = extender.get("/metrics")
+        assert status == 200
+        assert metric(text, "omaticaya_extender_api_requests_total", verb="list",
+                      result="200") >= 1
+    finally:
+        extender.close()
