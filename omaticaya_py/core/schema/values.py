@@ -43,7 +43,8 @@ def json_int(value: Any) -> int | None:
     if isinstance(value, float):
         return int(value) if math.isfinite(value) and abs(value) < 1e18 else None
     if isinstance(value, str) and _INT_TEXT.match(value):
-        return int(value)
+        # strip() first: the pattern's \s takes the separators \x1c-\x1f, which int() refuses
+        return int(value.strip())
     return None
 
 
