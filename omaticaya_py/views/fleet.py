@@ -63,13 +63,7 @@ class LeaseView(Protocol):
 
 
 def _label_gpus(name: str, mine: Mapping[str, str]) -> tuple[GpuRow, ...]:
-    per: dict[int, dict[str, str]] = {}
-    for key, value in mine.items():
-        parts = key.split(".", 1)
-        if len(parts) == 2 and parts[0].startswith("gpu-"):
-            index = schema.json_int(parts[0][4:])
-            if index is not None and index >= 0:
-                per.setdefault(index, {})[parts[1]] = value
+    per = schema.per_gpu(mine)
     rows = []
     for index in sorted(per):
         got = per[index]
@@ -133,7 +127,7 @@ def node_row(
                 health=r.health,
                 reasons=r.reasons,
                 processes=r.process_count,
-                mig=r.mig_enabled,
+                mig=bool(r.mig_enabled),  # None: not known to be MIG
                 pods=holders(r),
                 out_of_band_mib=r.memory_out_of_band_mib,
                 shared=r.shared is True,

@@ -9,7 +9,7 @@ telemetry back into typed state (``NodeGpuState``), treating them as untrusted i
 """
 
 from . import names
-from .names import LABELS, PER_GPU_KEY, STATIC_NAMES, Label, gpu_key, mig_key
+from .names import LABELS, STATIC_NAMES, Label, gpu_key, mig_key, per_gpu
 from .nodestate import (
     MAX_REFRESH_S,
     GpuInfo,
@@ -35,7 +35,6 @@ __all__ = [
     "LABELS",
     "MAX_REFRESH_S",
     "MAX_TELEMETRY_BYTES",
-    "PER_GPU_KEY",
     "STATIC_NAMES",
     "TELEMETRY",
     "TELEMETRY_VERSION",
@@ -57,6 +56,7 @@ __all__ = [
     "names",
     "parse_gpu_readings",
     "parse_node",
+    "per_gpu",
     "rfc3339_s",
     "state_from_object",
 ]

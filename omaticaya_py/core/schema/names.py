@@ -12,12 +12,12 @@ Adding a label is one row here, plus its value in ``core.render``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
     "LABELS",
-    "PER_GPU_KEY",
     "STATIC_NAMES",
     "Label",
     "Scope",
@@ -25,6 +25,7 @@ __all__ = [
     "by_worse",
     "gpu_key",
     "mig_key",
+    "per_gpu",
 ]
 
 # node labels (under the prefix)
@@ -139,10 +140,15 @@ def mig_key(profile: str, name: str) -> str:
     return f"mig-{profile.replace('+', '-')}.{name}"
 
 
-#: per-GPU label names read back: (index, name)
-PER_GPU_KEY = re.compile(
-    r"^gpu-(\d+)\.("
-    + "|".join(re.escape(n) for n in (GPU_MEMORY_FREE, GPU_HEALTH, GPU_MIG_ENABLED))
-    + r")$"
-)
+_PER_GPU = re.compile(r"^gpu-([0-9]{1,9})\.(.+)$")
 
+
+def per_gpu(labels: Mapping[str, str]) -> dict[int, dict[str, str]]:
+    """The per-GPU labels among ``labels`` (label names without the prefix -> values), read
+    back: GPU index -> {name after ``gpu-N.`` -> value} (the inverse of ``gpu_key``); other
+    keys, and ``gpu-N`` that is no plain number, are left out. Never raises."""
+    out: dict[int, dict[str, str]] = {}
+    for key, value in labels.items():
+        if m := _PER_GPU.match(key):
+            out.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    return out

@@ -21,8 +21,8 @@ from .names import (
     MEMORY_FREE,
     MEMORY_FREE_TOTAL,
     MIG_STRATEGY,
-    PER_GPU_KEY,
     SHARED_MEMORY_FREE,
+    per_gpu,
 )
 from .telemetry import TELEMETRY, GpuTelemetry, Telemetry
 from .values import json_int, json_mapping, json_str
@@ -204,27 +204,17 @@ def parse_node(
     )
 
 
-def _per_gpu_labels(mine: Mapping[str, str]) -> dict[int, dict[str, str]]:
-    """GPU index -> its ``gpu-N.*`` labels (the name after ``gpu-N.`` -> value)."""
-    per: dict[int, dict[str, str]] = {}
-    for key, value in mine.items():
-        m = PER_GPU_KEY.match(key)
-        if m:
-            per.setdefault(int(m.group(1)), {})[m.group(2)] = value
-    return per
-
-
 def label_bounds(mine: Mapping[str, str]) -> tuple[dict[int, int], int | None, int | None]:
     """What a node's labels (``mine``: our label names without the prefix -> values) say the
     free memory is at most, MiB: ``(per GPU index from gpu-N.memory.free-mib, any one GPU
     from gpu.memory.free-mib, the sum over healthy GPUs from gpu.memory.free-total-mib)``;
     ``None`` (or no entry) where the label is absent or not a whole number. Never raises."""
-    per_gpu: dict[int, int] = {}
-    for index, names in _per_gpu_labels(mine).items():
+    bounds: dict[int, int] = {}
+    for index, names in per_gpu(mine).items():
         free = json_int(names.get(GPU_MEMORY_FREE))
         if free is not None:
-            per_gpu[index] = free
-    return per_gpu, json_int(mine.get(MEMORY_FREE)), json_int(mine.get(MEMORY_FREE_TOTAL))
+            bounds[index] = free
+    return bounds, json_int(mine.get(MEMORY_FREE)), json_int(mine.get(MEMORY_FREE_TOTAL))
 
 
 def _capped(gpu: GpuInfo, *caps: int | None) -> GpuInfo:
@@ -238,7 +228,7 @@ def _capped(gpu: GpuInfo, *caps: int | None) -> GpuInfo:
 def _label_gpus(mine: Mapping[str, str]) -> list[GpuInfo]:
     """Whole GPUs from the ``gpu-N.*`` labels, else from the node aggregates."""
     gpus: list[GpuInfo] = []
-    per = _per_gpu_labels(mine)
+    per = per_gpu(mine)
     for index in sorted(per):
         if per[index].get(GPU_MIG_ENABLED) == "true":
             continue
