@@ -97,7 +97,8 @@ class HttpServer:
         """Serve in a daemon thread; returns once it accepts connections (or ``timeout_s``)."""
         ready = threading.Event()
         self._thread = threading.Thread(
-            target=lambda: (self.run(), ready.set()), name="http", daemon=True
+            target=lambda: (self.run(), ready.set()),  # type: ignore[func-returns-value]  # 2 calls
+            name="http", daemon=True,
         )
         self._thread.start()
         poll = threading.Event()

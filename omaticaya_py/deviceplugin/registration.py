@@ -211,7 +211,7 @@ class KubeletRegistration:
             stop=tenacity.stop_after_delay(self.first_read_timeout_s)
             | tenacity.stop_when_event_set(self._stopping),
             wait=tenacity.wait_fixed(FIRST_READ_POLL_S),
-            sleep=self._stopping.wait,
+            sleep=self._stopping.wait,  # type: ignore[arg-type]  # tenacity drops wait()'s bool
             retry_error_callback=lambda state: None,
         )(lambda: self._cache.last)
         return not self._stopping.is_set()
@@ -244,7 +244,7 @@ class KubeletRegistration:
 
     def _log_failure(self, state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
         delay_s = state.next_action.sleep if state.next_action else 0.0
         logger.warning(
             "device plugin: registration with {} failed ({}); retrying in {:.1f}s",

@@ -263,7 +263,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         for req in request.container_requests:
             ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
             self._refuse(ids, states, context, "allocate")
-            visible, envs = ids, {}
+            visible, envs = ids, dict[str, str]()
             if self.slicer is not None and ids:  # (no device: an empty answer, as for GPUs)
                 try:
                     gpu, envs = self.slicer.allocate(ids, gpus)

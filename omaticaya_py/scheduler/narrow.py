@@ -90,7 +90,7 @@ class Narrowing:
               ) -> Items:  # fmt: skip
         """Records of the names asked about (kept), or of the whole Nodes sent (ad hoc)."""
         if names is not None:
-            return self.index.records(names, now)
+            return self.index.records(names, now)  # type: ignore[return-value]  # list: invariant
         return [(n, self.index.ad_hoc(s, now) if s is not None else None, s) for n, s in states]
 
     def _judge(self, items_of: Callable[[float], Items], need: Need, clocks: dict[str, Any],

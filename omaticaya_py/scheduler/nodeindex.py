@@ -104,7 +104,7 @@ class NodeIndex:
         settle_s: float, ttl_s: float, grace_s: float, skew_s: float,
     ) -> None:  # fmt: skip
         self.lookup, self.ledger = lookup, ledger
-        self.params = {"settle_s": settle_s, "ttl_s": ttl_s, "grace_s": grace_s, "skew_s": skew_s,
+        self.params: dict[str, Any] = {"settle_s": settle_s, "ttl_s": ttl_s, "grace_s": grace_s, "skew_s": skew_s,
                        "assume_s": ledger.assume_s if ledger is not None else ASSUME_S}  # fmt: skip
         self._records: dict[str, NodeRecord] = {}
         #: records built (a measure of work: one per change, not per request)

@@ -81,7 +81,7 @@ def gpu_rooms(node: Any, prefix: str) -> tuple[GpuRoom, ...]:
         r = readings.get(g.index)
         holders = tuple(
             (f"{h.namespace}/{h.pod}", h.memory_used_mib)
-            for h in (r.pods or ()) if r is not None
+            for h in ((r.pods if r is not None else None) or ())
             if h.namespace and h.pod
         )  # fmt: skip
         total = r.memory_total_mib if r is not None else None

@@ -148,9 +148,9 @@ def _fits(
             if uid in gone:
                 continue  # a victim's reservation no longer counts
             room -= mib
-        for key, mib in g.holders:
-            if mib and keys.get(key) in gone:
-                room += mib
+        for key, held_mib in g.holders:
+            if held_mib and keys.get(key) in gone:
+                room += held_mib
         if room >= need.memory_mib:
             fitting += 1
             if fitting >= need.count:

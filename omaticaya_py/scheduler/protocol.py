@@ -154,7 +154,7 @@ class Extender:
         if by_name and need is not None and not self.synced() and not s.fail_open:
             # no data yet: say so instead of failing every node one by one
             why = "node(s) not checked: the omaticaya extender's node cache is not synced yet"
-            passed, failed = [], dict.fromkeys(args["NodeNames"], why)
+            passed, failed = list[str](), dict.fromkeys(args["NodeNames"], why)
         elif (narrowing := self.narrowing()) is not None and need is not None and not need.error:
             passed, failed = narrowing.filter(
                 args.get("Pod"), need, self._items_of(narrowing, args), self._clocks(),

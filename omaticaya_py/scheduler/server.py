@@ -105,7 +105,8 @@ def serve(
     stopper = None
     if stop is not None:
         stopper = threading.Thread(
-            target=lambda: (stop.wait(), server.stop()), name="extender-stop", daemon=True
+            target=lambda: (stop.wait(), server.stop()),  # type: ignore[func-returns-value]  # 2 calls
+            name="extender-stop", daemon=True,
         )
         stopper.start()
     if ready is not None:

@@ -159,7 +159,7 @@ class Verdicts:
             self._state[name] = rec.state
             self._version[name] = rec.version
             if lease is not None:
-                self._lease[name] = (rec.state.lease, lease)
+                self._lease[name] = (rec.state.lease, lease)  # type: ignore[assignment]  # found by it
             self._count += 1
             self._token[name] = token = self._count
             if (until := min(wall, rec.until)) < INF:

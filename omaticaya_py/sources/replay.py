@@ -202,7 +202,7 @@ class TraceReader:
         self.clock = clock
         self._start: float | None = None
         self._prev_s: float | None = None  # unwrapped trace time of the previous read
-        self._averaged: dict[tuple[int, float], GpuReading] = {}
+        self._averaged: dict[tuple[GpuReading, float], GpuReading] = {}
 
     def _frames_between(self, lo: float, hi: float) -> list[tuple[float, _Frame]]:
         """Frames with unwrapped time in (lo, hi], as (unwrapped time, frame)."""
@@ -237,7 +237,7 @@ class TraceReader:
         i = max(bisect.bisect_right(self._times, wrapped) - 1, 0)
         frame = self.frames[i]
         first = self._prev_s is None
-        lo = (now - self.window_s) if first else self._prev_s
+        lo = (now - self.window_s) if self._prev_s is None else self._prev_s
         window = self._frames_between(lo, now)
         # Xid events: every one up to now on the first read, else those of the same window
         xid_frames = self._frames_between(-1.0, now) if first else window

@@ -137,7 +137,7 @@ class XidWatcher:
             waiting = tenacity.Retrying(
                 retry=tenacity.retry_if_exception_type(pynvml.NVMLError),
                 wait=tenacity.wait_fixed(self.ERROR_PAUSE_S),
-                sleep=stop.wait,
+                sleep=stop.wait,  # type: ignore[arg-type]  # tenacity drops wait()'s bool
                 before_sleep=self._count_wait_error,
             )
             while not stop.is_set():

@@ -9,6 +9,8 @@ remapping is, on Ampere and later).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pynvml
 
 from ...core.snapshot import GpuReading
@@ -58,7 +60,7 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
     if device.handle is None and not attach(calls, device):
         return GpuReading(index=device.index, error=pynvml.NVMLError_GpuIsLost.__name__)
     h = device.handle
-    static = {
+    static: dict[str, Any] = {
         "index": device.index,
         "uuid": device.uuid,
         "product": device.product,

@@ -74,7 +74,7 @@ class Calls:
         self.call_s = 0.0
 
     def call(
-        self, call: str, fn: Callable[..., T], *args: Any, expected: tuple[type, ...] = ()
+        self, call: str, fn: Callable[..., T], *args: Any, expected: tuple[type[BaseException], ...] = ()
     ) -> T | None:
         """``fn(*args)``; NotSupported -> None; other NVML errors counted and re-raised
         (those in ``expected`` re-raised uncounted: an empty MIG slot is NotFound)."""

@@ -47,7 +47,7 @@ def record(
     all the same, for a bug report); ``OSError`` when ``output`` cannot be written.
     """
     stop = stop or threading.Event()
-    restore: dict[int, Any] = {}
+    restore: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             restore[sig] = signal.signal(sig, lambda *_: stop.set())

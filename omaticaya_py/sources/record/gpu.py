@@ -4,6 +4,7 @@ NVML's raw answers (bytes, mW, mJ) with each field's error where it happened."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pynvml
@@ -36,7 +37,7 @@ def gpu_facts(index: int, h: Any) -> dict[str, Any]:
                 {
                     "index": slot,
                     "uuid": decode(pynvml.nvmlDeviceGetUUID(m)),
-                    "name": decode(value(lambda m=m: pynvml.nvmlDeviceGetName(m))),
+                    "name": decode(value(partial(pynvml.nvmlDeviceGetName, m))),
                     "gpu_instance_id": pynvml.nvmlDeviceGetGpuInstanceId(m),
                     "compute_instance_id": pynvml.nvmlDeviceGetComputeInstanceId(m),
                     "attributes": attributes(m),

@@ -166,7 +166,7 @@ class Recorder:
                     index_of[decode(pynvml.nvmlDeviceGetUUID(h))] = i
             except pynvml.NVMLError:
                 continue
-        out = []
+        out: list[dict[str, Any]] = []
         while True:
             try:
                 data = pynvml.nvmlEventSetWait_v2(self._events, 0)
