@@ -19,7 +19,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from loguru import logger
 
@@ -119,7 +118,7 @@ class Agent:
         self.write_lock = threading.Lock()
         self._stopping = threading.Event()
         #: the ``agent.daemon.Daemon`` running this agent (``None``: ticked by hand); the probes
-        #: and metrics read ``running`` and ``watchdog`` through it
+        #: and metrics read its ``running`` and ``watchdog``
         self.daemon: Runner | None = None
         #: called once per tick with the reading and its health, as soon as they are cached and
         #: before any API request (the device plugin listens here; an outage must not delay it)
@@ -314,16 +313,6 @@ class Agent:
             self._stopping.set()
             if self.node is not None:
                 self.node.begin_shutdown(time.monotonic() + self.settings.shutdown_timeout_s)
-
-    @property
-    def running(self) -> bool:
-        """True while a ``Daemon``'s scheduler runs this agent (the ``/healthz`` probe)."""
-        return self.daemon is not None and self.daemon.running
-
-    @property
-    def watchdog(self) -> Any:
-        """The running ``Daemon``'s watchdog (its ``steps`` are a metric), or ``None``."""
-        return self.daemon.watchdog if self.daemon is not None else None
 
     @property
     def node_name(self) -> str:
