@@ -68,10 +68,9 @@ def test_refusals_pause_as_tenacity_waits_doubling_to_the_cap() -> None:
     import tenacity
 
     refusals = Refusals(tenacity.wait_exponential(multiplier=10.0, min=0, max=MAX_PAUSE_S))
-    exc = KubeForbidden("nodes is forbidden")
-    assert [refusals.refused(exc) for _ in range(7)] == [10, 20, 40, 80, 160, 300, 300]
+    assert [refusals.refused() for _ in range(7)] == [10, 20, 40, 80, 160, 300, 300]
     refusals.reset()
-    assert refusals.refused(exc) == 10
+    assert refusals.refused() == 10
 
 
 def test_the_outage_is_said_once_and_its_end_once(log_lines) -> None:  # noqa: F811

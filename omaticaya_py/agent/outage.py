@@ -21,15 +21,18 @@ MAX_PAUSE_S = 300.0
 OUTAGE = "api"  # the one key of ApiOutage's SayOnce
 
 
+class _Refused(Exception):
+    """One refusal, as the attempt's outcome in ``Refusals``' retry loop."""
+
+
 class Refusals:
-    """Consecutive refusals, paced by tenacity's own retry loop: a ``Retrying`` that retries on
-    ``KubeForbidden`` with ``wait`` is driven one attempt per refusal, and the pause it would
-    sleep before the next attempt is returned instead of slept (the agent keeps ticking and
-    reading the GPUs meanwhile)."""
+    """Consecutive refusals, paced by tenacity's own retry loop: a ``Retrying`` with ``wait``
+    is driven one failed attempt per refusal, and the pause it would sleep before the next
+    attempt is returned instead of slept (the agent keeps ticking and reading the GPUs)."""
 
     def __init__(self, wait: tenacity.wait.wait_base) -> None:
         self._retrying = tenacity.Retrying(
-            wait=wait, retry=tenacity.retry_if_exception_type(KubeForbidden),
+            wait=wait, retry=tenacity.retry_if_exception_type(_Refused),
             stop=tenacity.stop_never, sleep=self._pause,
         )  # fmt: skip
         self._pause_s = 0.0
@@ -43,10 +46,10 @@ class Refusals:
         self._attempts = iter(self._retrying)
         self._attempt = next(self._attempts)
 
-    def refused(self, exc: KubeForbidden) -> float:
+    def refused(self) -> float:
         """One more refusal: the seconds to pause before the next API request."""
-        with self._attempt:  # the attempt failed with ``exc`` (tenacity records it)
-            raise exc
+        with self._attempt:  # the attempt failed (tenacity records the outcome)
+            raise _Refused
         self._attempt = next(self._attempts)  # tenacity waits (``_pause``), then the next one
         return self._pause_s
 
@@ -77,7 +80,7 @@ class ApiOutage:
     def failed(self, exc: KubeError, now_s: float) -> None:
         """An API request failed (after the edge's retries)."""
         if isinstance(exc, KubeForbidden):
-            self._paused_until_s = now_s + self._refusals.refused(exc)
+            self._paused_until_s = now_s + self._refusals.refused()
         if self._said.start(OUTAGE, True, now_s):
             hint = " (check RBAC)" if isinstance(exc, KubeForbidden) else ""
             logger.error("Kubernetes API request failed{}: {}; will retry each tick", hint, exc)
