@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import KubeError
+from .errors import KubeConflict, KubeError, KubeNotFound
 from .session import ApiSession
 
 __all__ = ["LEASE_PREFIX", "LeaseClient", "lease_name", "lease_namespace"]
@@ -127,10 +127,8 @@ class LeaseClient:
         """The Lease as stored, or ``None`` when it does not exist."""
         try:
             return self._request("get", "GET", _ONE)
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
+        except KubeNotFound:
+            return None
 
     def owner_reference(self) -> dict[str, str] | None:
         """``{"apiVersion": "v1", "kind": "Node", "name", "uid"}`` of ``node`` (one GET of the
@@ -185,9 +183,7 @@ class LeaseClient:
                 }
                 try:
                     self._object = self._request("create", "POST", _COLLECTION, body)
-                except KubeError as err:
-                    if err.status != 409:  # 409: created meanwhile (or by a lost answer)
-                        raise
+                except KubeConflict:  # created meanwhile (or by a lost answer)
                     self._object = None
                     continue
             else:
@@ -203,9 +199,7 @@ class LeaseClient:
                 try:
                     # verb "renew": a 409 means our copy is old; GET and try again, not the same PUT
                     self._object = self._request("renew", "PUT", _ONE, body)
-                except KubeError as err:
-                    if err.status not in (404, 409):
-                        raise
+                except (KubeNotFound, KubeConflict):
                     self._object = None  # changed or deleted behind our back
                     continue
             self.renewals += 1
@@ -227,10 +221,8 @@ class LeaseClient:
                     "preconditions": {"resourceVersion": version}}
         try:
             self._request("delete", "DELETE", _ONE, body)
-        except KubeError as err:
-            if err.status in (404, 409):  # gone already; changed (taken over) since the read
-                return False
-            raise
+        except (KubeNotFound, KubeConflict):  # gone already; changed (taken over) since the read
+            return False
         finally:
             self._object = None
         return True
@@ -247,7 +239,5 @@ class LeaseClient:
         spec.pop("holderIdentity", None)
         try:
             self._object = self._request("renew", "PUT", _ONE, {**current, "spec": spec})
-        except KubeError as err:
-            if err.status not in (404, 409):
-                raise
+        except (KubeNotFound, KubeConflict):
             self._object = None

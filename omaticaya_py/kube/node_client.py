@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..core.patch import MergePatch, NodeMeta
-from .errors import KubeError
+from .errors import KubeConflict
 from .session import ApiSession
 
 __all__ = ["MERGE_PATCH", "NodeClient"]
@@ -131,9 +131,8 @@ class NodeClient:
                 ),
                 rbac=f"the agent needs create on events in {namespace}",
             )
-        except KubeError as err:
-            if err.status != 409:
-                raise
+        except KubeConflict:
+            pass
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

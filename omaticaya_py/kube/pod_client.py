@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..core.slices import PodIdentity
-from .errors import KubeError
+from .errors import KubeConflict
 from .session import ApiSession
 
 __all__ = ["PodClient", "pod_identity"]
@@ -76,9 +76,8 @@ class PodClient:
                 ),
                 rbac=f"the agent needs create on events in {namespace}",
             )
-        except KubeError as err:
-            if err.status != 409:
-                raise
+        except KubeConflict:
+            pass
 
 
 _POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"

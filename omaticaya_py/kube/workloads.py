@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import KubeError
+from .errors import KubeConflict, KubeNotFound
 from .session import ApiSession
 
 __all__ = ["DaemonSetStop", "label_selector", "owned_pods", "stop_daemonset"]
@@ -117,10 +117,8 @@ def stop_daemonset(
         response = session.call(
             "get", what, lambda: session.http("GET", _DS_PATH, path_params=params), rbac=rbac
         )
-    except KubeError as err:
-        if err.status == 404:
-            return DaemonSetStop(namespace, name, found=False, stopped=True)
-        raise
+    except KubeNotFound:
+        return DaemonSetStop(namespace, name, found=False, stopped=True)
     ds = json.loads(response.data)
     uid = ds["metadata"]["uid"]
     selector = label_selector((ds.get("spec") or {}).get("selector") or {})
@@ -145,9 +143,8 @@ def stop_daemonset(
                 ),
                 rbac=rbac,
             )
-        except KubeError as err:
-            if err.status not in (404, 409):  # gone already, or replaced (uid precondition)
-                raise
+        except (KubeNotFound, KubeConflict):  # gone already, or replaced (uid precondition)
+            pass
     seen: set[str] = set()
     while True:
         response = session.call(
