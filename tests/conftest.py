@@ -16,15 +16,24 @@ _names = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def admin_api(dev_cluster: DevCluster):  # noqa: F811
-    """``kubernetes.client.CoreV1Api`` as cluster admin (client certificate)."""
+def admin_client(dev_cluster: DevCluster):  # noqa: F811
+    """``kubernetes.client.ApiClient`` as cluster admin (client certificate), for any API group;
+    closed when the session ends (tests never close it)."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
     config.load_kube_config(config_file=str(dev_cluster.kubeconfig), client_configuration=cfg)
-    api = client.CoreV1Api(client.ApiClient(cfg))
-    yield api
-    api.api_client.close()
+    api_client = client.ApiClient(cfg)
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture(scope="session")
+def admin_api(admin_client):
+    """``kubernetes.client.CoreV1Api`` as cluster admin (client certificate)."""
+    from kubernetes import client
+
+    return client.CoreV1Api(admin_client)
 
 
 def ensure_namespace(admin_api, name: str) -> str:
@@ -40,11 +49,11 @@ def ensure_namespace(admin_api, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def leases(admin_api):
+def leases(admin_client):
     """``kubernetes.client.CoordinationV1Api`` as cluster admin."""
     from kubernetes import client
 
-    return client.CoordinationV1Api(admin_api.api_client)
+    return client.CoordinationV1Api(admin_client)
 
 
 @pytest.fixture

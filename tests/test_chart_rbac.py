@@ -107,22 +107,21 @@ def _apply(admin_client: Any, docs: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def agent(dev_cluster) -> Iterator[Agent]:
+def agent(dev_cluster, admin_client) -> Iterator[Agent]:
     """The agent's token under the chart's default values."""
-    yield from _agent_of(dev_cluster, render_rbac())
+    yield from _agent_of(dev_cluster, admin_client, render_rbac())
 
 
 @pytest.fixture(scope="module")
-def sharing_agent(dev_cluster) -> Iterator[Agent]:
+def sharing_agent(dev_cluster, admin_client) -> Iterator[Agent]:
     """The agent's token of a release with GPU sharing on (``sharing.gpus=all``)."""
-    yield from _agent_of(dev_cluster, render_rbac(f"{RELEASE}-sharing", "sharing.gpus=all"))
+    yield from _agent_of(dev_cluster, admin_client, render_rbac(f"{RELEASE}-sharing", "sharing.gpus=all"))
 
 
-def _agent_of(dev_cluster: Any, docs: list[dict]) -> Iterator[Agent]:
-    from kubernetes import client, config
+def _agent_of(dev_cluster: Any, admin_client: Any, docs: list[dict]) -> Iterator[Agent]:
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    admin_client = config.new_client_from_config(config_file=str(dev_cluster.kubeconfig))
     admin = client.CoreV1Api(admin_client)
     rbac = client.RbacAuthorizationV1Api(admin_client)
 
@@ -200,7 +199,6 @@ def _agent_of(dev_cluster: Any, docs: list[dict]) -> Iterator[Agent]:
                     rbac.delete_namespaced_role(meta["name"], meta["namespace"])
             except ApiException:
                 pass
-        admin_client.close()
 
 
 def _status(fn: Callable[[], Any]) -> int:

@@ -72,12 +72,11 @@ def _kubeconfig(dev_cluster, token: str, path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def tokens(dev_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
-    from kubernetes import client, config
+def tokens(dev_cluster, admin_client, tmp_path_factory) -> Iterator[dict[str, Any]]:
+    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     docs = render()
-    admin_client = config.new_client_from_config(config_file=str(dev_cluster.kubeconfig))
     admin = client.CoreV1Api(admin_client)
     rbac = client.RbacAuthorizationV1Api(admin_client)
     _exists_ok(lambda: admin.create_namespace({"metadata": {"name": NAMESPACE}}))
@@ -120,7 +119,6 @@ def tokens(dev_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
                     rbac.delete_namespaced_role(meta["name"], meta["namespace"])
             except ApiException:
                 pass
-        admin_client.close()
 
 
 def test_extender_token_runs_the_extenders_caches(tokens):

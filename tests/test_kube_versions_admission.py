@@ -78,12 +78,6 @@ NO_CLAIM_NOT_REQUIRED = WITH_CLAIM | {"other-node": None}
 # ------------------------------------------------------------------------------- capture ----
 
 
-def _admin(dev_cluster):
-    from kubernetes import config
-
-    return config.new_client_from_config(config_file=str(dev_cluster.kubeconfig))
-
-
 def _raw_node(api_client, name: str) -> dict:
     """The Node as the server sends it (JSON, not through the client's typed models)."""
     from kubernetes import client
@@ -112,7 +106,7 @@ def _audit_event(dev_cluster, name: str, seen: set[str]) -> dict:
     raise AssertionError(f"no audit event for the agent's PATCH of node {name}")
 
 
-def capture(dev_cluster, helm, tmp: Path) -> dict:
+def capture(dev_cluster, admin_client, helm, tmp: Path) -> dict:
     """Run the agent's PATCHes against the real server; return the stored file's content."""
     from kubernetes import client
 
@@ -123,7 +117,6 @@ def capture(dev_cluster, helm, tmp: Path) -> dict:
         for d in docs_at(helm, "1.20.2")
         if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
-    admin_client = _admin(dev_cluster)
     admin = client.CoreV1Api(admin_client)
     rbac_api = client.RbacAuthorizationV1Api(admin_client)
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
@@ -262,7 +255,6 @@ def capture(dev_cluster, helm, tmp: Path) -> dict:
         for name in (NODE, OTHER_NODE):
             admin.delete_node(name)
         admin.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
-        admin_client.close()
     return {
         "about": (
             "Admission requests for the Omaticaya agent's Node PATCHes, built from a real "
@@ -397,8 +389,8 @@ def _projection(data: dict) -> list[dict]:
 
 
 @pytest.mark.cluster
-def test_captured_requests_are_what_the_server_does(helm, dev_cluster, tmp_path):
-    fresh = capture(dev_cluster, helm, tmp_path)
+def test_captured_requests_are_what_the_server_does(helm, dev_cluster, admin_client, tmp_path):
+    fresh = capture(dev_cluster, admin_client, helm, tmp_path)
     if os.environ.get("OMATICAYA_WRITE_ADMISSION_DATA") == "1":
         DATA.parent.mkdir(parents=True, exist_ok=True)
         DATA.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")

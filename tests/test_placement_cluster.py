@@ -45,14 +45,9 @@ def cluster(dev_cluster: DevCluster) -> DevCluster:
 
 
 @pytest.fixture(scope="module")
-def api(cluster: DevCluster) -> Iterator[Any]:
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=cfg)
-    core = client.CoreV1Api(client.ApiClient(cfg))
-    yield core
-    core.api_client.close()
+def api(cluster: DevCluster, admin_api: Any) -> Any:
+    """conftest's admin client, once this module's cluster runs kube-scheduler."""
+    return admin_api
 
 
 @pytest.fixture(scope="module")
