@@ -10,6 +10,7 @@ from loguru import logger
 
 from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth
+from ..core.sayonce import SayOnce
 from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, NodeClient
 
@@ -26,8 +27,9 @@ class HealthEvents:
 
     def __init__(self) -> None:
         self.posted: Counter[str] = Counter()
-        self._reported_healthy: dict[str | int, bool] = {}
-        self._out_of_band: set[str] = set()  # devices in an out-of-band episode, reported
+        #: said once posted: GPUs reported unhealthy; devices in an out-of-band episode
+        self._unhealthy: SayOnce[str | int, bool] = SayOnce()
+        self._out_of_band: SayOnce[str, bool] = SayOnce()
 
     def post(self, node: NodeClient, node_uid: str, after: NodeHealth, snapshot: NodeSnapshot):
         """Post the Events due for ``after`` on the Node ``node_uid`` (``events.k8s.io``
@@ -35,7 +37,7 @@ class HealthEvents:
         uuids = {g.index: g.uuid for g in snapshot.gpus}
         for index, gpu in after.gpus.items():
             key: str | int = uuids.get(index) or index
-            if self._reported_healthy.get(key, True) == gpu.healthy:
+            if (key not in self._unhealthy) == gpu.healthy:
                 continue
             reason = "GpuRecovered" if gpu.healthy else "GpuUnhealthy"
             detail = "healthy again" if gpu.healthy else "unhealthy: " + ",".join(gpu.reasons)
@@ -50,7 +52,10 @@ class HealthEvents:
                 logger.warning("could not post Event {} for GPU {}: {}", reason, index, exc)
                 continue
             self.posted[reason] += 1
-            self._reported_healthy[key] = gpu.healthy
+            if gpu.healthy:
+                self._unhealthy.end(key)
+            else:
+                self._unhealthy.start(key, True)
 
     def post_out_of_band(
         self,
@@ -67,7 +72,7 @@ class HealthEvents:
         for device_id, att in attribution.items():
             over = att.out_of_band_memory_mib >= threshold_mib
             if not over:
-                self._out_of_band.discard(device_id)
+                self._out_of_band.end(device_id)
                 continue
             if device_id in self._out_of_band:
                 continue
@@ -84,7 +89,7 @@ class HealthEvents:
                 logger.warning("could not post Event GpuOutOfBandMemory for {}: {}", device_id, exc)
                 continue
             self.posted["GpuOutOfBandMemory"] += 1
-            self._out_of_band.add(device_id)
+            self._out_of_band.start(device_id, True)
 
 
 def _device_names(snapshot: NodeSnapshot) -> dict[str, str]:
