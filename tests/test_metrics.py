@@ -105,7 +105,7 @@ def test_readiness(read_ago_s, api_ago_s, ready, reason):
     now = 1000.0
     agent.cache.last_read_ok_s = None if read_ago_s is None else now - read_ago_s
     agent.cache.last_api_ok_s = None if api_ago_s is None else now - api_ago_s
-    assert readiness(agent, now) == (ready, reason)
+    assert readiness(agent.cache, agent.period_s, now) == (ready, reason)
 
 
 def get(url: str) -> tuple[int, str]:

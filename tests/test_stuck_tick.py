@@ -124,7 +124,7 @@ def test_the_stuck_rule_on_a_hand_driven_clock(log_lines) -> None:
             agent.cache.stage("read")
             agent.cache.stage(None)
         watchdog.check_stuck()
-        assert liveness(agent)[0] is healthy, at_s
+        assert liveness(agent.daemon, agent.cache)[0] is healthy, at_s
         assert sum("tick stuck" in x for x in log_lines) == said, at_s
     assert sum("no longer stuck" in x for x in log_lines) == 1
-    assert liveness(agent)[1] == "no tick finished for 139s (none running)"
+    assert liveness(agent.daemon, agent.cache)[1] == "no tick finished for 139s (none running)"

@@ -2,8 +2,10 @@
 
 ``/metrics`` is one ``CollectorRegistry`` of small collectors (``agent.collectors``: build
 info, GPU readings, NVML errors, PodResources, slice API errors, API requests, the agent's
-counters), each given only what it reads; ``agent_registry`` is the one place that takes them
-from an ``Agent``. A scrape costs no NVML call and no API request.
+counters), each given only what it reads, and the probes (``liveness``, ``readiness``) over the
+``SnapshotCache`` and the running ``Daemon``. ``agent_registry`` and ``serve`` are the wiring:
+the one place that takes these from an ``Agent``. A scrape costs no NVML call and no API
+request.
 
 - ``/healthz``: 200 while the scheduler runs and a tick finished within ``stuck_tick_periods``
   schedule periods (plus the jitter); 503 with the reason otherwise (a tick stuck in a hung
@@ -14,6 +16,7 @@ from an ``Agent``. A scrape costs no NVML call and no API request.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -32,7 +35,7 @@ from .collectors import (
 
 if TYPE_CHECKING:
     from .agent import Agent
-    from .state import Runner
+    from .state import Runner, SnapshotCache
 
 __all__ = ["MetricsServer", "agent_registry", "liveness", "make_app", "readiness", "serve"]
 
@@ -75,11 +78,13 @@ def agent_registry(agent: Agent, registry: CollectorRegistry | None = None) -> C
     return registry
 
 
-def readiness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
-    """(ready, reason) for ``/readyz`` (see the module docstring)."""
-    now_s = agent.clock() if now_s is None else now_s
-    horizon = max(3 * agent.period_s, 30.0)
-    cache = agent.cache
+def readiness(
+    cache: SnapshotCache, period_s: float, now_s: float | None = None
+) -> tuple[bool, str]:
+    """(ready, reason) for ``/readyz`` (see the module docstring), from the cache's times of
+    the last good read and API answer, on its clock; ``period_s``: the schedule's period."""
+    now_s = cache.clock() if now_s is None else now_s
+    horizon = max(3 * period_s, 30.0)
     if cache.last_read_ok_s is None or now_s - cache.last_read_ok_s > horizon:
         return False, "no successful NVML read recently"
     if cache.last_api_ok_s is None or now_s - cache.last_api_ok_s > horizon:
@@ -87,20 +92,26 @@ def readiness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
     return True, "ok"
 
 
-def liveness(agent: Agent, now_s: float | None = None) -> tuple[bool, str]:
-    """(alive, reason) for ``/healthz`` (see the module docstring)."""
-    if agent.daemon is None or not agent.daemon.running:
+def liveness(
+    runner: Runner | None, cache: SnapshotCache, now_s: float | None = None
+) -> tuple[bool, str]:
+    """(alive, reason) for ``/healthz`` (see the module docstring): ``runner`` (the
+    ``Daemon``; ``None``: none) must be running and the cache's last tick not overdue."""
+    if runner is None or not runner.running:
         return False, "scheduler not running"
-    cache = agent.cache
     if cache.tick_overdue(now_s):
         stage = f"stuck in '{cache.tick_stage}'" if cache.tick_stage else "none running"
         return False, f"no tick finished for {cache.tick_age_s(now_s):.0f}s ({stage})"
     return True, "ok"
 
 
-def make_app(agent: Agent, registry: CollectorRegistry) -> Any:
-    """The Starlette application: prometheus-client's exposition on ``/metrics`` plus the
-    probes (plain text, the reason on one line)."""
+def make_app(
+    registry: CollectorRegistry,
+    healthz_probe: Callable[[], tuple[bool, str]],
+    readyz_probe: Callable[[], tuple[bool, str]],
+) -> Any:
+    """The Starlette application: prometheus-client's exposition of ``registry`` on
+    ``/metrics`` plus the probes, each ``(ok, reason)`` (plain text, the reason on one line)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse
@@ -110,10 +121,10 @@ def make_app(agent: Agent, registry: CollectorRegistry) -> Any:
         return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
 
     async def healthz(request: Request) -> PlainTextResponse:
-        return answer(*liveness(agent))
+        return answer(*healthz_probe())
 
     async def readyz(request: Request) -> PlainTextResponse:
-        return answer(*readiness(agent))
+        return answer(*readyz_probe())
 
     return Starlette(
         routes=[
@@ -133,4 +144,9 @@ def serve(agent: Agent, address: str, port: int) -> HttpServer:
     (``serving.HttpServer``: uvicorn; ``'::'`` listens on IPv6, and on IPv4 too where the host
     is dual-stack). ``port`` 0 picks a free port (``.port``). Raises ``OSError`` when the
     address cannot be bound (port in use, address not on this host, no IPv6)."""
-    return HttpServer(make_app(agent, agent_registry(agent)), address, port).start()
+    app = make_app(
+        agent_registry(agent),
+        lambda: liveness(agent.daemon, agent.cache),
+        lambda: readiness(agent.cache, agent.period_s),
+    )
+    return HttpServer(app, address, port).start()
