@@ -11,43 +11,20 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.tools import ToolUnavailable, helm_path
-
-REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "charts" / "omaticaya"
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    try:
-        path = helm_path()
-    except ToolUnavailable as exc:
-        pytest.skip(f"helm unavailable: {exc}")
-    home = tmp_path_factory.mktemp("helm-home")
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(home),
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-        "KUBECONFIG": str(home / "none"),
-    }
-    return path, env
+from tests.chart import CHART, REPO, run_helm
 
 
 def render(helm, *sets: str) -> subprocess.CompletedProcess[str]:
-    path, env = helm
-    args = [str(path), "template", "omaticaya", str(CHART), "-n", "omaticaya"]
-    args += ["--kube-version", "1.20.2"]
+    """``helm template`` at Kubernetes 1.20.2 with ``--set`` each of ``sets`` (not checked)."""
+    args = ["template", "omaticaya", str(CHART), "-n", "omaticaya", "--kube-version", "1.20.2"]
     for s in sets:
         args += ["--set", s]
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return run_helm(helm, *args, check=False)
 
 
 def agent_env(helm, *sets: str) -> dict[str, Any]:
