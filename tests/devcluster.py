@@ -232,7 +232,7 @@ class DevCluster:
             with urllib.request.urlopen(
                 f"{self.server}/readyz", context=self.ssl_context(), timeout=timeout
             ) as resp:
-                return resp.status == 200 and resp.read().strip() == b"ok"
+                return bool(resp.status == 200 and resp.read().strip() == b"ok")
         except (urllib.error.URLError, OSError):
             return False
 

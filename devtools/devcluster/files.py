@@ -12,6 +12,7 @@ import os
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from devtools.devcluster.procs import log, run
 from devtools.devcluster.state import FullState
@@ -67,7 +68,7 @@ def make_pki(state_dir: Path) -> None:
         for f in p.iterdir():
             f.unlink()
     p.mkdir(parents=True, exist_ok=True)
-    quiet = {"stderr": subprocess.DEVNULL, "cwd": p}
+    quiet: dict[str, Any] = {"stderr": subprocess.DEVNULL, "cwd": p}
     old = os.umask(0o077)
     try:
         run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
