@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -269,13 +268,12 @@ def test_sigterm_on_run_removes_dynamic_labels_and_exits_0(dev_cluster, admin_ap
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if P + "gpu.health" in node_metadata(admin_api, node)[0]:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("agent never labelled the Node")
+        wait_for(
+            "the agent to label the Node",
+            lambda: P + "gpu.health" in node_metadata(admin_api, node)[0],
+            30,
+            every_s=0.2,
+        )
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     finally:

@@ -241,12 +241,13 @@ def _read_at(admin_api, node: str) -> datetime | None:
 def _wait_fresh(admin_api, node: str, since: datetime, timeout_s: float) -> float:
     """Seconds until the telemetry's read_at is at or after ``since``."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
+
+    def fresh() -> bool:
         read_at = _read_at(admin_api, node)
-        if read_at is not None and read_at >= since.replace(microsecond=0):
-            return time.monotonic() - start
-        time.sleep(0.1)
-    pytest.fail(f"telemetry not refreshed within {timeout_s}s")
+        return read_at is not None and read_at >= since.replace(microsecond=0)
+
+    wait_for("the telemetry to be refreshed", fresh, timeout_s, every_s=0.1)
+    return time.monotonic() - start
 
 
 @pytest.mark.slow

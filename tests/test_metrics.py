@@ -135,16 +135,7 @@ def test_scrape_a_running_agent(dev_cluster, make_node):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if get(base + "/readyz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("agent never became ready")
+        wait_for("the agent to be ready", lambda: get(base + "/readyz")[0] == 200, 20, every_s=0.2)
         assert get(base + "/healthz") == (200, "ok\n")
         assert get(base + "/readyz") == (200, "ok\n")
 
