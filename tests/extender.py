@@ -9,7 +9,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from omaticaya_py.scheduler import ExtenderSettings, serve
+from omaticaya_py.scheduler import ExtenderSettings
+from omaticaya_py.scheduler.server import serve
 from tests.helpers import free_port
 
 P = "omaticaya.io/"

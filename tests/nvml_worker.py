@@ -159,7 +159,7 @@ class Worker:
             return self.raw(message)
         if cmd == "record":
             if self.recorder is None:
-                from omaticaya_py.sources.record import Recorder
+                from omaticaya_py.sources.record.recorder import Recorder
 
                 self.recorder = Recorder(1.0)
             return {"sample": self.recorder.sample(message["t"])}

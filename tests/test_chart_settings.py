@@ -269,7 +269,8 @@ def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
         if not off:
             monkeypatch.setenv(key, value)
     assert as_plain(load_settings()) == code_defaults()
-    from omaticaya_py.scheduler import ExtenderSettings, load_extender_settings
+    from omaticaya_py.scheduler import ExtenderSettings
+    from omaticaya_py.scheduler.settings import load_extender_settings
 
     assert load_extender_settings() == ExtenderSettings(_env_file=None)  # type: ignore[call-arg]
 
@@ -279,7 +280,7 @@ def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
 def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):
     """The scheduler's extender places slices of the same resource the device plugin serves:
     ``sharing.resource`` reaches both, and the extender's rendered env loads."""
-    from omaticaya_py.scheduler import load_extender_settings
+    from omaticaya_py.scheduler.settings import load_extender_settings
 
     values = {"scheduler": {"enabled": True}, "sharing": {"resource": "example.com/vram"}}
     docs = render(helm, values)

@@ -19,13 +19,13 @@ from loguru import logger
 
 from omaticaya_py.agent import Agent, SnapshotCache
 from omaticaya_py.core.settings import Settings, SettingsError, load_settings
-from omaticaya_py.deviceplugin import (
-    DevicePlugin,
+from omaticaya_py.deviceplugin.allocation import (
     DeviceState,
     preferred,
     socket_name_for,
     trace_devices,
 )
+from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import FAULTS_TRACE

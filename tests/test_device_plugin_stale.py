@@ -18,8 +18,9 @@ import pytest
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.core.snapshot import NodeSnapshot
-from omaticaya_py.deviceplugin import DevicePlugin, DevicePluginSet
+from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, stale_after_s
+from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import Clock, settings

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from omaticaya_py.core.schema.nodestate import label_bounds, parse_node
-from omaticaya_py.scheduler import ExtenderSettings, handle_filter
+from omaticaya_py.scheduler import ExtenderSettings
+from omaticaya_py.scheduler.protocol import handle_filter
 from tests.helpers import READ_AT, evaluate, gpu, snapshot
 
 P = "omaticaya.io/"

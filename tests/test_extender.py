@@ -12,18 +12,10 @@ import yaml
 from starlette.testclient import TestClient
 
 from omaticaya_py.core.settings import SettingsError
-from omaticaya_py.scheduler import (
-    MAX_PRIORITY,
-    Extender,
-    ExtenderSettings,
-    Need,
-    create_app,
-    handle_filter,
-    handle_prioritize,
-    load_extender_settings,
-    parse_need,
-    parse_node,
-)
+from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
+from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
+from omaticaya_py.scheduler.rules import MAX_PRIORITY, Need, parse_need
+from omaticaya_py.scheduler.settings import load_extender_settings
 from tests.helpers import READ_AT, evaluate, gpu, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -273,7 +265,8 @@ def test_bad_settings_are_one_line_each(monkeypatch, env, line):
 
 
 def test_subcommand_flags_and_exit_status_2(capsys):
-    from omaticaya_py.cli import build_parser, main
+    from omaticaya_py.cli import main
+    from omaticaya_py.cli.parser import build_parser
 
     argv = ["extender", "--strategy", "spread", "--port", "0", "--fail-open"]
     args = build_parser().parse_args(argv)

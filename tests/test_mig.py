@@ -15,13 +15,9 @@ from omaticaya_py.agent import Agent
 from omaticaya_py.core.health import Health, XidPolicy, assess, schedulable_units
 from omaticaya_py.core.render import render, telemetry
 from omaticaya_py.core.snapshot import MigReading, XidEvent, mig_profile_name
-from omaticaya_py.deviceplugin import (
-    DevicePlugin,
-    DevicePluginSet,
-    mig_resource_name,
-    preferred,
-    trace_units,
-)
+from omaticaya_py.deviceplugin import DevicePluginSet
+from omaticaya_py.deviceplugin.allocation import mig_resource_name, preferred, trace_units
+from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.sources.replay import TraceError, TraceReader, load_trace
 from tests.data import make_mig_traces
 from tests.helpers import DATA, gpu, settings, snapshot

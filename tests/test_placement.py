@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
-from omaticaya_py.scheduler import Extender, ExtenderSettings, Need, judge
+from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.inflight import Placement, adjust, pending
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.placements import PodProblems, placement_from_pod
+from omaticaya_py.scheduler.rules import Need, judge
 from omaticaya_py.scheduler.staleness import node_policy, view_from_object, with_policy
 
 NOW = 1_800_000_000.0
@@ -301,7 +302,7 @@ class FakePods:
 def test_metrics_count_in_flight_pods_and_skipped_ones():
     from prometheus_client import generate_latest
 
-    from omaticaya_py.scheduler import NodeProblems, metrics_registry
+    from omaticaya_py.scheduler.app import NodeProblems, metrics_registry
 
     class Nodes:
         synced, lists, events, skipped = True, 1, 0, 0
@@ -345,7 +346,7 @@ def test_decision_reasons_are_a_bounded_set(text, kind):
 def test_every_decision_is_counted_in_the_metrics():
     from prometheus_client import generate_latest
 
-    from omaticaya_py.scheduler import NodeProblems, metrics_registry
+    from omaticaya_py.scheduler.app import NodeProblems, metrics_registry
 
     states = {"a": node(70000, name="a"), "b": node(20000, name="b"),
               "c": node(70000, name="c", **STALE)}  # fmt: skip

@@ -125,7 +125,7 @@ def _check_room(api, ns: str, names: dict[str, str]) -> Counter[str]:
 def _restart_extender(sched: ExtenderScheduler, **serve_kw: Any) -> None:
     """Stop the extender (the kube-scheduler keeps running) and start a new one on its port
     (``serve_kw``: more arguments of ``serve``, e.g. the ``ledger`` to fill)."""
-    from omaticaya_py.scheduler import serve
+    from omaticaya_py.scheduler.server import serve
 
     settings = sched_settings(sched)
     sched.stop_event.set()

@@ -261,7 +261,8 @@ class ExtenderScheduler:
         signal: str = "now", serve_kw: dict[str, Any] | None = None,
         plugins: dict[str, Any] | None = None,
     ) -> None:
-        from omaticaya_py.scheduler import ExtenderSettings, serve
+        from omaticaya_py.scheduler import ExtenderSettings
+        from omaticaya_py.scheduler.server import serve
 
         port = free_port()
         settings = ExtenderSettings(

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from omaticaya_py.core.settings import SettingsError, load_settings
-from omaticaya_py.scheduler import load_extender_settings
+from omaticaya_py.scheduler.settings import load_extender_settings
 from tests.conftest import H100_TRACE, node_metadata
 
 OWN = "expected a prefix this agent owns, like 'omaticaya.io'"

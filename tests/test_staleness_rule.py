@@ -31,7 +31,8 @@ from omaticaya_py.core.liveness import (
 from omaticaya_py.core.schema import parse_node, rfc3339_s
 from omaticaya_py.core.schema.values import epoch_text
 from omaticaya_py.kube import NodeClient
-from omaticaya_py.scheduler import ExtenderSettings, handle_filter
+from omaticaya_py.scheduler import ExtenderSettings
+from omaticaya_py.scheduler.protocol import handle_filter
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import H100_TRACE, node_metadata
 from tests.helpers import settings

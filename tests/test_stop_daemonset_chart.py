@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.cli import build_parser
+from omaticaya_py.cli.parser import build_parser
 from tests.chart import (
     ALL_ON,
     K8S_VERSION,

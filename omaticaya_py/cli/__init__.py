@@ -14,6 +14,5 @@ settings, then the one-shot commands), ``daemon`` (``run`` and ``device-plugin``
 """
 
 from .dispatch import main
-from .parser import build_parser
 
-__all__ = ["build_parser", "main"]
+__all__ = ["main"]

@@ -45,28 +45,6 @@ the kubelet), ``plugin`` (the two together: one resource), ``plugins`` (every re
 node), ``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
 """
 
-from .allocation import (
-    API_VERSION,
-    DEFAULT_PLUGIN_DIR,
-    DeviceState,
-    mig_resource_name,
-    preferred,
-    socket_name_for,
-    trace_devices,
-    trace_units,
-)
-from .plugin import DevicePlugin
 from .plugins import DevicePluginSet
 
-__all__ = [
-    "API_VERSION",
-    "DEFAULT_PLUGIN_DIR",
-    "DeviceState",
-    "DevicePlugin",
-    "DevicePluginSet",
-    "mig_resource_name",
-    "preferred",
-    "socket_name_for",
-    "trace_devices",
-    "trace_units",
-]
+__all__ = ["DevicePluginSet"]

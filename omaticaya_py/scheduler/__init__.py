@@ -40,57 +40,9 @@ ExtenderPreemptionResult out; docs/scheduling.md, "Preemption"), ``app`` (the St
 cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli``'s ``extender``.
 """
 
-from ..core.schema import (
-    MAX_REFRESH_S,
-    MAX_TELEMETRY_BYTES,
-    GpuInfo,
-    NodeGpuState,
-    parse_node,
-    state_from_object,
-)
-from .app import MAX_BODY_BYTES, NodeProblems, args_problem, create_app, metrics_registry
-from .protocol import Extender, handle_filter, handle_prioritize
-from .rules import (
-    MAX_GPU_COUNT,
-    MAX_MEMORY_MIB,
-    MAX_PRIORITY,
-    MIN_PRIORITY,
-    Need,
-    Verdict,
-    filter_nodes,
-    judge,
-    parse_need,
-    prioritize_nodes,
-)
-from .server import serve
-from .settings import ExtenderSettings, load_extender_settings
+from ..core.schema import parse_node
+from .app import create_app
+from .protocol import Extender
+from .settings import ExtenderSettings
 
-__all__ = [
-    "MAX_BODY_BYTES",
-    "MAX_GPU_COUNT",
-    "MAX_MEMORY_MIB",
-    "MAX_PRIORITY",
-    "MAX_REFRESH_S",
-    "MAX_TELEMETRY_BYTES",
-    "MIN_PRIORITY",
-    "Extender",
-    "ExtenderSettings",
-    "GpuInfo",
-    "Need",
-    "NodeGpuState",
-    "NodeProblems",
-    "Verdict",
-    "args_problem",
-    "create_app",
-    "filter_nodes",
-    "handle_filter",
-    "handle_prioritize",
-    "judge",
-    "load_extender_settings",
-    "metrics_registry",
-    "parse_need",
-    "parse_node",
-    "prioritize_nodes",
-    "serve",
-    "state_from_object",
-]
+__all__ = ["Extender", "ExtenderSettings", "create_app", "parse_node"]

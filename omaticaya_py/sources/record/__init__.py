@@ -17,6 +17,5 @@ not the agent's rounded readings, so that a replay sees what the agent would hav
 """
 
 from .command import RecordError, record
-from .recorder import Recorder
 
-__all__ = ["RecordError", "Recorder", "record"]
+__all__ = ["RecordError", "record"]
