@@ -154,3 +154,27 @@ def test_script_status_and_usage_without_a_cluster(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "scripts/dev-cluster up" in bad.stderr
     down = subprocess.run([script, "down"], env=env, capture_output=True, text=True)
     assert down.returncode == 0 and "nothing to stop" in down.stderr
+
+
+def test_down_stops_what_the_bash_scripts_pid_files_name(tmp_path: Path) -> None:
+    """A state dir from before state.json (``<name>.pid`` files): ``down`` stops the processes
+    whose command line holds their binary's name, and nothing else."""
+    etcd = subprocess.Popen(["bash", "-c", "exec -a /usr/bin/etcd sleep 300"],
+                            start_new_session=True)
+    (tmp_path / "etcd.pid").write_text(f"{etcd.pid}\n")
+    (tmp_path / "apiserver.pid").write_text(f"{os.getpid()}\n")  # a reused pid: not ours
+    env = dict(os.environ, OMATICAYA_DEV_DIR=str(tmp_path))
+    try:
+        procs.wait_until("etcd's command line", lambda: "etcd" in Path(
+            f"/proc/{etcd.pid}/cmdline").read_text(), 10)
+        down = subprocess.run([str(REPO_ROOT / "scripts" / "dev-cluster"), "down"], env=env,
+                              capture_output=True, text=True)
+        assert down.returncode == 0, down.stderr
+        assert etcd.wait(timeout=10) == -15
+        assert f"stopping etcd (pid {etcd.pid})" in down.stderr
+        assert "apiserver" not in down.stderr.replace("down (", "")
+        assert not (tmp_path / "etcd.pid").exists()
+        assert not (tmp_path / "state.json").exists()
+    finally:
+        etcd.kill()
+        etcd.wait()

@@ -76,6 +76,8 @@ class Cluster:
         if self.dir.exists():
             self.dir = self.dir.resolve()
         self.state: State | None = load_state(self.dir) if self.dir.exists() else None
+        #: a state dir of the bash dev-cluster (pid files): stop its processes, write no state
+        self.legacy = False
         self.ready_timeout_s = _env_s("OMATICAYA_READY_TIMEOUT", 60)
         self.kubelet_ready_timeout_s = _env_s("OMATICAYA_KUBELET_READY_TIMEOUT", 60)
 
@@ -87,7 +89,8 @@ class Cluster:
         return self.state
 
     def save(self) -> None:
-        self.st.save(self.dir)
+        if not self.legacy:
+            self.st.save(self.dir)
 
     def log_path(self, name: str) -> Path:
         """``<state dir>/<name>.log``: the process's stdout and stderr."""

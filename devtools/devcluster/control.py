@@ -11,6 +11,7 @@ import urllib.request
 
 from devtools.devcluster import full as full_mod
 from devtools.devcluster import kubelet as kubelet_mod
+from devtools.devcluster import legacy
 from devtools.devcluster.cluster import K8S_VERSION, Cluster, binary, build, etcd_binary
 from devtools.devcluster.files import make_pki, write_audit_policy, write_kubeconfig
 from devtools.devcluster.procs import free_port, https_ok, log
@@ -188,11 +189,17 @@ def down(c: Cluster) -> None:
     if not c.dir.exists():
         log(f"nothing to stop ({c.dir} does not exist)")
         return
+    if c.state is None:
+        c.state = legacy.legacy_state(c.dir)
+        c.legacy = c.state is not None
     full_mod.full_down(c)
     kubelet_mod.kubelet_down(c)
     full_mod.cleanup_host(c)
     for name in CONTROL_PLANE:
         c.stop(name)
+    if c.legacy:
+        legacy.forget(c.dir)
+        c.state, c.legacy = None, False
     log(f"down (certs, logs and etcd data kept in {c.dir})")
 
 
