@@ -49,6 +49,14 @@ def ensure_namespace(admin_api, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def scheduling_cluster(dev_cluster: DevCluster) -> DevCluster:  # noqa: F811
+    """The dev cluster with the default kube-scheduler running (``up --scheduler``, idempotent;
+    built on first use)."""
+    dev_cluster.start_scheduler()
+    return dev_cluster
+
+
+@pytest.fixture(scope="session")
 def leases(admin_client):
     """``kubernetes.client.CoordinationV1Api`` as cluster admin."""
     from kubernetes import client

@@ -39,25 +39,19 @@ ROOM = {role: free // POD_MIB for role, free in FREE.items()}  # big 2, mid 1, s
 
 
 @pytest.fixture(scope="module")
-def cluster(dev_cluster: DevCluster) -> DevCluster:
-    dev_cluster.start_scheduler()
-    return dev_cluster
-
-
-@pytest.fixture(scope="module")
-def api(cluster: DevCluster, admin_api: Any) -> Any:
-    """conftest's admin client, once this module's cluster runs kube-scheduler."""
+def api(scheduling_cluster: DevCluster, admin_api: Any) -> Any:
+    """conftest's admin client, once the cluster runs kube-scheduler."""
     return admin_api
 
 
 @pytest.fixture(scope="module")
-def burst(api, cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
+def burst(api, scheduling_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
     """Namespace, three labelled Nodes and a kube-scheduler with its extender (settle 600 s)."""
     tmp = tmp_path_factory.mktemp("burst")
     ns = f"burst-{os.getpid()}"
     api.create_namespace({"metadata": {"name": ns}})
     api.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
-    agents = Agents(cluster, tmp)
+    agents = Agents(scheduling_cluster, tmp)
     names = {role: f"burst-{role}-{os.getpid()}" for role in FREE}
     env = {"OMATICAYA_EXTENDER_SETTLE_S": "600", "OMATICAYA_EXTENDER_SCHEDULER_NAME": SCHEDULER}
     saved = {k: os.environ.get(k) for k in env}
@@ -78,8 +72,8 @@ def burst(api, cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
             ),
             30,
         )
-        sched = ExtenderScheduler(cluster, tmp, SCHEDULER, "spread", settle_s=60)
-        yield {"ns": ns, "names": names, "sched": sched, "tmp": tmp, "cluster": cluster}
+        sched = ExtenderScheduler(scheduling_cluster, tmp, SCHEDULER, "spread", settle_s=60)
+        yield {"ns": ns, "names": names, "sched": sched, "tmp": tmp, "cluster": scheduling_cluster}
     finally:
         for k, v in saved.items():
             if v is None:

@@ -73,14 +73,8 @@ def write_trace(path: Path, free_mib: int, *, unhealthy: bool = False) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(dev_cluster: DevCluster) -> DevCluster:
-    dev_cluster.start_scheduler()
-    return dev_cluster
-
-
-@pytest.fixture(scope="module")
-def api(cluster: DevCluster, admin_api: Any) -> Any:
-    """conftest's admin client, once this module's cluster runs kube-scheduler."""
+def api(scheduling_cluster: DevCluster, admin_api: Any) -> Any:
+    """conftest's admin client, once the cluster runs kube-scheduler."""
     return admin_api
 
 
@@ -161,10 +155,10 @@ class Agents:
 
 
 @pytest.fixture(scope="module")
-def nodes(api: Any, cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory):
+def nodes(api: Any, scheduling_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory):
     """{role: node name}: big, mid, small, sick (crash is per test), labelled by live agents."""
     tmp = tmp_path_factory.mktemp("agents")
-    agents = Agents(cluster, tmp)
+    agents = Agents(scheduling_cluster, tmp)
     names = {role: f"sched-{role}-{os.getpid()}" for role in ("big", "mid", "small", "sick")}
     try:
         for role, name in names.items():
@@ -324,12 +318,12 @@ class ExtenderScheduler:
 
 
 @pytest.fixture(scope="module")
-def schedulers(cluster, nodes, tmp_path_factory) -> Iterator[dict[str, ExtenderScheduler]]:
+def schedulers(scheduling_cluster, nodes, tmp_path_factory) -> Iterator[dict[str, ExtenderScheduler]]:
     tmp = tmp_path_factory.mktemp("schedulers")
     made: dict[str, ExtenderScheduler] = {}
     try:
-        made["binpack"] = ExtenderScheduler(cluster, tmp, "omaticaya-scheduler", "binpack")
-        made["spread"] = ExtenderScheduler(cluster, tmp, "omaticaya-spread", "spread")
+        made["binpack"] = ExtenderScheduler(scheduling_cluster, tmp, "omaticaya-scheduler", "binpack")
+        made["spread"] = ExtenderScheduler(scheduling_cluster, tmp, "omaticaya-spread", "spread")
         yield made
     finally:
         for s in made.values():
