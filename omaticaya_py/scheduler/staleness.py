@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 from ..core.liveness import MAX_LEASE_DURATION_S, LeaseState, Seen, lease_from_object
 from ..core.schema import NodeGpuState, json_mapping, state_from_object
@@ -48,7 +48,6 @@ __all__ = [
     "with_policy",
 ]
 
-Policy = Literal["reject", "allow", "score-zero"]
 POLICIES: tuple[str, ...] = ("reject", "allow", "score-zero")
 
 #: the Node annotation that overrides both policies for that node: ``scheduler.<prefix>/`` +
