@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import gpu, settings, snapshot
-from tests.test_placement_cluster import _restart_extender, api, cluster  # noqa: F401
+from tests.test_placement_cluster import _restart_extender, api  # noqa: F401
 from tests.test_scheduling_cluster import ExtenderScheduler, gpu_pod, schedulable
 from tests.waiting import wait_for
 
@@ -57,7 +57,7 @@ def write_node(core: Any, name: str, free_mib: list[int]) -> None:
 
 
 @pytest.fixture
-def setup(api, cluster, tmp_path, request) -> Iterator[dict[str, Any]]:  # noqa: F811
+def setup(api, scheduling_cluster, tmp_path, request) -> Iterator[dict[str, Any]]:  # noqa: F811
     """A namespace, Nodes (``request.param``: {name suffix: free MiB per GPU}) and a
     kube-scheduler whose extender fills the returned ledger."""
     from omaticaya_py.scheduler.ledger import Ledger
@@ -73,7 +73,7 @@ def setup(api, cluster, tmp_path, request) -> Iterator[dict[str, Any]]:  # noqa:
     try:
         for name, free in names.items():
             write_node(api, name, free)
-        sched = ExtenderScheduler(cluster, tmp_path, scheduler, "binpack", settle_s=600,
+        sched = ExtenderScheduler(scheduling_cluster, tmp_path, scheduler, "binpack", settle_s=600,
                                   serve_kw={"ledger": ledger})  # fmt: skip
         yield {"ns": ns, "nodes": names, "sched": sched, "ledger": ledger, "name": scheduler}
     finally:

@@ -47,7 +47,6 @@ from tests.test_scheduling_cluster import (  # noqa: F401  (module fixtures)
     EXAMPLES,
     ExtenderScheduler,
     api,
-    cluster,
     schedulable,
 )
 from tests.waiting import wait_for
@@ -90,7 +89,7 @@ def bound_pod(name: str, node: str, priority_class: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def full(api, cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:  # noqa: F811
+def full(api, scheduling_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:  # noqa: F811
     """Namespace, the example PriorityClasses, three full Nodes and a kube-scheduler with its
     extender (in-flight reservations on: settle 60 s)."""
     from kubernetes import client
@@ -120,7 +119,7 @@ def full(api, cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:  # noqa: F
                 api.create_namespaced_pod(ns, bound_pod(pod, node, "gpu-batch"))
         # PostFilter off: 1.20.2 would not ask the extender and panics on victimless candidates
         sched = ExtenderScheduler(
-            cluster, tmp, SCHEDULER, "binpack", settle_s=60,
+            scheduling_cluster, tmp, SCHEDULER, "binpack", settle_s=60,
             plugins={"postFilter": {"disabled": [{"name": "*"}]}},
         )  # fmt: skip
         yield {"ns": ns, "names": names, "sched": sched}
@@ -211,7 +210,7 @@ def _post(url: str, body: Any) -> Any:
 
 
 @pytest.fixture
-def lone(api, cluster, full, tmp_path_factory) -> Iterator[dict[str, Any]]:  # noqa: F811
+def lone(api, scheduling_cluster, full, tmp_path_factory) -> Iterator[dict[str, Any]]:  # noqa: F811
     """One more full Node whose only pod has no PriorityClass (priority 0), a PriorityClass of
     500 (above it, below gpu-batch: no other node holds a pod it may preempt) and a
     kube-scheduler with the example's profile as it is (DefaultPreemption on)."""
@@ -229,7 +228,7 @@ def lone(api, cluster, full, tmp_path_factory) -> Iterator[dict[str, Any]]:  # n
         plain = bound_pod("plain", node, "")
         del plain["spec"]["priorityClassName"]
         api.create_namespaced_pod(ns, plain)
-        sched = ExtenderScheduler(cluster, tmp, SCHEDULER + "-stock", "binpack", settle_s=60)
+        sched = ExtenderScheduler(scheduling_cluster, tmp, SCHEDULER + "-stock", "binpack", settle_s=60)
         yield {"ns": ns, "node": node, "class": klass, "sched": sched}
     finally:
         if sched is not None:

@@ -28,7 +28,7 @@ import pytest
 
 from tests.helpers import gpu, settings, snapshot
 from tests.test_burst_cluster import bound, waiting_reason
-from tests.test_placement_cluster import api, cluster  # noqa: F401
+from tests.test_placement_cluster import api  # noqa: F401
 from tests.test_scheduling_cluster import ExtenderScheduler, schedulable
 from tests.waiting import wait_for
 
@@ -78,7 +78,7 @@ def slice_pod(name: str, scheduler: str, units: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def setup(api, cluster, tmp_path) -> Iterator[dict[str, Any]]:  # noqa: F811
+def setup(api, scheduling_cluster, tmp_path) -> Iterator[dict[str, Any]]:  # noqa: F811
     from omaticaya_py.scheduler.ledger import Ledger
 
     tag = os.getpid()
@@ -92,7 +92,7 @@ def setup(api, cluster, tmp_path) -> Iterator[dict[str, Any]]:  # noqa: F811
     try:
         for name, (free, units) in names.items():
             write_shared_node(api, name, free, units)
-        sched = ExtenderScheduler(cluster, tmp_path, scheduler, "binpack", settle_s=600,
+        sched = ExtenderScheduler(scheduling_cluster, tmp_path, scheduler, "binpack", settle_s=600,
                                   serve_kw={"ledger": ledger})  # fmt: skip
         yield {"ns": ns, "nodes": names, "ledger": ledger, "name": scheduler}
     finally:
