@@ -10,7 +10,6 @@ import pytest
 
 from tests.chart import helm  # noqa: F401  (session fixture)
 from tests.devcluster import DevCluster, dev_cluster  # noqa: F401  (session fixture)
-from tests.helpers import H100_TRACE  # noqa: F401  (re-exported: tests import it from here too)
 
 _names = itertools.count()
 

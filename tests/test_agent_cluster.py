@@ -22,8 +22,8 @@ from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import KubeForbidden, KubeNotFound, KubeUnavailable, NodeClient
 from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_count
-from tests.conftest import H100_TRACE, node_metadata
-from tests.helpers import Clock
+from tests.conftest import node_metadata
+from tests.helpers import H100_TRACE, Clock
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

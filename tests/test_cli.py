@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from omaticaya_py.sources.nvml import nvml_available
-from tests.conftest import H100_TRACE
+from tests.helpers import H100_TRACE
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -25,9 +25,9 @@ from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient
 from omaticaya_py.sources.nvml import NvmlReader, nvml_available
 from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_events
-from tests.conftest import H100_TRACE, node_metadata
+from tests.conftest import node_metadata
 from tests.faultproxy import Fault, FaultProxy
-from tests.helpers import FAULTS_TRACE, Clock
+from tests.helpers import FAULTS_TRACE, H100_TRACE, Clock
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

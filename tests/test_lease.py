@@ -52,7 +52,7 @@ def _agent(lease):
     from omaticaya_py.agent import Agent
     from omaticaya_py.core.settings import load_settings
     from omaticaya_py.sources.replay import TraceReader
-    from tests.conftest import H100_TRACE
+    from tests.helpers import H100_TRACE
 
     settings = load_settings(node_name="n", heartbeat_s=30)
     reader = TraceReader(H100_TRACE, at_s=3.0, loop=False)

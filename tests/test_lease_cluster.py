@@ -20,8 +20,8 @@ from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import H100_TRACE, ensure_namespace, node_metadata
-from tests.helpers import Clock
+from tests.conftest import ensure_namespace, node_metadata
+from tests.helpers import H100_TRACE, Clock
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

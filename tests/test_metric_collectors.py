@@ -24,8 +24,7 @@ from omaticaya_py.core.health import XidLedger
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.core.slices import Sharing
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import H100_TRACE
-from tests.helpers import policy_of, settings
+from tests.helpers import H100_TRACE, policy_of, settings
 
 
 def _registry(*collectors) -> CollectorRegistry:

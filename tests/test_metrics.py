@@ -22,8 +22,7 @@ from omaticaya_py.agent import Agent
 from omaticaya_py.agent.metrics import agent_registry, readiness, serve
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import H100_TRACE
-from tests.helpers import FAULTS_TRACE, free_port, settings
+from tests.helpers import FAULTS_TRACE, H100_TRACE, free_port, settings
 from tests.waiting import wait_for
 
 MIB = 1024 * 1024

@@ -14,8 +14,9 @@ import pytest
 
 from omaticaya_py.core.schema import STATIC_NAMES
 from tests import nvmltestlib
-from tests.conftest import H100_TRACE, node_metadata
+from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT
+from tests.helpers import H100_TRACE
 from tests.waiting import wait_for
 
 pytestmark = [

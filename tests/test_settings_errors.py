@@ -12,7 +12,8 @@ import pytest
 
 from omaticaya_py.core.settings import SettingsError, load_settings
 from omaticaya_py.scheduler.settings import load_extender_settings
-from tests.conftest import H100_TRACE, node_metadata
+from tests.conftest import node_metadata
+from tests.helpers import H100_TRACE
 
 OWN = "expected a prefix this agent owns, like 'omaticaya.io'"
 

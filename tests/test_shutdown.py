@@ -19,9 +19,9 @@ from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import H100_TRACE, node_metadata
+from tests.conftest import node_metadata
 from tests.faultproxy import Fault, FaultProxy
-from tests.helpers import settings
+from tests.helpers import H100_TRACE, settings
 from tests.waiting import wait_for
 
 P = "omaticaya.io/"

@@ -34,8 +34,8 @@ from omaticaya_py.kube import NodeClient
 from omaticaya_py.scheduler import ExtenderSettings
 from omaticaya_py.scheduler.protocol import handle_filter
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import H100_TRACE, node_metadata
-from tests.helpers import settings
+from tests.conftest import node_metadata
+from tests.helpers import H100_TRACE, settings
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z, the reader's wall clock
 MONO = 50_000.0  # the reader's monotonic clock at NOW

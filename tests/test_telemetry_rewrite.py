@@ -36,8 +36,8 @@ from omaticaya_py.core.snapshot import MigReading
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import H100_TRACE, node_metadata
-from tests.helpers import Clock, evaluate, gpu, snapshot
+from tests.conftest import node_metadata
+from tests.helpers import H100_TRACE, Clock, evaluate, gpu, snapshot
 from tests.test_lease_cluster import namespace  # noqa: F401  (fixture)
 
 P = "omaticaya.io/"

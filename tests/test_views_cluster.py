@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import H100_TRACE
-from tests.helpers import FAULTS_TRACE
+from tests.helpers import FAULTS_TRACE, H100_TRACE
 from tests.tools import ToolUnavailable, kubectl_path
 from tests.waiting import wait_for
 
