@@ -20,6 +20,7 @@ from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.sources.replay import TraceReader
+from tests.audit import audit_count
 from tests.conftest import ensure_namespace, node_metadata
 from tests.helpers import H100_TRACE, Clock
 from tests.waiting import wait_for
@@ -29,22 +30,6 @@ pytestmark = pytest.mark.cluster
 P = "omaticaya.io/"
 NAMESPACE = "omaticaya-lease-test"
 POD = "omaticaya-agent-x7k2p"
-
-
-
-def audit_count(dev_cluster, *, verb: str, resource: str, name: str) -> int:
-    n = 0
-    for line in dev_cluster.audit_lines():
-        event = json.loads(line)
-        ref = event.get("objectRef", {})
-        if (
-            event.get("stage") == "ResponseComplete"
-            and event.get("verb") == verb
-            and ref.get("resource") == resource
-            and ref.get("name") == name
-        ):
-            n += 1
-    return n
 
 
 def settle_audit(dev_cluster, client: NodeClient, node: str) -> None:
