@@ -8,7 +8,10 @@ records it: 81559 MiB total, 81079 MiB free, 40 C, 120 W, no ECC error, no remap
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -173,3 +176,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m omaticaya_py ARGS`` as a user runs it, at most 60 s, exit status not checked.
+    Its environment: ``env`` when given, else this process's without ``OMATICAYA_*`` and
+    ``NODE_NAME`` (no setting leaks in from the test run); then ``extra`` on top."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMATICAYA_") and k != "NODE_NAME"}
+    return subprocess.run(
+        [sys.executable, "-m", "omaticaya_py", *args],
+        env={**env, **extra}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip

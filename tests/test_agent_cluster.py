@@ -24,6 +24,7 @@ from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_count
 from tests.conftest import node_metadata
 from tests.helpers import H100_TRACE, Clock
+from tests.helpers import run_cli as _cli
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -214,17 +215,6 @@ def test_forbidden_without_rbac(dev_cluster, admin_api, make_node, tmp_path):
     with pytest.raises(KubeForbidden, match="RBAC"):
         client.patch_node({"metadata": {"labels": {P + "x": "1"}}})
     assert client.requests == {("patch", "403"): 1}
-
-
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "omaticaya_py", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_cli_once_and_cleanup(dev_cluster, admin_api, make_node):

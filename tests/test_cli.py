@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from omaticaya_py.sources.nvml import nvml_available
 from tests.helpers import H100_TRACE
-
-
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("OMATICAYA_") and k != "NODE_NAME"}
-    return subprocess.run(
-        [sys.executable, "-m", "omaticaya_py", *args],
-        env={**base, **env}, capture_output=True, text=True, timeout=60, check=False,
-    )
+from tests.helpers import run_cli as cli
 
 
 @pytest.mark.skipif(nvml_available(), reason="needs a machine where NVML cannot start")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from omaticaya_py.core.render import is_static
 from tests import waiting
 from tests.audit import audit_events
 from tests.devcluster import DevCluster, _run_script, start_dev_cluster
+from tests.kubelet import kubelet_sock_in_use
 from tests.tools import ToolUnavailable, helm_path, kubectl_path
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -58,21 +58,6 @@ HARDWARE = {
 }
 #: bounds of the condition waits (generous for a loaded 2-core machine; never asserted on)
 WAIT_S = float(os.environ.get("OMATICAYA_HELM_WAIT_S", "180"))
-
-
-def kubelet_sock_in_use() -> bool:
-    """Another kubelet serves the machine's one device-plugin socket (v1.20: a fixed path)."""
-    path = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
-    if not path.exists():
-        return False
-    s = socket.socket(socket.AF_UNIX)
-    try:
-        s.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> Any:

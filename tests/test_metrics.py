@@ -5,7 +5,6 @@ with one line and exit status 2."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from omaticaya_py.agent.metrics import agent_registry, readiness, serve
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import FAULTS_TRACE, H100_TRACE, free_port, settings
+from tests.helpers import run_cli as _cli
 from tests.waiting import wait_for
 
 MIB = 1024 * 1024
@@ -210,14 +210,6 @@ def test_metrics_address_ipv6_serves_ipv6():
         assert err.value.code == 503
     finally:
         server.shutdown()
-
-
-def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("OMATICAYA_") and k != "NODE_NAME"}
-    return subprocess.run(
-        [sys.executable, "-m", "omaticaya_py", *args],
-        env={**base, **env}, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
 
 
 @pytest.fixture

@@ -4,16 +4,13 @@ to the API server."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from omaticaya_py.core.settings import SettingsError, load_settings
 from omaticaya_py.scheduler.settings import load_extender_settings
 from tests.conftest import node_metadata
 from tests.helpers import H100_TRACE
+from tests.helpers import run_cli as cli
 
 OWN = "expected a prefix this agent owns, like 'omaticaya.io'"
 
@@ -46,14 +43,6 @@ def test_well_known_prefixes_are_refused(monkeypatch, prefix, refused):
         line = str(err.value)
         assert "\n" not in line and line.startswith(f"invalid setting {var}={prefix!r}: {OWN}")
         monkeypatch.delenv(var)
-
-
-def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("OMATICAYA_") and k != "NODE_NAME"}
-    return subprocess.run(
-        [sys.executable, "-m", "omaticaya_py", *args],
-        env={**base, **env}, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
 
 
 @pytest.mark.cluster
