@@ -194,6 +194,7 @@ def _top(
 ) -> int:
     nodes = feed.start()
     sightings = Sightings(options.prefix)
+    node: NodeMeta | None  # a Node, then each change (None: deleted)
     for node in nodes.values():
         sightings.see(node)
     as_json = options.output == "json"
