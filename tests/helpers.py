@@ -8,6 +8,7 @@ records it: 81559 MiB total, 81079 MiB free, 40 C, 120 W, no ECC error, no remap
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -190,3 +191,17 @@ def run_cli(
         [sys.executable, "-m", "omaticaya_py", *args],
         env={**env, **extra}, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
+
+
+def token_kubeconfig(cluster: Any, token: str, path: Path) -> Path:
+    """Write at ``path`` a kubeconfig that reaches ``cluster`` (its ``server`` and ``ca_file``,
+    as ``DevCluster`` has them) with nothing but the bearer ``token`` (a ServiceAccount's);
+    returns ``path``."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "dev", "cluster": {
+            "server": cluster.server, "certificate-authority": str(cluster.ca_file)}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
+    }))  # fmt: skip
+    return path

@@ -23,7 +23,7 @@ from omaticaya_py.kube import KubeForbidden, KubeNotFound, KubeUnavailable, Node
 from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_count
 from tests.conftest import node_metadata
-from tests.helpers import H100_TRACE, Clock
+from tests.helpers import H100_TRACE, Clock, token_kubeconfig
 from tests.helpers import run_cli as _cli
 from tests.waiting import wait_for
 
@@ -190,27 +190,7 @@ def test_forbidden_without_rbac(dev_cluster, admin_api, make_node, tmp_path):
     token = admin_api.create_namespaced_service_account_token(
         sa, ns, {"spec": {"audiences": [], "expirationSeconds": 600}}
     ).status.token
-    cfg = tmp_path / "kubeconfig"
-    cfg.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "dev",
-                        "cluster": {
-                            "server": dev_cluster.server,
-                            "certificate-authority": str(dev_cluster.ca_file),
-                        },
-                    }
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
-                "current-context": "sa",
-            }
-        )
-    )
+    cfg = token_kubeconfig(dev_cluster, token, tmp_path / "kubeconfig")
     client = NodeClient(node, kubeconfig=str(cfg), sleep=lambda s: None)
     with pytest.raises(KubeForbidden, match="RBAC"):
         client.patch_node({"metadata": {"labels": {P + "x": "1"}}})

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import token_kubeconfig
 from tests.test_chart_rbac import PROPAGATION_S, _apply, _core_event, _exists_ok, _status
 from tests.tools import ToolUnavailable, helm_path
 
@@ -54,23 +55,6 @@ def render() -> list[dict]:
     return [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] in RBAC_KINDS]
 
 
-def _kubeconfig(dev_cluster, token: str, path: Path) -> str:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "dev", "cluster": {
-                    "server": dev_cluster.server, "certificate-authority": str(dev_cluster.ca_file)}}],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
-                "current-context": "sa",
-            }
-        )
-    )  # fmt: skip
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def tokens(dev_cluster, admin_client, tmp_path_factory) -> Iterator[dict[str, Any]]:
     from kubernetes import client
@@ -95,7 +79,7 @@ def tokens(dev_cluster, admin_client, tmp_path_factory) -> Iterator[dict[str, An
         cfg.api_key = {"BearerToken": token}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         out["apis"][sa] = client.ApiClient(cfg)
-        out["kubeconfig"][sa] = _kubeconfig(dev_cluster, token, tmp / f"{sa}.kubeconfig")
+        out["kubeconfig"][sa] = str(token_kubeconfig(dev_cluster, token, tmp / f"{sa}.kubeconfig"))
     # RBAC reaches the authorizer through an informer: wait until the extender may list Nodes
     core = client.CoreV1Api(out["apis"][EXTENDER])
     deadline = time.monotonic() + PROPAGATION_S

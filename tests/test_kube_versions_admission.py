@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.audit import audit_events
 from tests.chart import NAMESPACE, RELEASE, Vap
+from tests.helpers import token_kubeconfig
 from tests.test_kube_versions import docs_at
 
 DATA = Path(__file__).parent / "data" / "admission" / "node-patches-v1.20.2.json"
@@ -177,27 +177,7 @@ def capture(dev_cluster, admin_client, helm, tmp: Path) -> dict:
             },
         },
     ).status.token
-    kubeconfig = tmp / "agent-kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "dev",
-                        "cluster": {
-                            "server": dev_cluster.server,
-                            "certificate-authority": str(dev_cluster.ca_file),
-                        },
-                    }
-                ],
-                "users": [{"name": "agent", "user": {"token": token}}],
-                "contexts": [{"name": "agent", "context": {"cluster": "dev", "user": "agent"}}],
-                "current-context": "agent",
-            }
-        )
-    )
+    kubeconfig = token_kubeconfig(dev_cluster, token, tmp / "agent-kubeconfig")
     # RBAC reaches the authorizer through an informer: ask until the binding is in effect
     auth = client.AuthorizationV1Api(admin_client)
     review = {

@@ -22,7 +22,7 @@ from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_count
 from tests.conftest import ensure_namespace, node_metadata
-from tests.helpers import H100_TRACE, Clock
+from tests.helpers import H100_TRACE, Clock, token_kubeconfig
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -241,15 +241,7 @@ def _token_kubeconfig(dev_cluster, admin_api, tmp_path, rules: list[dict]) -> st
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
          "spec": {"expirationSeconds": 600}},
     ).status.token
-    path = tmp_path / "token-kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "dev", "cluster": {
-            "server": dev_cluster.server, "certificate-authority": str(dev_cluster.ca_file)}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
-    }))
-    return str(path)
+    return str(token_kubeconfig(dev_cluster, token, tmp_path / "token-kubeconfig"))
 
 
 OLD_CHART_RULES = [
@@ -347,14 +339,7 @@ def test_the_charts_rbac_lets_the_agent_hold_its_lease_and_no_other(
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
          "spec": {"expirationSeconds": 600}},
     ).status.token
-    kubeconfig = tmp_path / "chart-token-kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "dev", "cluster": {
-            "server": dev_cluster.server, "certificate-authority": str(dev_cluster.ca_file)}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "dev", "user": "sa"}}],
-    }))
+    kubeconfig = token_kubeconfig(dev_cluster, token, tmp_path / "chart-token-kubeconfig")
     node = make_node()
     rbac = client.RbacAuthorizationV1Api(admin_api.api_client)
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAULTS_TRACE, H100_TRACE
+from tests.helpers import FAULTS_TRACE, H100_TRACE, token_kubeconfig
 from tests.tools import ToolUnavailable, kubectl_path
 from tests.waiting import wait_for
 
@@ -288,17 +288,7 @@ def _token_kubeconfig(dev_cluster, admin_api, tmp_path: Path, sa: str) -> Path:
     token = admin_api.create_namespaced_service_account_token(
         sa, "default", {"spec": {"audiences": [], "expirationSeconds": 600}}
     ).status.token
-    port = dev_cluster.ports()["APISERVER_PORT"]
-    path = tmp_path / f"{sa}.kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "viewer",
-        "clusters": [{"name": "dev", "cluster": {
-            "server": f"https://127.0.0.1:{port}",
-            "certificate-authority": str(dev_cluster.ca_file)}}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "viewer", "context": {"cluster": "dev", "user": sa}}],
-    }))
-    return path
+    return token_kubeconfig(dev_cluster, token, tmp_path / f"{sa}.kubeconfig")
 
 
 def test_top_needs_only_list_and_watch_on_nodes(fleet, dev_cluster, admin_api, tmp_path):
