@@ -98,7 +98,7 @@ class Agent:
             lease = make_lease(settings, node, env, self.refresh_s, dry_run)
         self.liveness = Liveness(lease, settings.heartbeat_s, self.cache)  # type: ignore[arg-type]
         #: who uses each GPU (PodResources + /proc); the last tick's answer
-        self.attribution = make_attribution(settings) if attribution == "auto" else attribution
+        self.attribution = make_attribution(settings) if isinstance(attribution, str) else attribution
         self.last_attribution: dict[str, GpuAttribution] = {}
         #: shared GPUs: the pods holding slices named from the API, over-use Events
         self.slices = SliceWatch(settings, self.events.posted) if settings.shared_gpus else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -54,7 +54,7 @@ def holders(
 
 
 def _counter(
-    name: str, doc: str, labels: list[str], counts: Mapping[str, int] | Mapping[tuple[str, ...], int]
+    name: str, doc: str, labels: list[str], counts: Mapping[Any, int]  # key: str or tuple of str
 ) -> CounterMetricFamily:
     """A counter family with one sample per key of ``counts`` (a key: one label value, or a
     tuple of them), in key order."""
@@ -126,6 +126,7 @@ class GpuReadings(Collector):
         )
         if last is not None:
             attribution = last.attribution
+            scale: float  # MIB (int) or a ratio
             for g in last.snapshot.gpus:
                 key = [str(g.index), g.uuid or ""]
                 for name, value, scale in (

@@ -182,7 +182,7 @@ class Daemon:
                 agent.write_lock.release()
         else:
             logger.error("an API write is still in flight: dynamic labels left in place")
-        edges = [agent.attribution, agent.node]
+        edges: list[Any] = [agent.attribution, agent.node]  # each None or with close()
         if agent.tick_lock.acquire(timeout=left_s()):
             edges.insert(0, agent.reader)
             agent.tick_lock.release()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .schema.names import Worse, by_worse
 
@@ -162,7 +163,7 @@ WORSE, BETTER = "worse", "better"
 
 
 def telemetry_change(
-    published: Mapping[object, UnitMark], now: Mapping[object, UnitMark], drop_mib: int
+    published: Mapping[Any, UnitMark], now: Mapping[Any, UnitMark], drop_mib: int  # any unit key
 ) -> str | None:
     """How the reading ``now`` differs from the telemetry ``published`` (both: unit key ->
     ``UnitMark``, the key naming a GPU or a MIG device the same way on both sides) in what no

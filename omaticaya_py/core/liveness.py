@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from .schema.nodestate import NodeGpuState
 from .schema.values import epoch_text, json_mapping, rfc3339_s
@@ -51,7 +51,9 @@ __all__ = [
     "observe",
 ]
 
-FRESH, STALE, AHEAD = "fresh", "stale", "ahead"
+FRESH: Final = "fresh"
+STALE: Final = "stale"
+AHEAD: Final = "ahead"
 Kind = Literal["fresh", "stale", "ahead"]
 
 #: how far ahead of the reader's clock a published time may be (Kerberos' default tolerance)

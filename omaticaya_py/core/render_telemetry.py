@@ -232,7 +232,9 @@ def telemetry_annotation(
     return {}, [(key, value[:80])]
 
 
-def _holders(attribution: Mapping[str, GpuAttribution] | None, uuid: str | None) -> frozenset:
+def _holders(
+    attribution: Mapping[str, GpuAttribution] | None, uuid: str | None
+) -> frozenset[tuple[str, str, str]]:
     """The ``(namespace, pod, container)`` holding one device, as ``_users`` publishes them."""
     if attribution is None or not uuid or (att := attribution.get(uuid)) is None:
         return frozenset()

@@ -82,8 +82,8 @@ class Schedule:
 
         trigger = self.trigger()
         now = datetime.now(timezone.utc)
-        first = trigger.get_next_fire_time(None, now)
-        second = trigger.get_next_fire_time(first, first + timedelta(microseconds=1))
+        first: datetime = trigger.get_next_fire_time(None, now)  # APScheduler 3 is untyped
+        second: datetime = trigger.get_next_fire_time(first, first + timedelta(microseconds=1))
         return (second - first).total_seconds()
 
 

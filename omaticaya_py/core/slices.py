@@ -10,8 +10,9 @@ Pure: no I/O; the agent (render, telemetry, metrics, Events) and ``omaticaya top
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .attribution import ContainerDevices, GpuAttribution
 from .sharing import SharedGpus, parse_unit_id, unit_count
@@ -149,7 +150,7 @@ def over_limit(
     snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution], sharing: Sharing | None
 ) -> list[tuple[GpuReading, SliceUse]]:
     """Every slice whose container holds more than its limit, with its GPU, GPU order."""
-    out = []
+    out: list[tuple[GpuReading, SliceUse]] = []
     for g in snapshot.gpus:
         if is_shared(g, sharing) and g.uuid:
             assert sharing is not None
@@ -170,7 +171,10 @@ def stray_unit_ids(assignments: Iterable[ContainerDevices], gpu_uuids: Iterable[
     ]
 
 
-def episodes(reported: frozenset, now: Iterable) -> tuple[list, frozenset]:
+K = TypeVar("K", bound=Hashable)  # an over-use episode's key
+
+
+def episodes(reported: frozenset[K], now: Iterable[K]) -> tuple[list[K], frozenset[K]]:
     """Over-use episodes: ``(keys whose episode starts now, reported keys still in one)``,
     given the keys whose episode was already said (``reported``) and those over their limit
     ``now``. An episode is said once when it starts and ends when its key is no longer over; a

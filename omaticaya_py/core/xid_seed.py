@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .schema import Telemetry
+from .schema.telemetry import XidTelemetry
 from .snapshot import NodeSnapshot, XidEvent
 
 __all__ = ["MAX_AHEAD_S", "MAX_XIDS_PER_GPU", "XidSeed", "seed_events"]
@@ -98,7 +99,7 @@ def seed_events(raw: object, snapshot: NodeSnapshot, *, max_ahead_s: float = MAX
 
 
 def _times(
-    xids: tuple | None, reasons: set[int], read_at_s: float | None
+    xids: tuple[XidTelemetry, ...] | None, reasons: set[int], read_at_s: float | None
 ) -> tuple[dict[int, float], str | None]:
     """``({xid: epoch seconds}, None)`` for one GPU entry, or ``({}, problem)``."""
     if xids is None:  # an agent before xids were published: date the reasons at read_at

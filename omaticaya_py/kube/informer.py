@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 
 import tenacity
 import urllib3
@@ -110,7 +110,7 @@ class Informer(Generic[V]):
             retry=tenacity.retry_if_exception_type(Exception),
             stop=tenacity.stop_when_event_set(self._stop),
             wait=half + tenacity.wait_random_exponential(multiplier=backoff_s, max=backoff_max_s / 2),
-            sleep=self._stop.wait,  # stop() ends the delay at once
+            sleep=self._stop.wait,  # type: ignore[arg-type]  # stop() ends the delay at once
             before_sleep=self._failed,
             retry_error_callback=lambda state: None,  # stopped while failing: end quietly
         )
@@ -196,7 +196,7 @@ class Informer(Generic[V]):
 
     def _failed(self, state: tenacity.RetryCallState) -> None:
         """Before the delay: keep and report the failure (a ``KubeError``: see ``_round``)."""
-        self.last_error = err = state.outcome.exception()  # type: ignore[union-attr]
+        self.last_error = err = cast(KubeError, state.outcome.exception())  # type: ignore[union-attr]
         if self._on_error is not None:
             self._on_error(err)
 
@@ -221,10 +221,10 @@ class Informer(Generic[V]):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug or an unexpected answer: start over
             self._need_list = True
-            err = KubeUnavailable(
+            unexpected = KubeUnavailable(
                 f"list/watch {self.what}: unexpected {type(exc).__name__}: {exc}", verb="watch"
             )
-            raise err from exc
+            raise unexpected from exc
 
     def _key(self, obj: Any) -> str:
         """The key of an object: its ``metadata.name`` ("" when it has none)."""
@@ -272,6 +272,7 @@ class Informer(Generic[V]):
         self._contact()
         self._synced.set()
         if self._on_change is not None:
+            old: V | None
             for key, old in before.items():
                 if key not in items:
                     self._changed(key, old, None)

@@ -87,7 +87,7 @@ class ApiSession:
                     environ=self._environ,
                 ).load_and_set(cfg)
                 self._token_stamp = self._stamp()
-                cfg.refresh_api_key_hook = self._reload_rotated_token
+                cfg.refresh_api_key_hook = self._reload_rotated_token  # type: ignore[assignment]  # typed None
             else:
                 config.load_kube_config(
                     config_file=self._kubeconfig, context=self._context, client_configuration=cfg
