@@ -23,7 +23,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.agent import Agent, SnapshotCache
+from omaticaya_py.agent import Agent
+from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.sharing import SharedGpus, unit_ids
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices

@@ -14,8 +14,9 @@ import threading
 import pytest
 
 from omaticaya_py import cli
-from omaticaya_py.agent import Agent, AgentStopping
+from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
+from omaticaya_py.agent.state import AgentStopping
 from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader

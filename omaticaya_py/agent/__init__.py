@@ -2,6 +2,5 @@
 schedule (``daemon``), and its ``/metrics``, ``/healthz`` and ``/readyz`` (``metrics``)."""
 
 from .agent import Agent
-from .state import AgentStopping, SnapshotCache, TickResult
 
-__all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
+__all__ = ["Agent"]

@@ -25,14 +25,14 @@ from .errors import (
     KubeUnauthorized,
     KubeUnavailable,
 )
-from .heartbeat_lease import LeaseClient as LeaseClient
+from .heartbeat_lease import LeaseClient
 from .lease_cache import LeaseCache
 from .node_cache import NodeCache
 from .node_client import MERGE_PATCH, NodeClient
 from .pod_cache import PodCache
 from .quantity import parse_quantity
 from .session import ApiSession
-from .workloads import stop_daemonset as stop_daemonset
+from .workloads import stop_daemonset
 
 __all__ = [
     "MERGE_PATCH",
@@ -46,8 +46,10 @@ __all__ = [
     "KubeUnauthorized",
     "KubeUnavailable",
     "LeaseCache",
+    "LeaseClient",
     "NodeCache",
     "NodeClient",
     "PodCache",
     "parse_quantity",
+    "stop_daemonset",
 ]
