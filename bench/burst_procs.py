@@ -80,7 +80,7 @@ def start_scheduler(kubeconfig: str, name: str, extender_port: int | None, tree:
     import yaml
 
     from tests.devcluster import DevCluster, scheduler_binary
-    from tests.test_scheduling_cluster import _free_port
+    from tests.helpers import free_port as _free_port
 
     example = tree / "examples" / "scheduler" / "scheduler-config-v1beta1.yaml"
     config = yaml.safe_load(example.read_text())
