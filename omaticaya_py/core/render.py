@@ -222,7 +222,7 @@ def render(
 ) -> Desired:
     """Desired labels and annotations (full keys under ``settings.prefix``) for this snapshot.
 
-    Labels follow the schema in the README (node aggregates, static facts, per-GPU keys when
+    Labels follow the schema in docs/labels.md (node aggregates, static facts, per-GPU keys when
     ``per_gpu_labels``, their temperature only with ``temperature_labels``); the one annotation
     is ``<prefix>/telemetry`` (left out when ``with_telemetry`` is false: the agent builds it
     only for a patch that carries it). Invalid
