@@ -9,13 +9,10 @@ telemetry back into typed state (``NodeGpuState``), treating them as untrusted i
 """
 
 from . import names
-from .names import LABELS, STATIC_NAMES, Label, gpu_key, mig_key, per_gpu
+from .names import LABELS, STATIC_NAMES, Label, per_gpu
 from .nodestate import (
-    MAX_REFRESH_S,
     GpuInfo,
-    GpuReading,
     NodeGpuState,
-    lease_ref,
     parse_gpu_readings,
     parse_node,
     state_from_object,
@@ -29,30 +26,24 @@ from .telemetry import (
     PodTelemetry,
     Telemetry,
 )
-from .values import json_float, json_int, json_mapping, json_str, rfc3339_s
+from .values import json_int, json_mapping, json_str, rfc3339_s
 
 __all__ = [
     "LABELS",
-    "MAX_REFRESH_S",
     "MAX_TELEMETRY_BYTES",
     "STATIC_NAMES",
     "TELEMETRY",
     "TELEMETRY_VERSION",
     "GpuInfo",
-    "GpuReading",
     "GpuTelemetry",
     "Label",
     "MigTelemetry",
     "NodeGpuState",
     "PodTelemetry",
     "Telemetry",
-    "gpu_key",
-    "json_float",
     "json_int",
     "json_mapping",
     "json_str",
-    "lease_ref",
-    "mig_key",
     "names",
     "parse_gpu_readings",
     "parse_node",
