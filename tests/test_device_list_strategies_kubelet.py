@@ -27,7 +27,13 @@ import pytest
 from omaticaya_py.deviceplugin.strategies import cdi_annotation_key
 from tests.devcluster import REPO_ROOT, DevCluster
 from tests.helpers import MULTI_TRACE as TRACE
-from tests.kubelet import kubelet_node, stop_plugin
+from tests.kubelet import (
+    default_service_account,
+    delete_pods,
+    kubelet_node,
+    kubelet_pod,
+    stop_plugin,
+)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -35,7 +41,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(8)]
 RESOURCE = "example.com/gpu"
 SHARED = "omaticaya.io/gpu-memory"
-IMAGE = "omaticaya.local/busybox:1"
 ROOT = "/var/run/nvidia-container-devices"
 #: what the pod writes: its variable, the device files with their type, their mounts
 SCRIPT = (
@@ -123,50 +128,19 @@ def allocatable(admin_api, node: str, resource: str = RESOURCE) -> int:
 def pods(admin_api, kubelet: str, workdir: Path) -> Iterator[Callable[..., Path]]:
     """``make(name, gpus, resource) -> host folder`` the pod writes to; pods are deleted
     afterwards."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        admin_api.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    default_service_account(admin_api)
     created: list[str] = []
 
     def make(name: str, gpus: int, resource: str = RESOURCE) -> Path:
         out = workdir / name
-        admin_api.create_namespaced_pod("default", {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeName": kubelet,
-                "hostNetwork": True,
-                "automountServiceAccountToken": False,
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [{
-                    "name": "c",
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", SCRIPT],
-                    "resources": {"limits": {resource: str(gpus)}},
-                    "volumeMounts": [{"name": "out", "mountPath": "/out"}],
-                }],
-                "volumes": [
-                    {"name": "out", "hostPath": {"path": str(out), "type": "DirectoryOrCreate"}}
-                ],
-            },
-        })
+        admin_api.create_namespaced_pod(
+            "default", kubelet_pod(name, kubelet, SCRIPT, {resource: str(gpus)}, out)
+        )
         created.append(name)
         return out
 
     yield make
-    for name in created:
-        try:
-            admin_api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-        except ApiException:
-            pass
+    delete_pods(admin_api, created)
 
 
 def seen(admin_api, name: str, out: Path) -> dict[str, str] | None:

@@ -29,7 +29,14 @@ import pytest
 
 from tests.devcluster import REPO_ROOT, DevCluster
 from tests.helpers import FAULTS_TRACE
-from tests.kubelet import PLUGIN_DIR, kubelet_node, stop_plugin
+from tests.kubelet import (
+    PLUGIN_DIR,
+    default_service_account,
+    delete_pods,
+    kubelet_node,
+    kubelet_pod,
+    stop_plugin,
+)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -37,7 +44,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(4)]
 RESOURCE = "nvidia.com/gpu"
 CHECKPOINT = PLUGIN_DIR / "kubelet_internal_checkpoint"
-IMAGE = "omaticaya.local/busybox:1"
 PERIOD_S = 40.0  # the faults trace loops every 40 s
 INTERVAL_S = 0.5  # the plugin's schedule
 #: allocatable follows a health change within one interval, plus the kubelet's 1 s node
@@ -118,57 +124,21 @@ def plugin(kubelet: str) -> Iterator[Plugin]:
 def pods(admin_api, kubelet: str) -> Iterator[Callable[..., str]]:
     """Create test pods on the kubelet's Node; each writes its NVIDIA_VISIBLE_DEVICES to a
     host folder. Returns ``make(name, gpus) -> host file``; pods are deleted afterwards."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        admin_api.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    default_service_account(admin_api)
     out_root = Path(tempfile.mkdtemp(prefix="omaticaya-dp-out-"))
     created: list[str] = []
 
     def make(name: str, gpus: int) -> Path:
         out = out_root / name
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "omaticaya-device-plugin-test"}},
-            "spec": {
-                "nodeName": kubelet,
-                "hostNetwork": True,
-                "automountServiceAccountToken": False,
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": [
-                            "/bin/sh", "-c",
-                            'echo "$NVIDIA_VISIBLE_DEVICES" > /out/visible; exec sleep 3600',
-                        ],
-                        "resources": {"limits": {RESOURCE: str(gpus)}},
-                        "volumeMounts": [{"name": "out", "mountPath": "/out"}],
-                    }
-                ],
-                "volumes": [
-                    {"name": "out", "hostPath": {"path": str(out), "type": "DirectoryOrCreate"}}
-                ],
-            },
-        }
+        script = 'echo "$NVIDIA_VISIBLE_DEVICES" > /out/visible; exec sleep 3600'
+        body = kubelet_pod(name, kubelet, script, {RESOURCE: str(gpus)}, out,
+                           labels={"app": "omaticaya-device-plugin-test"})  # fmt: skip
         admin_api.create_namespaced_pod("default", body)
         created.append(name)
         return out / "visible"
 
     yield make
-    for name in created:
-        try:
-            admin_api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-        except ApiException:
-            pass
+    delete_pods(admin_api, created)
 
 
 

@@ -26,7 +26,14 @@ import pytest
 
 from tests import nvmltestlib
 from tests.devcluster import REPO_ROOT, DevCluster
-from tests.kubelet import PLUGIN_DIR, kubelet_node, stop_plugin
+from tests.kubelet import (
+    PLUGIN_DIR,
+    default_service_account,
+    delete_pods,
+    kubelet_node,
+    kubelet_pod,
+    stop_plugin,
+)
 from tests.test_device_plugin_kubelet import _device_ids, admission_error, container_id
 from tests.test_device_plugin_sharing import UUID, write_sharing_trace
 from tests.waiting import wait_for
@@ -35,7 +42,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 GPU = "nvidia.com/gpu"
 MEM = "omaticaya.io/gpu-memory"
-IMAGE = "omaticaya.local/busybox:1"
 CHECKPOINT = PLUGIN_DIR / "kubelet_internal_checkpoint"
 ENVS = ("NVIDIA_VISIBLE_DEVICES", "OMATICAYA_GPU_MEMORY_LIMIT_MIB", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 
@@ -93,55 +99,25 @@ def plugin(kubelet: str) -> Iterator[Plugin]:
 def pods(admin_api, kubelet: str) -> Iterator[Callable[..., Path]]:
     """``make(name, resource, count) -> host file`` of a pod on the kubelet's Node whose
     container writes its GPU variables there; pods are deleted afterwards."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        admin_api.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    default_service_account(admin_api)
     out_root = Path(tempfile.mkdtemp(prefix="omaticaya-share-out-"))
     created: list[str] = []
 
     def make(name: str, resource: str, count: int) -> Path:
         out = out_root / name
         pattern = "|".join(ENVS)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": "omaticaya-sharing-test"}},
-            "spec": {
-                "nodeName": kubelet,
-                "hostNetwork": True,
-                "automountServiceAccountToken": False,
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [{
-                    "name": "c",
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": [
-                        "/bin/sh", "-c",
-                        f"env | grep -E '^({pattern})=' > /out/env.tmp; mv /out/env.tmp /out/env; "
-                        "exec sleep 3600",
-                    ],
-                    "resources": {"limits": {resource: str(count)}},
-                    "volumeMounts": [{"name": "out", "mountPath": "/out"}],
-                }],
-                "volumes": [{"name": "out", "hostPath": {"path": str(out), "type": "DirectoryOrCreate"}}],
-            },
-        }
+        script = (
+            f"env | grep -E '^({pattern})=' > /out/env.tmp; mv /out/env.tmp /out/env; "
+            "exec sleep 3600"
+        )
+        body = kubelet_pod(name, kubelet, script, {resource: str(count)}, out,
+                           labels={"app": "omaticaya-sharing-test"})  # fmt: skip
         admin_api.create_namespaced_pod("default", body)
         created.append(name)
         return out / "env"
 
     yield make
-    for name in created:
-        try:
-            admin_api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-        except ApiException:
-            pass
+    delete_pods(admin_api, created)
 
 
 def resources(admin_api, node: str) -> dict[str, tuple[int, int]]:

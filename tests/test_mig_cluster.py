@@ -26,7 +26,13 @@ from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT, DevCluster
 from tests.helpers import H100_MIG_TRACE as H100_MIG
 from tests.helpers import MIG_MIXED_TRACE as MIG_MIXED
-from tests.kubelet import PLUGIN_DIR, kubelet_node, stop_plugin
+from tests.kubelet import (
+    PLUGIN_DIR,
+    default_service_account,
+    kubelet_node,
+    kubelet_pod,
+    stop_plugin,
+)
 from tests.test_mig import H100_MIG_AT_15
 from tests.waiting import wait_for
 
@@ -35,7 +41,6 @@ pytestmark = [pytest.mark.cluster]
 P = "omaticaya.io/"
 RESOURCE = "example.com/gpu"  # MIG profiles then are example.com/mig-<profile>
 MIG_RESOURCE = "example.com/mig-1g.10gb"
-IMAGE = "omaticaya.local/busybox:1"
 
 
 
@@ -188,40 +193,12 @@ def test_mig_health_follows_the_parent_gpu_and_recovers(admin_api, kubelet, plug
 
 
 def test_a_pod_gets_a_mig_device(admin_api, kubelet, plugin) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        admin_api.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    default_service_account(admin_api)
     wait_for("MIG allocatable", lambda: resources(admin_api, kubelet)[MIG_RESOURCE][1] >= 6, 30)
     out = Path(tempfile.mkdtemp(prefix="omaticaya-mig-out-"))
     name = "mig-pod"
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": kubelet,
-            "hostNetwork": True,
-            "automountServiceAccountToken": False,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c", 'echo "$NVIDIA_VISIBLE_DEVICES" > /out/v; exec sleep 3600'],
-                    "resources": {"limits": {MIG_RESOURCE: "1"}},
-                    "volumeMounts": [{"name": "out", "mountPath": "/out"}],
-                }
-            ],
-            "volumes": [{"name": "out", "hostPath": {"path": str(out), "type": "DirectoryOrCreate"}}],
-        },
-    }
+    script = 'echo "$NVIDIA_VISIBLE_DEVICES" > /out/v; exec sleep 3600'
+    body = kubelet_pod(name, kubelet, script, {MIG_RESOURCE: "1"}, out)
     admin_api.create_namespaced_pod("default", body)
     try:
 

@@ -45,12 +45,17 @@ from omaticaya_py.sources.procs import read_pod_refs
 from omaticaya_py.sources.replay import TraceReader
 from tests.devcluster import REPO_ROOT, DevCluster
 from tests.helpers import MULTI_TRACE as TRACE
-from tests.kubelet import kubelet_node, stop_plugin
+from tests.kubelet import (
+    default_service_account,
+    delete_pods,
+    kubelet_node,
+    kubelet_pod,
+    stop_plugin,
+)
 from tests.waiting import wait_for
 
 UUIDS = {d["uuid"] for d in json.loads(TRACE.read_text())["devices"]}
 RESOURCE = "nvidia.com/gpu"
-IMAGE = "omaticaya.local/busybox:1"
 POD = "holds-a-gpu"
 
 
@@ -189,40 +194,11 @@ def _allocatable(admin_api, node: str) -> int:
 def gpu_pod(admin_api, kubelet: str, plugin) -> Iterator[RunningPod]:
     """A running pod holding one GPU. It shares the host's PID namespace only to write its own
     host PID to a host folder; the test deletes it (``test_deleted_pod_leaves_the_list``)."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        admin_api.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    default_service_account(admin_api)
     out = Path(tempfile.mkdtemp(prefix="omaticaya-pr-out-"))
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": POD},
-        "spec": {
-            "nodeName": kubelet,
-            "hostNetwork": True,
-            "hostPID": True,
-            "automountServiceAccountToken": False,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "cuda",
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    # "$$$$": the kubelet turns "$$" into "$" (its $(VAR) escape), the shell "$$" into its PID
-                    "command": ["/bin/sh", "-c", "echo $$$$ > /out/pid; exec sleep 3600"],
-                    "resources": {"limits": {RESOURCE: "1"}},
-                    "volumeMounts": [{"name": "out", "mountPath": "/out"}],
-                }
-            ],
-            "volumes": [{"name": "out", "hostPath": {"path": str(out), "type": "Directory"}}],
-        },
-    }
+    # "$$$$": the kubelet turns "$$" into "$" (its $(VAR) escape), the shell "$$" into its PID
+    body = kubelet_pod(POD, kubelet, "echo $$$$ > /out/pid; exec sleep 3600", {RESOURCE: "1"},
+                       out, container="cuda", host_pid=True, out_type="Directory")  # fmt: skip
     admin_api.create_namespaced_pod("default", body)
     try:
 
@@ -240,10 +216,7 @@ def gpu_pod(admin_api, kubelet: str, plugin) -> Iterator[RunningPod]:
 
         yield wait_for(f"pod {POD} running", running, 60)
     finally:
-        try:
-            admin_api.delete_namespaced_pod(POD, "default", grace_period_seconds=0)
-        except ApiException:
-            pass
+        delete_pods(admin_api, [POD])
 
 
 def _holders(client: PodResourcesClient) -> list[ContainerDevices]:
