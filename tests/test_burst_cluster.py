@@ -60,32 +60,42 @@ def write_node(core: Any, name: str, free_mib: list[int]) -> None:
 def setup(api, scheduling_cluster, tmp_path, request) -> Iterator[dict[str, Any]]:  # noqa: F811
     """A namespace, Nodes (``request.param``: {name suffix: free MiB per GPU}) and a
     kube-scheduler whose extender fills the returned ledger."""
-    from omaticaya_py.scheduler.ledger import Ledger
 
     ns, tag = f"burst24-{os.getpid()}-{request.node.name[5:20].replace('_', '-')}", os.getpid()
-    api.create_namespace({"metadata": {"name": ns}})
-    api.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
     names = {f"b24-{tag}-{k}": free for k, free in request.param.items()}
-    scheduler = f"omaticaya-b24-{len(names)}"
+    yield from ledger_scheduler(api, scheduling_cluster, tmp_path, ns, f"omaticaya-b24-{len(names)}",
+                                names, lambda name, free: write_node(api, name, free))  # fmt: skip
+
+
+def ledger_scheduler(core: Any, cluster: Any, tmp_path: Any, ns: str, scheduler: str,
+                     nodes: dict[str, Any], write: Any) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """For a fixture (``yield from``): the namespace ``ns`` with its default ServiceAccount,
+    ``nodes`` written by ``write(name, value)``, and a kube-scheduler ``scheduler`` whose
+    extender (binpack, settle 600 s) fills the yielded ``ledger``; all removed afterwards.
+    Yields {ns, nodes, sched, ledger, name}."""
+    from omaticaya_py.scheduler.ledger import Ledger
+
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
     ledger = Ledger(600, 30)
     sched = None
     os.environ["OMATICAYA_EXTENDER_SCHEDULER_NAME"] = scheduler  # the pod watch's selector
     try:
-        for name, free in names.items():
-            write_node(api, name, free)
-        sched = ExtenderScheduler(scheduling_cluster, tmp_path, scheduler, "binpack", settle_s=600,
+        for name, value in nodes.items():
+            write(name, value)
+        sched = ExtenderScheduler(cluster, tmp_path, scheduler, "binpack", settle_s=600,
                                   serve_kw={"ledger": ledger})  # fmt: skip
-        yield {"ns": ns, "nodes": names, "sched": sched, "ledger": ledger, "name": scheduler}
+        yield {"ns": ns, "nodes": nodes, "sched": sched, "ledger": ledger, "name": scheduler}
     finally:
         os.environ.pop("OMATICAYA_EXTENDER_SCHEDULER_NAME", None)
         if sched is not None:
             sched.close()
-        for name in names:
+        for name in nodes:
             try:
-                api.delete_node(name)
+                core.delete_node(name)
             except Exception:  # noqa: BLE001
                 pass
-        api.delete_namespace(ns)
+        core.delete_namespace(ns)
 
 
 def bound(core: Any, ns: str) -> dict[str, tuple[str, str]]:

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import gpu, settings, snapshot
-from tests.test_burst_cluster import bound, waiting_reason
+from tests.test_burst_cluster import bound, ledger_scheduler, waiting_reason
 from tests.test_placement_cluster import api  # noqa: F401
-from tests.test_scheduling_cluster import ExtenderScheduler, schedulable
+from tests.test_scheduling_cluster import schedulable
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -79,32 +79,11 @@ def slice_pod(name: str, scheduler: str, units: int) -> dict[str, Any]:
 
 @pytest.fixture
 def setup(api, scheduling_cluster, tmp_path) -> Iterator[dict[str, Any]]:  # noqa: F811
-    from omaticaya_py.scheduler.ledger import Ledger
-
     tag = os.getpid()
-    ns, scheduler = f"slices25-{tag}", "omaticaya-slices"
-    api.create_namespace({"metadata": {"name": ns}})
-    api.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
     names = {f"s25-{tag}-{k}": v for k, v in NODES.items()}
-    ledger = Ledger(600, 30)
-    sched = None
-    os.environ["OMATICAYA_EXTENDER_SCHEDULER_NAME"] = scheduler  # the pod watch's selector
-    try:
-        for name, (free, units) in names.items():
-            write_shared_node(api, name, free, units)
-        sched = ExtenderScheduler(scheduling_cluster, tmp_path, scheduler, "binpack", settle_s=600,
-                                  serve_kw={"ledger": ledger})  # fmt: skip
-        yield {"ns": ns, "nodes": names, "ledger": ledger, "name": scheduler}
-    finally:
-        os.environ.pop("OMATICAYA_EXTENDER_SCHEDULER_NAME", None)
-        if sched is not None:
-            sched.close()
-        for name in names:
-            try:
-                api.delete_node(name)
-            except Exception:  # noqa: BLE001
-                pass
-        api.delete_namespace(ns)
+    yield from ledger_scheduler(api, scheduling_cluster, tmp_path, f"slices25-{tag}",
+                                "omaticaya-slices", names,
+                                lambda name, v: write_shared_node(api, name, *v))  # fmt: skip
 
 
 def promised(core: Any, ns: str, ledger: Any) -> tuple[Counter[tuple[str, int]], Counter[str]]:
