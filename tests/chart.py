@@ -230,7 +230,11 @@ class Vap:
         info: dict[str, Any] = {"username": user}
         if extra is not None:
             info["extra"] = extra
-        data = {"object": new, "oldObject": old, "request": {"userInfo": info}}
+        return self.judge({"object": new, "oldObject": old, "request": {"userInfo": info}})
+
+    def judge(self, data: dict) -> list[str] | None:
+        """The policy on CEL variables ``data`` (object, oldObject, request): None when its
+        match conditions do not all hold, else the messages of the failed validations."""
         if not all(self._eval(c["expression"], data) is True for c in self.spec["matchConditions"]):
             return None
         out = []

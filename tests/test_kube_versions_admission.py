@@ -256,14 +256,9 @@ class _VapRequest(Vap):
     """The policy evaluated on a whole AdmissionRequest (its object, oldObject and request)."""
 
     def evaluate(self, request: dict) -> list[str] | None:
-        data = {"object": request["object"], "oldObject": request["oldObject"], "request": request}
-        if not all(self._eval(c["expression"], data) is True for c in self.spec["matchConditions"]):
-            return None
-        out = []
-        for v in self.spec["validations"]:
-            if self._eval(v["expression"], data) is not True:
-                out.append(v.get("message") or self._eval(v["messageExpression"], data))
-        return out
+        return self.judge(
+            {"object": request["object"], "oldObject": request["oldObject"], "request": request}
+        )
 
 
 def stored() -> dict:
