@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from typing import Any
 
 from ..core.patch import MergePatch, NodeMeta
-from .errors import KubeConflict
+from .events import post_event
 from .session import ApiSession
 
 __all__ = ["MERGE_PATCH", "NodeClient"]
@@ -96,43 +95,21 @@ class NodeClient:
         reporting component ``omaticaya``, instance the Node name. A 409 (AlreadyExists: the
         Event's name is unique to this call, so an earlier attempt of it got through) counts as
         posted; it is never retried. Raises ``KubeError`` otherwise."""
-        now = datetime.now(timezone.utc)
-        stamp = now.strftime("%Y%m%d%H%M%S%f")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{self.node_name}.omaticaya.{stamp}", "namespace": namespace},
-            "involvedObject": {
+        post_event(
+            self.session,
+            namespace=namespace,
+            involved={
                 "apiVersion": "v1",
                 "kind": "Node",
                 "name": self.node_name,
                 "uid": node_uid or self.node_name,
             },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "omaticaya", "host": self.node_name},
-            "reportingComponent": "omaticaya",
-            "reportingInstance": self.node_name,
-            "firstTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "lastTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "count": 1,
-        }
-        try:
-            self.session.call(
-                "create",
-                f"event {reason} on node {self.node_name}",
-                lambda: self.session.http(
-                    "POST",
-                    "/api/v1/namespaces/{namespace}/events",
-                    path_params={"namespace": namespace},
-                    body=body,
-                    content_type="application/json",
-                ),
-                rbac=f"the agent needs create on events in {namespace}",
-            )
-        except KubeConflict:
-            pass
+            reason=reason,
+            message=message,
+            warning=warning,
+            reporter=self.node_name,
+            what=f"event {reason} on node {self.node_name}",
+        )
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

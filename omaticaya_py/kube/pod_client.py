@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from ..core.slices import PodIdentity
-from .errors import KubeConflict
+from .events import post_event
 from .session import ApiSession
 
 __all__ = ["PodClient", "pod_identity"]
@@ -42,42 +41,19 @@ class PodClient:
         """POST a core/v1 Event about the pod in its namespace (``uid``: its ``metadata.uid``,
         which ``kubectl describe pod`` matches; "" when unknown). A 409 counts as posted (the
         name is unique to this call); otherwise raises ``KubeError``."""
-        now = datetime.now(timezone.utc)
-        stamp = now.isoformat(timespec="seconds").replace("+00:00", "Z")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{name}.omaticaya.{now.strftime('%Y%m%d%H%M%S%f')}"[-253:],
-                "namespace": namespace,
-            },
-            "involvedObject": {
+        post_event(
+            self.session,
+            namespace=namespace,
+            involved={
                 "apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
                 **({"uid": uid} if uid else {}),
             },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "omaticaya", "host": self.reporter},
-            "reportingComponent": "omaticaya",
-            "reportingInstance": self.reporter,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            self.session.call(
-                "create",
-                f"event {reason} on pod {namespace}/{name}",
-                lambda: self.session.http(
-                    "POST", "/api/v1/namespaces/{namespace}/events",
-                    path_params={"namespace": namespace}, body=body,
-                    content_type="application/json",
-                ),
-                rbac=f"the agent needs create on events in {namespace}",
-            )
-        except KubeConflict:
-            pass
+            reason=reason,
+            message=message,
+            warning=warning,
+            reporter=self.reporter,
+            what=f"event {reason} on pod {namespace}/{name}",
+        )  # fmt: skip
 
 
 _POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
