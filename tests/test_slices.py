@@ -67,7 +67,48 @@ def test_parse_slices(case, pod, units):
     assert need is None or need.error is None
 
 
-BAD_UNITS = [-1, "-1", "1.5", 1.5, "500m", "2k", "1e3", True, 10**30, MAX_UNITS + 1, [], "ten"]
+#: quantities the API server may write for a whole number of units (it serialises 1000 as
+#: ``1k``, issue 30): each is read as the units it is worth
+QUANTITY_UNITS = [
+    ("1k", 1000), ("2k", 2000), ("1e3", 1000), ("1E3", 1000), ("10e2", 1000), ("1Ki", 1024),
+    ("1.5k", 1500), ("0.5k", 500), ("1000m", 1), ("1.0", 1), ("+20", 20), (" 20 ", 20),
+    ("1M", 1_000_000), ("1Mi", MAX_UNITS), (str(MAX_UNITS), MAX_UNITS), (MAX_UNITS, MAX_UNITS),
+    ("0", 0), ("0k", 0), ("-0", 0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "units"), QUANTITY_UNITS, ids=[repr(r[0]) for r in QUANTITY_UNITS])
+def test_a_quantity_of_whole_units_is_read_as_its_units(raw, units):
+    """(A container asking for 0 is left out; the second asks for 4.)"""
+    need = parse_slices(slice_pod(raw, 4))
+    assert need is not None and need.error is None, need
+    assert need.slices == ((units, 4) if units else (4,))
+
+
+def test_a_pod_of_1k_units_is_placed_where_they_fit():
+    """The issue's case: 1000 units, which the API server writes as ``1k``, pass a node whose
+    shared GPU has them free (64 MiB units: 64,000 MiB), and fail one without with the room
+    reason, never the bad-request one."""
+    pod = slice_pod("1k", uid="uid-1k")
+    nodes = {}
+    for name, free in (("roomy", 70000), ("full", 60000)):
+        _, desired = evaluate(snapshot(gpu(0, memory_free_mib=free), read_at=READ_AT),
+                              settings(shared_gpus="all", share_unit_mib=64))  # fmt: skip
+        nodes[name] = parse_node(name, desired.labels, desired.annotations)
+    need = parse_need(pod)
+    assert need is not None and need.error is None and need.slice_mibs(64) == (64000,)
+    out = handle_filter({"Pod": pod, "NodeNames": ["full", "roomy"]},
+                        ExtenderSettings(_env_file=None), nodes.get, now=NOW)  # fmt: skip
+    assert out["NodeNames"] == ["roomy"]
+    assert "needs 1000 units" in out["FailedNodes"]["full"], out["FailedNodes"]
+
+
+#: not a whole number of units from 0 to MAX_UNITS: negative, a fraction (``500m``, ``1.5``,
+#: ``1e-3``), too many (``2Mi``, ``1e9999``), not a Kubernetes quantity (``2K``: the decimal
+#: kilo is ``k``; an exponent and a suffix; Python-only spellings), not a number
+BAD_UNITS = [-1, "-1", "-1k", "1.5", 1.5, 1000.0, "500m", "1500m", "1.0001k", "1e-3", "0.1Ki",
+             "2Mi", "1e9999", "1Ei", MAX_UNITS + 1, str(MAX_UNITS + 1), 10**30, "2K", "1e3k",
+             "1_000", "NaN", "inf", "0x10", "", "1" * 70, True, [], "ten"]  # fmt: skip
 
 
 @pytest.mark.parametrize("raw", BAD_UNITS, ids=[repr(r) for r in BAD_UNITS])

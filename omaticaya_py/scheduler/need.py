@@ -49,6 +49,13 @@ MAX_GPU_COUNT = 1_000_000
 #: the most units one container can ask for (a 1 GiB unit: 1 PiB)
 MAX_UNITS = 1 << 20
 _UNITS = re.compile(r"^[0-9]{1,15}$")
+#: a Kubernetes quantity (apimachinery's ``resource.Quantity`` grammar): a signed decimal
+#: number, then a binary suffix, a decimal suffix or a decimal exponent (``1k``, ``1e3``,
+#: ``1Ki``, ``1000m``), which the API server may write for a whole number of units (it
+#: serialises the quantity 1000 as ``1k``)
+_QUANTITY = re.compile(
+    r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4}|[KMGTPE]i|[numkMGTPE])?$"
+)
 
 
 def _memory_mib(raw: str) -> int | None:
@@ -72,10 +79,12 @@ def _memory_mib(raw: str) -> int | None:
 
 def parse_slices(pod: Any, resource: str = DEFAULT_SHARED_RESOURCE) -> Need | None:
     """The slices ``pod`` asks for: each container's ``resources.limits[resource]`` (else its
-    ``requests``), a whole number of units from 0 to ``MAX_UNITS`` (a JSON number, or a string
-    of digits as the API writes quantities); ``None`` when no container asks for any. A value of
-    another form (negative, a fraction, ``500m``, a suffix) gives a ``Need`` with ``error``
-    naming the container and the value. Init containers are not looked at."""
+    ``requests``), a whole number of units from 0 to ``MAX_UNITS``: a JSON number, or a
+    Kubernetes quantity as the API writes it (``20``; ``1k``, ``2k``, ``1e3``, ``1Ki`` are
+    1000, 2000, 1000 and 1024 units: ``_units``); ``None`` when no container asks for any. A
+    value that is not a whole number of units in range (negative, a fraction, ``500m``, not a
+    quantity) gives a ``Need`` with ``error`` naming the container and the value. Init
+    containers are not looked at."""
     spec = json_mapping(json_mapping(pod).get("spec"))
     containers = spec.get("containers")
     units: list[int] = []
@@ -98,15 +107,32 @@ def parse_slices(pod: Any, resource: str = DEFAULT_SHARED_RESOURCE) -> Need | No
 
 
 def _units(raw: Any) -> int | None:
+    """Units from a JSON integer or a Kubernetes quantity string that is a whole number from 0
+    to ``MAX_UNITS`` (``20``, ``1k``, ``1e3``, ``1Ki``, ``1000m``); ``None`` otherwise (``1.5``,
+    ``500m``, ``-1``, ``2Mi``, a float, a bool). Digits are read directly; any other form by the
+    Kubernetes client's parser (``kube.parse_quantity``, loaded only then)."""
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
-        n: int | None = raw
-    elif isinstance(raw, str) and _UNITS.match(raw.strip()):
-        n = int(raw.strip())
-    else:
+        return raw if 0 <= raw <= MAX_UNITS else None
+    if not isinstance(raw, str):
         return None
-    return n if n is not None and 0 <= n <= MAX_UNITS else None
+    text = raw.strip()
+    if _UNITS.match(text):
+        n = int(text)
+        return n if n <= MAX_UNITS else None
+    if len(text) > 64 or not _QUANTITY.match(text):
+        return None
+    from ..kube import parse_quantity  # the kubernetes client loads only for a suffixed value
+
+    try:
+        value = parse_quantity(text)
+    except ValueError:
+        return None
+    # range first: a huge exponent is never turned into an int
+    if not 0 <= value <= MAX_UNITS or value != value.to_integral_value():
+        return None
+    return int(value)
 
 
 def parse_need(
