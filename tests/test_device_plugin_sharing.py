@@ -28,7 +28,7 @@ from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.sharing import SharedGpus, unit_ids
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
-from omaticaya_py.deviceplugin.shared import Slicer
+from omaticaya_py.deviceplugin.shared import Slicer, SliceRefused
 from omaticaya_py.deviceplugin.slices import (
     LIMIT_ENV,
     MPS_LIMIT_ENV,
@@ -38,6 +38,7 @@ from omaticaya_py.deviceplugin.slices import (
     preferred_units,
     slice_envs,
     still_pending,
+    superseded,
 )
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
@@ -194,6 +195,66 @@ def test_slicer_forgets_a_slice_once_the_reading_shows_it_or_it_settles() -> Non
     assert slicer.pending_mib([used]) == {UUID[0]: 10240}
     clock.t += 0.2
     assert slicer.pending_mib([used]) == {UUID[0]: 0}
+
+
+def held(start: int, n: int, at_s: float, gpu: int = 0) -> Slice:
+    return Slice(frozenset(units_of(gpu, n, start)), UUID[gpu], n * MIB, at_s, 25600)
+
+
+@pytest.mark.parametrize(
+    ("slices", "units", "expected"),
+    [
+        pytest.param([held(0, 20, 0)], units_of(0, 10), [0], id="subset-init-units-reused"),
+        pytest.param([held(0, 20, 0)], units_of(0, 20), [0], id="same-units"),
+        pytest.param([held(0, 20, 0)], units_of(0, 20, 10), [0], id="overlap-plus-others"),
+        pytest.param([held(0, 20, 0)], units_of(0, 10, 20), [], id="disjoint-still-counts"),
+        pytest.param([held(0, 10, 0), held(10, 10, 1)], units_of(0, 5), [0],
+                     id="only-the-overlapping-one"),
+        pytest.param([held(0, 10, 0), held(10, 10, 1)], units_of(0, 4, 8), [0, 1],
+                     id="straddling-two"),
+        pytest.param([held(0, 20, 0)], [], [], id="no-units"),
+    ],
+)
+def test_superseded(slices, units, expected) -> None:
+    assert [s.at_s for s in superseded(slices, units)] == expected
+
+
+#: a step of a pod's containers on GPU 0: (first unit, units, allowed, GiB pending after it)
+@pytest.mark.parametrize(
+    ("free_gib", "steps"),
+    [
+        # issue 30: was refused (20 GiB of the init container still counted), and where it
+        # fitted 30 GiB counted against the neighbours
+        pytest.param(25, [(0, 20, True, 20), (0, 10, True, 10)], id="init-20-app-10-fits-25"),
+        pytest.param(40, [(0, 20, True, 20), (0, 10, True, 10)], id="init-20-app-10-counts-10"),
+        pytest.param(25, [(0, 20, True, 20), (0, 15, True, 15), (0, 10, True, 10)],
+                     id="two-inits-in-sequence-then-app"),
+        pytest.param(25, [(0, 20, True, 20), (10, 20, True, 20)], id="app-reuses-some-adds-others"),
+        pytest.param(25, [(0, 20, True, 20), (20, 10, False, 20)], id="disjoint-app-refused"),
+        pytest.param(40, [(0, 20, True, 20), (20, 10, True, 30)], id="disjoint-app-both-count"),
+        pytest.param(40, [(0, 10, True, 10), (10, 10, True, 20), (0, 5, True, 15)],
+                     id="only-the-overlapping-slice-goes"),
+        pytest.param(25, [(0, 20, True, 20), (0, 20, True, 20)], id="same-units-again"),
+    ],
+)
+def test_slicer_an_allocation_reusing_units_supersedes_their_slice(free_gib, steps) -> None:
+    """An init container's units, reused by the pod's next init container or app container (the
+    kubelet's reusable devices), count once: its slice is over (issue 30)."""
+    slicer = Slicer(MIB, settle_s=60, clock=Clock(100.0))
+    gpu = DeviceState(UUID[0], 0, True, free_mib=free_gib * MIB)  # the reading never shows them
+    other = DeviceState(UUID[1], 1, True, free_mib=81079)
+    slicer.allocate(units_of(1, 5), [other])
+    got = []
+    for start, n, _, _ in steps:
+        try:
+            slicer.allocate(units_of(0, n, start), [gpu, other])
+            allowed = True
+        except SliceRefused as e:
+            assert e.code == "FAILED_PRECONDITION"
+            allowed = False
+        got.append((start, n, allowed, slicer.pending_mib([gpu])[UUID[0]] // MIB))
+    assert got == steps
+    assert slicer.pending_mib([other]) == {UUID[1]: 5 * MIB}
 
 
 def test_trace_slices() -> None:

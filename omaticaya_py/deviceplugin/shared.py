@@ -18,7 +18,16 @@ from loguru import logger
 
 from ..core.sharing import parse_unit_id, slice_mib
 from .allocation import DeviceState
-from .slices import POLICIES, Slice, gpus_of, preferred_units, rooms, slice_envs, still_pending
+from .slices import (
+    POLICIES,
+    Slice,
+    gpus_of,
+    preferred_units,
+    rooms,
+    slice_envs,
+    still_pending,
+    superseded,
+)
 
 __all__ = ["DEFAULT_SETTLE_S", "SliceRefused", "Slicer"]
 
@@ -67,7 +76,8 @@ class Slicer:
     def pending_mib(self, gpus: Iterable[DeviceState], skip: frozenset[str] = frozenset()) -> dict[str, int]:
         """MiB handed out per GPU UUID that its reading does not show yet; slices the reading
         shows, or older than ``settle_s``, are forgotten. ``skip``: the units of a slice being
-        allocated again (an app container reusing its init container's units) count no more."""
+        allocated; the slices it supersedes (``slices.superseded``: sharing a unit with it, as an
+        app container reusing some or all of its init container's units) count no more."""
         now_s = self._clock()
         out: dict[str, int] = {}
         with self._lock:
@@ -80,7 +90,8 @@ class Slicer:
                     self.slices[g.id] = kept
                 else:
                     del self.slices[g.id]
-                out[g.id] = sum(s.mib for s in kept if s.units != skip)
+                over = superseded(kept, skip)
+                out[g.id] = sum(s.mib for s in kept if s not in over)
         return out
 
     def preferred(
@@ -103,7 +114,7 @@ class Slicer:
     def allocate(self, ids: Sequence[str], gpus: Sequence[DeviceState]) -> tuple[str, dict[str, str]]:
         """Hand out the slice of unit IDs ``ids`` (known, healthy: the servicer checked): its
         GPU's UUID and the container's extra environment (``slices.slice_envs``); the slice then
-        counts on that GPU. Raises ``SliceRefused`` when the units are on more than one GPU, or
+        counts on that GPU, in place of the slices it supersedes (``slices.superseded``). Raises ``SliceRefused`` when the units are on more than one GPU, or
         when the GPU's live free memory less the slices pending there cannot hold it."""
         on = gpus_of(ids)
         by_id = {g.id: g for g in gpus}
@@ -128,7 +139,9 @@ class Slicer:
                 "does not fit",
             )
         with self._lock:
-            held = [s for s in self.slices.get(gpu.id, ()) if s.units != units]
+            held_now = self.slices.get(gpu.id, ())
+            over = superseded(held_now, units)
+            held = [s for s in held_now if s not in over]
             held.append(Slice(units, gpu.id, mib, self._clock(), gpu.free_mib))
             self.slices[gpu.id] = tuple(held[-MAX_SLICES_PER_GPU:])
         return gpu.id, slice_envs(len(units), self.unit_mib)

@@ -20,7 +20,11 @@ A slice handed out stops counting against its GPU's live free memory (``still_pe
   by at least this slice plus every slice handed out before it that still counts (the memory
   is in use now: the live reading shows it), or
 - it is ``settle_s`` old (``OMATICAYA_SHARE_SETTLE_S``: a container that never uses its
-  slice, or one deleted before it did; the kubelet's units still count it until the pod goes).
+  slice, or one deleted before it did; the kubelet's units still count it until the pod goes), or
+- a later slice shares a unit with it (``superseded``): the kubelet hands a unit out again only
+  once its holder is over, most often an init container that ran to completion whose units the
+  next init container or an app container of the pod reuses (a subset of them, or some of them
+  plus others).
 
 The rule is conservative in what it takes as shown: memory freed by another process at the same
 time hides a drop, and the slice then waits out ``settle_s``.
@@ -47,6 +51,7 @@ __all__ = [
     "rooms",
     "slice_envs",
     "still_pending",
+    "superseded",
 ]
 
 #: the slice's size for frameworks that size themselves (vLLM, PyTorch), MiB
@@ -127,6 +132,16 @@ def still_pending(
         if not shown:
             out.append(s)
     return tuple(out)
+
+
+def superseded(slices: Iterable[Slice], units: Iterable[str]) -> tuple[Slice, ...]:
+    """The slices (of one GPU) that a new slice of unit IDs ``units`` supersedes: those sharing
+    a unit with it. The kubelet gives a unit again only once the container holding it is over:
+    an init container that ran to completion (the pod's next init container or its app
+    containers reuse its units, a subset of them or some plus others), or a pod gone. Such a
+    slice counts no more; its units count once, in the new slice."""
+    new = frozenset(units)
+    return tuple(s for s in slices if not s.units.isdisjoint(new))
 
 
 def rooms(
