@@ -114,8 +114,9 @@ class Slicer:
     def allocate(self, ids: Sequence[str], gpus: Sequence[DeviceState]) -> tuple[str, dict[str, str]]:
         """Hand out the slice of unit IDs ``ids`` (known, healthy: the servicer checked): its
         GPU's UUID and the container's extra environment (``slices.slice_envs``); the slice then
-        counts on that GPU, in place of the slices it supersedes (``slices.superseded``). Raises ``SliceRefused`` when the units are on more than one GPU, or
-        when the GPU's live free memory less the slices pending there cannot hold it."""
+        counts on that GPU, in place of the slices it supersedes (``slices.superseded``). Raises
+        ``SliceRefused`` when the units are on more than one GPU, or when the GPU's live free
+        memory less the slices pending there cannot hold it."""
         on = gpus_of(ids)
         by_id = {g.id: g for g in gpus}
         if len(on) != 1:
