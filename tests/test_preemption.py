@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -30,6 +30,9 @@ from omaticaya_py.scheduler.preemption import (
     unresolvable,
 )
 from tests.helpers import H100_TOTAL_MIB, PREFIX, READ_AT, gpu, settings, snapshot
+
+if TYPE_CHECKING:
+    from omaticaya_py.scheduler.preemption import Deadline
 
 NOW = READ_AT.timestamp() + 5
 GIB = 1024
@@ -281,7 +284,7 @@ def extender(**kw: Any) -> Extender:
 
 
 def reader(read: list[str] | None = None, bad: dict[str, Any] | None = None):
-    def read_node(node: str) -> NodeView:
+    def read_node(node: str, deadline: Deadline | None = None) -> NodeView:
         if read is not None:
             read.append(node)
         if node not in NODES:
@@ -379,10 +382,10 @@ def test_a_node_that_cannot_be_read_is_dropped_and_the_others_answered():
     ext = extender()
     read_node = reader()
 
-    def flaky(node: str) -> NodeView:
+    def flaky(node: str, deadline: Deadline | None = None) -> NodeView:
         if node == "shared":
             raise OSError("connection refused")
-        return read_node(node)
+        return read_node(node, deadline)
 
     result = preempt(ext, meta_args(gpu_pod(), shared=[], gone=[], fits=[]), flaky)
     assert kept(result) == {"fits": ["uid-b"]}

@@ -17,7 +17,10 @@ Per candidate node: a node the filter would fail for a reason eviction cannot ch
 (``preemption.unresolvable``) is dropped; the others are read fresh from the API server
 (``NodeReader``: the Node, for its telemetry's per-GPU holders, and the pods bound to it, for
 their uid and priority), at most ``MAX_NODES`` per call, and ``preemption.choose_victims``
-decides. A pod without a GPU need passes through untouched (the candidates as given). Every
+decides. The call answers within kube-scheduler's ``httpTimeout`` (``http_timeout_s``):
+``preemption.Deadline`` starts no node whose two reads could run past the budget and cuts
+each read to the time left; the nodes not started are dropped, counted as ``deadline``. A
+pod without a GPU need passes through untouched (the candidates as given). Every
 node's outcome is counted in ``omaticaya_extender_decisions_total{verb="preempt"}``; bad
 entries (a victim or pod that cannot be read, a Node that cannot be read) drop that node only.
 """
@@ -25,7 +28,6 @@ entries (a victim or pod that cannot be read, a Node that cannot be read) drop t
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,25 +37,25 @@ from loguru import logger as log
 from ..core.schema import json_int, json_mapping, json_str, parse_gpu_readings, parse_node
 from .need import parse_need
 from .preemption import (
+    READ_TIMEOUT_S,
+    Deadline,
     GpuRoom,
     PodOnNode,
     Reservations,
     choose_victims,
     pod_on_node,
     pod_started_s,
+    preempt_budget_s,
     reserved_by_gpu,
     unresolvable,
 )
 from .rules import filter_nodes
 
-__all__ = ["MAX_NODES", "NodeReader", "NodeView", "gpu_rooms", "preempt"]
+__all__ = ["MAX_NODES", "NodeReader", "NodeView", "ReadNode", "gpu_rooms", "preempt"]
 
 #: the most candidate nodes read from the API server per call (two requests each); the rest
 #: are dropped, counted as ``over-cap`` (kube-scheduler picks one node of those kept)
 MAX_NODES = 32
-#: seconds spent reading nodes per call, at most (kube-scheduler's ``httpTimeout`` is 5 s in
-#: the examples): nodes not read by then are dropped as ``over-cap``
-BUDGET_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,27 +106,40 @@ def node_view(node: Any, pod_list: Any, prefix: str) -> NodeView:
     return NodeView(gpu_rooms(node, prefix), tuple(p for _, _, p in pods), skipped)
 
 
+#: reads one candidate node fresh, its requests within the call's ``Deadline``
+ReadNode = Callable[[str, Deadline], NodeView]
+
+
 class NodeReader:
     """Reads a candidate node for preemption through ``session`` (``kube.ApiSession``): a LIST
     of the Node by ``metadata.name`` and a LIST of the pods with ``spec.nodeName`` = it (RBAC:
-    ``list`` on nodes and pods, which the extender holds for its caches). Raises ``KubeError``
-    when the API server does not answer."""
+    ``list`` on nodes and pods, which the extender holds for its caches), each request's
+    timeout ``deadline.read_timeout_s()`` (at most ``read_s``, never past the deadline). Raises
+    ``KubeError`` when the API server does not answer in time (``KubeUnavailable``, without a
+    request, when the deadline has passed)."""
 
     def __init__(self, session: Any, prefix: str) -> None:
         self._session, self._prefix = session, prefix
 
-    def _get(self, verb: str, what: str, path: str, query: dict[str, str] | None = None) -> Any:
-        raw = self._session.call(verb, what, lambda: self._session.http("GET", path, query=query))
-        return json.loads(raw.data)
+    def _get(self, what: str, path: str, query: dict[str, str], deadline: Deadline) -> Any:
+        from ..kube import KubeUnavailable
 
-    def __call__(self, node: str) -> NodeView:
+        def request() -> Any:  # the timeout taken when sent (a 401 sends it again, later)
+            timeout = deadline.read_timeout_s()
+            if timeout is None:
+                raise KubeUnavailable(f"list {what}: the preempt deadline passed: not sent")
+            return self._session.http("GET", path, query=query, timeout=timeout)
+
+        return json.loads(self._session.call("list", what, request).data)
+
+    def __call__(self, node: str, deadline: Deadline) -> NodeView:
         nodes = self._get(
-            "list", f"node {node}", "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}
+            f"node {node}", "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}, deadline
         )
         items = json_mapping(nodes).get("items")
         node_doc = items[0] if isinstance(items, list) and items else {}
         pods = self._get(
-            "list", f"pods on {node}", "/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}
+            f"pods on {node}", "/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"}, deadline
         )
         return node_view(node_doc, pods, self._prefix)
 
@@ -160,17 +175,25 @@ def _meta(uids: Sequence[str], pdb: int) -> dict[str, Any]:
 def preempt(
     ext: Any,
     args: Mapping[str, Any],
-    read: Callable[[str], NodeView],
+    read: ReadNode,
     *,
     reserved_on: Callable[[str], Reservations] | None = None,
     max_nodes: int = MAX_NODES,
-    budget_s: float = BUDGET_S,
+    budget_s: float | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """ExtenderPreemptionArgs -> ExtenderPreemptionResult for the extender ``ext``
     (``protocol.Extender``: settings, the Node cache, clocks, in-flight placements, decision
-    counts). ``read(node)``: the node read fresh (``NodeReader``); ``reserved_on(node)``: the
-    ledger's reservations by GPU (``None``: from ``ext``'s in-flight placements). At most
-    ``max_nodes`` nodes are read, within ``budget_s`` seconds."""
+    counts). ``read(node, deadline)``: the node read fresh (``NodeReader``), its requests
+    within ``deadline``; ``reserved_on(node)``: the ledger's reservations by GPU (``None``:
+    from ``ext``'s in-flight placements). At most ``max_nodes`` nodes are read, within
+    ``budget_s`` seconds from the call (``None``: ``preempt_budget_s`` of the settings'
+    ``http_timeout_s``, kube-scheduler's ``httpTimeout``) on ``clock`` (``None``: the
+    extender's monotonic clock, ``ext.monotonic``); a node whose worst case no longer fits is
+    not started (``preemption.Deadline``)."""
+    if budget_s is None:
+        budget_s = preempt_budget_s(ext.settings.http_timeout_s)
+    deadline = Deadline.start(budget_s, clock or ext.monotonic)
     pod = args.get("Pod")
     need = parse_need(pod, ext.settings.prefix, ext.settings.shared_resource)
     candidates, pdb, bad = _candidates(args)
@@ -195,17 +218,20 @@ def preempt(
     )  # fmt: skip
     hopeless = unresolvable(need, failed, states.get)
     out: dict[str, Any] = {}
-    read_n, deadline = 0, time.monotonic() + budget_s
+    read_n = 0
     for node, named in candidates.items():
         if node in hopeless:
             count("dropped", "unresolvable")
             continue
-        if read_n >= max_nodes or time.monotonic() > deadline:
+        if read_n >= max_nodes:
             count("dropped", "over-cap")
+            continue
+        if not deadline.node_fits():
+            count("dropped", "deadline")  # its reads could outlast kube-scheduler's wait
             continue
         read_n += 1
         try:
-            view = read(node)
+            view = read(node, deadline)
         except Exception as exc:  # noqa: BLE001 - one node's failure must not fail the others
             log.warning("preempt: node {} could not be read: {}", node, str(exc)[:200])
             count("dropped", "read-failed")
@@ -253,12 +279,13 @@ def _counter(ext: Any) -> Callable[..., None]:
 
 def preemptor(ext: Any, kubeconfig: str | None = None) -> Callable[[Any], Any] | None:
     """The ``/preempt`` handler for ``ext``: ``preempt`` over a ``NodeReader`` with its own API
-    session (one attempt, 2 s per request: kube-scheduler waits ``httpTimeout`` for the whole
-    answer); ``None`` (no ``/preempt`` route) when the session cannot be configured."""
+    session (one attempt; each request's timeout from the call's ``Deadline``: kube-scheduler
+    waits ``httpTimeout`` for the whole answer); ``None`` (no ``/preempt`` route) when the
+    session cannot be configured."""
     from ..kube import ApiSession, KubeError
 
     try:
-        session = ApiSession(kubeconfig=kubeconfig, timeout_s=2.0, attempts=1)
+        session = ApiSession(kubeconfig=kubeconfig, timeout_s=READ_TIMEOUT_S, attempts=1)
     except KubeError as err:
         log.error("preemption off: {}", err)
         return None

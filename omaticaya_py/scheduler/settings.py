@@ -9,8 +9,12 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
-from ..core.settings import CommonSettings, Settings, load
+from ..core.settings import CommonSettings, Settings, load, parse_schedule
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
+
+#: kube-scheduler's default ``httpTimeout`` for an extender, and the one our examples and the
+#: chart's KubeSchedulerConfiguration set
+DEFAULT_HTTP_TIMEOUT_S = 5.0
 
 # ---------------------------------------------------------------------------- settings ----
 
@@ -110,7 +114,31 @@ class ExtenderSettings(CommonSettings):
         "OMATICAYA_SHARED_RESOURCE): a pod asking for it in units passes a node only where one "
         "shared GPU has each slice free by the live reading less the reservations.",
     )
+    http_timeout_s: float = Field(
+        default=DEFAULT_HTTP_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="The httpTimeout of this extender in kube-scheduler's "
+        "KubeSchedulerConfiguration (5s: kube-scheduler's default and the examples'); set both "
+        "to the same value. /preempt answers within it: it reads candidate nodes for at most "
+        "this less 1 s (a fifth when that is less) and starts no node whose reads could run "
+        "past that. Seconds, or a Go duration as the configuration writes it (5s, 1m30s, 500ms).",
+    )
     kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
+
+    @field_validator("http_timeout_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        """``5s``, ``1m30s``, ``500ms`` (a Go duration, as KubeSchedulerConfiguration writes
+        ``httpTimeout``) in seconds; a plain number is seconds already."""
+        if not isinstance(value, str) or not value.strip() or value.strip()[-1] not in "hms":
+            return value
+        try:
+            return parse_schedule(f"@every {value.strip()}").interval_s
+        except ValueError:
+            raise ValueError(
+                "expected seconds (5) or a Go duration of at least 100ms (5s, 1m30s, 500ms)"
+            ) from None
 
     @field_validator("strategy", "stale_policy", "unknown_policy", "signal", mode="before")
     @classmethod
