@@ -140,16 +140,28 @@ def prefixed(names: Mapping[str, str], prefix: str = PREFIX) -> dict[str, str]:
     return {f"{prefix}/{k}": v for k, v in names.items()}
 
 
+#: the driver and CUDA version labels (short names) of driver 580.159.04 with CUDA 13.0, what
+#: ``snapshot()`` and the recorded traces give, under GPU Feature Discovery's current names
+VERSIONS = {
+    "cuda.driver-version.major": "580",
+    "cuda.driver-version.minor": "159",
+    "cuda.driver-version.revision": "04",
+    "cuda.driver-version.full": "580.159.04",
+    "cuda.runtime-version.major": "13",
+    "cuda.runtime-version.minor": "0",
+    "cuda.runtime-version.full": "13.0",
+}
+
+
 def h100_static(count: int, *, product: str = H100_LABEL, total: int = H100_TOTAL_MIB) -> dict[str, str]:
-    """The hardware-fact labels of ``count`` H100s on CUDA driver 13.0 (short names)."""
+    """The hardware-fact labels of ``count`` H100s on driver 580.159.04, CUDA 13.0 (short names)."""
     return {
         "gpu.count": str(count),
         "gpu.product": product,
         "gpu.family": "hopper",
         "gpu.compute.major": "9",
         "gpu.compute.minor": "0",
-        "cuda.driver.major": "13",
-        "cuda.driver.minor": "0",
+        **VERSIONS,
         "gpu.memory.total-mib": str(total),
     }
 

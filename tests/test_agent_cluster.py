@@ -82,7 +82,8 @@ def test_labels_follow_the_trace_phases(dev_cluster, admin_api, make_node):
     last = seen[25.5]
     assert last["gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert last["gpu.family"] == "hopper"
-    assert (last["cuda.driver.major"], last["cuda.driver.minor"]) == ("13", "0")
+    assert (last["cuda.runtime-version.major"], last["cuda.runtime-version.minor"]) == ("13", "0")
+    assert last["cuda.driver-version.full"] == "580.159.04"
     labels, annotations = node_metadata(admin_api, node)
     for key, value in FOREIGN_LABELS.items():
         assert labels[key] == value

@@ -20,6 +20,7 @@ from omaticaya_py.core.render import (
 from omaticaya_py.core.schema import TELEMETRY_VERSION
 from tests.helpers import (
     H100_LABEL,
+    VERSIONS,
     evaluate,
     gpu,
     h100_static,
@@ -240,8 +241,7 @@ RENDER_CASES = [
         {},
         {
             "gpu.count": "0",
-            "cuda.driver.major": "13",
-            "cuda.driver.minor": "0",
+            **VERSIONS,
             "gpu.memory.free-mib": "0",
             "gpu.memory.free-total-mib": "0",
             "gpu.idle-count": "0",
@@ -281,7 +281,11 @@ RENDER_CASES = [
     ),
     (
         "no-cuda-version-no-static-facts",
-        snapshot(gpu(0, product=None, architecture=None, compute_major=None, memory_total_mib=None), cuda=None),
+        snapshot(
+            gpu(0, product=None, architecture=None, compute_major=None, memory_total_mib=None),
+            cuda=None,
+            driver=None,
+        ),
         {"per_gpu_labels": False},
         {
             "gpu.count": "1",

@@ -20,7 +20,7 @@ from omaticaya_py.deviceplugin.allocation import mig_resource_name, preferred, t
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.sources.replay import TraceError, TraceReader, load_trace
 from tests.data import make_mig_traces
-from tests.helpers import DATA, gpu, settings, snapshot
+from tests.helpers import DATA, VERSIONS, gpu, settings, snapshot
 
 H100_MIG = DATA / "h100-mig-trace.json"
 MIG_MIXED = DATA / "mig-mixed-trace.json"
@@ -199,8 +199,7 @@ STATIC = {
     "gpu.family": "hopper",
     "gpu.compute.major": "9",
     "gpu.compute.minor": "0",
-    "cuda.driver.major": "13",
-    "cuda.driver.minor": "0",
+    **VERSIONS,
     "gpu.memory.total-mib": "81559",
 }
 

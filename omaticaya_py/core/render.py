@@ -35,6 +35,7 @@ __all__ = [
     "Desired",
     "STATIC_NAMES",
     "TELEMETRY",
+    "driver_version_parts",
     "is_static",
     "is_valid_key",
     "is_valid_value",
@@ -99,9 +100,7 @@ def _node_labels(
         if ref.compute_major is not None and ref.compute_minor is not None:
             out[names.COMPUTE_MAJOR] = str(ref.compute_major)
             out[names.COMPUTE_MINOR] = str(ref.compute_minor)
-    if snapshot.cuda_driver_version is not None:
-        out[names.CUDA_MAJOR] = str(snapshot.cuda_driver_version[0])
-        out[names.CUDA_MINOR] = str(snapshot.cuda_driver_version[1])
+    out.update(_version_labels(snapshot))
     totals = [g.memory_total_mib for g in gpus if g.memory_total_mib is not None]
     if totals:
         out[names.MEMORY_TOTAL] = str(min(totals))
@@ -172,6 +171,43 @@ def _node_labels(
                 out[key(names.GPU_TEMPERATURE)] = nearest(
                     key(names.GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
                 )
+    return out
+
+
+def driver_version_parts(version: str | None) -> tuple[str, str, str] | None:
+    """The display driver's version (``nvmlSystemGetDriverVersion``) split as GPU Feature
+    Discovery splits it: ``"580.65.06"`` -> ``("580", "65", "06")`` (text: the revision keeps
+    its leading zero), ``"580.65"`` -> ``("580", "65", "")``; ``None`` for no version or one
+    that is not ``X.Y[.Z]`` (GFD refuses those)."""
+    if not version:
+        return None
+    parts = version.split(".")
+    if not 2 <= len(parts) <= 3:
+        return None
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else ""
+
+
+def _version_labels(snapshot: NodeSnapshot) -> dict[str, str]:
+    """The driver and CUDA versions under GPU Feature Discovery's current names and meanings:
+    ``cuda.driver-version.{major,minor,revision,full}`` is the display driver's version
+    (``nvmlSystemGetDriverVersion``: ``580``, ``65``, ``06``, ``580.65.06``),
+    ``cuda.runtime-version.{major,minor,full}`` the CUDA version the driver supports
+    (``nvmlSystemGetCudaDriverVersion_v2``, 13000: ``13``, ``0``, ``13.0``). Each set is absent
+    when NVML did not give it (or gave a driver version that is not ``X.Y[.Z]``); the revision
+    is absent for a driver version of two parts (GFD writes it empty: we write no empty value)."""
+    out: dict[str, str] = {}
+    driver = driver_version_parts(snapshot.driver_version)
+    if driver is not None and snapshot.driver_version is not None:
+        major, minor, revision = driver
+        out[names.DRIVER_MAJOR], out[names.DRIVER_MINOR] = major, minor
+        if revision:
+            out[names.DRIVER_REVISION] = revision
+        out[names.DRIVER_FULL] = snapshot.driver_version
+    if snapshot.cuda_driver_version is not None:
+        cuda_major, cuda_minor = snapshot.cuda_driver_version
+        out[names.CUDA_MAJOR] = str(cuda_major)
+        out[names.CUDA_MINOR] = str(cuda_minor)
+        out[names.CUDA_FULL] = f"{cuda_major}.{cuda_minor}"
     return out
 
 

@@ -26,7 +26,10 @@ __all__ = [
     "mig_profile_name",
 ]
 
-#: NVML ``nvmlDeviceGetArchitecture`` enum (``NVML_DEVICE_ARCH_*``) -> lower-case family name.
+#: NVML ``nvmlDeviceGetArchitecture`` enum (``NVML_DEVICE_ARCH_*``) -> lower-case family name,
+#: as NVIDIA GPU Feature Discovery writes ``nvidia.com/gpu.family`` (which it derives from the
+#: compute capability: 8.9 is ``ada-lovelace``, NVML's ``NVML_DEVICE_ARCH_ADA``), so that a
+#: selector copied from GFD matches ours.
 ARCHITECTURES: dict[int, str] = {
     2: "kepler",
     3: "maxwell",
@@ -34,7 +37,7 @@ ARCHITECTURES: dict[int, str] = {
     5: "volta",
     6: "turing",
     7: "ampere",
-    8: "ada",
+    8: "ada-lovelace",
     9: "hopper",
     10: "blackwell",
     13: "rubin",
@@ -176,7 +179,10 @@ class NodeSnapshot:
     - ``error``: set when the library itself could not be read (``NVMLError_DriverNotLoaded``,
       ``NVMLError_LibraryNotFound``, ...): then ``gpus`` is empty and health is Unknown.
     - ``xid_events``: critical Xid events delivered since the previous read.
-    - ``cuda_driver_version``: ``nvmlSystemGetCudaDriverVersion_v2`` as (major, minor).
+    - ``driver_version``: the display driver's version, ``nvmlSystemGetDriverVersion`` as NVML
+      gives it (text, ``"580.65.06"``).
+    - ``cuda_driver_version``: the CUDA version the driver supports,
+      ``nvmlSystemGetCudaDriverVersion_v2`` (``13000``) as (major, minor): ``(13, 0)``.
     """
 
     read_at: datetime

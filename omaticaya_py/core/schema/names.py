@@ -36,8 +36,19 @@ PRODUCT_MIXED = "gpu.product.mixed"
 FAMILY = "gpu.family"
 COMPUTE_MAJOR = "gpu.compute.major"
 COMPUTE_MINOR = "gpu.compute.minor"
-CUDA_MAJOR = "cuda.driver.major"
-CUDA_MINOR = "cuda.driver.minor"
+# the driver and CUDA versions, under GPU Feature Discovery's current names and meanings
+#: the display driver's version (``nvmlSystemGetDriverVersion``, ``580.65.06``): its parts as
+#: text (``580``, ``65``, ``06``: the revision keeps its leading zero; absent for a driver
+#: version of two parts, where GFD writes it empty) and the whole string
+DRIVER_MAJOR = "cuda.driver-version.major"
+DRIVER_MINOR = "cuda.driver-version.minor"
+DRIVER_REVISION = "cuda.driver-version.revision"
+DRIVER_FULL = "cuda.driver-version.full"
+#: the CUDA version the driver supports (``nvmlSystemGetCudaDriverVersion_v2``, ``13000``):
+#: ``13``, ``0`` and ``13.0``
+CUDA_MAJOR = "cuda.runtime-version.major"
+CUDA_MINOR = "cuda.runtime-version.minor"
+CUDA_FULL = "cuda.runtime-version.full"
 MEMORY_TOTAL = "gpu.memory.total-mib"
 MEMORY_FREE = "gpu.memory.free-mib"
 MEMORY_FREE_TOTAL = "gpu.memory.free-total-mib"
@@ -96,8 +107,13 @@ LABELS: tuple[Label, ...] = (
     Label(FAMILY, "node", True, None, "changed"),
     Label(COMPUTE_MAJOR, "node", True, None, "changed"),
     Label(COMPUTE_MINOR, "node", True, None, "changed"),
+    Label(DRIVER_MAJOR, "node", True, None, "changed"),
+    Label(DRIVER_MINOR, "node", True, None, "changed"),
+    Label(DRIVER_REVISION, "node", True, None, "changed"),
+    Label(DRIVER_FULL, "node", True, None, "changed"),
     Label(CUDA_MAJOR, "node", True, None, "changed"),
     Label(CUDA_MINOR, "node", True, None, "changed"),
+    Label(CUDA_FULL, "node", True, None, "changed"),
     Label(MEMORY_TOTAL, "node", True, "mib", "less"),
     Label(MEMORY_FREE, "node", False, "mib", "less"),
     Label(MEMORY_FREE_TOTAL, "node", False, "mib", "less"),
