@@ -24,6 +24,8 @@ __all__ = [
     "SHARED_GPUS_FORM",
     "UNIT_SEPARATOR",
     "SharedGpus",
+    "device_order",
+    "gpu_room_mib",
     "parse_shared_gpus",
     "parse_unit_id",
     "slice_mib",
@@ -134,3 +136,31 @@ def unit_gpu(device_id: str) -> str | None:
 def slice_mib(units: int, unit_mib: int) -> int:
     """MiB of a slice of ``units`` units (what ``Allocate`` sets as the limit)."""
     return max(units, 0) * unit_mib
+
+
+def gpu_room_mib(free_mib: int, units_left: int, unit_mib: int) -> int:
+    """The largest slice one shared GPU can take, MiB: the least of its two books, its live
+    free memory ``free_mib`` (``nvmlDeviceGetMemoryInfo().free``, less what is handed out and
+    not yet in use) and its ``units_left`` units no container holds (the kubelet's books) x
+    ``unit_mib``; never below 0.
+
+    The one rule of "a slice fits on this GPU": the agent's ``gpu.shared.memory.free-mib``
+    (``core.slices``), the extender's per-GPU room (``core.schema.parse_node``, from the
+    telemetry's ``share_units`` and its holders' ``limit_mib``) and the device plugin's choice
+    (``deviceplugin.slices.Room``) all call it."""
+    return max(min(free_mib, max(units_left, 0) * unit_mib), 0)
+
+
+def device_order(healthy: bool, free_mib: int | None, index: int) -> tuple[bool, int, int]:
+    """The sort key of a whole GPU among those not yet assigned, first preferred first:
+    healthy before unhealthy, most live free memory (MiB; ``None`` unknown: last), lowest
+    NVML index on a tie.
+
+    The one rule of "which whole GPU a pod gets": the device plugin's
+    ``GetPreferredAllocation`` hands out GPUs in this order (``deviceplugin.allocation.preferred``,
+    topology breaking a tie of free memory on real NVML), and the extender reserves the same
+    GPUs for a pod it places (``scheduler.inflight.choose_gpus``), so the GPU the kubelet assigns
+    is the one the extender counted as taken. The plugin does not know a pod's memory need
+    (the device plugin API gives it none): a node passes only when the GPUs first in this
+    order each have the pod's need free."""
+    return (not healthy, -(free_mib if free_mib is not None else -1), index)

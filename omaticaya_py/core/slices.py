@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .attribution import ContainerDevices, GpuAttribution
-from .sharing import SharedGpus, parse_unit_id, unit_count
+from .sharing import SharedGpus, gpu_room_mib, parse_unit_id, unit_count
 from .snapshot import GpuReading, NodeSnapshot
 
 __all__ = [
@@ -141,9 +141,10 @@ def slice_room_mib(g: GpuReading, att: GpuAttribution | None, unit_mib: int) -> 
     ``None`` when its free memory was not read."""
     if g.memory_free_mib is None:
         return None
+    if not g.memory_total_mib:
+        return g.memory_free_mib
     held = sum(s.units for s in gpu_slices(att, g.uuid, unit_mib))
-    left = max(unit_count(g.memory_total_mib, unit_mib) - held, 0) * unit_mib
-    return max(min(g.memory_free_mib, left), 0) if g.memory_total_mib else g.memory_free_mib
+    return gpu_room_mib(g.memory_free_mib, unit_count(g.memory_total_mib, unit_mib) - held, unit_mib)
 
 
 def over_limit(

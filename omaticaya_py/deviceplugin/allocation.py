@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.settings import Settings
-from ..core.sharing import SharedGpus, unit_count, unit_ids
+from ..core.sharing import SharedGpus, device_order, unit_count, unit_ids
 from ..core.snapshot import NodeSnapshot
 
 API_VERSION = "v1beta1"
@@ -63,8 +63,9 @@ def preferred(
     distance: Callable[[str, str], int | None] | None = None,
 ) -> list[str]:
     """The preferred ``size`` devices out of ``available``: every must-include device first,
-    then, one at a time, healthy before unhealthy, most free memory (live reading) first, then
-    the closest in topology to those already chosen (``distance(a, b)``: NVML's common-ancestor
+    then, one at a time, by ``core.sharing.device_order`` (healthy before unhealthy, most free
+    memory by the live reading first: the order the extender predicts), then the closest in
+    topology to those already chosen (``distance(a, b)``: NVML's common-ancestor
     level, lower is closer; used on real NVML), lowest index on a tie. Devices the plugin does
     not know come last."""
     chosen = list(dict.fromkeys(must_include))
@@ -77,8 +78,8 @@ def preferred(
             far = max((distance(device_id, c) or 0) for c in chosen)
         if s is None:
             return (True, 1, far, 1 << 30, 0, device_id)
-        free = s.free_mib if s.free_mib is not None else -1
-        return (not s.healthy, -free, far, s.index, s.mig_index or 0, device_id)
+        unhealthy, most_free, index = device_order(s.healthy, s.free_mib, s.index)
+        return (unhealthy, most_free, far, index, s.mig_index or 0, device_id)
 
     while rest and len(chosen) < size:
         best = min(rest, key=key)

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..core.sharing import parse_unit_id, slice_mib, unit_id
+from ..core.sharing import gpu_room_mib, parse_unit_id, slice_mib, unit_id
 from .allocation import DeviceState
 
 __all__ = [
@@ -88,9 +88,11 @@ class Room:
     available: tuple[str, ...]
 
     def room_mib(self, unit_mib: int) -> int:
-        """What a slice could still get here: the least of the two books (MiB; -1 unknown)."""
-        units_mib = len(self.available) * unit_mib
-        return -1 if self.free_mib is None else min(self.free_mib, units_mib)
+        """What a slice could still get here: the least of the two books (MiB; -1 unknown),
+        ``core.sharing.gpu_room_mib``, the rule the extender judges each shared GPU by."""
+        if self.free_mib is None:
+            return -1
+        return gpu_room_mib(self.free_mib, len(self.available), unit_mib)
 
 
 def expand(gpus: Iterable[DeviceState], counts: Mapping[str, int]) -> list[DeviceState]:
@@ -170,10 +172,7 @@ def choose(candidates: Sequence[Room], size: int, unit_mib: int, policy: str = "
     ``size * unit_mib`` MiB of live room; ``binpack`` the least room, ``spread`` the most, lowest
     index on a tie. ``None`` when no GPU has both."""
     need_mib = slice_mib(size, unit_mib)
-    fit = [
-        r for r in candidates
-        if r.healthy and len(r.available) >= size and r.free_mib is not None and r.free_mib >= need_mib
-    ]  # fmt: skip
+    fit = [r for r in candidates if r.healthy and r.room_mib(unit_mib) >= need_mib]
     if not fit:
         return None
     sign = 1 if policy != "spread" else -1

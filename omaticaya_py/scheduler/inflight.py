@@ -20,12 +20,18 @@ leaves it out) when
   need plus that of every earlier placement on the node that started before the reading too (the
   rule is conservative: a placement whose memory cannot be told apart waits for ``settle_s``).
 
+- the node's telemetry, read after the pod started, names the pod among the holders of its
+  GPUs (``NodeGpuState.holders``, the kubelet's PodResources): the kubelet's books now count it
+  (an assigned whole GPU has no room, a slice's units are held), whatever its memory shows.
+
 A deleted, failed or finished pod is never a placement (the pod watch drops it).
 
 ``adjust`` takes each pending placement's memory from the GPUs it was given (``gpus``, chosen
 by the filter as the device plugin would: ``choose_gpus``), and a placement whose GPUs are not
 known (learned from the pod watch: bound by another path, or after a restart) from its
-``count`` healthy GPUs with the most free memory left, clamped at zero. A placement of slices
+``count`` healthy GPUs with the most free memory left, clamped at zero. A placement of whole
+devices (``exclusive``: the pod asks for the device plugin's GPU resource, so the kubelet
+hands it whole GPUs) takes all of each GPU it is given: no other pod can get them. A placement of slices
 (``slices``: units per container) is taken from the node's shared GPUs the same way, each slice
 from one GPU (``slices.place_slices`` chose them), and is shown by the shared GPUs' free memory.
 """
@@ -36,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ..core.schema import NodeGpuState
+from ..core.sharing import device_order
 
 __all__ = ["ASSUME_S", "Placement", "adjust", "choose_gpus", "expiry", "pending"]
 
@@ -63,6 +70,9 @@ class Placement:
     #: a pod's slices of shared GPUs, units per container, largest first (``gpus`` then the
     #: shared GPU of each, in the same order); empty: whole GPUs
     slices: tuple[int, ...] = ()
+    #: the pod asks for whole devices of the GPU resource (``Need.exclusive``): each GPU it is
+    #: given is taken whole
+    exclusive: bool = False
 
     @property
     def total_mib(self) -> int:
@@ -97,23 +107,29 @@ def pending(
         return live
     whole = [p for p in live if not p.slices]
     sliced = [p for p in live if p.slices]
-    out = _not_shown(whole, state.read_at, state.free_total_mib, None)
+    holders = state.holders
+    out = _not_shown(whole, state.read_at, state.live_free_total_mib, None, holders)
     if sliced:  # on the shared GPUs: their own free memory tells
         kept = set(map(id, _not_shown(sliced, state.read_at, state.shared_free_total_mib,
-                                      state.share_unit_mib)))  # fmt: skip
+                                      state.share_unit_mib, holders)))  # fmt: skip
         out = [p for p in live if (p.slices and id(p) in kept) or (not p.slices and p in out)]
     return out
 
 
-def _not_shown(live: list[Placement], read_at: float, free_now: int, unit_mib: int | None
-               ) -> list[Placement]:  # fmt: skip
+def _not_shown(live: list[Placement], read_at: float, free_now: int, unit_mib: int | None,
+               holders: frozenset[str] = frozenset()) -> list[Placement]:  # fmt: skip
     """The placements of ``live`` (oldest first) a reading at ``read_at`` with ``free_now``
-    free does not show yet (see the module's docstring)."""
+    free does not show yet (see the module's docstring). One whose pod is among ``holders``
+    (``"<namespace>/<name>"``) in a reading after it started is shown; its memory still counts
+    in the drop the later ones must account for (conservative: it may not be in use yet)."""
     shown = 0  # memory of earlier placements the reading must show as well
     out: list[Placement] = []
     settling = True
     for p in live:
         mib = p.mib_at(unit_mib)
+        if p.key in holders and p.started_at is not None and read_at > p.started_at:
+            shown += mib
+            continue
         seen = (
             settling
             and p.started_at is not None
@@ -151,7 +167,7 @@ def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState
             rest = sorted((i for i in healthy if i not in mine), key=lambda i: -free[i])
             mine += rest[: p.count - len(mine)]
         for index in mine:
-            free[index] = max(0, free[index] - p.memory_mib)
+            free[index] = 0 if p.exclusive else max(0, free[index] - p.memory_mib)
     gpus = tuple(
         g if free[g.index] == g.free_mib else replace(g, free_mib=free[g.index]) for g in state.gpus
     )
@@ -181,13 +197,19 @@ def _adjust_shared(state: NodeGpuState, placements: Sequence[Placement]) -> Node
 
 
 def choose_gpus(
-    state: NodeGpuState, memory_mib: int, count: int, strategy: str = "binpack"
+    state: NodeGpuState, memory_mib: int, count: int, strategy: str = "binpack",
+    *, exclusive: bool = False,
 ) -> tuple[int, ...]:
     """The ``count`` GPUs of ``state`` (free memory after the pending placements) a pod needing
-    ``memory_mib`` on each would be given: healthy, with that much free; ``binpack`` the ones
+    ``memory_mib`` on each would be given: healthy, with that much free. ``exclusive`` (whole
+    devices from the device plugin): the ones the plugin hands out, ``core.sharing.device_order``
+    (most free first), since the plugin does not know the pod's need; else ``binpack`` the ones
     with the least room that fits, ``spread`` the most. ``()`` when fewer than ``count`` fit."""
     fit = [g for g in state.gpus if g.healthy and g.free_mib >= memory_mib]
     if len(fit) < count:
         return ()
-    fit.sort(key=lambda g: (g.free_mib if strategy == "binpack" else -g.free_mib, g.index))
+    if exclusive:
+        fit.sort(key=lambda g: device_order(g.healthy, g.free_mib, g.index))
+    else:
+        fit.sort(key=lambda g: (g.free_mib if strategy == "binpack" else -g.free_mib, g.index))
     return tuple(sorted(g.index for g in fit[:count]))

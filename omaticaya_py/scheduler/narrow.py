@@ -207,7 +207,8 @@ class Narrowing:
 def _reservation(need: Need, rec: NodeRecord, key: str, uid: str, node: str, now: float,
                  strategy: str) -> Placement:  # fmt: skip
     """The pod's reservation on ``node`` (its record ``rec``): on the GPUs the device plugin
-    would give it (``inflight.choose_gpus``; slices: ``slices.place_slices``, largest first,
+    would give it (``inflight.choose_gpus``: for whole devices the plugin's own order; slices:
+    ``slices.place_slices``, largest first,
     best fit when ``strategy`` cannot place them all)."""
     if need.slices:
         units = tuple(sorted(need.slices, reverse=True))
@@ -217,9 +218,10 @@ def _reservation(need: Need, rec: NodeRecord, key: str, uid: str, node: str, now
         return Placement(key, uid, node, 0, 0, placed_at=now, slices=units,
                          baseline_free_mib=rec.state.shared_free_total_mib,
                          gpus=placed[0] if placed else (), bound=False)  # fmt: skip
-    gpus = choose_gpus(rec.left, need.memory_mib, need.count, strategy)
+    gpus = choose_gpus(rec.left, need.memory_mib, need.count, strategy, exclusive=need.exclusive)
     return Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
-                     baseline_free_mib=rec.state.free_total_mib, gpus=gpus, bound=False)  # fmt: skip
+                     baseline_free_mib=rec.state.live_free_total_mib, gpus=gpus, bound=False,
+                     exclusive=need.exclusive)  # fmt: skip
 
 
 def _scaled(free: Iterable[int], lo: int, span: int, strategy: str) -> Iterator[int]:

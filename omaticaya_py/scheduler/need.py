@@ -14,8 +14,11 @@ from typing import Any
 from ..core.schema import json_int, json_mapping
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 
-__all__ = ["MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Need", "parse_need",
-           "parse_slices"]  # fmt: skip
+#: the device plugin's whole-GPU resource (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``)
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+__all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Need",
+           "parse_need", "parse_slices"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,9 @@ class Need:
     slices: tuple[int, ...] = ()
     #: the shared resource the slices are of (for messages)
     resource: str = DEFAULT_SHARED_RESOURCE
+    #: the pod also asks for whole devices of the device plugin's GPU resource
+    #: (``nvidia.com/gpu``): the kubelet hands it ``count`` whole GPUs, which no other pod gets
+    exclusive: bool = False
 
     def slice_mibs(self, unit_mib: int) -> tuple[int, ...]:
         """Each container's slice in MiB at ``unit_mib`` MiB per unit, largest first."""
@@ -135,8 +141,34 @@ def _units(raw: Any) -> int | None:
     return int(value)
 
 
+def _devices(pod: Any, resource: str) -> tuple[int, str | None]:
+    """(whole devices of ``resource`` the pod's containers ask for in all, the first malformed
+    value's description or ``None``): each container's ``limits`` (else ``requests``), read as
+    ``_units`` reads a slice. Init containers are not counted (the kubelet reuses their devices
+    for the app containers)."""
+    spec = json_mapping(json_mapping(pod).get("spec"))
+    containers = spec.get("containers")
+    total = 0
+    for c in containers if isinstance(containers, list) else ():
+        res = json_mapping(json_mapping(c).get("resources"))
+        limits, requests = json_mapping(res.get("limits")), json_mapping(res.get("requests"))
+        raw = limits.get(resource, requests.get(resource))
+        if raw is None:
+            continue
+        n = _units(raw)
+        if n is None:
+            name = json_mapping(c).get("name")
+            shown = _shown(str(name) if isinstance(name, str) else "?")
+            return 0, f"pod container {shown} asks for {resource}={_shown(str(raw))}"
+        total += n
+    return total, None
+
+
 def parse_need(
-    pod: Any, prefix: str = "omaticaya.io", shared_resource: str = DEFAULT_SHARED_RESOURCE
+    pod: Any,
+    prefix: str = "omaticaya.io",
+    shared_resource: str = DEFAULT_SHARED_RESOURCE,
+    gpu_resource: str = DEFAULT_GPU_RESOURCE,
 ) -> Need | None:
     """The pod's need from ``<prefix>/gpu-memory-mib`` and ``<prefix>/gpu-count``; ``None``
     when the pod has no ``gpu-memory-mib`` annotation (or is not a pod object at all).
@@ -146,6 +178,10 @@ def parse_need(
     to whole MiB; at most ``MAX_MEMORY_MIB``. The count is a whole number from 1 to
     ``MAX_GPU_COUNT`` (default 1). A bad value gives a ``Need`` with ``error`` set, naming the
     annotation and the expected form: every node then fails with it.
+
+    A pod whose containers also ask for whole devices of ``gpu_resource`` (the device plugin's,
+    ``nvidia.com/gpu``) is ``exclusive``: its count is that many GPUs (the annotation may say
+    so too; a count that differs is an error), and each GPU it gets is taken whole.
 
     A pod that asks for slices of ``shared_resource`` (``parse_slices``) has that need
     instead: its annotations are not read."""
@@ -166,6 +202,11 @@ def parse_need(
         )  # fmt: skip
     if memory > MAX_MEMORY_MIB:
         return Need(0, 1, f"pod annotation {mem_key}={shown_mem} asks for more than 1 EiB")
+    devices, bad = _devices(pod, gpu_resource)
+    if bad is not None:
+        return Need(memory, 1, f"{bad}: expected a whole number of GPUs")
+    if devices and count_key not in annotations:
+        raw_count = str(devices)
     count = json_int(raw_count)
     if count is None or not 1 <= count <= MAX_GPU_COUNT:
         return Need(
@@ -173,7 +214,13 @@ def parse_need(
             f"pod annotation {count_key}={shown_count} is not a whole number from 1 to "
             f"{MAX_GPU_COUNT}",
         )  # fmt: skip
-    return Need(memory, count)
+    if devices and devices != count:
+        return Need(
+            memory, count,
+            f"pod annotation {count_key}={shown_count} differs from the {devices} "
+            f"{gpu_resource} its containers ask for: the kubelet hands it {devices} GPUs",
+        )  # fmt: skip
+    return Need(memory, count, exclusive=devices > 0)
 
 
 def _shown(raw: str) -> str:

@@ -19,6 +19,7 @@ from ..core.sayonce import SayOnce
 from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .inflight import ASSUME_S, Placement
+from .need import DEFAULT_GPU_RESOURCE
 from .rules import parse_need
 
 __all__ = ["ASSUME_S", "DONE_PHASES", "PodProblems", "placement_from_pod"]
@@ -44,6 +45,7 @@ def placement_from_pod(
     node_state: Callable[[str], NodeGpuState | None],
     now: float,
     shared_resource: str = DEFAULT_SHARED_RESOURCE,
+    gpu_resource: str = DEFAULT_GPU_RESOURCE,
 ) -> Placement | None:
     """The placement a pod document stands for, or ``None``. Raises ``ValueError`` for a pod
     whose fields have the wrong shape (the caller skips it and counts it).
@@ -62,7 +64,7 @@ def placement_from_pod(
         raise ValueError("spec.nodeName is not a Node name")
     if meta.get("deletionTimestamp") or status.get("phase") in DONE_PHASES:
         return None
-    need = parse_need(pod, prefix, shared_resource)
+    need = parse_need(pod, prefix, shared_resource, gpu_resource)
     if need is None or need.error:
         return None  # never placed through the extender's rules: nothing to account
     uid = meta.get("uid")
@@ -75,7 +77,7 @@ def placement_from_pod(
         state = node_state(node)
         baseline = None
         if state is not None and state.known:
-            baseline = state.shared_free_total_mib if need.slices else state.free_total_mib
+            baseline = state.shared_free_total_mib if need.slices else state.live_free_total_mib
     return Placement(
         key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         uid=uid,
@@ -86,6 +88,7 @@ def placement_from_pod(
         started_at=rfc3339_s(status.get("startTime")),
         baseline_free_mib=baseline,
         slices=tuple(sorted(need.slices, reverse=True)),
+        exclusive=need.exclusive,
     )
 
 

@@ -87,7 +87,9 @@ def gpu_rooms(node: Any, prefix: str) -> tuple[GpuRoom, ...]:
             if h.namespace and h.pod
         )  # fmt: skip
         total = r.memory_total_mib if r is not None else None
-        out.append(GpuRoom(g.index, g.free_mib, g.healthy, total, holders))
+        # an assigned GPU by its live free memory: the victims' eviction starts from it
+        free = g.assigned_free_mib if g.assigned_free_mib is not None else g.free_mib
+        out.append(GpuRoom(g.index, free, g.healthy, total, holders))
     return tuple(out)
 
 
@@ -195,7 +197,8 @@ def preempt(
         budget_s = preempt_budget_s(ext.settings.http_timeout_s)
     deadline = Deadline.start(budget_s, clock or ext.monotonic)
     pod = args.get("Pod")
-    need = parse_need(pod, ext.settings.prefix, ext.settings.shared_resource)
+    need = parse_need(pod, ext.settings.prefix, ext.settings.shared_resource,
+                      ext.settings.device_plugin_resource)
     candidates, pdb, bad = _candidates(args)
     count = _counter(ext)
     if bad:

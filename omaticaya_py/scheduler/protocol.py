@@ -149,7 +149,7 @@ class Extender:
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         s = self.settings
-        need = parse_need(args.get("Pod"), s.prefix, s.shared_resource)
+        need = parse_need(args.get("Pod"), s.prefix, s.shared_resource, s.device_plugin_resource)
         by_name = args.get("NodeNames") is not None
         if by_name and need is not None and not self.synced() and not s.fail_open:
             # no data yet: say so instead of failing every node one by one
@@ -189,7 +189,7 @@ class Extender:
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         s = self.settings
-        need = parse_need(args.get("Pod"), s.prefix, s.shared_resource)
+        need = parse_need(args.get("Pod"), s.prefix, s.shared_resource, s.device_plugin_resource)
         narrowing = self.narrowing()
         if narrowing is not None and need is not None and not need.error:
             scores = narrowing.prioritize(

@@ -181,6 +181,7 @@ def _start_pod_cache(
         return placement_from_pod(
             pod, previous, prefix=settings.prefix, node_state=nodes.get, now=time.time(),
             shared_resource=settings.shared_resource,
+            gpu_resource=settings.device_plugin_resource,
         )
 
     def on_error(err: KubeError) -> None:

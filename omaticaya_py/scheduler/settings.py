@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
 from ..core.settings import CommonSettings, Settings, load, parse_schedule
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
+from .need import DEFAULT_GPU_RESOURCE
 
 #: kube-scheduler's default ``httpTimeout`` for an extender, and the one our examples and the
 #: chart's KubeSchedulerConfiguration set
@@ -114,6 +115,13 @@ class ExtenderSettings(CommonSettings):
         "OMATICAYA_SHARED_RESOURCE): a pod asking for it in units passes a node only where one "
         "shared GPU has each slice free by the live reading less the reservations.",
     )
+    device_plugin_resource: str = Field(
+        default=DEFAULT_GPU_RESOURCE,
+        description="The whole-GPU resource of the node's device plugin (the agent's "
+        "OMATICAYA_DEVICE_PLUGIN_RESOURCE): a pod with the memory annotation that also asks "
+        "for it is given whole GPUs by the kubelet, so each GPU reserved for it is taken whole, "
+        "and its gpu-count is that many GPUs.",
+    )
     http_timeout_s: float = Field(
         default=DEFAULT_HTTP_TIMEOUT_S,
         gt=0,
@@ -145,7 +153,7 @@ class ExtenderSettings(CommonSettings):
     def _lower_strategy(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("shared_resource")
+    @field_validator("shared_resource", "device_plugin_resource")
     @classmethod
     def _check_shared_resource(cls, value: str) -> str:
         return Settings._check_resource(value)  # the agent's rule for the same name

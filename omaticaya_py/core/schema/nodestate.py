@@ -8,10 +8,11 @@ gives each published GPU for display. Neither ever raises on what a Node carries
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..sharing import gpu_room_mib
 from .names import (
     GPU_HEALTH,
     GPU_MEMORY_FREE,
@@ -24,7 +25,7 @@ from .names import (
     SHARED_MEMORY_FREE,
     per_gpu,
 )
-from .telemetry import TELEMETRY, GpuTelemetry, Telemetry
+from .telemetry import TELEMETRY, GpuTelemetry, PodTelemetry, Telemetry
 from .values import json_int, json_mapping, json_str
 
 __all__ = [
@@ -45,13 +46,22 @@ class GpuInfo:
     ``free_min_mib``, the least free memory over the agent's peak window (``None``: not
     published: window off, not yet half covered, or an older agent); ``total_mib``, its
     memory (the telemetry's ``memory_total_mib``; ``None``: not published), which tells a
-    GPU too small for a pod whatever is evicted from it (``scheduler.preemption``)."""
+    GPU too small for a pod whatever is evicted from it (``scheduler.preemption``).
+
+    ``assigned``: the kubelet has handed this whole GPU to a container (the telemetry's
+    ``pods``, from PodResources): it has no room for another pod whatever NVML shows, and its
+    ``free_mib`` is 0. A shared GPU is never ``assigned``: its ``free_mib`` is the least of its
+    live free memory and its units no container holds (``core.sharing.gpu_room_mib``)."""
 
     index: int
     free_mib: int
     healthy: bool
     free_min_mib: int | None = None
     total_mib: int | None = None
+    assigned: bool = False
+    #: an assigned GPU's free MiB by the live reading (capped as ``free_mib`` is); ``None``
+    #: when not assigned: what evicting its holders would start from (``scheduler.preempt``)
+    assigned_free_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +74,11 @@ class NodeGpuState:
     rewrite (``None``: an agent that does not publish it, or a value not to be trusted);
     ``lease`` is the ``"<namespace>/<name>"`` of the Lease that holds the agent's liveness
     (``None``: none named, or not of that form): its renewals, not ``read_at``, say whether
-    the telemetry is current; ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs."""
+    the telemetry is current; ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs (an
+    assigned one counts 0);
+    ``holders``: the pods the kubelet has handed a GPU, MIG device or slice of this node
+    (``"<namespace>/<name>"``, from the telemetry's ``pods``; empty when the agent attributes
+    nothing): a pod there is in the reading (``scheduler.inflight.pending``)."""
 
     name: str
     known: bool = False
@@ -77,6 +91,17 @@ class NodeGpuState:
     lease: str | None = None
     shared: tuple[GpuInfo, ...] = ()
     share_unit_mib: int | None = None
+    holders: frozenset[str] = frozenset()
+    #: free MiB over healthy whole GPUs by the live reading, assigned ones included (``None``:
+    #: not parsed from a Node, then ``free_total_mib``): what the in-flight rule's memory drops
+    #: are measured on (``live_free_total_mib``), since an assignment frees no memory
+    free_live_total_mib: int | None = None
+
+    @property
+    def live_free_total_mib(self) -> int:
+        """Free MiB over the healthy whole GPUs by the live reading, assigned GPUs included."""
+        live = self.free_live_total_mib
+        return self.free_total_mib if live is None else live
 
     @property
     def shared_free_total_mib(self) -> int:
@@ -117,6 +142,12 @@ def parse_node(
 
     Shared GPUs (the telemetry's ``gpus[].shared``, with its ``share_unit_mib``) go to
     ``shared``, never to ``gpus``: a pod asking for whole GPUs cannot be given one.
+
+    The kubelet's books count as the device plugin counts them (``core.sharing``): a whole GPU
+    with a holder in the telemetry's ``pods`` is ``assigned`` (``free_mib`` 0), and a shared
+    GPU's ``free_mib`` is at most its units no holder has (``share_units`` less the holders'
+    ``limit_mib`` over ``share_unit_mib``: ``gpu_room_mib``). Both need the agent's PodResources
+    attribution; without it no holder is published and only the live memory counts.
 
     Never above the truth: each GPU's ``free_mib`` is the least of the telemetry's exact value
     and what the labels say (``label_bounds``): its ``gpu-N.memory.free-mib``, and the node's
@@ -161,18 +192,30 @@ def parse_node(
     unit_mib = doc.share_unit_mib if doc is not None else None
     unit_mib = unit_mib if unit_mib is not None and unit_mib > 0 else None
     listed = doc is not None and doc.gpus_listed
+    holders: set[str] = set()
     for g in doc.gpus if doc is not None else ():
+        holders.update(_holders(g.pods))
+        for m in g.mig_devices or ():
+            holders.update(_holders(m.pods))
         if g.mig:
             continue
         if g.memory_free_unreadable:
             problem = "telemetry annotation with a bad memory_free_mib"
         free = g.memory_free_mib
+        room = free or 0
+        assigned = False
+        if g.shared and unit_mib is not None and g.share_units is not None:
+            held = sum(max(p.limit_mib or 0, 0) for p in g.pods or ()) // unit_mib
+            room = gpu_room_mib(room, g.share_units - held, unit_mib)
+        elif not g.shared and g.pods:
+            assigned = True  # no room for another pod: free_mib 0 below, after the live total
         info = GpuInfo(
             g.index,
-            free or 0,
+            room,
             g.health == "Healthy" and free is not None,
             g.memory_free_min_mib,
             g.memory_total_mib,
+            assigned,
         )
         if g.shared:  # without a unit size its slices cannot be sized: not given out
             if unit_mib is not None:
@@ -186,6 +229,11 @@ def parse_node(
     # the largest slice one shared GPU can take (gpu.shared.memory.free-mib) bounds each one
     shared_best = json_int(mine.get(SHARED_MEMORY_FREE))
     shared = [_capped(g, per_gpu.get(g.index), shared_best) for g in shared]
+    live_total = sum(g.free_mib for g in gpus if g.healthy)
+    if total is not None:
+        live_total = min(live_total, max(total, 0))
+    gpus = [replace(g, free_mib=0, assigned_free_mib=g.free_mib) if g.assigned else g
+            for g in gpus]  # fmt: skip
     free_total = sum(g.free_mib for g in gpus if g.healthy)
     if total is not None:
         free_total = min(free_total, max(total, 0))
@@ -198,10 +246,19 @@ def parse_node(
         lease=lease_ref(doc.lease) if doc is not None and read_at is not None else None,
         gpus=tuple(gpus),
         free_total_mib=free_total,
+        free_live_total_mib=live_total,
         problem=problem,
         shared=tuple(shared),
         share_unit_mib=unit_mib if shared else None,
+        holders=frozenset(holders),
     )
+
+
+def _holders(pods: tuple[PodTelemetry, ...] | None) -> Iterator[str]:
+    """``"<namespace>/<name>"`` of each holder with both names (others name no pod)."""
+    for p in pods or ():
+        if p.namespace and p.pod:
+            yield f"{p.namespace}/{p.pod}"
 
 
 def label_bounds(mine: Mapping[str, str]) -> tuple[dict[int, int], int | None, int | None]:

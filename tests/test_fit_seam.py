@@ -1,0 +1,207 @@
+"""One rule for "fits on a GPU" on both sides of the seam (issue 30 item 3): pure, table-driven.
+
+The agent renders a node with its PodResources attribution (``render(..., attribution=...)``:
+the kubelet's holders of each whole GPU and of each shared GPU's units); the extender parses it
+(``parse_node``) and judges (``rules.judge``); the device plugin's rules (``deviceplugin.slices``,
+``deviceplugin.allocation.preferred``) decide on the same GPUs. The rules are
+``core.sharing.gpu_room_mib`` and ``core.sharing.device_order``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
+from omaticaya_py.core.schema import parse_node
+from omaticaya_py.core.sharing import device_order, gpu_room_mib, unit_ids
+from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
+from omaticaya_py.deviceplugin.slices import Room, choose
+from omaticaya_py.scheduler.inflight import Placement, adjust, choose_gpus, pending
+from omaticaya_py.scheduler.need import Need, parse_need
+from omaticaya_py.scheduler.rules import judge
+from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
+
+NOW = READ_AT.timestamp() + 5
+U = 1024
+F = 79 * U  # free MiB of an idle GPU, on the labels' 1 GiB step
+H100_TOTAL = 81559  # 79 units of 1 GiB
+SLICES = "omaticaya.io/gpu-memory"
+GPU = "nvidia.com/gpu"
+
+
+def uuid(index: int) -> str:
+    return f"GPU-{index:08d}-7fda-b7ae-a94e-630097a14ca4"
+
+
+def holder(pod: str, resource: str, *ids: str, container: str = "c") -> ContainerDevices:
+    return ContainerDevices("ns", pod, container, resource, tuple(ids))
+
+
+def node(free_mib: list[int], *, shared: str = "none",
+         held: dict[int, list[ContainerDevices]] | None = None) -> Any:  # fmt: skip
+    """A node as the agent renders it, each GPU ``free_mib`` free of ``H100_TOTAL``, with the
+    kubelet's holders ``held`` (GPU index -> holders) as its attribution."""
+    readings = [gpu(i, memory_free_mib=f, memory_total_mib=H100_TOTAL,
+                    memory_used_mib=H100_TOTAL - f) for i, f in enumerate(free_mib)]  # fmt: skip
+    attribution = {
+        uuid(i): GpuAttribution(uuid(i), holders=tuple((held or {}).get(i, ())))
+        for i in range(len(free_mib))
+    }
+    snap = snapshot(*readings, read_at=READ_AT)
+    health, _ = evaluate(snap, settings(shared_gpus=shared))
+    from omaticaya_py.core.render import render
+
+    desired = render(snap, health, settings(shared_gpus=shared), attribution=attribution)
+    return parse_node("n", desired.labels, desired.annotations)
+
+
+def units(index: int, first: int, count: int) -> list[str]:
+    return unit_ids(uuid(index), H100_TOTAL // U)[first:first + count]
+
+
+def whole_pod(mib: int, gpus: int = 0, count: str | None = None) -> dict[str, Any]:
+    ann = {"omaticaya.io/gpu-memory-mib": str(mib)}
+    if count is not None:
+        ann["omaticaya.io/gpu-count"] = count
+    limits = {GPU: str(gpus)} if gpus else {}
+    return {"metadata": {"name": "p", "namespace": "ns", "annotations": ann},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}  # fmt: skip
+
+
+def fits(state: Any, need: Need, inflight: tuple[Placement, ...] = ()) -> bool:
+    return judge(state, need, now=NOW, ttl_s=60, grace_s=10, fail_open=False,
+                 inflight=inflight).ok  # fmt: skip
+
+
+# ------------------------------------------------------------------------- the rules ----
+
+ROOMS = [
+    ("the units bound", 80000, 29, 29 * U),
+    ("the live memory bounds", 10000, 79, 10000),
+    ("no unit left", 80000, 0, 0),
+    ("more units held than served", 80000, -3, 0),
+    ("free memory below zero", -5, 10, 0),
+]
+
+
+@pytest.mark.parametrize(("free", "left", "want"), [r[1:] for r in ROOMS], ids=[r[0] for r in ROOMS])
+def test_gpu_room_mib(free: int, left: int, want: int) -> None:
+    assert gpu_room_mib(free, left, U) == want
+
+
+def test_the_plugin_room_is_the_shared_rule() -> None:
+    room = Room("g", 0, True, 80000, tuple(units(0, 0, 29)))
+    assert room.room_mib(U) == gpu_room_mib(80000, 29, U) == 29 * U
+
+
+def test_device_order_most_free_healthy_first() -> None:
+    gpus = [(True, 50000, 0), (True, 70000, 1), (False, 80000, 2), (True, None, 3), (True, 70000, 4)]
+    assert [g[2] for g in sorted(gpus, key=lambda g: device_order(*g))] == [1, 4, 0, 3, 2]
+
+
+# ------------------------------------------------------------ the extender's reading ----
+
+
+def test_a_shared_gpu_room_is_its_units_left() -> None:
+    """Four 50-unit slices held on four shared GPUs leave 29 units on each (the issue's case)."""
+    held = {i: [holder(f"s{i}", SLICES, *units(i, 0, 50))] for i in range(4)}
+    state = node([F] * 4, shared="all", held=held)
+    assert [g.free_mib for g in state.shared] == [29 * U] * 4
+    assert state.holders == {"ns/s0", "ns/s1", "ns/s2", "ns/s3"}
+
+
+def test_a_whole_gpu_with_a_holder_is_assigned() -> None:
+    state = node([F, F], held={0: [holder("w", GPU, uuid(0))]})
+    assert [(g.assigned, g.free_mib) for g in state.gpus] == [(True, 0), (False, F)]
+    assert state.holders == {"ns/w"}
+
+
+def test_without_attribution_only_the_live_memory_counts() -> None:
+    state = node([F, F])
+    assert [g.free_mib for g in state.gpus] == [F, F] and not state.holders
+
+
+SEAM = [
+    # (name, free per GPU, shared, holders, need, extender passes)
+    ("40 units where 29 are left on each of 4 GPUs", [F] * 4, "all",
+     {i: [holder(f"s{i}", SLICES, *units(i, 0, 50))] for i in range(4)}, Need(0, slices=(40,)),
+     False),
+    ("29 units where 29 are left", [F] * 4, "all",
+     {i: [holder(f"s{i}", SLICES, *units(i, 0, 50))] for i in range(4)}, Need(0, slices=(29,)),
+     True),
+    ("two 30-unit containers, one GPU with 59 left and one with 29", [F] * 2, "all",
+     {0: [holder("a", SLICES, *units(0, 0, 20))], 1: [holder("b", SLICES, *units(1, 0, 50))]},
+     Need(0, slices=(30, 30)), False),
+    ("60 GiB on a node whose free GPU is assigned", [F, 49 * U], "none",
+     {0: [holder("w", GPU, uuid(0))]}, Need(60 * 1024), False),
+    ("40 GiB on the one GPU left", [F, 49 * U], "none",
+     {0: [holder("w", GPU, uuid(0))]}, Need(40 * 1024), True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("free", "shared", "held", "need", "ok"), [r[1:] for r in SEAM],
+                         ids=[r[0] for r in SEAM])  # fmt: skip
+def test_the_extender_judges_by_the_kubelet_books(
+    free: list[int], shared: str, held: dict[int, list[ContainerDevices]], need: Need, ok: bool
+) -> None:
+    assert fits(node(free, shared=shared, held=held), need) is ok
+
+
+# ------------------------------------------------- whole devices: the plugin's choice ----
+
+
+def test_parse_need_whole_devices() -> None:
+    assert parse_need(whole_pod(30000, 1)) == Need(30000, 1, exclusive=True)
+    assert parse_need(whole_pod(30000, 2)) == Need(30000, 2, exclusive=True)
+    assert parse_need(whole_pod(30000, 2, count="2")) == Need(30000, 2, exclusive=True)
+    assert parse_need(whole_pod(30000)) == Need(30000, 1)
+    bad = parse_need(whole_pod(30000, 2, count="1"))
+    assert bad is not None and bad.error and "differs" in bad.error
+    other = parse_need(whole_pod(30000, 1), gpu_resource="example.com/gpu")
+    assert other == Need(30000, 1)
+    for raw in ("1.5", "-1", "one"):
+        pod = whole_pod(30000)
+        pod["spec"]["containers"][0]["resources"]["limits"][GPU] = raw
+        got = parse_need(pod)
+        assert got is not None and got.error and GPU in got.error
+
+
+def test_the_extender_reserves_the_gpu_the_plugin_hands_out() -> None:
+    """A 10 GiB whole-device pod on GPUs with 80 and 40 GiB free: the plugin hands out GPU 0
+    (most free); the extender reserves GPU 0 (binpack would pick GPU 1) and takes it whole."""
+    state = node([F, 40 * U])
+    gpus = choose_gpus(state, 10240, 1, "binpack", exclusive=True)
+    states = {uuid(i): DeviceState(uuid(i), i, True, (), f) for i, f in enumerate([F, 40 * U])}
+    assert [uuid(i) for i in gpus] == preferred(states, list(states), [], 1)
+    assert choose_gpus(state, 10240, 1, "binpack") == (1,)  # annotation only: binpack
+    p = Placement("ns/a", "u", "n", 10240, 1, placed_at=NOW, gpus=gpus, exclusive=True)
+    assert [g.free_mib for g in adjust(state, [p]).gpus] == [0, 40 * U]
+    # the next 30 GiB whole-device pod gets GPU 1 on both sides
+    assert not fits(state, Need(50000, exclusive=True), (p,))
+    assert fits(state, Need(30000, exclusive=True), (p,))
+
+
+def test_a_placement_shown_as_a_holder_stops_counting() -> None:
+    held = node([F, F], held={0: [holder("a", GPU, uuid(0))]})
+    p = Placement("ns/a", "u", "n", 10240, 1, placed_at=NOW - 2, started_at=NOW - 15,
+                  baseline_free_mib=2 * F, gpus=(0,), exclusive=True)  # fmt: skip
+    assert pending([p], held, now=NOW, settle_s=60) == []
+    # a reading from before the pod started does not show it
+    early = Placement("ns/a", "u", "n", 10240, 1, placed_at=NOW - 2, started_at=NOW + 1,
+                      baseline_free_mib=2 * F, gpus=(0,), exclusive=True)  # fmt: skip
+    assert pending([early], held, now=NOW, settle_s=60) == [early]
+    # another pod's placement still counts, and the shown one's memory with it
+    q = Placement("ns/b", "v", "n", 10240, 1, placed_at=NOW - 1, started_at=NOW - 15,
+                  baseline_free_mib=2 * F, gpus=(1,), exclusive=True)  # fmt: skip
+    assert pending([p, q], held, now=NOW, settle_s=60) == [q]
+
+
+def test_a_slice_shown_as_a_holder_stops_counting_once() -> None:
+    state = node([F], shared="all", held={0: [holder("a", SLICES, *units(0, 0, 20))]})
+    p = Placement("ns/a", "u", "n", 0, 0, placed_at=NOW - 2, started_at=NOW - 15,
+                  baseline_free_mib=80000, gpus=(0,), slices=(20,))  # fmt: skip
+    assert pending([p], state, now=NOW, settle_s=60) == []
+    assert state.shared[0].free_mib == 59 * U  # the units count once: in the reading
+    assert choose([Room(uuid(0), 0, True, 80000, tuple(units(0, 20, 59)))], 59, U) is not None
