@@ -9,11 +9,13 @@ binaries stays in bash (``scripts/dev-cluster-build``). Modules:
 - ``procs``: processes in their own session and process group (``start_new_session``), stopped
   with ``killpg``; a process is known by pid and start time (no pid-reuse mistakes); one
   readiness helper, ``wait_until``;
-- ``files``: certificates, kubeconfigs, the audit policy, the kubelet's and containerd's files;
+- ``files``: certificates, kubeconfigs, the audit policy, the kubelet's and containerd's files,
+  the image tarballs (busybox; kube-scheduler at the chart's default reference,
+  ``SCHEDULER_IMAGE``);
 - ``control``: etcd, kube-apiserver, kube-scheduler, ``up``, ``down``, ``status``;
 - ``kubelet``: containerd and the kubelet (``up --kubelet``);
 - ``full``: the full cluster (``up --full``): bridge, firewall, controller-manager, kube-proxy,
-  the agent image.
+  the agent image and the kube-scheduler image.
 
 Only the standard library is used.
 """

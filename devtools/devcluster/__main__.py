@@ -24,7 +24,9 @@ for Omaticaya's tests and demo. Everything listens on 127.0.0.1 only.
   scripts/dev-cluster up --full             # a whole cluster for the chart: + kube-scheduler,
       kube-controller-manager, the kubelet on containerd with a bridge CNI, kube-proxy
       (iptables), the agent image (scripts/build-image) imported as
-      omaticaya.local/omaticaya:<version> (devtools/devcluster/full.py)
+      omaticaya.local/omaticaya:<version>, and the kube-scheduler image at the chart's
+      default reference (registry.k8s.io/kube-scheduler:v1.20.2) made from the built
+      binary (devtools/devcluster/full.py)
   scripts/dev-cluster down
   scripts/dev-cluster status
   scripts/dev-cluster stop-apiserver | start-apiserver

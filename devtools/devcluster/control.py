@@ -168,6 +168,7 @@ def up(c: Cluster, *, scheduler: bool = False, kubelet: bool = False, full: bool
         kubelet=old.kubelet if old else None,
         full=new_full_state(old.full if old else None) if full else None,
         image_key=old.image_key if old else None,
+        scheduler_image_key=old.scheduler_image_key if old else None,
     )
     c.save()
     write_kubeconfig(c.dir, c.st.ports.apiserver)

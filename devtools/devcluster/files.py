@@ -1,5 +1,6 @@
 """Files the dev cluster's processes read: certificates (openssl), kubeconfigs, the audit policy,
-the kubelet's CNI config, containerd's config and the busybox image tarball.
+the kubelet's CNI config, containerd's config, and the image tarballs it imports into containerd
+(busybox; the kube-scheduler image made from the binary the dev cluster builds).
 """
 
 from __future__ import annotations
@@ -9,15 +10,25 @@ import hashlib
 import io
 import json
 import os
+import platform
 import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from devtools.devcluster.cluster import K8S_VERSION
 from devtools.devcluster.procs import log, run
 from devtools.devcluster.state import FullState
 
 KUBELET_IMAGE = "omaticaya.local/busybox:1"
+#: the chart's default kube-scheduler image for the dev cluster's version
+#: (``scheduler.image.repository`` + the cluster's version, ``omaticaya.schedulerImageTag``):
+#: ``up --full`` makes it from the kube-scheduler binary it builds and imports it into containerd
+SCHEDULER_IMAGE = f"registry.k8s.io/kube-scheduler:{K8S_VERSION}"
+#: where the upstream image (``FROM go-runner``, ``COPY kube-scheduler /usr/local/bin/``) has it
+SCHEDULER_IMAGE_BINARY = "/usr/local/bin/kube-scheduler"
+#: distroless/static's PATH (the upstream image's base): the chart runs ``kube-scheduler`` by name
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 SERVING_EXT = """basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
@@ -209,36 +220,87 @@ state = "{c}/state"
 """)
 
 
+def _tar_dir(t: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
+    i = tarfile.TarInfo(name)
+    i.type, i.mode = tarfile.DIRTYPE, mode
+    t.addfile(i)
+
+
+def _docker_archive(out: Path, layer: bytes, config: dict[str, Any], tag: str) -> None:
+    """Write a docker-save tarball (what ``ctr images import`` reads) of one image: one
+    uncompressed ``layer``, the image ``config`` (``rootfs`` and ``os`` filled in here), tagged
+    ``tag``."""
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config_bytes = json.dumps(
+        {"os": "linux", **config, "rootfs": {"type": "layers", "diff_ids": [diff_id]}}
+    ).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]}]
+    ).encode()
+    tmp = out.with_name(out.name + ".tmp")
+    with tarfile.open(tmp, "w") as t:
+        for name, data in ((config_name, config_bytes), ("layer/layer.tar", layer),
+                           ("manifest.json", manifest)):
+            i = tarfile.TarInfo(name)
+            i.size = len(data)
+            t.addfile(i, io.BytesIO(data))
+    os.replace(tmp, out)
+
+
 def busybox_image_tar(out: Path, tag: str = KUBELET_IMAGE) -> None:
     """A docker-save tarball of one layer holding /bin/busybox and its applet links: both the
     sandbox ("pause") image and the test image."""
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as t:
         for d in ("bin", "tmp", "etc", "proc", "sys", "dev", "out"):
-            i = tarfile.TarInfo(d)
-            i.type, i.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
-            t.addfile(i)
+            _tar_dir(t, d, 0o1777 if d == "tmp" else 0o755)
         t.add("/bin/busybox", "bin/busybox")
         for a in ("sh", "sleep", "echo", "cat", "env", "ls", "true", "printenv", "mkdir", "test"):
             i = tarfile.TarInfo(f"bin/{a}")
             i.type, i.linkname = tarfile.SYMTYPE, "busybox"
             t.addfile(i)
-    layer_bytes = layer.getvalue()
-    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
     pause = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait; done"
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
+    _docker_archive(out, layer.getvalue(), {
+        "architecture": "amd64",
         "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh", "-c", pause]},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created_by": "scripts/dev-cluster (busybox-static)"}],
-    }).encode()
-    config_name = hashlib.sha256(config).hexdigest() + ".json"
-    manifest = json.dumps(
-        [{"Config": config_name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]}]
-    ).encode()
-    with tarfile.open(out, "w") as t:
-        for name, data in ((config_name, config), ("layer/layer.tar", layer_bytes),
-                           ("manifest.json", manifest)):
-            i = tarfile.TarInfo(name)
-            i.size = len(data)
-            t.addfile(i, io.BytesIO(data))
+    }, tag)
+
+
+def go_arch() -> str:
+    """This machine's architecture as Go and image configs name it (amd64, arm64, ...)."""
+    m = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm"}.get(m, m)
+
+
+def scheduler_image_tar(out: Path, binary: Path, tag: str = SCHEDULER_IMAGE) -> None:
+    """A docker-save tarball of the kube-scheduler image, laid out as the upstream one
+    (``registry.k8s.io/kube-scheduler``: distroless/static + go-runner, the binary at
+    ``/usr/local/bin/kube-scheduler``) as far as a pod that names ``kube-scheduler`` in its
+    ``command`` (the chart, kubeadm) relies on it: one layer holding the static ``binary`` (built
+    with CGO_ENABLED=0: it needs no libc) at ``SCHEDULER_IMAGE_BINARY``, ``/etc/nsswitch.conf``
+    (``hosts: files dns``, as distroless has, so Go's resolver reads /etc/hosts first), ``/tmp``;
+    ``PATH`` as distroless sets it; user root, as upstream. Not there: go-runner (upstream's
+    ENTRYPOINT ``["/go-runner"]``, a log-redirecting wrapper): the ENTRYPOINT here is the
+    scheduler itself, no CMD; the chart's ``command`` replaces the entrypoint either way.
+    Every entry's mtime is 0: the same binary gives the same image."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for d in ("usr", "usr/local", "usr/local/bin", "etc", "tmp"):
+            _tar_dir(t, d, 0o1777 if d == "tmp" else 0o755)
+        nss = b"hosts: files dns\n"
+        i = tarfile.TarInfo("etc/nsswitch.conf")
+        i.size, i.mode = len(nss), 0o644
+        t.addfile(i, io.BytesIO(nss))
+        i = tarfile.TarInfo(SCHEDULER_IMAGE_BINARY.lstrip("/"))
+        i.size, i.mode = binary.stat().st_size, 0o755
+        with open(binary, "rb") as f:
+            t.addfile(i, f)
+    _docker_archive(out, layer.getvalue(), {
+        "architecture": go_arch(),
+        "config": {"Env": [f"PATH={IMAGE_PATH}"], "Entrypoint": [SCHEDULER_IMAGE_BINARY],
+                   "WorkingDir": "/"},
+        "history": [{"created_by": f"scripts/dev-cluster (kube-scheduler {K8S_VERSION}, "
+                                   "built from Debian's kubernetes source package)"}],
+    }, tag)

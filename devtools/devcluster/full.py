@@ -6,8 +6,10 @@ controllers with the key the API server verifies, root CA publisher, ...), kube-
 kubelet on containerd with a CNI bridge network (Debian's containernetworking-plugins: bridge +
 host-local; loopback by containerd), kube-proxy in iptables mode (so the ``kubernetes``
 Service's ClusterIP 10.0.0.1:443 reaches the API server from a pod, as in-cluster config
-expects), and the agent image from scripts/build-image imported as
-omaticaya.local/omaticaya:<version>. The control-plane components use the admin credentials.
+expects), and the images the chart needs by default, imported into containerd: the agent's from
+scripts/build-image as omaticaya.local/omaticaya:<version>, and kube-scheduler's at the chart's
+default reference (``files.SCHEDULER_IMAGE``) made from the kube-scheduler binary built here.
+The control-plane components use the admin credentials.
 Host changes while up: the pod bridge, INPUT rules for the API server's port (``api_firewall``),
 kube-proxy's KUBE-* iptables chains and its sysctls; ``down`` removes the chains (kube-proxy
 --cleanup), the rules and the bridge. One per machine (the kubelet's fixed device-plugins
@@ -15,12 +17,14 @@ folder, the host's iptables)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
 
 from devtools.devcluster import kubelet as kubelet_mod
-from devtools.devcluster.cluster import REPO_ROOT, Cluster, bin_dir, binary
+from devtools.devcluster.cluster import K8S_VERSION, REPO_ROOT, Cluster, bin_dir, binary
+from devtools.devcluster.files import SCHEDULER_IMAGE, scheduler_image_tar
 from devtools.devcluster.procs import https_ok, log, run
 from devtools.devcluster.state import DevClusterError
 
@@ -131,6 +135,39 @@ def import_agent_image(c: Cluster) -> None:
     log(f"image {image} ready")
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def import_scheduler_image(c: Cluster) -> None:
+    """kube-scheduler's image at the chart's default reference (``SCHEDULER_IMAGE``), made from
+    the kube-scheduler binary the dev cluster built (``files.scheduler_image_tar``: one layer, no
+    Docker daemon) and imported with ``ctr``; again only when it is not in containerd or the
+    binary changed (its sha256 is the key kept in the state)."""
+    path = Path(binary("kube-scheduler", "--scheduler"))
+    key = f"kube-scheduler-{K8S_VERSION}-{_sha256(path)[:16]}"
+    if (c.st.scheduler_image_key == key
+            and SCHEDULER_IMAGE in kubelet_mod.ctr(c, "images", "ls", "-q").splitlines()):
+        log(f"kube-scheduler image already imported ({SCHEDULER_IMAGE})")
+        return
+    tar = c.dir / "kubelet" / "kube-scheduler-image.tar"
+    log(f"importing {SCHEDULER_IMAGE} (made from {path}) into containerd (k8s.io)")
+    try:
+        scheduler_image_tar(tar, path)
+        kubelet_mod.ctr(c, "images", "import", str(tar))
+    finally:
+        tar.unlink(missing_ok=True)
+    if SCHEDULER_IMAGE not in kubelet_mod.ctr(c, "images", "ls", "-q").splitlines():
+        raise DevClusterError(f"{SCHEDULER_IMAGE} not in containerd after the import")
+    c.st.scheduler_image_key = key
+    c.save()
+    log(f"image {SCHEDULER_IMAGE} ready")
+
+
 def full_up(c: Cluster) -> None:
     """The full cluster's parts that do not run yet (the control plane runs already)."""
     kubelet_mod.require_linux_root("--full")
@@ -156,6 +193,7 @@ def full_up(c: Cluster) -> None:
     api_firewall(c, add=True)
     kubelet_mod.kubelet_up(c)
     import_agent_image(c)
+    import_scheduler_image(c)
     if not c.running("proxy"):
         start_proxy(c)
 

@@ -67,14 +67,17 @@ class FullState:
 class State:
     """A dev cluster: ``ports``, the running ``procs`` by name (etcd, apiserver, scheduler,
     containerd, kubelet, controller-manager, proxy), ``kubelet`` once it was started, ``full``
-    in a full cluster, and ``image_key`` once the agent image is imported
-    (``omaticaya-<version>-<hash>``, the name of scripts/build-image's tarball)."""
+    in a full cluster, ``image_key`` once the agent image is imported
+    (``omaticaya-<version>-<hash>``, the name of scripts/build-image's tarball) and
+    ``scheduler_image_key`` once the kube-scheduler image is (``kube-scheduler-<version>-<the
+    binary's sha256, 16 hex digits>``)."""
 
     ports: Ports
     procs: dict[str, Proc] = field(default_factory=dict)
     kubelet: KubeletState | None = None
     full: FullState | None = None
     image_key: str | None = None
+    scheduler_image_key: str | None = None
 
     def to_json(self) -> str:
         """The state as JSON (one object; ``procs`` maps names to ``{pid, start_ticks, argv}``)."""
@@ -94,6 +97,7 @@ class State:
                 kubelet=KubeletState(**raw["kubelet"]) if raw.get("kubelet") else None,
                 full=FullState(**raw["full"]) if raw.get("full") else None,
                 image_key=raw.get("image_key"),
+                scheduler_image_key=raw.get("scheduler_image_key"),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise DevClusterError(f"unreadable dev cluster state: {e!r}") from e
