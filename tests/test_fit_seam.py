@@ -12,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.schema import parse_node
@@ -21,6 +24,7 @@ from omaticaya_py.deviceplugin.slices import Room, choose
 from omaticaya_py.scheduler.inflight import Placement, adjust, choose_gpus, pending
 from omaticaya_py.scheduler.need import Need, parse_need
 from omaticaya_py.scheduler.rules import judge
+from tests import seam
 from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
 
 NOW = READ_AT.timestamp() + 5
@@ -108,7 +112,9 @@ def test_a_shared_gpu_room_is_its_units_left() -> None:
     """Four 50-unit slices held on four shared GPUs leave 29 units on each (the issue's case)."""
     held = {i: [holder(f"s{i}", SLICES, *units(i, 0, 50))] for i in range(4)}
     state = node([F] * 4, shared="all", held=held)
-    assert [g.free_mib for g in state.shared] == [29 * U] * 4
+    assert [(g.free_mib, g.units_left, g.room_mib(U)) for g in state.shared] == [(F, 29, 29 * U)] * 4
+    assert state.slices_held == (("ns/s0", 0, 50), ("ns/s1", 1, 50), ("ns/s2", 2, 50),
+                                 ("ns/s3", 3, 50))  # fmt: skip
     assert state.holders == {"ns/s0", "ns/s1", "ns/s2", "ns/s3"}
 
 
@@ -202,6 +208,58 @@ def test_a_slice_shown_as_a_holder_stops_counting_once() -> None:
     state = node([F], shared="all", held={0: [holder("a", SLICES, *units(0, 0, 20))]})
     p = Placement("ns/a", "u", "n", 0, 0, placed_at=NOW - 2, started_at=NOW - 15,
                   baseline_free_mib=80000, gpus=(0,), slices=(20,))  # fmt: skip
-    assert pending([p], state, now=NOW, settle_s=60) == []
-    assert state.shared[0].free_mib == 59 * U  # the units count once: in the reading
+    # its units are in the kubelet's books; its memory is not in use yet: it counts there only
+    assert [(q.in_memory, q.in_units) for q in pending([p], state, now=NOW, settle_s=60)] == [
+        (True, False)]
+    assert state.shared[0].room_mib(U) == 59 * U  # the units count once: in the reading
+    left = adjust(state, pending([p], state, now=NOW, settle_s=60))
+    assert (left.shared[0].free_mib, left.shared[0].units_left) == (F - 20 * U, 59)
     assert choose([Room(uuid(0), 0, True, 80000, tuple(units(0, 20, 59)))], 59, U) is not None
+
+
+# ------------------------------------------------- the property: no pod fails at the seam ----
+
+
+POD = st.one_of(
+    st.tuples(st.just("whole"), st.integers(1, 80), st.integers(1, 2)),
+    st.tuples(st.just("slice"), st.lists(st.integers(1, 80), min_size=1, max_size=3)),
+)
+
+
+def pods_of(kinds: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, k in enumerate(kinds):
+        if k[0] == "whole":
+            out.append(seam.whole_pod(f"w{i}", k[1] * 1024, k[2]))
+        else:
+            out.append(seam.slice_pod(f"s{i}", *k[1]))
+    return out
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(st.lists(POD, min_size=1, max_size=14))
+def test_no_pod_the_extender_passes_is_refused_by_the_device_plugin(kinds: list[Any]) -> None:
+    """Random mixes of whole-GPU and slice pods arriving on the 8-GPU trace (GPUs 0-3 shared):
+    every pod the extender passes is given what it asked for by the device plugin there."""
+    node = seam.Seam()
+    for pod in pods_of(kinds):
+        node.arrive(pod)
+    assert "refused" not in node.outcomes, list(zip(kinds, node.outcomes, strict=True))
+
+
+def test_a_mix_at_the_seam() -> None:
+    """On the trace's shared GPUs (free 81,079 / 50,359 / 70,839 / 9,399 MiB, 79 units each):
+    50 units go to GPU 2 then GPU 0 (best fit), a third 50 has no GPU with the memory (Pending),
+    9 fit GPU 3, 40 GPU 1, 29 the 29 units left on GPU 0. Whole GPUs (81,079 / 34,999 / 75,959 /
+    3,255): 60 GiB goes to GPU 4, then GPU 6; a third has none (Pending, where the live memory
+    alone, GPU 4 still reading 81,079 free, would have passed it)."""
+    node = seam.Seam()
+    got = [node.arrive(p) for p in (
+        *(seam.slice_pod(f"s{i}", 50) for i in range(3)), seam.slice_pod("s3", 9),
+        seam.slice_pod("s4", 40), seam.slice_pod("s5", 29),
+        *(seam.whole_pod(f"w{i}", 60 * 1024) for i in range(3)),
+    )]  # fmt: skip
+    a, p = "admitted", "pending"
+    assert got == [a, a, p, a, a, a, a, a, p]
+    on = {h.pod: uuid for uuid, hs in node.holders.items() for h in hs}
+    assert [int(on[k][4:12]) for k in ("s0", "s1", "s3", "s4", "s5", "w0", "w1")] == [2, 0, 3, 1, 0, 4, 6]

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ..core.schema import NodeGpuState
-from ..core.sharing import device_order
+from ..core.sharing import device_order, gpu_room_mib
 
 __all__ = ["ASSUME_S", "Placement", "adjust", "choose_gpus", "expiry", "pending"]
 
@@ -67,12 +67,16 @@ class Placement:
     baseline_free_mib: int | None = None
     gpus: tuple[int, ...] = ()
     bound: bool = True
-    #: a pod's slices of shared GPUs, units per container, largest first (``gpus`` then the
+    #: a pod's slices of shared GPUs, units per container, in container order (``gpus`` then the
     #: shared GPU of each, in the same order); empty: whole GPUs
     slices: tuple[int, ...] = ()
     #: the pod asks for whole devices of the GPU resource (``Need.exclusive``): each GPU it is
     #: given is taken whole
     exclusive: bool = False
+    #: a pod of slices, as ``pending`` returns it: whether it still counts against its GPUs'
+    #: live free memory (not shown by a drop yet) and against their units (not a holder yet)
+    in_memory: bool = True
+    in_units: bool = True
 
     @property
     def total_mib(self) -> int:
@@ -109,11 +113,48 @@ def pending(
     sliced = [p for p in live if p.slices]
     holders = state.holders
     out = _not_shown(whole, state.read_at, state.live_free_total_mib, None, holders)
-    if sliced:  # on the shared GPUs: their own free memory tells
-        kept = set(map(id, _not_shown(sliced, state.read_at, state.shared_free_total_mib,
-                                      state.share_unit_mib, holders)))  # fmt: skip
-        out = [p for p in live if (p.slices and id(p) in kept) or (not p.slices and p in out)]
+    if sliced:  # two books, as the device plugin keeps them
+        # the live memory of the shared GPUs: a drop shows a slice (the plugin's still_pending)
+        in_memory = set(map(id, _not_shown(sliced, state.read_at, state.shared_free_total_mib,
+                                           state.share_unit_mib)))  # fmt: skip
+        by_id: dict[int, Placement] = {}
+        for p in sliced:
+            memory = id(p) in in_memory
+            if not state.units_attributed:  # no holders published: the memory book decides
+                if memory:
+                    by_id[id(p)] = p
+                continue
+            units = not _held(p, state)  # the kubelet's books: shown once it is a holder
+            if memory and units == p.in_units:
+                by_id[id(p)] = p
+            elif memory or units:
+                by_id[id(p)] = replace(p, in_memory=memory, in_units=units,
+                                       gpus=p.gpus if units else _held_on(p, state))  # fmt: skip
+        out = [by_id[id(p)] if p.slices else p for p in live
+               if (p.slices and id(p) in by_id) or (not p.slices and p in out)]  # fmt: skip
     return out
+
+
+def _held(p: Placement, state: NodeGpuState) -> bool:
+    """``p``'s pod is a holder in ``state``'s telemetry, read after the pod started."""
+    return (p.key in state.holders and p.started_at is not None and state.read_at is not None
+            and state.read_at > p.started_at)  # fmt: skip
+
+
+def _held_on(p: Placement, state: NodeGpuState) -> tuple[int, ...]:
+    """The shared GPUs ``p``'s slices are on by the telemetry (the device plugin's choice),
+    in ``p.slices``' order (each slice matched to a held one of its size); ``p.gpus`` when the
+    holders do not account for every slice. The ledger follows the plugin: what still counts in
+    the memory book counts where the kubelet put it."""
+    held = [(n, i) for k, i, n in state.slices_held if k == p.key]
+    out: list[int] = []
+    for units in p.slices:
+        match = next((h for h in held if h[0] == units), None)
+        if match is None:
+            return p.gpus
+        held.remove(match)
+        out.append(match[1])
+    return tuple(out)
 
 
 def _not_shown(live: list[Placement], read_at: float, free_now: int, unit_mib: int | None,
@@ -176,11 +217,14 @@ def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState
 
 def _adjust_shared(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
     """``state`` with each slice taken from its shared GPU (its own when known and healthy,
-    else the healthy shared GPU with the most free left), clamped at zero."""
+    else the healthy shared GPU with the most room left), in each book it still counts in
+    (``Placement.in_memory``, ``in_units``), clamped at zero."""
     unit = state.share_unit_mib
     if not state.shared or not unit:
         return state
     free = {g.index: g.free_mib for g in state.shared}
+    left = {g.index: g.units_left for g in state.shared}
+    room = {g.index: g.room_mib(unit) for g in state.shared}
     good = {g.index for g in state.shared if g.healthy}
     for p in sorted(placements, key=lambda p: not p.gpus):  # known GPUs first
         for k, units in enumerate(p.slices):
@@ -188,11 +232,17 @@ def _adjust_shared(state: NodeGpuState, placements: Sequence[Placement]) -> Node
             if index is None:
                 if not good:
                     break
-                index = max(good, key=lambda i: (free[i], -i))
-            free[index] = max(0, free[index] - units * unit)
+                index = max(good, key=lambda i: (room[i], -i))
+            if p.in_memory:
+                free[index] = max(0, free[index] - units * unit)
+            n = left[index]
+            if p.in_units and n is not None:
+                n = left[index] = max(0, n - units)
+            room[index] = free[index] if n is None else gpu_room_mib(free[index], n, unit)
     shared = tuple(
-        g if free[g.index] == g.free_mib else replace(g, free_mib=free[g.index]) for g in state.shared
-    )
+        g if (free[g.index], left[g.index]) == (g.free_mib, g.units_left)
+        else replace(g, free_mib=free[g.index], units_left=left[g.index]) for g in state.shared
+    )  # fmt: skip
     return replace(state, shared=shared)
 
 

@@ -208,13 +208,14 @@ def _reservation(need: Need, rec: NodeRecord, key: str, uid: str, node: str, now
                  strategy: str) -> Placement:  # fmt: skip
     """The pod's reservation on ``node`` (its record ``rec``): on the GPUs the device plugin
     would give it (``inflight.choose_gpus``: for whole devices the plugin's own order; slices:
-    ``slices.place_slices``, largest first,
+    ``slices.place_slices``, in container order,
     best fit when ``strategy`` cannot place them all)."""
     if need.slices:
-        units = tuple(sorted(need.slices, reverse=True))
+        units = need.slices  # container order, as the kubelet allocates them
         mibs = need.slice_mibs(rec.left.share_unit_mib or 0)
-        placed = (place_slices(rec.left.shared, mibs, strategy)
-                  or place_slices(rec.left.shared, mibs))  # fmt: skip
+        unit = rec.left.share_unit_mib or 1
+        placed = (place_slices(rec.left.shared, mibs, strategy, unit)
+                  or place_slices(rec.left.shared, mibs, unit_mib=unit))  # fmt: skip
         return Placement(key, uid, node, 0, 0, placed_at=now, slices=units,
                          baseline_free_mib=rec.state.shared_free_total_mib,
                          gpus=placed[0] if placed else (), bound=False)  # fmt: skip

@@ -39,8 +39,9 @@ class Need:
     exclusive: bool = False
 
     def slice_mibs(self, unit_mib: int) -> tuple[int, ...]:
-        """Each container's slice in MiB at ``unit_mib`` MiB per unit, largest first."""
-        return tuple(sorted((u * unit_mib for u in self.slices), reverse=True))
+        """Each container's slice in MiB at ``unit_mib`` MiB per unit, in container order: the
+        order the kubelet asks the device plugin for them (``slices.place_slices``)."""
+        return tuple(u * unit_mib for u in self.slices)
 
 
 #: a plain whole number: MiB (the annotation's unit)

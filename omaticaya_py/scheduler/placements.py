@@ -87,7 +87,7 @@ def placement_from_pod(
         placed_at=placed_at,
         started_at=rfc3339_s(status.get("startTime")),
         baseline_free_mib=baseline,
-        slices=tuple(sorted(need.slices, reverse=True)),
+        slices=need.slices,
         exclusive=need.exclusive,
     )
 

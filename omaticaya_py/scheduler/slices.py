@@ -3,14 +3,18 @@
 A pod that asks for the shared resource (``need.parse_slices``: units per container) is given,
 for each container, that many units of one shared GPU (the device plugin allocates per
 container, every unit of one slice from one GPU). The extender passes a node only if each
-slice fits on one healthy shared GPU by the live reading: the GPU's free memory (the least of
-the telemetry's exact value and its labels, ``parse_node``) less what is reserved on it in the
-ledger (``inflight.adjust``) and less the pod's own larger slices placed there first, at least
-``units x share_unit_mib`` (the node's unit).
+slice fits on one healthy shared GPU by both of its books, as the device plugin judges it
+(``core.sharing.gpu_room_mib``): its live free memory (the least of the telemetry's exact value
+and its labels, ``parse_node``) and its units no container holds (the telemetry's holders),
+each less what is reserved on it in the ledger and not yet in that book (``inflight.adjust``)
+and less the pod's own larger slices placed there first, at least ``units x share_unit_mib``
+(the node's unit).
 
-``place_slices`` puts the slices largest first, each on the GPU with the least room that takes
-it (best fit: ``binpack``, as the device plugin's default preferred allocation) or the most
-(``spread``). A node's *room* is the free memory of the GPU its largest slice goes to under
+``place_slices`` puts the slices in container order (the order the kubelet asks the device plugin
+for them), each on the GPU with the least room that takes it (best fit: ``binpack``, as the
+device plugin's default preferred allocation) or the most (``spread``), so that the GPUs it
+reserves are the ones the plugin will hand out. A node's *room* is the room of the GPU its
+largest slice goes to under
 best fit: what prioritize ranks by, binpack-consistent (``binpack`` prefers the node whose GPU
 is filled tightest; ``spread`` the node whose tightest fitting GPU has the most room).
 """
@@ -18,32 +22,38 @@ is filled tightest; ``spread`` the node whose tightest fitting GPU has the most 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..core.schema import GpuInfo, NodeGpuState
 from .need import Need
 
 __all__ = ["Placed", "place_slices", "slice_reasons", "slice_room", "slices_text"]
 
-#: (GPU index per slice, largest slice first; the room of the GPU the largest went to, MiB)
+#: (GPU index per slice, in the slices' order; the room of the GPU the largest went to, MiB)
 Placed = tuple[tuple[int, ...], int]
 
 
-def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], strategy: str = "binpack"
-                 ) -> Placed | None:  # fmt: skip
-    """Each slice of ``mibs`` (MiB, largest first) on one healthy GPU of ``gpus`` with that much
-    free after the earlier ones: ``binpack`` the least room that fits, ``spread`` the most
-    (ties: the lower index). ``None`` when a slice fits on none."""
-    free = {g.index: g.free_mib for g in gpus if g.healthy}
+def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], strategy: str = "binpack",
+                 unit_mib: int = 1) -> Placed | None:  # fmt: skip
+    """Each slice of ``mibs`` (MiB, whole units of ``unit_mib``, in container order) on one healthy
+    GPU of ``gpus`` whose room (``GpuInfo.room_mib``: the least of its live free memory and its
+    units left) takes it after the earlier ones: ``binpack`` the least room that fits,
+    ``spread`` the most (ties: the lower index), as the device plugin's ``choose``. ``None``
+    when a slice fits on none."""
+    books = {g.index: g for g in gpus if g.healthy}
     chosen: list[int] = []
     room = 0
+    largest = max(range(len(mibs)), key=lambda k: (mibs[k], -k), default=0)
     for i, mib in enumerate(mibs):
-        fit = [(f, index) for index, f in free.items() if f >= mib]
+        fit = [(r, index) for index, g in books.items() if (r := g.room_mib(unit_mib)) >= mib]
         if not fit:
             return None
         f, index = min(fit) if strategy == "binpack" else min(fit, key=lambda t: (-t[0], t[1]))
-        if i == 0:
+        if i == largest:
             room = f
-        free[index] = f - mib
+        g = books[index]
+        left = None if g.units_left is None else g.units_left - mib // max(unit_mib, 1)
+        books[index] = replace(g, free_mib=g.free_mib - mib, units_left=left)
         chosen.append(index)
     return tuple(chosen), room
 
@@ -54,7 +64,8 @@ def slice_room(state: NodeGpuState, need: Need) -> int | None:
     under best fit; ``None`` when they do not all fit (or the node shares no GPU)."""
     if not state.shared or not state.share_unit_mib:
         return None
-    placed = place_slices(state.shared, need.slice_mibs(state.share_unit_mib))
+    placed = place_slices(state.shared, need.slice_mibs(state.share_unit_mib),
+                          unit_mib=state.share_unit_mib)
     return None if placed is None else placed[1]
 
 

@@ -50,8 +50,9 @@ class GpuInfo:
 
     ``assigned``: the kubelet has handed this whole GPU to a container (the telemetry's
     ``pods``, from PodResources): it has no room for another pod whatever NVML shows, and its
-    ``free_mib`` is 0. A shared GPU is never ``assigned``: its ``free_mib`` is the least of its
-    live free memory and its units no container holds (``core.sharing.gpu_room_mib``)."""
+    ``free_mib`` is 0. A shared GPU is never ``assigned``: it has two books, its live
+    ``free_mib`` and ``units_left``, the units no container holds (``None``: not published),
+    and a slice's room is the least of them (``room_mib``, ``core.sharing.gpu_room_mib``)."""
 
     index: int
     free_mib: int
@@ -62,6 +63,15 @@ class GpuInfo:
     #: an assigned GPU's free MiB by the live reading (capped as ``free_mib`` is); ``None``
     #: when not assigned: what evicting its holders would start from (``scheduler.preempt``)
     assigned_free_mib: int | None = None
+    units_left: int | None = None
+
+    def room_mib(self, unit_mib: int) -> int:
+        """The largest slice this (shared) GPU can take at ``unit_mib`` MiB per unit: the least
+        of its two books (``core.sharing.gpu_room_mib``); its ``free_mib`` when no unit count
+        is known."""
+        if self.units_left is None:
+            return max(self.free_mib, 0)
+        return gpu_room_mib(self.free_mib, self.units_left, unit_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +102,12 @@ class NodeGpuState:
     shared: tuple[GpuInfo, ...] = ()
     share_unit_mib: int | None = None
     holders: frozenset[str] = frozenset()
+    #: each slice a holder has on a shared GPU: ``("<namespace>/<name>", GPU index, units)``,
+    #: in the telemetry's order (where the device plugin put it)
+    slices_held: tuple[tuple[str, int, int], ...] = ()
+    #: the telemetry publishes the holders of its shared GPUs (the agent's PodResources
+    #: attribution is on): their units left are the kubelet's books
+    units_attributed: bool = False
     #: free MiB over healthy whole GPUs by the live reading, assigned ones included (``None``:
     #: not parsed from a Node, then ``free_total_mib``): what the in-flight rule's memory drops
     #: are measured on (``live_free_total_mib``), since an assignment frees no memory
@@ -193,6 +209,8 @@ def parse_node(
     unit_mib = unit_mib if unit_mib is not None and unit_mib > 0 else None
     listed = doc is not None and doc.gpus_listed
     holders: set[str] = set()
+    slices_held: list[tuple[str, int, int]] = []
+    attributed = False
     for g in doc.gpus if doc is not None else ():
         holders.update(_holders(g.pods))
         for m in g.mig_devices or ():
@@ -204,9 +222,16 @@ def parse_node(
         free = g.memory_free_mib
         room = free or 0
         assigned = False
-        if g.shared and unit_mib is not None and g.share_units is not None:
-            held = sum(max(p.limit_mib or 0, 0) for p in g.pods or ()) // unit_mib
-            room = gpu_room_mib(room, g.share_units - held, unit_mib)
+        units_left = None
+        # the units' book needs the holders: ``pods`` is absent when the agent attributes nothing
+        if g.shared and unit_mib is not None and g.share_units is not None and g.pods is not None:
+            held = [(k, max(p.limit_mib or 0, 0) // unit_mib)
+                    for p in g.pods or () for k in _holders((p,))]  # fmt: skip
+            slices_held.extend((k, g.index, n) for k, n in held if n > 0)
+            attributed = True
+            units_left = g.share_units - sum(
+                max(p.limit_mib or 0, 0) // unit_mib for p in g.pods or ()
+            )
         elif not g.shared and g.pods:
             assigned = True  # no room for another pod: free_mib 0 below, after the live total
         info = GpuInfo(
@@ -216,6 +241,7 @@ def parse_node(
             g.memory_free_min_mib,
             g.memory_total_mib,
             assigned,
+            units_left=units_left,
         )
         if g.shared:  # without a unit size its slices cannot be sized: not given out
             if unit_mib is not None:
@@ -226,9 +252,14 @@ def parse_node(
         gpus = _label_gpus(mine)
     per_gpu, best, total = label_bounds(mine)
     gpus = [_capped(g, per_gpu.get(g.index), best) for g in gpus]
-    # the largest slice one shared GPU can take (gpu.shared.memory.free-mib) bounds each one
+    # the largest slice one shared GPU can take (gpu.shared.memory.free-mib) bounds each one's
+    # room: its units (its live memory stays the live reading's, capped by its own label)
     shared_best = json_int(mine.get(SHARED_MEMORY_FREE))
-    shared = [_capped(g, per_gpu.get(g.index), shared_best) for g in shared]
+    shared = [_capped(g, per_gpu.get(g.index)) for g in shared]
+    if shared_best is not None and unit_mib is not None:
+        most = max(shared_best, 0) // unit_mib
+        shared = [g if g.units_left is not None and g.units_left <= most
+                  else replace(g, units_left=most) for g in shared]  # fmt: skip
     live_total = sum(g.free_mib for g in gpus if g.healthy)
     if total is not None:
         live_total = min(live_total, max(total, 0))
@@ -251,6 +282,8 @@ def parse_node(
         shared=tuple(shared),
         share_unit_mib=unit_mib if shared else None,
         holders=frozenset(holders),
+        slices_held=tuple(slices_held),
+        units_attributed=attributed,
     )
 
 
