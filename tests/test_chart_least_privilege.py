@@ -409,3 +409,25 @@ def test_unix_socket_connects_through_a_read_only_bind_mount(tmp_path):
     assert "Read-only file system" in proc.stderr, proc.stderr  # and nothing can be written
     conn.close()
     server.close()
+
+
+# ------------------------------------------- what the docs say an agent token can do (issue 30) ----
+
+#: what docs/chart.md's table must say of each cluster-wide grant beyond get/patch Nodes
+GRANT_WORDS = {("pods", "get"): "`get` any Pod", ("events", "create"): "Events in any namespace"}
+
+
+@pytest.mark.parametrize("gpus", ["none", "all"])
+def test_the_docs_table_names_every_cluster_wide_grant_of_the_agent(helm, gpus):
+    """The agent's ClusterRole, rendered with sharing off and on: every grant beyond get/patch
+    Nodes is in docs/chart.md's "What each token can do" agent row, in both columns."""
+    docs = render(helm, {"sharing": {"gpus": gpus}, "devicePlugin": gpus != "none"})
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == RELEASE)
+    grants = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    extra = grants - {("nodes", "get"), ("nodes", "patch")}
+    assert extra == (set(GRANT_WORDS) if gpus == "all" else set())
+    text = (CHART.parent.parent / "docs" / "chart.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| agent, ServiceAccount"))
+    cells = row.split(" | ")
+    for grant in extra:
+        assert all(GRANT_WORDS[grant] in cell for cell in cells[1:3]), (grant, cells[1:3])

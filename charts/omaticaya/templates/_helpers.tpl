@@ -156,3 +156,18 @@ there the version decides. true: on, and an older cluster fails the render; fals
 {{- end }}true
 {{- end }}
 {{- end }}
+
+{{/*
+The kubelet's PodResources socket the agent reads (OMATICAYA_POD_RESOURCES_SOCKET), "" for none:
+podResourcesSocket, else the kubelet's default path when the pod is the node's device plugin
+(the extender then sees which GPUs and units the kubelet has handed out: without it a whole GPU
+given to a pod that has not loaded its model yet looks free, and a shared GPU's units are not
+counted); "off" turns it off.
+*/}}
+{{- define "omaticaya.podResourcesSocket" -}}
+{{- $v := toString .Values.podResourcesSocket }}
+{{- if eq $v "off" }}
+{{- else if $v }}{{ $v }}
+{{- else if .Values.devicePlugin }}/var/lib/kubelet/pod-resources/kubelet.sock
+{{- end }}
+{{- end }}
