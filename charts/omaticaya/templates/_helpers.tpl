@@ -171,3 +171,14 @@ counted); "off" turns it off.
 {{- else if .Values.devicePlugin }}/var/lib/kubelet/pod-resources/kubelet.sock
 {{- end }}
 {{- end }}
+
+{{/*
+A nodeSelector map without its null entries: a user's null removes a default key
+(--set 'nodeSelector.nvidia\.com/gpu\.present=null'), and helm upgrade --reuse-values hands the
+null back to the templates, which the API server refuses; "" when nothing is left.
+*/}}
+{{- define "omaticaya.selector" -}}
+{{- $out := dict }}
+{{- range $k, $v := . }}{{ if not (kindIs "invalid" $v) }}{{ $_ := set $out $k $v }}{{ end }}{{ end }}
+{{- if $out }}{{ toYaml $out }}{{ end }}
+{{- end }}
