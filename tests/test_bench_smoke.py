@@ -209,3 +209,9 @@ def test_burst_pending_with_room_counts_each_slot_once() -> None:
     assert pending_with_room(frees, {"a": [30720]}, [30720] * 5) == 2
     # a node already over its room holds no more
     assert pending_with_room({"a": [40000]}, {"a": [30720, 30720]}, [30720]) == 0
+
+
+def test_seam_quick() -> None:
+    proc = run_bench("seam.py", "--mixes", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "refused at the seam" in proc.stdout and "after (working tree)" in proc.stdout
