@@ -352,3 +352,18 @@ def test_notes_show_how_to_see_the_labels(helm):
         r"kubectl get node $NODE -o jsonpath='{.metadata.annotations.omaticaya\.io/telemetry}'"
         in notes
     )
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ((), "The agent reads the kubelet's PodResources (/var/lib/kubelet/pod-resources/kubelet.sock)"),
+    (("--set", "podResourcesSocket=off"), "podResourcesSocket is off: the extender cannot see"),
+])  # fmt: skip
+def test_notes_say_what_the_device_plugin_turns_on(helm, extra, said):
+    """With devicePlugin the chart turns the PodResources reading on, and says so (issue 30)."""
+    proc = run_helm(
+        helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
+        "-f", str(CHART.parent.parent / "examples" / "install" / "whole-stack.yaml"), *extra,
+    )  # fmt: skip
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "omaticaya.io/gpu-memory units of 1024 MiB" in notes
+    assert said in " ".join(notes.split()), notes
