@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -36,6 +37,7 @@ from omaticaya_py.deviceplugin.slices import (
     Slice,
     choose,
     preferred_units,
+    released,
     slice_envs,
     still_pending,
     superseded,
@@ -255,6 +257,44 @@ def test_slicer_an_allocation_reusing_units_supersedes_their_slice(free_gib, ste
         got.append((start, n, allowed, slicer.pending_mib([gpu])[UUID[0]] // MIB))
     assert got == steps
     assert slicer.pending_mib([other]) == {UUID[1]: 5 * MIB}
+
+
+@pytest.mark.parametrize(
+    ("held_units", "list_round", "expected"),
+    [
+        pytest.param(units_of(0, 20), 4, [1.0], id="listed-still-held"),
+        pytest.param(units_of(0, 5), 4, [1.0], id="some-units-listed"),
+        pytest.param([], 4, [], id="not-listed-after-it-was-handed-out: gone"),
+        pytest.param(units_of(0, 10, 40), 4, [], id="only-other-units-listed"),
+        pytest.param([], 3, [1.0], id="list-begun-before-it-was-handed-out"),
+    ],
+)
+def test_released(held_units, list_round, expected) -> None:
+    """A slice whose units the kubelet no longer lists, in a list begun after the slice was
+    handed out (3 lists begun then), is over (its pod or container went): issue 30."""
+    slices = [replace(held(0, 20, 1.0), round=3), held(0, 5, 2.0, gpu=1)]  # round None: kept
+    got = released(slices, frozenset(held_units), list_round)
+    assert [s.at_s for s in got if s.round is not None] == expected and got[-1].round is None
+
+
+def test_slicer_forgets_a_slice_the_kubelet_released() -> None:
+    """A pod of 20 units deleted before it used its memory: the next reading of PodResources
+    no longer lists its units, and the GPU's 25 GiB are free for the next slice at once (the
+    extender, which saw the pod go, already counts them free); before the list is read again,
+    the slice still counts."""
+    listed: list[tuple[frozenset[str], int]] = [(frozenset(), 1)]
+    slicer = Slicer(MIB, settle_s=60, clock=Clock(100.0), held=lambda: listed[-1],
+                    rounds=lambda: listed[-1][1])  # fmt: skip
+    gpu = DeviceState(UUID[0], 0, True, free_mib=25 * MIB)
+    slicer.allocate(units_of(0, 20), [gpu])  # after list 1, which did not name it: kept
+    assert slicer.pending_mib([gpu]) == {UUID[0]: 20 * MIB}
+    listed.append((frozenset(units_of(0, 20)), 2))  # the pod runs: its units are listed
+    with pytest.raises(SliceRefused):
+        slicer.allocate(units_of(0, 10, 20), [gpu])
+    listed.append((frozenset(), 3))  # the pod deleted: the kubelet lists nothing
+    assert slicer.pending_mib([gpu]) == {UUID[0]: 0}
+    slicer.allocate(units_of(0, 10, 20), [gpu])
+    assert slicer.pending_mib([gpu]) == {UUID[0]: 10 * MIB}
 
 
 def test_trace_slices() -> None:

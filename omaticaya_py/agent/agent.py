@@ -100,6 +100,10 @@ class Agent:
         #: who uses each GPU (PodResources + /proc); the last tick's answer
         self.attribution = make_attribution(settings) if isinstance(attribution, str) else attribution
         self.last_attribution: dict[str, GpuAttribution] = {}
+        #: PodResources lists begun, and the device IDs the last one that answered names as
+        #: assigned with its number (``None``: none answered); the device plugin reads both
+        self.attribution_rounds = 0
+        self.last_listed: tuple[frozenset[str], int] | None = None
         #: shared GPUs: the pods holding slices named from the API, over-use Events
         self.slices = SliceWatch(settings, self.events.posted) if settings.shared_gpus else None
         if self.slices is not None and self.attribution is not None:
@@ -135,7 +139,14 @@ class Agent:
             self.window.add(snapshot)
         if self.attribution is not None:
             self.cache.stage("attribution")
+            self.attribution_rounds += 1  # begun before the kubelet is asked
+            round_ = self.attribution_rounds
             self.last_attribution = self.attribution.observe(snapshot)
+            self.last_listed = (
+                (frozenset(d for a in self.last_attribution.values() for h in a.holders
+                           for d in h.device_ids), round_)
+                if getattr(self.attribution, "listed", False) else None
+            )  # fmt: skip
         self.cache.stage("render")
         if self.xid_seeder is not None:
             self.xid_seeder = self.xid_seeder.seed(self.ledger, snapshot, self.writer)

@@ -84,10 +84,13 @@ class Attribution:
         self.errors: Counter[str] = Counter()
         #: said once: a kind of PodResources failure (until it answers again), stray unit IDs
         self._said: SayOnce[str, str] = SayOnce()
+        #: the last ``observe`` listed the kubelet's assignments (False: no socket, or it failed)
+        self.listed = False
 
     def observe(self, snapshot: NodeSnapshot) -> dict[str, GpuAttribution]:
         """Device ID -> ``GpuAttribution`` for this snapshot (``{}`` when NVML could not be
         read)."""
+        self.listed = False
         if snapshot.error is not None:
             return {}
         processes = device_processes(snapshot)
@@ -125,6 +128,7 @@ class Attribution:
             return ()
         if self._said.end("podresources") is not None:
             logger.info("kubelet PodResources answering again on {}", self.socket_path)
+        self.listed = True
         return tuple(
             a for a in listed
             if a.resource_name.startswith(GPU_RESOURCE_PREFIX)

@@ -82,7 +82,11 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self.poll_s = poll_s
         self.profile = profile
         self.shared = shared
-        self.slicer = Slicer(unit_mib, policy=policy, settle_s=settle_s, clock=clock) if unit_mib else None
+        self.slicer = (
+            Slicer(unit_mib, policy=policy, settle_s=settle_s, clock=clock,
+                   held=self._held_units, rounds=self._list_rounds)
+            if unit_mib else None
+        )  # fmt: skip
         devices = list(devices)
         if self.slicer is not None:  # unit IDs known in advance: their GPUs, and unit counts
             self.slicer.learn(d for _, d in devices)
@@ -103,6 +107,18 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self.strategies: tuple[str, ...] = tuple(strategies)
 
     # -- the devices, from the agent's cache ----------------------------------------------
+
+    def _held_units(self) -> tuple[frozenset[str], int] | None:
+        """The device IDs the kubelet's last PodResources list names as assigned, and the
+        list's number (the agent's ``last_listed``); ``None``: the agent lists none (no socket,
+        or it failed)."""
+        listed = getattr(self._source, "last_listed", None)
+        return listed if isinstance(listed, tuple) else None
+
+    def _list_rounds(self) -> int | None:
+        """The PodResources lists the agent has begun (``Agent.attribution_rounds``)."""
+        rounds = getattr(self._source, "attribution_rounds", None)
+        return rounds if isinstance(rounds, int) else None
 
     def devices(self) -> list[DeviceState]:
         """Every known device with its health from the latest reading, in index order: GPUs,

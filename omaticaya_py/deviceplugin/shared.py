@@ -23,6 +23,7 @@ from .slices import (
     Slice,
     gpus_of,
     preferred_units,
+    released,
     rooms,
     slice_envs,
     still_pending,
@@ -51,6 +52,11 @@ class Slicer:
     """Slices of shared GPUs: ``unit_mib`` MiB per unit, ``policy`` ``binpack`` or ``spread``,
     ``settle_s`` seconds at most a slice counts unseen, on ``clock`` (monotonic seconds).
 
+    ``held`` (optional) gives the unit IDs the kubelet's last list names as assigned
+    (PodResources, the agent's attribution) and that list's number, ``rounds`` the lists begun
+    so far: a slice handed out before a list was begun whose units it does not name is over
+    (``slices.released``); ``None``: not known.
+
     ``counts`` maps a GPU UUID to its unit count (from its total memory; the servicer keeps it).
     ``slices`` maps a GPU UUID to the slices still counting there (oldest first). Thread-safe.
     """
@@ -62,6 +68,8 @@ class Slicer:
         policy: str = "binpack",
         settle_s: float = DEFAULT_SETTLE_S,
         clock: Callable[[], float] = time.monotonic,
+        held: Callable[[], tuple[frozenset[str], int] | None] | None = None,
+        rounds: Callable[[], int | None] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"expected a policy among {', '.join(POLICIES)}; got {policy!r}")
@@ -69,22 +77,27 @@ class Slicer:
         self.policy = policy
         self.settle_s = settle_s
         self._clock = clock
+        self._held = held
+        self._rounds = rounds
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
         self.slices: dict[str, tuple[Slice, ...]] = {}
 
     def pending_mib(self, gpus: Iterable[DeviceState], skip: frozenset[str] = frozenset()) -> dict[str, int]:
         """MiB handed out per GPU UUID that its reading does not show yet; slices the reading
-        shows, or older than ``settle_s``, are forgotten. ``skip``: the units of a slice being
+        shows, older than ``settle_s``, or released by the kubelet (``held``) are forgotten. ``skip``: the units of a slice being
         allocated; the slices it supersedes (``slices.superseded``: sharing a unit with it, as an
         app container reusing some or all of its init container's units) count no more."""
         now_s = self._clock()
+        listed = self._held() if self._held is not None else None
         out: dict[str, int] = {}
         with self._lock:
             for g in gpus:
                 held = self.slices.get(g.id)
                 if not held:
                     continue
+                if listed is not None:
+                    held = released(held, *listed)
                 kept = still_pending(held, g.free_mib, now_s, self.settle_s)
                 if kept:
                     self.slices[g.id] = kept
@@ -143,7 +156,8 @@ class Slicer:
             held_now = self.slices.get(gpu.id, ())
             over = superseded(held_now, units)
             held = [s for s in held_now if s not in over]
-            held.append(Slice(units, gpu.id, mib, self._clock(), gpu.free_mib))
+            round_ = self._rounds() if self._rounds is not None else None
+            held.append(Slice(units, gpu.id, mib, self._clock(), gpu.free_mib, round_))
             self.slices[gpu.id] = tuple(held[-MAX_SLICES_PER_GPU:])
         return gpu.id, slice_envs(len(units), self.unit_mib)
 
