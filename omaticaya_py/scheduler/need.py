@@ -92,24 +92,10 @@ def parse_slices(pod: Any, resource: str = DEFAULT_SHARED_RESOURCE) -> Need | No
     value that is not a whole number of units in range (negative, a fraction, ``500m``, not a
     quantity) gives a ``Need`` with ``error`` naming the container and the value. Init
     containers are not looked at."""
-    spec = json_mapping(json_mapping(pod).get("spec"))
-    containers = spec.get("containers")
-    units: list[int] = []
-    for c in containers if isinstance(containers, list) else ():
-        c = json_mapping(c)
-        res = json_mapping(c.get("resources"))
-        limits, requests = json_mapping(res.get("limits")), json_mapping(res.get("requests"))
-        raw = limits.get(resource, requests.get(resource))
-        if raw is None:
-            continue
-        n = _units(raw)
-        if n is None:
-            name = c.get("name")
-            shown = _shown(str(name) if isinstance(name, str) else "?")
-            return Need(0, 1, f"pod container {shown} asks for {resource}={_shown(str(raw))}: "
-                        f"expected a whole number of units from 0 to {MAX_UNITS}")  # fmt: skip
-        if n > 0:
-            units.append(n)
+    asked, bad = _per_container(pod, resource)
+    if bad is not None:
+        return Need(0, 1, f"{bad}: expected a whole number of units from 0 to {MAX_UNITS}")
+    units = [n for n in asked if n > 0]
     return Need(0, 1, slices=tuple(units), resource=resource) if units else None
 
 
@@ -142,27 +128,28 @@ def _units(raw: Any) -> int | None:
     return int(value)
 
 
-def _devices(pod: Any, resource: str) -> tuple[int, str | None]:
-    """(whole devices of ``resource`` the pod's containers ask for in all, the first malformed
-    value's description or ``None``): each container's ``limits`` (else ``requests``), read as
-    ``_units`` reads a slice. Init containers are not counted (the kubelet reuses their devices
-    for the app containers)."""
+def _per_container(pod: Any, resource: str) -> tuple[list[int], str | None]:
+    """(the whole number of ``resource`` each container asking for it asks for, in container
+    order; the first malformed value, described as ``pod container 'c' asks for R='v'``, or
+    ``None``): each container's ``limits`` (else ``requests``), read by ``_units``. Init
+    containers are not looked at (the kubelet reuses their devices for the app containers)."""
     spec = json_mapping(json_mapping(pod).get("spec"))
     containers = spec.get("containers")
-    total = 0
+    out: list[int] = []
     for c in containers if isinstance(containers, list) else ():
-        res = json_mapping(json_mapping(c).get("resources"))
+        c = json_mapping(c)
+        res = json_mapping(c.get("resources"))
         limits, requests = json_mapping(res.get("limits")), json_mapping(res.get("requests"))
         raw = limits.get(resource, requests.get(resource))
         if raw is None:
             continue
         n = _units(raw)
         if n is None:
-            name = json_mapping(c).get("name")
+            name = c.get("name")
             shown = _shown(str(name) if isinstance(name, str) else "?")
-            return 0, f"pod container {shown} asks for {resource}={_shown(str(raw))}"
-        total += n
-    return total, None
+            return out, f"pod container {shown} asks for {resource}={_shown(str(raw))}"
+        out.append(n)
+    return out, None
 
 
 def parse_need(
@@ -203,9 +190,10 @@ def parse_need(
         )  # fmt: skip
     if memory > MAX_MEMORY_MIB:
         return Need(0, 1, f"pod annotation {mem_key}={shown_mem} asks for more than 1 EiB")
-    devices, bad = _devices(pod, gpu_resource)
+    asked, bad = _per_container(pod, gpu_resource)
     if bad is not None:
         return Need(memory, 1, f"{bad}: expected a whole number of GPUs")
+    devices = sum(asked)
     if devices and count_key not in annotations:
         raw_count = str(devices)
     count = json_int(raw_count)
