@@ -260,21 +260,23 @@ def test_slicer_an_allocation_reusing_units_supersedes_their_slice(free_gib, ste
 
 
 @pytest.mark.parametrize(
-    ("held_units", "list_round", "expected"),
+    ("held_units", "listed_at_s", "expected"),
     [
-        pytest.param(units_of(0, 20), 4, [1.0], id="listed-still-held"),
-        pytest.param(units_of(0, 5), 4, [1.0], id="some-units-listed"),
-        pytest.param([], 4, [], id="not-listed-after-it-was-handed-out: gone"),
-        pytest.param(units_of(0, 10, 40), 4, [], id="only-other-units-listed"),
-        pytest.param([], 3, [1.0], id="list-begun-before-it-was-handed-out"),
+        pytest.param(units_of(0, 20), 12.0, [1.0], id="listed-still-held"),
+        pytest.param(units_of(0, 5), 12.0, [1.0], id="some-units-listed"),
+        pytest.param([], 11.0, [], id="not-listed-after-it-was-handed-out: gone"),
+        pytest.param(units_of(0, 10, 40), 12.0, [], id="only-other-units-listed"),
+        pytest.param([], 10.9, [1.0], id="asked-for-too-soon-after-it-was-handed-out"),
     ],
 )
-def test_released(held_units, list_round, expected) -> None:
-    """A slice whose units the kubelet no longer lists, in a list begun after the slice was
-    handed out (3 lists begun then), is over (its pod or container went): issue 30."""
-    slices = [replace(held(0, 20, 1.0), round=3), held(0, 5, 2.0, gpu=1)]  # round None: kept
-    got = released(slices, frozenset(held_units), list_round)
-    assert [s.at_s for s in got if s.round is not None] == expected and got[-1].round is None
+def test_released(held_units, listed_at_s, expected) -> None:
+    """A slice whose units the kubelet no longer lists, in a list asked for after the slice's
+    ``listed_after_s`` (11.0: its Allocate plus the margin), is over (its pod or container
+    went): issue 30."""
+    slices = [replace(held(0, 20, 1.0), listed_after_s=11.0), held(0, 5, 2.0, gpu=1)]
+    got = released(slices, frozenset(held_units), listed_at_s)
+    assert [s.at_s for s in got if s.listed_after_s is not None] == expected
+    assert got[-1].listed_after_s is None  # not known when it can be released: kept
 
 
 def test_slicer_forgets_a_slice_the_kubelet_released() -> None:
@@ -282,17 +284,20 @@ def test_slicer_forgets_a_slice_the_kubelet_released() -> None:
     no longer lists its units, and the GPU's 25 GiB are free for the next slice at once (the
     extender, which saw the pod go, already counts them free); before the list is read again,
     the slice still counts."""
-    listed: list[tuple[frozenset[str], int]] = [(frozenset(), 1)]
-    slicer = Slicer(MIB, settle_s=60, clock=Clock(100.0), held=lambda: listed[-1],
-                    rounds=lambda: listed[-1][1])  # fmt: skip
+    agent = Clock(500.0)  # the agent's clock, which the lists are timed on
+    listed: list[tuple[frozenset[str], float]] = [(frozenset(), 499.0)]
+    slicer = Slicer(MIB, settle_s=60, clock=Clock(100.0), held=lambda: listed[-1], stamp=agent)
     gpu = DeviceState(UUID[0], 0, True, free_mib=25 * MIB)
-    slicer.allocate(units_of(0, 20), [gpu])  # after list 1, which did not name it: kept
+    slicer.allocate(units_of(0, 20), [gpu])  # at 500: a list from before does not name it
     assert slicer.pending_mib([gpu]) == {UUID[0]: 20 * MIB}
-    listed.append((frozenset(units_of(0, 20)), 2))  # the pod runs: its units are listed
+    listed.append((frozenset(), 500.5))  # asked for within the margin: may not name it yet
+    assert slicer.pending_mib([gpu]) == {UUID[0]: 20 * MIB}
+    listed.append((frozenset(units_of(0, 20)), 502.0))  # the pod runs: its units are listed
     with pytest.raises(SliceRefused):
         slicer.allocate(units_of(0, 10, 20), [gpu])
-    listed.append((frozenset(), 3))  # the pod deleted: the kubelet lists nothing
+    listed.append((frozenset(), 504.0))  # the pod deleted: the kubelet lists nothing
     assert slicer.pending_mib([gpu]) == {UUID[0]: 0}
+    agent.t = 505.0
     slicer.allocate(units_of(0, 10, 20), [gpu])
     assert slicer.pending_mib([gpu]) == {UUID[0]: 10 * MIB}
 

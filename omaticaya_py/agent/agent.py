@@ -100,10 +100,9 @@ class Agent:
         #: who uses each GPU (PodResources + /proc); the last tick's answer
         self.attribution = make_attribution(settings) if isinstance(attribution, str) else attribution
         self.last_attribution: dict[str, GpuAttribution] = {}
-        #: PodResources lists begun, and the device IDs the last one that answered names as
-        #: assigned with its number (``None``: none answered); the device plugin reads both
-        self.attribution_rounds = 0
-        self.last_listed: tuple[frozenset[str], int] | None = None
+        #: the device IDs the kubelet's last PodResources list that answered names as assigned,
+        #: and when (``clock``) it was asked for (``None``: none answered): the device plugin's
+        self.last_listed: tuple[frozenset[str], float] | None = None
         #: shared GPUs: the pods holding slices named from the API, over-use Events
         self.slices = SliceWatch(settings, self.events.posted) if settings.shared_gpus else None
         if self.slices is not None and self.attribution is not None:
@@ -139,12 +138,11 @@ class Agent:
             self.window.add(snapshot)
         if self.attribution is not None:
             self.cache.stage("attribution")
-            self.attribution_rounds += 1  # begun before the kubelet is asked
-            round_ = self.attribution_rounds
+            listed_at_s = self.clock()  # before the kubelet is asked: what it had recorded by then
             self.last_attribution = self.attribution.observe(snapshot)
             self.last_listed = (
                 (frozenset(d for a in self.last_attribution.values() for h in a.holders
-                           for d in h.device_ids), round_)
+                           for d in h.device_ids), listed_at_s)
                 if getattr(self.attribution, "listed", False) else None
             )  # fmt: skip
         self.cache.stage("render")

@@ -84,7 +84,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         self.shared = shared
         self.slicer = (
             Slicer(unit_mib, policy=policy, settle_s=settle_s, clock=clock,
-                   held=self._held_units, rounds=self._list_rounds)
+                   held=self._held_units, stamp=self._agent_now)
             if unit_mib else None
         )  # fmt: skip
         devices = list(devices)
@@ -108,17 +108,17 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
 
     # -- the devices, from the agent's cache ----------------------------------------------
 
-    def _held_units(self) -> tuple[frozenset[str], int] | None:
-        """The device IDs the kubelet's last PodResources list names as assigned, and the
-        list's number (the agent's ``last_listed``); ``None``: the agent lists none (no socket,
-        or it failed)."""
+    def _held_units(self) -> tuple[frozenset[str], float] | None:
+        """The device IDs the kubelet's last PodResources list names as assigned, and when it
+        was asked for on the agent's clock (the agent's ``last_listed``); ``None``: the agent
+        lists none (no socket, or it failed)."""
         listed = getattr(self._source, "last_listed", None)
         return listed if isinstance(listed, tuple) else None
 
-    def _list_rounds(self) -> int | None:
-        """The PodResources lists the agent has begun (``Agent.attribution_rounds``)."""
-        rounds = getattr(self._source, "attribution_rounds", None)
-        return rounds if isinstance(rounds, int) else None
+    def _agent_now(self) -> float | None:
+        """The agent's clock now (``Agent.clock``), which ``_held_units``' times are on."""
+        clock = getattr(self._source, "clock", None)
+        return float(clock()) if callable(clock) else None
 
     def devices(self) -> list[DeviceState]:
         """Every known device with its health from the latest reading, in index order: GPUs,

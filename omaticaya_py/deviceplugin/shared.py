@@ -34,6 +34,9 @@ __all__ = ["DEFAULT_SETTLE_S", "SliceRefused", "Slicer"]
 
 #: how long a slice counts against its GPU's live free memory when the reading never shows it
 DEFAULT_SETTLE_S = 60.0
+#: a PodResources list asked for this long after a slice's Allocate names it if the kubelet
+#: still holds it (the kubelet records the devices as the RPC returns, within milliseconds)
+LIST_MARGIN_S = 1.0
 #: at most this many slices are kept per GPU (the oldest go first)
 MAX_SLICES_PER_GPU = 4096
 
@@ -53,9 +56,9 @@ class Slicer:
     ``settle_s`` seconds at most a slice counts unseen, on ``clock`` (monotonic seconds).
 
     ``held`` (optional) gives the unit IDs the kubelet's last list names as assigned
-    (PodResources, the agent's attribution) and that list's number, ``rounds`` the lists begun
-    so far: a slice handed out before a list was begun whose units it does not name is over
-    (``slices.released``); ``None``: not known.
+    (PodResources, the agent's attribution) and when it was asked for, ``stamp`` that clock now:
+    a slice whose units a list asked for ``LIST_MARGIN_S`` or more after its ``Allocate`` does
+    not name is over (``slices.released``); ``None``: not known.
 
     ``counts`` maps a GPU UUID to its unit count (from its total memory; the servicer keeps it).
     ``slices`` maps a GPU UUID to the slices still counting there (oldest first). Thread-safe.
@@ -68,8 +71,8 @@ class Slicer:
         policy: str = "binpack",
         settle_s: float = DEFAULT_SETTLE_S,
         clock: Callable[[], float] = time.monotonic,
-        held: Callable[[], tuple[frozenset[str], int] | None] | None = None,
-        rounds: Callable[[], int | None] | None = None,
+        held: Callable[[], tuple[frozenset[str], float] | None] | None = None,
+        stamp: Callable[[], float | None] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"expected a policy among {', '.join(POLICIES)}; got {policy!r}")
@@ -78,7 +81,7 @@ class Slicer:
         self.settle_s = settle_s
         self._clock = clock
         self._held = held
-        self._rounds = rounds
+        self._stamp = stamp
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
         self.slices: dict[str, tuple[Slice, ...]] = {}
@@ -156,8 +159,9 @@ class Slicer:
             held_now = self.slices.get(gpu.id, ())
             over = superseded(held_now, units)
             held = [s for s in held_now if s not in over]
-            round_ = self._rounds() if self._rounds is not None else None
-            held.append(Slice(units, gpu.id, mib, self._clock(), gpu.free_mib, round_))
+            now = self._stamp() if self._stamp is not None else None
+            after = None if now is None else now + LIST_MARGIN_S
+            held.append(Slice(units, gpu.id, mib, self._clock(), gpu.free_mib, after))
             self.slices[gpu.id] = tuple(held[-MAX_SLICES_PER_GPU:])
         return gpu.id, slice_envs(len(units), self.unit_mib)
 

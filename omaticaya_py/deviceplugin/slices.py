@@ -74,9 +74,9 @@ class Slice:
     mib: int
     at_s: float
     baseline_free_mib: int | None
-    #: the kubelet's device lists (PodResources) begun when it was handed out (``None``: not
-    #: known): a later list that does not name its units releases it (``released``)
-    round: int | None = None
+    #: from when (the clock of the kubelet's lists: the agent's) a PodResources list that does
+    #: not name its units releases it (``released``; ``None``: never)
+    listed_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,17 +150,18 @@ def superseded(slices: Iterable[Slice], units: Iterable[str]) -> tuple[Slice, ..
     return tuple(s for s in slices if not s.units.isdisjoint(new))
 
 
-def released(slices: Sequence[Slice], held_units: frozenset[str], list_round: int
+def released(slices: Sequence[Slice], held_units: frozenset[str], listed_at_s: float
              ) -> tuple[Slice, ...]:  # fmt: skip
-    """The slices of ``slices`` the kubelet still holds: one handed out before the kubelet's
-    list of assigned devices number ``list_round`` was begun (``Slice.round``: the lists begun
-    by its ``Allocate``; PodResources lists a container's devices from its ``Allocate`` on)
-    that names none of its units there (``held_units``) has ended with its container or pod,
-    and stops counting at once. The kubelet tells the plugin nothing when units are freed;
-    without this a slice of a pod deleted before it used its memory counts until ``settle_s``,
-    while the extender (which sees the pod go) counts it no more."""
+    """The slices of ``slices`` the kubelet still holds: one whose units the kubelet's list of
+    assigned devices asked for at ``listed_at_s`` (at or after the slice's
+    ``listed_after_s``; PodResources lists a container's devices from its ``Allocate`` on)
+    does not name (``held_units``) has ended with its container or pod, and stops counting at
+    once. The kubelet tells the plugin nothing when units are freed; without this a slice of a
+    pod deleted before it used its memory counts until ``settle_s``, while the extender (which
+    sees the pod go) counts it no more."""
     return tuple(s for s in slices
-                 if s.round is None or list_round <= s.round or s.units & held_units)  # fmt: skip
+                 if s.listed_after_s is None or listed_at_s < s.listed_after_s
+                 or s.units & held_units)  # fmt: skip
 
 
 def rooms(
