@@ -229,9 +229,10 @@ def test_the_whole_stack_places_every_pod_on_a_gpu_that_holds_it(cluster, tools,
 FAULTS = "faults-trace.json"
 
 
+# GPU 3 shared: its 79 units leave (served whole, its one device leaves the same way, by the
+# same health: ("none", "nvidia.com/gpu", "4") passed too; left out to keep the suite short)
 @pytest.mark.parametrize(("shared", "resource", "full"), [
-    ("none", "nvidia.com/gpu", "4"),          # GPU 3 served whole: the one device leaves
-    ("3", "omaticaya.io/gpu-memory", "79"),   # GPU 3 shared: its 79 units leave
+    ("3", "omaticaya.io/gpu-memory", "79"),
 ])  # fmt: skip
 def test_a_lost_gpu_leaves_allocatable_and_comes_back(cluster, tools, tmp_path, shared, resource, full):  # noqa: F811
     """The whole stack on the faults trace: while GPU 3 is lost its device (or units) turn
