@@ -138,7 +138,7 @@ def running_env(admin_api, name: str, out: Path) -> dict[str, str] | None:
 
 def run(admin_api, pods, name: str, resource: str, count: int) -> dict[str, str]:
     out = pods(name, resource, count)
-    return wait_for(f"{name} running", lambda: running_env(admin_api, name, out), 60)
+    return wait_for(f"{name} running", lambda: running_env(admin_api, name, out), 120)
 
 
 def slice_of(env: dict[str, str]) -> tuple[int, int]:
