@@ -138,7 +138,14 @@ def running_env(admin_api, name: str, out: Path) -> dict[str, str] | None:
 
 def run(admin_api, pods, name: str, resource: str, count: int) -> dict[str, str]:
     out = pods(name, resource, count)
-    return wait_for(f"{name} running", lambda: running_env(admin_api, name, out), 120)
+    try:
+        return wait_for(f"{name} running", lambda: running_env(admin_api, name, out), 120)
+    except AssertionError as exc:  # say where the pod stood: phase, conditions, containers
+        pod = admin_api.read_namespaced_pod(name, "default")
+        raise AssertionError(
+            f"{exc}; phase {pod.status.phase}, conditions {pod.status.conditions}, containers "
+            f"{pod.status.container_statuses}, output file there: {out.is_file()}"
+        ) from None
 
 
 def slice_of(env: dict[str, str]) -> tuple[int, int]:
