@@ -9,6 +9,7 @@ thread (``run``: SIGTERM/SIGINT stop it when that is the main thread) or in a ba
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from typing import Any
@@ -58,6 +59,44 @@ def metrics_route(registry: Any) -> Any:
     return Route("/metrics", _Asgi(make_asgi_app(registry)), methods=["GET"])
 
 
+def _quiet_server(config: Any) -> Any:
+    """A ``uvicorn.Server`` whose main loop sleeps until it is told to stop.
+
+    Stock uvicorn wakes every 0.1 s to look at ``should_exit`` and, every second, to rebuild the
+    ``date`` header: ten wake-ups a second with nothing to serve, which was 7x the idle agent's
+    CPU (issue 31: 0.23 % of a core vs 0.033 % without the server). Here ``should_exit`` is a
+    property whose setter wakes the loop (from ``stop()`` in another thread, or uvicorn's own
+    SIGTERM/SIGINT handler in this one), and responses carry no ``date`` header (RFC 9110 lets a
+    server without a reliable clock leave it out; Prometheus and kube-scheduler ignore it).
+    Everything else (start-up, graceful shutdown, the protocol) is uvicorn's."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        _loop: asyncio.AbstractEventLoop | None = None
+        _wake: asyncio.Event | None = None
+        _exit = False
+
+        @property
+        def should_exit(self) -> bool:
+            return self._exit
+
+        @should_exit.setter
+        def should_exit(self, value: bool) -> None:
+            self._exit = value
+            loop, wake = self._loop, self._wake
+            if value and loop is not None and wake is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(wake.set)
+
+        async def main_loop(self) -> None:
+            self._wake = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+            await self.on_tick(0)  # the default headers, once
+            while not self._exit:
+                await self._wake.wait()
+
+    return QuietServer(config)
+
+
 class HttpServer:
     """uvicorn serving ``app`` on a socket bound now; ``port`` is the bound port.
 
@@ -74,9 +113,10 @@ class HttpServer:
         self.sock = bind(address, port)
         self.port: int = self.sock.getsockname()[1]
         config = uvicorn.Config(
-            app, log_level=log_level.lower(), access_log=access_log, lifespan="off"
+            app, log_level=log_level.lower(), access_log=access_log, lifespan="off",
+            date_header=False,
         )
-        self.server = uvicorn.Server(config)
+        self.server = _quiet_server(config)
         self._thread: threading.Thread | None = None
 
     @property

@@ -26,6 +26,11 @@ def extender_command(args: argparse.Namespace) -> int:
     from ..logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_json)
+    from ..core.settings import Settings
+    from ..scheduler.settings import ExtenderSettings
+    from .agent import _say_unknown_variables
+
+    _say_unknown_variables("omaticaya extender", ExtenderSettings, Settings)
     # uvicorn handles SIGTERM/SIGINT in the main thread: it stops accepting, finishes the
     # requests in flight and returns
     return serve(settings)

@@ -8,8 +8,9 @@ bad setting that names its variable (or flag) and the expected form (``SettingsE
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
@@ -21,7 +22,10 @@ __all__ = [
     "CommonSettings",
     "SettingsError",
     "check_prefix",
+    "env_names",
     "load",
+    "unknown_variable_lines",
+    "unknown_variables",
 ]
 
 class SettingsError(ValueError):
@@ -132,3 +136,64 @@ def load(cls: type[S], flag_names: Mapping[str, str] | None = None, **overrides:
 
 
 _NODE_NAME_ALIASES = ("node_name", "NODE_NAME", "OMATICAYA_NODE_NAME")
+
+
+#: ``OMATICAYA_*`` names that are no setting of a program but are ours: what the device plugin
+#: sets in a slice's containers, and what the project's own scripts read (scripts/, devtools/:
+#: the dev cluster, bootstrap, tests). ``unknown_variables`` does not report them.
+NOT_SETTINGS = frozenset({
+    "OMATICAYA_GPU_MEMORY_LIMIT_MIB",
+    "OMATICAYA_CACHE", "OMATICAYA_DEBIAN_MIRROR", "OMATICAYA_DEV_DIR", "OMATICAYA_HELM_WAIT_S",
+    "OMATICAYA_IMAGE_NAME", "OMATICAYA_KUBELET_NODE", "OMATICAYA_KUBELET_READY_TIMEOUT",
+    "OMATICAYA_POD_BRIDGE", "OMATICAYA_POD_SUBNET", "OMATICAYA_READY_TIMEOUT",
+    "OMATICAYA_RELOCK_BASE", "OMATICAYA_SKIP_CLUSTER", "OMATICAYA_TOOLS_DOWNLOAD_TIMEOUT",
+    "OMATICAYA_UV", "OMATICAYA_WRITE_ADMISSION_DATA",
+})  # fmt: skip
+
+
+def env_names(cls: type[BaseSettings]) -> frozenset[str]:
+    """The environment variables a settings class reads: ``<env_prefix><FIELD>`` upper-cased
+    for each field, and each field's upper-case string aliases (``NODE_NAME``)."""
+    prefix = str(cls.model_config.get("env_prefix", "")).upper()
+    names = set()
+    for field_name, field in cls.model_fields.items():
+        names.add(prefix + field_name.upper())
+        choices = getattr(field.validation_alias, "choices", ())
+        names.update(c for c in choices if isinstance(c, str) and c.isupper())
+    return frozenset(names)
+
+
+def unknown_variables(
+    environ: Mapping[str, str], known: Iterable[str], *, prefix: str = "OMATICAYA_",
+    others: tuple[str, ...] = (),
+) -> list[tuple[str, str | None]]:
+    """``(name, closest known name or None)`` for each variable in ``environ`` under ``prefix``
+    that is neither in ``known`` nor in ``NOT_SETTINGS`` nor under one of ``others`` (prefixes
+    another program reads, e.g. the extender's ``OMATICAYA_EXTENDER_`` for the agent), sorted
+    by name. pydantic-settings ignores such a variable: this is how a misspelt one
+    (``OMATICAYA_SHEDULE``) gets said at start instead of silently doing nothing. Closest:
+    ``difflib``'s best match of at least 0.6 similarity, the shared prefix left out."""
+    known = frozenset(known)
+    # compared without the prefix every name shares, which would make any two look alike
+    by_rest = {k.removeprefix(prefix): k for k in sorted(known)}
+    out = []
+    for name in sorted(environ):
+        if (
+            not name.startswith(prefix) or name in known or name in NOT_SETTINGS
+            or name.startswith(others)
+        ):
+            continue
+        close = difflib.get_close_matches(name.removeprefix(prefix), by_rest, n=1, cutoff=0.6)
+        out.append((name, by_rest[close[0]] if close else None))
+    return out
+
+
+def unknown_variable_lines(unknown: Iterable[tuple[str, str | None]], program: str) -> list[str]:
+    """One warning line per ``unknown_variables`` entry, naming the variable and the closest
+    known one: ``OMATICAYA_SHEDULE is not a setting of omaticaya run and is ignored; did you
+    mean OMATICAYA_SCHEDULE?``"""
+    return [
+        f"{name} is not a setting of {program} and is ignored"
+        + (f"; did you mean {close}?" if close else " (docs/commands.md lists every setting)")
+        for name, close in unknown
+    ]

@@ -1,0 +1,65 @@
+"""An ``OMATICAYA_*`` variable that no setting reads is said at start, with the closest known
+name (issue 31: ``OMATICAYA_SHEDULE`` did nothing, silently); the program goes on with the
+defaults. Table-driven on the pure rule, then as a user runs each command."""
+
+from __future__ import annotations
+
+import pytest
+
+from omaticaya_py.core.settings import Settings
+from omaticaya_py.core.settings_base import NOT_SETTINGS, env_names, unknown_variables
+from omaticaya_py.scheduler.settings import ExtenderSettings
+from tests.helpers import H100_TRACE, run_cli
+
+AGENT = env_names(Settings)
+EXTENDER = env_names(ExtenderSettings)
+
+
+def test_env_names_are_the_variables_the_settings_read():
+    assert {"OMATICAYA_SCHEDULE", "OMATICAYA_SHARED_GPUS", "OMATICAYA_PREFIX", "NODE_NAME"} <= AGENT
+    assert {"OMATICAYA_EXTENDER_PORT", "OMATICAYA_EXTENDER_PREFIX"} <= EXTENDER
+    assert not AGENT & EXTENDER
+    assert not (AGENT | EXTENDER) & NOT_SETTINGS
+
+
+@pytest.mark.parametrize(
+    ("environ", "known", "others", "expected"),
+    [
+        ({"OMATICAYA_SHEDULE": "x"}, AGENT, (), [("OMATICAYA_SHEDULE", "OMATICAYA_SCHEDULE")]),
+        ({"OMATICAYA_SHARED_GPU": "all"}, AGENT, (),
+         [("OMATICAYA_SHARED_GPU", "OMATICAYA_SHARED_GPUS")]),
+        ({"OMATICAYA_METRIC_PORT": "1"}, AGENT, (),
+         [("OMATICAYA_METRIC_PORT", "OMATICAYA_METRICS_PORT")]),
+        # nothing alike: said without a guess (the shared prefix does not make names alike)
+        ({"OMATICAYA_FOO": "1"}, AGENT, (), [("OMATICAYA_FOO", None)]),
+        # known, not ours to judge, or ours but no setting: not said
+        ({"OMATICAYA_SCHEDULE": "x", "NODE_NAME": "n", "PATH": "/bin"}, AGENT, (), []),
+        ({"OMATICAYA_EXTENDER_PROT": "1"}, AGENT, ("OMATICAYA_EXTENDER_",), []),
+        ({"OMATICAYA_DEV_DIR": "/tmp", "OMATICAYA_GPU_MEMORY_LIMIT_MIB": "1"}, AGENT, (), []),
+        # the extender knows both sets and judges its own names too
+        ({"OMATICAYA_EXTENDER_PROT": "1", "OMATICAYA_SCHEDULE": "x"}, AGENT | EXTENDER, (),
+         [("OMATICAYA_EXTENDER_PROT", "OMATICAYA_EXTENDER_PORT")]),
+        # sorted by name
+        ({"OMATICAYA_ZZ": "1", "OMATICAYA_AA": "1"}, AGENT, (),
+         [("OMATICAYA_AA", None), ("OMATICAYA_ZZ", None)]),
+    ],
+)  # fmt: skip
+def test_unknown_variables(environ, known, others, expected):
+    assert unknown_variables(environ, known, others=others) == expected
+
+
+def test_the_agent_says_a_misspelt_variable_and_goes_on():
+    result = run_cli("show", "--trace", str(H100_TRACE), "--trace-at", "14",
+                     OMATICAYA_SHEDULE="@every 5s", OMATICAYA_POD_RESOURCES_SOCKET="")
+    assert result.returncode == 0, result.stderr
+    assert ("OMATICAYA_SHEDULE is not a setting of omaticaya show and is ignored; did you mean "
+            "OMATICAYA_SCHEDULE?") in result.stderr
+    assert "gpu" in result.stdout  # the table, as without the variable
+
+
+def test_the_extender_says_a_misspelt_variable(tmp_path):
+    # no kubeconfig: the extender ends with exit 1 after its start-up lines
+    result = run_cli("extender", "--port", "1", "--kubeconfig", str(tmp_path / "none"),
+                     OMATICAYA_EXTENDER_STRATEGI="spread")
+    assert ("OMATICAYA_EXTENDER_STRATEGI is not a setting of omaticaya extender and is "
+            "ignored; did you mean OMATICAYA_EXTENDER_STRATEGY?") in result.stderr
