@@ -57,7 +57,9 @@ class Settings(CommonSettings):
 
     schedule: Annotated[Schedule, NoDecode] = Field(
         default="@every 10s",  # type: ignore[assignment]
-        description="When to read the GPUs and update the Node: crontab, 6-field, or @every.",
+        description="When to read the GPUs and update the Node: a 5-field crontab (*/5 * * * *), "
+        "6 fields with seconds first (*/5 * * * * ?, ? = *), @every 30s (h, m, s, ms), or "
+        "@hourly/@daily; crontab weekdays count 0 or 7 as Sunday.",
     )
     node_name: str | None = Field(
         default=None,
@@ -95,14 +97,16 @@ class Settings(CommonSettings):
     )
     xid_all_fatal: bool = Field(default=False, description="Treat every Xid as fatal.")
     xid_quiet_s: float = Field(
-        default=600, ge=0, le=30 * DAY_S, description="A fatal Xid marks a GPU for this long."
+        default=600, ge=0, le=30 * DAY_S, description="A fatal Xid keeps the GPU Unhealthy this many seconds."
     )
     jitter_s: float = Field(
         default=0,
         ge=0,
         le=DAY_S,
-        description="Delay each run by a random 0..jitter_s seconds, so that a fleet on the "
-        "same cron schedule does not write in the same second (0: off).",
+        description="Delay each run, the first included, by a random 0..jitter_s seconds from "
+        "its planned time, so that a fleet on the same schedule does not write in the same "
+        "second (0: off; the chart's default: 5). The delays never add up: a 10 s schedule "
+        "still runs every 10 s on average.",
     )
     stuck_tick_periods: float = Field(
         default=3,
@@ -116,7 +120,8 @@ class Settings(CommonSettings):
         default=300,
         gt=0,
         le=31 * DAY_S,
-        description="Rewrite the telemetry annotation at least this often.",
+        description="Renew the liveness Lease this often; without one (no namespace of its "
+        "own, or no Lease RBAC), rewrite the telemetry annotation at least this often.",
     )
     min_patch_interval_s: float = Field(
         default=30,
@@ -140,8 +145,8 @@ class Settings(CommonSettings):
         ge=0,
         le=DAY_S,
         description="Peak signal: publish, per GPU, the least free memory and the p95 "
-        "utilisation over this many seconds in the telemetry annotation, once half covered "
-        "(0: off).",
+        "utilisation over this many seconds in the telemetry annotation (memory_free_min_mib, "
+        "utilization_p95_pct), once half covered (0: off).",
     )
     pod_resources_socket: Path | None = Field(
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
@@ -160,8 +165,9 @@ class Settings(CommonSettings):
         description="A Node Event when processes in no pod hold this many MiB on one GPU, once "
         "per episode (0: off).",
     )
-    metrics_port: int = Field(default=9402, ge=0, le=65535, description="0 turns /metrics off.")
-    metrics_address: str = Field(default="0.0.0.0", description="Address /metrics binds to.")
+    metrics_port: int = Field(default=9402, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0: off).")
+    metrics_address: str = Field(default="0.0.0.0", description="Address the metrics and probe port binds to ('::' for IPv6, and IPv4 too "
+        "on a dual-stack host).")
     fail_on_init_error: bool = Field(
         default=False, description="Exit when NVML cannot start, instead of reporting Unknown."
     )
@@ -236,7 +242,9 @@ class Settings(CommonSettings):
         default=False, description="Also serve the GPUs to the kubelet as a device plugin."
     )
     device_plugin_resource: str = Field(
-        default="nvidia.com/gpu", description="Extended resource name the device plugin serves."
+        default="nvidia.com/gpu",
+        description="Extended resource name the device plugin serves whole GPUs as. NVIDIA's "
+        "device plugin serves the same name: run one of the two on a node (docs/install.md).",
     )
     device_plugin_dir: Path = Field(
         default=Path("/var/lib/kubelet/device-plugins"),

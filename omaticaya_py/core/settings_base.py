@@ -52,7 +52,12 @@ class CommonSettings(BaseSettings):
         allow_inf_nan=False,  # 'inf' and 'nan' parse as floats: no setting means them
     )
 
-    prefix: str = Field(default="omaticaya.io", description="Label/annotation key prefix.")
+    prefix: str = Field(
+        default="omaticaya.io",
+        description="Label/annotation key prefix, a DNS subdomain: keys are <prefix>/<name>, "
+        "and every key under it is the agent's (kubernetes.io, k8s.io, nvidia.com and their "
+        "subdomains are refused).",
+    )
     log_json: bool = Field(default=False, description="Log JSON lines instead of text.")
     log_level: Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"] = (
         Field(

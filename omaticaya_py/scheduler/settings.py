@@ -97,8 +97,9 @@ class ExtenderSettings(CommonSettings):
     scheduler_name: str = Field(
         default="omaticaya-scheduler",
         max_length=253,
-        description="schedulerName of the pods whose placements are watched (empty: every "
-        "pod with the GPU annotation).",
+        description="schedulerName of the pods whose placements are watched (empty: the bound "
+        "pods of every scheduler; of those, the ones that ask for GPU memory, slices or whole "
+        "GPUs count).",
     )
     lease_namespace: str = Field(
         default="",
@@ -132,7 +133,9 @@ class ExtenderSettings(CommonSettings):
         "this less 1 s (a fifth when that is less) and starts no node whose reads could run "
         "past that. Seconds, or a Go duration as the configuration writes it (5s, 1m30s, 500ms).",
     )
-    kubeconfig: str | None = Field(default=None, description="kubeconfig path.")
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig path (unset: in-cluster, then $KUBECONFIG)."
+    )
 
     @field_validator("http_timeout_s", mode="before")
     @classmethod
