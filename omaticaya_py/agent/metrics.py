@@ -9,7 +9,11 @@ request.
 
 - ``/healthz``: 200 while the scheduler runs and a tick finished within ``stuck_tick_periods``
   schedule periods (plus the jitter); 503 with the reason otherwise (a tick stuck in a hung
-  call: restarting the container is the cure).
+  call: restarting the container is the cure). Also 503 once every read for
+  ``LIBRARY_MISSING_RESTART_S`` found no NVML library in the container: the NVIDIA container
+  toolkit injects the library when a container is created, so a pod started before the toolkit
+  was ready (the GPU Operator installing it) never gets it by re-initialising NVML; the
+  liveness probe's restart makes a container that does.
 - ``/readyz``: 200 when NVML was read and the API server answered (or needed no request)
   within the last ``3 * schedule period`` (at least 30 s); 503 with the reason otherwise.
 """
@@ -92,13 +96,26 @@ def readiness(
     return True, "ok"
 
 
+#: seconds without an NVML library in the container before ``/healthz`` fails (the toolkit
+#: may still be installing: the GPU Operator's validation takes about a minute)
+LIBRARY_MISSING_RESTART_S = 60.0
+
+
 def liveness(
     runner: Runner | None, cache: SnapshotCache, now_s: float | None = None
 ) -> tuple[bool, str]:
     """(alive, reason) for ``/healthz`` (see the module docstring): ``runner`` (the
-    ``Daemon``; ``None``: none) must be running and the cache's last tick not overdue."""
+    ``Daemon``; ``None``: none) must be running, the cache's last tick not overdue, and the
+    NVML library not missing from the container for ``LIBRARY_MISSING_RESTART_S``."""
     if runner is None or not runner.running:
         return False, "scheduler not running"
+    missing_since = cache.library_missing_since_s
+    now = cache.clock() if now_s is None else now_s
+    if missing_since is not None and now - missing_since > LIBRARY_MISSING_RESTART_S:
+        return False, (
+            f"no NVML library in this container for {now - missing_since:.0f}s: the NVIDIA "
+            "container toolkit was not ready when it started; a restart brings the library in"
+        )
     if cache.tick_overdue(now_s):
         stage = f"stuck in '{cache.tick_stage}'" if cache.tick_stage else "none running"
         return False, f"no tick finished for {cache.tick_age_s(now_s):.0f}s ({stage})"

@@ -52,6 +52,11 @@ class TickResult:
     attribution: Mapping[str, GpuAttribution] = field(default_factory=dict)
 
 
+#: the snapshot error of a read that found no NVML library in the container (pynvml's class
+#: name for NVML_ERROR_LIBRARY_NOT_FOUND): nvmlInit again cannot help, a new container can
+LIBRARY_NOT_FOUND = "NVMLError_LibraryNotFound"
+
+
 class SnapshotCache:
     """The last tick's results and the times of the last good read and patch.
 
@@ -80,6 +85,9 @@ class SnapshotCache:
         self.stuck_after_s: float = float("inf")
         self.writes_superseded = 0  # API rounds a newer reading replaced before they started
         self.last_read_ok_s: float | None = None
+        #: since when (agent clock) every read found no NVML library in this container
+        #: (``NVMLError_LibraryNotFound``); ``None`` while the last read found one
+        self.library_missing_since_s: float | None = None
         self.last_api_ok_s: float | None = None
         self.last_patch_wall_s: float | None = None
         self.patches_sent = 0
@@ -106,11 +114,18 @@ class SnapshotCache:
 
     def store(self, result: TickResult, now_s: float) -> None:
         """Keep ``result`` as the last one; a reading without a library error counts as a
-        good read at ``now_s``."""
+        good read at ``now_s``; one that found no NVML library starts (or continues) the
+        ``library_missing_since_s`` episode."""
         with self._lock:
             self.last = result
-            if result.snapshot.error is None:
+            error = result.snapshot.error
+            if error is None:
                 self.last_read_ok_s = now_s
+            if error == LIBRARY_NOT_FOUND:
+                if self.library_missing_since_s is None:
+                    self.library_missing_since_s = now_s
+            else:
+                self.library_missing_since_s = None
 
     def replace(self, old: TickResult, new: TickResult) -> bool:
         """Put ``new`` (``old`` after its API write) in place of ``old``, unless a newer reading
