@@ -367,3 +367,69 @@ def test_notes_say_what_the_device_plugin_turns_on(helm, extra, said):
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert "omaticaya.io/gpu-memory units of 1024 MiB" in notes
     assert said in " ".join(notes.split()), notes
+
+
+# --------------------------------------------------------------------------------------------
+# what the chart promises for a GPU Operator cluster (issue 31)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, None),
+    ({"devicePlugin": True}, "system-node-critical"),  # as NVIDIA's device plugin chart
+    ({"devicePlugin": True, "priorityClassName": "gpu-node-agents"}, "gpu-node-agents"),
+    ({"priorityClassName": "gpu-node-agents"}, "gpu-node-agents"),
+])  # fmt: skip
+def test_the_device_plugin_pod_is_node_critical_by_default(helm, values, expected):
+    spec = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]
+    assert spec.get("priorityClassName") == expected
+
+
+def _extender_container(docs: list[dict]) -> dict:
+    deploy = one(docs, "Deployment")
+    (c,) = [c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
+    return c
+
+
+def test_the_extender_is_probed_inside_its_container(helm):
+    """It listens on 127.0.0.1 only, so the kubelet's httpGet (to the pod IP) cannot reach it:
+    an exec probe GETs /readyz, which fails while the Node watch is dead or stalled."""
+    c = _extender_container(render(helm, {"scheduler": {"enabled": True,
+                                                        "extender": {"port": 9999}}}))
+    for probe in (c["livenessProbe"], c["readinessProbe"]):
+        command = probe["exec"]["command"]
+        assert command[:2] == ["python3", "-c"] and command[3] == "http://127.0.0.1:9999/readyz"
+    assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] == 120
+    off = _extender_container(render(helm, {"scheduler": {"enabled": True, "extender": {
+        "livenessProbe": {"enabled": False}, "readinessProbe": {"enabled": False}}}}))
+    assert "livenessProbe" not in off and "readinessProbe" not in off
+
+
+def test_the_extender_probe_command_fails_on_503_and_passes_on_200(helm):
+    """The rendered probe's one-liner itself, against the extender's two answers."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    status = {"code": 503}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(status["code"])
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    c = _extender_container(render(helm, {"scheduler": {"enabled": True}}))
+    code = c["livenessProbe"]["exec"]["command"][2]
+    url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
+    try:
+        assert subprocess.run([sys.executable, "-c", code, url], capture_output=True).returncode == 1
+        status["code"] = 200
+        assert subprocess.run([sys.executable, "-c", code, url], capture_output=True).returncode == 0
+    finally:
+        server.shutdown()

@@ -81,6 +81,29 @@ def docs_at(helm, kube_version: str, values: dict | None = None) -> list[dict]:
     return [d for d in yaml.safe_load_all(render_at(helm, kube_version, values).stdout) if d]
 
 
+def render_notes(helm, kube_version: str, values: dict | None = None) -> str:
+    """NOTES.txt as ``helm install`` would print it against a cluster of ``kube_version``:
+    helm renders NOTES only on install, which takes no --kube-version, so a copy of the chart
+    holds it as an ordinary template that ``helm template --kube-version`` can show."""
+    import shutil
+
+    copy = helm["home"] / f"notes-chart-{kube_version}"
+    if not copy.exists():
+        shutil.copytree(CHART, copy)
+        notes = (CHART / "templates" / "NOTES.txt").read_text()
+        (copy / "templates" / "notes-copy.yaml").write_text(
+            '{{- define "copied.notes" }}' + notes + "{{- end }}\n"
+            'notes: {{ include "copied.notes" . | toJson }}\n'
+        )
+    args = ["template", RELEASE, str(copy), "--namespace", NAMESPACE,
+            "--kube-version", kube_version, "--show-only", "templates/notes-copy.yaml"]
+    if values:
+        f = helm["home"] / f"notes-values-{len(list(helm['home'].glob('notes-values-*')))}.yaml"
+        f.write_text(yaml.safe_dump(values))
+        args += ["-f", str(f)]
+    return " ".join(yaml.safe_load(run_helm(helm, *args).stdout)["notes"].split())
+
+
 def all_on(kube_version: str) -> dict:
     minor = int(kube_version.split(".")[1])
     return ALL_ON | {"validatingAdmissionPolicy": {"enabled": minor >= 30}}
@@ -290,8 +313,43 @@ def test_chart_extender_stanza_is_the_examples(helm, kube):
         for p in scheduler_examples()
         if yaml.safe_load(p.read_text())["apiVersion"] == config["apiVersion"]
     ]
+    if int(kube.split(".")[1]) < 22:  # preemption "auto" is off there (issue 31)
+        (extender,) = example["extenders"]
+        del extender["preemptVerb"]
+        example["profiles"][0]["plugins"] = {"postFilter": {"disabled": [{"name": "*"}]}}
     assert config["extenders"] == example["extenders"]
     assert config["profiles"] == example["profiles"]
+
+
+PREEMPTION_OFF_PLUGINS = {"postFilter": {"disabled": [{"name": "*"}]}}
+
+
+@pytest.mark.parametrize(
+    ("kube", "values", "on"),
+    [
+        # "auto": kube-scheduler 1.22+ only (1.20/1.21 before kubernetes#102971's fix panic)
+        ("1.20.2", {}, False),
+        ("1.21.14", {}, False),
+        ("1.22.0", {}, True),
+        ("1.36.0", {}, True),
+        # the scheduler image's own version decides when the tag names one
+        ("1.20.2", {"image": {"tag": "v1.22.17"}}, True),
+        ("1.30.0", {"image": {"tag": "v1.21.3"}}, False),
+        ("1.30.0", {"image": {"tag": "custom-build"}}, True),  # not a version: the cluster's
+        # chosen outright
+        ("1.20.2", {"preemption": "on"}, True),
+        ("1.36.0", {"preemption": "off"}, False),
+    ],
+)  # fmt: skip
+def test_preemption_is_off_where_kube_scheduler_would_crash(helm, kube, values, on):
+    docs = docs_at(helm, kube, {"scheduler": {"enabled": True, **values}})
+    config = scheduler_config(docs)
+    (extender,) = config["extenders"]
+    (profile,) = config["profiles"]
+    assert ("preemptVerb" in extender) is on
+    assert profile.get("plugins") == (None if on else PREEMPTION_OFF_PLUGINS)
+    notes = render_notes(helm, kube, {"scheduler": {"enabled": True, **values}})
+    assert ("Preemption is on" if on else "Preemption is off") in notes
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,38 @@ An explicit one the cluster's version does not serve fails the render.
 {{- end }}
 
 {{/*
+The kube-scheduler version the scheduler pod runs, as vMAJOR.MINOR.PATCH: its image tag when that
+reads as a version (scheduler.image.tag "v1.21.3"), else the cluster's.
+*/}}
+{{- define "omaticaya.schedulerVersion" -}}
+{{- $tag := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" (include "omaticaya.schedulerImageTag" .) | trimPrefix "v" }}
+{{- if $tag }}{{ printf "v%s" $tag }}{{ else }}{{ include "omaticaya.kubeVersion" . }}{{ end }}
+{{- end }}
+
+{{/*
+"true" when the scheduler runs preemption (kube-scheduler's DefaultPreemption PostFilter and the
+extender's preemptVerb). scheduler.preemption "auto": where its kube-scheduler is 1.22 or later.
+Before, 1.20/1.21 releases without the fix of kubernetes#102971 never call the extender on
+preemption, and a pod asking GPU memory by annotation only, with two or more candidate nodes that
+hold lower-priority pods, panics them (kubernetes#101548, seen on v1.20.2): off, with the
+PostFilter plugins disabled. "on" / "off": as said.
+*/}}
+{{- define "omaticaya.schedulerPreemption" -}}
+{{- $want := toString .Values.scheduler.preemption }}
+{{- if eq $want "on" }}true
+{{- else if and (eq $want "auto") (semverCompare ">=1.22.0-0" (include "omaticaya.schedulerVersion" .)) }}true
+{{- end }}
+{{- end }}
+
+{{/*
+The pods' PriorityClass: priorityClassName, else system-node-critical when the pod is the node's
+device plugin (the kubelet must not evict what serves its GPUs), else none.
+*/}}
+{{- define "omaticaya.priorityClassName" -}}
+{{- .Values.priorityClassName | default (ternary "system-node-critical" "" (eq (toString .Values.devicePlugin) "true")) }}
+{{- end }}
+
+{{/*
 "true" when the admission policies are rendered. validatingAdmissionPolicy.enabled "auto" (the
 default): on Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 GA and the node-name claim in
 pod-bound tokens, ServiceAccountTokenPodNodeInfo beta), unless helm talks to a live cluster
