@@ -249,3 +249,18 @@ def test_debian_packages_are_the_base_lock(image):
         if line and not line.startswith(("#", "release ", "packages-sha256 "))
     )  # fmt: skip
     assert status == locked
+
+
+def test_push_copies_the_image_to_a_reference(image_tar: Path, tmp_path: Path):
+    """``--push REF``: the one command docs/install.md gives to put the image in a registry;
+    here the reference is an OCI layout (skopeo's ``oci:`` transport: no registry in a test),
+    whose one manifest is the image's own config."""
+    ref = f"oci:{tmp_path / 'layout'}:v1"
+    proc = subprocess.run([str(SCRIPT), "--push", ref], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip().splitlines()[-1] == ref
+    index = json.loads((tmp_path / "layout" / "index.json").read_text())
+    (entry,) = index["manifests"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == "v1"
+    bad = subprocess.run([str(SCRIPT), "--push"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "usage: scripts/build-image --push REF" in bad.stderr
