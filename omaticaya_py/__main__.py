@@ -1,5 +1,5 @@
 """``python -m omaticaya_py`` is the ``omaticaya`` command."""
 
-from .cli import main
+from .cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())

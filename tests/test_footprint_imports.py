@@ -79,3 +79,25 @@ def test_the_agent_loads_grpc_only_when_a_kubelet_socket_is_there(tmp_path):
         assert "grpc" in loaded_after(present)
     finally:
         server.close()
+
+
+def test_the_command_keeps_kubernetes_validate_out(tmp_path):
+    """``kubernetes/__init__`` imports ``kubernetes.dynamic``, which loads kubernetes-validate
+    (jsonschema, referencing, attrs: ~1.8 MiB) where it is installed, as in the dev venv; the
+    ``omaticaya`` command keeps it out (issue 31: the agent's peak RSS back under 60 MiB), while
+    ``main`` called inside another process leaves that process's imports alone."""
+    pytest.importorskip("kubernetes_validate")  # the test extras install it
+    once = ("['once', '--dry-run', '--trace', 'tests/data/h100-trace.json', '--trace-at', '1', "
+            "'--node', 'n', '--pod-resources-socket', '']")
+
+    def after(entry: str) -> list[str]:
+        code = (f"import sys\nsys.argv = ['omaticaya'] + {once}\nfrom omaticaya_py import cli\n"
+                f"try:\n    cli.{entry}()\nexcept SystemExit:\n    pass\n"
+                "print('VALIDATE', 'kubernetes_validate' in sys.modules and "
+                "sys.modules['kubernetes_validate'] is not None, 'kubernetes' in sys.modules)")
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, check=True)  # fmt: skip
+        return proc.stdout.splitlines()[-1].split()[1:]
+
+    assert after("console_main") == ["False", "True"]
+    assert after("main") == ["True", "True"]

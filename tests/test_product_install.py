@@ -116,6 +116,105 @@ def allocatable(kube: Kube, node: str) -> dict[str, str]:
     return kube.json("get", "node", node)["status"].get("allocatable") or {}
 
 
+INSTALL = CHART.parent.parent / "examples" / "install"
+SCHEDULER_EXAMPLES = CHART.parent.parent / "examples" / "scheduler"
+
+#: docs/install.md's goals, in its order: (values file, device plugin on, units of sharing)
+GOALS = [
+    ("labels.yaml", False, False, False),
+    ("scheduler.yaml", True, False, False),
+    ("device-plugin.yaml", True, True, False),
+    ("whole-stack.yaml", True, True, True),
+]
+
+#: the GPU Operator's RuntimeClass; the dev cluster's containerd has a handler of that name
+#: (plain runc), as an operator node has the NVIDIA runtime under it
+RUNTIME_CLASS = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                 "metadata": {"name": "nvidia"}, "handler": "nvidia"}
+
+
+def as_applied(doc: dict[str, Any]) -> dict[str, Any]:
+    """An example pod as the dev cluster can run it: in the work namespace, tolerating the dev
+    node's taint, its image swapped for the cluster's busybox (nothing is pulled here); the
+    rest, the scheduler, annotations, command and limits, as written."""
+    doc = json.loads(json.dumps(doc))
+    doc["metadata"]["namespace"] = WORK
+    spec = doc["spec"]
+    spec.setdefault("tolerations", []).append(DEV_TAINT)
+    spec["terminationGracePeriodSeconds"] = 0
+    for c in spec["containers"]:
+        c["image"], c["imagePullPolicy"] = IMAGE, "Never"
+    return doc
+
+
+def test_each_goal_installs_as_documented_next_to_the_gpu_operator(cluster, tools, tmp_path):  # noqa: F811
+    """docs/install.md on a GPU Operator cluster, goal by goal (issue 31): each goal's values
+    file with examples/install/gpu-operator.yaml, upgraded in place; the pods run under the
+    RuntimeClass "nvidia", are system-node-critical with the device plugin, the scheduler pod
+    passes its probes, and allocatable shows what the goal promises. At the last goal every
+    example of examples/scheduler/ is applied and each pod lands where its comment says."""
+    helm, kubectl = tools
+    node = cluster.start_full()
+    kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
+    socket = cluster.state_dir / "kubelet" / "root" / "pod-resources" / "kubelet.sock"
+    dev = values_file(tmp_path, cluster, node, trace=TRACE, podResourcesSocket=str(socket),
+                      scheduler={"tolerations": [DEV_TAINT]})  # fmt: skip
+    apply(kube, tmp_path, RUNTIME_CLASS)
+    try:
+        for goal, scheduler, plugin, sharing in GOALS:
+            out = kube.helm("upgrade", "--install", RELEASE, str(CHART), "-n", NAMESPACE,
+                            "--create-namespace", "-f", str(INSTALL / goal),
+                            "-f", str(INSTALL / "gpu-operator.yaml"), "-f", str(dev),
+                            "--wait", "--timeout", "300s").stdout  # fmt: skip
+            notes = " ".join(out.split())
+            ds = kube.json("-n", NAMESPACE, "get", "daemonset", RELEASE)
+            spec = ds["spec"]["template"]["spec"]
+            assert spec["runtimeClassName"] == "nvidia", goal
+            assert spec.get("priorityClassName") == ("system-node-critical" if plugin else None)
+            wait_for(f"{goal}: the agent's pod Running and Ready under RuntimeClass nvidia", lambda: [
+                p for p in kube.pods()
+                if p["spec"].get("runtimeClassName") == "nvidia"
+                and p["metadata"].get("deletionTimestamp") is None
+                and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
+            ])  # fmt: skip
+            wait_for(f"{goal}: the live labels", lambda: "gpu.memory.free-mib" in kube.node_labels(node))
+            deploys = kube.json("-n", NAMESPACE, "get", "deployments")["items"]
+            assert len(deploys) == int(scheduler), goal
+            if scheduler:  # --wait saw it Available: both containers passed their readiness probes
+                (deploy,) = deploys
+                assert deploy["status"].get("readyReplicas") == 1
+                assert "Preemption is off (scheduler.preemption auto)" in notes, notes
+            if plugin:
+                want = {"nvidia.com/gpu": "4" if sharing else "8"}
+                if sharing:
+                    want["omaticaya.io/gpu-memory"] = "316"
+                wait_for(f"{goal}: allocatable {want}", lambda want=want: all(
+                    allocatable(kube, node).get(k) == v for k, v in want.items()))
+            else:
+                assert "nvidia.com/gpu" not in allocatable(kube, node)
+
+        # --- every example of examples/scheduler/ on the whole stack
+        kube.kubectl("create", "namespace", WORK)
+        kube.kubectl("apply", "-f", str(SCHEDULER_EXAMPLES / "priorityclasses.yaml"))
+        pods = [as_applied(yaml.safe_load((SCHEDULER_EXAMPLES / f).read_text()))
+                for f in ("pod-affinity.yaml", "pod-extender.yaml", "pod-slice.yaml")]  # fmt: skip
+        apply(kube, tmp_path, *pods)
+        names = [p["metadata"]["name"] for p in pods]
+        wait_for("every example pod Running", lambda: all(
+            running(work_pods(kube).get(n, {"status": {}})) for n in names))
+        # the whole GPU: one of the whole GPUs 4-7, named by the device plugin, as it says
+        given = wait_for("needs-30gib's GPU printed", lambda: [
+            line.split()[1] for line in kube.kubectl("-n", WORK, "logs", "needs-30gib").stdout.splitlines()
+            if line.startswith("given ")])  # fmt: skip
+        assert given[0] in {uuid(i) for i in range(4, 8)}, given
+        assert admission_failures(kube) == []
+    finally:
+        kube.kubectl("delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False)
+        kube.kubectl("delete", "-f", str(SCHEDULER_EXAMPLES / "priorityclasses.yaml"), check=False)
+        kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "300s", check=False)
+        wait_for("the agent pods gone", lambda: not kube.pods())
+
+
 def test_the_whole_stack_places_every_pod_on_a_gpu_that_holds_it(cluster, tools, tmp_path):  # noqa: F811
     helm, kubectl = tools
     node = cluster.start_full()

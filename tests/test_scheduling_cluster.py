@@ -186,8 +186,15 @@ def nodes(api: Any, scheduling_cluster: DevCluster, tmp_path_factory: pytest.Tem
 
 
 def load_pod(path: Path, name: str, **changes: Any) -> dict[str, Any]:
+    """An example pod, renamed, with ``changes`` (annotations merged, spec keys replaced). The
+    Nodes here are written through the API, with no kubelet and no device plugin: a container's
+    ``nvidia.com/gpu`` limit (pod-extender.yaml's whole GPU) would fit none of them, so each
+    container keeps its image and loses its resources; the extender decides on the annotation.
+    tests/test_product_install.py applies the examples as written on a kubelet."""
     pod = yaml.safe_load(path.read_text())
     pod["metadata"]["name"] = name
+    for container in pod["spec"]["containers"]:
+        container.pop("resources", None)
     for key, value in changes.items():
         if key == "annotations":
             pod["metadata"].setdefault("annotations", {}).update(value)

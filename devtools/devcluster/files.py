@@ -214,6 +214,13 @@ state = "{c}/state"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "{c}/runc"
+    # the handler of the GPU Operator's RuntimeClass "nvidia", so that a pod naming it runs as
+    # on an operator node; here plain runc (no GPU, no NVIDIA runtime)
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+        SystemdCgroup = false
+        Root = "{c}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{k}/net.d"

@@ -13,6 +13,6 @@ settings, then the one-shot commands), ``daemon`` (``run`` and ``device-plugin``
 ``stop-daemonset``), ``errors`` (``UsageError``).
 """
 
-from .dispatch import main
+from .dispatch import console_main, main
 
-__all__ = ["main"]
+__all__ = ["console_main", "main"]
