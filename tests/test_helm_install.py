@@ -225,8 +225,15 @@ def values_file(tmp: Path, cluster: DevCluster, node: str, **extra: Any) -> Path
         "tolerations": [
             {"key": "omaticaya.io/dev-kubelet", "operator": "Exists", "effect": "NoSchedule"}
         ],
+        # readiness looked at every 2 s, not 10: helm --wait returns sooner (CI time); the
+        # probes' paths and what they judge are the chart's
+        "readinessProbe": {"initialDelaySeconds": 1, "periodSeconds": 2},
         **extra,
     }
+    scheduler = values.get("scheduler")
+    if isinstance(scheduler, dict):
+        extender = scheduler.setdefault("extender", {})
+        extender.setdefault("readinessProbe", {"initialDelaySeconds": 1, "periodSeconds": 2})
     path = tmp / f"values-{len(list(tmp.glob('values-*')))}.yaml"
     path.write_text(yaml.safe_dump(values))
     return path

@@ -1,5 +1,6 @@
-"""The whole product as a user installs it (issue 30): one ``helm install`` with the scheduler,
-the device plugin and sharing on, then ``kubectl apply`` of GPU pods, on the real v1.20.2 dev
+"""The install as docs/install.md gives it, goal by goal next to the GPU Operator (issue 31),
+ending in the whole product as a user installs it (issue 30): the scheduler, the device plugin
+and sharing on, then ``kubectl apply`` of GPU pods and of every example, on the real v1.20.2 dev
 cluster (``scripts/dev-cluster up --full``: the agent's image and the chart's default
 ``registry.k8s.io/kube-scheduler:v1.20.2``, both built without a Docker daemon).
 
@@ -147,12 +148,14 @@ def as_applied(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def test_each_goal_installs_as_documented_next_to_the_gpu_operator(cluster, tools, tmp_path):  # noqa: F811
+def test_each_goal_installs_as_documented_then_the_whole_product_runs(cluster, tools, tmp_path):  # noqa: F811
     """docs/install.md on a GPU Operator cluster, goal by goal (issue 31): each goal's values
     file with examples/install/gpu-operator.yaml, upgraded in place; the pods run under the
     RuntimeClass "nvidia", are system-node-critical with the device plugin, the scheduler pod
-    passes its probes, and allocatable shows what the goal promises. At the last goal every
-    example of examples/scheduler/ is applied and each pod lands where its comment says."""
+    passes its probes, and allocatable shows what the goal promises. On the last goal (the
+    whole stack) the product runs as a user runs it (issue 30: ``_the_whole_stack_...``), then
+    every example of examples/scheduler/ is applied and each pod lands where its comment
+    says; ``helm uninstall`` leaves nothing behind."""
     helm, kubectl = tools
     node = cluster.start_full()
     kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
@@ -193,6 +196,9 @@ def test_each_goal_installs_as_documented_next_to_the_gpu_operator(cluster, tool
             else:
                 assert "nvidia.com/gpu" not in allocatable(kube, node)
 
+        # --- the whole product as a user runs it (issue 30), on the last goal's install
+        _the_whole_stack_places_every_pod_on_a_gpu_that_holds_it(kube, node, tmp_path)
+
         # --- every example of examples/scheduler/ on the whole stack
         kube.kubectl("create", "namespace", WORK)
         kube.kubectl("apply", "-f", str(SCHEDULER_EXAMPLES / "priorityclasses.yaml"))
@@ -208,24 +214,20 @@ def test_each_goal_installs_as_documented_next_to_the_gpu_operator(cluster, tool
             if line.startswith("given ")])  # fmt: skip
         assert given[0] in {uuid(i) for i in range(4, 8)}, given
         assert admission_failures(kube) == []
+    except BaseException:
+        kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "300s", check=False)
+        raise
     finally:
         kube.kubectl("delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False)
         kube.kubectl("delete", "-f", str(SCHEDULER_EXAMPLES / "priorityclasses.yaml"), check=False)
-        kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "300s", check=False)
-        wait_for("the agent pods gone", lambda: not kube.pods())
+    _uninstall_leaves_nothing(kube, node)
 
 
-def test_the_whole_stack_places_every_pod_on_a_gpu_that_holds_it(cluster, tools, tmp_path):  # noqa: F811
-    helm, kubectl = tools
-    node = cluster.start_full()
-    kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
-    socket = cluster.state_dir / "kubelet" / "root" / "pod-resources" / "kubelet.sock"
-    # the documented values file, then the dev cluster's own: its image, the trace, its node's
-    # taint and the kubelet's --root-dir (where its PodResources socket is)
-    dev = values_file(tmp_path, cluster, node, trace=TRACE, podResourcesSocket=str(socket),
-                      scheduler={"enabled": True, "tolerations": [DEV_TAINT]})  # fmt: skip
-    kube.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", "-f",
-              str(STACK), "-f", str(dev), "--wait", "--timeout", "300s")  # fmt: skip
+def _the_whole_stack_places_every_pod_on_a_gpu_that_holds_it(kube: Kube, node: str, tmp_path: Path) -> None:
+    """Issue 30, on the installed whole stack: busybox pods for whole GPUs and slices, created
+    as a user would, each lands on a GPU that holds it or stays Pending with the extender's
+    reason; none fails admission; a helm upgrade keeps them running. Leaves the release
+    installed, the work namespace deleted."""
     kube.kubectl("create", "namespace", WORK)
     try:
         # the device plugin serves 4 whole GPUs and 4 x 79 units; the agent publishes the books
@@ -309,7 +311,9 @@ def test_the_whole_stack_places_every_pod_on_a_gpu_that_holds_it(cluster, tools,
     finally:
         kube.kubectl("delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False)
 
-    # --- helm uninstall leaves no dynamic label, no Lease, no RBAC, no device-plugin socket
+
+def _uninstall_leaves_nothing(kube: Kube, node: str) -> None:
+    """helm uninstall leaves no dynamic label, no Lease, no RBAC, no device-plugin socket."""
     kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "300s")
     wait_for("the agent pods gone", lambda: not kube.pods())
     wait_for("the dynamic labels gone", lambda: not {
