@@ -295,18 +295,24 @@ def _importtime_run(
 
 
 def run_daemon(
-    kubeconfig: str, api: Any, node: str, trace: Path, interval_s: float, duration_s: float
+    kubeconfig: str, api: Any, node: str, trace: Path, interval_s: float, duration_s: float,
+    tree: Path | None = None,
 ) -> dict[str, Any]:
+    """``omaticaya run`` as deployed (metrics and probe server on a free port): the venv's
+    console script, or with ``tree`` that source tree's (``python -c PRELUDE``, as in 2.)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMATICAYA_")}
+    env.pop("PYTHONPATH", None)
     env.update(NODE_NAME=node, KUBECONFIG=kubeconfig)
-    cmd = [
-        str(OMATICAYA), "run", "--node", node, "--trace", str(trace),
+    argv = [
+        "run", "--node", node, "--trace", str(trace),
         "--schedule", f"@every {interval_s:g}s", "--kubeconfig", kubeconfig,
         "--metrics-port", str(free_port()),
     ]
+    cmd = [str(OMATICAYA), *argv] if tree is None else [sys.executable, "-c", PRELUDE, *argv]
     t_spawn = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, env=env, cwd=str(tree or "/"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
     )
     log: list[str] = []
     drain = threading.Thread(target=lambda: log.extend(proc.stdout or ()), daemon=True)
@@ -388,17 +394,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         runs, args.duration_s = runs[:1], min(args.duration_s, 5.0)
     rows, notes = [], []
-    with cluster(args.kubeconfig) as c:
+    with cluster(args.kubeconfig) as c, contextlib.ExitStack() as before_stack:
         api = admin_api(c.kubeconfig)
+        # with --before, the idle run of the before tree first, then this tree's (side by side)
+        before_tree = (
+            before_stack.enter_context(source_tree(args.before)) if args.before else None
+        )
+        daemon_runs = [(f"{n} @ {iv:g} s", t, iv, None) for n, t, iv in runs]
+        if before_tree is not None:
+            name, trace, interval = runs[0]
+            daemon_runs.insert(0, (f"{name} @ {interval:g} s (before)", trace, interval, before_tree))
         try:
-            for i, (name, trace, interval) in enumerate(runs):
+            for i, (label, trace, interval, tree) in enumerate(daemon_runs):
+                name = label.split()[0]
                 node = f"{GROUP}-{i}"
                 create_nodes(api, [node], GROUP)
-                r = run_daemon(c.kubeconfig, api, node, trace, interval, args.duration_s)
+                r = run_daemon(c.kubeconfig, api, node, trace, interval, args.duration_s, tree)
                 rows.append([
-                    f"{name} @ {interval:g} s", args.duration_s, r["first_patch_s"],
+                    label, args.duration_s, r["first_patch_s"],
                     r["startup_cpu_s"], r["cpu_pct"], r["rss"], r["hwm"], r["exit"],
                 ])
+                if tree is not None:
+                    continue  # the before tree: figures for the side-by-side only
                 if name == "idle" and interval == 5.0:
                     cpu_ok = r["cpu_pct"] <= TARGET_IDLE_CPU_PCT
                     notes.append(

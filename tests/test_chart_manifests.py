@@ -433,3 +433,27 @@ def test_the_extender_probe_command_fails_on_503_and_passes_on_200(helm):
         assert subprocess.run([sys.executable, "-c", code, url], capture_output=True).returncode == 0
     finally:
         server.shutdown()
+
+
+INSTALL = CHART.parent.parent / "examples" / "install"
+
+
+@pytest.mark.parametrize("layer", ["gpu-operator.yaml", "nvidia-device-plugin.yaml"])
+@pytest.mark.parametrize("goal", ["labels.yaml", "scheduler.yaml", "device-plugin.yaml",
+                                  "whole-stack.yaml"])  # fmt: skip
+def test_every_goal_renders_with_every_layer(helm, goal, layer):
+    """docs/install.md's files, as it passes them (goal, then layer): they pass the values
+    schema and render what the page says; the operator layer is installed on the dev cluster
+    by tests/test_product_install.py, the other selects nodes by node-feature-discovery."""
+    docs = render(helm, None, "-f", str(INSTALL / goal), "-f", str(INSTALL / layer))
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    goals = yaml.safe_load((INSTALL / goal).read_text())
+    assert ("Deployment" in {d["kind"] for d in docs}) is goals["scheduler"]["enabled"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env.get("OMATICAYA_DEVICE_PLUGIN") == str(goals["devicePlugin"]).lower()
+    if layer == "gpu-operator.yaml":
+        assert spec["runtimeClassName"] == "nvidia"
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    else:
+        assert "runtimeClassName" not in spec
+        assert spec["nodeSelector"] == {"feature.node.kubernetes.io/pci-10de.present": "true"}
