@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
+    CLK_TCK,
     ROOT,
     admin_api,
     cluster,
@@ -57,6 +58,7 @@ from bench.common import (  # noqa: E402
     phase_samples,
     proc_cpu_s,
     proc_rss_mib,
+    proc_run_s,
     table,
     write_trace,
 )
@@ -328,12 +330,15 @@ def run_daemon(
             time.sleep(0.02)
         if proc.poll() is not None:
             raise RuntimeError("omaticaya run exited early:\n" + "".join(log[-20:]))
-        cpu0, t0 = proc_cpu_s(proc.pid), time.perf_counter()
+        cpu0, run0, t0 = proc_cpu_s(proc.pid), proc_run_s(proc.pid), time.perf_counter()
         rss_max = 0.0
         while time.perf_counter() - t0 < duration_s and proc.poll() is None:
             rss_max = max(rss_max, proc_rss_mib(proc.pid)[0])
             time.sleep(0.5)
-        cpu = proc_cpu_s(proc.pid) - cpu0
+        # the threads' run time (µs resolution) where they all lived through the window;
+        # utime + stime (10 ms ticks) when a thread ended meanwhile (its time is only there)
+        ticks_cpu, run_cpu = proc_cpu_s(proc.pid) - cpu0, proc_run_s(proc.pid) - run0
+        cpu = run_cpu if abs(run_cpu - ticks_cpu) <= 2 / CLK_TCK else ticks_cpu
         wall = time.perf_counter() - t0
         rss, hwm = proc_rss_mib(proc.pid)
         total_cpu = proc_cpu_s(proc.pid)
