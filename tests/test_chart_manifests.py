@@ -20,6 +20,7 @@ from tests.chart import (
     one,
     render,
     run_helm,
+    template,
     values_args,
 )
 
@@ -457,3 +458,11 @@ def test_every_goal_renders_with_every_layer(helm, goal, layer):
     else:
         assert "runtimeClassName" not in spec
         assert spec["nodeSelector"] == {"feature.node.kubernetes.io/pci-10de.present": "true"}
+
+
+def test_an_offline_render_says_which_kubernetes_version_it_assumed(helm):
+    """``helm template`` asks no cluster and renders for its --kube-version or helm's default,
+    which picks the scheduler's image, configuration and preemption: the manifest says which
+    (a GitOps reviewer reads the manifest, not NOTES.txt, which template does not print)."""
+    out = template(helm, None, "--kube-version", "1.30.1").stdout
+    assert "# Rendered for Kubernetes v1.30.1 without asking a cluster" in out
