@@ -3,7 +3,7 @@
 Each table sits between ``<!-- settings:NAME -->`` and ``<!-- /settings:NAME -->`` in
 docs/commands.md: ``agent`` from ``core.settings.Settings`` (every command but the extender),
 ``extender`` from ``scheduler.settings.ExtenderSettings``. A row per field, in declaration
-order: the environment variable (``env_names``' form), the default as the environment writes
+order: the environment variables (``field_env_names``), the default as the environment writes
 it, and the field's description. tests/test_settings_doc.py fails when the file and the models
 disagree; rewrite the file with:
 
@@ -53,12 +53,11 @@ def _cell(text: str) -> str:
 
 def table(cls: type[BaseSettings]) -> str:
     """The markdown table of one settings class: variable, default, meaning."""
-    prefix = str(cls.model_config.get("env_prefix", ""))
+    from omaticaya_py.core.settings_base import field_env_names
+
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for name, field in cls.model_fields.items():
-        choices = getattr(field.validation_alias, "choices", ())
-        upper = [c for c in choices if isinstance(c, str) and c.isupper()]
-        variable = " or ".join(f"`{v}`" for v in upper) if upper else f"`{prefix}{name.upper()}`"
+        variable = " or ".join(f"`{v}`" for v in field_env_names(cls, name))
         rows.append(
             f"| {variable} | `{_cell(default_text(field.default))}` | "
             f"{_cell(field.description or '')} |"

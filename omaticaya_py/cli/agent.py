@@ -12,6 +12,7 @@ from typing import Any
 from ..core.schema import TELEMETRY, parse_gpu_readings
 from ..core.settings import Settings, SettingsError, load_settings
 from .errors import UsageError, print_lines
+from .flags import say_unknown_variables
 from .inputs import node_client, reader
 from .parser import AGENT_SETTINGS_FLAGS
 
@@ -29,7 +30,9 @@ def agent_command(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(flags.flag_names(), **flags.overrides(args))
         setup_logging(settings.log_level, settings.log_json)
-        _say_unknown_variables(f"omaticaya {args.command}", Settings)
+        say_unknown_variables(
+            f"omaticaya {args.command}", Settings, others=("OMATICAYA_EXTENDER_",)
+        )
         return _dispatch(args, settings)
     except (SettingsError, TraceError, UsageError) as exc:
         print_lines("omaticaya: ", exc)
@@ -37,22 +40,6 @@ def agent_command(args: argparse.Namespace) -> int:
     except KubeError as exc:
         print(f"omaticaya: {exc}", file=sys.stderr)
         return 1
-
-
-def _say_unknown_variables(program: str, *settings_classes: Any) -> None:
-    """Log one warning per ``OMATICAYA_*`` environment variable that no setting of ``program``
-    reads (a misspelt one does nothing otherwise), with the closest known name. The agent leaves
-    ``OMATICAYA_EXTENDER_*`` to the extender; the extender knows both sets."""
-    import os
-
-    from loguru import logger
-
-    from ..core.settings_base import env_names, unknown_variable_lines, unknown_variables
-
-    known = frozenset().union(*(env_names(cls) for cls in settings_classes))
-    others = () if "extender" in program else ("OMATICAYA_EXTENDER_",)
-    for line in unknown_variable_lines(unknown_variables(os.environ, known, others=others), program):
-        logger.warning(line)
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:

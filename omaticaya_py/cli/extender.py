@@ -28,9 +28,9 @@ def extender_command(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level, settings.log_json)
     from ..core.settings import Settings
     from ..scheduler.settings import ExtenderSettings
-    from .agent import _say_unknown_variables
+    from .flags import say_unknown_variables
 
-    _say_unknown_variables("omaticaya extender", ExtenderSettings, Settings)
+    say_unknown_variables("omaticaya extender", ExtenderSettings, Settings)  # knows both sets
     # uvicorn handles SIGTERM/SIGINT in the main thread: it stops accepting, finishes the
     # requests in flight and returns
     return serve(settings)

@@ -13,11 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-__all__ = ["SettingsFlags", "env_name"]
+from ..core.settings_base import field_env_names
+
+__all__ = ["SettingsFlags", "env_name", "say_unknown_variables"]
 
 
 @dataclass(frozen=True)
@@ -70,16 +71,27 @@ class SettingsFlags:
 
 
 def env_name(model: type[BaseSettings], name: str) -> str:
-    """The environment variable of field ``name``: its first validation alias
-    (``NODE_NAME``), else the model's ``env_prefix`` and the name in upper case."""
-    alias = model.model_fields[name].validation_alias
-    if isinstance(alias, str):
-        return alias
-    if isinstance(alias, AliasChoices):
-        first = next((c for c in alias.choices if isinstance(c, str)), None)
-        if first is not None:
-            return first
-    return f"{model.model_config.get('env_prefix', '')}{name.upper()}"
+    """The environment variable of field ``name`` (``core.settings_base.field_env_names``'
+    first: ``NODE_NAME``, else the model's ``env_prefix`` and the name in upper case)."""
+    return field_env_names(model, name)[0]
+
+
+def say_unknown_variables(
+    program: str, *models: type[BaseSettings], others: tuple[str, ...] = ()
+) -> None:
+    """Log one warning per ``OMATICAYA_*`` environment variable that no field of ``models``
+    reads (a misspelt one does nothing otherwise), with the closest known name
+    (``core.settings_base.unknown_variables``); ``others``: prefixes another program reads
+    (the agent leaves ``OMATICAYA_EXTENDER_`` to the extender)."""
+    import os
+
+    from loguru import logger
+
+    from ..core.settings_base import env_names, unknown_variable_lines, unknown_variables
+
+    known = frozenset().union(*(env_names(m) for m in models))
+    for line in unknown_variable_lines(unknown_variables(os.environ, known, others=others), program):
+        logger.warning(line)
 
 
 def _shown(value: Any) -> str:

@@ -97,7 +97,10 @@ class Settings(CommonSettings):
     )
     xid_all_fatal: bool = Field(default=False, description="Treat every Xid as fatal.")
     xid_quiet_s: float = Field(
-        default=600, ge=0, le=30 * DAY_S, description="A fatal Xid keeps the GPU Unhealthy this many seconds."
+        default=600,
+        ge=0,
+        le=30 * DAY_S,
+        description="A fatal Xid keeps the GPU Unhealthy this many seconds.",
     )
     jitter_s: float = Field(
         default=0,
@@ -165,9 +168,14 @@ class Settings(CommonSettings):
         description="A Node Event when processes in no pod hold this many MiB on one GPU, once "
         "per episode (0: off).",
     )
-    metrics_port: int = Field(default=9402, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0: off).")
-    metrics_address: str = Field(default="0.0.0.0", description="Address the metrics and probe port binds to ('::' for IPv6, and IPv4 too "
-        "on a dual-stack host).")
+    metrics_port: int = Field(
+        default=9402, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0: off)."
+    )
+    metrics_address: str = Field(
+        default="0.0.0.0",
+        description="Address the metrics and probe port binds to ('::' for IPv6, and IPv4 too "
+        "on a dual-stack host).",
+    )
     fail_on_init_error: bool = Field(
         default=False, description="Exit when NVML cannot start, instead of reporting Unknown."
     )

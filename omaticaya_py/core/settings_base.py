@@ -23,6 +23,7 @@ __all__ = [
     "SettingsError",
     "check_prefix",
     "env_names",
+    "field_env_names",
     "load",
     "unknown_variable_lines",
     "unknown_variables",
@@ -156,16 +157,19 @@ NOT_SETTINGS = frozenset({
 })  # fmt: skip
 
 
+def field_env_names(cls: type[BaseSettings], name: str) -> tuple[str, ...]:
+    """The environment variables field ``name`` of a settings class is read from, first the one
+    to name in messages: its upper-case string validation aliases (``NODE_NAME``,
+    ``OMATICAYA_NODE_NAME``), else ``<env_prefix><NAME>``."""
+    alias = cls.model_fields[name].validation_alias
+    choices = (alias,) if isinstance(alias, str) else getattr(alias, "choices", ())
+    upper = tuple(c for c in choices if isinstance(c, str) and c.isupper())
+    return upper or (f"{cls.model_config.get('env_prefix', '')}{name.upper()}",)
+
+
 def env_names(cls: type[BaseSettings]) -> frozenset[str]:
-    """The environment variables a settings class reads: ``<env_prefix><FIELD>`` upper-cased
-    for each field, and each field's upper-case string aliases (``NODE_NAME``)."""
-    prefix = str(cls.model_config.get("env_prefix", "")).upper()
-    names = set()
-    for field_name, field in cls.model_fields.items():
-        names.add(prefix + field_name.upper())
-        choices = getattr(field.validation_alias, "choices", ())
-        names.update(c for c in choices if isinstance(c, str) and c.isupper())
-    return frozenset(names)
+    """Every environment variable a settings class reads (``field_env_names`` of each field)."""
+    return frozenset(v for name in cls.model_fields for v in field_env_names(cls, name))
 
 
 def unknown_variables(
