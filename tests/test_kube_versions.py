@@ -104,6 +104,10 @@ def render_notes(helm, kube_version: str, values: dict | None = None) -> str:
     return " ".join(yaml.safe_load(run_helm(helm, *args).stdout)["notes"].split())
 
 
+#: the scheduler profile's plugins when preemption is off (the chart's, as the examples write it)
+PREEMPTION_OFF_PLUGINS = {"postFilter": {"disabled": [{"name": "*"}]}}
+
+
 def all_on(kube_version: str) -> dict:
     minor = int(kube_version.split(".")[1])
     return ALL_ON | {"validatingAdmissionPolicy": {"enabled": minor >= 30}}
@@ -316,12 +320,9 @@ def test_chart_extender_stanza_is_the_examples(helm, kube):
     if int(kube.split(".")[1]) < 22:  # preemption "auto" is off there (issue 31)
         (extender,) = example["extenders"]
         del extender["preemptVerb"]
-        example["profiles"][0]["plugins"] = {"postFilter": {"disabled": [{"name": "*"}]}}
+        example["profiles"][0]["plugins"] = PREEMPTION_OFF_PLUGINS
     assert config["extenders"] == example["extenders"]
     assert config["profiles"] == example["profiles"]
-
-
-PREEMPTION_OFF_PLUGINS = {"postFilter": {"disabled": [{"name": "*"}]}}
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,14 @@ def test_an_idle_server_does_not_wake_and_still_serves_and_stops():
             assert r.headers.get("date") is None  # uvicorn's per-second date header is off
         thread = _http_thread()
         assert thread.native_id is not None
-        time.sleep(0.3)  # let the finished connection's teardown settle
+        tid = thread.native_id
+
+        def settled() -> bool:  # the finished connection's teardown is over
+            start = _switches(tid)
+            time.sleep(0.3)
+            return _switches(tid) == start
+
+        wait_for("the http thread to settle after the request", settled, timeout_s=10)
         before = _switches(thread.native_id)
         time.sleep(1.5)  # stock uvicorn: ~15 wake-ups in this window
         assert _switches(thread.native_id) - before <= 1
