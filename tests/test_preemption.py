@@ -171,8 +171,11 @@ VICTIM_CASES = [
     "gpus,on_node,kw,expected", [c[1:] for c in VICTIM_CASES], ids=[c[0] for c in VICTIM_CASES]
 )
 def test_choose_victims(gpus, on_node, kw, expected):
-    need = kw.pop("need", NEED)
-    choice = choose_victims(need, 1000, gpus, on_node, preemptor_uid="uid-preemptor", **kw)
+    # the case's dict is VICTIM_CASES' own: read it, never pop from it (a second run in one
+    # process would lose "need")
+    need = kw.get("need", NEED)
+    rest = {k: v for k, v in kw.items() if k != "need"}
+    choice = choose_victims(need, 1000, gpus, on_node, preemptor_uid="uid-preemptor", **rest)
     assert choice.victims == expected, choice.reason
     assert (choice.reason != "") == (expected is None)
 
