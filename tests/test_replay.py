@@ -590,13 +590,16 @@ def test_non_utf8_trace_is_a_trace_error(tmp_path) -> None:
 
 
 def test_nan_utilisation_is_rejected_at_load(tmp_path) -> None:
+    # json.loads reads NaN (Python's json writes and reads it); the trace's models refuse it
+    # (allow_inf_nan=False), at load, naming the place: the first "gpu": 100 is sample 47's GPU 0
     text = json.dumps(H100_DOC).replace('"gpu": 100', '"gpu": NaN', 1)
+    assert "NaN" in text  # the replacement happened: the trace still has a "gpu": 100
     path = _write(tmp_path, "nan", text)
-    try:
-        snap = TraceReader(path, at_s=13.0, window_s=0.1).read()
-    except TraceError:
-        return
-    render(snap, assess(snap), settings())  # must not raise
+    with pytest.raises(TraceError) as info:
+        TraceReader(path, at_s=13.0, window_s=0.1)
+    assert str(info.value) == (
+        f"{path}: samples[47].gpus[0].utilization_pct.gpu: Input should be a finite number"
+    )
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
