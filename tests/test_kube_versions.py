@@ -372,18 +372,25 @@ def test_scheduler_models_refuse_fields_their_version_lacks(config):
         model.model_validate(config)
 
 
-def test_scheduler_models_take_their_versions_fields():
-    KubeSchedulerConfigurationV1beta1.model_validate(
-        {"apiVersion": GROUP + "v1beta1", "kind": "KubeSchedulerConfiguration", "healthzBindAddress": "0.0.0.0:10251"}
-    )  # fmt: skip
-    KubeSchedulerConfigurationV1.model_validate(
-        {
-            "apiVersion": GROUP + "v1",
-            "kind": "KubeSchedulerConfiguration",
-            "profiles": [{"schedulerName": "x", "plugins": {"multiPoint": {"enabled": [{"name": "A"}]}}}],
-            "extenders": [{"urlPrefix": "https://x", "tlsConfig": {"insecure": True}, "managedResources": [{"name": "a/b", "ignoredByScheduler": True}]}],
-        }
-    )  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "config", "read", "expected"),
+    [
+        (KubeSchedulerConfigurationV1beta1, {"apiVersion": GROUP + "v1beta1", "kind": "KubeSchedulerConfiguration", "healthzBindAddress": "0.0.0.0:10251"}, lambda c: c.healthzBindAddress, "0.0.0.0:10251"),
+        (KubeSchedulerConfigurationV1, {"apiVersion": GROUP + "v1", "kind": "KubeSchedulerConfiguration", "profiles": [{"schedulerName": "x", "plugins": {"multiPoint": {"enabled": [{"name": "A"}]}}}]}, lambda c: c.profiles[0].plugins.multiPoint.enabled[0].name, "A"),
+        (KubeSchedulerConfigurationV1, {"apiVersion": GROUP + "v1", "kind": "KubeSchedulerConfiguration", "profiles": [{"schedulerName": "x", "percentageOfNodesToScore": 5}]}, lambda c: c.profiles[0].percentageOfNodesToScore, 5),
+        (KubeSchedulerConfigurationV1, {"apiVersion": GROUP + "v1", "kind": "KubeSchedulerConfiguration", "extenders": [{"urlPrefix": "https://x", "tlsConfig": {"insecure": True}, "managedResources": [{"name": "a/b", "ignoredByScheduler": True}]}]}, lambda c: (c.extenders[0].tlsConfig.insecure, c.extenders[0].managedResources[0].ignoredByScheduler), (True, True)),
+        (KubeSchedulerConfigurationV1, {"apiVersion": GROUP + "v1", "kind": "KubeSchedulerConfiguration", "leaderElection": {"leaderElect": True}}, lambda c: c.leaderElection.leaderElect, True),
+    ],
+    ids=["v1beta1-healthzBindAddress", "v1-multiPoint", "v1-profile-percentage", "v1-extender-tls-and-resources", "v1-leader-election"],
+)  # fmt: skip
+def test_scheduler_models_take_their_versions_fields(model, config, read, expected):
+    """Each field a version has is read, as that field, with its value (the counterparts of the
+    refused documents above: the same fields, in the version that has them)."""
+    assert MODELS[config["apiVersion"].removeprefix(GROUP)] is model
+    parsed = model.model_validate(config)
+    assert read(parsed) == expected
+    # nothing dropped, renamed or added: the document the model read is the one it writes
+    assert parsed.model_dump(exclude_unset=True) == config
 
 
 # --------------------------------------------------------------- the real 1.20.2 API server ----
