@@ -89,7 +89,11 @@ def test_socket_nobody_answers_is_a_failed_call(tmp_path: Path) -> None:
 
 
 class _Lister(api_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self) -> None:
+        self.calls = 0
+
     def List(self, request, context):  # noqa: N802 - the gRPC method's name
+        self.calls += 1
         gpu = api_pb2.ContainerDevices(
             resource_name=RESOURCE,
             device_ids=["GPU-a", "GPU-b"],
@@ -114,16 +118,29 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
 def test_list_flattens_pods_containers_and_devices(tmp_path: Path) -> None:
     path = tmp_path / "kubelet.sock"
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(), server)
+    lister = _Lister()
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(lister, server)
     server.add_insecure_port(f"unix://{path}")
     server.start()
+    expected = (
+        ContainerDevices("ml", "train", "main", RESOURCE, ("GPU-a", "GPU-b")),
+        ContainerDevices("ml", "train", "main", "example.com/nic", ("eth1",)),
+    )
     try:
         with PodResourcesClient(path, timeout_s=5) as client:
-            assert client.list() == (
-                ContainerDevices("ml", "train", "main", RESOURCE, ("GPU-a", "GPU-b")),
-                ContainerDevices("ml", "train", "main", "example.com/nic", ("eth1",)),
-            )
-            assert client.list() == client.list()  # the channel is kept between calls
+            assert client.list() == expected
+            channel = client._channel
+            assert channel is not None
+            # the channel is kept between calls, and each list() asks the server again
+            assert client.list() == expected
+            assert client._channel is channel
+            assert lister.calls == 2
+            # close() drops it; the next list() opens a new one that answers the same
+            client.close()
+            assert client._channel is None
+            assert client.list() == expected
+            assert client._channel is not None and client._channel is not channel
+            assert lister.calls == 3
     finally:
         server.stop(None)
 
