@@ -26,16 +26,19 @@ A slice handed out stops counting against its GPU's live free memory (``still_pe
   next init container or an app container of the pod reuses (a subset of them, or some of them
   plus others).
 
-The rule is conservative in what it takes as shown: memory freed by another process at the same
-time hides a drop, and the slice then waits out ``settle_s``.
+The first rule is the extender's too (``core.shown``). It is conservative in what it takes as
+shown: memory freed by another process at the same time hides a drop, and the slice then waits
+out ``settle_s``; once one slice is not shown, no later one on the GPU is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from ..core.sharing import gpu_room_mib, parse_unit_id, slice_mib, unit_id
+from ..core.shown import Grant, still_counting
 from .allocation import DeviceState
 
 __all__ = [
@@ -123,21 +126,15 @@ def still_pending(
     slices: Sequence[Slice], free_now_mib: int | None, now_s: float, settle_s: float
 ) -> tuple[Slice, ...]:
     """The slices of one GPU (oldest first) that still count against its live free memory
-    ``free_now_mib`` (see the module docstring). Callers keep the result as the GPU's slices, so
-    that every slice still counting was counting when each later one was handed out: a slice
-    shows only once the drop from its baseline covers it and every earlier one (memory that
-    cannot be told apart waits)."""
+    ``free_now_mib`` (see the module docstring): those under ``settle_s`` old that the one
+    "counts until shown" rule (``core.shown.still_counting``, each slice a ``Grant`` read
+    after its ``Allocate``) still counts. Callers keep the result as the GPU's slices, so that
+    every slice still counting was counting when each later one was handed out: a slice shows
+    only once the drop from its baseline covers it and every earlier one, and none shows after
+    one that does not (memory that cannot be told apart waits)."""
     live = [s for s in slices if now_s - s.at_s < settle_s]
-    if free_now_mib is None:
-        return tuple(live)
-    out: list[Slice] = []
-    ahead = 0  # every earlier slice still counting was counting when this one was handed out
-    for s in live:
-        ahead += s.mib
-        shown = s.baseline_free_mib is not None and s.baseline_free_mib - free_now_mib >= ahead
-        if not shown:
-            out.append(s)
-    return tuple(out)
+    grants = [Grant(s.mib, s.baseline_free_mib, read_after=True) for s in live]
+    return tuple(compress(live, still_counting(grants, free_now_mib)))
 
 
 def superseded(slices: Iterable[Slice], units: Iterable[str]) -> tuple[Slice, ...]:

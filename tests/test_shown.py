@@ -1,0 +1,116 @@
+"""``core.shown``: the one "counts until a reading shows it" rule of the extender and the device
+plugin, table-driven (``still_counting``), and the device plugin's ``still_pending`` through it."""
+
+from __future__ import annotations
+
+import pytest
+
+from omaticaya_py.core.shown import Grant, still_counting
+from omaticaya_py.deviceplugin.slices import Slice, still_pending
+
+G = 1024  # MiB
+BASE = 70 * G  # free MiB when the grants were made
+
+
+def g(mib: int, baseline: int | None = BASE, *, read_after: bool = True, held: bool = False) -> Grant:
+    return Grant(mib, baseline, read_after=read_after, held=held)
+
+
+@pytest.mark.parametrize(
+    ("grants", "free_now", "expected"),
+    [
+        pytest.param([], BASE, [], id="empty"),
+        pytest.param([], None, [], id="empty-no-reading"),
+        pytest.param([g(10 * G), g(20 * G)], None, [True, True], id="no-reading-every-grant-counts"),
+        pytest.param([g(10 * G)], BASE, [True], id="no-drop-counts"),
+        pytest.param([g(10 * G)], BASE - 10 * G, [False], id="a-drop-of-its-size-shows-it"),
+        pytest.param([g(10 * G)], BASE - 10 * G + 1, [True], id="one-mib-short-counts"),
+        pytest.param([g(10 * G)], BASE - 30 * G, [False], id="a-larger-drop-shows-it"),
+        pytest.param([g(10 * G), g(20 * G)], BASE - 30 * G, [False, False], id="all-shown"),
+        pytest.param([g(10 * G), g(20 * G), g(5 * G)], BASE - 10 * G, [False, True, True],
+                     id="a-drop-that-covers-only-the-first"),
+        pytest.param([g(10 * G), g(20 * G)], BASE - 20 * G, [False, True],
+                     id="a-drop-the-size-of-the-second-is-taken-as-the-first"),
+        pytest.param([g(10 * G), g(5 * G, held=True), g(20 * G)], BASE - 35 * G,
+                     [False, False, False], id="held-in-the-middle-its-memory-in-the-drop"),
+        pytest.param([g(10 * G), g(5 * G, held=True), g(20 * G)], BASE - 30 * G,
+                     [False, False, True], id="held-in-the-middle-the-last-short-by-its-memory"),
+        pytest.param([g(10 * G, None), g(5 * G, held=True), g(20 * G)], BASE - 35 * G,
+                     [True, False, True], id="held-shown-even-after-one-not-shown"),
+        pytest.param([g(10 * G, None)], BASE - 30 * G, [True], id="baseline-unknown-never-shown"),
+        pytest.param([g(10 * G, None), g(10 * G)], BASE - 20 * G, [True, True],
+                     id="none-shown-after-one-with-baseline-unknown"),
+        pytest.param([g(10 * G, read_after=False)], BASE - 10 * G, [True],
+                     id="read-before-it-could-run-counts"),
+        pytest.param([g(10 * G, read_after=False), g(10 * G)], BASE - 20 * G, [True, True],
+                     id="none-shown-after-one-read-before"),
+        pytest.param([g(10 * G), g(10 * G, read_after=False)], BASE - 20 * G, [False, True],
+                     id="read-after-false-last-counts-the-first-shown"),
+        pytest.param([g(10 * G), g(10 * G, BASE - 10 * G)], BASE - 20 * G, [False, True],
+                     id="a-later-baseline-must-show-the-earlier-grants-too"),
+        pytest.param([g(10 * G), g(10 * G, BASE + 20 * G)], BASE - 0, [True, True],
+                     id="freed-memory-hides-a-drop"),
+    ],
+)
+def test_still_counting(grants: list[Grant], free_now: int | None, expected: list[bool]) -> None:
+    assert still_counting(grants, free_now) == expected
+
+
+def _old_still_pending(slices: list[Slice], free_now: int | None, now_s: float, settle_s: float
+                       ) -> tuple[Slice, ...]:  # fmt: skip
+    """The device plugin's rule before ``core.shown`` (its own book), kept to compare with."""
+    live = [s for s in slices if now_s - s.at_s < settle_s]
+    if free_now is None:
+        return tuple(live)
+    out: list[Slice] = []
+    ahead = 0
+    for s in live:
+        ahead += s.mib
+        if not (s.baseline_free_mib is not None and s.baseline_free_mib - free_now >= ahead):
+            out.append(s)
+    return tuple(out)
+
+
+def sl(mib: int, at_s: float, baseline: int | None = BASE) -> Slice:
+    return Slice(frozenset({f"GPU-0::{at_s}"}), "GPU-0", mib, at_s, baseline)
+
+
+@pytest.mark.parametrize(
+    ("slices", "free_now", "now_s"),
+    [
+        pytest.param([], BASE, 10, id="none"),
+        pytest.param([sl(30 * G, 0)], BASE, 10, id="not-in-use-yet"),
+        pytest.param([sl(30 * G, 0)], BASE - 30 * G, 10, id="in-use"),
+        pytest.param([sl(30 * G, 0)], BASE - 20 * G, 10, id="part-shown"),
+        pytest.param([sl(30 * G, 0)], BASE, 60, id="settled-by-age"),
+        pytest.param([sl(30 * G, 0), sl(10 * G, 70)], BASE, 80, id="the-old-one-settled"),
+        pytest.param([sl(30 * G, 0)], None, 10, id="free-unknown"),
+        pytest.param([sl(10 * G, 0), sl(10 * G, 1)], BASE - 10 * G, 10, id="first-of-two"),
+        pytest.param([sl(10 * G, 0), sl(10 * G, 1)], BASE - 20 * G, 10, id="both"),
+        pytest.param([sl(10 * G, 0), sl(20 * G, 1)], BASE - 20 * G, 10, id="second-size-drop"),
+        pytest.param([sl(10 * G, 0, None)], BASE - 20 * G, 10, id="no-baseline"),
+    ],
+)
+def test_still_pending_equals_the_old_device_plugin_rule(
+    slices: list[Slice], free_now: int | None, now_s: float
+) -> None:
+    assert still_pending(slices, free_now, now_s, 60) == _old_still_pending(
+        slices, free_now, now_s, 60
+    )
+
+
+def test_still_pending_differs_from_the_old_rule_only_after_a_slice_not_shown() -> None:
+    """The one case the old book judged otherwise: a later slice whose baseline's drop covers
+    it and an earlier one not shown (no baseline). The rule keeps both (memory that cannot be
+    told apart waits), as the extender does; the old book forgot the later one."""
+    slices = [sl(10 * G, 0, None), sl(10 * G, 1)]
+    assert still_pending(slices, BASE - 20 * G, 10, 60) == tuple(slices)
+    assert _old_still_pending(slices, BASE - 20 * G, 10, 60) == (slices[0],)
+
+
+def test_still_pending_maps_each_slice_to_a_grant_read_after() -> None:
+    """A slice is handed out before the readings it is judged on: ``read_after`` is True, so a
+    drop shows it (a grant read before would count)."""
+    slices = [sl(10 * G, 0)]
+    assert still_pending(slices, BASE - 10 * G, 10, 60) == ()
+    assert still_counting([g(10 * G, read_after=False)], BASE - 10 * G) == [True]
