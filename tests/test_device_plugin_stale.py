@@ -17,9 +17,10 @@ import grpc
 import pytest
 
 from omaticaya_py.agent import Agent
+from omaticaya_py.core.settings import stuck_after_s
 from omaticaya_py.core.snapshot import NodeSnapshot
 from omaticaya_py.deviceplugin import DevicePluginSet
-from omaticaya_py.deviceplugin.allocation import STALE_READING, stale_after_s
+from omaticaya_py.deviceplugin.allocation import STALE_READING
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
@@ -137,10 +138,12 @@ def test_a_tick_blocked_in_the_reader_turns_devices_unhealthy(folder: Path) -> N
 
 def test_the_bound_is_the_agents_stuck_tick_bound() -> None:
     s = settings(schedule="@every 10s", jitter_s=5)
-    periods = getattr(s, "stuck_tick_periods", 3)  # OMATICAYA_STUCK_TICK_PERIODS, default 3
-    assert stale_after_s(s) == periods * 10 + 5
+    periods = s.stuck_tick_periods  # OMATICAYA_STUCK_TICK_PERIODS, default 3
+    assert periods == 3
+    assert stuck_after_s(s) == periods * 10 + 5
     plugin = DevicePlugin.from_settings(Agent(s, TraceReader(FAULTS_TRACE), None), s)
     assert plugin.stale_after_s == periods * 10 + 5
+    assert plugin._source.cache.stuck_after_s == periods * 10 + 5  # the agent's /healthz bound
     assert DevicePluginSet.from_settings(plugin._source, s).plugins[None].stale_after_s == (
         periods * 10 + 5
     )

@@ -27,7 +27,7 @@ from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
 from ..core.patch import MergePatch
 from ..core.render import Desired, render
 from ..core.sayonce import SayOnce
-from ..core.settings import Settings
+from ..core.settings import Settings, stuck_after_s
 from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
 from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
@@ -86,7 +86,7 @@ class Agent:
         self.period_s = settings.schedule.period_s()
         #: no finished tick for this long: /healthz fails (``SnapshotCache.tick_overdue``); the
         #: device plugin applies the same bound to the age of the reading it serves
-        self.cache.stuck_after_s = settings.stuck_tick_periods * self.period_s + settings.jitter_s
+        self.cache.stuck_after_s = stuck_after_s(settings)
         self.outage = ApiOutage(self.period_s, self.cache)
         #: the longest the telemetry annotation goes unrewritten while the agent runs: it is
         #: rewritten on the first tick after the heartbeat is due (published as ``refresh_s``

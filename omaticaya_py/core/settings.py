@@ -47,6 +47,7 @@ __all__ = [
     "load",
     "load_settings",
     "parse_schedule",
+    "stuck_after_s",
 ]
 
 class Settings(CommonSettings):
@@ -343,6 +344,14 @@ class Settings(CommonSettings):
         if not value.is_absolute():
             raise ValueError("expected an absolute folder path, like '/var/lib/kubelet/device-plugins'")
         return value
+
+
+def stuck_after_s(settings: Settings) -> float:
+    """The stuck-reading bound, seconds: ``stuck_tick_periods`` (``OMATICAYA_STUCK_TICK_PERIODS``)
+    schedule periods plus the jitter (``jitter_s``). No tick finished for this long, the agent's
+    ``/healthz`` fails (``SnapshotCache.tick_overdue``); a reading this old, the device plugin
+    reports every device Unhealthy (``stale-reading``). Pure."""
+    return settings.stuck_tick_periods * settings.schedule.period_s() + settings.jitter_s
 
 
 def load_settings(flag_names: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -14,7 +14,7 @@ and preferred allocation by live free memory per MIG device. A profile that firs
 start (the GPU was repartitioned) gets its plugin on the next tick; MIG devices that left the
 reading (a re-created layout has new UUIDs) leave the list, and a profile plugin with none left
 stops (``allocation.departed``). While the reading is older than the agent's stuck-tick bound
-(``allocation.stale_after_s``), every device is Unhealthy (``stale-reading``).
+(``core.settings.stuck_after_s``), every device is Unhealthy (``stale-reading``).
 
 Sharing by memory: GPUs listed in ``OMATICAYA_SHARED_GPUS`` (MIG-enabled ones never) are served
 instead as ``omaticaya.io/gpu-memory``, one unit device per ``OMATICAYA_SHARE_UNIT_MIB`` of their

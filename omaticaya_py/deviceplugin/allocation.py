@@ -7,7 +7,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.settings import Settings
 from ..core.sharing import SharedGpus, device_order, unit_count, unit_ids
 from ..core.snapshot import NodeSnapshot
 
@@ -20,9 +19,6 @@ UNHEALTHY = "Unhealthy"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 #: the reason every device gets while the agent's reading is older than the stale bound
 STALE_READING = "stale-reading"
-#: schedule periods without a fresh reading before the devices turn Unhealthy, when the
-#: settings carry no ``stuck_tick_periods`` (the agent's stuck-tick setting) of their own
-DEFAULT_STALE_PERIODS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,15 +123,6 @@ def departed(
         if all(m.error is None and m.uuid for m in g.mig_devices):
             gone.add(device)
     return gone
-
-
-def stale_after_s(settings: Settings) -> float:
-    """How old the agent's reading may get before the plugin reports every device Unhealthy:
-    ``stuck_tick_periods`` (the agent's stuck-tick setting, ``OMATICAYA_STUCK_TICK_PERIODS``;
-    ``DEFAULT_STALE_PERIODS`` when the settings have none) schedule periods plus the jitter,
-    the same bound as the agent's ``/healthz`` (seconds)."""
-    periods = getattr(settings, "stuck_tick_periods", None) or DEFAULT_STALE_PERIODS
-    return float(periods) * settings.schedule.period_s() + settings.jitter_s
 
 
 def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:

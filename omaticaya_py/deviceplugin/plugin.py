@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.settings import Settings
+from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import SharedGpus
-from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, stale_after_s, trace_devices
+from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, trace_devices
 from .registration import KubeletRegistration
 from .service import NOT_SHARED, DeviceService
 from .shared import DEFAULT_SETTLE_S
@@ -34,7 +34,7 @@ class DevicePlugin(DeviceService, KubeletRegistration):
       is checked besides the folder events; ``first_read_timeout_s``: how long serving waits
       for the agent's first reading.
     - ``stale_after_s``: every device is Unhealthy while the reading is older than this, on
-      ``clock`` (``None``: off; ``from_settings`` sets it, see ``allocation.stale_after_s``).
+      ``clock`` (``None``: off; ``from_settings`` sets it: ``core.settings.stuck_after_s``).
     - ``strategies``: NVIDIA's device list strategies ``Allocate`` answers by
       (``strategies.container_response``; ``from_settings``: ``OMATICAYA_DEVICE_LIST_STRATEGY``).
     - ``shared``, ``unit_mib``, ``policy``, ``settle_s``: GPU sharing by memory (see
@@ -82,8 +82,8 @@ class DevicePlugin(DeviceService, KubeletRegistration):
     def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePlugin:
         """A plugin configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its GPUs are the
         devices from the start; devices turn Unhealthy when the reading is older than
-        ``allocation.stale_after_s(settings)``."""
-        kwargs.setdefault("stale_after_s", stale_after_s(settings))
+        ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound."""
+        kwargs.setdefault("stale_after_s", stuck_after_s(settings))
         kwargs.setdefault("strategies", settings.device_list_strategy)
         kwargs.setdefault("shared", settings.shared_gpus)
         devices = kwargs.pop("devices", None)

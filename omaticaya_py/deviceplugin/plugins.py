@@ -10,12 +10,11 @@ from typing import Any
 
 from loguru import logger
 
-from ..core.settings import Settings
+from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .allocation import (
     DEFAULT_PLUGIN_DIR,
     mig_resource_name,
-    stale_after_s,
     trace_slices,
     trace_units,
 )
@@ -86,8 +85,8 @@ class DevicePluginSet:
     def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePluginSet:
         """Plugins configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its devices are
         known from the start; devices turn Unhealthy when the reading is older than
-        ``allocation.stale_after_s(settings)``."""
-        kwargs.setdefault("stale_after_s", stale_after_s(settings))
+        ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound."""
+        kwargs.setdefault("stale_after_s", stuck_after_s(settings))
         kwargs.setdefault("strategies", settings.device_list_strategy)
         kwargs.setdefault("shared", settings.shared_gpus)
         kwargs.setdefault("policy", settings.share_policy)
