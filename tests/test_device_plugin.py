@@ -27,6 +27,7 @@ from omaticaya_py.deviceplugin.allocation import (
     trace_devices,
 )
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
+from omaticaya_py.deviceplugin.service import CacheFeed
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import FAULTS_TRACE
@@ -342,7 +343,7 @@ def test_stop_ends_streams_and_removes_the_socket(rig: Rig) -> None:
 
 def test_devices_from_the_trace_before_any_reading() -> None:
     assert trace_devices(FAULTS_TRACE) == list(enumerate(UUID))
-    plugin = DevicePlugin(SnapshotCache(), devices=trace_devices(FAULTS_TRACE))
+    plugin = DevicePlugin(CacheFeed(SnapshotCache()), devices=trace_devices(FAULTS_TRACE))
     states = plugin.devices()
     assert [s.id for s in states] == UUID
     assert not any(s.healthy for s in states)
@@ -354,7 +355,7 @@ def test_from_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         trace=str(FAULTS_TRACE), device_plugin_resource="omaticaya.io/h100",
         device_plugin_dir=str(tmp_path),
     )
-    plugin = DevicePlugin.from_settings(SnapshotCache(), settings)
+    plugin = DevicePlugin.from_settings(CacheFeed(SnapshotCache()), settings)
     assert plugin.resource_name == "omaticaya.io/h100"
     assert plugin.kubelet_socket == tmp_path / "kubelet.sock"
     assert [s.id for s in plugin.devices()] == UUID

@@ -29,6 +29,7 @@ from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.sharing import SharedGpus, unit_ids
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
+from omaticaya_py.deviceplugin.service import CacheFeed
 from omaticaya_py.deviceplugin.shared import Slicer, SliceRefused
 from omaticaya_py.deviceplugin.slices import (
     LIMIT_ENV,
@@ -557,7 +558,7 @@ def test_mig_gpus_are_never_shared(folder: Path) -> None:
 
 def test_no_shared_gpu_no_shared_plugin(folder: Path) -> None:
     s = settings(trace=str(MULTI_TRACE), device_plugin_dir=str(folder))
-    plugins = DevicePluginSet.from_settings(SnapshotCache(), s)
+    plugins = DevicePluginSet.from_settings(CacheFeed(SnapshotCache()), s)
     assert plugins.shared_plugin is None
     assert [d.id for d in plugins.plugins[None].devices()] == UUID
 

@@ -25,6 +25,7 @@ from loguru import logger
 from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
 from ..core.patch import MergePatch
+from ..core.readings import TickListener, TickResult, Topology, TopologyReader
 from ..core.render import Desired, render
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings, stuck_after_s
@@ -37,7 +38,7 @@ from .events import HealthEvents
 from .liveness import Liveness, make_lease
 from .outage import ApiOutage
 from .slices import SliceWatch
-from .state import AgentStopping, Runner, SnapshotCache, TickResult
+from .state import AgentStopping, Runner, SnapshotCache
 from .writer import NodeWriter
 from .xid_seed import XidSeeder
 
@@ -70,6 +71,11 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.reader = reader
+        #: the distance between two GPUs (the device plugin's preferred allocation), when the
+        #: reader knows the topology (NVML; a trace does not)
+        self.topology: Topology | None = (
+            reader.topology_level if isinstance(reader, TopologyReader) else None
+        )
         self.node = node
         self.dry_run = dry_run
         self.clock = clock
@@ -125,7 +131,7 @@ class Agent:
         self.daemon: Runner | None = None
         #: called once per tick with the reading and its health, as soon as they are cached and
         #: before any API request (the device plugin listens here; an outage must not delay it)
-        self.on_tick: list[Callable[[TickResult], None]] = []
+        self.on_tick: list[TickListener] = []
 
     # -- one tick --------------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 from loguru import logger
 
+from ..core.readings import TickResult
 from ..kube import KubeError
-from .state import AgentStopping, SnapshotCache, TickResult
+from .state import AgentStopping, SnapshotCache
 
 __all__ = ["ApiWriter"]
 

@@ -25,7 +25,8 @@ from .slices import slice_families
 
 if TYPE_CHECKING:
     from ..core.health import XidLedger
-    from .state import SnapshotCache, TickResult
+    from ..core.readings import TickResult
+    from .state import SnapshotCache
 
 __all__ = [
     "AgentCounters",

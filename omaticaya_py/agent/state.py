@@ -1,23 +1,18 @@
-"""The agent's shared state: the last tick's result, where the tick in flight is, and the
+"""The agent's shared state: the last tick's result (``core.readings.TickResult``), where the tick in flight is, and the
 counters ``/metrics`` reads."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from prometheus_client import Histogram
 
-from ..core.attribution import GpuAttribution
-from ..core.health import NodeHealth
-from ..core.patch import MergePatch
-from ..core.render import Desired
-from ..core.snapshot import NodeSnapshot
+from ..core.readings import TickResult
 
-__all__ = ["AgentStopping", "Runner", "SnapshotCache", "TickResult"]
+__all__ = ["AgentStopping", "Runner", "SnapshotCache"]
 
 
 class AgentStopping(RuntimeError):
@@ -36,20 +31,6 @@ class Runner(Protocol):
     def watchdog(self) -> Any:
         """The watchdog thread (``agent.watchdog.Watchdog``), or ``None`` before the start."""
         ...
-
-
-@dataclass(frozen=True)
-class TickResult:
-    """What one tick saw and did: ``patch`` is the merge patch computed (``None``: nothing
-    changed), ``sent`` whether it reached the API server; ``attribution``: who uses each GPU
-    or MIG device, by UUID (empty when not attributed)."""
-
-    snapshot: NodeSnapshot
-    health: NodeHealth
-    desired: Desired
-    patch: MergePatch | None
-    sent: bool
-    attribution: Mapping[str, GpuAttribution] = field(default_factory=dict)
 
 
 #: the snapshot error of a read that found no NVML library in the container (pynvml's class

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.readings import AgentFeed
 from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import SharedGpus
 from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, trace_devices
@@ -20,8 +21,9 @@ class DevicePlugin(DeviceService, KubeletRegistration):
     """The device plugin servicer (``service.DeviceService``) and its registration with the
     kubelet (``registration.KubeletRegistration``).
 
-    - ``source``: an ``Agent`` (its ``.cache`` is used) or a ``SnapshotCache`` (``.last`` is
-      the latest ``TickResult``), ticked by someone else.
+    - ``source``: what it reads from the agent (``core.readings.AgentFeed``: an ``Agent``), or
+      ``service.CacheFeed`` over a bare cache (``.last`` the latest ``TickResult``) ticked by
+      someone else.
     - ``resource_name``: the extended resource (``nvidia.com/gpu``).
     - ``plugin_dir``: the kubelet's device-plugins folder (``kubelet.sock`` is in it, and the
       plugin's socket goes in it); ``socket_name``: the plugin's socket there (by default
@@ -46,7 +48,7 @@ class DevicePlugin(DeviceService, KubeletRegistration):
 
     def __init__(
         self,
-        source: Any,
+        source: AgentFeed,
         *,
         resource_name: str = "nvidia.com/gpu",
         plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
@@ -79,7 +81,7 @@ class DevicePlugin(DeviceService, KubeletRegistration):
         )
 
     @classmethod
-    def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePlugin:
+    def from_settings(cls, source: AgentFeed, settings: Settings, **kwargs: Any) -> DevicePlugin:
         """A plugin configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its GPUs are the
         devices from the start; devices turn Unhealthy when the reading is older than
         ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound."""

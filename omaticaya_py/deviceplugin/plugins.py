@@ -10,6 +10,7 @@ from typing import Any
 
 from loguru import logger
 
+from ..core.readings import AgentFeed, TickResult
 from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .allocation import (
@@ -42,7 +43,7 @@ class DevicePluginSet:
 
     def __init__(
         self,
-        source: Any,
+        source: AgentFeed,
         *,
         resource_name: str = "nvidia.com/gpu",
         plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
@@ -82,7 +83,7 @@ class DevicePluginSet:
             )
 
     @classmethod
-    def from_settings(cls, source: Any, settings: Settings, **kwargs: Any) -> DevicePluginSet:
+    def from_settings(cls, source: AgentFeed, settings: Settings, **kwargs: Any) -> DevicePluginSet:
         """Plugins configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its devices are
         known from the start; devices turn Unhealthy when the reading is older than
         ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound."""
@@ -120,20 +121,19 @@ class DevicePluginSet:
         self.plugins[profile] = plugin
         return plugin
 
-    def _on_tick(self, result: Any) -> None:
+    def _on_tick(self, result: TickResult) -> None:
         """Start a plugin for each MIG profile the tick shows for the first time; stop each
         profile plugin that has no device left."""
-        health = getattr(result, "health", None)
-        profiles = {u.profile for u in getattr(health, "units", ()) if u.is_mig and u.profile}
+        profiles = {p for u in result.health.units if u.is_mig and (p := u.profile)}
         with self._lock:
             if not self._started:
                 return
-            for profile in sorted(profiles - set(self.plugins), key=str):
-                logger.info("device plugin: MIG profile {} appeared: serving it", profile)
-                again = self._stopped.pop(profile, None)
+            for new in sorted(profiles - set(self.plugins), key=str):
+                logger.info("device plugin: MIG profile {} appeared: serving it", new)
+                again = self._stopped.pop(new, None)
                 if again is not None:
-                    self.plugins[profile] = again
-                (again or self._add(profile)).start()
+                    self.plugins[new] = again
+                (again or self._add(new)).start()
             for profile, plugin in list(self.plugins.items()):
                 if profile is None or profile in profiles or plugin.devices():
                     continue
@@ -152,10 +152,10 @@ class DevicePluginSet:
             self._started = True
             for plugin in self._every():
                 plugin.start()
-        listeners = getattr(self._source, "on_tick", None)
-        if isinstance(listeners, list) and self._on_tick not in listeners:
+        listeners = self._source.on_tick
+        if self._on_tick not in listeners:
             listeners.append(self._on_tick)
-        last = getattr(getattr(self._source, "cache", self._source), "last", None)
+        last = self._source.cache.last
         if last is not None:
             self._on_tick(last)
 

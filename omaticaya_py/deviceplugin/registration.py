@@ -15,6 +15,7 @@ from loguru import logger
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from ..core.readings import AgentFeed, ReadingCache, TickResult
 from .allocation import API_VERSION, KUBELET_SOCKET
 from .service import plugin_options
 from .v1beta1 import api_pb2, api_pb2_grpc
@@ -62,8 +63,8 @@ class KubeletRegistration:
     ``registrations`` count the servers started and the registrations accepted.
     """
 
-    _cache: Any
-    _source: Any
+    _cache: ReadingCache
+    _source: AgentFeed
     _stopping: threading.Event
     notify: Callable[[], None]
 
@@ -97,8 +98,8 @@ class KubeletRegistration:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self._stopping.clear()
         self._registered.clear()  # (started again after a stop: registered anew)
-        listeners = getattr(self._source, "on_tick", None)
-        if isinstance(listeners, list) and self._on_tick not in listeners:
+        listeners = self._source.on_tick
+        if self._on_tick not in listeners:
             listeners.append(self._on_tick)  # wake the streams as soon as a tick is cached
         observer = Observer()
         observer.schedule(_FolderHandler(self), str(self.plugin_dir), recursive=False)
@@ -108,7 +109,7 @@ class KubeletRegistration:
         self._thread = threading.Thread(target=self._manage, name="device-plugin", daemon=True)
         self._thread.start()
 
-    def _on_tick(self, _result: object) -> None:
+    def _on_tick(self, _result: TickResult) -> None:
         self.notify()
 
     def stop(self, grace_s: float = 1.0) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from loguru import logger
 
 from ..core.health import Unit
+from ..core.readings import AgentFeed, ReadingCache, TickListener, Topology
 from ..core.sayonce import SayOnce
 from ..core.sharing import SharedGpus, unit_count, unit_gpu
 from .allocation import STALE_READING, DeviceState, departed, preferred
@@ -31,11 +33,25 @@ def plugin_options() -> Any:
     )
 
 
+@dataclass
+class CacheFeed:
+    """An ``AgentFeed`` over a bare cache (``cache.last``: the latest ``TickResult``) that
+    someone else ticks: no PodResources list (slices are released by age alone), no topology,
+    listeners appended to ``on_tick`` are never called. ``clock``: monotonic seconds."""
+
+    cache: ReadingCache
+    clock: Callable[[], float] = time.monotonic
+    last_listed: tuple[frozenset[str], float] | None = None
+    on_tick: list[TickListener] = field(default_factory=list)
+    topology: Topology | None = None
+
+
 class DeviceService(api_pb2_grpc.DevicePluginServicer):
     """The ``DevicePlugin`` service of one resource, answered from the agent's cache.
 
-    - ``source``: an ``Agent`` (its ``.cache`` is used, its reader's ``topology_level`` too
-      when it has one) or a ``SnapshotCache`` (``.last`` is the latest ``TickResult``).
+    - ``source``: what it reads from the agent (``core.readings.AgentFeed``: an ``Agent``; its
+      ``cache.last`` is served, its ``topology`` breaks ties on real NVML, its ``last_listed``
+      releases slices), or ``CacheFeed`` over a bare cache ticked by someone else.
     - ``devices``: ``(index, uuid)`` known before the first reading (a trace's GPUs), so a GPU
       that is gone or unreadable stays listed, as Unhealthy.
     - ``profile``: ``None`` serves whole GPUs (MIG off); a MIG profile (``1g.10gb``) serves the
@@ -62,7 +78,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
 
     def __init__(
         self,
-        source: Any,
+        source: AgentFeed,
         *,
         devices: Iterable[tuple[int, str]] = (),
         profile: str | None = None,
@@ -77,8 +93,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     ) -> None:
         self._source = source
         # on real NVML the agent's reader knows the PCIe/NVLink topology between two GPUs
-        self._topology = getattr(getattr(source, "reader", None), "topology_level", None)
-        self._cache = getattr(source, "cache", source)
+        self._topology = source.topology
+        self._cache = source.cache
         self.poll_s = poll_s
         self.profile = profile
         self.shared = shared
@@ -112,13 +128,11 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         """The device IDs the kubelet's last PodResources list names as assigned, and when it
         was asked for on the agent's clock (the agent's ``last_listed``); ``None``: the agent
         lists none (no socket, or it failed)."""
-        listed = getattr(self._source, "last_listed", None)
-        return listed if isinstance(listed, tuple) else None
+        return self._source.last_listed
 
-    def _agent_now(self) -> float | None:
-        """The agent's clock now (``Agent.clock``), which ``_held_units``' times are on."""
-        clock = getattr(self._source, "clock", None)
-        return float(clock()) if callable(clock) else None
+    def _agent_now(self) -> float:
+        """The agent's clock now (``AgentFeed.clock``), which ``_held_units``' times are on."""
+        return float(self._source.clock())
 
     def devices(self) -> list[DeviceState]:
         """Every known device with its health from the latest reading, in index order: GPUs,
@@ -171,22 +185,22 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 self._logged.end(uuid)
             states = []
             for uuid, index in self._known.items():
-                unit = units.get(uuid)
+                read = units.get(uuid)
                 if stale:
                     states.append(DeviceState(uuid, index, False, (STALE_READING,)))
                 elif snapshot.error is not None:
                     states.append(DeviceState(uuid, index, False, (snapshot.error,)))
-                elif unit is None:
+                elif read is None:
                     states.append(DeviceState(uuid, index, False, ("absent",)))
                 else:
                     states.append(
                         DeviceState(
                             uuid,
-                            unit.gpu_index,
-                            unit.healthy,
-                            unit.reasons,
-                            unit.memory_free_mib,
-                            unit.mig_index,
+                            read.gpu_index,
+                            read.healthy,
+                            read.reasons,
+                            read.memory_free_mib,
+                            read.mig_index,
                         )
                     )
         states.sort(key=lambda s: (s.index, s.mig_index or 0, s.id))

@@ -1,0 +1,96 @@
+"""What one tick of the agent read and did (``TickResult``), and what the device plugin reads
+from the agent (``AgentFeed``): the one seam between the two, typed.
+
+The device plugin (``deviceplugin``) runs in the agent's process and serves the agent's latest
+reading to the kubelet; it may not import the agent (one layer), so it reads the agent through
+``AgentFeed``, which ``agent.Agent`` satisfies (mypy checks it where ``cli.daemon`` hands the
+agent to ``DevicePluginSet``). Pure: types only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from .attribution import GpuAttribution
+from .health import NodeHealth
+from .patch import MergePatch
+from .render import Desired
+from .snapshot import NodeSnapshot
+
+__all__ = ["AgentFeed", "ReadingCache", "TickListener", "Topology", "TopologyReader", "TickResult"]
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one tick saw and did: ``snapshot`` (the NVML reading), ``health`` (its assessment:
+    one ``Unit`` per GPU or MIG device), ``desired`` (the labels and telemetry rendered from
+    them), ``patch`` the merge patch computed (``None``: nothing changed), ``sent`` whether it
+    reached the API server; ``attribution``: who uses each GPU or MIG device, by UUID (empty
+    when not attributed)."""
+
+    snapshot: NodeSnapshot
+    health: NodeHealth
+    desired: Desired
+    patch: MergePatch | None
+    sent: bool
+    attribution: Mapping[str, GpuAttribution] = field(default_factory=dict)
+
+
+#: called with each tick's result as soon as it is cached, on the tick's thread
+TickListener = Callable[[TickResult], None]
+#: the topology distance between two GPUs by UUID (NVML's common-ancestor level: 0 same board
+#: ... 50 across the system; lower is closer), ``None`` when unknown
+Topology = Callable[[str, str], "int | None"]
+
+
+@runtime_checkable
+class TopologyReader(Protocol):
+    """A reader that knows the PCIe/NVLink topology between two GPUs (NVML's; a trace does
+    not)."""
+
+    def topology_level(self, uuid_a: str, uuid_b: str) -> int | None:
+        """The common-ancestor level between the GPUs ``uuid_a`` and ``uuid_b`` (``Topology``)."""
+        ...
+
+
+class ReadingCache(Protocol):
+    """Where the agent keeps its latest tick (``agent.state.SnapshotCache``)."""
+
+    @property
+    def last(self) -> TickResult | None:
+        """The latest tick's result (``None`` before the first tick finished); replaced whole
+        by each tick, so a reader never sees half of one."""
+        ...
+
+
+class AgentFeed(Protocol):
+    """What the device plugin reads from the agent (``agent.Agent``).
+
+    - ``cache``: the latest reading and its health (``ReadingCache.last``).
+    - ``clock``: the agent's clock (monotonic seconds), the one ``last_listed`` is on.
+    - ``last_listed``: the device IDs (GPU and MIG UUIDs, unit IDs ``<GPU UUID>::<k>``) the
+      kubelet's last PodResources list that answered names as assigned, and when (``clock``
+      seconds) it was asked for; ``None``: none answered (no socket, or it failed).
+    - ``on_tick``: the tick listeners; the plugin appends its own (to wake its streams and
+      follow MIG profiles) and never removes them. Each is called on the tick's thread, before
+      any API request.
+    - ``topology``: the distance between two GPUs (``Topology``), on real NVML; ``None`` when
+      the reader has none (a trace replay).
+    """
+
+    @property
+    def cache(self) -> ReadingCache: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def last_listed(self) -> tuple[frozenset[str], float] | None: ...
+
+    @property
+    def on_tick(self) -> list[TickListener]: ...
+
+    @property
+    def topology(self) -> Topology | None: ...
