@@ -6,7 +6,7 @@ clock that advances one schedule period per tick, ``core.health.assess`` (with t
 ledger), ``core.render.render`` with the previous tick's labels (hysteresis, as the agent
 passes them). Per label name (``gpu-N.*``: every GPU together), the value changes per hour of
 trace time after start-up, as a Node watcher would see them, for each write budget
-(``min_patch_interval_s``): a patch is held back the way ``agent/writer.py`` does it
+(``min_patch_interval_s``): a patch is held back the way ``agent/node_writer.py`` does it
 (``core.budget.urgent`` on the Node's labels and the desired ones, ``core.budget.hold_back``),
 so a change that is undone before the interval has passed never reaches the Node. Budget 0
 is the rendered churn itself.
@@ -14,7 +14,7 @@ is the rendered churn itself.
 The telemetry annotation is followed too (issue 24): a GPU's exact free memory down by more than
 ``telemetry_free_drop_mib`` (256 MiB) rewrites it at once though no label changed, the same rise
 once the budget lets a change for the better go (``core.budget.telemetry_change``, as
-``agent/writer.py`` applies it). The last table sets the Node patches per hour side by side with
+``agent/node_writer.py`` applies it). The last table sets the Node patches per hour side by side with
 that rule off (``OMATICAYA_TELEMETRY_FREE_DROP_MIB=0``: the telemetry moved only with a label,
 as before) and on at its default; the traces hold no pods, so a change of holders costs nothing
 here.
@@ -132,7 +132,7 @@ class NodeSide:
     changes: Counter[str] = field(default_factory=Counter)
 
     def tick(self, now_s: float, desired: dict[str, str], marks: dict | None = None) -> None:
-        """``agent/writer.py``'s rule: a label change is patched unless the budget holds it;
+        """``agent/node_writer.py``'s rule: a label change is patched unless the budget holds it;
         the telemetry alone when its free memory is behind (``core.budget.telemetry_change``)."""
         marks = marks or {}
         if self.previous is not None and urgent(self.previous, desired):

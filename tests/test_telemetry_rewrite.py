@@ -3,7 +3,7 @@
 Labels move in 1,024 MiB steps and, in Lease mode, the telemetry annotation used to be
 rewritten only with a label change: NVML free 10,900 -> 10,300 MiB left it at 10,900 for good,
 and a pod that started on a GPU never reached it. Now (``core.budget.telemetry_change``, applied
-by ``agent/writer.py``) free memory down by more than ``OMATICAYA_TELEMETRY_FREE_DROP_MIB`` (256)
+by ``agent/node_writer.py``) free memory down by more than ``OMATICAYA_TELEMETRY_FREE_DROP_MIB`` (256)
 or a new holder rewrites it at once; the same rise or a holder leaving waits like any change for
 the better (the write budget's interval, and calm).
 

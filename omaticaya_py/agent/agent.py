@@ -7,7 +7,7 @@ read path here (``read_path``: read, cache, tell the listeners) and the API work
 handed to the writer thread, so that a slow API server never delays a reading. Liveness goes
 on a ``coordination.k8s.io``
 Lease renewed every ``heartbeat_s``, or on the Node's telemetry annotation
-(``agent.liveness``); the Node is written by ``agent.writer`` within the write budget; API
+(``agent.heartbeat``); the Node is written by ``agent.node_writer`` within the write budget; API
 outages are logged once and refusals paced (``agent.outage``); GPU health changes become Node
 Events (``agent.events``).
 """
@@ -35,11 +35,11 @@ from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
 from ..kube.pod_client import PodClient
 from .attribution import Attribution, make_attribution
 from .events import HealthEvents
-from .liveness import Liveness, make_lease
+from .heartbeat import Heartbeat, make_lease
+from .node_writer import NodeWriter
 from .outage import ApiOutage
 from .slices import SliceWatch
 from .state import AgentStopping, Runner, SnapshotCache
-from .writer import NodeWriter
 from .xid_seed import XidSeeder
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
@@ -102,7 +102,7 @@ class Agent:
         if lease == "auto":
             env = os.environ if environ is None else environ
             lease = make_lease(settings, node, env, self.refresh_s, dry_run)
-        self.liveness = Liveness(lease, settings.heartbeat_s, self.cache)  # type: ignore[arg-type]
+        self.heartbeat = Heartbeat(lease, settings.heartbeat_s, self.cache)  # type: ignore[arg-type]
         #: who uses each GPU (PodResources + /proc); the last tick's answer
         self.attribution = make_attribution(settings) if isinstance(attribution, str) else attribution
         self.last_attribution: dict[str, GpuAttribution] = {}
@@ -116,7 +116,7 @@ class Agent:
         #: the peak signal (least free memory, p95 utilisation) per GPU over ``window_s``
         self.window = PeakWindow(settings.window_s) if settings.window_s > 0 else None
         self.writer = NodeWriter(
-            settings, node, self.liveness, self.cache, refresh_s=self.refresh_s,
+            settings, node, self.heartbeat, self.cache, refresh_s=self.refresh_s,
             dry_run=dry_run, window=self.window,
         )
         self._said: SayOnce[str, bool] = SayOnce()  # NVML unreadable
@@ -177,8 +177,8 @@ class Agent:
 
     @property
     def lease(self) -> LeaseClient | None:
-        """The liveness Lease; ``None`` in annotation-heartbeat mode (see ``Liveness``)."""
-        return self.liveness.lease
+        """The liveness Lease; ``None`` in annotation-heartbeat mode (see ``Heartbeat``)."""
+        return self.heartbeat.lease
 
     @property
     def events_posted(self) -> Counter[str]:
@@ -242,8 +242,8 @@ class Agent:
                 return result
             started = time.perf_counter()
             try:
-                if self.liveness.lease_due(now_s) and not self.dry_run:
-                    if self.liveness.renew(now_s):
+                if self.heartbeat.lease_due(now_s) and not self.dry_run:
+                    if self.heartbeat.renew(now_s):
                         self.writer.forget()  # re-read the Node each heartbeat: re-created, edited
                 desired, patch, sent = self.writer.write(
                     desired, snapshot, health, now_s, attribution

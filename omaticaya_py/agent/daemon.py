@@ -4,7 +4,7 @@
 ``BlockingScheduler`` (one tick at a time, misfires coalesced, the first one at a random point
 within the jitter so that a fleet started at once does not tick in the same second; kept on its
 period across wall-clock steps by ``agent.watchdog``); each tick's API work goes to the writer
-thread (``agent.apiwriter``). On SIGTERM/SIGINT it finishes the write in flight, releases the
+thread (``agent.api_thread``). On SIGTERM/SIGINT it finishes the write in flight, releases the
 Lease, removes the dynamic labels, closes the agent's edges, then stops what was started beside
 it (the device plugin, the metrics server: ``serve``), last started first. The ``Agent`` only
 ticks; this module is the only one that starts or stops anything.
@@ -23,7 +23,7 @@ from loguru import logger
 
 from ..kube import KubeError
 from .agent import Agent
-from .apiwriter import ApiWriter
+from .api_thread import ApiWriter
 from .watchdog import JOB_ID, SteadyTrigger, Watchdog
 
 __all__ = ["Daemon"]
@@ -200,7 +200,7 @@ class Daemon:
         if agent.dry_run:
             return
         # cleanup_on_exit: the Lease goes too (a rolling update's new pod creates it again)
-        agent.liveness.release(delete=agent.settings.cleanup_on_exit)
+        agent.heartbeat.release(delete=agent.settings.cleanup_on_exit)
         if not agent.settings.cleanup_on_exit:
             return
         try:

@@ -7,7 +7,7 @@ named, at most once per ``refetch_s``), so that the next tick's attribution tell
 own use (``core.slices``). ``SliceWatch`` posts a ``GpuMemoryOverLimit`` Warning Event on a pod
 whose container holds more than its slice, once per episode (``core.slices.episodes``).
 
-Runs in the API round (``agent.apiwriter``), never on the read path. A failure is logged once
+Runs in the API round (``agent.api_thread``), never on the read path. A failure is logged once
 per kind and counted (``errors``); the next round tries again.
 """
 

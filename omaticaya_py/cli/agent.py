@@ -66,8 +66,8 @@ def _cleanup(args: argparse.Namespace, settings: Settings) -> int:
     it, where the agent's namespace is known (``POD_NAMESPACE``). Raises ``KubeError``."""
     import os
 
-    from ..agent.liveness import make_lease
-    from ..agent.writer import remove_keys
+    from ..agent.heartbeat import make_lease
+    from ..agent.node_writer import remove_keys
 
     node = node_client(settings, args)
     patch, _ = remove_keys(node, settings.prefix, keep_static=False)

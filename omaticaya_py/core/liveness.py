@@ -41,7 +41,7 @@ __all__ = [
     "STALE",
     "LeaseOf",
     "LeaseState",
-    "Liveness",
+    "LivenessVerdict",
     "NodeLiveness",
     "Seen",
     "judge_liveness",
@@ -88,7 +88,7 @@ def observe(
     return Seen(now_mono_s, changed=True)
 
 
-class Liveness(NamedTuple):
+class LivenessVerdict(NamedTuple):
     """The verdict of ``judge_liveness``: ``kind`` (``FRESH``, ``STALE``, ``AHEAD``);
     ``age_s``, the age judged by; ``limit_s``, the validity plus the grace; ``observed``: the
     age is the time this process has seen the value unchanged, on its own clock (False: the
@@ -117,7 +117,7 @@ def judge_liveness(
     now_mono_s: float | None,
     grace_s: float,
     max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
-) -> Liveness:
+) -> LivenessVerdict:
     """The rule in the module's docstring. ``published_s``: ``read_at`` or ``renewTime``
     (epoch seconds, the agent's clock); ``valid_s``: how long it stays current (``expires_at -
     read_at``, ``ttl_s``, ``leaseDurationSeconds``); ``seen``: when this process saw it take its
@@ -126,10 +126,10 @@ def judge_liveness(
     ahead_s = published_s - now_s
     limit_s = valid_s + grace_s
     if ahead_s > max_skew_s:
-        return Liveness(AHEAD, 0.0, limit_s, False, ahead_s, published_s)
+        return LivenessVerdict(AHEAD, 0.0, limit_s, False, ahead_s, published_s)
     age_s, observed = _age(published_s, seen, now_s, now_mono_s)
     kind: Kind = FRESH if age_s <= limit_s else STALE
-    return Liveness(kind, age_s, limit_s, observed, ahead_s, published_s)
+    return LivenessVerdict(kind, age_s, limit_s, observed, ahead_s, published_s)
 
 
 def _age(
@@ -147,7 +147,7 @@ def _age(
     return publisher_age_s, False
 
 
-def ahead_text(what: str, verdict: Liveness, max_skew_s: float) -> str:
+def ahead_text(what: str, verdict: LivenessVerdict, max_skew_s: float) -> str:
     """Why an ``AHEAD`` time is refused, for a message: ``<what> 3025-01-01T00:00:00Z is
     31536000000s ahead of this clock (allowed skew 300s)``."""
     return (
@@ -156,7 +156,7 @@ def ahead_text(what: str, verdict: Liveness, max_skew_s: float) -> str:
     )
 
 
-def unchanged_text(what: str, verdict: Liveness) -> str:
+def unchanged_text(what: str, verdict: LivenessVerdict) -> str:
     """Why a value seen unchanged is stale: ``<what> unchanged for 400s (limit 390s)``."""
     return f"{what} unchanged for {verdict.age_s:.0f}s (limit {verdict.limit_s:g}s)"
 
@@ -213,7 +213,7 @@ def lease_liveness(
     now_mono_s: float | None,
     grace_s: float,
     max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
-) -> Liveness:
+) -> LivenessVerdict:
     """``judge_liveness`` of a Lease's ``renewTime`` over its ``leaseDurationSeconds``."""
     return judge_liveness(
         lease.renewed_at, lease.duration_s, lease.seen, now_s=now_s, now_mono_s=now_mono_s,

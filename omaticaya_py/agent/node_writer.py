@@ -40,7 +40,7 @@ from ..core.slices import Sharing
 from ..core.snapshot import NodeSnapshot
 from ..core.window import PeakWindow
 from ..kube import NodeClient
-from .liveness import Liveness
+from .heartbeat import Heartbeat
 from .state import SnapshotCache
 
 __all__ = ["NodeWriter", "remove_keys"]
@@ -55,14 +55,14 @@ class NodeWriter:
         self,
         settings: Settings,
         node: NodeClient | None,
-        liveness: Liveness,
+        heartbeat: Heartbeat,
         cache: SnapshotCache,
         *,
         refresh_s: float,
         dry_run: bool = False,
         window: PeakWindow | None = None,
     ) -> None:
-        self.settings, self.node, self.liveness, self.cache = settings, node, liveness, cache
+        self.settings, self.node, self.heartbeat, self.cache = settings, node, heartbeat, cache
         self.refresh_s = refresh_s
         self.dry_run = dry_run
         self.window = window
@@ -112,7 +112,7 @@ class NodeWriter:
         current = self.current()
         desired = self._within_budget(desired, current, now_s)
         on_node = current.annotations.get(self.telemetry_key)
-        refresh = self.liveness.refresh(now_s, on_node) or self._telemetry_behind(
+        refresh = self.heartbeat.refresh(now_s, on_node) or self._telemetry_behind(
             on_node, marks, now_s
         )
         desired = self._with_telemetry(desired, snapshot, health, current, refresh, attribution)
@@ -138,7 +138,7 @@ class NodeWriter:
         key, prefix = self.telemetry_key, self.settings.prefix
         label_changes = bool(diff_section(desired.labels, current.labels, prefix))
         if volatile_due(label_changes, key in current.annotations, refresh):
-            lease = self.liveness.lease
+            lease = self.heartbeat.lease
             annotations, bad = telemetry_annotation(
                 snapshot,
                 health,
@@ -194,7 +194,7 @@ class NodeWriter:
         self.cache.last_patch_wall_s = time.time()
         self.last_patch_s = now_s
         if self.telemetry_key in patch["metadata"].get("annotations", {}):
-            self.liveness.telemetry_at_s = now_s
+            self.heartbeat.telemetry_at_s = now_s
         if before is not None and before.uid and self.meta.uid != before.uid:
             logger.warning("Node {} was re-created (uid changed): relabelling", self.meta.name)
 
@@ -205,7 +205,7 @@ class NodeWriter:
         always go. Never held: with the budget off, at an annotation heartbeat, the first
         patch."""
         interval_s = self.settings.min_patch_interval_s
-        if interval_s <= 0 or self.liveness.annotation_due(now_s):
+        if interval_s <= 0 or self.heartbeat.annotation_due(now_s):
             return desired
         if not hold_back(now_s, self.last_patch_s, interval_s, False, self.calm_since_s):
             return desired

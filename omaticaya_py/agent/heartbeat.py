@@ -1,4 +1,4 @@
-"""Liveness: the agent's heartbeat, on its ``coordination.k8s.io`` Lease or on the Node.
+"""The agent's heartbeat (``Heartbeat``), on its ``coordination.k8s.io`` Lease or on the Node.
 
 With a Lease (the chart's default), the Lease is renewed every ``heartbeat_s`` and the Node's
 telemetry annotation is written only with a label change. Without one (no namespace of its own,
@@ -19,7 +19,7 @@ from ..kube import KubeError, KubeForbidden, LeaseClient, NodeClient
 from ..kube.heartbeat_lease import lease_name, lease_namespace
 from .state import SnapshotCache
 
-__all__ = ["Liveness", "make_lease"]
+__all__ = ["Heartbeat", "make_lease"]
 
 RENEWAL = "renewal"  # the key of a Lease renewal failing
 
@@ -51,8 +51,8 @@ def make_lease(
     )
 
 
-class Liveness:
-    """When the heartbeat is due, and where it goes. ``lease`` is ``None`` in annotation
+class Heartbeat:
+    """The agent's heartbeat (what readers judge its liveness by, ``core.liveness``): when it is due, and where it goes. ``lease`` is ``None`` in annotation
     mode; times are the agent's monotonic seconds."""
 
     def __init__(self, lease: LeaseClient | None, heartbeat_s: float, cache: SnapshotCache):
