@@ -10,7 +10,7 @@ cost at 8 GPUs x 80 units, and how slices pack by our rule versus a requested-on
    GPU 1 30 GiB, GPU 3 72 GiB, GPU 5 45 GiB, GPU 7 77 GiB...), 1,024 MiB units (79 a GPU), and a
    seeded mix of 4, 10, 20 and 40 GiB pods arriving at once (a burst: every slice is placed
    before any shows in a reading), placed by
-   - ``ours``: the device plugin's rule (``shared.Slicer``: units available and live free
+   - ``ours``: the device plugin's rule (``slicer.Slicer``: units available and live free
      memory minus the slices handed out and not yet shown; binpack);
    - ``live, no book``: live free memory and units, forgetting the slices handed out (what a
      rule that reads NVML but keeps no book does within one reading period);
@@ -108,7 +108,7 @@ def mix(n: int, seed: int) -> list[int]:
 def place(pods_gib: list[int], rule: str, unit_mib: int = 1024) -> dict[str, object]:
     from omaticaya_py.core.sharing import unit_count, unit_ids
     from omaticaya_py.deviceplugin.allocation import DeviceState
-    from omaticaya_py.deviceplugin.shared import Slicer, SliceRefused
+    from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 
     gpus = gpus_of_trace()
     states = [DeviceState(u, i, True, free_mib=free) for u, i, _, free in gpus]

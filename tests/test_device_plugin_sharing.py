@@ -30,7 +30,7 @@ from omaticaya_py.core.sharing import SharedGpus, unit_ids
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
 from omaticaya_py.deviceplugin.service import CacheFeed
-from omaticaya_py.deviceplugin.shared import Slicer, SliceRefused
+from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 from omaticaya_py.deviceplugin.slices import (
     LIMIT_ENV,
     MPS_LIMIT_ENV,

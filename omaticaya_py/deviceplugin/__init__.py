@@ -21,7 +21,7 @@ instead as ``omaticaya.io/gpu-memory``, one unit device per ``OMATICAYA_SHARE_UN
 total memory (IDs ``<GPU UUID>::<k>``, ``core.sharing``), with their GPU's health, by one more
 plugin of the set. Its preferred allocation takes every unit of a slice from one healthy GPU
 that has both the units and the live free memory less the slices handed out and not yet in use
-(``slices``, ``shared``); ``Allocate`` refuses units across GPUs and a slice the GPU's live memory
+(``slices``, ``slicer``); ``Allocate`` refuses units across GPUs and a slice the GPU's live memory
 cannot hold, and sets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``OMATICAYA_GPU_MEMORY_LIMIT_MIB``.
 
 - ``ListAndWatch`` sends the device list, then a new one whenever a device's health changes
@@ -39,12 +39,12 @@ cannot hold, and sets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``OMATICAYA_GPU_M
 This module imports neither ``pynvml`` nor ``kubernetes``.
 
 Modules: ``allocation`` (pure: device state, names, the preferred allocation), ``slices`` (pure:
-units, the one GPU of a slice, slices pending), ``shared`` (the book of slices), ``service`` (the
+units, the one GPU of a slice, slices pending), ``slicer`` (the book of slices), ``service`` (the
 gRPC servicer of one resource), ``registration`` (serving its socket and registering it with
-the kubelet), ``plugin`` (the two together: one resource), ``plugins`` (every resource of the
+the kubelet), ``plugin`` (the two together: one resource), ``plugin_set`` (every resource of the
 node), ``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
 """
 
-from .plugins import DevicePluginSet
+from .plugin_set import DevicePluginSet
 
 __all__ = ["DevicePluginSet"]

@@ -13,7 +13,7 @@ from ..core.sharing import SharedGpus
 from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, trace_devices
 from .registration import KubeletRegistration
 from .service import NOT_SHARED, DeviceService
-from .shared import DEFAULT_SETTLE_S
+from .slicer import DEFAULT_SETTLE_S
 from .strategies import DEFAULT_STRATEGIES
 
 

@@ -16,7 +16,7 @@ from ..core.readings import AgentFeed, ReadingCache, TickListener, Topology
 from ..core.sayonce import SayOnce
 from ..core.sharing import SharedGpus, unit_count, unit_gpu
 from .allocation import STALE_READING, DeviceState, departed, preferred
-from .shared import DEFAULT_SETTLE_S, Slicer, SliceRefused
+from .slicer import DEFAULT_SETTLE_S, Slicer, SliceRefused
 from .slices import expand
 from .strategies import DEFAULT_STRATEGIES, container_response
 from .v1beta1 import api_pb2, api_pb2_grpc
@@ -68,7 +68,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
       never are): the whole-GPU resource (``profile`` and ``unit_mib`` None) leaves them out.
     - ``unit_mib``: set, this serves the shared resource: each shared GPU as one unit device
       per ``unit_mib`` MiB of its total memory (``devices`` then are unit IDs), with the health
-      of its GPU; ``policy`` and ``settle_s`` as in ``shared.Slicer``.
+      of its GPU; ``policy`` and ``settle_s`` as in ``slicer.Slicer``.
 
     Devices that left the reading (``allocation.departed``: a re-created MIG layout, a GPU now
     in MIG mode) leave the list. Streams send the last list and end once ``_stopping`` is set.
@@ -269,7 +269,7 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 self._changed.wait(self.poll_s)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
-        # the shared resource: each container's units from one GPU (``shared.Slicer``)
+        # the shared resource: each container's units from one GPU (``slicer.Slicer``)
         gpus = self.gpu_states() if self.slicer is not None else []
         states = {s.id: s for s in self.devices()} if self.slicer is None else {}
         responses = []

@@ -20,7 +20,7 @@ from .allocation import (
     trace_units,
 )
 from .plugin import DevicePlugin
-from .shared import DEFAULT_SETTLE_S
+from .slicer import DEFAULT_SETTLE_S
 
 
 class DevicePluginSet:
@@ -36,7 +36,7 @@ class DevicePluginSet:
     Sharing by memory: with ``shared`` GPUs (``OMATICAYA_SHARED_GPUS``) and ``unit_mib``, one
     more plugin, ``shared_plugin``, serves ``shared_resource`` (``omaticaya.io/gpu-memory``):
     the units of every shared GPU (``shared_units``: unit IDs known before the first reading,
-    a trace's), placed by ``policy`` with ``settle_s`` (``shared.Slicer``); the whole-GPU
+    a trace's), placed by ``policy`` with ``settle_s`` (``slicer.Slicer``); the whole-GPU
     plugin leaves those GPUs out, so no GPU is served both whole and in units. MIG-enabled
     GPUs are never shared (their MIG devices are served by profile).
     """
