@@ -23,7 +23,7 @@ from omaticaya_py.core.render import render
 from omaticaya_py.core.schema import parse_node
 from omaticaya_py.core.sharing import unit_ids
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
-from omaticaya_py.deviceplugin.shared import Slicer, SliceRefused
+from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.placements import placement_from_pod
