@@ -31,7 +31,6 @@ from .values import json_int, json_mapping, json_str
 __all__ = [
     "MAX_REFRESH_S",
     "GpuInfo",
-    "GpuReading",
     "NodeGpuState",
     "label_bounds",
     "lease_ref",
@@ -347,10 +346,6 @@ def state_from_object(node: Mapping[str, Any], prefix: str) -> NodeGpuState:
     return parse_node(
         name if isinstance(name, str) else "", meta.get("labels"), meta.get("annotations"), prefix
     )
-
-
-#: one GPU of the telemetry annotation, as published (see ``core.schema.telemetry``)
-GpuReading = GpuTelemetry
 
 
 def parse_gpu_readings(
