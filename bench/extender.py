@@ -122,8 +122,11 @@ def serve_extender(conn: Any, tree: str, nodes: int, inflight: int, assumed: int
     from omaticaya_py.logs import setup_logging
     from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
     from omaticaya_py.scheduler.server import serve  # noqa: F401 - its imports, as in production
-    from omaticaya_py.scheduler.signal import with_signal
-    from omaticaya_py.scheduler.staleness import with_policy
+    try:  # the node view's module (scheduler.signal and scheduler.staleness before issue 32)
+        from omaticaya_py.scheduler.nodeview import with_policy, with_signal
+    except ImportError:
+        from omaticaya_py.scheduler.signal import with_signal  # type: ignore[no-redef]
+        from omaticaya_py.scheduler.staleness import with_policy  # type: ignore[no-redef]
     from omaticaya_py.serving import HttpServer
 
     assert omaticaya_py.kube.__file__.startswith(tree), omaticaya_py.kube.__file__

@@ -71,3 +71,13 @@ def metric(text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+def judge_state(state: Any, need: Any, *, inflight: Any = (), **context: Any) -> Any:
+    """``fit.judge`` of one Node's parsed ``state`` (``None``: not in the cache) with its
+    ``inflight`` reservations taken off, in a ``fit.JudgingContext`` of ``context`` (``now``,
+    ``ttl_s`` and ``grace_s`` required): the rule without the cache, as ``fit.judge_each``."""
+    from omaticaya_py.scheduler.fit import JudgingContext, build_record, judge
+
+    ctx = JudgingContext(**context)
+    return judge(build_record(state, inflight, ctx) if state is not None else None, need, ctx)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from omaticaya_py.scheduler.metrics import (
     ApiRequests,
-    Decisions,
+    DecisionMetrics,
     LeaseCacheMetrics,
     LedgerMetrics,
     metrics_registry,
@@ -42,7 +42,7 @@ def _one(collector) -> CollectorRegistry:
     [
         (ApiRequests(Counter({("list", "200"): 2})), "omaticaya_extender_api_requests_total",
          {"verb": "list", "result": "200"}, 2),
-        (Decisions(SimpleNamespace(counts=Counter({("filter", "fail", "stale"): 3}))),
+        (DecisionMetrics(SimpleNamespace(counts=Counter({("filter", "fail", "stale"): 3}))),
          "omaticaya_extender_decisions_total",
          {"verb": "filter", "result": "fail", "reason": "stale"}, 3),
         (LeaseCacheMetrics(_Leases()), "omaticaya_extender_leases_skipped_total", {}, 4),

@@ -21,10 +21,11 @@ from omaticaya_py.core.schema import parse_node
 from omaticaya_py.core.sharing import device_order, gpu_room_mib, unit_ids
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.deviceplugin.slices import Room, choose
-from omaticaya_py.scheduler.inflight import Placement, adjust, choose_gpus, pending
+from omaticaya_py.scheduler.fit import choose_gpus
+from omaticaya_py.scheduler.inflight import Placement, adjust, pending
 from omaticaya_py.scheduler.need import Need, parse_need
-from omaticaya_py.scheduler.rules import judge
 from tests import seam
+from tests.extender import judge_state
 from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
 
 NOW = READ_AT.timestamp() + 5
@@ -75,8 +76,7 @@ def whole_pod(mib: int, gpus: int = 0, count: str | None = None) -> dict[str, An
 
 
 def fits(state: Any, need: Need, inflight: tuple[Placement, ...] = ()) -> bool:
-    return judge(state, need, now=NOW, ttl_s=60, grace_s=10, fail_open=False,
-                 inflight=inflight).ok  # fmt: skip
+    return judge_state(state, need, now=NOW, ttl_s=60, grace_s=10, inflight=inflight).ok
 
 
 # ------------------------------------------------------------------------- the rules ----
@@ -178,10 +178,10 @@ def test_the_extender_reserves_the_gpu_the_plugin_hands_out() -> None:
     """A 10 GiB whole-device pod on GPUs with 80 and 40 GiB free: the plugin hands out GPU 0
     (most free); the extender reserves GPU 0 (binpack would pick GPU 1) and takes it whole."""
     state = node([F, 40 * U])
-    gpus = choose_gpus(state, 10240, 1, "binpack", exclusive=True)
+    gpus = choose_gpus(state, Need(10240, 1, exclusive=True), "binpack")
     states = {uuid(i): DeviceState(uuid(i), i, True, (), f) for i, f in enumerate([F, 40 * U])}
     assert [uuid(i) for i in gpus] == preferred(states, list(states), [], 1)
-    assert choose_gpus(state, 10240, 1, "binpack") == (1,)  # annotation only: binpack
+    assert choose_gpus(state, Need(10240, 1), "binpack") == (1,)  # annotation only: binpack
     p = Placement("ns/a", "u", "n", 10240, 1, placed_at=NOW, gpus=gpus, exclusive=True)
     assert [g.free_mib for g in adjust(state, [p]).gpus] == [0, 40 * U]
     # the next 30 GiB whole-device pod gets GPU 1 on both sides

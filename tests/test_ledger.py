@@ -2,7 +2,7 @@
 
 The ledger (``scheduler.ledger``): reserve, replace on a refilter, confirm on bind, move when
 bound elsewhere, expire, and stop counting once the node's telemetry shows the pod
-(``inflight.pending`` over a ``nodeindex`` record). The filter (``scheduler.narrow``) narrows a
+(``inflight.pending`` over a ``fit.NodeRecord``). The filter (``protocol.Narrowing``) narrows a
 pod to its one best node and reserves there: a burst of 40 pods x 40 GiB onto 10 nodes x 8 idle
 80 GiB GPUs, none bound yet, all pass, and no GPU is promised more than it has.
 """
@@ -18,11 +18,20 @@ import pytest
 from omaticaya_py.core.liveness import LeaseState, Seen
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler import Extender, ExtenderSettings
-from omaticaya_py.scheduler.inflight import Placement, choose_gpus
+from omaticaya_py.scheduler.cache import NodeIndex
+from omaticaya_py.scheduler.fit import (
+    TEXTS,
+    JudgingContext,
+    NodeRecord,
+    Reason,
+    build_record,
+    choose_gpus,
+    window,
+)
+from omaticaya_py.scheduler.inflight import Placement, pending
 from omaticaya_py.scheduler.ledger import Ledger
-from omaticaya_py.scheduler.narrow import OTHER_NODE
-from omaticaya_py.scheduler.nodeindex import NodeIndex, build_record, window
-from omaticaya_py.scheduler.staleness import NodeView
+from omaticaya_py.scheduler.need import Need
+from omaticaya_py.scheduler.nodeview import NodeView
 
 NOW = 1_800_000_000.0
 P = "omaticaya.io"
@@ -95,7 +104,7 @@ LEDGER_CASES = [
                          ids=[c[0] for c in LEDGER_CASES])  # fmt: skip
 def test_ledger(case, steps, nodes, reserved, bound_n):
     ledger = Ledger(settle_s=60, assume_s=30)
-    versions = {n: ledger.version(n) for n in "abc"}
+    versions = {n: ledger.versions.get(n, 0) for n in "abc"}
     for step in steps:
         if step[0] == "reserve":
             ledger.reserve(step[1])
@@ -106,7 +115,7 @@ def test_ledger(case, steps, nodes, reserved, bound_n):
     assert held(ledger) == nodes, case
     assert (ledger.reserved(), len(ledger)) == (reserved, bound_n), case
     for n in nodes:  # every node whose placements changed has a new version
-        assert ledger.version(n) != versions[n], case
+        assert ledger.versions.get(n, 0) != versions[n], case
 
 
 def test_ledger_counts_events():
@@ -123,7 +132,11 @@ def test_ledger_counts_events():
 # ------------------------------------------------------- what still counts on a node ----
 
 A = node("a", 70000, 70000)
-REC = {"now": NOW, "settle_s": 60, "assume_s": 30, "ttl_s": 300, "grace_s": 60, "skew_s": 300}
+def record(state: NodeGpuState, placements: list[Placement], now: float = NOW) -> NodeRecord:
+    """The record of ``state`` with the placements that still count at ``now`` (settle 60 s,
+    assume 30 s), as ``cache.NodeIndex`` builds it."""
+    live = pending(placements, state, now=now, settle_s=60, assume_s=30)
+    return build_record(state, live, JudgingContext(now, 300, 60, max_skew_s=300))
 
 RECORD_CASES = [
     ("a reservation counts on its GPU", A, [res("u", "a", (1,))], NOW, (70000, 40000)),
@@ -146,7 +159,7 @@ RECORD_CASES = [
 @pytest.mark.parametrize(("case", "state", "placements", "now", "left"), RECORD_CASES,
                          ids=[c[0] for c in RECORD_CASES])  # fmt: skip
 def test_record_counts_what_is_pending(case, state, placements, now, left):
-    rec = build_record(state, placements, **{**REC, "now": now})
+    rec = record(state, placements, now)
     assert tuple(g.free_mib for g in rec.left.gpus) == left, case
 
 
@@ -200,7 +213,7 @@ def test_the_freshness_window_is_the_liveness_rule(seen, now, mono, fresh):
     ],
 )  # fmt: skip
 def test_choose_gpus(free, mib, count, strategy, gpus):
-    assert choose_gpus(node("a", *free), mib, count, strategy) == gpus
+    assert choose_gpus(node("a", *free), Need(mib, count), strategy) == gpus
 
 
 # ----------------------------------------------------------------- the narrowing filter ----
@@ -242,7 +255,7 @@ def test_a_burst_onto_idle_gpus_all_passes_and_no_gpu_is_overcommitted(strategy)
         chosen.append(out["NodeNames"][0])
         # the others: not chosen, or (binpack) full of this burst's reservations
         assert {r[:30] for r in out["FailedNodes"].values()} <= {
-            OTHER_NODE.format(prefix=P)[:30], "node(s) had room taken by in-f"}
+            TEXTS[Reason.OTHER_NODE].format(prefix=P)[:30], "node(s) had room taken by in-f"}
     promised = per_gpu(ext, names)
     assert sum(promised.values()) == 40 * POD_MIB
     assert max(promised.values()) <= H100_FREE  # one 40 GiB pod per 80 GiB GPU
@@ -392,6 +405,6 @@ def test_settle_heap_waits_for_the_caches_then_freezes():
 def test_a_node_after_its_reservations_keeps_each_gpus_other_facts():
     gpus = (GpuInfo(0, 70000, True, 65000, 81559), GpuInfo(1, 70000, True, None, 81559))
     state = replace(node("a"), gpus=gpus, free_total_mib=140000)
-    left = build_record(state, [res("u", "a", (1,))], **REC).left
+    left = record(state, [res("u", "a", (1,))]).left
     assert left.gpus == (gpus[0], GpuInfo(1, 40000, True, None, 81559))
     assert left.free_total_mib == 110000

@@ -11,10 +11,10 @@ import pytest
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.inflight import Placement, adjust, pending
-from omaticaya_py.scheduler.ledger import Ledger
-from omaticaya_py.scheduler.placements import PodProblems, placement_from_pod
-from omaticaya_py.scheduler.rules import Need, judge
-from omaticaya_py.scheduler.staleness import node_policy, view_from_object, with_policy
+from omaticaya_py.scheduler.ledger import Ledger, PodProblems, placement_from_pod
+from omaticaya_py.scheduler.need import Need
+from omaticaya_py.scheduler.nodeview import node_policy, view_from_object, with_policy
+from tests.extender import judge_state
 
 NOW = 1_800_000_000.0
 P = "omaticaya.io"
@@ -119,7 +119,7 @@ NEED = Need(30720)
 
 def _judge(state, **kw) -> Any:
     kw.setdefault("fail_open", False)
-    return judge(state, NEED, now=NOW, ttl_s=300, grace_s=60, prefix=P, **kw)
+    return judge_state(state, NEED, now=NOW, ttl_s=300, grace_s=60, prefix=P, **kw)
 
 
 def test_in_flight_pods_take_the_room_with_their_own_reason():
@@ -321,26 +321,6 @@ def test_metrics_count_in_flight_pods_and_skipped_ones():
     assert "omaticaya_extender_inflight_pods 1.0" in text
     assert "omaticaya_extender_pod_cache_synced 1.0" in text
     assert 'omaticaya_extender_pods_skipped_total{problem="skipped: ValueError"} 1.0' in text
-
-
-@pytest.mark.parametrize(
-    ("text", "kind"),
-    [
-        ("", ""),
-        ("node(s) had no room: pod needs a GPU with 30720 MiB free (omaticaya.io)", "no-room"),
-        ("node(s) had room taken by in-flight pods: pod needs a GPU with 1 MiB free, and pods "
-         "placed there are not in its telemetry yet (omaticaya.io)", "in-flight"),
-        ("node(s) had stale GPU telemetry (omaticaya.io/telemetry expired at X)", "stale"),
-        ("node(s) had GPU health Unhealthy (omaticaya.io)", "unhealthy"),
-        ("node(s) had no GPU telemetry (omaticaya.io labels missing: no agent)", "no-telemetry"),
-        ("pod annotation omaticaya.io/gpu-memory-mib='lots' is not a memory size", "bad-pod"),
-        ("something new", "other"),
-    ],
-)  # fmt: skip
-def test_decision_reasons_are_a_bounded_set(text, kind):
-    from omaticaya_py.scheduler.decisions import REASONS, reason_kind
-
-    assert reason_kind(text) == kind and kind in REASONS
 
 
 def test_every_decision_is_counted_in_the_metrics():

@@ -210,7 +210,7 @@ def test_pod_cache_lists_watches_and_skips_a_bad_pod(api, dev_cluster):
     """kube.PodCache on the real API: placements appear and go with their pods; a pod whose
     transform raises is skipped and counted, never fatal."""
     from omaticaya_py.kube import PodCache
-    from omaticaya_py.scheduler.placements import PodProblems, placement_from_pod
+    from omaticaya_py.scheduler.ledger import PodProblems, placement_from_pod
 
     ns = f"podcache-{os.getpid()}"
     api.create_namespace({"metadata": {"name": ns}})
@@ -312,7 +312,7 @@ def test_pod_cache_lists_in_pages_and_feeds_the_ledger(api, dev_cluster):
     a relist (a new Informer LIST) drops what went meanwhile."""
     from omaticaya_py.kube import PodCache
     from omaticaya_py.scheduler.ledger import Ledger
-    from omaticaya_py.scheduler.placements import placement_from_pod
+    from omaticaya_py.scheduler.ledger import placement_from_pod
 
     ns = f"podpages-{os.getpid()}"
     api.create_namespace({"metadata": {"name": ns}})

@@ -25,7 +25,7 @@ import pytest
 
 from omaticaya_py.core.schema import parse_node
 from omaticaya_py.scheduler import Extender, ExtenderSettings
-from omaticaya_py.scheduler.preempt import NodeView, node_view, preempt
+from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
 from tests.test_preemption import NODES, NOW, ON_NODE, PREFIX, gpu_pod, kept, meta_args
 
 #: the old preempt session's timeout per request (``ApiSession(timeout_s=2.0)``)
@@ -67,7 +67,7 @@ def slow_reader(clock: FakeClock, took: Any, log: list[tuple[str, float, float]]
     session's 2 s), and fails when that is up (an answer at the last instant counts). ``log``:
     (node, start, end) of each node read."""
 
-    def read(node: str, deadline: Any = None) -> NodeView:
+    def read(node: str, deadline: Any = None) -> Candidate:
         start = clock.now
         try:
             for i in range(READS_PER_NODE):
@@ -161,7 +161,7 @@ def test_the_issue_30_call_answers_within_the_examples_http_timeout(monkeypatch)
 
 
 def test_the_budget_is_the_http_timeout_less_a_margin():
-    from omaticaya_py.scheduler.preemption import MARGIN_S, preempt_budget_s
+    from omaticaya_py.scheduler.victims import MARGIN_S, preempt_budget_s
 
     for http_timeout_s, budget_s in [(0.5, 0.4), (2, 1.6), (5, 4.0), (10, 9.0), (30, 29.0)]:
         assert preempt_budget_s(http_timeout_s) == pytest.approx(budget_s)
@@ -169,7 +169,7 @@ def test_the_budget_is_the_http_timeout_less_a_margin():
 
 
 def test_a_node_starts_only_while_its_worst_case_fits_and_each_read_is_cut_to_the_time_left():
-    from omaticaya_py.scheduler.preemption import READ_TIMEOUT_S, Deadline
+    from omaticaya_py.scheduler.victims import READ_TIMEOUT_S, Deadline
 
     clock = FakeClock()
     d = Deadline.start(4.0, clock)
@@ -224,14 +224,14 @@ class FakeSession:
 def test_node_reader_gives_each_request_the_time_left_and_sends_none_past_the_deadline():
     from omaticaya_py.kube import KubeUnavailable
     from omaticaya_py.scheduler.preempt import NodeReader
-    from omaticaya_py.scheduler.preemption import Deadline
+    from omaticaya_py.scheduler.victims import Deadline
 
     clock = FakeClock()
     session = FakeSession(clock)
     read = NodeReader(session, PREFIX)
     deadline = Deadline.start(4.0, clock)
     clock.now += 2.5  # 1.5 s left: the first request may wait 1 s, the second 0.5 s
-    assert read("a", deadline) == NodeView((), ())
+    assert read("a", deadline) == Candidate((), ())
     assert session.timeouts == [1.0, 0.5]
     with pytest.raises(KubeUnavailable, match="deadline passed"):
         read("b", deadline)

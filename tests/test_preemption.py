@@ -1,4 +1,4 @@
-"""Preemption by GPU memory (``scheduler.preemption``, ``scheduler.preempt``): which pods go, as
+"""Preemption by GPU memory (``scheduler.victims``, ``scheduler.preempt``): which pods go, as
 tables over the pure rules, and the ``/preempt`` verb over Nodes rendered by core from synthetic
 snapshots with per-GPU pod attribution, as an agent publishes them."""
 
@@ -20,8 +20,9 @@ from omaticaya_py.core.schema import parse_node
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app
 from omaticaya_py.scheduler.inflight import Placement
 from omaticaya_py.scheduler.need import Need
-from omaticaya_py.scheduler.preempt import NodeView, node_view, preempt
-from omaticaya_py.scheduler.preemption import (
+from omaticaya_py.scheduler.fit import Reason, ReasonText, reason_text
+from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
+from omaticaya_py.scheduler.victims import (
     GpuRoom,
     PodOnNode,
     choose_victims,
@@ -32,7 +33,7 @@ from omaticaya_py.scheduler.preemption import (
 from tests.helpers import H100_TOTAL_MIB, PREFIX, READ_AT, gpu, settings, snapshot
 
 if TYPE_CHECKING:
-    from omaticaya_py.scheduler.preemption import Deadline
+    from omaticaya_py.scheduler.victims import Deadline
 
 NOW = READ_AT.timestamp() + 5
 GIB = 1024
@@ -220,16 +221,19 @@ def _state(name: str, gpus: Sequence[Gpu], **kw: Any):
     return parse_node(name, m["labels"], m["annotations"], PREFIX)
 
 
+R = Reason
 UNRESOLVABLE_CASES = [
-    ("stale", "node(s) had stale GPU telemetry (read 600 s ago: agent not reporting)", True),
-    ("unhealthy", "node(s) had GPU health Unhealthy (omaticaya.io)", True),
-    ("no telemetry", "node(s) had no GPU telemetry (omaticaya.io labels missing: no agent)", True),
-    ("unknown to the cache", "node(s) not yet in the omaticaya extender's cache", True),
-    ("a bad pod annotation", "pod annotation omaticaya.io/gpu-memory-mib='x' is not a memory", True),
+    ("stale", ReasonText(R.STALE, "node(s) had stale GPU telemetry (read 600 s ago)"), True),
+    ("unhealthy", ReasonText(R.UNHEALTHY, "node(s) had GPU health Unhealthy (omaticaya.io)"), True),
+    ("no telemetry", ReasonText(R.NO_TELEMETRY, "node(s) had no GPU telemetry"), True),
+    ("unknown to the cache", ReasonText(R.NOT_IN_CACHE, "node(s) not yet in the cache"), True),
+    ("a bad pod annotation", ReasonText(R.BAD_POD, "pod annotation ... is not a memory"), True),
     ("no room on enough healthy GPUs: eviction may help",
-     "node(s) had no room: pod needs a GPU with 61440 MiB free (omaticaya.io)", False),
-    ("room taken by in-flight pods: may free", "node(s) had room taken by in-flight pods: ...", False),
-]
+     ReasonText(R.NO_ROOM, "node(s) had no room: pod needs a GPU with 61440 MiB free"), False),
+    ("room taken by in-flight pods: may free",
+     ReasonText(R.IN_FLIGHT, "node(s) had room taken by in-flight pods: ..."), False),
+    ("another node chosen: may fit", ReasonText(R.OTHER_NODE, "node(s) fit, another ..."), False),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -243,7 +247,7 @@ def test_unresolvable(reason, hopeless):
 
 def test_no_room_on_gpus_smaller_than_the_need_is_unresolvable():
     small = _state("small", [(1_000, [("a/x", 39_000)])], total_mib=40_960)
-    reason = "node(s) had no room: pod needs a GPU with 61440 MiB free (omaticaya.io)"
+    reason = reason_text(R.NO_ROOM, wanted="pod needs a GPU with 61440 MiB free", prefix=PREFIX)
     assert small.gpus[0].total_mib == 40_960
     assert unresolvable(NEED, {"small": reason}, {"small": small}.get) == {"small": reason}
     assert unresolvable(Need(40_000), {"small": reason}, {"small": small}.get) == {}
@@ -251,7 +255,7 @@ def test_no_room_on_gpus_smaller_than_the_need_is_unresolvable():
 
 def test_no_room_with_too_few_healthy_gpus_is_unresolvable():
     two = _state("two", [(1_000, ()), (1_000, ())], unhealthy=[1])
-    reason = "node(s) had no room: pod needs 2 GPUs with 61440 MiB free (omaticaya.io)"
+    reason = reason_text(R.NO_ROOM, wanted="pod needs 2 GPUs with 61440 MiB free", prefix=PREFIX)
     assert unresolvable(Need(60 * GIB, 2), {"two": reason}, {"two": two}.get) == {"two": reason}
     assert unresolvable(Need(60 * GIB, 1), {"two": reason}, {"two": two}.get) == {}
     assert unresolvable(None, {"two": reason}, {"two": two}.get) == {}
@@ -287,7 +291,7 @@ def extender(**kw: Any) -> Extender:
 
 
 def reader(read: list[str] | None = None, bad: dict[str, Any] | None = None):
-    def read_node(node: str, deadline: Deadline | None = None) -> NodeView:
+    def read_node(node: str, deadline: Deadline | None = None) -> Candidate:
         if read is not None:
             read.append(node)
         if node not in NODES:
@@ -385,7 +389,7 @@ def test_a_node_that_cannot_be_read_is_dropped_and_the_others_answered():
     ext = extender()
     read_node = reader()
 
-    def flaky(node: str, deadline: Deadline | None = None) -> NodeView:
+    def flaky(node: str, deadline: Deadline | None = None) -> Candidate:
         if node == "shared":
             raise OSError("connection refused")
         return read_node(node, deadline)

@@ -20,7 +20,7 @@ from omaticaya_py.scheduler.inflight import Placement, adjust, pending
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.need import MAX_UNITS, Need, parse_need, parse_slices
 from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
-from omaticaya_py.scheduler.slices import place_slices, slice_room
+from omaticaya_py.scheduler.fit import place_slices, slice_room
 from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
 
 NOW = READ_AT.timestamp() + 10
@@ -269,7 +269,7 @@ def test_a_burst_of_slices_never_promises_a_gpu_more_than_it_has_free():
 
 
 def test_a_bound_slice_pod_from_the_watch_is_a_placement_of_its_slices():
-    from omaticaya_py.scheduler.placements import placement_from_pod
+    from omaticaya_py.scheduler.ledger import placement_from_pod
 
     state = shared_node("n", 40000, 60000, 50000, shared="0,1")
     doc = slice_pod(10, 20, uid="u")
@@ -292,7 +292,7 @@ def test_whole_and_slice_reservations_on_one_node_each_take_their_own_gpus():
 def test_the_window_minimum_bounds_shared_gpus_too():
     from dataclasses import replace
 
-    from omaticaya_py.scheduler.signal import with_signal
+    from omaticaya_py.scheduler.nodeview import with_signal
 
     state = shared_node("n", 40000, 60000)
     dipped = replace(state, shared=(replace(state.shared[0], free_min_mib=1000), state.shared[1]))

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from omaticaya_py.core.liveness import READ_AT_AHEAD, Seen
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
 from omaticaya_py.scheduler.app import NodeProblems, metrics_registry
-from omaticaya_py.scheduler.staleness import LeaseState, NodeView, with_policy
+from omaticaya_py.scheduler.nodeview import LeaseState, NodeView, with_policy
 from tests.helpers import Clock
 from tests.waiting import wait_for
 

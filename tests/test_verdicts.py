@@ -1,10 +1,11 @@
-"""The kept verdicts (``scheduler.verdicts``): after every kind of change a request judges only
-the nodes that changed, and its answer is the one ``judge_all`` gives from scratch.
+"""The kept verdicts (``scheduler.cache``): after every kind of change a request judges only
+the nodes that changed, and its answer is the one the fit rule gives without the cache
+(``fit.judge_each``: a record made per request, liveness by the rule itself).
 
 Each case is a sequence of steps on a small cluster (a Node rewritten, a reservation made, time
 passing a node's window or its reservation's expiry, a Lease renewed or released, the clock
 going back, a node leaving the cache); after each step the kept verdicts are compared with a
-fresh ``judge_all`` over the same records, and the nodes judged again are counted.
+the rule without the cache over the same Nodes, and the nodes judged again are counted.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import pytest
 
 from omaticaya_py.core.liveness import LeaseState
 from omaticaya_py.core.schema import NodeGpuState
+from omaticaya_py.scheduler.cache import NodeIndex, Verdicts, VerdictsByNeed
+from omaticaya_py.scheduler.fit import JudgingContext, judge_each
+from omaticaya_py.scheduler.inflight import pending
 from omaticaya_py.scheduler.ledger import Ledger
-from omaticaya_py.scheduler.nodeindex import NodeIndex, judge_all
-from omaticaya_py.scheduler.rules import Need, judge, judge_safely
-from omaticaya_py.scheduler.verdicts import Verdicts, VerdictsByNeed
+from omaticaya_py.scheduler.need import Need
 from tests.test_ledger import NOW, node, res
 
 NAMES = [f"n{i}" for i in range(6)]
@@ -40,24 +42,18 @@ class World:
         self.index = NodeIndex(self.states.get, self.ledger, settle_s=60, ttl_s=300, grace_s=60,
                                skew_s=300)  # fmt: skip
 
-    def kw(self) -> dict[str, Any]:
-        now = self.now
-
-        def slow(name: str, state: Any, left: Any) -> Any:
-            def one(st: Any, _: Any) -> Any:
-                return judge(st, NEED, now=now, ttl_s=300, grace_s=60, fail_open=False,
-                             left=left, leases=self.leases.get, now_mono=self.mono)  # fmt: skip
-
-            return judge_safely(name, state, one, None, None)
-
-        return {"now": now, "now_mono": self.mono, "leases": self.leases.get, "slow": slow,
-                "prefix": "omaticaya.io", "grace_s": 60, "skew_s": 300}  # fmt: skip
+    def ctx(self, **more: Any) -> JudgingContext:
+        return JudgingContext(self.now, 300, 60, now_mono=self.mono, max_skew_s=300,
+                              leases=self.leases.get, **more)  # fmt: skip
 
     def fresh(self) -> tuple[dict[str, int], list[str], dict[str, str]]:
-        index = NodeIndex(self.states.get, self.ledger, settle_s=60, ttl_s=300, grace_s=60,
-                          skew_s=300)  # fmt: skip
-        fits, passed, failed = judge_all(index.records(NAMES, self.now), NEED, **self.kw())
-        return {n: f for n, f, _ in fits}, passed, failed
+        """The rule without the cache, over the same Nodes and reservations."""
+
+        def inflight(name: str, state: Any) -> Any:
+            return pending(self.ledger.on_node(name), state, now=self.now, settle_s=60,
+                           assume_s=30)  # fmt: skip
+
+        return judge_each([(n, self.states.get(n)) for n in NAMES], NEED, self.ctx(), inflight)
 
 
 def _rewrite(w: World) -> None:
@@ -120,12 +116,12 @@ CASES = [
 def test_kept_verdicts_equal_a_fresh_judging_and_judge_only_what_changed(case, steps, judged):
     w = World()
     kept = Verdicts(w.index, NEED)
-    assert kept.judge(NAMES, **w.kw()) == w.fresh(), case
+    assert kept.judge(NAMES, w.ctx()) == w.fresh(), case
     assert kept.judged == len(NAMES)
     for step, want in zip(steps, judged, strict=True):
         step(w)
         before = kept.judged
-        got = kept.judge(NAMES, **w.kw())
+        got = kept.judge(NAMES, w.ctx())
         assert got == w.fresh(), (case, step.__name__)
         assert kept.judged - before == want, (case, step.__name__)
 
@@ -133,9 +129,9 @@ def test_kept_verdicts_equal_a_fresh_judging_and_judge_only_what_changed(case, s
 def test_a_request_for_some_names_answers_for_those_only():
     w = World()
     kept = Verdicts(w.index, NEED)
-    kept.judge(NAMES, **w.kw())
+    kept.judge(NAMES, w.ctx())
     _rewrite(w)
-    fits, passed, failed = kept.judge(["n4", "n1", "n0"], **w.kw())
+    fits, passed, failed = kept.judge(["n4", "n1", "n0"], w.ctx())
     assert list(fits) == ["n4", "n0"] and passed == [] and list(failed) == ["n1"]
 
 
@@ -152,10 +148,10 @@ def test_verdicts_are_kept_per_need_for_the_last_few():
 def test_a_reservation_on_a_node_not_asked_about_counts_when_it_is(monkeypatch):
     w = World()
     kept = Verdicts(w.index, NEED)
-    kept.judge(NAMES, **w.kw())
+    kept.judge(NAMES, w.ctx())
     _reserve(w)  # on n0
-    kept.judge(["n1", "n2"], **w.kw())  # n0 not asked: forgotten, not judged
-    assert kept.judge(NAMES, **w.kw()) == w.fresh()
+    kept.judge(["n1", "n2"], w.ctx())  # n0 not asked: forgotten, not judged
+    assert kept.judge(NAMES, w.ctx()) == w.fresh()
 
 
 @pytest.mark.parametrize("changes", [3, 10])  # within the ledger's memory, and past it
@@ -165,11 +161,11 @@ def test_more_changes_between_requests_than_the_ledger_remembers(monkeypatch, ch
     monkeypatch.setattr(ledger_module, "MAX_CHANGES", 4)
     w = World()
     kept = Verdicts(w.index, NEED)
-    kept.judge(NAMES, **w.kw())
+    kept.judge(NAMES, w.ctx())
     for i in range(changes):
         w.ledger.reserve(res(f"u{i}", NAMES[i % 3], (0,), mib=20000))
     before = kept.judged
-    assert kept.judge(NAMES, **w.kw()) == w.fresh()
+    assert kept.judge(NAMES, w.ctx()) == w.fresh()
     assert kept.judged - before == 3  # the three nodes reserved on
 
 
@@ -200,19 +196,20 @@ def test_a_flagged_node_asked_about_and_kept_fresh_is_told_its_problem_is_over()
     w = World()
     kept = Verdicts(w.index, NEED)
     told: list[str] = []
-    kept.judge(NAMES, **w.kw())  # every node kept, none flagged yet
+    kept.judge(NAMES, w.ctx())  # every node kept, none flagged yet
     flagged = {"n0": "ahead", "n4": "ahead"}  # flagged since by another request
-    kept.judge(["n0", "n1"], **w.kw(), flagged=flagged, on_fresh=told.append)
+    ctx = w.ctx(on_problem=lambda name, problem, detail: told.append(name))
+    kept.judge(["n0", "n1"], ctx, flagged)
     assert told == ["n0"]  # n4 was not asked about
 
 
 def test_what_is_kept_of_deleted_nodes_goes_at_the_next_sweep(monkeypatch):
-    import omaticaya_py.scheduler.verdicts as verdicts_module
+    import omaticaya_py.scheduler.cache as cache_module
 
-    monkeypatch.setattr(verdicts_module, "SWEEP_EVERY", 2)  # (1,024 by default)
+    monkeypatch.setattr(cache_module, "SWEEP_EVERY", 2)  # (1,024 by default)
     w = World()
     kept = Verdicts(w.index, NEED)
-    kept.judge(NAMES, **w.kw())
+    kept.judge(NAMES, w.ctx())
     del w.states["n0"]  # deleted; the scheduler stops asking about it
-    kept.judge(NAMES[1:], **w.kw())  # the second request sweeps
+    kept.judge(NAMES[1:], w.ctx())  # the second request sweeps
     assert "n0" not in kept.free and "n0" not in kept._state and len(w.index) == len(NAMES) - 1

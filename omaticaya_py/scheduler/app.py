@@ -86,7 +86,7 @@ class NodeProblems:
     @property
     def flagged(self) -> Mapping[str, str]:
         """Names with a problem found at judging time on record (read-only use): the others
-        need not be told that they judged well (``narrow.flagged_of``)."""
+        need not be told that they judged well (``protocol.Extender.flagged``)."""
         return self._judged.current
 
     def judged(self, name: str, problem: str | None, detail: str = "") -> None:

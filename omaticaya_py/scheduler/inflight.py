@@ -27,24 +27,26 @@ leaves it out) when
 A deleted, failed or finished pod is never a placement (the pod watch drops it).
 
 ``adjust`` takes each pending placement's memory from the GPUs it was given (``gpus``, chosen
-by the filter as the device plugin would: ``choose_gpus``), and a placement whose GPUs are not
+by the filter as the device plugin would: ``fit.choose_gpus``), and a placement whose GPUs are not
 known (learned from the pod watch: bound by another path, or after a restart) from its
 ``count`` healthy GPUs with the most free memory left, clamped at zero. A placement of whole
 devices (``exclusive``: the pod asks for the device plugin's GPU resource, so the kubelet
 hands it whole GPUs) takes all of each GPU it is given: no other pod can get them. A placement of slices
 (``slices``: units per container) is taken from the node's shared GPUs the same way, each slice
-from one GPU (``slices.place_slices`` chose them), and is shown by the shared GPUs' free memory.
+from one GPU (``fit.place_slices`` chose them), and is shown by the shared GPUs' free memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import compress
 
 from ..core.schema import NodeGpuState
-from ..core.sharing import device_order, gpu_room_mib
+from ..core.sharing import gpu_room_mib
+from ..core.shown import Grant, still_counting
 
-__all__ = ["ASSUME_S", "Placement", "adjust", "choose_gpus", "expiry", "pending"]
+__all__ = ["ASSUME_S", "Placement", "adjust", "expiry", "pending"]
 
 #: how long a reservation made at filter time counts while the pod is not seen bound: the
 #: window Filter -> Bind (a pod held in Permit included: this must exceed the Permit wait)
@@ -160,30 +162,15 @@ def _held_on(p: Placement, state: NodeGpuState) -> tuple[int, ...]:
 def _not_shown(live: list[Placement], read_at: float, free_now: int, unit_mib: int | None,
                holders: frozenset[str] = frozenset()) -> list[Placement]:  # fmt: skip
     """The placements of ``live`` (oldest first) a reading at ``read_at`` with ``free_now``
-    free does not show yet (see the module's docstring). One whose pod is among ``holders``
-    (``"<namespace>/<name>"``) in a reading after it started is shown; its memory still counts
-    in the drop the later ones must account for (conservative: it may not be in use yet)."""
-    shown = 0  # memory of earlier placements the reading must show as well
-    out: list[Placement] = []
-    settling = True
-    for p in live:
-        mib = p.mib_at(unit_mib)
-        if p.key in holders and p.started_at is not None and read_at > p.started_at:
-            shown += mib
-            continue
-        seen = (
-            settling
-            and p.started_at is not None
-            and read_at > p.started_at
-            and p.baseline_free_mib is not None
-            and p.baseline_free_mib - free_now >= shown + mib
-        )
-        if seen:
-            shown += mib
-            continue
-        settling = False  # later ones cannot be told apart from this one: they wait
-        out.append(p)
-    return out
+    free does not show yet: ``core.shown.still_counting``, the device plugin's rule too. A
+    pod among ``holders`` (``"<namespace>/<name>"``) in a reading after it started is shown."""
+    grants = [
+        Grant(p.mib_at(unit_mib), p.baseline_free_mib,
+              read_after=(after := p.started_at is not None and read_at > p.started_at),
+              held=after and p.key in holders)
+        for p in live
+    ]  # fmt: skip
+    return list(compress(live, still_counting(grants, free_now)))
 
 
 def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
@@ -244,22 +231,3 @@ def _adjust_shared(state: NodeGpuState, placements: Sequence[Placement]) -> Node
         else replace(g, free_mib=free[g.index], units_left=left[g.index]) for g in state.shared
     )  # fmt: skip
     return replace(state, shared=shared)
-
-
-def choose_gpus(
-    state: NodeGpuState, memory_mib: int, count: int, strategy: str = "binpack",
-    *, exclusive: bool = False,
-) -> tuple[int, ...]:
-    """The ``count`` GPUs of ``state`` (free memory after the pending placements) a pod needing
-    ``memory_mib`` on each would be given: healthy, with that much free. ``exclusive`` (whole
-    devices from the device plugin): the ones the plugin hands out, ``core.sharing.device_order``
-    (most free first), since the plugin does not know the pod's need; else ``binpack`` the ones
-    with the least room that fits, ``spread`` the most. ``()`` when fewer than ``count`` fit."""
-    fit = [g for g in state.gpus if g.healthy and g.free_mib >= memory_mib]
-    if len(fit) < count:
-        return ()
-    if exclusive:
-        fit.sort(key=lambda g: device_order(g.healthy, g.free_mib, g.index))
-    else:
-        fit.sort(key=lambda g: (g.free_mib if strategy == "binpack" else -g.free_mib, g.index))
-    return tuple(sorted(g.index for g in fit[:count]))

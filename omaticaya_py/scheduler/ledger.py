@@ -1,36 +1,70 @@
 """The reservation ledger: each pod's GPU memory held on the one node it was given, indexed by
-node and by pod uid (``inflight.Placement`` values).
+node and by pod uid (``inflight.Placement`` values), as kube-scheduler's cache holds its assumed
+pods; and the pod watch's side (``placement_from_pod``, ``PodProblems``).
 
-Who writes it:
+A pod's life in the ledger (``Ledger.phase``; each arrow a verb, counted in ``Ledger.counts``)::
 
-- the filter: ``reserve`` when it narrows a pod to its node (a refilter of the same pod, by
-  uid, replaces its earlier reservation: ``release`` then ``reserve``);
-- the pod watch (``kube.PodCache``'s ``on_change``): ``pod_changed`` with the bound pod's
-  placement (``placements.placement_from_pod``) or ``None`` when the pod was deleted, failed
-  or finished. Bound on the node it was reserved on: *confirmed* (the reserved GPUs and
-  baseline kept, the age counted from the binding); bound elsewhere (another scheduler, a
-  direct bind): *moved* there, its GPUs then unknown; bound and never reserved (learned after
-  an extender restart): added. An unbound reservation that never shows bound stops counting
-  after ``assume_s`` and is dropped from the ledger at the next ``reserve`` after that.
+                 reserve (the filter narrows the pod to this node)
+      GONE ───────────────────────────────────────────► RESERVED ──── release ────► GONE
+       │  ▲                                      (a refilter replaces it)  │
+       │  │ drop: the pod deleted, failed,            │                    │ expire: assume_s
+       │  │ finished or unbound                       │ confirm: seen      │ passes, never seen
+       │  │                                           │ bound here         │ bound (dropped at
+       │  └──────────────────┐                        │ move: seen bound   ▼ the next reserve)
+       │ add: seen bound,    │                        │ on another node   EXPIRED
+       │ never reserved      │                        ▼
+       └───────────────────► BOUND ──── show: the reading shows it ────► SHOWN
+                               │        (``inflight.pending``: ``core.shown``; or its pod
+                               │         is a holder in the kubelet's books)
+                               └──────── settle_s passes ──────────────► EXPIRED
 
-Readers (``nodeindex.NodeIndex``) ask ``on_node(name)`` and ``version(name)``: a per-node number
-that grows with every change on that node, so that a node's record is rebuilt only when its
-reservations changed; ``changed_since(seq)`` names the nodes changed since a point
-(``verdicts.Verdicts``: a request looks only at those). Every operation is O(1) in the number of pods and nodes, except that a
-node's own placements are copied on a change there. Thread-safe: the pod watch's thread and the
-request handlers share it.
+RESERVED and BOUND count against their node's GPUs (``inflight.adjust``); SHOWN and EXPIRED do
+not (the reading has it, or it aged out) but a bound pod stays in the ledger until the pod goes
+(``drop``): its memory is part of the drop a later pod's must be told apart from.
+
+Who moves it: the filter (``reserve``, ``release``: a refilter of the same pod, by uid, releases
+then reserves); the pod watch (``kube.PodCache``'s ``on_change``): ``pod_changed`` with the
+bound pod's placement or ``None`` (``drop``). Bound on the node it was reserved on: *confirm*
+(the reserved GPUs and baseline kept, the age counted from the binding); bound elsewhere
+(another scheduler, a direct bind): *move* there, its GPUs then unknown; bound and never
+reserved (learned after an extender restart): *add*.
+
+Readers (``cache.NodeIndex``) ask ``on_node(name)`` and ``versions`` (per node, a number that
+grows with every change on that node: a node's record is rebuilt only when it changed);
+``changed_since(seq)`` names the nodes changed since a point (``cache.Verdicts``). Every
+operation is O(1) in the number of pods and nodes, except that a node's own placements are
+copied on a change there. Thread-safe: the pod watch's thread and the request handlers share it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from enum import StrEnum
 from itertools import islice
+from typing import Any
 
-from .inflight import ASSUME_S, Placement, expiry
+from loguru import logger as log
 
-__all__ = ["Ledger"]
+from ..core.sayonce import SayOnce
+from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
+from ..core.sharing import DEFAULT_SHARED_RESOURCE
+from .inflight import ASSUME_S, Placement, expiry, pending
+from .need import DEFAULT_GPU_RESOURCE, parse_need
+
+__all__ = ["DONE_PHASES", "Ledger", "Phase", "PodProblems", "placement_from_pod"]
+
+
+class Phase(StrEnum):
+    """Where a pod is in the ledger's life cycle (the module's diagram)."""
+
+    GONE = "gone"
+    RESERVED = "reserved"
+    BOUND = "bound"
+    SHOWN = "shown"
+    EXPIRED = "expired"
 
 #: at most this many unbound reservations are held (the oldest go first)
 MAX_RESERVED = 100_000
@@ -52,7 +86,7 @@ class Ledger:
         self._reserved: dict[str, float] = {}  # unbound uids, in reservation order -> expiry
         self._lock = threading.Lock()
         #: how many reservations were made, confirmed by the watch, moved to another node,
-        #: and dropped as expired without being seen bound
+        #: and dropped as expired without being seen bound (the verbs of the diagram)
         self.counts = {"reserved": 0, "confirmed": 0, "moved": 0, "expired": 0}
 
     # -- readers -------------------------------------------------------------------------
@@ -63,9 +97,25 @@ class Ledger:
         held = self._by_node.get(node)
         return tuple(held.values()) if held else ()
 
-    def version(self, node: str) -> int:
-        """A number that changes whenever ``node``'s placements change."""
-        return self._versions.get(node, 0)
+    @property
+    def versions(self) -> Mapping[str, int]:
+        """Node -> a number that grows whenever its placements change (absent: 0). Read-only;
+        the live mapping, so that a reader's per-name lookups cost one ``get``."""
+        return self._versions
+
+    def phase(self, uid: str, state: NodeGpuState | None, now: float) -> Phase:
+        """Where the pod ``uid`` is (the module's diagram), judged against its node's reading
+        ``state`` at ``now`` (epoch s)."""
+        p = self._by_uid.get(uid)
+        if p is None:
+            return Phase.GONE
+        if now >= expiry(p, self.settle_s, self.assume_s):
+            return Phase.EXPIRED
+        if not p.bound:
+            return Phase.RESERVED
+        live = pending(self.on_node(p.node), state, now=now, settle_s=self.settle_s,
+                       assume_s=self.assume_s)  # fmt: skip
+        return Phase.BOUND if any(q.uid == uid for q in live) else Phase.SHOWN
 
     def changed_since(self, seq: int) -> tuple[int, list[str] | None]:
         """``(now, the nodes whose placements changed after change number seq)``; ``None``
@@ -174,3 +224,91 @@ class Ledger:
                 return
             self._drop(new.uid)
             self._put(merged)
+
+
+# ---------------------------------------------------------------- the pod watch ----
+
+
+#: phases of a pod that holds no GPU memory any more
+DONE_PHASES = frozenset({"Failed", "Succeeded"})
+
+
+def _scheduled_at(status: Mapping[str, Any]) -> float | None:
+    conditions = status.get("conditions")
+    for c in conditions if isinstance(conditions, list) else ():
+        c = json_mapping(c)
+        if c.get("type") == "PodScheduled" and c.get("status") == "True":
+            return rfc3339_s(c.get("lastTransitionTime"))
+    return None
+
+
+def placement_from_pod(
+    pod: Mapping[str, Any],
+    previous: Placement | None,
+    *,
+    prefix: str,
+    node_state: Callable[[str], NodeGpuState | None],
+    now: float,
+    shared_resource: str = DEFAULT_SHARED_RESOURCE,
+    gpu_resource: str = DEFAULT_GPU_RESOURCE,
+) -> Placement | None:
+    """The placement a pod document stands for, or ``None``. Raises ``ValueError`` for a pod
+    whose fields have the wrong shape (the caller skips it and counts it).
+
+    ``previous`` (the placement stored for this pod before) keeps the first ``placed_at`` and
+    ``baseline_free_mib``; a new placement's baseline is the node's free memory now
+    (``node_state``; of its shared GPUs for a pod of slices of ``shared_resource``), its
+    ``placed_at`` the pod's PodScheduled transition (else ``now``)."""
+    if not isinstance(pod, Mapping):
+        raise ValueError("pod is not an object")
+    meta, spec, status = (json_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
+    node = spec.get("nodeName")
+    if node is None or node == "":
+        return None
+    if not isinstance(node, str) or len(node) > 253:
+        raise ValueError("spec.nodeName is not a Node name")
+    if meta.get("deletionTimestamp") or status.get("phase") in DONE_PHASES:
+        return None
+    need = parse_need(pod, prefix, shared_resource, gpu_resource)
+    if need is None or need.error:
+        return None  # never placed through the extender's rules: nothing to account
+    uid = meta.get("uid")
+    if not isinstance(uid, str):
+        raise ValueError("metadata.uid is not a string")
+    if previous is not None and previous.uid == uid and previous.node == node:
+        placed_at, baseline = previous.placed_at, previous.baseline_free_mib
+    else:
+        placed_at = _scheduled_at(status) or now
+        state = node_state(node)
+        baseline = None
+        if state is not None and state.known:
+            baseline = state.shared_free_total_mib if need.slices else state.live_free_total_mib
+    return Placement(
+        key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        uid=uid,
+        node=node,
+        memory_mib=need.memory_mib,
+        count=need.count,
+        placed_at=placed_at,
+        started_at=rfc3339_s(status.get("startTime")),
+        baseline_free_mib=baseline,
+        slices=need.slices,
+        exclusive=need.exclusive,
+    )
+
+
+class PodProblems:
+    """Pods that could not be read: each logged once (by pod and problem) and counted."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._seen: SayOnce[str, str] = SayOnce(max_keys=10_000)  # bounded: the oldest goes
+        self._lock = threading.Lock()
+
+    def skipped(self, key: str, exc: Exception) -> None:
+        problem = f"skipped: {type(exc).__name__}"
+        with self._lock:
+            self.counts[problem] += 1
+            if not self._seen.start(key, problem):
+                return
+        log.warning("pod {}: {}: {} (not counted in flight)", key, problem, str(exc)[:200])

@@ -6,11 +6,19 @@ registry is made or scraped, not with this module."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from operator import countOf, itemgetter
 from typing import Any
+
+from loguru import logger as log
+
+from .fit import ReasonText
 
 __all__ = [
     "ApiRequests",
+    "DecisionMetrics",
     "Decisions",
     "LeaseCacheMetrics",
     "LedgerMetrics",
@@ -18,6 +26,9 @@ __all__ = [
     "PodCacheMetrics",
     "metrics_registry",
 ]
+
+
+_score = itemgetter("Score")
 
 
 def _counter(name: str, doc: str, labels: list[str], counts: Mapping[Any, int]) -> Any:
@@ -166,8 +177,47 @@ class LedgerMetrics:
 
 
 class Decisions:
+    """Every filter, prioritize and preempt decision, counted by (verb, result, reason) and
+    logged once per request at DEBUG with its tally: ``verb`` filter, prioritize or preempt;
+    ``result`` passed / failed (filter, per node), scored / zero (prioritize, per node), kept /
+    dropped (preempt, per node); ``reason`` a ``fit.Reason`` code for the filter (bounded: the
+    text, which names pods and sizes, is only logged), a fixed name for preempt."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def filtered(self, pod: str, passed: Sequence[str], failed: Mapping[str, ReasonText]) -> None:
+        """Count a filter's answer for ``pod``: each failed node by its reason's code."""
+        codes: Counter[str] = Counter()
+        for text, n in Counter(failed.values()).items():  # few distinct texts among thousands
+            codes[text.code] += n
+        with self._lock:
+            if passed:
+                self.counts[("filter", "passed", "")] += len(passed)
+            for code, n in codes.items():
+                self.counts[("filter", "failed", code)] += n
+        log.debug("filter {}: {} passed, failed {}", pod, len(passed), dict(codes) or "none")
+
+    def prioritized(self, pod: str, scores: Sequence[Mapping[str, Any]]) -> None:
+        """Count a HostPriorityList for ``pod``: scored (> 0) and zero."""
+        scored = len(scores) - countOf(map(_score, scores), 0)
+        with self._lock:
+            if scored:
+                self.counts[("prioritize", "scored", "")] += scored
+            if len(scores) - scored:
+                self.counts[("prioritize", "zero", "")] += len(scores) - scored
+        log.debug("prioritize {}: {} scored, {} zero", pod, scored, len(scores) - scored)
+
+    def preempted(self, result: str, reason: str, n: int = 1) -> None:
+        """Count ``n`` candidate nodes of a preemption: kept, or dropped for ``reason``."""
+        with self._lock:
+            self.counts[("preempt", result, reason)] += n
+
+
+class DecisionMetrics:
     """``omaticaya_extender_decisions_total{verb,result,reason}``: per-node decisions
-    (``decisions.counts``: ``scheduler.decisions.Decisions``)."""
+    (``Decisions.counts``)."""
 
     def __init__(self, decisions: Any) -> None:
         self._decisions = decisions
@@ -175,7 +225,7 @@ class Decisions:
     def collect(self) -> Iterator[Any]:
         yield _counter(
             "omaticaya_extender_decisions",
-            "Per-node decisions, by verb, result and reason (scheduler/decisions.py).",
+            "Per-node decisions, by verb, result and reason (scheduler/metrics.py).",
             ["verb", "result", "reason"], self._decisions.counts,
         )  # fmt: skip
 
@@ -207,7 +257,7 @@ def metrics_registry(
     if ledger is not None:
         collectors.append(LedgerMetrics(ledger))
     if decisions is not None:
-        collectors.append(Decisions(decisions))
+        collectors.append(DecisionMetrics(decisions))
     registry = CollectorRegistry()
     for collector in collectors:
         registry.register(collector)

@@ -14,11 +14,11 @@ nothing its in-tree filters see (memory by annotation only) gets no candidates a
 extender is not asked either.
 
 Per candidate node: a node the filter would fail for a reason eviction cannot change
-(``preemption.unresolvable``) is dropped; the others are read fresh from the API server
+(``victims.unresolvable``) is dropped; the others are read fresh from the API server
 (``NodeReader``: the Node, for its telemetry's per-GPU holders, and the pods bound to it, for
-their uid and priority), at most ``MAX_NODES`` per call, and ``preemption.choose_victims``
+their uid and priority), at most ``MAX_NODES`` per call, and ``victims.choose_victims``
 decides. The call answers within kube-scheduler's ``httpTimeout`` (``http_timeout_s``):
-``preemption.Deadline`` starts no node whose two reads could run past the budget and cuts
+``victims.Deadline`` starts no node whose two reads could run past the budget and cuts
 each read to the time left; the nodes not started are dropped, counted as ``deadline``. A
 pod without a GPU need passes through untouched (the candidates as given). Every
 node's outcome is counted in ``omaticaya_extender_decisions_total{verb="preempt"}``; bad
@@ -28,15 +28,17 @@ entries (a victim or pod that cannot be read, a Node that cannot be read) drop t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from loguru import logger as log
 
 from ..core.schema import json_int, json_mapping, json_str, parse_gpu_readings, parse_node
+from .fit import judge_each
 from .need import parse_need
-from .preemption import (
+from .protocol import pod_name
+from .victims import (
     READ_TIMEOUT_S,
     Deadline,
     GpuRoom,
@@ -49,9 +51,8 @@ from .preemption import (
     reserved_by_gpu,
     unresolvable,
 )
-from .rules import filter_nodes
 
-__all__ = ["MAX_NODES", "NodeReader", "NodeView", "ReadNode", "gpu_rooms", "preempt"]
+__all__ = ["MAX_NODES", "Candidate", "NodeReader", "ReadNode", "gpu_rooms", "preempt"]
 
 #: the most candidate nodes read from the API server per call (two requests each); the rest
 #: are dropped, counted as ``over-cap`` (kube-scheduler picks one node of those kept)
@@ -59,7 +60,7 @@ MAX_NODES = 32
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class Candidate:
     """A candidate node read fresh: its whole GPUs, the pods bound to it (oldest first), and
     how many of its pod documents could not be read (skipped)."""
 
@@ -93,8 +94,8 @@ def gpu_rooms(node: Any, prefix: str) -> tuple[GpuRoom, ...]:
     return tuple(out)
 
 
-def node_view(node: Any, pod_list: Any, prefix: str) -> NodeView:
-    """A ``NodeView`` from a v1.Node and a v1.PodList of the pods bound to it (untrusted: a pod
+def node_view(node: Any, pod_list: Any, prefix: str) -> Candidate:
+    """A ``Candidate`` from a v1.Node and a v1.PodList of the pods bound to it (untrusted: a pod
     that cannot be read is skipped and counted)."""
     items = json_mapping(pod_list).get("items")
     pods: list[tuple[float, int, PodOnNode]] = []
@@ -105,11 +106,11 @@ def node_view(node: Any, pod_list: Any, prefix: str) -> NodeView:
         except ValueError:
             skipped += 1
     pods.sort(key=lambda t: (t[0], t[1]))
-    return NodeView(gpu_rooms(node, prefix), tuple(p for _, _, p in pods), skipped)
+    return Candidate(gpu_rooms(node, prefix), tuple(p for _, _, p in pods), skipped)
 
 
 #: reads one candidate node fresh, its requests within the call's ``Deadline``
-ReadNode = Callable[[str, Deadline], NodeView]
+ReadNode = Callable[[str, Deadline], Candidate]
 
 
 class NodeReader:
@@ -134,7 +135,7 @@ class NodeReader:
 
         return json.loads(self._session.call("list", what, request).data)
 
-    def __call__(self, node: str, deadline: Deadline) -> NodeView:
+    def __call__(self, node: str, deadline: Deadline) -> Candidate:
         nodes = self._get(
             f"node {node}", "/api/v1/nodes", {"fieldSelector": f"metadata.name={node}"}, deadline
         )
@@ -182,7 +183,6 @@ def preempt(
     reserved_on: Callable[[str], Reservations] | None = None,
     max_nodes: int = MAX_NODES,
     budget_s: float | None = None,
-    clock: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """ExtenderPreemptionArgs -> ExtenderPreemptionResult for the extender ``ext``
     (``protocol.Extender``: settings, the Node cache, clocks, in-flight placements, decision
@@ -190,17 +190,16 @@ def preempt(
     within ``deadline``; ``reserved_on(node)``: the ledger's reservations by GPU (``None``:
     from ``ext``'s in-flight placements). At most ``max_nodes`` nodes are read, within
     ``budget_s`` seconds from the call (``None``: ``preempt_budget_s`` of the settings'
-    ``http_timeout_s``, kube-scheduler's ``httpTimeout``) on ``clock`` (``None``: the
-    extender's monotonic clock, ``ext.monotonic``); a node whose worst case no longer fits is
-    not started (``preemption.Deadline``)."""
+    ``http_timeout_s``, kube-scheduler's ``httpTimeout``) on the extender's monotonic clock
+    (``ext.monotonic``); a node whose worst case no longer fits is not started
+    (``victims.Deadline``)."""
     if budget_s is None:
         budget_s = preempt_budget_s(ext.settings.http_timeout_s)
-    deadline = Deadline.start(budget_s, clock or ext.monotonic)
-    pod = args.get("Pod")
-    need = parse_need(pod, ext.settings.prefix, ext.settings.shared_resource,
-                      ext.settings.device_plugin_resource)
+    deadline = Deadline.start(budget_s, ext.monotonic)
+    s, pod = ext.settings, args.get("Pod")
+    need = parse_need(pod, s.prefix, s.shared_resource, s.device_plugin_resource)
     candidates, pdb, bad = _candidates(args)
-    count = _counter(ext)
+    count = ext.decisions.preempted
     if bad:
         count("dropped", "bad-victim", bad)
     if need is None or need.slices:
@@ -210,74 +209,78 @@ def preempt(
     if need.error:
         count("dropped", "bad-pod", len(candidates))
         return {"NodeNameToMetaVictims": {}}
-    meta, spec = (json_mapping(json_mapping(pod).get(k)) for k in ("metadata", "spec"))
-    uid = json_str(meta.get("uid")) or ""
-    priority = json_int(spec.get("priority")) or 0
     states = {n: ext.lookup(n) for n in candidates}
-    inflight = ext._inflight(pod)
-    _, failed = filter_nodes(
-        need, list(states.items()), fail_open=False, inflight=inflight,
-        **{**ext._clocks(), "stale_policy": "reject"},
-    )  # fmt: skip
-    hopeless = unresolvable(need, failed, states.get)
+    inflight = ext.inflight_of(pod)
+    ctx = replace(ext.context(), stale_policy="reject", unknown_policy="reject", fail_open=False)
+    hopeless = unresolvable(need, judge_each(states.items(), need, ctx, inflight)[2], states.get)
     out: dict[str, Any] = {}
-    read_n = 0
-    for node, named in candidates.items():
-        if node in hopeless:
-            count("dropped", "unresolvable")
-            continue
-        if read_n >= max_nodes:
-            count("dropped", "over-cap")
-            continue
-        if not deadline.node_fits():
-            count("dropped", "deadline")  # its reads could outlast kube-scheduler's wait
-            continue
-        read_n += 1
-        try:
-            view = read(node, deadline)
-        except Exception as exc:  # noqa: BLE001 - one node's failure must not fail the others
-            log.warning("preempt: node {} could not be read: {}", node, str(exc)[:200])
-            count("dropped", "read-failed")
-            continue
-        if view.skipped:
-            count("dropped", "bad-pod-on-node", view.skipped)
+    for node, view in _read(candidates, hopeless, read, deadline, max_nodes, count):
         if reserved_on is not None:
             reserved = reserved_on(node)
         else:
             placed = inflight(node, states[node]) if inflight is not None else ()
             reserved = reserved_by_gpu(view.gpus, placed)
-        choice = choose_victims(
-            need, priority, view.gpus, view.pods, reserved=reserved, named=named,
-            preemptor_uid=uid,
-        )  # fmt: skip
-        if choice.victims is None:
-            log.info("preempt {}: node {} dropped: {}", ext._pod_name(pod), node, choice.reason)
-            count("dropped", "too-little" if "too little" in choice.reason else "no-fit")
-            continue
-        if not choice.victims:
-            # it fits with nothing evicted (room freed since the filter): the next cycle's
-            # filter passes it; a node without victims is an error to kube-scheduler from
-            # 1.22 (kubernetes#101560) and a crash in 1.20's selection (kubernetes#101548)
-            count("dropped", "fits-already")
+        choice = choose_victims(need, _priority(pod), view.gpus, view.pods, reserved=reserved,
+                                named=candidates[node], preemptor_uid=_uid(pod))  # fmt: skip
+        if (why := _dropped(choice)) is not None:
+            if choice.victims is None:
+                log.info("preempt {}: node {} dropped: {}", pod_name(pod), node, choice.reason)
+            count("dropped", why)
             continue
         count("kept", "")
-        out[node] = _meta(choice.victims, pdb[node])
+        out[node] = _meta(choice.victims, pdb[node])  # type: ignore[arg-type]  # not None here
     log.info(
-        "preempt {}: {} of {} candidate node(s) kept: {}", ext._pod_name(pod), len(out),
+        "preempt {}: {} of {} candidate node(s) kept: {}", pod_name(pod), len(out),
         len(candidates), {n: len(v["Pods"]) for n, v in list(out.items())[:8]},
     )  # fmt: skip
     return {"NodeNameToMetaVictims": out}
 
 
-def _counter(ext: Any) -> Callable[..., None]:
-    """Counts into ``ext.decisions`` as ``("preempt", result, reason)``."""
-    decisions = ext.decisions
+def _uid(pod: Any) -> str:
+    return json_str(json_mapping(json_mapping(pod).get("metadata")).get("uid")) or ""
 
-    def count(result: str, reason: str, n: int = 1) -> None:
-        with decisions._lock:
-            decisions.counts[("preempt", result, reason)] += n
 
-    return count
+def _priority(pod: Any) -> int:
+    return json_int(json_mapping(json_mapping(pod).get("spec")).get("priority")) or 0
+
+
+def _dropped(choice: Any) -> str | None:
+    """Why a node's choice drops it (a ``Decisions`` reason), ``None``: kept."""
+    if choice.victims is None:
+        return "too-little" if "too little" in choice.reason else "no-fit"
+    if not choice.victims:
+        # it fits with nothing evicted (room freed since the filter): the next cycle's
+        # filter passes it; a node without victims is an error to kube-scheduler from
+        # 1.22 (kubernetes#101560) and a crash in 1.20's selection (kubernetes#101548)
+        return "fits-already"
+    return None
+
+
+def _read(candidates: Mapping[str, Any], hopeless: Mapping[str, str], read: ReadNode,
+          deadline: Deadline, max_nodes: int, count: Callable[..., None]
+          ) -> Iterator[tuple[str, Candidate]]:  # fmt: skip
+    """Each candidate node read fresh, in order: those evicting cannot help, those over
+    ``max_nodes``, those whose reads could outlast ``deadline`` and those that could not be
+    read are dropped and counted."""
+    read_n = 0
+    for node in candidates:
+        if node in hopeless:
+            count("dropped", "unresolvable")
+        elif read_n >= max_nodes:
+            count("dropped", "over-cap")
+        elif not deadline.node_fits():
+            count("dropped", "deadline")  # its reads could outlast kube-scheduler's wait
+        else:
+            read_n += 1
+            try:
+                view = read(node, deadline)
+            except Exception as exc:  # noqa: BLE001 - one node's failure must not fail the others
+                log.warning("preempt: node {} could not be read: {}", node, str(exc)[:200])
+                count("dropped", "read-failed")
+                continue
+            if view.skipped:
+                count("dropped", "bad-pod-on-node", view.skipped)
+            yield node, view
 
 
 def preemptor(ext: Any, kubeconfig: str | None = None) -> Callable[[Any], Any] | None:

@@ -1,21 +1,54 @@
-"""The kube-scheduler extender protocol (``k8s.io/kube-scheduler/extender/v1``): ExtenderArgs in, results out."""
+"""The kube-scheduler extender protocol (``k8s.io/kube-scheduler/extender/v1``): ExtenderArgs in,
+results out, every verb judged by the one fit rule (``fit``).
+
+With a reservation ledger (``ledger``; ``settle_s`` > 0) the filter *narrows* each pod to its
+one best node and reserves its need there (``Narrowing``): it judges the nodes asked about
+(``cache.Verdicts`` for ``NodeNames``: only what changed; ``fit.judge_all`` over whole Nodes),
+picks among those that fit the one the strategy prefers (``binpack``: the least free memory
+after the reservations, ``spread``: the most; ties: the first asked about), returns only that
+node as passing (every other node that passed fails with ``OTHER_NODE``), and reserves the pod's
+need there, on the GPUs the device plugin would give it (``fit.choose_gpus``,
+``fit.place_slices``). A refilter of the same pod (by uid) first releases its earlier
+reservation. When no node fits, the nodes that the staleness policies let pass (no known room:
+nothing to reserve) pass as before. Prioritize scores as the filter judged (``fit.scores``), the
+node holding the pod's reservation first. Without a ledger each request is judged node by node
+(``fit.judge_each``), the in-flight placements taken from ``Extender.placements``.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
+from ..core.liveness import LeaseOf
 from ..core.schema import NodeGpuState, json_mapping, json_str
-from .decisions import Decisions
+from .cache import NodeIndex, VerdictsByNeed
+from .fit import (
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    InFlightOf,
+    Judged,
+    JudgingContext,
+    NodeRecord,
+    ProblemOf,
+    Reason,
+    ReasonText,
+    choose_gpus,
+    judge_all,
+    judge_each,
+    place_slices,
+    reason_text,
+    scores,
+)
 from .inflight import ASSUME_S, Placement, pending
 from .ledger import Ledger
-from .narrow import ItemsOf, Narrowing, flagged_of
-from .preemption import unresolvable
-from .rules import InFlightOf, LeaseOf, ProblemOf, filter_nodes, parse_need, prioritize_nodes
+from .metrics import Decisions
+from .need import Need, parse_need
+from .nodeview import view_from_object
 from .settings import ExtenderSettings
-from .staleness import view_from_object
+from .victims import unresolvable
 
 # ------------------------------------------------------------------- protocol handlers ----
 
@@ -52,6 +85,145 @@ class ExtenderPreemptionResult(TypedDict):
     NodeNameToMetaVictims: dict[str, MetaVictims]
 
 
+#: prioritize reuses the judging of the same pod's filter (same uid and need) this recent, s:
+#: kube-scheduler sends it right after the filter, with the names that passed
+REUSE_S = 1.0
+
+
+def pod_name(pod: Any) -> str:
+    """``namespace/name`` of a pod document (parts it lacks are empty)."""
+    meta = json_mapping(json_mapping(pod).get("metadata"))
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def pod_uid(pod: Any) -> str:
+    """``metadata.uid`` of a pod document ("" when it has none, or not as text)."""
+    uid = json_mapping(json_mapping(pod).get("metadata")).get("uid")
+    return uid if isinstance(uid, str) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """The nodes one request asks about, in its order: by ``names`` (``NodeNames``: the Node
+    cache's records), with ``states`` ``None``; or as whole Nodes, parsed (``states``)."""
+
+    names: Sequence[str]
+    states: Sequence[tuple[str, NodeGpuState | None]] | None = None
+
+
+class Narrowing:
+    """The reservation rule (the module's docstring) over a ``ledger`` and the Node cache's
+    ``lookup``; settings from ``settings`` (``ExtenderSettings``)."""
+
+    def __init__(self, settings: ExtenderSettings, lookup: Callable[[str], NodeGpuState | None],
+                 ledger: Ledger) -> None:  # fmt: skip
+        self.settings, self.ledger = settings, ledger
+        #: (uid, need, time, names asked, {fitting name: free MiB}) of the last filter
+        self._last: tuple[str, Need, float, Sequence[str], dict[str, int]] | None = None
+        self.index = NodeIndex(
+            lookup, ledger, settle_s=settings.settle_s, ttl_s=settings.ttl_s,
+            grace_s=settings.grace_s, skew_s=settings.max_clock_skew_s,
+        )  # fmt: skip
+        #: the kept verdicts by need (``cache``): a request judges only what changed
+        self.verdicts = VerdictsByNeed(self.index)
+
+    def judged(self, asked: Asked, need: Need, ctx: JudgingContext,
+               flagged: Container[str]) -> Judged:  # fmt: skip
+        """The fit rule over the nodes asked about: the kept verdicts for ``NodeNames``, else
+        ``fit.judge_all`` over records made for the Nodes sent."""
+        if asked.states is None:
+            return self.verdicts(need).judge(asked.names, ctx, flagged)
+        build = self.index.build
+        return judge_all(((n, build(s, ctx.now) if s is not None else None)
+                          for n, s in asked.states), need, ctx, flagged)  # fmt: skip
+
+    def _record(self, asked: Asked, name: str, now: float) -> NodeRecord | None:
+        if asked.states is None:
+            return self.index.record(name, now)
+        state = dict(asked.states).get(name)
+        return self.index.build(state, now) if state is not None else None
+
+    def filter(self, pod: Any, need: Need, asked: Asked, ctx: JudgingContext,
+               flagged: Container[str] = ()) -> tuple[list[str], dict[str, ReasonText]]:  # fmt: skip
+        """(the one node chosen, or the nodes the policies let pass when none fits;
+        {name: reason} for the others). Reserves the pod's need on the chosen node."""
+        uid = pod_uid(pod)
+        if uid:
+            self.ledger.release(uid)  # a refilter replaces the earlier reservation
+        fits, passed, failed = self.judged(asked, need, ctx, flagged)
+        self._last = (uid, need, ctx.now, asked.names, fits)
+        if not fits:
+            return passed, failed
+        pick = min if self.settings.strategy == "binpack" else max
+        best = pick(fits, key=fits.__getitem__)  # ties: the first asked about
+        other = reason_text(Reason.OTHER_NODE, prefix=ctx.prefix)
+        if len(failed) * 2 < len(fits):
+            failed = {**dict.fromkeys(fits, other), **dict.fromkeys(passed, other), **failed}
+        else:
+            failed.update(dict.fromkeys(fits, other))
+            failed.update(dict.fromkeys(passed, other))
+        del failed[best]
+        rec = self._record(asked, best, ctx.now)
+        if uid and rec is not None:
+            self.ledger.reserve(reservation(need, rec, pod_name(pod), uid, ctx.now,
+                                            self.settings.strategy))  # fmt: skip
+        return [best], failed
+
+    def _reused(self, pod: Any, need: Need, names: Sequence[str], now: float
+                ) -> dict[str, int] | None:  # fmt: skip
+        """The fitting nodes of this pod's filter when it was right before (kube-scheduler's
+        order, with the names that passed, or all of them): its judging stands."""
+        last, uid = self._last, pod_uid(pod)
+        if (last is None or not uid or last[0] != uid or last[1] != need
+                or not 0 <= now - last[2] <= REUSE_S):  # fmt: skip
+            return None
+        if names is last[3] or names == last[3]:
+            return last[4]
+        if not set(names) <= set(last[3]):
+            return None
+        get = last[4].get
+        return {name: f for name in names if (f := get(name)) is not None}
+
+    def prioritize(self, pod: Any, need: Need, asked: Asked, ctx: JudgingContext,
+                   flagged: Container[str] = ()) -> list[dict[str, Any]]:  # fmt: skip
+        """A HostPriorityList (``fit.scores`` of the fitting nodes, judged for scoring); the
+        node holding the pod's reservation scores ``MAX_PRIORITY``."""
+        free = self._reused(pod, need, asked.names, ctx.now)
+        if free is None:
+            free, _, _ = self.judged(asked, need, replace(ctx, scoring=True), flagged)
+        scored = scores(free, self.settings.strategy)
+        uid = pod_uid(pod)
+        mine = self.ledger.get(uid) if uid else None
+        if mine is not None:
+            scored[mine.node] = MAX_PRIORITY
+        get = scored.get
+        return [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name in asked.names]
+
+
+def reservation(need: Need, rec: NodeRecord, key: str, uid: str, now: float,
+                strategy: str) -> Placement:  # fmt: skip
+    """The pod's reservation on ``rec``'s node: on the GPUs the device plugin would give it
+    (``fit.choose_gpus``: for whole devices the plugin's own order; slices:
+    ``fit.place_slices``, in container order, best fit when ``strategy`` cannot place them
+    all)."""
+    node, left = rec.state.name, rec.left
+    if need.slices:
+        mibs, unit = need.slice_mibs(left.share_unit_mib or 0), left.share_unit_mib or 1
+        placed = (place_slices(left.shared, mibs, strategy, unit)
+                  or place_slices(left.shared, mibs, unit_mib=unit))  # fmt: skip
+        return Placement(key, uid, node, 0, 0, placed_at=now, slices=need.slices,
+                         baseline_free_mib=rec.state.shared_free_total_mib,
+                         gpus=placed[0] if placed else (), bound=False)  # fmt: skip
+    return Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
+                     baseline_free_mib=rec.state.live_free_total_mib, bound=False,
+                     gpus=choose_gpus(left, need, strategy), exclusive=need.exclusive)  # fmt: skip
+
+
+class _Everything:
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
 @dataclass
 class Extender:
     """The protocol handlers bound to settings and a node lookup (the cache's ``get``)."""
@@ -76,10 +248,13 @@ class Extender:
     #: told of each node's problem at judging time (a time ahead of the clock, judging
     #: raised): ``app.NodeProblems.judged``
     on_problem: ProblemOf | None = None
+    #: the names with a judging problem on record (``app.NodeProblems.flagged``): the others
+    #: need not be told that they judged well; ``None``: ``on_problem`` hears of every node
+    flagged: Container[str] | None = None
     #: the reservation ledger (``scheduler.ledger``): with it (and ``settle_s`` > 0) the
-    #: filter narrows each pod to one node and reserves its need there (``narrow``)
+    #: filter narrows each pod to one node and reserves its need there (``Narrowing``)
     ledger: Ledger | None = None
-    _narrowing: Any = field(default=None, repr=False)
+    _narrowing: Narrowing | None = field(default=None, repr=False)
 
     def narrowing(self) -> Narrowing | None:
         """The reservation rule over ``ledger``, built for the current settings."""
@@ -90,26 +265,19 @@ class Extender:
             n = self._narrowing = Narrowing(self.settings, self.lookup, self.ledger)
         return n
 
-    def _items_of(self, narrowing: Narrowing, args: Mapping[str, Any]) -> ItemsOf:
-        names = args.get("NodeNames")
-        if names is not None:
-            return ItemsOf(narrowing, names)
-        return ItemsOf(narrowing, None, self._states(args)[0])
+    def context(self) -> JudgingContext:
+        """The judging context of a request now: clocks, settings, Leases, the problem sink."""
+        leases = self.leases if self.leases is not None and self.leases_synced() else None
+        return JudgingContext.of(self.settings, self.clock(), self.monotonic(), leases=leases,
+                                 on_problem=self.on_problem)  # fmt: skip
 
-    @staticmethod
-    def _pod_name(pod: Any) -> str:
-        meta = json_mapping(json_mapping(pod).get("metadata"))
-        return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-    def _inflight(self, pod: Any) -> InFlightOf | None:
+    def inflight_of(self, pod: Any) -> InFlightOf | None:
         """The in-flight placements counting against each node for ``pod`` (itself left out):
         the ledger's (``ledger.on_node``), else ``placements``'."""
         settle_s = self.settings.settle_s
         if settle_s <= 0:
             return None
-        uid = json_mapping(json_mapping(pod).get("metadata")).get("uid")
-        uid = uid if isinstance(uid, str) else ""
-        now = self.clock()
+        uid, now = pod_uid(pod), self.clock()
         held = self.ledger.on_node if self.ledger is not None else self.placements
         assume_s = self.ledger.assume_s if self.ledger is not None else ASSUME_S
 
@@ -122,93 +290,74 @@ class Extender:
 
         return of
 
-    def _leases(self) -> LeaseOf | None:
-        return self.leases if self.leases is not None and self.leases_synced() else None
-
-    def _states(
-        self, args: Mapping[str, Any]
-    ) -> tuple[list[tuple[str, NodeGpuState | None]], bool]:
-        """[(name, state)] and whether the request used NodeNames (cache mode)."""
-        prefix = self.settings.prefix
-        if args.get("NodeNames") is not None:
-            return [(n, self.lookup(n)) for n in args["NodeNames"]], True
+    def asked(self, args: Mapping[str, Any]) -> Asked:
+        """The nodes ``args`` asks about: ``NodeNames``, or each of ``Nodes`` parsed as the
+        Node cache parses one (``nodeview.view_from_object``)."""
+        names = args.get("NodeNames")
+        if names is not None:
+            return Asked(names)
+        prefix, signal = self.settings.prefix, self.settings.signal
         items = ((args.get("Nodes") or {}).get("items")) or []
-        return [
-            (_name(node), view_from_object(node, prefix, self.settings.signal)) for node in items
-        ], False
+        states = [(_name(n), view_from_object(n, prefix, signal)) for n in items]
+        return Asked([n for n, _ in states], states)
 
-    def _clocks(self) -> dict[str, Any]:
-        """The judging arguments every verb shares: clocks, windows, Leases, problems."""
+    def _states(self, asked: Asked) -> Sequence[tuple[str, NodeGpuState | None]]:
+        if asked.states is not None:
+            return asked.states
+        return [(n, self.lookup(n)) for n in asked.names]
+
+    def _need(self, args: Mapping[str, Any]) -> Need | None:
         s = self.settings
-        return {
-            "now": self.clock(), "now_mono": self.monotonic(), "ttl_s": s.ttl_s,
-            "grace_s": s.grace_s, "max_skew_s": s.max_clock_skew_s, "prefix": s.prefix,
-            "stale_policy": s.stale_policy, "leases": self._leases(),
-            "on_problem": self.on_problem,
-        }  # fmt: skip
+        return parse_need(args.get("Pod"), s.prefix, s.shared_resource, s.device_plugin_resource)
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        s = self.settings
-        need = parse_need(args.get("Pod"), s.prefix, s.shared_resource, s.device_plugin_resource)
-        by_name = args.get("NodeNames") is not None
-        if by_name and need is not None and not self.synced() and not s.fail_open:
+        """ExtenderArgs -> ExtenderFilterResult."""
+        need, pod, asked = self._need(args), args.get("Pod"), self.asked(args)
+        by_name = asked.states is None
+        if need is None:
+            passed, failed = list(asked.names), dict[str, ReasonText]()
+        elif by_name and not self.synced() and not self.settings.fail_open:
             # no data yet: say so instead of failing every node one by one
-            why = "node(s) not checked: the omaticaya extender's node cache is not synced yet"
-            passed, failed = list[str](), dict.fromkeys(args["NodeNames"], why)
-        elif (narrowing := self.narrowing()) is not None and need is not None and not need.error:
-            passed, failed = narrowing.filter(
-                args.get("Pod"), need, self._items_of(narrowing, args), self._clocks(),
-                flagged_of(self.on_problem),
-            )  # fmt: skip
+            passed, failed = [], dict.fromkeys(asked.names, reason_text(Reason.NOT_SYNCED))
+        elif (narrowing := self.narrowing()) is not None and not need.error:
+            flagged = self.flagged if self.flagged is not None else _Everything()
+            passed, failed = narrowing.filter(pod, need, asked, self.context(), flagged)
         else:
-            passed, failed = filter_nodes(
-                need,
-                self._states(args)[0],
-                fail_open=s.fail_open,
-                unknown_policy=s.unknown_policy,
-                inflight=self._inflight(args.get("Pod")),
-                **self._clocks(),
-            )
+            fits, passed, failed = judge_each(self._states(asked), need, self.context(),
+                                              self.inflight_of(pod))  # fmt: skip
+            unscored = set(passed)
+            passed = [n for n in asked.names if n in fits or n in unscored]
         if need is not None:
-            self.decisions.filtered(self._pod_name(args.get("Pod")), passed, failed)
+            self.decisions.filtered(pod_name(pod), passed, failed)
         result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
         if hopeless := unresolvable(need, failed, self.lookup):  # read from 1.21; 1.20 ignores it
             result["FailedAndUnresolvableNodes"] = hopeless
         if by_name:
-            result["NodeNames"] = passed
-            result["Nodes"] = None
-        else:
-            keep = set(passed)
-            nodes = args.get("Nodes") or {}
-            result["Nodes"] = {
-                **{k: v for k, v in nodes.items() if k != "items"},
-                "items": [n for n in nodes.get("items") or [] if _name(n) in keep],
-            }
-            result["NodeNames"] = None
-        return result
+            return {**result, "NodeNames": passed, "Nodes": None}
+        keep = set(passed)
+        nodes = args.get("Nodes") or {}
+        items = [n for n in nodes.get("items") or [] if _name(n) in keep]
+        return {**result, "Nodes": {**{k: v for k, v in nodes.items() if k != "items"},
+                                    "items": items}, "NodeNames": None}  # fmt: skip
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
-        s = self.settings
-        need = parse_need(args.get("Pod"), s.prefix, s.shared_resource, s.device_plugin_resource)
+        """ExtenderArgs -> HostPriorityList (``[{"Host", "Score"}]``, in the order asked)."""
+        need, pod, asked = self._need(args), args.get("Pod"), self.asked(args)
         narrowing = self.narrowing()
-        if narrowing is not None and need is not None and not need.error:
-            scores = narrowing.prioritize(
-                args.get("Pod"), need, self._items_of(narrowing, args), self._clocks(),
-                flagged_of(self.on_problem),
-            )  # fmt: skip
-            self.decisions.prioritized(self._pod_name(args.get("Pod")), scores)
-            return scores
-        states, _ = self._states(args)
-        scores = prioritize_nodes(
-            need,
-            states,
-            strategy=s.strategy,
-            inflight=self._inflight(args.get("Pod")),
-            **self._clocks(),
-        )
-        if need is not None:
-            self.decisions.prioritized(self._pod_name(args.get("Pod")), scores)
-        return scores
+        if need is None or need.error:
+            result = [{"Host": name, "Score": MIN_PRIORITY} for name in asked.names]
+            if need is None:
+                return result
+        elif narrowing is not None:
+            flagged = self.flagged if self.flagged is not None else _Everything()
+            result = narrowing.prioritize(pod, need, asked, self.context(), flagged)
+        else:
+            ctx = replace(self.context(), scoring=True)
+            free, _, _ = judge_each(self._states(asked), need, ctx, self.inflight_of(pod))
+            get = scores(free, self.settings.strategy).get
+            result = [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name in asked.names]
+        self.decisions.prioritized(pod_name(pod), result)
+        return result
 
 
 def _name(node: Any) -> str:

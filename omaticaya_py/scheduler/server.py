@@ -13,13 +13,11 @@ from ..core.liveness import observe
 from ..core.schema import NodeGpuState, parse_node
 from ..serving import HttpServer
 from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
-from .ledger import Ledger
-from .placements import PodProblems, placement_from_pod
+from .ledger import Ledger, PodProblems, placement_from_pod
+from .nodeview import LeaseState, lease_from_object, with_policy, with_signal
 from .preempt import preemptor
 from .protocol import Extender
 from .settings import ExtenderSettings
-from .signal import with_signal
-from .staleness import LeaseState, lease_from_object, with_policy
 
 
 def serve(
@@ -74,7 +72,7 @@ def serve(
         settings, cache.get, health=cache.health,
         synced=lambda: cache.synced and (pods is None or pods.synced),
     )  # fmt: skip
-    ext.on_problem = problems.judged
+    ext.on_problem, ext.flagged = problems.judged, problems.flagged
     if leases is not None:
         ext.leases, ext.leases_synced = leases.lease, lambda: leases.synced
     if pods is not None:

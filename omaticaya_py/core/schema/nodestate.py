@@ -45,7 +45,7 @@ class GpuInfo:
     ``free_min_mib``, the least free memory over the agent's peak window (``None``: not
     published: window off, not yet half covered, or an older agent); ``total_mib``, its
     memory (the telemetry's ``memory_total_mib``; ``None``: not published), which tells a
-    GPU too small for a pod whatever is evicted from it (``scheduler.preemption``).
+    GPU too small for a pod whatever is evicted from it (``scheduler.victims``).
 
     ``assigned``: the kubelet has handed this whole GPU to a container (the telemetry's
     ``pods``, from PodResources): it has no room for another pod whatever NVML shows, and its

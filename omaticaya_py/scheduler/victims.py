@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.schema import GpuInfo, NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
-from .decisions import reason_kind
+from .fit import Reason, ReasonText
 from .inflight import Placement
 from .need import Need
 
@@ -46,7 +46,7 @@ __all__ = [
     "MARGIN_S",
     "READS_PER_NODE",
     "READ_TIMEOUT_S",
-    "UNRESOLVABLE_KINDS",
+    "UNRESOLVABLE",
     "Choice",
     "Deadline",
     "GpuRoom",
@@ -62,10 +62,10 @@ __all__ = [
 #: a node's reservations per GPU: GPU index -> pod uid -> MiB (the extender's ledger)
 Reservations = Mapping[int, Mapping[str, int]]
 
-#: filter reasons (``decisions.reason_kind``) that evicting pods cannot change
-UNRESOLVABLE_KINDS = frozenset(
-    {"stale", "unhealthy", "no-telemetry", "unusable-telemetry", "not-in-cache", "bad-pod",
-     "judging-failed"}
+#: filter reasons that evicting pods cannot change
+UNRESOLVABLE = frozenset(
+    {Reason.STALE, Reason.UNHEALTHY, Reason.NO_TELEMETRY, Reason.UNUSABLE_TELEMETRY,
+     Reason.NOT_IN_CACHE, Reason.BAD_POD, Reason.JUDGING_FAILED}
 )  # fmt: skip
 
 
@@ -291,35 +291,36 @@ def _smaller(gpu: GpuInfo, mib: int) -> bool:
 
 
 def unresolvable(
-    need: Need | None, failed: Mapping[str, str], lookup: Callable[[str], NodeGpuState | None]
+    need: Need | None, failed: Mapping[str, ReasonText],
+    lookup: Callable[[str], NodeGpuState | None],
 ) -> dict[str, str]:
     """The failed nodes (``failed``: name -> reason) that evicting pods cannot help, for
-    ``FailedAndUnresolvableNodes``: a reason of an ``UNRESOLVABLE_KINDS`` kind (stale, unhealthy,
-    no or unusable telemetry, not in the cache, a bad pod annotation, judging raised), or no
-    room on a node with fewer than ``need.count`` healthy GPUs of ``need.memory_mib`` or more
-    (``lookup``: name -> state; a GPU whose total is not published counts as big enough)."""
-    if need is None:
+    ``FailedAndUnresolvableNodes``: a reason of an ``UNRESOLVABLE`` code (stale, unhealthy, no
+    or unusable telemetry, not in the cache, a bad pod annotation, judging raised), or
+    ``NO_ROOM`` on a node with no healthy shared GPU (slices) or with fewer than ``need.count``
+    healthy GPUs of ``need.memory_mib`` or more (``lookup``: name -> state; a GPU whose total is
+    not published counts as big enough)."""
+    if need is None or not failed:
+        return {}
+    codes = {r: r.code for r in set(failed.values())}  # few distinct among thousands
+    if not any(c in UNRESOLVABLE or c == Reason.NO_ROOM for c in codes.values()):
         return {}
     out: dict[str, str] = {}
-    kinds = {r: reason_kind(r) for r in set(failed.values())}  # few distinct among thousands
-    kinds = {r: k for r, k in kinds.items() if k in UNRESOLVABLE_KINDS or k == "no-room"}
-    if not kinds:
-        return out
-    for name in [n for n, r in failed.items() if r in kinds]:
-        reason = failed[name]
-        kind = kinds[reason]
-        if kind in UNRESOLVABLE_KINDS:
+    for name, reason in failed.items():
+        code = codes[reason]
+        if code in UNRESOLVABLE:
             out[name] = reason
-        elif kind == "no-room" and need.slices:  # no healthy shared GPU: nothing to free
-            state = lookup(name)
-            if state is None or not any(g.healthy for g in state.shared):
-                out[name] = reason
-        elif kind == "no-room":
-            state = lookup(name)
-            big = (
-                sum(1 for g in state.gpus if g.healthy and not _smaller(g, need.memory_mib))
-                if state is not None else need.count
-            )  # fmt: skip
-            if big < need.count:
-                out[name] = reason
+        elif code == Reason.NO_ROOM and not _could_fit(need, lookup(name)):
+            out[name] = reason
     return out
+
+
+def _could_fit(need: Need, state: NodeGpuState | None) -> bool:
+    """Whether ``state``'s node has GPUs the need could fit on once pods are evicted: a
+    healthy shared GPU (slices), or ``need.count`` healthy GPUs not smaller than
+    ``need.memory_mib`` (``None``: unknown, it could)."""
+    if need.slices:
+        return state is not None and any(g.healthy for g in state.shared)
+    if state is None:
+        return True
+    return sum(1 for g in state.gpus if g.healthy and not _smaller(g, need.memory_mib)) >= need.count

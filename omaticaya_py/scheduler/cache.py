@@ -1,6 +1,15 @@
-"""Per-need verdicts kept between requests: a request judges only the nodes that changed.
+"""The fit rule's cache: per-node records and per-need verdicts kept between requests, so that
+a request judges only the nodes that changed (``fit`` is the rule; this module only remembers
+its answers and says when they no longer hold).
 
-``nodeindex.judge_all`` costs a few dictionary reads and comparisons per name; at 5,000 names
+Records (``NodeIndex``): for each node asked about, a ``fit.NodeRecord`` (its GPU state as the
+Node cache parsed it, that state less the reservations still counting, its fresh window),
+rebuilt only when its Node (a new cache object), its reservations (``Ledger.versions``) or the
+time one of them stops counting says so; a Lease's window is recomputed when the Lease watch
+holds a new object. A request then costs a few dictionary reads and comparisons per name it
+asks about, and nothing for the others.
+
+Verdicts (``Verdicts``). ``fit.judge_all`` costs a few dictionary reads and comparisons per name; at 5,000 names
 that is most of a filter's time. Most nodes, though, are judged the same way request after
 request: their Node, their reservations and their Lease did not change, and their telemetry is
 still inside its fresh window. ``Verdicts`` keeps, for one need (MiB x count), the verdict of
@@ -33,19 +42,81 @@ from operator import is_not
 from typing import Any
 
 from ..core.liveness import LeaseOf
-from .nodeindex import NodeIndex, NodeRecord, judge_all
-from .rules import Need
+from ..core.schema import NodeGpuState
+from .fit import INF, Judged, JudgingContext, NodeRecord, ReasonText, build_record, judge_all
+from .inflight import ASSUME_S, expiry, pending
+from .ledger import Ledger
+from .need import Need
 
-__all__ = ["Judged", "Verdicts", "VerdictsByNeed"]
+__all__ = ["NodeIndex", "Verdicts", "VerdictsByNeed"]
+
+class NodeIndex:
+    """Records by node name over the Node cache (``lookup``) and the ``ledger``, rebuilt on
+    change only (see the module's docstring); the windows by ``ttl_s``, ``grace_s`` and
+    ``skew_s`` as ``fit.JudgingContext``'s, reservations counting by ``settle_s``."""
+
+    def __init__(
+        self, lookup: Callable[[str], NodeGpuState | None], ledger: Ledger | None, *,
+        settle_s: float, ttl_s: float, grace_s: float, skew_s: float,
+    ) -> None:  # fmt: skip
+        self.lookup, self.ledger, self.settle_s = lookup, ledger, settle_s
+        self.assume_s = ledger.assume_s if ledger is not None else ASSUME_S
+        self._windows = JudgingContext(0.0, ttl_s, grace_s, max_skew_s=skew_s)
+        self._versions: Mapping[str, int] = ledger.versions if ledger is not None else {}
+        self._records: dict[str, NodeRecord] = {}
+        #: records built (a measure of work: one per change, not per request)
+        self.builds = 0
+
+    def build(self, state: NodeGpuState, now: float, version: int = 0) -> NodeRecord:
+        """The record of ``state`` at ``now`` with the ledger's reservations on its node."""
+        held = self.ledger.on_node(state.name) if self.ledger is not None else ()
+        live = pending(held, state, now=now, settle_s=self.settle_s, assume_s=self.assume_s)
+        until = min((expiry(p, self.settle_s, self.assume_s) for p in live), default=INF)
+        return build_record(state, live, self._windows, version=version, until=until)
+
+    def record(self, name: str, now: float) -> NodeRecord | None:
+        """The record of node ``name`` (``None``: not in the Node cache)."""
+        state = self.lookup(name)
+        rec = self._records.get(name)
+        version = self._versions.get(name, 0)
+        if rec is not None and rec.state is state and rec.version == version and now < rec.until:
+            return rec
+        if state is None:
+            self._records.pop(name, None)
+            return None
+        rec = self._records[name] = self.build(state, now, version)
+        self.builds += 1
+        return rec
+
+    def records(self, names: Sequence[str], now: float) -> list[tuple[str, NodeRecord | None]]:
+        """``[(name, record)]`` of ``names`` (``record`` inlined for the unchanged ones: this
+        is the per-name cost of a request)."""
+        recs, lookup, record, versions = self._records, self.lookup, self.record, self._versions
+        out: list[tuple[str, NodeRecord | None]] = []
+        append = out.append
+        for name in names:
+            rec = recs.get(name)
+            if (rec is None or rec.state is not lookup(name) or now >= rec.until
+                    or rec.version != versions.get(name, 0)):  # fmt: skip
+                rec = record(name, now)
+            append((name, rec))
+        return out
+
+    def sweep(self) -> int:
+        """Drop the records of Nodes no longer in the Node cache (deleted, never asked about
+        again); returns how many. O(records)."""
+        gone = [n for n in self._records if self.lookup(n) is None]
+        for name in gone:
+            self._records.pop(name, None)
+        return len(gone)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
 
 _MISSING = object()
-INF = float("inf")
 #: every this many requests, what is kept of Nodes no longer in the cache is dropped
 SWEEP_EVERY = 1024
-
-#: (fitting {name: free MiB after the reservations} in input order, passed without a score,
-#: failed {name: reason}; the failed of the fast path first, then the slow path's)
-Judged = tuple[dict[str, int], list[str], dict[str, str]]
 
 
 class Verdicts:
@@ -63,7 +134,7 @@ class Verdicts:
         self._version: dict[str, int] = {}  # name -> the ledger's version judged
         self._lease: dict[str, tuple[str, Any]] = {}  # name -> (Lease ref, Lease object)
         self.free: dict[str, int] = {}  # fitting name -> free MiB
-        self.reason: dict[str, str] = {}  # failing name -> reason
+        self.reason: dict[str, ReasonText] = {}  # failing name -> reason
         self._wall: list[tuple[float, str, int]] = []  # (until, name, token)
         self._mono: list[tuple[float, str, int]] = []
         self._token: dict[str, int] = {}
@@ -96,13 +167,11 @@ class Verdicts:
                 if self._token.get(name) == token:
                     self._forget(name)
 
-    def judge(
-        self, names: Sequence[str], *, now: float, now_mono: float | None,
-        leases: LeaseOf | None, slow: Any, prefix: str, grace_s: float, skew_s: float,
-        flagged: Container[str] = (), on_fresh: Callable[[str], None] | None = None,
-    ) -> Judged:  # fmt: skip
-        """``judge_all`` of ``names`` (the same verdicts), judging again only what changed."""
-        mono = now_mono if now_mono is not None else -INF
+    def _look(self, names: Sequence[str], ctx: JudgingContext) -> list[str]:
+        """Forget what no longer holds at ``ctx``'s clocks (see the module's docstring); the
+        names of ``names`` to judge again, once each."""
+        leases, now = ctx.leases, ctx.now
+        mono = ctx.now_mono if ctx.now_mono is not None else -INF
         if leases != self._leases or now < self._now or mono < self._mono_now:
             self._reset(leases)
         self._now, self._mono_now = now, mono
@@ -117,8 +186,8 @@ class Verdicts:
             for name in [n for n in self._state if lookup(n) is None]:
                 self._forget(name)
             index.sweep()
-        versions = index.ledger._versions if index.ledger is not None else {}
         if index.ledger is not None:
+            versions = index.ledger.versions
             seq, moved = index.ledger.changed_since(self._seq)
             if moved is None:  # the first request, or too many changes since: look at all kept
                 moved = list(self._version)
@@ -128,53 +197,53 @@ class Verdicts:
             self._seq = seq
         states = list(map(lookup, names))
         stale = compress(names, map(is_not, states, map(self._state.get, names, repeat(_MISSING))))
-        todo = list(dict.fromkeys(stale))
+        return list(dict.fromkeys(stale))
+
+    def _keep(self, name: str, rec: NodeRecord, wall: float, mono_until: float, lease: Any) -> None:
+        """Keep the verdict of ``name``, judged by its window, until what it holds on changes."""
+        self._state[name] = rec.state
+        self._version[name] = rec.version
+        if lease is not None:
+            self._lease[name] = (rec.state.lease, lease)  # type: ignore[assignment]  # found by it
+        self._count += 1
+        self._token[name] = token = self._count
+        if (until := min(wall, rec.until)) < INF:
+            heapq.heappush(self._wall, (until, name, token))
+        if mono_until < INF:
+            heapq.heappush(self._mono, (mono_until, name, token))
+
+    def judge(self, names: Sequence[str], ctx: JudgingContext,
+              flagged: Container[str] = ()) -> Judged:  # fmt: skip
+        """``fit.judge_all`` of ``names`` (the same verdicts), judging again only what
+        changed."""
+        todo = self._look(names, ctx)
         fast: dict[str, tuple[NodeRecord, float, float, Any]] = {}
 
         def on_fast(name: str, rec: NodeRecord, wall: float, mono_until: float, lease: Any) -> None:
             fast[name] = (rec, wall, mono_until, lease)
 
-        items = [(name, index.record(name, now), None) for name in todo]
-        fits, passed, failed = judge_all(
-            items, self.need, now=now, now_mono=now_mono, leases=leases, slow=slow,
-            prefix=prefix, grace_s=grace_s, skew_s=skew_s, flagged=flagged,
-            on_fresh=on_fresh, on_fast=on_fast,
-        )  # fmt: skip
+        now = ctx.now
+        fits, passed, failed = judge_all(((name, self.index.record(name, now)) for name in todo),
+                                         self.need, ctx, flagged, on_fast)  # fmt: skip
         self.judged += len(todo)
-        slow_fits: dict[str, int] = {}
-        slow_failed: dict[str, str] = {}
         for name in todo:
             self._forget(name)
-        for name, free, _ in fits:
-            if name in fast:
-                self.free[name] = free
-            else:
-                slow_fits[name] = free
-        for name, why in failed.items():
-            if name in fast:
-                self.reason[name] = why
-            else:
-                slow_failed[name] = why
-        for name, (rec, wall, mono_until, lease) in fast.items():
-            self._state[name] = rec.state
-            self._version[name] = rec.version
-            if lease is not None:
-                self._lease[name] = (rec.state.lease, lease)  # type: ignore[assignment]  # found by it
-            self._count += 1
-            self._token[name] = token = self._count
-            if (until := min(wall, rec.until)) < INF:
-                heapq.heappush(self._wall, (until, name, token))
-            if mono_until < INF:
-                heapq.heappush(self._mono, (mono_until, name, token))
+        slow_fits = {n: f for n, f in fits.items() if n not in fast}
+        slow_failed = {n: r for n, r in failed.items() if n not in fast}
+        self.free.update((n, f) for n, f in fits.items() if n in fast)
+        self.reason.update((n, r) for n, r in failed.items() if n in fast)
+        for name, kept in fast.items():
+            self._keep(name, *kept)
         self._compact()
-        if on_fresh is not None and isinstance(flagged, Mapping) and flagged:
+        on_problem = ctx.on_problem
+        if on_problem is not None and isinstance(flagged, Mapping) and flagged:
             asked = set(names)
             for name in [n for n in flagged if n in asked and n in self._state and n not in fast]:
-                on_fresh(name)  # asked about, judged well and kept: its problem is over
+                on_problem(name, None, "")  # asked about, judged well and kept: its problem is over
         return self._assemble(names, slow_fits, passed, slow_failed)
 
     def _assemble(self, names: Sequence[str], slow_fits: dict[str, int], passed: list[str],
-                  slow_failed: dict[str, str]) -> Judged:  # fmt: skip
+                  slow_failed: dict[str, ReasonText]) -> Judged:  # fmt: skip
         free, reason = self.free, self.reason
         if slow_fits:
             fitting = {n: f for n in names

@@ -1,4 +1,7 @@
-"""The staleness policy: what the filter does with a node whose GPU state is stale or unknown.
+"""How the extender sees a Node: its GPU state with the free-memory signal, the staleness
+policy override and when the watch saw it change (``NodeView``).
+
+The staleness policy: what the filter does with a node whose GPU state is stale or unknown.
 
 Whether a node is ``stale`` is the one liveness rule of ``core.liveness`` (``node_liveness``),
 which ``omaticaya top`` uses as well: the agent's published time (its telemetry's ``read_at``,
@@ -21,24 +24,31 @@ the agent owns and removes when it does not write them):
 - ``allow``: fail open. A stale node is judged on its last reading as if it were fresh (health,
   room, in-flight pods) and scored; an unknown node has nothing to judge: it passes, scored 0;
 - ``score-zero``: the node passes, and is ranked last (score 0).
+
+The free-memory signal (``OMATICAYA_EXTENDER_SIGNAL``): ``now`` (the default) uses each GPU's free memory as last read. ``window-min`` uses
+``min(now, the least free memory over the agent's peak window)``: a GPU whose free memory dips
+every few minutes is judged by its dips (``core.window``; the agent publishes the minimum in the
+telemetry as ``memory_free_min_mib``). A GPU without a published minimum (window off, not yet
+half covered, an older agent) is judged by ``now``. Pure, applied once per Node change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, TypeVar
 
 from ..core.liveness import MAX_LEASE_DURATION_S, LeaseState, Seen, lease_from_object
-from ..core.schema import NodeGpuState, json_mapping, state_from_object
-from .signal import with_signal
+from ..core.schema import GpuInfo, NodeGpuState, json_mapping, state_from_object
 
 __all__ = [
     "MAX_LEASE_DURATION_S",
     "POLICIES",
+    "SIGNALS",
     "LeaseState",
     "NodeView",
     "Seen",
+    "Signal",
     "effective",
     "lease_from_object",
     "legacy_default",
@@ -46,6 +56,7 @@ __all__ = [
     "policy_key",
     "view_from_object",
     "with_policy",
+    "with_signal",
 ]
 
 POLICIES: tuple[str, ...] = ("reject", "allow", "score-zero")
@@ -87,7 +98,7 @@ def with_policy(
 
 
 def view_from_object(node: Mapping[str, Any], prefix: str, signal: str = "now") -> NodeView:
-    """``state_from_object`` with the free-memory ``signal`` (``scheduler.signal``) and the
+    """``state_from_object`` with the free-memory ``signal`` (``with_signal``) and the
     override, for a whole v1.Node document."""
     meta = json_mapping(json_mapping(node).get("metadata"))
     state = with_signal(state_from_object(node, prefix), signal)
@@ -106,3 +117,29 @@ def legacy_default(policy: str | None, fail_open: bool) -> str:
     if policy is not None:
         return policy
     return "score-zero" if fail_open else "reject"
+
+
+#: the free-memory signals (``OMATICAYA_EXTENDER_SIGNAL``)
+Signal = Literal["now", "window-min"]
+SIGNALS: tuple[str, ...] = ("now", "window-min")
+
+State = TypeVar("State", bound=NodeGpuState)
+
+
+def with_signal(state: State, signal: str) -> State:
+    """``state`` with each GPU's ``free_mib``, whole and shared (and the node's
+    ``free_total_mib``), taken from ``signal``; the same object when nothing changes."""
+    if signal != "window-min" or not any(
+        g.free_min_mib is not None for g in (*state.gpus, *state.shared)
+    ):
+        return state
+    gpus, shared = _window_min(state.gpus), _window_min(state.shared)
+    return replace(state, gpus=gpus, shared=shared,
+                   free_total_mib=sum(g.free_mib for g in gpus if g.healthy))  # fmt: skip
+
+
+def _window_min(gpus: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
+    return tuple(
+        replace(g, free_mib=min(g.free_mib, g.free_min_mib)) if g.free_min_mib is not None else g
+        for g in gpus
+    )
