@@ -25,8 +25,7 @@ from omaticaya_py.core.sharing import unit_ids
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 from omaticaya_py.scheduler import Extender, ExtenderSettings
-from omaticaya_py.scheduler.ledger import Ledger
-from omaticaya_py.scheduler.ledger import placement_from_pod
+from omaticaya_py.scheduler.ledger import Ledger, placement_from_pod
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import MULTI_TRACE, READ_AT, evaluate, settings, snapshot
 

@@ -13,9 +13,9 @@ from starlette.testclient import TestClient
 
 from omaticaya_py.core.settings import SettingsError
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
-from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from omaticaya_py.scheduler.fit import MAX_PRIORITY
 from omaticaya_py.scheduler.need import Need, parse_need
+from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from omaticaya_py.scheduler.settings import load_extender_settings
 from tests.helpers import READ_AT, evaluate, gpu, snapshot
 

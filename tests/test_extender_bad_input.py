@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
 from omaticaya_py.scheduler.app import MAX_BODY_BYTES
-from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from omaticaya_py.scheduler.need import Need, parse_need
+from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 
 P = "omaticaya.io/"
 READ_AT = "2026-01-01T00:00:00Z"

@@ -12,8 +12,8 @@ import pytest
 from omaticaya_py.core.liveness import FRESH, node_liveness
 from omaticaya_py.kube import LeaseCache
 from omaticaya_py.scheduler import ExtenderSettings, parse_node
-from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from omaticaya_py.scheduler.nodeview import LeaseState, lease_from_object
+from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from tests.conftest import node_metadata
 from tests.waiting import wait_for
 

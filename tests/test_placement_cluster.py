@@ -311,8 +311,7 @@ def test_pod_cache_lists_in_pages_and_feeds_the_ledger(api, dev_cluster):
     reaches the ledger through ``on_change``: the LIST's pods, a bound pod added, one deleted;
     a relist (a new Informer LIST) drops what went meanwhile."""
     from omaticaya_py.kube import PodCache
-    from omaticaya_py.scheduler.ledger import Ledger
-    from omaticaya_py.scheduler.ledger import placement_from_pod
+    from omaticaya_py.scheduler.ledger import Ledger, placement_from_pod
 
     ns = f"podpages-{os.getpid()}"
     api.create_namespace({"metadata": {"name": ns}})

@@ -18,9 +18,9 @@ from omaticaya_py.core.render import render
 from omaticaya_py.core.render_telemetry import telemetry_annotation
 from omaticaya_py.core.schema import parse_node
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app
+from omaticaya_py.scheduler.fit import Reason, ReasonText, reason_text
 from omaticaya_py.scheduler.inflight import Placement
 from omaticaya_py.scheduler.need import Need
-from omaticaya_py.scheduler.fit import Reason, ReasonText, reason_text
 from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
 from omaticaya_py.scheduler.victims import (
     GpuRoom,

@@ -12,8 +12,8 @@ from omaticaya_py.core.render import telemetry
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState, parse_node
 from omaticaya_py.core.window import PeakWindow, WindowSummary, p95
 from omaticaya_py.scheduler import ExtenderSettings
-from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from omaticaya_py.scheduler.nodeview import with_signal
+from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from tests.helpers import H100_TOTAL_MIB, gpu, lost, snapshot
 
 P = "omaticaya.io/"
