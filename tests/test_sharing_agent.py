@@ -18,23 +18,22 @@ import json
 
 import pytest
 
-from omaticaya_py.core.attribution import ContainerDevices, PodRef, attribute
+from omaticaya_py.core.attribution import (
+    ContainerDevices,
+    PodRef,
+    SliceUse,
+    attribute,
+    gpu_slices,
+    over_limit,
+    slice_room_mib,
+    stray_unit_ids,
+)
 from omaticaya_py.core.budget import safe_part, urgent
 from omaticaya_py.core.health import assess
 from omaticaya_py.core.render import render
 from omaticaya_py.core.render_telemetry import telemetry_document
 from omaticaya_py.core.schema import Telemetry
-from omaticaya_py.core.sharing import unit_id, unit_ids
-from omaticaya_py.core.slices import (
-    Sharing,
-    SliceUse,
-    episodes,
-    gpu_slices,
-    is_shared,
-    over_limit,
-    slice_room_mib,
-    stray_unit_ids,
-)
+from omaticaya_py.core.sharing import Sharing, episodes, is_shared, unit_id, unit_ids
 from omaticaya_py.core.snapshot import GpuProcess
 from omaticaya_py.kube.pod_client import pod_identity
 from tests.helpers import gpu, h100_static, prefixed, settings, snapshot
@@ -539,7 +538,7 @@ def test_refused_pod_reads_and_events_are_counted_and_retried():
 
 def _names_after_one_read(found=True):
     from omaticaya_py.agent.slices import PodNames
-    from omaticaya_py.core.slices import PodIdentity
+    from omaticaya_py.core.attribution import PodIdentity
 
     names = PodNames()
     key = ("ml", "infer-a")

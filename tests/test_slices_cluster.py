@@ -54,7 +54,7 @@ def write_shared_node(core: Any, name: str, free_mib: list[int], units: int) -> 
     from omaticaya_py.core.health import assess
     from omaticaya_py.core.render import render
     from omaticaya_py.core.render_telemetry import telemetry_annotation
-    from omaticaya_py.core.slices import Sharing
+    from omaticaya_py.core.sharing import Sharing
 
     snap = snapshot(*(gpu(i, memory_free_mib=f) for i, f in enumerate(free_mib)),
                     read_at=datetime.now(timezone.utc))  # fmt: skip

@@ -23,11 +23,10 @@ from typing import Any
 
 from loguru import logger
 
-from ..core.attribution import ContainerDevices, GpuAttribution, attribute
+from ..core.attribution import ContainerDevices, GpuAttribution, attribute, stray_unit_ids
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
-from ..core.slices import stray_unit_ids
 from ..core.snapshot import GpuProcess, NodeSnapshot
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
 from ..sources.procs import read_pod_refs

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..core.attribution import GpuAttribution, gpu_out_of_band_mib
-from ..core.slices import Sharing
+from ..core.sharing import Sharing
 from ..core.snapshot import GpuReading
 from .slices import slice_families
 

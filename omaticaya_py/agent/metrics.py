@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from ..core.slices import Sharing
+from ..core.sharing import Sharing
 from ..serving import HttpServer, metrics_route
 from .collectors import (
     AgentCounters,

@@ -36,7 +36,7 @@ from ..core.render import Desired, is_static, telemetry_annotation
 from ..core.render_telemetry import UnitKey, published_marks, telemetry_marks
 from ..core.schema import TELEMETRY, Telemetry
 from ..core.settings import Settings
-from ..core.slices import Sharing
+from ..core.sharing import Sharing
 from ..core.snapshot import NodeSnapshot
 from ..core.window import PeakWindow
 from ..kube import NodeClient

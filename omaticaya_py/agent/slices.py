@@ -4,8 +4,8 @@ A process's cgroup gives its pod's UID and its container's ID; the kubelet's Pod
 each slice's pod by namespace and name. ``PodNames`` joins the two by reading the holders'
 pods from the API (one GET per pod, when a holder appears or a process on its GPU is not
 named, at most once per ``refetch_s``), so that the next tick's attribution tells each slice's
-own use (``core.slices``). ``SliceWatch`` posts a ``GpuMemoryOverLimit`` Warning Event on a pod
-whose container holds more than its slice, once per episode (``core.slices.episodes``).
+own use (``core.attribution.gpu_slices``). ``SliceWatch`` posts a ``GpuMemoryOverLimit`` Warning Event on a pod
+whose container holds more than its slice, once per episode (``core.sharing.episodes``).
 
 Runs in the API round (``agent.api_thread``), never on the read path. A failure is logged once
 per kind and counted (``errors``); the next round tries again.
@@ -19,10 +19,10 @@ from collections.abc import Iterator, Mapping
 from loguru import logger
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..core.attribution import GpuAttribution
+from ..core.attribution import GpuAttribution, PodIdentity, gpu_slices, over_limit
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
-from ..core.slices import PodIdentity, Sharing, episodes, gpu_slices, is_shared, over_limit
+from ..core.sharing import Sharing, episodes, is_shared
 from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, KubeForbidden, KubeNotFound
 from ..kube.pod_client import PodClient

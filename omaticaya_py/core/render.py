@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .attribution import GpuAttribution, gpu_out_of_band_mib
+from .attribution import GpuAttribution, gpu_out_of_band_mib, slice_room_mib
 from .health import NodeHealth, Unit
 from .labelvalues import (
     is_valid_key,
@@ -28,7 +28,7 @@ from .render_telemetry import telemetry, telemetry_annotation, telemetry_documen
 from .schema import TELEMETRY, names
 from .schema.names import STATIC_NAMES, gpu_key, mig_key
 from .settings import Settings
-from .slices import Sharing, is_shared, slice_room_mib
+from .sharing import Sharing, is_shared
 from .snapshot import NodeSnapshot
 
 __all__ = [

@@ -16,6 +16,7 @@ from .attribution import (
     ContainerDevices,
     GpuAttribution,
     gpu_out_of_band_mib,
+    gpu_slices,
     holder_memory_mib,
     out_of_band_mib,
 )
@@ -31,8 +32,7 @@ from .schema import (
     Telemetry,
 )
 from .schema.telemetry import XidTelemetry
-from .sharing import unit_count
-from .slices import Sharing, gpu_slices, is_shared
+from .sharing import Sharing, is_shared, unit_count
 from .snapshot import GpuReading, NodeSnapshot
 from .window import PeakWindow
 
@@ -66,7 +66,7 @@ def telemetry_document(
     ``read_at`` (published with ``expires_at``); ``window``: the peak signal per GPU
     (``core.window``), published with its ``window_s``; ``attribution``: who uses each GPU or
     MIG device, by UUID (``core.attribution``; ``None``: not attributed, the keys are absent);
-    ``sharing``: the GPUs served as memory units (``core.slices``): each such GPU without MIG
+    ``sharing``: the GPUs served as memory units (``core.sharing``): each such GPU without MIG
     is ``shared`` with its ``share_units``, its holders carry their slice (``limit_mib``), their
     own use and ``over_limit``, and the document its ``share_unit_mib``. Utilisation and power
     are rounded to 0.1."""

@@ -9,14 +9,22 @@ Unit device IDs name their GPU: ``<GPU UUID>::<k>`` with ``k`` in ``0 .. units -
 NVIDIA's time-slicing uses for its replicas), so the kubelet's checkpoint, PodResources and our
 ``Allocate`` all tell which GPU a unit is on from the ID alone.
 
+What the agent shares (``Sharing``: the shared GPUs and the unit, from the settings), whether a
+GPU is served in units (``is_shared``) and the over-use episodes its Events follow
+(``episodes``); who holds which slice and how much each uses is the attribution's
+(``core.attribution.gpu_slices``).
+
 Pure: the agent (render, attribution), the device plugin and the extender use the same rules.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+from .snapshot import GpuReading
 
 __all__ = [
     "DEFAULT_SHARED_RESOURCE",
@@ -24,8 +32,11 @@ __all__ = [
     "SHARED_GPUS_FORM",
     "UNIT_SEPARATOR",
     "SharedGpus",
+    "Sharing",
     "device_order",
+    "episodes",
     "gpu_room_mib",
+    "is_shared",
     "parse_shared_gpus",
     "parse_unit_id",
     "slice_mib",
@@ -67,6 +78,29 @@ class SharedGpus:
         if self.all:
             return "all"
         return ",".join(str(i) for i in sorted(self.indices)) or "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Sharing:
+    """What the agent shares: ``gpus`` (``OMATICAYA_SHARED_GPUS``) in units of ``unit_mib``
+    (``OMATICAYA_SHARE_UNIT_MIB``). ``Sharing()`` shares nothing."""
+
+    gpus: SharedGpus = SharedGpus()
+    unit_mib: int = 1024
+
+    @classmethod
+    def of(cls, settings: object) -> Sharing:
+        """From the settings (``shared_gpus``, ``share_unit_mib``)."""
+        return cls(settings.shared_gpus, settings.share_unit_mib)  # type: ignore[attr-defined]
+
+    def __bool__(self) -> bool:
+        return bool(self.gpus)
+
+
+def is_shared(g: GpuReading, sharing: Sharing | None) -> bool:
+    """Whether GPU ``g`` is served as memory units: its index is shared and MIG is not on
+    (a GPU with MIG on is given out as MIG devices, never in units)."""
+    return sharing is not None and g.index in sharing.gpus and not g.mig_enabled
 
 
 def parse_shared_gpus(value: str | Iterable[int] | SharedGpus | None) -> SharedGpus:
@@ -145,7 +179,7 @@ def gpu_room_mib(free_mib: int, units_left: int, unit_mib: int) -> int:
     ``unit_mib``; never below 0.
 
     The one rule of "a slice fits on this GPU": the agent's ``gpu.shared.memory.free-mib``
-    (``core.slices``), the extender's per-GPU room (``core.schema.parse_node``, from the
+    (``core.attribution.slice_room_mib``), the extender's per-GPU room (``core.schema.parse_node``, from the
     telemetry's ``share_units`` and its holders' ``limit_mib``) and the device plugin's choice
     (``deviceplugin.slices.Room``) all call it."""
     return max(min(free_mib, max(units_left, 0) * unit_mib), 0)
@@ -164,3 +198,16 @@ def device_order(healthy: bool, free_mib: int | None, index: int) -> tuple[bool,
     (the device plugin API gives it none): a node passes only when the GPUs first in this
     order each have the pod's need free."""
     return (not healthy, -(free_mib if free_mib is not None else -1), index)
+
+
+K = TypeVar("K", bound=Hashable)  # an over-use episode's key
+
+
+def episodes(reported: frozenset[K], now: Iterable[K]) -> tuple[list[K], frozenset[K]]:
+    """Over-use episodes: ``(keys whose episode starts now, reported keys still in one)``,
+    given the keys whose episode was already said (``reported``) and those over their limit
+    ``now``. An episode is said once when it starts and ends when its key is no longer over; a
+    later return starts a new one. The caller adds the keys it said to the second part (one it
+    could not say stays new, and is tried again)."""
+    current = list(dict.fromkeys(now))
+    return [k for k in current if k not in reported], frozenset(reported & set(current))
