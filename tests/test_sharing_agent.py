@@ -516,7 +516,7 @@ class _RefusingPods:
 
 
 def test_refused_pod_reads_and_events_are_counted_and_retried():
-    from omaticaya_py.agent.slices import SliceWatch
+    from omaticaya_py.agent.events import SliceWatch
 
     watch = SliceWatch(settings(shared_gpus="0"))
     procs = {U0: [GpuProcess(10, 25000)]}
@@ -537,7 +537,7 @@ def test_refused_pod_reads_and_events_are_counted_and_retried():
 
 
 def _names_after_one_read(found=True):
-    from omaticaya_py.agent.slices import PodNames
+    from omaticaya_py.agent.attribution import PodNames
     from omaticaya_py.core.attribution import PodIdentity
 
     names = PodNames()

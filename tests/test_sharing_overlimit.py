@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
+from omaticaya_py.agent.events import OVER_LIMIT
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.agent.slices import OVER_LIMIT
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.core.sharing import unit_ids
 from omaticaya_py.kube import NodeClient

@@ -34,11 +34,10 @@ from ..core.window import PeakWindow
 from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
 from ..kube.pod_client import PodClient
 from .attribution import Attribution, make_attribution
-from .events import HealthEvents
+from .events import HealthEvents, SliceWatch
 from .heartbeat import Heartbeat, make_lease
 from .node_writer import NodeWriter
 from .outage import ApiOutage
-from .slices import SliceWatch
 from .state import AgentStopping, Runner, SnapshotCache
 from .xid_seed import XidSeeder
 

@@ -10,20 +10,26 @@ visible from here (no ``hostPID``) are unknown, never out-of-band. Nothing here 
 The holders are those of the GPU resources (``nvidia.com/...``) and of the shared resource
 (``OMATICAYA_SHARED_RESOURCE``: memory units ``<GPU UUID>::<k>``, held on their GPU). A unit
 that names no GPU of this node is skipped and counted (``skipped["unknown-gpu"]``). With
-``names`` set (``agent.slices``: pods read from the API), processes are named by pod and
+``names`` set (``PodNames``: pods read from the API), processes are named by pod and
 container, which is what tells each slice's use on a shared GPU.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from ..core.attribution import ContainerDevices, GpuAttribution, attribute, stray_unit_ids
+from ..core.attribution import (
+    ContainerDevices,
+    GpuAttribution,
+    PodIdentity,
+    attribute,
+    stray_unit_ids,
+)
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
@@ -31,8 +37,11 @@ from ..core.snapshot import GpuProcess, NodeSnapshot
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
 from ..sources.procs import read_pod_refs
 
-__all__ = ["Attribution", "device_processes", "make_attribution"]
+__all__ = ["Attribution", "PodNames", "device_processes", "make_attribution"]
 
+#: the most pods ``PodNames`` reads in one API round (a node holds few slices; a burst waits a
+#: round)
+_MAX_GETS = 32
 #: the device plugin resources whose holders are ours to report
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 
@@ -149,3 +158,67 @@ def make_attribution(settings: Settings) -> Attribution | None:
         settings.pod_resources_socket, settings.proc_root,
         shared_resource=settings.shared_resource,
     )
+
+
+class PodNames:
+    """Pods holding slices of shared GPUs, as the API names them (``PodIdentity``), by
+    ``(namespace, name)``. ``maps()`` gives the attribution its name lookups."""
+
+    def __init__(self, refetch_s: float = 30.0, stranger_refetch_s: float = 300.0) -> None:
+        self.refetch_s = refetch_s
+        self.stranger_refetch_s = stranger_refetch_s
+        self.known: dict[tuple[str, str], PodIdentity] = {}
+        self._asked_s: dict[tuple[str, str], float] = {}
+
+    def maps(self) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+        """``(pod UID -> (namespace, name), container ID -> container name)``."""
+        pods = {p.uid: (p.namespace, p.name) for p in self.known.values() if p.uid}
+        containers = {cid: n for p in self.known.values() for cid, n in p.containers.items()}
+        return pods, containers
+
+    def wanted(
+        self, slices_by_gpu: Mapping[str, tuple[GpuAttribution, tuple]], now_s: float
+    ) -> list[tuple[str, str]]:
+        """Holders to read now: one not read yet; one not known (its read failed, or it was
+        gone) ``refetch_s`` after the last read; a known one ``refetch_s`` after the last read
+        while a process of it runs in a container the names lack (restarted), or
+        ``stranger_refetch_s`` after while a process on its GPU is in a pod no name covers (a
+        pod re-created under the same name, or a pod holding no slice: the latter costs one
+        read per holder per ``stranger_refetch_s``). Forgets pods no longer holding a slice."""
+        holding: set[tuple[str, str]] = set()
+        out: list[tuple[str, str]] = []
+        for att, slices in slices_by_gpu.values():
+            strangers = any(p.pod is None for p in att.pods)
+            restarted = {
+                (p.namespace, p.pod) for p in att.pods
+                if p.pod is not None and p.container is None and p.container_id
+            }
+            for s in slices:
+                key = (s.namespace, s.pod)
+                holding.add(key)
+                asked = self._asked_s.get(key)
+                if asked is None:
+                    due = True
+                elif key not in self.known or key in restarted:
+                    due = now_s - asked >= self.refetch_s
+                else:
+                    due = strangers and now_s - asked >= self.stranger_refetch_s
+                if due and key not in out:
+                    out.append(key)
+        for key in set(self.known) | set(self._asked_s):
+            if key not in holding:
+                self.known.pop(key, None)
+                self._asked_s.pop(key, None)
+        return out[:_MAX_GETS]
+
+    def tried(self, key: tuple[str, str], now_s: float) -> None:
+        """Note a read of ``key`` at ``now_s`` that got no answer (what is known stays)."""
+        self._asked_s[key] = now_s
+
+    def asked(self, key: tuple[str, str], now_s: float, found: PodIdentity | None) -> None:
+        """Note a read of ``key`` at ``now_s``: its answer, or ``None`` (gone)."""
+        self._asked_s[key] = now_s
+        if found is None:
+            self.known.pop(key, None)
+        else:
+            self.known[key] = found

@@ -18,10 +18,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..core.attribution import GpuAttribution, gpu_out_of_band_mib
-from ..core.sharing import Sharing
-from ..core.snapshot import GpuReading
-from .slices import slice_families
+from ..core.attribution import GpuAttribution, gpu_out_of_band_mib, gpu_slices
+from ..core.sharing import Sharing, is_shared
+from ..core.snapshot import GpuReading, NodeSnapshot
 
 if TYPE_CHECKING:
     from ..core.health import XidLedger
@@ -213,7 +212,7 @@ class PodResourcesErrors(Collector):
 
 class SliceApiErrors(Collector):
     """``omaticaya_slice_api_errors_total{kind}``: the shared-GPU slices' failed API requests
-    (``errors``: ``agent.slices``'s live counter; empty without sharing)."""
+    (``errors``: ``agent.events.SliceWatch``'s live counter; empty without sharing)."""
 
     def __init__(self, errors: Mapping[str, int]) -> None:
         self._errors = errors
@@ -299,3 +298,35 @@ class AgentCounters(Collector):
             value=1 if self._on_lease() else 0,
         )
         yield from cache.tick_seconds.collect()
+
+
+#: the labels of a slice's series, those of ``omaticaya_gpu_memory_used_bytes``
+_SLICE_LABELS = ["gpu", "uuid", "pod", "namespace", "container"]
+
+
+def slice_families(
+    snapshot: NodeSnapshot | None, attribution: Mapping[str, GpuAttribution], sharing: Sharing
+) -> Iterator[Metric]:
+    """Per slice of a shared GPU, with the labels of ``omaticaya_gpu_memory_used_bytes``: its
+    limit (units x the unit, bytes) and the memory its own processes hold (where known)."""
+    labels = _SLICE_LABELS
+    limit = GaugeMetricFamily(
+        "omaticaya_pod_gpu_memory_limit_bytes",
+        "A container's slice of a shared GPU (its memory units x the unit; kubelet "
+        "PodResources).", labels=labels,
+    )
+    used = GaugeMetricFamily(
+        "omaticaya_pod_gpu_memory_used_bytes",
+        "GPU memory held by a container's own processes on a shared GPU (where its processes "
+        "are placed and named).", labels=labels,
+    )
+    for g in snapshot.gpus if snapshot is not None else ():
+        if not is_shared(g, sharing):
+            continue
+        for s in gpu_slices(attribution.get(g.uuid or ""), g.uuid, sharing.unit_mib):
+            key = [str(g.index), g.uuid or "", s.pod, s.namespace, s.container]
+            limit.add_metric(key, s.limit_mib * MIB)
+            if s.used_mib is not None:
+                used.add_metric(key, s.used_mib * MIB)
+    yield limit
+    yield used

@@ -1,5 +1,11 @@
-"""Node Events: GPU health changes (``GpuUnhealthy``, ``GpuRecovered``, by GPU UUID) and
-out-of-band memory (``GpuOutOfBandMemory``, once per episode)."""
+"""The agent's Events. On the Node: GPU health changes (``GpuUnhealthy``, ``GpuRecovered``, by
+GPU UUID) and out-of-band memory (``GpuOutOfBandMemory``, once per episode). On a pod holding a
+slice of a shared GPU (``SliceWatch``): ``GpuMemoryOverLimit`` when its container holds more than
+its slice, once per episode (``core.sharing.episodes``); ``SliceWatch`` also reads the holders'
+pods from the API first (``attribution.PodNames``), so that the next tick's attribution tells
+each slice's own use (``core.attribution.gpu_slices``). Runs in the API round
+(``agent.api_thread``), never on the read path; a failure is logged once per kind and counted
+(``errors``), and the next round tries again."""
 
 from __future__ import annotations
 
@@ -8,13 +14,17 @@ from collections.abc import Mapping
 
 from loguru import logger
 
-from ..core.attribution import GpuAttribution
+from ..core.attribution import GpuAttribution, PodIdentity, gpu_slices, over_limit
 from ..core.health import NodeHealth
 from ..core.sayonce import SayOnce
+from ..core.settings import Settings
+from ..core.sharing import Sharing, episodes, is_shared
 from ..core.snapshot import NodeSnapshot
-from ..kube import KubeError, NodeClient
+from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
+from ..kube.pod_client import PodClient
+from .attribution import PodNames
 
-__all__ = ["HealthEvents"]
+__all__ = ["OVER_LIMIT", "HealthEvents", "SliceWatch"]
 
 
 class HealthEvents:
@@ -102,3 +112,83 @@ def _device_names(snapshot: NodeSnapshot) -> dict[str, str]:
             if m.uuid:
                 out[m.uuid] = f"GPU {g.index} MIG {m.index}"
     return out
+
+
+#: the reason of the Event on a pod whose container holds more than its slice of a shared GPU
+OVER_LIMIT = "GpuMemoryOverLimit"
+
+
+class SliceWatch:
+    """The API side of slices for one agent: ``names`` (``PodNames``), over-use Events.
+
+    ``posted`` counts Events by reason (the agent's Event counter, shared); ``errors`` counts
+    failed requests by kind (``get-forbidden``, ``get-failed``, ``event-failed``)."""
+
+    def __init__(self, settings: Settings, posted: Counter[str] | None = None) -> None:
+        self.sharing = Sharing.of(settings)
+        self.resource = settings.shared_resource
+        self.names = PodNames()
+        self.posted: Counter[str] = posted if posted is not None else Counter()
+        self.errors: Counter[str] = Counter()
+        self._reported: frozenset[tuple[str, str, str, str]] = frozenset()
+        self._said: SayOnce[str, bool] = SayOnce()  # failures, by kind
+
+    def round(
+        self,
+        client: PodClient,
+        snapshot: NodeSnapshot,
+        attribution: Mapping[str, GpuAttribution],
+        now_s: float,
+        *,
+        post: bool = True,
+    ) -> None:
+        """Read the pods the names lack, then (``post``) the over-use Events due. Never raises
+        ``KubeError``."""
+        by_gpu = {
+            g.uuid: (att, gpu_slices(att, g.uuid, self.sharing.unit_mib))
+            for g in snapshot.gpus
+            if is_shared(g, self.sharing) and g.uuid and (att := attribution.get(g.uuid))
+        }
+        for namespace, name in self.names.wanted(by_gpu, now_s):
+            try:
+                found: PodIdentity | None = client.get_pod(namespace, name)
+            except KubeNotFound:
+                found = None
+            except KubeError as exc:
+                self._fail("get-forbidden" if isinstance(exc, KubeForbidden) else "get-failed", exc)
+                self.names.tried((namespace, name), now_s)  # again after refetch_s, not each tick
+                continue
+            self.names.asked((namespace, name), now_s, found)
+        if post:
+            self._post(client, snapshot, attribution)
+
+    def _post(
+        self, client: PodClient, snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution]
+    ) -> None:
+        over = {(s.namespace, s.pod, s.container, g.uuid or ""): (g, s) for g, s in
+                over_limit(snapshot, attribution, self.sharing)}
+        start, kept = episodes(self._reported, over)
+        reported = set(kept)
+        for key in start:
+            g, s = over[key]
+            pod = self.names.known.get((s.namespace, s.pod))
+            try:
+                client.create_pod_event(
+                    namespace=s.namespace, name=s.pod, uid=pod.uid if pod else "",
+                    reason=OVER_LIMIT, warning=True,
+                    message=f"container {s.container} holds {s.used_mib} MiB on GPU {g.index} "
+                    f"({g.uuid}), over its slice of {s.limit_mib} MiB ({s.units} units of "
+                    f"{self.resource}); nothing enforces the slice without an MPS control "
+                    f"daemon for that GPU",
+                )
+            except KubeError as exc:
+                self._fail("event-failed", exc)
+                continue
+            self.posted[OVER_LIMIT] += 1
+            reported.add(key)
+        self._reported = frozenset(reported)
+
+    def _fail(self, kind: str, exc: KubeError) -> None:
+        self.errors[kind] += 1
+        if self._said.start(kind, True):  # once per kind: RBAC does not change tick to tick
+            logger.warning("shared GPU slices: {} ({}); retrying next round", kind, exc)
