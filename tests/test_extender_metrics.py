@@ -16,6 +16,7 @@ from omaticaya_py.scheduler.metrics import (
     DecisionMetrics,
     LeaseCacheMetrics,
     LedgerMetrics,
+    MetricSources,
     metrics_registry,
 )
 from tests.extender import RunningExtender, metric
@@ -61,7 +62,7 @@ def test_the_request_counter_is_read_at_each_scrape():
     requests: Counter[tuple[str, str]] = Counter()  # empty when wired: still the one read
     nodes = type("Nodes", (), {"__len__": lambda self: 0, "synced": True, "lists": 1,
                                "events": 0, "skipped": 0, "health": lambda self: (True, "ok")})()
-    registry = metrics_registry(nodes, SimpleNamespace(counts={}), requests=requests)
+    registry = metrics_registry(MetricSources(nodes, SimpleNamespace(counts={}), requests=requests))
     key = {"verb": "watch", "result": "200"}
     assert registry.get_sample_value("omaticaya_extender_api_requests_total", key) is None
     requests[("watch", "200")] += 1

@@ -207,7 +207,7 @@ def pod(node_name: Any = "n", *, mib: str | None = "30720", uid: Any = "u1", pha
 
 
 def _from(doc, previous=None, state=None):
-    return placement_from_pod(doc, previous, prefix=P, node_state=lambda name: state, now=NOW)
+    return placement_from_pod(doc, previous, node_state=lambda name: state, now=NOW)
 
 
 def test_placement_from_a_bound_pod():
@@ -302,7 +302,8 @@ class FakePods:
 def test_metrics_count_in_flight_pods_and_skipped_ones():
     from prometheus_client import generate_latest
 
-    from omaticaya_py.scheduler.app import NodeProblems, metrics_registry
+    from omaticaya_py.scheduler.app import NodeProblems
+    from omaticaya_py.scheduler.metrics import MetricSources, metrics_registry
 
     class Nodes:
         synced, lists, events, skipped = True, 1, 0, 0
@@ -317,7 +318,7 @@ def test_metrics_count_in_flight_pods_and_skipped_ones():
     pods.synced, pods.events = True, 4  # type: ignore[attr-defined]
     problems = PodProblems()
     problems.skipped("ns/bad", ValueError("spec.nodeName is not a Node name"))
-    text = generate_latest(metrics_registry(Nodes(), NodeProblems(), pods, problems)).decode()
+    text = generate_latest(metrics_registry(MetricSources(Nodes(), NodeProblems(), pods, problems))).decode()
     assert "omaticaya_extender_inflight_pods 1.0" in text
     assert "omaticaya_extender_pod_cache_synced 1.0" in text
     assert 'omaticaya_extender_pods_skipped_total{problem="skipped: ValueError"} 1.0' in text
@@ -326,7 +327,8 @@ def test_metrics_count_in_flight_pods_and_skipped_ones():
 def test_every_decision_is_counted_in_the_metrics():
     from prometheus_client import generate_latest
 
-    from omaticaya_py.scheduler.app import NodeProblems, metrics_registry
+    from omaticaya_py.scheduler.app import NodeProblems
+    from omaticaya_py.scheduler.metrics import MetricSources, metrics_registry
 
     states = {"a": node(70000, name="a"), "b": node(20000, name="b"),
               "c": node(70000, name="c", **STALE)}  # fmt: skip
@@ -353,7 +355,7 @@ def test_every_decision_is_counted_in_the_metrics():
         def health(self) -> tuple[bool, str]:
             return True, "ok"
 
-    text = generate_latest(metrics_registry(Nodes(), NodeProblems(), None, None, ext.decisions))
+    text = generate_latest(metrics_registry(MetricSources(Nodes(), NodeProblems(), decisions=ext.decisions)))
     assert (
         'omaticaya_extender_decisions_total{reason="stale",result="failed",verb="filter"} 1.0'
         in text.decode()

@@ -25,6 +25,7 @@ from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
 from omaticaya_py.scheduler.victims import (
     GpuRoom,
     PodOnNode,
+    Preemptor,
     choose_victims,
     pod_on_node,
     reserved_by_gpu,
@@ -176,7 +177,7 @@ def test_choose_victims(gpus, on_node, kw, expected):
     # process would lose "need")
     need = kw.get("need", NEED)
     rest = {k: v for k, v in kw.items() if k != "need"}
-    choice = choose_victims(need, 1000, gpus, on_node, preemptor_uid="uid-preemptor", **rest)
+    choice = choose_victims(Preemptor(need, 1000, "uid-preemptor"), gpus, on_node, **rest)
     assert choice.victims == expected, choice.reason
     assert (choice.reason != "") == (expected is None)
 

@@ -274,7 +274,7 @@ def test_a_bound_slice_pod_from_the_watch_is_a_placement_of_its_slices():
     state = shared_node("n", 40000, 60000, 50000, shared="0,1")
     doc = slice_pod(10, 20, uid="u")
     doc["spec"]["nodeName"] = "n"
-    p = placement_from_pod(doc, None, prefix="omaticaya.io", node_state={"n": state}.get, now=NOW)
+    p = placement_from_pod(doc, None, node_state={"n": state}.get, now=NOW)
     assert p is not None and p.slices == (10, 20) and p.gpus == ()  # container order
     assert p.baseline_free_mib == state.shared_free_total_mib == 39936 + 59392  # shared only
     assert p.mib_at(U) == 30 * U

@@ -16,7 +16,8 @@ from starlette.testclient import TestClient
 
 from omaticaya_py.core.liveness import READ_AT_AHEAD, Seen
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
-from omaticaya_py.scheduler.app import NodeProblems, metrics_registry
+from omaticaya_py.scheduler.app import NodeProblems
+from omaticaya_py.scheduler.metrics import MetricSources, metrics_registry
 from omaticaya_py.scheduler.nodeview import LeaseState, NodeView, with_policy
 from tests.helpers import Clock
 from tests.waiting import wait_for
@@ -53,7 +54,7 @@ class _Cache:
 def served(states: dict[str, Any], **kw: Any) -> tuple[TestClient, NodeProblems]:
     problems = NodeProblems()
     ext = Extender(S, states.get, clock=lambda: NOW, on_problem=problems.judged, **kw)
-    registry = metrics_registry(_Cache(states), problems, decisions=ext.decisions)
+    registry = metrics_registry(MetricSources(_Cache(states), problems, decisions=ext.decisions))
     return TestClient(create_app(ext, registry)), problems
 
 

@@ -140,6 +140,62 @@ class LeaseProblems:
         log.warning("Lease {}: {} (skipped: the nodes naming it are stale)", name, problem)
 
 
+def _answer(body: Any) -> Any:
+    """A JSON response: orjson (a 5,000-node answer in ~0.2 ms; the standard encoder: ~2 ms),
+    the standard encoder for what orjson refuses (a lone surrogate, an int over 64 bits)."""
+    import orjson
+    from starlette.responses import Response
+
+    try:
+        data = orjson.dumps(body)
+    except TypeError:
+        data = json.dumps(body, separators=(",", ":")).encode()
+    return Response(data, media_type="application/json")
+
+
+async def _read_args(request: Any) -> dict[str, Any] | tuple[int, str]:
+    """The ExtenderArgs object of ``request``, or (HTTP status, reason) for a body that is not
+    one (413 over ``MAX_BODY_BYTES``, 400 not a JSON object of the right shape)."""
+    declared = request.headers.get("content-length", "")
+    too_big = 413, f"bad ExtenderArgs: body larger than {MAX_BODY_BYTES} bytes"
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return too_big
+        chunks.append(chunk)
+    try:
+        args = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return 400, "bad ExtenderArgs: not JSON"
+    if not isinstance(args, dict):
+        return 400, "bad ExtenderArgs: not a JSON object"
+    problem = args_problem(args)
+    return (400, f"bad ExtenderArgs: {problem}") if problem else args
+
+
+def _verb(name: str, call: Callable[[Any], Any], refused: Callable[[int, str], Any],
+          failed: Callable[[Exception], Any], threaded: bool = False) -> Any:  # fmt: skip
+    """The endpoint of one verb: ``call(args)`` answered as JSON; a bad body answered by
+    ``refused(status, reason)``; an exception logged and answered by ``failed(exc)`` (the
+    scheduler always gets an answer). ``threaded``: run in a worker thread (it does I/O)."""
+    from starlette.concurrency import run_in_threadpool
+
+    async def endpoint(request: Any) -> Any:
+        args = await _read_args(request)
+        if isinstance(args, tuple):
+            return refused(*args)
+        try:
+            return _answer(await run_in_threadpool(call, args) if threaded else call(args))
+        except Exception as exc:  # noqa: BLE001 - answer the scheduler, never drop the request
+            log.exception("{} failed", name)
+            return failed(exc)
+
+    return endpoint
+
+
 def create_app(
     extender: Extender, registry: Any = None, preempt: Callable[[Any], Any] | None = None
 ) -> Any:
@@ -149,99 +205,40 @@ def create_app(
     ``GET /readyz`` (503 with the reason until the node cache has synced, and while its
     list+watch is dead or stalled: ``Extender.health``), and ``GET /metrics`` (Prometheus text,
     from ``registry``; absent without one)."""
-    import orjson
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
-    def answer(body: Any) -> Response:
-        try:  # orjson: a 5,000-node answer in ~0.2 ms (the standard encoder: ~2 ms)
-            data = orjson.dumps(body)
-        except TypeError:  # what it refuses (a lone surrogate from the request, an int > 64 bits)
-            data = json.dumps(body, separators=(",", ":")).encode()
-        return Response(data, media_type="application/json")
+    def no_filter(reason: str, status: int = 200) -> Any:
+        body: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "Error": reason}
+        return JSONResponse(body, status_code=status)
 
-    async def read_args(request: Request) -> dict[str, Any] | tuple[int, str]:
-        """The ExtenderArgs object, or (HTTP status, reason) for a body that is not one."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            return 413, f"bad ExtenderArgs: body larger than {MAX_BODY_BYTES} bytes"
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                return 413, f"bad ExtenderArgs: body larger than {MAX_BODY_BYTES} bytes"
-            chunks.append(chunk)
-        try:
-            args = json.loads(b"".join(chunks))
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            return 400, "bad ExtenderArgs: not JSON"
-        if not isinstance(args, dict):
-            return 400, "bad ExtenderArgs: not a JSON object"
-        problem = args_problem(args)
-        return (400, f"bad ExtenderArgs: {problem}") if problem else args
+    def error(status: int, reason: str) -> Any:
+        return JSONResponse({"Error": reason}, status_code=status)
 
-    async def filter_(request: Request) -> Response:
-        args = await read_args(request)
-        if isinstance(args, tuple):
-            status, reason = args
-            return JSONResponse(
-                {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "Error": reason},
-                status_code=status,
-            )
-        try:
-            return answer(extender.filter(args))
-        except Exception as exc:  # noqa: BLE001 - answer the scheduler, never drop the request
-            log.exception("filter failed")
-            return answer(
-                {
-                    "Nodes": None,
-                    "NodeNames": None,
-                    "FailedNodes": {},
-                    "Error": f"omaticaya extender: {exc}",
-                }
-            )
-
-    async def prioritize(request: Request) -> Response:
-        args = await read_args(request)
-        if isinstance(args, tuple):
-            status, reason = args
-            return JSONResponse({"Error": reason}, status_code=status)
-        try:
-            return answer(extender.prioritize(args))
-        except Exception as exc:  # noqa: BLE001 - answer the scheduler, never drop the request
-            log.exception("prioritize failed")
-            return JSONResponse({"Error": f"omaticaya extender: {exc}"}, status_code=500)
-
-    async def preempt_(request: Request) -> Response:
-        from starlette.concurrency import run_in_threadpool
-
-        args = await read_args(request)
-        if isinstance(args, tuple):
-            return JSONResponse({"Error": args[1]}, status_code=args[0])
-        try:
-            return answer(await run_in_threadpool(preempt, args))  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001 - no preemption rather than a failed scheduling cycle
-            log.exception("preempt failed")
-            return answer({"NodeNameToMetaVictims": {}})
-
-    async def healthz(request: Request) -> Response:
+    async def healthz(request: Any) -> Any:
         return PlainTextResponse("ok")
 
-    async def readyz(request: Request) -> Response:
+    async def readyz(request: Any) -> Any:
         if not extender.synced():
             return PlainTextResponse("node cache not synced", status_code=503)
         ok, reason = extender.health()
         return PlainTextResponse(reason, status_code=200 if ok else 503)
 
     routes: list[Any] = [
-        Route("/filter", filter_, methods=["POST"]),
-        Route("/prioritize", prioritize, methods=["POST"]),
-        *([Route("/preempt", preempt_, methods=["POST"])] if preempt is not None else []),
+        Route("/filter", _verb("filter", extender.filter, lambda st, why: no_filter(why, st),
+                               lambda exc: no_filter(f"omaticaya extender: {exc}")),
+              methods=["POST"]),
+        Route("/prioritize", _verb("prioritize", extender.prioritize, error,
+                                   lambda exc: error(500, f"omaticaya extender: {exc}")),
+              methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-    ]
+    ]  # fmt: skip
+    if preempt is not None:  # no preemption rather than a failed scheduling cycle
+        routes.append(Route("/preempt", _verb(
+            "preempt", preempt, error, lambda exc: _answer({"NodeNameToMetaVictims": {}}),
+            threaded=True), methods=["POST"]))  # fmt: skip
     if registry is not None:
         routes.append(metrics_route(registry))
     return Starlette(routes=routes)

@@ -43,7 +43,7 @@ from ..core.schema import GpuInfo, NodeGpuState
 from ..core.sharing import device_order
 from .inflight import Placement, adjust
 from .need import Need
-from .nodeview import effective, legacy_default
+from .nodeview import effective, legacy_default, seen_of
 
 __all__ = [
     "MAX_PRIORITY",
@@ -279,7 +279,7 @@ def build_record(state: NodeGpuState, live: Sequence[Placement], ctx: JudgingCon
     if ok:
         read_at = state.read_at or 0.0
         valid = state.expires_at - read_at if state.expires_at is not None else ctx.ttl_s
-        win = window(read_at, valid, getattr(state, "seen", None), ctx.grace_s, ctx.max_skew_s)
+        win = window(read_at, valid, seen_of(state), ctx.grace_s, ctx.max_skew_s)
     rec = NodeRecord(state, adjust(state, live) if live else state, ok, win)
     rec.version, rec.until, rec.pending = version, until, len(live)
     return rec
@@ -347,7 +347,7 @@ def judge(rec: NodeRecord | None, need: Need, ctx: JudgingContext) -> Verdict:
         why = state.problem or "no telemetry annotation"
         return unknown or Verdict(False, reason_text(Reason.UNUSABLE_TELEMETRY, why=why))
     alive = node_liveness(
-        state, seen=getattr(state, "seen", None), leases=ctx.leases, prefix=ctx.prefix,
+        state, seen=seen_of(state), leases=ctx.leases, prefix=ctx.prefix,
         now_s=ctx.now, now_mono_s=ctx.now_mono, ttl_s=ctx.ttl_s, grace_s=ctx.grace_s,
         max_skew_s=ctx.max_skew_s,
     )  # fmt: skip

@@ -50,9 +50,8 @@ from loguru import logger as log
 
 from ..core.sayonce import SayOnce
 from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
-from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .inflight import ASSUME_S, Placement, expiry, pending
-from .need import DEFAULT_GPU_RESOURCE, parse_need
+from .need import Need, parse_need
 
 __all__ = ["DONE_PHASES", "Ledger", "Phase", "PodProblems", "placement_from_pod"]
 
@@ -246,19 +245,18 @@ def placement_from_pod(
     pod: Mapping[str, Any],
     previous: Placement | None,
     *,
-    prefix: str,
     node_state: Callable[[str], NodeGpuState | None],
     now: float,
-    shared_resource: str = DEFAULT_SHARED_RESOURCE,
-    gpu_resource: str = DEFAULT_GPU_RESOURCE,
+    read_need: Callable[[Any], Need | None] = parse_need,
 ) -> Placement | None:
     """The placement a pod document stands for, or ``None``. Raises ``ValueError`` for a pod
     whose fields have the wrong shape (the caller skips it and counts it).
 
-    ``previous`` (the placement stored for this pod before) keeps the first ``placed_at`` and
-    ``baseline_free_mib``; a new placement's baseline is the node's free memory now
-    (``node_state``; of its shared GPUs for a pod of slices of ``shared_resource``), its
-    ``placed_at`` the pod's PodScheduled transition (else ``now``)."""
+    ``read_need``: the pod's need (``need.need_reader`` of the settings; default: the default
+    prefix and resources). ``previous`` (the placement stored for this pod before) keeps the
+    first ``placed_at`` and ``baseline_free_mib``; a new placement's baseline is the node's free
+    memory now (``node_state``; of its shared GPUs for a pod of slices), its ``placed_at`` the
+    pod's PodScheduled transition (else ``now``)."""
     if not isinstance(pod, Mapping):
         raise ValueError("pod is not an object")
     meta, spec, status = (json_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
@@ -269,7 +267,7 @@ def placement_from_pod(
         raise ValueError("spec.nodeName is not a Node name")
     if meta.get("deletionTimestamp") or status.get("phase") in DONE_PHASES:
         return None
-    need = parse_need(pod, prefix, shared_resource, gpu_resource)
+    need = read_need(pod)
     if need is None or need.error:
         return None  # never placed through the extender's rules: nothing to account
     uid = meta.get("uid")

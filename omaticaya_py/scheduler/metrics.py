@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from operator import countOf, itemgetter
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "Decisions",
     "LeaseCacheMetrics",
     "LedgerMetrics",
+    "MetricSources",
     "NodeCacheMetrics",
     "PodCacheMetrics",
     "metrics_registry",
@@ -230,34 +232,40 @@ class DecisionMetrics:
         )  # fmt: skip
 
 
-def metrics_registry(
-    cache: Any,
-    problems: Any,
-    pods: Any = None,
-    pod_problems: Any = None,
-    decisions: Any = None,
-    leases: Any = None,
-    ledger: Any = None,
-    requests: Mapping[tuple[str, str], int] | None = None,
-) -> Any:
-    """A prometheus-client ``CollectorRegistry`` of the collectors above: the node cache and
-    ``problems`` always; the API requests with ``requests`` (the node cache's
-    ``Informer.requests``); the in-flight pods with ``pods`` (and ``pod_problems``); the
-    decisions, the Lease cache and the ledger with each."""
+@dataclass(frozen=True, slots=True)
+class MetricSources:
+    """What the extender's metrics read (``metrics_registry``): the Node ``cache`` and the
+    ``problems`` found in Nodes always; the pod cache of in-flight placements (``pods``, with
+    ``pod_problems``), the ``decisions``, the Lease cache (``leases``), the ``ledger`` and the
+    node cache's API ``requests`` (``Informer.requests``) each when set."""
+
+    cache: Any
+    problems: Any
+    pods: Any = None
+    pod_problems: Any = None
+    decisions: Any = None
+    leases: Any = None
+    ledger: Any = None
+    requests: Mapping[tuple[str, str], int] | None = None
+
+
+def metrics_registry(sources: MetricSources) -> Any:
+    """A prometheus-client ``CollectorRegistry`` of the collectors above over ``sources``."""
     from prometheus_client import CollectorRegistry
 
+    s = sources
     collectors: list[Any] = [
-        NodeCacheMetrics(cache, problems),
-        ApiRequests(requests if requests is not None else {}),
+        NodeCacheMetrics(s.cache, s.problems),
+        ApiRequests(s.requests if s.requests is not None else {}),
     ]
-    if pods is not None:
-        collectors.append(PodCacheMetrics(pods, pod_problems))
-    if leases is not None:
-        collectors.append(LeaseCacheMetrics(leases))
-    if ledger is not None:
-        collectors.append(LedgerMetrics(ledger))
-    if decisions is not None:
-        collectors.append(DecisionMetrics(decisions))
+    if s.pods is not None:
+        collectors.append(PodCacheMetrics(s.pods, s.pod_problems))
+    if s.leases is not None:
+        collectors.append(LeaseCacheMetrics(s.leases))
+    if s.ledger is not None:
+        collectors.append(LedgerMetrics(s.ledger))
+    if s.decisions is not None:
+        collectors.append(DecisionMetrics(s.decisions))
     registry = CollectorRegistry()
     for collector in collectors:
         registry.register(collector)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from ..core.sharing import DEFAULT_SHARED_RESOURCE
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 __all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Need",
-           "parse_need", "parse_slices"]  # fmt: skip
+           "need_reader", "parse_need", "parse_slices"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +211,13 @@ def parse_need(
             f"{gpu_resource} its containers ask for: the kubelet hands it {devices} GPUs",
         )  # fmt: skip
     return Need(memory, count, exclusive=devices > 0)
+
+
+def need_reader(settings: Any) -> Callable[[Any], Need | None]:
+    """``parse_need`` with the prefix and resources of ``settings`` (``ExtenderSettings``:
+    ``prefix``, ``shared_resource``, ``device_plugin_resource``)."""
+    prefix, shared, gpu = settings.prefix, settings.shared_resource, settings.device_plugin_resource
+    return lambda pod: parse_need(pod, prefix, shared, gpu)
 
 
 def _shown(raw: str) -> str:

@@ -54,6 +54,7 @@ __all__ = [
     "legacy_default",
     "node_policy",
     "policy_key",
+    "seen_of",
     "view_from_object",
     "with_policy",
     "with_signal",
@@ -105,9 +106,15 @@ def view_from_object(node: Mapping[str, Any], prefix: str, signal: str = "now") 
     return with_policy(state, meta.get("annotations"), prefix)
 
 
+def seen_of(state: NodeGpuState | None) -> Seen | None:
+    """When the extender's watch saw ``state``'s ``read_at`` take its value (``None``: not a
+    ``NodeView`` from the watch, or not seen)."""
+    return state.seen if isinstance(state, NodeView) else None
+
+
 def effective(state: NodeGpuState | None, default: str) -> str:
-    """The policy for ``state``'s node: its override, else ``default``."""
-    override = getattr(state, "policy", None)
+    """The policy for ``state``'s node: its override (a ``NodeView``'s), else ``default``."""
+    override = state.policy if isinstance(state, NodeView) else None
     return override if override in POLICIES else default
 
 

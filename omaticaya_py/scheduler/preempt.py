@@ -43,6 +43,7 @@ from .victims import (
     Deadline,
     GpuRoom,
     PodOnNode,
+    Preemptor,
     Reservations,
     choose_victims,
     pod_on_node,
@@ -220,8 +221,8 @@ def preempt(
         else:
             placed = inflight(node, states[node]) if inflight is not None else ()
             reserved = reserved_by_gpu(view.gpus, placed)
-        choice = choose_victims(need, _priority(pod), view.gpus, view.pods, reserved=reserved,
-                                named=candidates[node], preemptor_uid=_uid(pod))  # fmt: skip
+        choice = choose_victims(Preemptor(need, _priority(pod), _uid(pod)), view.gpus,
+                                view.pods, reserved=reserved, named=candidates[node])  # fmt: skip
         if (why := _dropped(choice)) is not None:
             if choice.victims is None:
                 log.info("preempt {}: node {} dropped: {}", pod_name(pod), node, choice.reason)

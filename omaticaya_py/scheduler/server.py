@@ -12,9 +12,11 @@ from loguru import logger as log
 from ..core.liveness import observe
 from ..core.schema import NodeGpuState, parse_node
 from ..serving import HttpServer
-from .app import LeaseProblems, NodeProblems, create_app, metrics_registry
+from .app import LeaseProblems, NodeProblems, create_app
 from .ledger import Ledger, PodProblems, placement_from_pod
-from .nodeview import LeaseState, lease_from_object, with_policy, with_signal
+from .metrics import MetricSources, metrics_registry
+from .need import need_reader
+from .nodeview import LeaseState, lease_from_object, seen_of, with_policy, with_signal
 from .preempt import preemptor
 from .protocol import Extender
 from .settings import ExtenderSettings
@@ -26,48 +28,83 @@ def serve(
     ready: threading.Event | None = None,
     stop: threading.Event | None = None,
     cache_factory: Callable[..., Any] | None = None,
-    pod_cache_factory: Callable[..., Any] | None = None,
-    lease_cache_factory: Callable[..., Any] | None = None,
     ledger: Ledger | None = None,
 ) -> int:
-    """Start the node cache and serve until ``stop`` is set (or SIGTERM/SIGINT when run in the
+    """Start the caches and serve until ``stop`` is set (or SIGTERM/SIGINT when run in the
     main thread). Returns the exit status. ``ready`` is set once the socket listens; ``ledger``:
-    the reservation ledger to fill (``None``: a new one; tests pass theirs to read it)."""
+    the reservation ledger to fill (``None``: a new one; tests pass theirs to read it);
+    ``cache_factory``: the Node cache's class (``kube.NodeCache``)."""
+    from ..kube import KubeError
+
+    problems = NodeProblems()
+    try:
+        cache = _start_node_cache(settings, problems, cache_factory)
+    except KubeError as err:
+        log.error("{}", err)
+        return 1
+    ledger = ledger if ledger is not None else Ledger(settings.settle_s, settings.assume_s)
+    pods, pod_problems = _start_pod_cache(settings, cache, ledger)
+    leases = _start_lease_cache(settings)
+    ext = _extender(settings, cache, pods, leases, ledger, problems)
+    if stop is None:  # a process of its own (the command line), not a test's thread
+        threading.Thread(
+            target=settle_heap, args=(cache, pods), name="settle-heap", daemon=True
+        ).start()
+    registry = metrics_registry(MetricSources(cache, problems, pods, pod_problems, ext.decisions,
+                                              leases, ledger, cache.requests))  # fmt: skip
+    app = create_app(ext, registry, preempt=preemptor(ext, settings.kubeconfig))
+    try:
+        server = HttpServer(app, settings.address, settings.port, log_level=settings.log_level,
+                            access_log=settings.log_level == "DEBUG")  # fmt: skip
+    except OSError as err:  # port in use, address not on this host, no IPv6
+        log.error("extender cannot listen on {}:{}: {}", settings.address, settings.port, err)
+        _stop_caches(cache, pods, leases)
+        return 1
+    _signal_when(server, ready, stop)
+    s = settings
+    log.info(
+        "extender on {}:{} strategy={} signal={} ttl={:g}s+{:g}s max_clock_skew={:g}s "
+        "fail_open={} prefix={} leases={}", s.address, s.port, s.strategy, s.signal, s.ttl_s,
+        s.grace_s, s.max_clock_skew_s, s.fail_open, s.prefix, s.lease_namespace or "-",
+    )  # fmt: skip
+    try:
+        served = server.run()
+    finally:
+        _stop_caches(cache, pods, leases)
+    return 0 if served else 1
+
+
+def _start_node_cache(settings: ExtenderSettings, problems: NodeProblems,
+                      factory: Callable[..., Any] | None) -> Any:  # fmt: skip
+    """The Node list+watch, each Node parsed (``parse_node``), its problems told to
+    ``problems``, viewed as the extender decides on it (``nodeview``), started. Raises
+    ``KubeError`` when it cannot be configured."""
     from ..kube import KubeError, NodeCache
 
     prefix = settings.prefix
-    problems = NodeProblems()
     cache: Any = None
 
     def transform(meta: Any) -> NodeGpuState:
         state = problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
         # when this watch saw read_at take its value (core.liveness): the agent's liveness
         before = cache.get(meta.name) if cache is not None else None
-        seen = observe(
-            getattr(before, "read_at", None), getattr(before, "seen", None), state.read_at,
-            time.monotonic(),
-        )  # fmt: skip
+        seen = observe(before.read_at if before is not None else None, seen_of(before),
+                       state.read_at, time.monotonic())  # fmt: skip
         return with_policy(with_signal(state, settings.signal), meta.annotations, prefix, seen)
 
     def on_error(err: KubeError) -> None:
         log.warning("node cache: {}", err)
 
-    try:
-        cache = (cache_factory or NodeCache)(
-            transform,
-            kubeconfig=settings.kubeconfig,
-            on_error=on_error,
-            on_skip=problems.skipped,
-        )
-    except KubeError as err:
-        log.error("{}", err)
-        return 1
-    cache.start()
-    ledger = ledger if ledger is not None else Ledger(settings.settle_s, settings.assume_s)
-    pods, pod_problems = _start_pod_cache(settings, cache, pod_cache_factory, ledger)
-    leases = _start_lease_cache(settings, lease_cache_factory)
-    # the reservations of bound pods come from the pod LIST: not ready before it (a restarted
-    # extender would otherwise narrow pods onto room that bound pods hold)
+    cache = (factory or NodeCache)(transform, kubeconfig=settings.kubeconfig,
+                                   on_error=on_error, on_skip=problems.skipped)  # fmt: skip
+    return cache.start() or cache
+
+
+def _extender(settings: ExtenderSettings, cache: Any, pods: Any, leases: Any, ledger: Ledger,
+              problems: NodeProblems) -> Extender:  # fmt: skip
+    """The protocol handlers over the caches: ready once the Nodes and the pods are listed
+    (the reservations of bound pods come from the pod LIST: a restarted extender would
+    otherwise narrow pods onto room that bound pods hold)."""
     ext = Extender(
         settings, cache.get, health=cache.health,
         synced=lambda: cache.synced and (pods is None or pods.synced),
@@ -77,36 +114,17 @@ def serve(
         ext.leases, ext.leases_synced = leases.lease, lambda: leases.synced
     if pods is not None:
         ext.ledger = ledger
-    if stop is None:  # a process of its own (the command line), not a test's thread
-        threading.Thread(
-            target=settle_heap, args=(cache, pods), name="settle-heap", daemon=True
-        ).start()
-    app = create_app(
-        ext,
-        metrics_registry(
-            cache, problems, pods, pod_problems, ext.decisions, leases, ledger, cache.requests
-        ),
-        preempt=preemptor(ext, settings.kubeconfig),
-    )
-    try:
-        server = HttpServer(
-            app,
-            settings.address,
-            settings.port,
-            log_level=settings.log_level,
-            access_log=settings.log_level == "DEBUG",
-        )
-    except OSError as err:  # port in use, address not on this host, no IPv6
-        log.error("extender cannot listen on {}:{}: {}", settings.address, settings.port, err)
-        _stop_caches(cache, pods, leases)
-        return 1
-    stopper = None
+    return ext
+
+
+def _signal_when(server: HttpServer, ready: threading.Event | None,
+                 stop: threading.Event | None) -> None:  # fmt: skip
+    """Stop ``server`` once ``stop`` is set; set ``ready`` once it listens."""
     if stop is not None:
-        stopper = threading.Thread(
+        threading.Thread(
             target=lambda: (stop.wait(), server.stop()),  # type: ignore[func-returns-value]  # 2 calls
             name="extender-stop", daemon=True,
-        )
-        stopper.start()
+        ).start()
     if ready is not None:
 
         def watch_started() -> None:
@@ -115,25 +133,6 @@ def serve(
             ready.set()
 
         threading.Thread(target=watch_started, daemon=True).start()
-    log.info(
-        "extender on {}:{} strategy={} signal={} ttl={:g}s+{:g}s max_clock_skew={:g}s "
-        "fail_open={} prefix={} leases={}",
-        settings.address,
-        settings.port,
-        settings.strategy,
-        settings.signal,
-        settings.ttl_s,
-        settings.grace_s,
-        settings.max_clock_skew_s,
-        settings.fail_open,
-        prefix,
-        settings.lease_namespace or "-",
-    )
-    try:
-        served = server.run()
-    finally:
-        _stop_caches(cache, pods, leases)
-    return 0 if served else 1
 
 
 def settle_heap(*caches: Any, timeout_s: float | None = None) -> bool:
@@ -160,9 +159,8 @@ def _stop_caches(*caches: Any) -> None:
             cache.stop()
 
 
-def _start_pod_cache(
-    settings: ExtenderSettings, nodes: Any, factory: Callable[..., Any] | None, ledger: Ledger
-) -> tuple[Any, PodProblems]:
+def _start_pod_cache(settings: ExtenderSettings, nodes: Any, ledger: Ledger
+                     ) -> tuple[Any, PodProblems]:  # fmt: skip
     """The pod list+watch behind the ledger's bound placements, each change handed to
     ``ledger.pod_changed`` (``None`` with ``settle_s`` 0, or when it cannot be configured: the
     extender then filters on telemetry alone, without reservations)."""
@@ -176,17 +174,14 @@ def _start_pod_cache(
         selector = f"spec.schedulerName={settings.scheduler_name},{selector}"
 
     def transform(pod: Any, previous: Any) -> Any:
-        return placement_from_pod(
-            pod, previous, prefix=settings.prefix, node_state=nodes.get, now=time.time(),
-            shared_resource=settings.shared_resource,
-            gpu_resource=settings.device_plugin_resource,
-        )
+        return placement_from_pod(pod, previous, node_state=nodes.get, now=time.time(),
+                                  read_need=need_reader(settings))  # fmt: skip
 
     def on_error(err: KubeError) -> None:
         log.warning("pod cache (in-flight placements): {}", err)
 
     try:
-        pods = (factory or PodCache)(
+        pods = PodCache(
             transform,
             field_selector=selector,
             kubeconfig=settings.kubeconfig,
@@ -200,7 +195,7 @@ def _start_pod_cache(
     return pods.start(), problems
 
 
-def _start_lease_cache(settings: ExtenderSettings, factory: Callable[..., Any] | None) -> Any:
+def _start_lease_cache(settings: ExtenderSettings) -> Any:
     """The list+watch of the agents' Leases in ``lease_namespace`` (``None`` when it is empty
     or the cache cannot be configured: nodes are then judged by their telemetry's times)."""
     from ..kube import KubeError, LeaseCache
@@ -227,7 +222,7 @@ def _start_lease_cache(settings: ExtenderSettings, factory: Callable[..., Any] |
         log.warning("lease cache: {}", err)
 
     try:
-        leases = (factory or LeaseCache)(
+        leases = LeaseCache(
             transform,
             settings.lease_namespace,
             kubeconfig=settings.kubeconfig,

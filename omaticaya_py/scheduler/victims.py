@@ -51,6 +51,7 @@ __all__ = [
     "Deadline",
     "GpuRoom",
     "PodOnNode",
+    "Preemptor",
     "Reservations",
     "choose_victims",
     "pod_on_node",
@@ -231,23 +232,32 @@ def _fits(
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class Preemptor:
+    """The pod preemption is for: its ``need``, its ``priority`` (``spec.priority``) and its
+    ``uid`` (its own reservations never count against it)."""
+
+    need: Need
+    priority: int
+    uid: str = ""
+
+
 def choose_victims(
-    need: Need,
-    priority: int,
+    preemptor: Preemptor,
     gpus: Sequence[GpuRoom],
     pods: Iterable[PodOnNode],
     *,
     reserved: Reservations | None = None,
     named: Sequence[str] = (),
-    preemptor_uid: str = "",
 ) -> Choice:
-    """The victims on one node for a pod of ``priority`` that needs ``need`` (module docstring).
+    """The victims on one node for ``preemptor`` (module docstring).
 
     ``gpus``: the node's whole GPUs; ``pods``: the pods bound to it, in the node's order (their
     start, oldest first, as kube-scheduler orders pods of one priority); ``reserved``: the
-    ledger's reservations on it (the preemptor's own, ``preemptor_uid``, never counts);
-    ``named``: the uids kube-scheduler named as victims (each must be one of ``pods`` with a
-    lower priority, else the node is dropped: it cannot be checked)."""
+    ledger's reservations on it (the preemptor's own never count); ``named``: the uids
+    kube-scheduler named as victims (each must be one of ``pods`` with a lower priority, else
+    the node is dropped: it cannot be checked)."""
+    need, priority, preemptor_uid = preemptor.need, preemptor.priority, preemptor.uid
     reserved = {
         i: {u: m for u, m in by.items() if u != preemptor_uid}
         for i, by in (reserved or {}).items()
