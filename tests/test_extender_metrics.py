@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from omaticaya_py.scheduler.metrics import (
-    ApiRequests,
     DecisionMetrics,
+    ExtenderApiRequests,
     LeaseCacheMetrics,
     LedgerMetrics,
     MetricSources,
@@ -41,7 +41,7 @@ def _one(collector) -> CollectorRegistry:
 @pytest.mark.parametrize(
     ("collector", "name", "labels", "value"),
     [
-        (ApiRequests(Counter({("list", "200"): 2})), "omaticaya_extender_api_requests_total",
+        (ExtenderApiRequests(Counter({("list", "200"): 2})), "omaticaya_extender_api_requests_total",
          {"verb": "list", "result": "200"}, 2),
         (DecisionMetrics(SimpleNamespace(counts=Counter({("filter", "fail", "stale"): 3}))),
          "omaticaya_extender_decisions_total",

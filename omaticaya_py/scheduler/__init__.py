@@ -29,15 +29,16 @@ Prioritize: among the nodes that fit, ``binpack`` gives 10 to the node with the 
 memory on its healthy GPUs and 1 to the one with the most; ``spread`` the reverse. Nodes that do
 not fit (or are unknown) get 0.
 
-Modules: ``settings`` (``OMATICAYA_EXTENDER_*``), ``need`` (pure: the pod's need), ``rules``
-(pure: filter, prioritize over ``core.schema.NodeGpuState``; each node judged alone),
-``slices`` (pure: where a pod's slices fit), ``protocol`` (pure: ExtenderArgs in, results
-out), ``ledger`` (the reservations), ``narrow`` (the filter narrows a pod to one node and
-reserves there), ``nodeindex`` and ``verdicts`` (per-node records and per-need verdicts kept
-between requests: a request judges only the nodes that changed), ``preemption`` (pure: the victims that make
-room on a node's GPUs) and ``preempt`` (the ``preemptVerb``: ExtenderPreemptionArgs in,
-ExtenderPreemptionResult out; docs/scheduling.md, "Preemption"), ``app`` (the Starlette app: /filter, /prioritize, /metrics, probes), ``server`` (the Node
-cache from ``kube.NodeCache`` and uvicorn). The command line is ``cli``'s ``extender``.
+Modules, in the order a request meets them: ``settings`` (``OMATICAYA_EXTENDER_*``), ``app``
+(the Starlette app: /filter, /prioritize, /preempt, /metrics, probes), ``protocol`` (the verbs:
+ExtenderArgs in, results out; the narrowing to one node), ``need`` (pure: the pod's need),
+``nodeview`` (pure: a Node as the extender sees it: signal, policy override, when it was seen),
+``fit`` (pure: the one fit rule of every verb, its reason codes and texts, scores), ``cache``
+(the rule's records and verdicts kept between requests), ``inflight`` (pure: reservations not
+yet in a reading), ``ledger`` (the reservations' state machine; pods from the watch),
+``victims`` (pure: the pods that must go for a pod to fit) and ``preempt`` (the
+``preemptVerb``; docs/scheduling.md, "Preemption"), ``metrics`` (decisions by reason code; the
+collectors), ``server`` (the caches and uvicorn). The command line is ``cli``'s ``extender``.
 """
 
 from ..core.schema import parse_node

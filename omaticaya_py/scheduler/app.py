@@ -120,7 +120,7 @@ class NodeProblems:
 
 
 class LeaseProblems:
-    """Leases the extender could not read (``staleness.lease_from_object`` raised), logged once
+    """Leases the extender could not read (``nodeview.lease_from_object`` raised), logged once
     per Lease and problem (again at INFO once it reads well) and counted by problem."""
 
     def __init__(self) -> None:

@@ -18,7 +18,7 @@ from loguru import logger as log
 from .fit import ReasonText
 
 __all__ = [
-    "ApiRequests",
+    "ExtenderApiRequests",
     "DecisionMetrics",
     "Decisions",
     "LeaseCacheMetrics",
@@ -85,7 +85,7 @@ class NodeCacheMetrics:
         )  # fmt: skip
 
 
-class ApiRequests:
+class ExtenderApiRequests:
     """``omaticaya_extender_api_requests_total{verb,result}``: the node cache's requests
     (``requests``: ``Informer.requests``, by ``(verb, HTTP status or "error")``)."""
 
@@ -256,7 +256,7 @@ def metrics_registry(sources: MetricSources) -> Any:
     s = sources
     collectors: list[Any] = [
         NodeCacheMetrics(s.cache, s.problems),
-        ApiRequests(s.requests if s.requests is not None else {}),
+        ExtenderApiRequests(s.requests if s.requests is not None else {}),
     ]
     if s.pods is not None:
         collectors.append(PodCacheMetrics(s.pods, s.pod_problems))

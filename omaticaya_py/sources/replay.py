@@ -36,7 +36,7 @@ from ..core.snapshot import (
     XidEvent,
     mig_profile_name,
 )
-from .trace import MIB, Device, GpuSample, NvmlErr, TraceError, load_trace
+from .trace import MIB, GpuSample, NvmlErr, TraceDevice, TraceError, load_trace
 
 __all__ = ["TraceError", "TraceReader", "load_trace"]
 
@@ -54,7 +54,7 @@ def _processes(procs: Any) -> tuple[GpuProcess, ...]:
 
 
 def _mig_readings(
-    sample: GpuSample, device: Device | None, parent_total: int | None
+    sample: GpuSample, device: TraceDevice | None, parent_total: int | None
 ) -> tuple[MigReading, ...]:
     facts = {m.index: m for m in device.mig_devices} if device is not None else {}
     out = []
@@ -96,7 +96,7 @@ def _mig_readings(
     return tuple(out)
 
 
-def _reading(sample: GpuSample, device: Device | None) -> GpuReading:
+def _reading(sample: GpuSample, device: TraceDevice | None) -> GpuReading:
     static: dict[str, Any] = {}
     if device is not None and device.mig_mode is not None:
         static["mig_enabled"] = bool(device.mig_mode[0])

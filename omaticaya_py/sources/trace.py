@@ -128,7 +128,7 @@ class MigDevice(_Model):
     attributes: MigAttributes | None = None
 
 
-class Device(_Model):
+class TraceDevice(_Model):
     index: int = Field(ge=0)
     name: str | None = None
     uuid: str | None = None
@@ -144,7 +144,7 @@ class Trace(_Model):
 
     format_version: int = 1
     samples: list[Sample] = Field(min_length=1)
-    devices: list[Device] = Field(default_factory=list)
+    devices: list[TraceDevice] = Field(default_factory=list)
     driver_version: str | None = None
     cuda_driver_version: int | None = None
     interval_s: float | None = Field(default=None, gt=0)
