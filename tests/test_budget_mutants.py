@@ -133,6 +133,8 @@ CHANGE_CASES = [
      {G0: UnitMark(900, frozenset({A}))}, 0, BETTER),
     ("a holder left and another unit dropped: worse", {G0: UnitMark(10, frozenset({A})), G1: UnitMark(5_000)},
      {G0: UnitMark(10), G1: UnitMark(1_000)}, 256, WORSE),
+    ("threshold 0: a rise is not followed either", {G0: UnitMark(1)}, {G0: UnitMark(10_900)}, 0, None),
+    ("threshold 0: nor a new unit's memory", {}, {G0: UnitMark(10_900)}, 0, None),
     ("a holder left, free memory up as well: better", {G0: UnitMark(10, frozenset({A}))},
      {G0: UnitMark(5_000)}, 256, BETTER),
 ]  # fmt: skip
