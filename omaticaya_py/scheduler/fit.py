@@ -205,12 +205,13 @@ class JudgingContext:
 
     @classmethod
     def of(cls, settings: Any, now: float, now_mono: float | None = None,
-           **more: Any) -> JudgingContext:  # fmt: skip
-        """The context of ``settings`` (``ExtenderSettings``) at ``now``; ``more``: the
-        request's ``leases``, ``on_problem``."""
+           leases: LeaseOf | None = None, on_problem: ProblemOf | None = None
+           ) -> JudgingContext:  # fmt: skip
+        """The context of ``settings`` (``ExtenderSettings``) at ``now`` with the request's
+        ``leases`` (a synced Lease watch) and ``on_problem``."""
         s = settings
         return cls(now, s.ttl_s, s.grace_s, now_mono, s.max_clock_skew_s, s.prefix,
-                   s.stale_policy, s.unknown_policy, s.fail_open, **more)  # fmt: skip
+                   s.stale_policy, s.unknown_policy, s.fail_open, leases, on_problem)  # fmt: skip
 
     def policies(self, state: NodeGpuState | None) -> tuple[str, str]:
         """(unknown policy, stale policy) for ``state``'s node: its override, else the
