@@ -235,3 +235,8 @@ def test_ledger_bound_keeps_exactly_max_entries(monkeypatch: pytest.MonkeyPatch)
     assert len(ledger.recent(5.0)) == 3
     ledger.record([XidEvent(9, 79, 4.0)])
     assert [e.index for e in ledger.recent(5.0)] == [1, 2, 9]
+    # the oldest by time goes, not the first by GPU
+    ledger = XidLedger(XidPolicy())
+    ledger.record([XidEvent(i, 79, float(3 - i)) for i in range(3)])  # GPU 2 is the oldest
+    ledger.record([XidEvent(9, 79, 4.0)])
+    assert [e.index for e in ledger.recent(5.0)] == [1, 0, 9]
