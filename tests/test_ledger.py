@@ -328,7 +328,7 @@ def test_each_request_rebuilds_only_the_records_that_changed():
     assert index.builds - before <= 10  # the one node reserved on, per request
 
 
-# ------------------------------------------- the records' fast path = rules.judge, node by node
+# ---------------------------------- the records' window = the liveness rule, node by node
 
 REF = "omaticaya/omaticaya-node-n"
 HELD = LeaseState("agent-pod", NOW - 10, 40)
