@@ -80,4 +80,5 @@ def judge_state(state: Any, need: Any, *, inflight: Any = (), **context: Any) ->
     from omaticaya_py.scheduler.fit import JudgingContext, build_record, judge
 
     ctx = JudgingContext(**context)
-    return judge(build_record(state, inflight, ctx) if state is not None else None, need, ctx)
+    rec = None if state is None else build_record(state, inflight, ctx, version=0, until=float("inf"))
+    return judge(rec, need, ctx)

@@ -119,6 +119,7 @@ node_st = st.fixed_dictionaries({
     "shared": shared_st,
     "policy": st.sampled_from([None, None, "reject", "allow", "score-zero"]),
     "seen": st.sampled_from([None, (0.0, True), (0.0, False), (-500.0, True)]),
+    "lease_seen": st.sampled_from([None, (0.0, True), (-30.0, False), (-90.0, True)]),
 })  # fmt: skip
 
 placement_st = st.fixed_dictionaries({
@@ -181,7 +182,8 @@ def _lease(spec: dict[str, Any]) -> LeaseState | None:
     if lease in (None, "missing"):
         return None
     renewed = NOW - (200.0 if lease == "lapsed" else 5.0)
-    return LeaseState("" if lease == "released" else "agent", renewed, 40.0)
+    seen = Seen(*spec["lease_seen"]) if spec["lease_seen"] is not None else None
+    return LeaseState("" if lease == "released" else "agent", renewed, 40.0, seen)
 
 
 def _placement(j: int, p: dict[str, Any]) -> Placement:

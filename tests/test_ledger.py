@@ -136,7 +136,8 @@ def record(state: NodeGpuState, placements: list[Placement], now: float = NOW) -
     """The record of ``state`` with the placements that still count at ``now`` (settle 60 s,
     assume 30 s), as ``cache.NodeIndex`` builds it."""
     live = pending(placements, state, now=now, settle_s=60, assume_s=30)
-    return build_record(state, live, JudgingContext(now, 300, 60, max_skew_s=300))
+    return build_record(state, live, JudgingContext(now, 300, 60, max_skew_s=300), version=0,
+                        until=float("inf"))
 
 RECORD_CASES = [
     ("a reservation counts on its GPU", A, [res("u", "a", (1,))], NOW, (70000, 40000)),

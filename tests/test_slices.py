@@ -156,7 +156,7 @@ PLACE_CASES = [
 @pytest.mark.parametrize(("case", "gpus", "mibs", "strategy", "placed"), PLACE_CASES,
                          ids=[c[0] for c in PLACE_CASES])  # fmt: skip
 def test_place_slices(case, gpus, mibs, strategy, placed):
-    assert place_slices(gpus, mibs, strategy) == placed, case
+    assert place_slices(gpus, mibs, strategy, 1) == placed, case
 
 
 # (case, node, pod units, passes, text in the reason)

@@ -248,20 +248,22 @@ class NodeRecord:
     """What judging one node needs: ``state`` (the Node cache's object), ``left`` (``state``
     less the reservations still counting), ``raw`` and ``fits`` (the free MiB of the healthy
     GPUs of ``state`` and of ``left``, most free first), ``free`` (``left``'s free MiB on
-    healthy GPUs), ``ok`` (usable telemetry, good health), ``win`` (its telemetry's fresh
-    ``Window``), ``version`` (the ledger's version it was built at), ``until`` (when a
-    reservation stops counting by age: rebuilt then), ``pending`` (reservations counting), and
-    the Lease it was last judged by with that Lease's window (``lease``, ``lease_win``)."""
+    healthy GPUs), ``win`` (its telemetry's fresh ``Window``; ``NO_WINDOW`` when the telemetry
+    is unusable or the health bad: never fresh), ``version`` (the ledger's version it was built
+    at), ``until`` (when a reservation stops counting by age: rebuilt then), ``pending``
+    (reservations counting), and the Lease it was last judged by with that Lease's window
+    (``lease``, ``lease_win``)."""
 
-    __slots__ = ("state", "version", "until", "left", "raw", "fits", "free", "ok", "win",
-                 "lease", "lease_win", "pending")  # fmt: skip
+    __slots__ = ("state", "version", "until", "left", "raw", "fits", "free", "win", "lease",
+                 "lease_win", "pending")  # fmt: skip
 
-    def __init__(self, state: NodeGpuState, left: NodeGpuState, ok: bool, win: Window) -> None:
-        self.state, self.left, self.ok, self.win = state, left, ok, win
+    def __init__(self, state: NodeGpuState, left: NodeGpuState, win: Window,
+                 counted: tuple[int, float, int]) -> None:  # fmt: skip
+        self.state, self.left, self.win = state, left, win
         self.raw = _sorted_free(state)
         self.fits = _sorted_free(left) if left is not state else self.raw
         self.free = left.free_total_mib
-        self.version, self.until, self.pending = 0, INF, 0
+        self.version, self.until, self.pending = counted
         self.lease: Any = None
         self.lease_win: Window = NO_WINDOW
 
@@ -271,19 +273,18 @@ def _sorted_free(state: NodeGpuState) -> tuple[int, ...]:
 
 
 def build_record(state: NodeGpuState, live: Sequence[Placement], ctx: JudgingContext, *,
-                 version: int = 0, until: float = INF) -> NodeRecord:  # fmt: skip
+                 version: int, until: float) -> NodeRecord:  # fmt: skip
     """The record of ``state`` with ``live`` (the reservations still counting on its node:
-    ``inflight.pending``); windows by ``ctx``'s ``ttl_s``, ``grace_s`` and ``max_skew_s``."""
-    ok = (state.known and state.read_at is not None and not state.problem
-          and state.health is not None and state.health not in BAD_HEALTH)  # fmt: skip
+    ``inflight.pending``; the first stops counting by age at ``until``, epoch s) at the
+    ledger's ``version`` of the node; windows by ``ctx``'s ``ttl_s``, ``grace_s`` and
+    ``max_skew_s``."""
     win = NO_WINDOW
-    if ok:
-        read_at = state.read_at or 0.0
+    if (state.known and state.read_at is not None and not state.problem
+            and state.health is not None and state.health not in BAD_HEALTH):  # fmt: skip
+        read_at = state.read_at
         valid = state.expires_at - read_at if state.expires_at is not None else ctx.ttl_s
         win = window(read_at, valid, seen_of(state), ctx.grace_s, ctx.max_skew_s)
-    rec = NodeRecord(state, adjust(state, live) if live else state, ok, win)
-    rec.version, rec.until, rec.pending = version, until, len(live)
-    return rec
+    return NodeRecord(state, adjust(state, live), win, (version, until, len(live)))
 
 
 def fresh_window(rec: NodeRecord | None, ctx: JudgingContext) -> tuple[float, float, Any] | None:
@@ -291,7 +292,7 @@ def fresh_window(rec: NodeRecord | None, ctx: JudgingContext) -> tuple[float, fl
     fresh at ``ctx``'s clocks by its window (its telemetry's, or the Lease's it names when
     ``ctx.leases`` is set): what ``node_liveness`` says, read from the record; ``None``
     otherwise (then ``judge`` decides)."""
-    if rec is None or not rec.ok or ctx.now_mono is None:
+    if rec is None or ctx.now_mono is None:
         return None
     now, mono = ctx.now, ctx.now_mono
     ref = rec.state.lease if ctx.leases is not None else None
@@ -337,11 +338,11 @@ def judge(rec: NodeRecord | None, need: Need, ctx: JudgingContext) -> Verdict:
     docstring. Liveness by ``core.liveness.node_liveness`` on the state's ``seen``."""
     if need.error:
         return Verdict(False, reason_text(Reason.BAD_POD, why=need.error))
-    state = rec.state if rec is not None else None
-    unknown_is, stale_is = ctx.policies(state)
+    unknown_is, stale_is = ctx.policies(rec.state if rec is not None else None)
     unknown = None if unknown_is == "reject" else PASS_UNSCORED
-    if rec is None or state is None:
+    if rec is None:
         return unknown or Verdict(False, reason_text(Reason.NOT_IN_CACHE))
+    state = rec.state
     if not state.known:
         return unknown or Verdict(False, reason_text(Reason.NO_TELEMETRY, prefix=ctx.prefix))
     if state.read_at is None or state.problem:
@@ -446,7 +447,7 @@ def judge_each(states: Iterable[tuple[str, NodeGpuState | None]], need: Need,
         if state is None:
             return judge(None, need, ctx)
         live = inflight(name, state) if inflight is not None else ()
-        return judge(build_record(state, live, ctx), need, ctx)
+        return judge(build_record(state, live, ctx, version=0, until=INF), need, ctx)
 
     return _tally((name, judge_safely(name, partial(one, name, state), ctx))
                   for name, state in states)  # fmt: skip
@@ -478,8 +479,8 @@ def scores(free: Mapping[str, int], strategy: str) -> dict[str, int]:
 Placed = tuple[tuple[int, ...], int]
 
 
-def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], strategy: str = "binpack",
-                 unit_mib: int = 1) -> Placed | None:  # fmt: skip
+def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], strategy: str,
+                 unit_mib: int) -> Placed | None:  # fmt: skip
     """Each slice of ``mibs`` (MiB, whole units of ``unit_mib``, in container order: the order
     the kubelet asks the device plugin for them) on one healthy GPU of ``gpus`` whose room
     (``GpuInfo.room_mib``: the least of its live free memory and its units left) takes it after
@@ -497,7 +498,7 @@ def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], strategy: str = "
         if i == largest:
             largest_room = f
         g = books[index]
-        left = None if g.units_left is None else g.units_left - mib // max(unit_mib, 1)
+        left = None if g.units_left is None else g.units_left - mib // unit_mib
         books[index] = replace(g, free_mib=g.free_mib - mib, units_left=left)
         chosen.append(index)
     return tuple(chosen), largest_room
@@ -509,12 +510,12 @@ def slice_room(state: NodeGpuState, need: Need) -> int | None:
     no GPU)."""
     if not state.shared or not state.share_unit_mib:
         return None
-    placed = place_slices(state.shared, need.slice_mibs(state.share_unit_mib),
-                          unit_mib=state.share_unit_mib)  # fmt: skip
+    placed = place_slices(state.shared, need.slice_mibs(state.share_unit_mib), "binpack",
+                          state.share_unit_mib)  # fmt: skip
     return None if placed is None else placed[1]
 
 
-def choose_gpus(state: NodeGpuState, need: Need, strategy: str = "binpack") -> tuple[int, ...]:
+def choose_gpus(state: NodeGpuState, need: Need, strategy: str) -> tuple[int, ...]:
     """The ``need.count`` GPUs of ``state`` (free memory after the reservations) a pod needing
     ``need.memory_mib`` on each would be given: healthy, with that much free. ``need.exclusive``
     (whole devices from the device plugin): the ones the plugin hands out,

@@ -210,7 +210,7 @@ def reservation(need: Need, rec: NodeRecord, key: str, uid: str, now: float,
     if need.slices:
         mibs, unit = need.slice_mibs(left.share_unit_mib or 0), left.share_unit_mib or 1
         placed = (place_slices(left.shared, mibs, strategy, unit)
-                  or place_slices(left.shared, mibs, unit_mib=unit))  # fmt: skip
+                  or place_slices(left.shared, mibs, "binpack", unit))  # fmt: skip
         return Placement(key, uid, node, 0, 0, placed_at=now, slices=need.slices,
                          baseline_free_mib=rec.state.shared_free_total_mib,
                          gpus=placed[0] if placed else (), bound=False)  # fmt: skip

@@ -1,0 +1,294 @@
+"""The fit rule (``scheduler.fit``) pinned where a mutation run found no test (``scripts/mutation``):
+each gate's whole verdict (not only pass/fail), the policies prioritize judges by, the detail the
+problem sink hears, the window at its exact edges (the liveness rule is inclusive there), the
+in-flight reason at the exact fit, slices' texts and choices, which whole GPUs an exclusive pod
+gets. Table-driven; each row names what it pins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from omaticaya_py.core.liveness import LeaseState, Seen, node_liveness
+from omaticaya_py.core.schema import GpuInfo, NodeGpuState
+from omaticaya_py.scheduler.fit import (
+    INF,
+    PASS_UNSCORED,
+    JudgingContext,
+    Reason,
+    Verdict,
+    build_record,
+    choose_gpus,
+    fresh_window,
+    judge,
+    judge_all,
+    place_slices,
+    reason_text,
+    slice_room,
+    wanted_text,
+)
+from omaticaya_py.scheduler.inflight import Placement
+from omaticaya_py.scheduler.need import Need
+from omaticaya_py.scheduler.nodeview import NodeView
+
+NOW = 1_800_000_000.0
+P = "example.com"
+NEED = Need(30000)
+REF = "omaticaya/lease-n"
+
+
+def node(*free: int, read_age_s: float = 5.0, **kw: Any) -> NodeGpuState:
+    gpus = tuple(GpuInfo(i, f, True) for i, f in enumerate(free))
+    return NodeGpuState(**{"name": "n", "known": True, "health": "Healthy",
+                           "read_at": NOW - read_age_s, "expires_at": NOW - read_age_s + 330,
+                           "gpus": gpus, "free_total_mib": sum(free), **kw})  # fmt: skip
+
+
+def view(state: NodeGpuState, **kw: Any) -> NodeView:
+    return NodeView(**{f: getattr(state, f) for f in NodeGpuState.__dataclass_fields__}, **kw)
+
+
+def ctx(**kw: Any) -> JudgingContext:
+    return JudgingContext(**{"now": NOW, "ttl_s": 300, "grace_s": 60, "now_mono": 0.0,
+                             "max_skew_s": 300, "prefix": P, **kw})  # fmt: skip
+
+
+def record(state: NodeGpuState, live: tuple[Placement, ...] = (), c: JudgingContext | None = None
+           ) -> Any:  # fmt: skip
+    return build_record(state, live, c or ctx(), version=0, until=INF)
+
+
+def reserved(mib: int, gpus: tuple[int, ...] = (0,)) -> Placement:
+    return Placement("ns/r", "r", "n", mib, len(gpus), placed_at=NOW, gpus=gpus, bound=False)
+
+
+STALE = {"read_age_s": 600.0}
+AHEAD = {"read_age_s": -400.0}
+
+
+def why(code: Reason, **fields: Any) -> Any:
+    return reason_text(code, **{"prefix": P, **fields})
+
+
+# ----------------------------------------------------------------- each gate's verdict ----
+
+GATES = [
+    ("a bad pod fails with its own words", node(70000), Need(0, 1, "bad annotation"), {},
+     Verdict(False, why(Reason.BAD_POD, why="bad annotation"))),
+    ("not in the cache", None, NEED, {}, Verdict(False, why(Reason.NOT_IN_CACHE))),
+    ("not in the cache, unknown allowed: passes unscored", None, NEED,
+     {"unknown_policy": "allow"}, PASS_UNSCORED),
+    ("no labels", NodeGpuState(name="n"), NEED, {}, Verdict(False, why(Reason.NO_TELEMETRY))),
+    ("labels, no telemetry annotation", replace(node(70000), read_at=None), NEED, {},
+     Verdict(False, why(Reason.UNUSABLE_TELEMETRY, why="no telemetry annotation"))),
+    ("a problem in the telemetry", replace(node(70000), problem="bad JSON"), NEED, {},
+     Verdict(False, why(Reason.UNUSABLE_TELEMETRY, why="bad JSON"))),
+    ("ahead of the clock: unusable, the problem named", node(70000, **AHEAD), NEED, {},
+     Verdict(False, why(Reason.UNUSABLE_TELEMETRY,
+                        why=node_liveness(node(70000, **AHEAD), prefix=P, now_s=NOW, ttl_s=300,
+                                          grace_s=60, max_skew_s=300).why),
+             problem="telemetry read_at ahead of the clock")),
+    ("ahead, unknown allowed: passes unscored, the problem still named", node(70000, **AHEAD),
+     NEED, {"unknown_policy": "allow"},
+     Verdict(True, problem="telemetry read_at ahead of the clock")),
+    ("stale: the reason names the prefix's annotation", node(70000, **STALE), NEED, {},
+     Verdict(False, why(Reason.STALE,
+                        why=f"{P}/telemetry expired at 2027-01-15T07:55:30Z, grace 60s"))),
+    ("stale, score-zero: passes unscored", node(70000, **STALE), NEED,
+     {"stale_policy": "score-zero"}, PASS_UNSCORED),
+    ("stale, allow: judged on its last reading", node(70000, **STALE), NEED,
+     {"stale_policy": "allow"}, Verdict(True, fits=True, free_mib=70000)),
+    ("unhealthy", replace(node(70000), health="Unhealthy"), NEED, {},
+     Verdict(False, why(Reason.UNHEALTHY, health="Unhealthy"))),
+    ("no health label reads Unknown", replace(node(70000), health=None), NEED, {},
+     Verdict(False, why(Reason.UNHEALTHY, health="Unknown"))),
+    ("fits", node(70000, 40000), NEED, {}, Verdict(True, fits=True, free_mib=110000)),
+    ("no room", node(20000), NEED, {},
+     Verdict(False, why(Reason.NO_ROOM, wanted="pod needs a GPU with 30000 MiB free"))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "need", "kw", "verdict"), GATES,
+                         ids=[g[0] for g in GATES])  # fmt: skip
+def test_each_gate_gives_its_whole_verdict(case, state, need, kw, verdict):
+    c = ctx(**kw)
+    got = judge(record(state, c=c) if state is not None else None, need, c)
+    assert got == verdict, case
+    assert (got.reason.code if got.reason else None) == (verdict.reason.code if verdict.reason
+                                                         else None), case  # fmt: skip
+
+
+# ---------------------------------------------------------- prioritize's policies ----
+
+SCORING = [
+    ("unknown never scores, whatever the unknown policy", None, {"unknown_policy": "allow"},
+     Verdict(False, why(Reason.NOT_IN_CACHE))),
+    ("stale, the request allows: scored on its last reading", node(70000, **STALE),
+     {"stale_policy": "allow"}, Verdict(True, fits=True, free_mib=70000)),
+    ("stale, the node allows: scored", view(node(70000, **STALE), policy="allow"), {},
+     Verdict(True, fits=True, free_mib=70000)),
+    ("stale, score-zero: not scored (fails)", node(70000, **STALE),
+     {"stale_policy": "score-zero"}, Verdict(False, why(Reason.STALE, why=node_liveness(
+         node(70000, **STALE), prefix=P, now_s=NOW, ttl_s=300, grace_s=60).why))),
+    ("stale, the node rejects over the request's allow", view(node(70000, **STALE),
+     policy="reject"), {"stale_policy": "allow"}, Verdict(False, why(Reason.STALE, why=node_liveness(
+         node(70000, **STALE), prefix=P, now_s=NOW, ttl_s=300, grace_s=60).why))),
+    ("ahead, unknown allowed: no score", node(70000, **AHEAD), {"unknown_policy": "allow"},
+     Verdict(False, why(Reason.UNUSABLE_TELEMETRY, why=node_liveness(
+         node(70000, **AHEAD), prefix=P, now_s=NOW, ttl_s=300, grace_s=60, max_skew_s=300).why),
+         problem="telemetry read_at ahead of the clock")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "kw", "verdict"), SCORING, ids=[s[0] for s in SCORING])
+def test_prioritize_judges_by_its_own_policies(case, state, kw, verdict):
+    c = ctx(scoring=True, **kw)
+    assert judge(record(state, c=c) if state is not None else None, NEED, c) == verdict, case
+
+
+# ------------------------------------------------------------- the problem sink ----
+
+
+def test_the_problem_sink_hears_the_reason_or_nothing_and_a_cut_exception():
+    heard: list[tuple[str, str | None, str]] = []
+    c = ctx(on_problem=lambda *a: heard.append(a))
+    judge_all([("ahead", record(node(70000, **AHEAD))), ("fresh", record(node(70000)))], NEED, c,
+              flagged={"fresh"})  # fmt: skip
+    ahead = judge(record(node(70000, **AHEAD)), NEED, c)
+    assert heard == [("ahead", "telemetry read_at ahead of the clock", ahead.reason),
+                     ("fresh", None, "")]  # fmt: skip
+    heard.clear()
+    judge_all([("ahead", record(node(70000, **AHEAD)))], NEED,
+              replace(c, unknown_policy="allow"))  # fmt: skip
+    assert heard == [("ahead", "telemetry read_at ahead of the clock", "")]
+    heard.clear()
+
+    class Boom:
+        state = node(70000)
+        win = (INF, -INF, -INF)
+
+        @property
+        def fits(self) -> Any:  # what the room rule reads first
+            raise ValueError("x" * 300)
+
+    fits, passed, failed = judge_all([("boom", Boom())], NEED, c)  # type: ignore[list-item]
+    assert failed["boom"].code is Reason.JUDGING_FAILED and not fits and not passed
+    assert heard == [("boom", "judging raised ValueError", ": " + "x" * 200)]
+
+
+def test_a_node_judged_fresh_by_its_window_is_told_only_when_flagged():
+    heard: list[Any] = []
+    c = ctx(on_problem=lambda *a: heard.append(a))
+    judge_all([("a", record(node(70000))), ("b", record(node(70000)))], NEED, c, flagged={"b"})
+    assert heard == [("b", None, "")]
+
+
+# --------------------------------------------------------- the window at its edges ----
+
+R = NOW - 5  # read_at of node(): valid 330 s, grace 60 s: fresh up to R + 390 inclusive
+EDGES = [
+    ("the wall clock at the window's end", node(70000), {"now": R + 390}, None),
+    ("past it", node(70000), {"now": R + 390.001}, None),
+    ("the wall clock at the skew's start", node(70000, read_age_s=-300), {"now": NOW}, None),
+    ("the monotonic clock at the window's end", view(node(70000), seen=Seen(10.0, True)),
+     {"now": NOW + 10_000, "now_mono": 400.0}, None),
+    ("the monotonic clock past it", view(node(70000), seen=Seen(10.0, True)),
+     {"now": NOW + 10_000, "now_mono": 400.001}, None),
+    ("the Lease at its end (renewed + 40 + 60)", replace(node(70000), lease=REF),
+     {"now": NOW + 100}, LeaseState("agent", NOW, 40)),
+    ("the Lease past it", replace(node(70000), lease=REF), {"now": NOW + 100.001},
+     LeaseState("agent", NOW, 40)),
+    ("the Lease by the watch at its end", replace(node(70000), lease=REF),
+     {"now": NOW + 50, "now_mono": 120.0}, LeaseState("agent", NOW, 40, Seen(20.0, True))),
+    ("the Lease by the watch past it", replace(node(70000), lease=REF),
+     {"now": NOW + 50, "now_mono": 120.001}, LeaseState("agent", NOW, 40, Seen(20.0, True))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "kw", "lease"), EDGES, ids=[e[0] for e in EDGES])
+def test_the_window_is_the_liveness_rule_at_its_edges(case, state, kw, lease):
+    leases = {REF: lease}.get if lease is not None else None
+    c = ctx(leases=leases, **kw)
+    rec = record(state, c=c)
+    fresh = node_liveness(state, seen=getattr(state, "seen", None), leases=leases, prefix=P,
+                          now_s=c.now, now_mono_s=c.now_mono, ttl_s=300, grace_s=60,
+                          max_skew_s=300).kind == "fresh"  # fmt: skip
+    assert (fresh_window(rec, c) is not None) == fresh, case
+
+
+def test_a_node_without_usable_telemetry_is_never_fresh_by_its_window():
+    for state in (replace(node(70000), health="Unhealthy"), replace(node(70000), problem="x"),
+                  replace(node(70000), read_at=None), NodeGpuState(name="n")):  # fmt: skip
+        assert fresh_window(record(state), ctx()) is None, state
+    assert fresh_window(record(node(70000)), ctx(now_mono=None)) is None  # not watched
+
+
+# ------------------------------------------------------------------------ room ----
+
+ROOM = [
+    ("the reservation took an exact fit: in flight", node(30000), (reserved(10000),), NEED,
+     Reason.IN_FLIGHT),
+    ("never had room: no room", node(29999), (reserved(10000),), NEED, Reason.NO_ROOM),
+    ("the exact fit, nothing reserved: fits", node(30000), (), NEED, None),
+    ("slices: the reservation took the room: in flight",
+     replace(node(), shared=(GpuInfo(0, 20 * 1024, True, units_left=20),), share_unit_mib=1024),
+     (Placement("ns/r", "r", "n", 0, 0, placed_at=NOW, slices=(10,), gpus=(0,), bound=False),),
+     Need(0, 1, slices=(15,)), Reason.IN_FLIGHT),
+    ("slices: never had room: no room",
+     replace(node(), shared=(GpuInfo(0, 10 * 1024, True, units_left=20),), share_unit_mib=1024),
+     (Placement("ns/r", "r", "n", 0, 0, placed_at=NOW, slices=(5,), gpus=(0,), bound=False),),
+     Need(0, 1, slices=(15,)), Reason.NO_ROOM),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "live", "need", "code"), ROOM, ids=[r[0] for r in ROOM])
+def test_in_flight_or_no_room(case, state, live, need, code):
+    v = judge(record(state, live), need, ctx())
+    assert (v.reason.code if v.reason is not None else None) is code, (case, v)
+
+
+def test_shared_gpus_without_a_unit_have_no_room():
+    state = replace(node(), shared=(GpuInfo(0, 80000, True),), share_unit_mib=None)
+    assert slice_room(state, Need(0, 1, slices=(1,))) is None
+    assert slice_room(replace(state, share_unit_mib=1024), Need(0, 1, slices=(1,))) == 80000
+
+
+def test_no_slice_places_nothing():
+    assert place_slices((GpuInfo(0, 80000, True),), [], "binpack", 1024) == ((), 0)
+
+
+def test_a_slice_takes_its_units_from_the_gpu_it_goes_to():
+    gpus = (GpuInfo(0, 80000, True, units_left=3), GpuInfo(1, 80000, True, units_left=4))
+    # at 1 MiB a unit: the first slice (3 units) fills GPU 0's units; the second goes to GPU 1
+    assert place_slices(gpus, [3, 3], "binpack", 1) == ((0, 1), 3)
+
+
+WANTED = [
+    (Need(30720), "pod needs a GPU with 30720 MiB free"),
+    (Need(1024, 3), "pod needs 3 GPUs with 1024 MiB free"),
+    (Need(0, 1, slices=(20,)), "pod needs 20 units of omaticaya.io/gpu-memory on one shared GPU "
+     "with the slice free"),
+    (Need(0, 1, slices=(10, 20, 5)), "pod needs slices of 20 + 10 + 5 units of "
+     "omaticaya.io/gpu-memory (each on one shared GPU) with the slice free"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("need", "text"), WANTED)
+def test_how_a_reason_names_the_need(need, text):
+    assert wanted_text(need) == text
+
+
+CHOICES = [
+    ("exclusive: the most free first", (50000, 70000), Need(1000, 1, exclusive=True), (1,)),
+    ("exclusive: equal free, the lower index", (70000, 70000), Need(1000, 1, exclusive=True), (0,)),
+    ("exclusive: two of three", (50000, 70000, 60000), Need(1000, 2, exclusive=True), (1, 2)),
+    ("binpack: the least room that fits", (50000, 70000), Need(1000, 1), (0,)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "free", "need", "gpus"), CHOICES, ids=[c[0] for c in CHOICES])
+def test_which_gpus_a_pod_gets(case, free, need, gpus):
+    assert choose_gpus(node(*free), need, "binpack") == gpus, case
