@@ -312,22 +312,7 @@ class Settings(CommonSettings):
     @field_validator("device_plugin_resource", "shared_resource")
     @classmethod
     def _check_resource(cls, value: str) -> str:
-        value = value.strip()
-        domain, slash, name = value.partition("/")
-        if (
-            not slash
-            or len(domain) > 253
-            or not DNS_SUBDOMAIN.match(domain)
-            or domain == "kubernetes.io"
-            or domain.endswith(".kubernetes.io")
-            or len(name) > 63
-            or not EXTENDED_RESOURCE_NAME.match(name)
-        ):
-            raise ValueError(
-                "expected an extended resource name <domain>/<name> outside kubernetes.io, "
-                "like 'nvidia.com/gpu'"
-            )
-        return value
+        return check_resource_name(value)
 
     @model_validator(mode="after")
     def _two_resources(self) -> Settings:
@@ -357,3 +342,25 @@ def stuck_after_s(settings: Settings) -> float:
 def load_settings(flag_names: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """``load(Settings, ...)``: the agent's settings (see ``load``)."""
     return load(Settings, flag_names, **overrides)
+
+
+def check_resource_name(value: str) -> str:
+    """``value`` stripped, when it is an extended resource name ``<domain>/<name>`` outside
+    ``kubernetes.io`` (the kubelet's rule for a device plugin's resource). Raises
+    ``ValueError`` naming the expected form otherwise."""
+    value = value.strip()
+    domain, slash, name = value.partition("/")
+    if (
+        not slash
+        or len(domain) > 253
+        or not DNS_SUBDOMAIN.match(domain)
+        or domain == "kubernetes.io"
+        or domain.endswith(".kubernetes.io")
+        or len(name) > 63
+        or not EXTENDED_RESOURCE_NAME.match(name)
+    ):
+        raise ValueError(
+            "expected an extended resource name <domain>/<name> outside kubernetes.io, "
+            "like 'nvidia.com/gpu'"
+        )
+    return value

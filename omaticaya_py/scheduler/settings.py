@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
-from ..core.settings import CommonSettings, Settings, load, parse_schedule
+from ..core.settings import CommonSettings, check_resource_name, load, parse_schedule
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .need import DEFAULT_GPU_RESOURCE
 
@@ -159,7 +159,7 @@ class ExtenderSettings(CommonSettings):
     @field_validator("shared_resource", "device_plugin_resource")
     @classmethod
     def _check_shared_resource(cls, value: str) -> str:
-        return Settings._check_resource(value)  # the agent's rule for the same name
+        return check_resource_name(value)  # the agent's rule for the same name
 
     @field_validator("address")
     @classmethod
