@@ -25,12 +25,13 @@ from omaticaya_py.scheduler.fit import (
     fresh_window,
     judge,
     judge_all,
+    judge_each,
     place_slices,
     reason_text,
     slice_room,
     wanted_text,
 )
-from omaticaya_py.scheduler.inflight import Placement
+from omaticaya_py.scheduler.inflight import Placement, pending
 from omaticaya_py.scheduler.need import Need
 from omaticaya_py.scheduler.nodeview import NodeView
 
@@ -260,6 +261,27 @@ def test_no_slice_places_nothing():
     assert place_slices((GpuInfo(0, 80000, True),), [], "binpack", 1024) == ((), 0)
 
 
+def test_spread_puts_a_slice_on_the_gpu_with_the_most_room():
+    gpus = (GpuInfo(0, 80000, True), GpuInfo(1, 40000, True), GpuInfo(2, 60000, True))
+    assert place_slices(gpus, [1024], "spread", 1024) == ((0,), 80000)
+    assert place_slices(gpus, [1024], "binpack", 1024) == ((1,), 40000)
+
+
+def test_the_rule_without_the_cache_takes_off_what_the_reading_does_not_show():
+    """``judge_each`` hands each node's reading to ``inflight``: a reservation the reading
+    already shows (its pod a holder) no longer takes the room."""
+    state = replace(node(40000), holders=frozenset({"ns/r"}))
+    shown = replace(reserved(30000), started_at=NOW - 60, bound=True, placed_at=NOW - 60)
+    asked: list[Any] = []
+
+    def inflight(name: str, st: Any) -> Any:
+        asked.append((name, st))
+        return pending([shown], st, now=NOW, settle_s=600)
+
+    fits, _, failed = judge_each([("n", state)], NEED, ctx(), inflight)
+    assert asked == [("n", state)] and fits == {"n": 40000} and failed == {}
+
+
 def test_a_slice_takes_its_units_from_the_gpu_it_goes_to():
     gpus = (GpuInfo(0, 80000, True, units_left=3), GpuInfo(1, 80000, True, units_left=4))
     # at 1 MiB a unit: the first slice (3 units) fills GPU 0's units; the second goes to GPU 1
@@ -286,6 +308,7 @@ CHOICES = [
     ("exclusive: equal free, the lower index", (70000, 70000), Need(1000, 1, exclusive=True), (0,)),
     ("exclusive: two of three", (50000, 70000, 60000), Need(1000, 2, exclusive=True), (1, 2)),
     ("binpack: the least room that fits", (50000, 70000), Need(1000, 1), (0,)),
+    ("an exact fit fits", (1000, 900), Need(1000, 1), (0,)),
 ]  # fmt: skip
 
 
