@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 from ..core.schema import GpuInfo, NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
@@ -312,15 +313,15 @@ def unresolvable(
     not published counts as big enough)."""
     if need is None or not failed:
         return {}
-    codes = {r: r.code for r in set(failed.values())}  # few distinct among thousands
-    if not any(c in UNRESOLVABLE or c == Reason.NO_ROOM for c in codes.values()):
+    # few distinct reasons among thousands of nodes: pick the ones to look at, then the names
+    # that carry them, in C (``compress``: no Python code per node that another node beat)
+    looked = {r for r in set(failed.values()) if r.code in UNRESOLVABLE or r.code == Reason.NO_ROOM}
+    if not looked:
         return {}
     out: dict[str, str] = {}
-    for name, reason in failed.items():
-        code = codes[reason]
-        if code in UNRESOLVABLE:
-            out[name] = reason
-        elif code == Reason.NO_ROOM and not _could_fit(need, lookup(name)):
+    for name in compress(failed.keys(), map(looked.__contains__, failed.values())):
+        reason = failed[name]
+        if reason.code in UNRESOLVABLE or not _could_fit(need, lookup(name)):
             out[name] = reason
     return out
 
