@@ -250,20 +250,19 @@ class NodeRecord:
     GPUs of ``state`` and of ``left``, most free first), ``free`` (``left``'s free MiB on
     healthy GPUs), ``win`` (its telemetry's fresh ``Window``; ``NO_WINDOW`` when the telemetry
     is unusable or the health bad: never fresh), ``version`` (the ledger's version it was built
-    at), ``until`` (when a reservation stops counting by age: rebuilt then), ``pending``
-    (reservations counting), and the Lease it was last judged by with that Lease's window
-    (``lease``, ``lease_win``)."""
+    at), ``until`` (when a reservation stops counting by age: rebuilt then), and the Lease it
+    was last judged by with that Lease's window (``lease``, ``lease_win``)."""
 
     __slots__ = ("state", "version", "until", "left", "raw", "fits", "free", "win", "lease",
-                 "lease_win", "pending")  # fmt: skip
+                 "lease_win")  # fmt: skip
 
-    def __init__(self, state: NodeGpuState, left: NodeGpuState, win: Window,
-                 counted: tuple[int, float, int]) -> None:  # fmt: skip
+    def __init__(self, state: NodeGpuState, left: NodeGpuState, win: Window, version: int,
+                 until: float) -> None:  # fmt: skip
         self.state, self.left, self.win = state, left, win
         self.raw = _sorted_free(state)
         self.fits = _sorted_free(left) if left is not state else self.raw
         self.free = left.free_total_mib
-        self.version, self.until, self.pending = counted
+        self.version, self.until = version, until
         self.lease: Any = None
         self.lease_win: Window = NO_WINDOW
 
@@ -284,7 +283,7 @@ def build_record(state: NodeGpuState, live: Sequence[Placement], ctx: JudgingCon
         read_at = state.read_at
         valid = state.expires_at - read_at if state.expires_at is not None else ctx.ttl_s
         win = window(read_at, valid, seen_of(state), ctx.grace_s, ctx.max_skew_s)
-    return NodeRecord(state, adjust(state, live), win, (version, until, len(live)))
+    return NodeRecord(state, adjust(state, live), win, version, until)
 
 
 def fresh_window(rec: NodeRecord | None, ctx: JudgingContext) -> tuple[float, float, Any] | None:

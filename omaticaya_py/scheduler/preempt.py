@@ -37,7 +37,7 @@ from loguru import logger as log
 from ..core.schema import json_int, json_mapping, json_str, parse_gpu_readings, parse_node
 from .fit import judge_each
 from .need import parse_need
-from .protocol import pod_name
+from .protocol import pod_name, pod_uid
 from .victims import (
     READ_TIMEOUT_S,
     Deadline,
@@ -221,7 +221,7 @@ def preempt(
         else:
             placed = inflight(node, states[node]) if inflight is not None else ()
             reserved = reserved_by_gpu(view.gpus, placed)
-        choice = choose_victims(Preemptor(need, _priority(pod), _uid(pod)), view.gpus,
+        choice = choose_victims(Preemptor(need, _priority(pod), pod_uid(pod)), view.gpus,
                                 view.pods, reserved=reserved, named=candidates[node])  # fmt: skip
         if (why := _dropped(choice)) is not None:
             if choice.victims is None:
@@ -235,10 +235,6 @@ def preempt(
         len(candidates), {n: len(v["Pods"]) for n, v in list(out.items())[:8]},
     )  # fmt: skip
     return {"NodeNameToMetaVictims": out}
-
-
-def _uid(pod: Any) -> str:
-    return json_str(json_mapping(json_mapping(pod).get("metadata")).get("uid")) or ""
 
 
 def _priority(pod: Any) -> int:
