@@ -27,8 +27,8 @@ from omaticaya_py.scheduler.victims import (
     PodOnNode,
     Preemptor,
     choose_victims,
+    node_after,
     pod_on_node,
-    reserved_by_gpu,
     unresolvable,
 )
 from tests.helpers import H100_TOTAL_MIB, PREFIX, READ_AT, gpu, settings, snapshot
@@ -121,6 +121,11 @@ def pods(*spec: tuple[str, int]) -> list[PodOnNode]:
     return [PodOnNode(f"uid-{k.split('/')[1]}", k, p) for k, p in spec]
 
 
+def placed(name: str, mib: int, gpus: tuple[int, ...] = (0,), **kw: Any) -> Placement:
+    """The ledger's placement of pod ``a/<name>`` on ``gpus`` of node ``n``."""
+    return Placement(f"a/{name}", f"uid-{name}", "n", mib, len(gpus), gpus=gpus, **kw)
+
+
 # ------------------------------------------------------------ choose_victims ----
 
 LOW = 0
@@ -130,11 +135,21 @@ VICTIM_CASES = [
     ("the holder of a GPU that then fits goes",
      [room(0, 10_000, ("a/x", 70_000))], pods(("a/x", LOW)), {}, ("uid-x",)),
     ("already fits: nobody goes",
-     [room(0, 70_000, ("a/x", 10_000))], pods(("a/x", LOW)), {}, ()),
+     [room(0, 70_000), room(1, 1_000, ("a/x", 80_000))], pods(("a/x", LOW)), {}, ()),
+    ("a GPU its holder keeps has no room, whatever its memory shows: the holder goes",
+     [room(0, 70_000, ("a/x", 10_000))], pods(("a/x", LOW)), {}, ("uid-x",)),
+    ("a GPU taken by a holder that stays is no room for a second GPU: both go",
+     [room(0, 70_000, ("a/x", 10_000)), room(1, 1_000, ("a/y", 80_000))],
+     pods(("a/x", LOW), ("a/y", LOW)), {"need": Need(60 * GIB, 2)}, ("uid-x", "uid-y")),
+    ("a holder the telemetry does not name never goes: its GPU stays taken",
+     [room(0, 70_000, ("", 10_000))], [], {}, None),
     ("a GPU smaller than the need: dropped, whatever it holds",
      [room(0, 1_000, ("a/x", 39_000), total=40_960)], pods(("a/x", LOW)), {}, None),
     ("holders whose memory is unknown free nothing: dropped",
      [room(0, 1_000, ("a/x", None), ("a/y", None))], pods(("a/x", LOW), ("a/y", LOW)), {}, None),
+    ("holders whose memory is unknown free their GPU: both go when its free memory holds it",
+     [room(0, 70_000, ("a/x", None), ("a/y", None))], pods(("a/x", LOW), ("a/y", LOW)), {},
+     ("uid-x", "uid-y")),
     ("a holder of equal priority is never a victim: dropped",
      [room(0, 10_000, ("a/x", 70_000))], pods(("a/x", 1000)), {}, None),
     ("a terminating holder is never a victim: dropped",
@@ -151,11 +166,19 @@ VICTIM_CASES = [
     ("an unhealthy GPU never counts",
      [room(0, 10_000, ("a/x", 70_000), healthy=False)], pods(("a/x", LOW)), {}, None),
     ("a victim's reservation (placed, not in the telemetry yet) frees its memory",
-     [room(0, 70_000)], pods(("a/r", LOW)), {"reserved": {0: {"uid-r": 30_000}}}, ("uid-r",)),
+     [room(0, 70_000)], pods(("a/r", LOW)), {"reserved": [placed("r", 30_000)]}, ("uid-r",)),
+    ("an exclusive reservation takes its GPU whole: its pod goes",
+     [room(0, 80_000)], pods(("a/r", LOW)),
+     {"reserved": [placed("r", 10_000, exclusive=True)]}, ("uid-r",)),
+    ("a reservation on another GPU leaves a GPU with room: nobody goes",
+     [room(0, 80_000), room(1, 80_000)], pods(("a/r", LOW)),
+     {"reserved": [placed("r", 10_000, exclusive=True)]}, ()),
+    ("a reservation of slices is on a shared GPU, never a whole one: nobody goes",
+     [room(0, 70_000)], pods(("a/r", LOW)), {"reserved": [placed("r", 0, slices=(30,))]}, ()),
     ("the preemptor's own reservation never counts",
-     [room(0, 70_000)], [], {"reserved": {0: {"uid-preemptor": 30_000}}}, ()),
+     [room(0, 70_000)], [], {"reserved": [placed("preemptor", 30_000)]}, ()),
     ("a reservation of a pod not on the node list is not a victim: dropped",
-     [room(0, 70_000)], [], {"reserved": {0: {"uid-ghost": 30_000}}}, None),
+     [room(0, 70_000)], [], {"reserved": [placed("ghost", 30_000)]}, None),
     ("two GPUs needed: a holder on each goes",
      [room(0, 1_000, ("a/x", 70_000)), room(1, 1_000, ("a/y", 70_000)), room(2, 1_000)],
      pods(("a/x", LOW), ("a/y", LOW)), {"need": Need(60 * GIB, 2)}, ("uid-x", "uid-y")),
@@ -182,14 +205,18 @@ def test_choose_victims(gpus, on_node, kw, expected):
     assert (choice.reason != "") == (expected is None)
 
 
-def test_reservations_sit_on_the_ledgers_gpus_else_on_the_freest():
-    gpus = [room(0, 10_000), room(1, 50_000), room(2, 30_000, healthy=False)]
-    placed = [
-        Placement("a/p", "uid-p", "n", 5_000, 1),
-        Placement("a/q", "uid-q", "n", 7_000, 2),
-    ]
-    # p on the freest healthy GPU (1: 50000 -> 45000), q on the two freest left (1, 0)
-    assert reserved_by_gpu(gpus, placed) == {1: {"uid-p": 5_000, "uid-q": 7_000}, 0: {"uid-q": 7_000}}
+def test_the_node_after_eviction_keeps_a_gpu_taken_while_a_holder_stays():
+    gpus = [room(0, 70_000, ("a/x", 10_000), ("a/y", None)), room(1, 1_000, ("a/z", 80_000)),
+            room(2, 30_000, healthy=False)]  # fmt: skip
+    assert [(g.free_mib, g.assigned) for g in node_after(gpus).gpus] == [
+        (0, True), (0, True), (30_000, False)]  # fmt: skip
+    # x goes, y stays: GPU 0 still taken; z goes: GPU 1 free with z's memory
+    after = node_after(gpus, {"a/x", "a/z"})
+    assert [(g.free_mib, g.assigned) for g in after.gpus] == [
+        (0, True), (81_000, False), (30_000, False)]  # fmt: skip
+    assert after.free_total_mib == 81_000  # healthy GPUs only
+    # both go: GPU 0 free with x's known memory (y's unknown adds nothing)
+    assert node_after(gpus, {"a/x", "a/y"}).gpus[0].free_mib == 80_000
 
 
 # ----------------------------------------------------------------- pod input ----
@@ -344,7 +371,7 @@ def test_whole_pods_without_node_cache_get_the_same_answer():
 
 def test_a_node_where_the_pod_already_fits_is_left_out():
     """A node without victims is an error to kube-scheduler 1.22+ and crashes 1.20's choice."""
-    room_now = gpu_node("roomy", [(70_000, [("low/a", 10_000)])])
+    room_now = gpu_node("roomy", [(70_000, ()), (1_000, [("low/a", 80_000)])])
     NODES["roomy"], ON_NODE["roomy"] = room_now, [pod_doc("low/a", node="roomy")]
     try:
         ext = extender()

@@ -1,9 +1,10 @@
 """The fit rule (pure): whether a pod's need fits on a node, and why not, for every verb.
 
 One rule judges a node for the filter, prioritize, the narrowing to one node, the kept
-verdicts (``cache``) and preemption (``preempt``): ``judge`` over a ``NodeRecord`` (the node's
-GPU state as the Node cache parsed it, and ``left``: that state less the reservations still
-counting, ``inflight.adjust``), with a ``JudgingContext`` built once per request. The kept
+verdicts (``cache``) and preemption (``preempt``; ``room_on``: a node as it would be once its
+victims are gone): ``judge`` over a ``NodeRecord`` (the node's GPU state as the Node cache
+parsed it, and ``left``: that state less the reservations still counting,
+``inflight.adjust``), with a ``JudgingContext`` built once per request. The kept
 verdicts are a cache in front of it: ``judge_all`` takes ``fresh_window``'s answer (the
 liveness rule as a window on the record) instead of ``core.liveness.node_liveness`` for a node
 that is fresh and healthy, and the rest of the rule (``room``) is the same function.
@@ -64,6 +65,7 @@ __all__ = [
     "place_slices",
     "reason_text",
     "room",
+    "room_on",
     "scores",
     "slice_room",
     "window",
@@ -330,6 +332,15 @@ def room(rec: NodeRecord, need: Need, prefix: str) -> Verdict:
         r = rec.raw
         taken = len(r) > k and r[k] >= mem
     return _room_failures(need, prefix)[taken]
+
+
+def room_on(state: NodeGpuState, live: Sequence[Placement], need: Need,
+            prefix: str = "omaticaya.io") -> Verdict:  # fmt: skip
+    """``room`` on a record made for ``state`` with the reservations ``live`` still counting
+    (taken off as the filter takes them, ``inflight.adjust``): the rule without the liveness
+    part, which preemption judges a node by as it would be once its victims are gone
+    (``victims.choose_victims``)."""
+    return room(NodeRecord(state, adjust(state, live), NO_WINDOW, 0, INF), need, prefix)
 
 
 def judge(rec: NodeRecord | None, need: Need, ctx: JudgingContext) -> Verdict:

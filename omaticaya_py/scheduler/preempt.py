@@ -36,6 +36,7 @@ from loguru import logger as log
 
 from ..core.schema import json_int, json_mapping, json_str, parse_gpu_readings, parse_node
 from .fit import judge_each
+from .inflight import Placement
 from .need import parse_need
 from .protocol import pod_name, pod_uid
 from .victims import (
@@ -44,12 +45,10 @@ from .victims import (
     GpuRoom,
     PodOnNode,
     Preemptor,
-    Reservations,
     choose_victims,
     pod_on_node,
     pod_started_s,
     preempt_budget_s,
-    reserved_by_gpu,
     unresolvable,
 )
 
@@ -72,7 +71,9 @@ class Candidate:
 
 def gpu_rooms(node: Any, prefix: str) -> tuple[GpuRoom, ...]:
     """The whole GPUs of a v1.Node document: free memory and health as the filter decides
-    (``parse_node``), total memory and holders from its telemetry (``parse_gpu_readings``)."""
+    (``parse_node``; an assigned GPU's by the live reading), total memory and every holder from
+    its telemetry (``parse_gpu_readings``: the same ``pods`` that make ``parse_node`` read the GPU
+    as assigned; one without both names as ``""``, never evicted)."""
     meta = json_mapping(json_mapping(node).get("metadata"))
     state = parse_node(
         json_str(meta.get("name")) or "", meta.get("labels"), meta.get("annotations"), prefix
@@ -84,9 +85,8 @@ def gpu_rooms(node: Any, prefix: str) -> tuple[GpuRoom, ...]:
     for g in state.gpus:
         r = readings.get(g.index)
         holders = tuple(
-            (f"{h.namespace}/{h.pod}", h.memory_used_mib)
+            (f"{h.namespace}/{h.pod}" if h.namespace and h.pod else "", h.memory_used_mib)
             for h in ((r.pods if r is not None else None) or ())
-            if h.namespace and h.pod
         )  # fmt: skip
         total = r.memory_total_mib if r is not None else None
         # an assigned GPU by its live free memory: the victims' eviction starts from it
@@ -181,19 +181,19 @@ def preempt(
     args: Mapping[str, Any],
     read: ReadNode,
     *,
-    reserved_on: Callable[[str], Reservations] | None = None,
+    reserved_on: Callable[[str], Sequence[Placement]] | None = None,
     max_nodes: int = MAX_NODES,
     budget_s: float | None = None,
 ) -> dict[str, Any]:
     """ExtenderPreemptionArgs -> ExtenderPreemptionResult for the extender ``ext``
     (``protocol.Extender``: settings, the Node cache, clocks, in-flight placements, decision
     counts). ``read(node, deadline)``: the node read fresh (``NodeReader``), its requests
-    within ``deadline``; ``reserved_on(node)``: the ledger's reservations by GPU (``None``:
-    from ``ext``'s in-flight placements). At most ``max_nodes`` nodes are read, within
-    ``budget_s`` seconds from the call (``None``: ``preempt_budget_s`` of the settings'
-    ``http_timeout_s``, kube-scheduler's ``httpTimeout``) on the extender's monotonic clock
-    (``ext.monotonic``); a node whose worst case no longer fits is not started
-    (``victims.Deadline``)."""
+    within ``deadline``; ``reserved_on(node)``: the ledger's placements still counting on it
+    (``None``: ``ext``'s in-flight placements, as the filter counts them). At most
+    ``max_nodes`` nodes are read, within ``budget_s`` seconds from the call (``None``:
+    ``preempt_budget_s`` of the settings' ``http_timeout_s``, kube-scheduler's
+    ``httpTimeout``) on the extender's monotonic clock (``ext.monotonic``); a node whose worst
+    case no longer fits is not started (``victims.Deadline``)."""
     if budget_s is None:
         budget_s = preempt_budget_s(ext.settings.http_timeout_s)
     deadline = Deadline.start(budget_s, ext.monotonic)
@@ -219,8 +219,7 @@ def preempt(
         if reserved_on is not None:
             reserved = reserved_on(node)
         else:
-            placed = inflight(node, states[node]) if inflight is not None else ()
-            reserved = reserved_by_gpu(view.gpus, placed)
+            reserved = inflight(node, states[node]) if inflight is not None else ()
         choice = choose_victims(Preemptor(need, _priority(pod), pod_uid(pod)), view.gpus,
                                 view.pods, reserved=reserved, named=candidates[node])  # fmt: skip
         if (why := _dropped(choice)) is not None:

@@ -8,18 +8,23 @@ rules can evict pods whose GPUs are not the ones that would make room. The exten
 ``preemptVerb`` therefore chooses the GPU victims itself, per node (``choose_victims``):
 
 - the pool: the node's pods of lower priority than the preemptor (``PodOnNode``), not already
-  terminating or finished;
-- what evicting a pod frees on each GPU: its reservation in the extender's ledger (a pod placed
-  and not yet in the telemetry; ``Reservations``) plus the memory the telemetry attributes to it
-  on that GPU (``GpuRoom.holders``: the kubelet's holders, with their processes' memory when it
-  is known; a holder whose memory is unknown frees nothing: never more than the truth);
-- the node is kept only if evicting the whole pool lets the pod fit: ``need.count`` healthy GPUs
-  each with ``need.memory_mib`` free after the remaining reservations;
+  terminating or finished, that hold a whole GPU (the kubelet's books: ``GpuRoom.holders``) or
+  a reservation in the extender's ledger (a pod placed and not yet in the telemetry);
+- the node as it would be once a set of pods is evicted (``node_after``): a GPU that a pod
+  which stays holds is still taken, whatever its memory shows (the filter's rule:
+  ``GpuInfo.assigned``); a GPU whose every holder goes is free, with its live free memory plus
+  the memory the telemetry attributes to them there (a holder whose memory is unknown adds
+  nothing: never more than the truth); the evicted pods' reservations stop counting, the
+  others' are taken off as the filter takes them (``inflight.adjust``: an exclusive one takes
+  its GPU whole);
+- the pod fits there by the filter's own rule (``fit.room_on``: ``need.count`` healthy GPUs
+  each with ``need.memory_mib`` free), never a copy of it. The node is kept only if evicting
+  the whole pool lets the pod fit;
 - then the set is trimmed as kube-scheduler trims its own: from the most important pod (highest
   priority, then the earlier in the node's order) down, a pod is spared when the rest still make
   it fit. Every pod left is needed; pods whose GPUs the preemptor cannot use are never victims.
 - the victims kube-scheduler named stay victims: its in-tree filters need them gone (CPU,
-  memory, ports), which the extender cannot judge; their GPU memory counts as freed.
+  memory, ports), which the extender cannot judge; their GPUs and memory count as freed.
 
 The time a ``/preempt`` call may take (``Deadline``): kube-scheduler waits its ``httpTimeout``
 for the answer and fails that preemption without it. The call gets ``preempt_budget_s`` of it
@@ -33,13 +38,13 @@ Nothing here reads the cluster: ``scheduler.preempt`` gathers each node's view a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
 from ..core.schema import GpuInfo, NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
-from .fit import Reason, ReasonText
+from .fit import Reason, ReasonText, room_on
 from .inflight import Placement
 from .need import Need
 
@@ -53,16 +58,12 @@ __all__ = [
     "GpuRoom",
     "PodOnNode",
     "Preemptor",
-    "Reservations",
     "choose_victims",
+    "node_after",
     "pod_on_node",
     "preempt_budget_s",
-    "reserved_by_gpu",
     "unresolvable",
 ]
-
-#: a node's reservations per GPU: GPU index -> pod uid -> MiB (the extender's ledger)
-Reservations = Mapping[int, Mapping[str, int]]
 
 #: filter reasons that evicting pods cannot change
 UNRESOLVABLE = frozenset(
@@ -146,10 +147,13 @@ class PodOnNode:
 
 @dataclass(frozen=True, slots=True)
 class GpuRoom:
-    """One whole GPU as preemption sees it: ``free_mib`` (what the filter decides on, before
-    reservations), ``healthy``, ``total_mib`` (``None``: not published) and ``holders``:
-    ``(namespace/name, MiB or None)`` for each container the telemetry says holds it (MiB: its
-    processes' memory, ``None`` when the agent could not tell)."""
+    """One whole GPU as preemption sees it: ``free_mib`` (its free memory as the filter reads
+    it, before reservations; for a GPU with holders, by the live reading: what evicting them
+    starts from), ``healthy``, ``total_mib`` (``None``: not published) and ``holders``:
+    ``(namespace/name, MiB or None)`` for each container the telemetry says the kubelet gave
+    it (MiB: its processes' memory, ``None`` when the agent could not tell; the name ``""``: a
+    holder the telemetry does not name, never evicted). A GPU with a holder is assigned, as
+    ``parse_node`` reads it: no room for another pod while one of them stays."""
 
     index: int
     free_mib: int
@@ -190,47 +194,31 @@ def pod_started_s(doc: Any) -> float | None:
     return rfc3339_s(json_mapping(json_mapping(doc).get("status")).get("startTime"))
 
 
-def reserved_by_gpu(
-    gpus: Sequence[GpuRoom], placements: Sequence[Placement]
-) -> dict[int, dict[str, int]]:
-    """``Reservations`` from in-flight placements: on the GPUs the ledger gave each one, or,
-    when it names none, on ``count`` GPUs taken as ``inflight.adjust`` takes them (healthy, most
-    free left first)."""
-    free = {g.index: g.free_mib for g in gpus}
-    healthy = [g.index for g in gpus if g.healthy]
-    out: dict[int, dict[str, int]] = {}
-    for p in placements:
-        if getattr(p, "slices", ()):
-            continue  # slices are on shared GPUs, never on these whole ones
-        known = [i for i in getattr(p, "gpus", ()) if i in free]  # the ledger's GPUs, if any
-        for index in known or sorted(healthy, key=lambda i: -free[i])[: p.count]:
-            free[index] = max(0, free[index] - p.memory_mib)
-            out.setdefault(index, {})[p.uid] = out.get(index, {}).get(p.uid, 0) + p.memory_mib
-    return out
-
-
-def _fits(
-    need: Need, gpus: Sequence[GpuRoom], reserved: Reservations, gone: frozenset[str],
-    keys: Mapping[str, str],
-) -> bool:
-    """Whether ``need`` fits once the pods ``gone`` (uids) are evicted."""
-    fitting = 0
+def node_after(gpus: Sequence[GpuRoom], gone: Container[str] = ()) -> NodeGpuState:
+    """The node's whole GPUs as the filter would read them once the pods ``gone``
+    (``namespace/name``) are evicted: a GPU that a holder which stays holds is taken
+    (``assigned``, ``free_mib`` 0, as ``parse_node`` reads it), whatever its memory shows; a
+    GPU whose every holder goes is free, with its free memory plus what the telemetry
+    attributes to them there (a holder whose memory is unknown adds nothing)."""
+    out = []
     for g in gpus:
-        if not g.healthy:
-            continue
-        room = g.free_mib
-        for uid, mib in reserved.get(g.index, {}).items():
-            if uid in gone:
-                continue  # a victim's reservation no longer counts
-            room -= mib
-        for key, held_mib in g.holders:
-            if held_mib and keys.get(key) in gone:
-                room += held_mib
-        if room >= need.memory_mib:
-            fitting += 1
-            if fitting >= need.count:
-                return True
-    return False
+        if any(key not in gone for key, _ in g.holders):
+            out.append(GpuInfo(g.index, 0, g.healthy, total_mib=g.total_mib, assigned=True,
+                               assigned_free_mib=g.free_mib))  # fmt: skip
+        else:
+            freed = sum(max(mib or 0, 0) for _, mib in g.holders)
+            out.append(GpuInfo(g.index, g.free_mib + freed, g.healthy, total_mib=g.total_mib))
+    return NodeGpuState(name="", known=True, gpus=tuple(out),
+                        free_total_mib=sum(g.free_mib for g in out if g.healthy))  # fmt: skip
+
+
+def _fits(need: Need, gpus: Sequence[GpuRoom], reserved: Sequence[Placement],
+          gone: frozenset[str], keys: Mapping[str, str]) -> bool:  # fmt: skip
+    """Whether ``need`` fits by the filter's rule (``fit.room_on``) on the node once the pods
+    ``gone`` (uids; ``keys``: namespace/name -> uid) are evicted: their GPUs given back
+    (``node_after``), their reservations no longer counting, the others' still taken off."""
+    state = node_after(gpus, {key for key, uid in keys.items() if uid in gone})
+    return room_on(state, [p for p in reserved if p.uid not in gone], need).ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,21 +236,19 @@ def choose_victims(
     gpus: Sequence[GpuRoom],
     pods: Iterable[PodOnNode],
     *,
-    reserved: Reservations | None = None,
+    reserved: Sequence[Placement] = (),
     named: Sequence[str] = (),
 ) -> Choice:
     """The victims on one node for ``preemptor`` (module docstring).
 
     ``gpus``: the node's whole GPUs; ``pods``: the pods bound to it, in the node's order (their
     start, oldest first, as kube-scheduler orders pods of one priority); ``reserved``: the
-    ledger's reservations on it (the preemptor's own never count); ``named``: the uids
-    kube-scheduler named as victims (each must be one of ``pods`` with a lower priority, else
-    the node is dropped: it cannot be checked)."""
+    ledger's placements still counting on it (``inflight.pending``; the preemptor's own never
+    count, nor slices: they are on shared GPUs); ``named``: the uids kube-scheduler named as
+    victims (each must be one of ``pods`` with a lower priority, else the node is dropped: it
+    cannot be checked)."""
     need, priority, preemptor_uid = preemptor.need, preemptor.priority, preemptor.uid
-    reserved = {
-        i: {u: m for u, m in by.items() if u != preemptor_uid}
-        for i, by in (reserved or {}).items()
-    }
+    reserved = [p for p in reserved if p.uid != preemptor_uid and not p.slices]
     pods = list(pods)
     by_uid = {p.uid: p for p in pods}
     keys = {p.key: p.uid for p in pods}
@@ -278,9 +264,8 @@ def choose_victims(
         return Choice(None, f"fewer than {need.count} healthy GPU(s) of {need.memory_mib} MiB")
     if _fits(need, gpus, reserved, frozenset(forced), keys):
         return Choice(tuple(forced))
-    holds = {u for by in reserved.values() for u in by} | {
-        keys[k] for g in gpus for k, mib in g.holders if mib and k in keys
-    }
+    # a pod that holds a whole GPU or a reservation: the only ones whose eviction can help
+    holds = {p.uid for p in reserved} | {keys[k] for g in gpus for k, _ in g.holders if k in keys}
     pool = [
         p for p in pods
         if p.priority < priority and not p.going and p.uid in holds and p.uid not in forced
