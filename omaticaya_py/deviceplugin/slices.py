@@ -22,9 +22,11 @@ A slice handed out stops counting against its GPU's live free memory (``still_pe
 - it is ``settle_s`` old (``OMATICAYA_SHARE_SETTLE_S``: a container that never uses its
   slice, or one deleted before it did; the kubelet's units still count it until the pod goes), or
 - a later slice shares a unit with it (``superseded``): the kubelet hands a unit out again only
-  once its holder is over, most often an init container that ran to completion whose units the
-  next init container or an app container of the pod reuses (a subset of them, or some of them
-  plus others).
+  once its holder is over, most often a plain init container that ran to completion whose
+  units the next init container, a sidecar or an app container of the pod reuses (a subset of
+  them, or some of them plus others). A sidecar (an init container with ``restartPolicy:
+  Always``) is never over while its pod runs: its units are not reused, and its slice counts
+  beside the app containers', as the extender counts it (``scheduler.need.held_slices``).
 
 The first rule is the extender's too (``core.shown``). It is conservative in what it takes as
 shown: memory freed by another process at the same time hides a drop, and the slice then waits
@@ -140,9 +142,10 @@ def still_pending(
 def superseded(slices: Iterable[Slice], units: Iterable[str]) -> tuple[Slice, ...]:
     """The slices (of one GPU) that a new slice of unit IDs ``units`` supersedes: those sharing
     a unit with it. The kubelet gives a unit again only once the container holding it is over:
-    an init container that ran to completion (the pod's next init container or its app
-    containers reuse its units, a subset of them or some plus others), or a pod gone. Such a
-    slice counts no more; its units count once, in the new slice."""
+    a plain init container that ran to completion (the pod's next init container, a sidecar or
+    its app containers reuse its units, a subset of them or some plus others; a sidecar's own
+    units are never reused), or a pod gone. Such a slice counts no more; its units count once,
+    in the new slice."""
     new = frozenset(units)
     return tuple(s for s in slices if not s.units.isdisjoint(new))
 

@@ -32,7 +32,7 @@ known (learned from the pod watch: bound by another path, or after a restart) fr
 ``count`` healthy GPUs with the most free memory left, clamped at zero. A placement of whole
 devices (``exclusive``: the pod asks for the device plugin's GPU resource, so the kubelet
 hands it whole GPUs) takes all of each GPU it is given: no other pod can get them. A placement of slices
-(``slices``: units per container) is taken from the node's shared GPUs the same way, each slice
+(``slices``: units per container, as ``need.held_slices`` groups them) is taken from the node's shared GPUs the same way, each slice
 from one GPU (``fit.place_slices`` chose them), and is shown by the shared GPUs' free memory.
 """
 
@@ -69,8 +69,10 @@ class Placement:
     baseline_free_mib: int | None = None
     gpus: tuple[int, ...] = ()
     bound: bool = True
-    #: a pod's slices of shared GPUs, units per container, in container order (``gpus`` then the
-    #: shared GPU of each, in the same order); empty: whole GPUs
+    #: a pod's slices of shared GPUs, units per container (``need.held_slices``: a sidecar's
+    #: included, a plain init container's shared with the containers reusing it), in the
+    #: kubelet's order, init containers first (``gpus`` then the shared GPU of each, in the
+    #: same order); empty: whole GPUs
     slices: tuple[int, ...] = ()
     #: the pod asks for whole devices of the GPU resource (``Need.exclusive``): each GPU it is
     #: given is taken whole

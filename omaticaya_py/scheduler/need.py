@@ -2,13 +2,21 @@
 
 Whole GPUs by annotation (``<prefix>/gpu-memory-mib``, ``<prefix>/gpu-count``), or memory
 slices of shared GPUs by resource (``resources.limits`` or ``requests`` of the shared resource,
-``omaticaya.io/gpu-memory`` by default, in units: ``core.sharing``), one slice per container."""
+``omaticaya.io/gpu-memory`` by default, in units: ``core.sharing``).
+
+A pod's containers are counted as Kubernetes counts them (``container_asks``): its app
+containers (``spec.containers``) and its init containers (``spec.initContainers``), of which a
+*sidecar* (``restartPolicy: Always``, a restartable init container, GA in 1.29) holds its
+devices for the pod's whole life, while a plain one runs to completion before the next starts
+and leaves its devices for the pod's later containers to reuse. One rule gives how many
+devices a pod takes (``effective_request``: whole GPUs, and the total of its slices); its
+slices are the same devices grouped by the GPU each group is on (``held_slices``)."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,16 +26,19 @@ from ..core.sharing import DEFAULT_SHARED_RESOURCE
 #: the device plugin's whole-GPU resource (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``)
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
-__all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Need",
-           "need_reader", "parse_need", "parse_slices"]  # fmt: skip
+__all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Asks",
+           "Need", "container_asks", "effective_request", "held_slices", "need_reader",
+           "parse_need", "parse_slices"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Need:
     """What a pod asks for: ``count`` GPUs with ``memory_mib`` free each, or, when ``slices``
-    is set, one slice per container of a shared GPU: units of the shared resource (MiB: units
-    x the node's ``share_unit_mib``). ``error`` is set when the pod's request is malformed
-    (every node then fails with that message)."""
+    is set, slices of shared GPUs, each all on one GPU: units of the shared resource (MiB:
+    units x the node's ``share_unit_mib``), one per container that the kubelet gives units of
+    a GPU of its own, a sidecar's included; containers that reuse a plain init container's
+    units share its slice (``held_slices``). ``error`` is set when the pod's request is
+    malformed (every node then fails with that message)."""
 
     memory_mib: int
     count: int = 1
@@ -40,8 +51,8 @@ class Need:
     exclusive: bool = False
 
     def slice_mibs(self, unit_mib: int) -> tuple[int, ...]:
-        """Each container's slice in MiB at ``unit_mib`` MiB per unit, in container order: the
-        order the kubelet asks the device plugin for them (``slices.place_slices``)."""
+        """Each slice in MiB at ``unit_mib`` MiB per unit, in ``slices``' order: the order the
+        kubelet asks the device plugin for them, init containers first (``fit.place_slices``)."""
         return tuple(u * unit_mib for u in self.slices)
 
 
@@ -89,15 +100,22 @@ def parse_slices(pod: Any, resource: str = DEFAULT_SHARED_RESOURCE) -> Need | No
     """The slices ``pod`` asks for: each container's ``resources.limits[resource]`` (else its
     ``requests``), a whole number of units from 0 to ``MAX_UNITS``: a JSON number, or a
     Kubernetes quantity as the API writes it (``20``; ``1k``, ``2k``, ``1e3``, ``1Ki`` are
-    1000, 2000, 1000 and 1024 units: ``_units``); ``None`` when no container asks for any. A
-    value that is not a whole number of units in range (negative, a fraction, ``500m``, not a
-    quantity) gives a ``Need`` with ``error`` naming the container and the value. Init
-    containers are not looked at."""
-    asked, bad = _per_container(pod, resource)
-    if bad is not None:
-        return Need(0, 1, f"{bad}: expected a whole number of units from 0 to {MAX_UNITS}")
-    units = [n for n in asked if n > 0]
-    return Need(0, 1, slices=tuple(units), resource=resource) if units else None
+    1000, 2000, 1000 and 1024 units: ``_units``); ``None`` when the pod asks for none
+    (``effective_request`` is 0). A value that is not a whole number of units in range
+    (negative, a fraction, ``500m``, not a quantity) gives a ``Need`` with ``error`` naming the
+    container and the value.
+
+    App containers, sidecars and plain init containers all count (``container_asks``), grouped
+    as the kubelet hands the units out (``held_slices``): a sidecar's slice is held beside the
+    app containers' for the pod's life; a plain init container's slice is reused by the
+    containers after it, and is bigger than theirs only when it exceeds what they hold. The
+    units of the slices add up to the pod's ``effective_request``."""
+    asks = container_asks(pod, resource)
+    if asks.error is not None:
+        return Need(0, 1, f"{asks.error}: expected a whole number of units from 0 to {MAX_UNITS}")
+    if effective_request(asks.app, asks.init) == 0:
+        return None
+    return Need(0, 1, slices=held_slices(asks.app, asks.init), resource=resource)
 
 
 def _units(raw: Any) -> int | None:
@@ -129,28 +147,119 @@ def _units(raw: Any) -> int | None:
     return int(value)
 
 
-def _per_container(pod: Any, resource: str) -> tuple[list[int], str | None]:
-    """(the whole number of ``resource`` each container asking for it asks for, in container
-    order; the first malformed value, described as ``pod container 'c' asks for R='v'``, or
-    ``None``): each container's ``limits`` (else ``requests``), read by ``_units``. Init
-    containers are not looked at (the kubelet reuses their devices for the app containers)."""
+@dataclass(frozen=True, slots=True)
+class Asks:
+    """What a pod's containers ask for of one resource, whole devices each (a container asking
+    for none, or 0, is left out), in the order the kubelet allocates them: ``init``, each init
+    container's ``(devices, sidecar)`` in ``spec.initContainers`` order (``sidecar``: its
+    ``restartPolicy`` is ``Always``), then ``app``, each app container's in ``spec.containers``
+    order. ``error``: the first malformed value, described as ``pod container 'c' asks for
+    R='v'`` (``pod init container 'c' ...`` for an init container), or ``None``."""
+
+    init: tuple[tuple[int, bool], ...] = ()
+    app: tuple[int, ...] = ()
+    error: str | None = None
+
+
+def container_asks(pod: Any, resource: str) -> Asks:
+    """The ``Asks`` of ``pod`` for ``resource``: each container's ``limits`` (else
+    ``requests``), read by ``_units``. The pod is untrusted: ``spec.initContainers`` or
+    ``spec.containers`` that is not a list, and an entry that is not an object, ask for
+    nothing; an init container is a sidecar only when its ``restartPolicy`` is exactly
+    ``Always`` (Kubernetes' ``IsRestartableInitContainer``; the API server accepts no other
+    value there), any other value or none makes it a plain one."""
     spec = json_mapping(json_mapping(pod).get("spec"))
-    containers = spec.get("containers")
-    out: list[int] = []
-    for c in containers if isinstance(containers, list) else ():
-        c = json_mapping(c)
-        res = json_mapping(c.get("resources"))
-        limits, requests = json_mapping(res.get("limits")), json_mapping(res.get("requests"))
-        raw = limits.get(resource, requests.get(resource))
-        if raw is None:
-            continue
-        n = _units(raw)
-        if n is None:
-            name = c.get("name")
-            shown = _shown(str(name) if isinstance(name, str) else "?")
-            return out, f"pod container {shown} asks for {resource}={_shown(str(raw))}"
-        out.append(n)
-    return out, None
+    init: list[tuple[int, bool]] = []
+    app: list[int] = []
+    for key, kind in (("initContainers", "init container"), ("containers", "container")):
+        listed = spec.get(key)
+        for c in listed if isinstance(listed, list) else ():
+            c = json_mapping(c)
+            res = json_mapping(c.get("resources"))
+            limits, requests = json_mapping(res.get("limits")), json_mapping(res.get("requests"))
+            raw = limits.get(resource, requests.get(resource))
+            if raw is None:
+                continue
+            n = _units(raw)
+            if n is None:
+                name = c.get("name")
+                shown = _shown(str(name) if isinstance(name, str) else "?")
+                error = f"pod {kind} {shown} asks for {resource}={_shown(str(raw))}"
+                return Asks(tuple(init), tuple(app), error)
+            if n == 0:
+                continue
+            if key == "containers":
+                app.append(n)
+            else:
+                init.append((n, c.get("restartPolicy") == "Always"))
+    return Asks(tuple(init), tuple(app))
+
+
+def effective_request(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()) -> int:
+    """The devices a pod takes of one resource, by Kubernetes' own rule (kube-scheduler's
+    ``NodeResourcesFit`` and the kubelet's admission: ``resource.PodRequests``, sidecars
+    included since 1.29): the larger of
+
+    - the app containers' ``app`` plus every sidecar's (``init`` entries ``(n, True)``): all of
+      them hold their devices at once, for the pod's life, and
+    - for each plain init container (``(n, False)``), its ``n`` plus the sidecars declared
+      before it, which run beside it (those after it start only once it is done).
+
+    ``init`` in ``spec.initContainers`` order (``Asks.init``). Pure."""
+    sidecars = peak = 0
+    for n, sidecar in init:
+        if sidecar:
+            sidecars += n
+        else:
+            peak = max(peak, n + sidecars)
+    return max(sum(app) + sidecars, peak)
+
+
+def held_slices(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()) -> tuple[int, ...]:
+    """The slices a pod of ``app`` and ``init`` units (``Asks``) holds on shared GPUs: the
+    units grouped by the GPU each group must be on, in the order the groups are first handed
+    out. Their sum is ``effective_request(app, init)``.
+
+    The kubelet's device manager (``devicemanager.Allocate``) hands out every container's
+    units at admission, init containers first, each container's all on one GPU (the device
+    plugin refuses a slice across two). A container first takes units the plain init
+    containers before it leave for reuse (they run to completion first), then the rest from
+    the GPU those are on (the kubelet asks the plugin to include the reused units, and the
+    plugin takes a slice from one GPU); only when none is left does it start a GPU of its own.
+    A plain init container's units, reused ones included, stay the pod's and are left for
+    reuse; a sidecar's and an app container's are its own for the pod's life (taken out of
+    reuse).
+
+    So the tuple is modelled on that, not on the scalar rule alone:
+
+    - app containers and sidecars with no plain init container's units left before them: a
+      slice each, held together for the pod's life (a 20-unit sidecar and a 5-unit app:
+      ``(20, 5)``);
+    - a plain init container's slice is reused by the containers after it, which then share
+      its GPU: it matters only where it exceeds what they hold there (an init of 5 then an app
+      of 10: ``(10,)``; an init of 20 then apps of 10 and 10: ``(20,)``, both apps on its GPU,
+      which must have 20 where two GPUs of 10 would not do; an init of 20 then apps of 15 and
+      10: ``(25,)``; a sidecar of 10 then an init of 30 then an app of 5: ``(10, 30)``, the
+      sidecar's beside the init's).
+
+    Pure."""
+    slices: list[int] = []
+    pool = 0  # units left for reuse, all on the GPU of ``slices[at]``
+    at = -1
+    plain = [not sidecar for _, sidecar in init] + [False] * len(app)
+    for n, left in zip([n for n, _ in init] + list(app), plain, strict=True):
+        taken = min(n, pool)
+        if taken:
+            slices[at] += n - taken  # the rest from the reused units' GPU
+        else:
+            slices.append(n)
+        if left:  # a plain init container: its units, reused ones included, left for reuse
+            if not taken:
+                at = len(slices) - 1
+            pool += n - taken
+        else:  # a sidecar or an app container keeps what it took
+            pool -= taken
+    return tuple(slices)
 
 
 def parse_need(
@@ -169,8 +278,10 @@ def parse_need(
     annotation and the expected form: every node then fails with it.
 
     A pod whose containers also ask for whole devices of ``gpu_resource`` (the device plugin's,
-    ``nvidia.com/gpu``) is ``exclusive``: its count is that many GPUs (the annotation may say
-    so too; a count that differs is an error), and each GPU it gets is taken whole.
+    ``nvidia.com/gpu``) is ``exclusive``: its count is the GPUs the kubelet hands it,
+    ``effective_request`` of its app containers, sidecars and plain init containers (a 2-GPU
+    sidecar beside a 1-GPU app container: 3; the annotation may say so too; a count that
+    differs is an error), and each GPU it gets is taken whole.
 
     A pod that asks for slices of ``shared_resource`` (``parse_slices``) has that need
     instead: its annotations are not read."""
@@ -191,10 +302,10 @@ def parse_need(
         )  # fmt: skip
     if memory > MAX_MEMORY_MIB:
         return Need(0, 1, f"pod annotation {mem_key}={shown_mem} asks for more than 1 EiB")
-    asked, bad = _per_container(pod, gpu_resource)
-    if bad is not None:
-        return Need(memory, 1, f"{bad}: expected a whole number of GPUs")
-    devices = sum(asked)
+    asks = container_asks(pod, gpu_resource)
+    if asks.error is not None:
+        return Need(memory, 1, f"{asks.error}: expected a whole number of GPUs")
+    devices = effective_request(asks.app, asks.init)
     if devices and count_key not in annotations:
         raw_count = str(devices)
     count = json_int(raw_count)

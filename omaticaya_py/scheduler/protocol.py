@@ -204,7 +204,7 @@ def reservation(need: Need, rec: NodeRecord, key: str, uid: str, now: float,
                 strategy: str) -> Placement:  # fmt: skip
     """The pod's reservation on ``rec``'s node: on the GPUs the device plugin would give it
     (``fit.choose_gpus``: for whole devices the plugin's own order; slices:
-    ``fit.place_slices``, in container order, best fit when ``strategy`` cannot place them
+    ``fit.place_slices``, in ``need.slices``' order, best fit when ``strategy`` cannot place them
     all)."""
     node, left = rec.state.name, rec.left
     if need.slices:
