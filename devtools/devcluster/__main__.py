@@ -11,15 +11,15 @@ import os
 import sys
 from pathlib import Path
 
-from devtools.devcluster import control, kubelet
-from devtools.devcluster.cluster import Cluster
-from devtools.devcluster.state import DevClusterError
+from devtools.devcluster.state import DevClusterError, load_state
 
 USAGE = """scripts/dev-cluster: a real, local kube-apiserver (+ etcd, optionally kube-scheduler)
 for Omaticaya's tests and demo. Everything listens on 127.0.0.1 only.
 
   scripts/dev-cluster build [--scheduler] [--kubelet] [--full]  (scripts/dev-cluster-build)
   scripts/dev-cluster up [--scheduler]      # prints: export KUBECONFIG=...
+  (every command: --kubernetes-version vX.Y.Z, the release: v1.37.2 (default) or v1.31.0,
+   built from Go modules; a running cluster keeps the release it was started with)
   scripts/dev-cluster up --kubelet          # + containerd and a kubelet (Node omaticaya-kubelet)
   scripts/dev-cluster up --full             # a whole cluster for the chart: + kube-scheduler,
       kube-controller-manager, the kubelet on containerd with a bridge CNI, kube-proxy
@@ -33,11 +33,33 @@ for Omaticaya's tests and demo. Everything listens on 127.0.0.1 only.
   scripts/dev-cluster stop-kubelet | start-kubelet | down-kubelet (+ containers, containerd)
 
 Environment:
+  OMATICAYA_KUBERNETES_VERSION  the release (as --kubernetes-version)
   OMATICAYA_CACHE    build cache (default ~/.cache/omaticaya); binaries in
-                     $OMATICAYA_CACHE/k8s-v1.20.2/bin
+                     $OMATICAYA_CACHE/k8s-<version>/bin
   OMATICAYA_DEV_DIR  state dir: certs, state.json (ports, pids), logs, etcd data
                      (default /tmp/omaticaya-dev)
 """
+
+
+def release_of(state_dir: Path, command: str) -> None:
+    """Set ``OMATICAYA_KUBERNETES_VERSION`` to the release the cluster in ``state_dir`` runs
+    when it has one: a command on a running cluster acts on its release. Raises
+    ``DevClusterError`` when ``up`` asks for another release than the one running."""
+    try:
+        st = load_state(state_dir) if state_dir.exists() else None
+    except DevClusterError:
+        return
+    running = (st.kubernetes_version or "v1.20.2") if st is not None and st.procs else None
+    if running is None:
+        return
+    asked = os.environ.get("OMATICAYA_KUBERNETES_VERSION")
+    if command == "up" and asked and asked.lstrip("v") != running.lstrip("v"):
+        raise DevClusterError(
+            f"the dev cluster in {state_dir} runs Kubernetes {running}, not {asked}: "
+            f"'OMATICAYA_DEV_DIR={state_dir} scripts/dev-cluster down' first, or use another "
+            "OMATICAYA_DEV_DIR"
+        )
+    os.environ["OMATICAYA_KUBERNETES_VERSION"] = running
 
 
 def main(argv: list[str]) -> int:
@@ -54,7 +76,13 @@ def main(argv: list[str]) -> int:
     flags = args.scheduler or args.kubelet or args.full
     if args.command != "up" and flags:
         parser.error(f"{args.command}: unknown option")
-    c = Cluster(Path(os.environ.get("OMATICAYA_DEV_DIR") or "/tmp/omaticaya-dev"))
+    state_dir = Path(os.environ.get("OMATICAYA_DEV_DIR") or "/tmp/omaticaya-dev")
+    release_of(state_dir, args.command)
+    # imported once the release is known: devtools.devcluster.cluster reads it at import
+    from devtools.devcluster import control, kubelet
+    from devtools.devcluster.cluster import Cluster
+
+    c = Cluster(state_dir)
     commands = {
         "down": control.down,
         "stop-apiserver": lambda c: c.stop("apiserver"),

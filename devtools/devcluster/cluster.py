@@ -16,7 +16,43 @@ from pathlib import Path
 from devtools.devcluster import procs
 from devtools.devcluster.state import DevClusterError, Proc, State, load_state
 
-K8S_VERSION = "v1.20.2"
+#: the release ``up`` starts unless ``OMATICAYA_KUBERNETES_VERSION`` (``--kubernetes-version``)
+#: names another (scripts/dev-cluster-build has the same default)
+DEFAULT_K8S_VERSION = "v1.20.2"
+#: the releases the project pins: built from Go modules (devtools/kubebuild), or, v1.20.2 only,
+#: from Debian's source package
+GO_RELEASES = ("v1.37.2", "v1.31.0")
+#: containerd 2, built from its Go module (devtools/containerdbuild) for the Go releases
+CONTAINERD_VERSION = "v2.4.2"
+
+
+def k8s_version() -> str:
+    """The release this process works with: ``$OMATICAYA_KUBERNETES_VERSION`` (``v`` added when
+    missing), else ``DEFAULT_K8S_VERSION``."""
+    v = (os.environ.get("OMATICAYA_KUBERNETES_VERSION") or DEFAULT_K8S_VERSION).strip()
+    return v if v.startswith("v") else f"v{v}"
+
+
+K8S_VERSION = k8s_version()
+
+
+def minor(version: str = K8S_VERSION) -> int:
+    """The minor version of ``v1.Y.Z``: ``Y`` (37 for v1.37.2)."""
+    return int(version.lstrip("v").split(".")[1])
+
+
+def from_go_modules(version: str = K8S_VERSION) -> bool:
+    """True for a release built from Go modules (every one but v1.20.2, Debian's): etcd is the
+    multi-call binary's, containerd is 2.x, the kubelet reads a KubeletConfiguration file."""
+    return version != "v1.20.2"
+
+
+def port_off() -> list[str]:
+    """``--port 0`` (no insecure serving) where kube-scheduler and kube-controller-manager
+    still have the flag (v1.20; removed in 1.23/1.24); nothing for a Go release."""
+    return [] if from_go_modules() else ["--port", "0"]
+
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "dev-cluster-build"
 #: the user agent for the API server: not curl's, for which it pretty-prints JSON (this v1.20
@@ -36,8 +72,15 @@ def cache_dir() -> Path:
 
 
 def bin_dir() -> Path:
-    """Where the built Kubernetes binaries are: ``<cache>/k8s-v1.20.2/bin``."""
+    """Where the built Kubernetes binaries are: ``<cache>/k8s-<version>/bin``."""
     return cache_dir() / f"k8s-{K8S_VERSION}" / "bin"
+
+
+def containerd_bin_dir() -> Path | None:
+    """Where containerd 2 (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) is built for a
+    Go release: ``<cache>/containerd-<version>/bin``; None for v1.20.2 (Debian's containerd
+    1.6, on PATH)."""
+    return cache_dir() / f"containerd-{CONTAINERD_VERSION}" / "bin" if from_go_modules() else None
 
 
 def binary(name: str, build_flag: str) -> str:
@@ -50,7 +93,11 @@ def binary(name: str, build_flag: str) -> str:
 
 
 def etcd_binary() -> str:
-    """Debian's etcd (``etcd-server``); raises ``DevClusterError`` when it is not installed."""
+    """etcd: the multi-call binary's (``<bin dir>/etcd``, the version k8s.io/kubernetes pins)
+    for a Go release, else Debian's (``etcd-server``, 3.4); raises ``DevClusterError`` when it
+    is not there."""
+    if from_go_modules():
+        return binary("etcd", "")
     found = shutil.which("etcd") or ("/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
     if not found:
         raise DevClusterError("etcd not installed (apt-get install etcd-server)")
@@ -103,9 +150,10 @@ class Cluster:
         """True while the process started as ``name`` runs (same pid and start time)."""
         return procs.alive(self.proc(name))
 
-    def start(self, name: str, argv: list[str]) -> Proc:
-        """Start ``argv`` as ``name`` (own process group, log in ``<name>.log``), record it."""
-        proc = procs.spawn(name, argv, self.log_path(name))
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        """Start ``argv`` as ``name`` (own process group, log in ``<name>.log``, environment
+        ``env``, None: ours), record it."""
+        proc = procs.spawn(name, argv, self.log_path(name), env)
         self.st.procs[name] = proc
         self.save()
         return proc

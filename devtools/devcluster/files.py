@@ -227,6 +227,47 @@ state = "{c}/state"
 """)
 
 
+def kubelet_config(
+    state_dir: Path, node_ip: str, port: int, healthz_port: int, minor: int
+) -> str:
+    """The KubeletConfiguration (``kubelet.config.k8s.io/v1beta1``) a Go release's kubelet
+    reads with ``--config``: what the v1.20 kubelet took as flags (the flags are deprecated, and
+    ``failCgroupV1`` exists only here). On the serving port: client certificates of the dev CA
+    only (no anonymous, no webhook), every request allowed; cgroupfs; no eviction, no node
+    allocatable enforcement, no image GC (the host's disk is not the test's); status every
+    second; the dev taint so that only pods that tolerate it land. ``minor`` >= 31:
+    ``failCgroupV1: false`` (this host runs cgroup v1; kubelet 1.35+ refuses it otherwise)."""
+    k = state_dir / "kubelet"
+    cgroup_v1 = "failCgroupV1: false\n" if minor >= 31 else ""
+    return f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {node_ip}
+port: {port}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz_port}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+  x509: {{clientCAFile: {state_dir}/pki/ca.crt}}
+authorization: {{mode: AlwaysAllow}}
+containerRuntimeEndpoint: unix://{state_dir}/containerd/containerd.sock
+runtimeRequestTimeout: 30s
+cgroupDriver: cgroupfs
+cgroupsPerQOS: true
+enforceNodeAllocatable: []
+failSwapOn: false
+evictionHard: {{}}
+imageGCHighThresholdPercent: 100
+volumePluginDir: {k}/volume-plugins
+nodeStatusUpdateFrequency: 1s
+syncFrequency: 5s
+registerNode: true
+registerWithTaints:
+- {{key: omaticaya.io/dev-kubelet, value: "true", effect: NoSchedule}}
+{cgroup_v1}"""
+
+
 def _tar_dir(t: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
     i = tarfile.TarInfo(name)
     i.type, i.mode = tarfile.DIRTYPE, mode

@@ -23,7 +23,14 @@ import shutil
 from pathlib import Path
 
 from devtools.devcluster import kubelet as kubelet_mod
-from devtools.devcluster.cluster import K8S_VERSION, REPO_ROOT, Cluster, bin_dir, binary
+from devtools.devcluster.cluster import (
+    K8S_VERSION,
+    REPO_ROOT,
+    Cluster,
+    bin_dir,
+    binary,
+    port_off,
+)
 from devtools.devcluster.files import SCHEDULER_IMAGE, scheduler_image_tar
 from devtools.devcluster.procs import https_ok, log, run
 from devtools.devcluster.state import DevClusterError
@@ -84,7 +91,7 @@ def start_controller_manager(c: Cluster) -> None:
     c.start("controller-manager", [
         binary("kube-controller-manager", "--full"), "--kubeconfig", kubeconfig,
         "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
-        "--leader-elect=false", "--bind-address", "127.0.0.1", "--port", "0",
+        "--leader-elect=false", "--bind-address", "127.0.0.1", *port_off(),
         "--secure-port", str(port), "--service-account-private-key-file", f"{p}/sa.key",
         "--root-ca-file", f"{p}/ca.crt", "--use-service-account-credentials=false",
         "--controllers", "*", "--v", "1",

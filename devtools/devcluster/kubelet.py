@@ -14,8 +14,21 @@ import shutil
 import sys
 from pathlib import Path
 
-from devtools.devcluster.cluster import K8S_VERSION, Cluster, binary, build
-from devtools.devcluster.files import KUBELET_IMAGE, busybox_image_tar, kubelet_files
+from devtools.devcluster.cluster import (
+    K8S_VERSION,
+    Cluster,
+    binary,
+    build,
+    containerd_bin_dir,
+    from_go_modules,
+    minor,
+)
+from devtools.devcluster.files import (
+    KUBELET_IMAGE,
+    busybox_image_tar,
+    kubelet_config,
+    kubelet_files,
+)
 from devtools.devcluster.procs import free_port, log, run, wait_until
 from devtools.devcluster.state import DevClusterError, KubeletState
 
@@ -48,8 +61,10 @@ def require_linux_root(flag: str) -> None:
 
 
 def kubelet_deps() -> None:
+    """Debian's packages the kubelet's node needs: runc, busybox (the images), the CNI plugins,
+    and, for v1.20.2 only, containerd 1.6 (a Go release runs the containerd 2 it built)."""
     missing = [pkg for ok, pkg in (
-        (shutil.which("containerd"), "containerd"),
+        (from_go_modules() or shutil.which("containerd"), "containerd"),
         (shutil.which("runc"), "runc"),
         (os.access("/bin/busybox", os.X_OK), "busybox-static"),
         (os.access("/usr/lib/cni/loopback", os.X_OK), "containernetworking-plugins"),
@@ -57,26 +72,39 @@ def kubelet_deps() -> None:
     apt_install(missing)
 
 
+def containerd_tool(name: str) -> str:
+    """``containerd`` or ``ctr``: the built containerd 2's for a Go release, else the one on
+    PATH (Debian's 1.6)."""
+    d = containerd_bin_dir()
+    return str(d / name) if d is not None else name
+
+
 def ctr(c: Cluster, *args: str, check: bool = True, quiet: bool = False) -> str:
     """``ctr`` on this cluster's containerd, namespace k8s.io; its stdout. Raises
     ``DevClusterError`` when ``check`` and it fails."""
     sock = f"{c.dir}/containerd/containerd.sock"
-    return run(["ctr", "--address", sock, "-n", "k8s.io", *args], check=check, quiet=quiet).stdout
+    argv = [containerd_tool("ctr"), "--address", sock, "-n", "k8s.io", *args]
+    return run(argv, check=check, quiet=quiet).stdout
 
 
 def ctr_answers(c: Cluster) -> bool:
     """True when containerd answers ``ctr version``."""
     sock = f"{c.dir}/containerd/containerd.sock"
-    return run(["ctr", "--address", sock, "version"], check=False, quiet=True).returncode == 0
+    argv = [containerd_tool("ctr"), "--address", sock, "version"]
+    return run(argv, check=False, quiet=True).returncode == 0
 
 
 def start_containerd(c: Cluster) -> None:
-    """Start containerd with the state dir's config; wait until ``ctr`` answers (10 s); import the
-    busybox image when it is not there."""
-    version = run(["containerd", "--version"]).stdout.split()
+    """Start containerd with the state dir's config (a Go release: the built containerd 2, its
+    folder first on PATH so that it runs its own runc shim); wait until ``ctr`` answers (10 s);
+    import the busybox image when it is not there."""
+    binary_path = containerd_tool("containerd")
+    version = run([binary_path, "--version"]).stdout.split()
     log(f"starting containerd ({version[2] if len(version) > 2 else '?'}) on "
         f"{c.dir}/containerd/containerd.sock")
-    c.start("containerd", ["containerd", "--config", f"{c.dir}/containerd/config.toml"])
+    d = containerd_bin_dir()
+    env = None if d is None else dict(os.environ, PATH=f"{d}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    c.start("containerd", [binary_path, "--config", f"{c.dir}/containerd/config.toml"], env)
     c.wait_ready("containerd", "containerd answering", lambda: ctr_answers(c), 10)
     if KUBELET_IMAGE not in ctr(c, "images", "ls", "-q").splitlines():
         tar = c.dir / "kubelet" / "busybox-image.tar"
@@ -103,7 +131,29 @@ def start_kubelet(c: Cluster) -> None:
     # a full cluster: the Node's InternalIP is the pod bridge's gateway (a Node address may not be
     # loopback), where the API server reaches the kubelet for logs and exec
     node_ip = c.st.full.pod_gateway if c.st.full else "127.0.0.1"
-    argv = [
+    if from_go_modules():
+        (k / "config.yaml").write_text(
+            kubelet_config(c.dir, node_ip, kl.port, kl.healthz_port, minor()))
+        argv = [
+            binary("kubelet", "--kubelet"), "--config", f"{k}/config.yaml",
+            "--kubeconfig", f"{k}/kubeconfig", "--root-dir", f"{k}/root",
+            "--cert-dir", f"{k}/pki", f"--hostname-override={kl.node}", f"--node-ip={node_ip}",
+            "--v=1",
+        ]
+    else:
+        argv = _kubelet_flags(c, node_ip)
+    log(f"starting kubelet {K8S_VERSION} as Node {kl.node} (port {node_ip}:{kl.port})")
+    c.start("kubelet", argv)
+    took = c.wait_ready("kubelet", f"Node {kl.node} Ready", lambda: node_ready(c, kl.node),
+                        c.kubelet_ready_timeout_s)
+    log(f"Node {kl.node} Ready after {took:.0f} s")
+
+
+def _kubelet_flags(c: Cluster, node_ip: str) -> list[str]:
+    """The v1.20 kubelet's command line: everything as flags."""
+    kl, k = c.st.kubelet, c.dir / "kubelet"
+    assert kl is not None
+    return [
         binary("kubelet", "--kubelet"), "--kubeconfig", f"{k}/kubeconfig",
         "--container-runtime=remote",
         f"--container-runtime-endpoint=unix://{c.dir}/containerd/containerd.sock",
@@ -118,11 +168,6 @@ def start_kubelet(c: Cluster) -> None:
         "--node-status-update-frequency=1s", "--sync-frequency=5s",
         "--register-with-taints=omaticaya.io/dev-kubelet=true:NoSchedule", "--v=1",
     ]
-    log(f"starting kubelet {K8S_VERSION} as Node {kl.node} (port {node_ip}:{kl.port})")
-    c.start("kubelet", argv)
-    took = c.wait_ready("kubelet", f"Node {kl.node} Ready", lambda: node_ready(c, kl.node),
-                        c.kubelet_ready_timeout_s)
-    log(f"Node {kl.node} Ready after {took:.0f} s")
 
 
 def kubelet_up(c: Cluster) -> None:

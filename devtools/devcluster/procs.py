@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +78,12 @@ def _group_exists(pgid: int) -> bool:
     return False
 
 
-def spawn(name: str, argv: Sequence[str], log_path: Path) -> Proc:
+def spawn(
+    name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+) -> Proc:
     """Start ``argv`` detached: its own session and process group, stdin from /dev/null, stdout
-    and stderr appended to ``log_path``. Returns its ``Proc``; raises ``DevClusterError`` when it
-    cannot be started."""
+    and stderr appended to ``log_path``, the environment ``env`` (None: ours). Returns its
+    ``Proc``; raises ``DevClusterError`` when it cannot be started."""
     try:
         with open(log_path, "ab") as out:
             p = subprocess.Popen(
@@ -91,6 +93,7 @@ def spawn(name: str, argv: Sequence[str], log_path: Path) -> Proc:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                env=None if env is None else dict(env),
             )
     except OSError as e:
         raise DevClusterError(f"could not start {name}: {e}") from e

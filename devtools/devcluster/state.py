@@ -70,7 +70,7 @@ class State:
     in a full cluster, ``image_key`` once the agent image is imported
     (``omaticaya-<version>-<hash>``, the name of scripts/build-image's tarball) and
     ``scheduler_image_key`` once the kube-scheduler image is (``kube-scheduler-<version>-<the
-    binary's sha256, 16 hex digits>``)."""
+    binary's sha256, 16 hex digits>``), and the release it runs, ``kubernetes_version``."""
 
     ports: Ports
     procs: dict[str, Proc] = field(default_factory=dict)
@@ -78,6 +78,9 @@ class State:
     full: FullState | None = None
     image_key: str | None = None
     scheduler_image_key: str | None = None
+    #: the Kubernetes release the processes run (``v1.37.2``); None in a state written before
+    #: releases could be chosen (v1.20.2)
+    kubernetes_version: str | None = None
 
     def to_json(self) -> str:
         """The state as JSON (one object; ``procs`` maps names to ``{pid, start_ticks, argv}``)."""
@@ -98,6 +101,7 @@ class State:
                 full=FullState(**raw["full"]) if raw.get("full") else None,
                 image_key=raw.get("image_key"),
                 scheduler_image_key=raw.get("scheduler_image_key"),
+                kubernetes_version=raw.get("kubernetes_version"),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise DevClusterError(f"unreadable dev cluster state: {e!r}") from e
