@@ -10,8 +10,9 @@ every second, heartbeat 1 s, so ``read_at`` stays fresh):
     crash  (extender tests) 60000 MiB free, Healthy; its agent is killed with SIGKILL
 
 1. The stock scheduler with ``nodeAffinity`` on the labels (``examples/scheduler/pod-affinity.yaml``).
-2. Two more kube-schedulers from ``examples/scheduler/scheduler-config-v1beta1.yaml``, each with its own
-   in-process ``omaticaya extender`` (binpack / spread), pods annotated
+2. Two more kube-schedulers from the example configuration of their release (``scheduler_config``:
+   ``examples/scheduler/scheduler-config-v1beta1.yaml`` on v1.20.2, ``-v1.yaml`` from 1.25),
+   each with its own in-process ``omaticaya extender`` (binpack / spread), pods annotated
    ``omaticaya.io/gpu-memory-mib``.
 
 Everything listens on 127.0.0.1. No kubelet runs: the test makes Nodes schedulable itself (taint
@@ -253,9 +254,20 @@ def test_affinity_never_picks_the_unhealthy_node(api, namespace, nodes):
 # -------------------------------------------------------------- 2. with the extender ----
 
 
+def scheduler_config() -> dict[str, Any]:
+    """The example KubeSchedulerConfiguration the dev cluster's kube-scheduler reads:
+    ``scheduler-config-v1.yaml`` from 1.25 (the Go releases), ``-v1beta1.yaml`` on v1.20.2.
+    Their ``extenders`` entries are the chart's (tests/test_extender.py)."""
+    from devtools.devcluster.cluster import minor
+
+    name = "scheduler-config-v1.yaml" if minor() >= 25 else "scheduler-config-v1beta1.yaml"
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
 class ExtenderScheduler:
     """An in-process ``omaticaya extender`` (real HTTP on 127.0.0.1, real Node cache) and a
-    kube-scheduler from ``examples/scheduler/scheduler-config-v1beta1.yaml`` that calls it."""
+    kube-scheduler from the example configuration of its release (``scheduler_config``) that
+    calls it."""
 
     def __init__(
         self, cluster: DevCluster, tmp: Path, name: str, strategy: str, settle_s: float = 0.0,
@@ -286,12 +298,15 @@ class ExtenderScheduler:
         )  # fmt: skip
         self.thread.start()
         assert self.ready.wait(15), "extender did not start"
-        config = yaml.safe_load((EXAMPLES / "scheduler-config-v1beta1.yaml").read_text())
+        config = scheduler_config()
         config["clientConnection"]["kubeconfig"] = str(cluster.kubeconfig)
         config["leaderElection"] = {"leaderElect": False}
-        health_port = free_port()
-        config["healthzBindAddress"] = f"127.0.0.1:{health_port}"
-        config["metricsBindAddress"] = f"127.0.0.1:{health_port}"
+        # v1beta1 serves /healthz on an address of its own; from v1beta3 only the secure port
+        # does, which spawn_scheduler turns off: there, started is what its log says
+        health_port = free_port() if config["apiVersion"].endswith("/v1beta1") else None
+        if health_port is not None:
+            config["healthzBindAddress"] = f"127.0.0.1:{health_port}"
+            config["metricsBindAddress"] = f"127.0.0.1:{health_port}"
         config["profiles"][0]["schedulerName"] = name
         if plugins is not None:  # e.g. {"postFilter": {"disabled": [{"name": "*"}]}}
             config["profiles"][0]["plugins"] = plugins
@@ -306,6 +321,8 @@ class ExtenderScheduler:
             if self.proc.poll() is not None:
                 tail = "\n".join(self.log.read_text().splitlines()[-5:])
                 raise AssertionError(f"kube-scheduler {name} exited {self.proc.returncode}: {tail}")
+            if health_port is None:
+                return "Starting Kubernetes Scheduler" in self.log.read_text()
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=1) as r:
                     return r.status == 200
