@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from devtools.devcluster import DevClusterError, State, load_state
+from devtools.devcluster.cluster import bin_dir, port_off
+from devtools.devcluster.kubelet import containerd_tool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "dev-cluster"
@@ -137,7 +139,7 @@ class DevCluster:
                 [
                     str(scheduler_binary()),
                     "--config", str(config),
-                    "--port", "0",
+                    *port_off(),
                     "--secure-port", "0",
                     "--v", "2",
                 ],
@@ -209,6 +211,20 @@ class DevCluster:
         version = key.removeprefix("omaticaya-").rsplit("-", 1)[0]
         return f"omaticaya.local/omaticaya:{version}"
 
+    @property
+    def cdi_dir(self) -> Path:
+        """Where this cluster's containerd 2 reads CDI specs (``<state dir>/cdi``)."""
+        return self.state_dir / "cdi"
+
+    def ctr(self, *args: str, timeout: float = 30) -> str:
+        """``ctr`` (the cluster's containerd's own) in namespace k8s.io; its stdout. Raises
+        ``subprocess.CalledProcessError`` when it fails."""
+        sock = self.state_dir / "containerd" / "containerd.sock"
+        return subprocess.run(
+            [containerd_tool("ctr"), "--address", str(sock), "-n", "k8s.io", *args],
+            capture_output=True, text=True, timeout=timeout, check=True,
+        ).stdout
+
     # --- helpers for stdlib clients --------------------------------------
     def ssl_context(self) -> ssl.SSLContext:
         """TLS context trusting the cluster CA and presenting the admin cert."""
@@ -238,9 +254,9 @@ class DevCluster:
 
 
 def scheduler_binary() -> Path:
-    """The cached kube-scheduler binary (built by ``scripts/dev-cluster build --scheduler``)."""
-    cache = Path(os.environ.get("OMATICAYA_CACHE") or Path.home() / ".cache" / "omaticaya")
-    return cache / "k8s-v1.20.2" / "bin" / "kube-scheduler"
+    """The cached kube-scheduler binary of the release under test (built by ``scripts/dev-cluster
+    build --scheduler``)."""
+    return bin_dir() / "kube-scheduler"
 
 
 def start_dev_cluster(

@@ -54,7 +54,7 @@ def kubelet_node(dev_cluster: DevCluster) -> Iterator[str]:
     if sys.platform != "linux" or os.geteuid() != 0:
         pytest.skip("the kubelet needs Linux and root (cgroups, mounts, /var/lib/kubelet)")
     if kubelet_sock_in_use():
-        pytest.skip(f"another kubelet serves {PLUGIN_DIR}/kubelet.sock (one per machine in 1.20)")
+        pytest.skip(f"another kubelet serves {PLUGIN_DIR}/kubelet.sock (one per machine)")
     node = dev_cluster.start_kubelet()
     try:
         yield node

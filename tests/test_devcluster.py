@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from typing import Any
 
+from devtools.devcluster.cluster import K8S_VERSION, minor
 from tests.devcluster import DevCluster
 
 
@@ -53,7 +54,9 @@ def test_readyz_ok(dev_cluster: DevCluster) -> None:
     status, body = _request(dev_cluster, "GET", "/readyz")
     assert (status, body) == (200, "ok")
     status, version = _request(dev_cluster, "GET", "/version")
-    assert status == 200 and version["gitVersion"] == "v1.20.2", version
+    # the release under test, stamped at build time (not v0.0.0-master)
+    assert status == 200 and version["gitVersion"] == K8S_VERSION, version
+    assert (version["major"], version["minor"]) == ("1", str(minor(K8S_VERSION))), version
 
 
 def test_create_and_get_node(dev_cluster: DevCluster) -> None:

@@ -109,7 +109,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     if os.uname().sysname != "Linux" or os.geteuid() != 0:
         pytest.skip("the full dev cluster (kubelet, containerd, bridge, iptables) needs Linux and root")
     if kubelet_sock_in_use():
-        pytest.skip("another kubelet runs on this machine (one per machine in 1.20)")
+        pytest.skip("another kubelet runs on this machine (one per machine)")
     state_dir = tmp_path_factory.mktemp("fullcluster")
     try:
         cluster = start_dev_cluster(state_dir, full=True)
@@ -126,12 +126,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 
 
 def _ctr_images(cluster: DevCluster) -> list[str]:
-    sock = cluster.state_dir / "containerd" / "containerd.sock"
-    out = subprocess.run(
-        ["ctr", "--address", str(sock), "-n", "k8s.io", "images", "ls", "-q"],
-        capture_output=True, text=True, check=True, timeout=30,
-    )
-    return out.stdout.split()
+    return cluster.ctr("images", "ls", "-q").split()
 
 
 def _up_full(cluster: DevCluster) -> str:
@@ -232,9 +227,7 @@ def test_up_full_again_imports_nothing_and_reimports_what_is_missing(cluster: De
     assert after.scheduler_image_key == before.scheduler_image_key
     assert SCHEDULER_IMAGE in _ctr_images(cluster)
 
-    sock = cluster.state_dir / "containerd" / "containerd.sock"
-    subprocess.run(["ctr", "--address", str(sock), "-n", "k8s.io", "images", "rm", SCHEDULER_IMAGE],
-                   capture_output=True, check=True, timeout=30)
+    cluster.ctr("images", "rm", SCHEDULER_IMAGE)
     assert SCHEDULER_IMAGE not in _ctr_images(cluster)
     err = _up_full(cluster)
     assert f"importing {SCHEDULER_IMAGE}" in err, err

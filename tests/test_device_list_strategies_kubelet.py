@@ -1,5 +1,10 @@
-"""NVIDIA's device list strategies on a real kubelet v1.20 + containerd 1.6
-(``scripts/dev-cluster up --kubelet``): what a container really gets from ``Allocate``.
+"""NVIDIA's device list strategies on a real kubelet (v1.37.2; v1.31.0 in the oldest release's
+lane) + containerd 2 (``scripts/dev-cluster up --kubelet``): what a container really gets from
+``Allocate``, CDI included: containerd 2 resolves the CDI names (the annotation, the kubelet's
+``CDIDevices``) against the specs in the cluster's CDI folder, where this module writes one for
+the trace's GPUs as ``nvidia-ctk cdi generate`` would name them (kind ``nvidia.com/gpu``, a
+device per UUID): a device node ``/dev/nvidia<i>`` (the host's /dev/null, 1:3) and a variable
+``OMATICAYA_CDI_GPU_<i>=<uuid>``, so that the test reads what CDI injected.
 
 ``omaticaya device-plugin`` replays ``tests/data/multi-gpu-trace.json`` (8 healthy GPUs) as
 ``example.com/gpu`` with ``OMATICAYA_DEVICE_LIST_STRATEGY`` set, in its own process; each test
@@ -48,6 +53,8 @@ SCRIPT = (
     'echo "$OMATICAYA_GPU_MEMORY_LIMIT_MIB" > /out/limit; '
     f"for f in {ROOT}/*; do stat -c '%n %F %t:%T' \"$f\"; done > /out/files 2>&1; "
     "grep nvidia-container-devices /proc/self/mountinfo > /out/mounts; "
+    "for f in /dev/nvidia*; do test -e \"$f\" && stat -c '%n %F %t:%T' \"$f\"; done > /out/cdi-nodes; "
+    "env | grep '^OMATICAYA_CDI_GPU_' | sort > /out/cdi-env; "
     "echo done > /out/done; exec sleep 3600"
 )
 
@@ -85,7 +92,40 @@ class Plugin:
 
 @pytest.fixture(scope="module")
 def kubelet(dev_cluster: DevCluster) -> Iterator[str]:
-    yield from kubelet_node(dev_cluster)
+    spec = dev_cluster.cdi_dir / "omaticaya-test-gpus.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(json.dumps(cdi_spec()))
+    try:
+        yield from kubelet_node(dev_cluster)
+    finally:
+        spec.unlink(missing_ok=True)
+
+
+def cdi_spec() -> dict:
+    """A CDI spec of the trace's eight GPUs, kind ``nvidia.com/gpu``, one device per UUID."""
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {"name": uuid, "containerEdits": {
+                "env": [f"OMATICAYA_CDI_GPU_{i}={uuid}"],
+                "deviceNodes": [{"path": f"/dev/nvidia{i}", "hostPath": "/dev/null"}],
+            }}
+            for i, uuid in enumerate(UUID)
+        ],
+    }
+
+
+def cdi_injected(got: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """What CDI put in the container: {uuid: (device node, its stat line)} from the variables
+    and the /dev/nvidia* nodes the pod wrote."""
+    nodes = dict(line.split(" ", 1) for line in got["cdi-nodes"].splitlines())
+    out = {}
+    for line in got["cdi-env"].splitlines():
+        key, _, uuid = line.partition("=")
+        node = f"/dev/nvidia{key.removeprefix('OMATICAYA_CDI_GPU_')}"
+        out[uuid] = (node, nodes.get(node, ""))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -144,13 +184,15 @@ def pods(admin_api, kubelet: str, workdir: Path) -> Iterator[Callable[..., Path]
 
 
 def seen(admin_api, name: str, out: Path) -> dict[str, str] | None:
-    """What the running pod wrote, once it has: {visible, limit, files, mounts}."""
+    """What the running pod wrote, once it has: {visible, limit, files, mounts, cdi-nodes,
+    cdi-env}."""
     pod = admin_api.read_namespaced_pod(name, "default")
     if pod.status.phase == "Failed":
         raise AssertionError(f"pod {name} failed: {pod.status.reason} {pod.status.message}")
     if not (out / "done").is_file():
         return None
-    return {f: (out / f).read_text().strip() for f in ("visible", "limit", "files", "mounts")}
+    names = ("visible", "limit", "files", "mounts", "cdi-nodes", "cdi-env")
+    return {f: (out / f).read_text().strip() for f in names}
 
 
 def files_of(text: str) -> dict[str, str]:
@@ -180,14 +222,7 @@ def cri_annotations(dev_cluster: DevCluster, admin_api, name: str) -> dict[str, 
         return statuses[0].container_id if statuses and statuses[0].container_id else None
 
     container_id = wait_for(f"{name}'s container ID", running_id, 30).removeprefix("containerd://")
-    done = subprocess.run(
-        [
-            "ctr", "--address", str(dev_cluster.state_dir / "containerd" / "containerd.sock"),
-            "-n", "k8s.io", "containers", "info", container_id,
-        ],
-        capture_output=True, text=True, timeout=30, check=True,
-    )
-    info = json.loads(done.stdout)
+    info = json.loads(dev_cluster.ctr("containers", "info", container_id))
     ext = info["Extensions"]["io.cri-containerd.container.metadata"]
     metadata = json.loads(base64.b64decode(ext["value"]))
     return metadata["Metadata"]["Config"]["annotations"]
@@ -195,8 +230,9 @@ def cri_annotations(dev_cluster: DevCluster, admin_api, name: str) -> dict[str, 
 
 def test_all_four_strategies_reach_the_container(dev_cluster, admin_api, serve, pods) -> None:
     """volume-mounts: one read-only /dev/null per GPU under the mount root; envvar: the UUIDs
-    (both on); cdi-annotations: the annotation in the container's CRI config; cdi-cri: the
-    field is in the answer and a 1.20 kubelet runs the pod all the same."""
+    (both on); cdi-annotations and cdi-cri: the annotation in the container's CRI config, and
+    containerd 2 injects what the CDI spec gives each of the pod's GPUs, once (both strategies
+    name the same devices)."""
     plugin = serve("envvar,volume-mounts,cdi-annotations,cdi-cri")
     out = pods("dls-all", 2)
     got = wait_for("dls-all running", lambda: seen(admin_api, "dls-all", out), 60)
@@ -208,6 +244,9 @@ def test_all_four_strategies_reach_the_container(dev_cluster, admin_api, serve, 
     assert all("ro" in o for o in options.values()), got
     annotations = cri_annotations(dev_cluster, admin_api, "dls-all")
     assert annotations[cdi_annotation_key(gpus)] == ",".join(f"nvidia.com/gpu={g}" for g in gpus)
+    injected = cdi_injected(got)
+    assert set(injected) == set(gpus), got
+    assert all(stat.endswith("character special file 1:3") for _, stat in injected.values()), got
     assert "device plugin: allocate" in plugin.log()
 
 
@@ -222,20 +261,32 @@ def test_volume_mounts_alone_sets_the_mount_root(dev_cluster, admin_api, serve, 
     assert set(mount_options(got["mounts"])) == {gpu}
     annotations = cri_annotations(dev_cluster, admin_api, "dls-mounts")
     assert not [k for k in annotations if k.startswith("cdi.k8s.io/")]
+    assert got["cdi-env"] == "" and got["cdi-nodes"] == "", got
 
 
-def test_cdi_annotations_alone_set_no_variable_and_no_mount(
-    dev_cluster, admin_api, serve, pods
+@pytest.mark.parametrize("strategy", ["cdi-annotations", "cdi-cri"])
+def test_cdi_alone_gives_what_the_spec_injects(
+    dev_cluster, admin_api, serve, pods, strategy
 ) -> None:
-    serve("cdi-annotations")
-    out = pods("dls-cdi", 1)
-    got = wait_for("dls-cdi running", lambda: seen(admin_api, "dls-cdi", out), 60)
-    assert got["visible"] == "" and got["mounts"] == ""
-    annotations = cri_annotations(dev_cluster, admin_api, "dls-cdi")
-    (key,) = [k for k in annotations if k.startswith("cdi.k8s.io/")]
-    assert key.startswith("cdi.k8s.io/omaticaya-device-plugin_")
-    (name,) = annotations[key].split(",")
-    assert name.removeprefix("nvidia.com/gpu=") in UUID
+    """The annotation (any CDI-enabled runtime) or the kubelet's ``CDIDevices`` (1.29+):
+    containerd 2 injects the GPU's device node and variable from the spec; no
+    NVIDIA_VISIBLE_DEVICES, no mount."""
+    serve(strategy)
+    name = f"dls-{strategy}"
+    out = pods(name, 1)
+    got = wait_for(f"{name} running", lambda: seen(admin_api, name, out), 60)
+    assert got["visible"] == "" and got["mounts"] == "", got
+    annotations = cri_annotations(dev_cluster, admin_api, name)
+    keys = [k for k in annotations if k.startswith("cdi.k8s.io/")]
+    ((gpu, (node, stat)),) = cdi_injected(got).items()
+    assert gpu in UUID and node == f"/dev/nvidia{UUID.index(gpu)}", got
+    assert stat == "character special file 1:3", got
+    if strategy == "cdi-annotations":
+        (key,) = keys
+        assert key.startswith("cdi.k8s.io/omaticaya-device-plugin_")
+        assert annotations[key] == f"nvidia.com/gpu={gpu}"
+    else:
+        assert keys == [], annotations
 
 
 def test_a_memory_slice_gets_its_gpu_by_mounts_and_cdi(dev_cluster, admin_api, serve, pods) -> None:
@@ -250,3 +301,4 @@ def test_a_memory_slice_gets_its_gpu_by_mounts_and_cdi(dev_cluster, admin_api, s
     assert set(mount_options(got["mounts"])) == {UUID[0]}, got
     annotations = cri_annotations(dev_cluster, admin_api, "dls-slice")
     assert annotations[cdi_annotation_key([UUID[0]])] == f"nvidia.com/gpu={UUID[0]}"
+    assert set(cdi_injected(got)) == {UUID[0]}, got

@@ -2,7 +2,7 @@
 own Node (issue 19).
 
 The cluster is ``scripts/dev-cluster up --full``: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kube-proxy and a kubelet on containerd with a bridge CNI, all v1.20.2, and the
+kube-scheduler, kube-proxy and a kubelet on containerd 2 with a bridge CNI, all v1.37.2, and the
 agent image built without a Docker daemon by ``scripts/build-image`` (Debian bookworm + the
 project's wheel + the recorded traces), imported as ``omaticaya.local/omaticaya:<version>``. The
 real ``helm`` and ``kubectl`` (tests/tools.py) install the chart in trace mode (``trace:
@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.devcluster.cluster import K8S_VERSION
 from omaticaya_py.core.render import is_static
 from tests import waiting
 from tests.audit import audit_events
@@ -86,7 +87,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
             "the full dev cluster (kubelet, containerd, bridge, iptables) needs Linux and root"
         )
     if kubelet_sock_in_use():
-        pytest.skip("another kubelet runs on this machine (one per machine in 1.20)")
+        pytest.skip("another kubelet runs on this machine (one per machine)")
     state_dir = tmp_path_factory.mktemp("fullcluster")
     try:
         cluster = start_dev_cluster(state_dir, full=True)
@@ -332,12 +333,13 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
     node = cluster.start_full()
     kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
 
-    # --- the chart admits the server: kubeVersion >= 1.20 and the dev cluster is v1.20.2
+    # --- the chart admits the server: the dev cluster is the release under test, within the
+    # chart's kubeVersion (>= 1.31)
     server = json.loads(kube.kubectl("version", "-o", "json").stdout)["serverVersion"]
-    assert server["gitVersion"] == "v1.20.2", server
-    # helm checks Chart.yaml's kubeVersion before it installs: 1.19 is refused, the install
-    # below onto v1.20.2 is not
-    refused = kube.helm("template", RELEASE, str(CHART), "--kube-version", "1.19.0", check=False)
+    assert server["gitVersion"] == K8S_VERSION, server
+    # helm checks Chart.yaml's kubeVersion before it installs: 1.30 is refused, the install
+    # below onto the dev cluster is not
+    refused = kube.helm("template", RELEASE, str(CHART), "--kube-version", "1.30.0", check=False)
     assert refused.returncode != 0 and "kubeVersion" in refused.stderr, refused.stderr
 
     # --- helm install (trace mode)

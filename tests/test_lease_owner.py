@@ -10,7 +10,6 @@ the Node deletes the Lease. SIGTERM with cleanup_on_exit deletes the Lease the a
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.devcluster.cluster import bin_dir, port_off
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.settings import load_settings
@@ -138,8 +138,7 @@ def test_omaticaya_cleanup_deletes_the_lease(
 
 
 def controller_manager_binary() -> Path:
-    cache = Path(os.environ.get("OMATICAYA_CACHE") or Path.home() / ".cache" / "omaticaya")
-    return cache / "k8s-v1.20.2" / "bin" / "kube-controller-manager"
+    return bin_dir() / "kube-controller-manager"
 
 
 @pytest.fixture
@@ -151,7 +150,7 @@ def garbage_collector(dev_cluster, tmp_path) -> Iterator[subprocess.Popen]:
     log = open(tmp_path / "controller-manager.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [str(binary), "--kubeconfig", str(dev_cluster.kubeconfig), "--leader-elect=false",
-         "--controllers=garbagecollector", "--port=0", "--secure-port=0", "--v=1"],
+         "--controllers=garbagecollector", *port_off(), "--secure-port=0", "--v=1"],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
     )
     yield proc

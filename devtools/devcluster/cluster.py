@@ -18,7 +18,7 @@ from devtools.devcluster.state import DevClusterError, Proc, State, load_state
 
 #: the release ``up`` starts unless ``OMATICAYA_KUBERNETES_VERSION`` (``--kubernetes-version``)
 #: names another (scripts/dev-cluster-build has the same default)
-DEFAULT_K8S_VERSION = "v1.20.2"
+DEFAULT_K8S_VERSION = "v1.37.2"
 #: the releases the project pins: built from Go modules (devtools/kubebuild), or, v1.20.2 only,
 #: from Debian's source package
 GO_RELEASES = ("v1.37.2", "v1.31.0")

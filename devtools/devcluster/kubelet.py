@@ -62,12 +62,13 @@ def require_linux_root(flag: str) -> None:
 
 def kubelet_deps() -> None:
     """Debian's packages the kubelet's node needs: runc, busybox (the images), the CNI plugins,
-    and, for v1.20.2 only, containerd 1.6 (a Go release runs the containerd 2 it built)."""
+    iproute2 (the node IP's link), and, for v1.20.2 only, containerd 1.6 (a Go release runs the containerd 2 it built)."""
     missing = [pkg for ok, pkg in (
         (from_go_modules() or shutil.which("containerd"), "containerd"),
         (shutil.which("runc"), "runc"),
         (os.access("/bin/busybox", os.X_OK), "busybox-static"),
         (os.access("/usr/lib/cni/loopback", os.X_OK), "containernetworking-plugins"),
+        (shutil.which("ip"), "iproute2"),
     ) if not ok]
     apt_install(missing)
 
@@ -128,9 +129,7 @@ def start_kubelet(c: Cluster) -> None:
     (``OMATICAYA_KUBELET_READY_TIMEOUT``, 60 s)."""
     kl, k = c.st.kubelet, c.dir / "kubelet"
     assert kl is not None
-    # a full cluster: the Node's InternalIP is the pod bridge's gateway (a Node address may not be
-    # loopback), where the API server reaches the kubelet for logs and exec
-    node_ip = c.st.full.pod_gateway if c.st.full else "127.0.0.1"
+    node_ip = kubelet_node_ip(c)
     if from_go_modules():
         (k / "config.yaml").write_text(
             kubelet_config(c.dir, node_ip, kl.port, kl.healthz_port, minor()))
@@ -147,6 +146,31 @@ def start_kubelet(c: Cluster) -> None:
     took = c.wait_ready("kubelet", f"Node {kl.node} Ready", lambda: node_ready(c, kl.node),
                         c.kubelet_ready_timeout_s)
     log(f"Node {kl.node} Ready after {took:.0f} s")
+
+
+#: the kubelet's own host-local interface outside a full cluster (a Go release): a bridge with no
+#: ports (this kernel may lack the dummy link type)
+NODE_LINK = "omaticaya-kl"
+
+
+def kubelet_node_ip(c: Cluster) -> str:
+    """The Node's InternalIP, where the kubelet listens and the API server reaches it for logs
+    and exec. A full cluster: the pod bridge's gateway. Else, from 1.2x on the kubelet refuses a
+    loopback node IP ("nodeIP can't be loopback address") and never registers: a link
+    ``NODE_LINK`` holding ``OMATICAYA_KUBELET_NODE_IP`` (default 10.217.254.1/32), reachable from
+    this host only, made here and removed by ``down``. v1.20.2: 127.0.0.1."""
+    if c.st.full is not None:
+        return c.st.full.pod_gateway
+    if not from_go_modules():
+        return "127.0.0.1"
+    ip = os.environ.get("OMATICAYA_KUBELET_NODE_IP") or "10.217.254.1"
+    if run(["ip", "link", "show", NODE_LINK], check=False, quiet=True).returncode != 0:
+        log(f"creating link {NODE_LINK} (a bridge with no ports) ({ip}/32) for the kubelet's node IP")
+        run(["ip", "link", "add", NODE_LINK, "type", "bridge"])
+    if f"inet {ip}/" not in run(["ip", "-4", "addr", "show", "dev", NODE_LINK]).stdout:
+        run(["ip", "addr", "add", f"{ip}/32", "dev", NODE_LINK])
+    run(["ip", "link", "set", NODE_LINK, "up"])
+    return ip
 
 
 def _kubelet_flags(c: Cluster, node_ip: str) -> list[str]:
@@ -221,6 +245,10 @@ def kubelet_down(c: Cluster) -> None:
         for t in ctr(c, "containers", "ls", "-q", check=False, quiet=True).split():
             ctr(c, "containers", "delete", t, check=False, quiet=True)
     c.stop("containerd")
+    # the link is the machine's: only the cluster whose kubelet it was removes it
+    mine = c.state is not None and c.state.kubelet is not None and c.state.full is None
+    if mine and run(["ip", "link", "show", NODE_LINK], check=False, quiet=True).returncode == 0:
+        run(["ip", "link", "del", NODE_LINK], check=False, quiet=True)
     prefix = f"{c.dir}/"
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     for m in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
