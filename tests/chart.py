@@ -3,8 +3,10 @@ the chart): the release's names, a hermetic ``helm`` (the session fixture, regis
 ``tests/conftest.py``), ``helm template`` rendered to objects, the chart <-> Settings mapping, and
 an evaluator of the admission policies' CEL.
 
-helm v4 comes from PyPI via tests/tools.py; manifests are validated against the Kubernetes 1.30
-OpenAPI schemas shipped in ``kubernetes-validate`` (strict: unknown fields are errors).
+helm v4 comes from PyPI via tests/tools.py; the chart is rendered for Kubernetes 1.31, the oldest
+release it supports, and its manifests are validated against the 1.31 OpenAPI schemas shipped in
+``kubernetes-validate`` (strict: unknown fields are errors, so a field newer than 1.31 fails);
+tests/test_kube_versions.py renders and validates it at every supported minor.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from tests.tools import ToolUnavailable, helm_path
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "omaticaya"
 ENV_EXAMPLE = REPO / ".env.example"
-K8S_VERSION = "1.30.0"
+#: the Kubernetes version ``template`` renders for: the oldest supported (Chart.yaml kubeVersion)
+K8S_VERSION = "1.31.0"
 NAMESPACE = "omaticaya-test"
 RELEASE = "omaticaya"
 

@@ -1,8 +1,9 @@
 """Least privilege by default (issue 23, item 9), from ``helm template`` and the policies' CEL.
 
-- the admission policies are on by default where the cluster enforces them (1.30+), off below,
-  and off against a live cluster that does not serve ``admissionregistration.k8s.io/v1``'s
-  ValidatingAdmissionPolicy (helm's capabilities from discovery);
+- the admission policies are on by default at every supported version (1.31 and later: every one
+  enforces them), and off against a live cluster that does not serve
+  ``admissionregistration.k8s.io/v1``'s ValidatingAdmissionPolicy (helm's capabilities from
+  discovery);
 - the Lease policy binds the agent's Lease writes to its token's node-name claim, by the same
   name ``omaticaya_py.kube.heartbeat_lease.lease_name`` gives; the Node policy keeps spec, taints and
   ownerReferences as they are;
@@ -10,9 +11,9 @@
 - the extender sidecar holds its own read-only token, never the scheduler's;
 - the PodResources folder is mounted read-only and never created.
 
-What a real 1.20 server makes of the RBAC: tests/test_chart_rbac.py and
-tests/test_chart_rbac_scheduler.py. The CEL runtime is ``cel-expr-python`` (tests/chart.py's
-``Vap``), not Kubernetes' own.
+What a real server of the release under test makes of the RBAC: tests/test_chart_rbac.py and
+tests/test_chart_rbac_scheduler.py; of the policies: tests/test_admission_cluster.py. The CEL
+runtime is ``cel-expr-python`` (tests/chart.py's ``Vap``), not Kubernetes' own.
 """
 
 from __future__ import annotations
@@ -51,21 +52,21 @@ def kinds(docs: list[dict]) -> set[str]:
     return {d["kind"] for d in docs}
 
 
-# ------------------------------------------------------------------- on by default, 1.30+ ----
+# ------------------------------------------------- on by default at every supported version ----
 
 LIVE = ("--api-versions", "v1/Node")  # a kind-level entry: helm talked to a cluster's discovery
 SERVED = ("--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
 
 AUTO_CASES = [
     # (id, kube version, extra helm flags, policies rendered)
-    ("1.20-offline", "1.20.2", (), False),
-    ("1.29-offline", "1.29.9", (), False),
-    ("1.29-live-served", "1.29.9", LIVE + SERVED, False),  # v1 VAP is 1.30's; the claim too
-    ("1.30-offline", "1.30.0", (), True),
+    ("1.31-offline", "1.31.0", (), True),
     ("1.33-offline", "1.33.1", (), True),
     ("1.36-vendor-suffix", "v1.36.0-eks-a737599", (), True),
-    ("1.30-live-served", "1.30.0", LIVE + SERVED, True),
-    ("1.30-live-api-off", "1.30.0", LIVE, False),  # the API turned off: no policy to fail on
+    ("1.37-offline", "1.37.2", (), True),
+    ("1.31-live-served", "1.31.0", LIVE + SERVED, True),
+    ("1.37-live-served", "1.37.2", LIVE + SERVED, True),
+    ("1.31-live-api-off", "1.31.0", LIVE, False),  # the API turned off: no policy to fail on
+    ("1.37-live-api-off", "1.37.2", LIVE, False),
 ]
 
 
@@ -83,13 +84,19 @@ def test_policies_on_by_default_where_the_cluster_enforces_them(helm, kube, extr
 def test_policies_can_be_turned_off_and_forced_on(helm):
     off = docs_with(helm, {"validatingAdmissionPolicy": {"enabled": False}}, "--kube-version", "1.33.0")
     assert not kinds(off) & VAP_KINDS
-    forced = docs_with(helm, {"validatingAdmissionPolicy": {"enabled": True}}, "--kube-version", "1.30.0", *LIVE)
+    forced = docs_with(helm, {"validatingAdmissionPolicy": {"enabled": True}}, "--kube-version", "1.31.0", *LIVE)
     assert VAP_KINDS <= kinds(forced)  # true renders even where discovery does not list it
-    proc = run_helm(
-        helm, "template", RELEASE, str(CHART), "--kube-version", "1.29.0",
-        "--set", "validatingAdmissionPolicy.enabled=true", check=False,
-    )  # fmt: skip
-    assert proc.returncode != 0 and "Kubernetes >= 1.30" in proc.stderr
+
+
+def test_a_cluster_too_old_for_the_policies_is_refused_by_the_chart(helm):
+    """Below 1.30 no server enforces the policies; the chart (kubeVersion >=1.31.0-0) does not
+    install there at all, whatever validatingAdmissionPolicy says."""
+    for enabled in ("true", "false"):
+        proc = run_helm(
+            helm, "template", RELEASE, str(CHART), "--kube-version", "1.29.0",
+            "--set", f"validatingAdmissionPolicy.enabled={enabled}", check=False,
+        )  # fmt: skip
+        assert proc.returncode != 0 and "chart requires kubeVersion: >=1.31.0-0" in proc.stderr
 
 
 @pytest.mark.parametrize("bad", ["yes", "Auto", 1])
@@ -101,12 +108,13 @@ def test_enabled_is_auto_or_a_boolean(helm, bad):
     assert proc.returncode != 0 and "validatingAdmissionPolicy" in proc.stderr, proc.stderr
 
 
-def test_notes_say_what_is_not_enforced_below_1_30(helm):
-    # install --dry-run=client takes helm's own version (>= 1.30): "off" stands for < 1.30
+def test_notes_say_what_is_not_enforced_when_the_policies_are_off(helm):
+    # install --dry-run=client takes helm's own version (a supported one)
     args = ("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
     off = {"validatingAdmissionPolicy": {"enabled": False}}
     old = run_helm(helm, *args, *values_args(helm, off)).stdout
     assert "No ValidatingAdmissionPolicy is in force" in old and "any Lease" in old
+    assert "validatingAdmissionPolicy.enabled is false" in old
     new = run_helm(helm, *args).stdout
     assert "-node-writes and -lease-writes" in new
 
@@ -116,7 +124,7 @@ def test_notes_say_what_is_not_enforced_below_1_30(helm):
 
 def lease_policy(helm, **vap: Any) -> Vap:
     pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
-    docs = docs_with(helm, {"validatingAdmissionPolicy": vap} if vap else None, "--kube-version", "1.30.0")
+    docs = docs_with(helm, {"validatingAdmissionPolicy": vap} if vap else None, "--kube-version", "1.31.0")
     (doc,) = [
         d for d in docs
         if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-lease-writes")
@@ -195,7 +203,7 @@ def test_lease_policy_without_claim_required_keeps_the_prefix(helm):
 
 
 def test_lease_policy_shape(helm):
-    docs = docs_with(helm, None, "--kube-version", "1.30.0")
+    docs = docs_with(helm, None, "--kube-version", "1.31.0")
     (policy,) = [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-lease-writes" and d["kind"] == "ValidatingAdmissionPolicy"]
     (binding,) = [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-lease-writes" and d["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert binding["spec"] == {"policyName": f"{RELEASE}-lease-writes", "validationActions": ["Deny"]}
@@ -227,7 +235,7 @@ NODE_CASES = [
 )
 def test_node_policy_on_by_default_denies_disruption(helm, old, new, denied):
     pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
-    docs = docs_with(helm, None, "--kube-version", "1.30.0")
+    docs = docs_with(helm, None, "--kube-version", "1.31.0")
     (doc,) = [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-node-writes" and d["kind"] == "ValidatingAdmissionPolicy"]
     got = Vap(doc).denials(old, new, AGENT, NODE_CLAIM)
     assert got is not None and len(got) == 1 and denied in got[0], got
@@ -237,7 +245,7 @@ def test_node_policy_on_by_default_denies_disruption(helm, old, new, denied):
 
 
 def test_events_only_create_in_default(helm):
-    for kube in ("1.20.2", "1.30.0"):
+    for kube in ("1.31.0", "1.37.2"):
         docs = docs_with(helm, None, "--kube-version", kube)
         (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
         assert all("events" not in r["resources"] for r in cluster_role["rules"]), cluster_role
@@ -251,7 +259,7 @@ def test_events_only_create_in_default(helm):
 
 @pytest.mark.parametrize("gpus", ["all", "0-3", 2])
 def test_sharing_adds_pod_get_and_events_create_only(helm, gpus):
-    docs = docs_with(helm, {"sharing": {"gpus": gpus}}, "--kube-version", "1.30.0")
+    docs = docs_with(helm, {"sharing": {"gpus": gpus}}, "--kube-version", "1.31.0")
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
@@ -261,7 +269,7 @@ def test_sharing_adds_pod_get_and_events_create_only(helm, gpus):
 
 
 def test_no_pod_rule_without_sharing(helm):
-    docs = docs_with(helm, None, "--kube-version", "1.30.0")
+    docs = docs_with(helm, None, "--kube-version", "1.31.0")
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
@@ -281,11 +289,11 @@ def test_events_go_where_the_role_is():
 # ----------------------------------------------------------------- the extender's token ----
 
 
-def scheduler_docs(helm, kube: str = "1.30.0") -> list[dict]:
+def scheduler_docs(helm, kube: str = "1.31.0") -> list[dict]:
     return docs_with(helm, {"scheduler": {"enabled": True}}, "--kube-version", kube)
 
 
-@pytest.mark.parametrize("kube", ["1.20.2", "1.30.0"])
+@pytest.mark.parametrize("kube", ["1.31.0", "1.37.2"])
 def test_extender_sidecar_does_not_see_the_schedulers_token(helm, kube):
     docs = scheduler_docs(helm, kube)
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]

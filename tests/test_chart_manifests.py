@@ -1,4 +1,4 @@
-"""The chart's rendered manifests: ``helm lint --strict``, the Kubernetes 1.30 schemas
+"""The chart's rendered manifests: ``helm lint --strict``, the Kubernetes 1.31 schemas
 (``kubernetes-validate``, strict), RBAC, the DaemonSet, the optional Service and monitors, and
 NOTES.txt. Helpers: tests/chart.py.
 """
@@ -36,7 +36,7 @@ def test_helm_lint_strict(helm, values):
     assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
 
 
-#: on by default at K8S_VERSION (1.30): validatingAdmissionPolicy.enabled "auto"
+#: on by default at K8S_VERSION (1.31), as at every supported version: validatingAdmissionPolicy.enabled "auto"
 VAP = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 RENDER_CASES = {
     # id: (values, kinds expected)
@@ -109,7 +109,9 @@ def test_rendered_manifests_validate_against_k8s_schemas(helm, case):
         print(f"not schema-validated: {reason}")
 
 
-def test_vap_needs_kubernetes_1_30(helm):
+def test_vap_needs_kubernetes_1_30_and_the_chart_needs_1_31(helm):
+    """The policies need 1.30 (admissionregistration.k8s.io/v1); the chart installs from 1.31 on
+    only, so a cluster without them is refused before any template runs."""
     proc = run_helm(
         helm,
         "template",
@@ -122,7 +124,9 @@ def test_vap_needs_kubernetes_1_30(helm):
         check=False,
     )
     assert proc.returncode != 0
-    assert "Kubernetes >= 1.30" in proc.stderr
+    assert "chart requires kubeVersion: >=1.31.0-0" in proc.stderr
+    docs = render(helm, {"validatingAdmissionPolicy": {"enabled": True}}, "--kube-version", "1.31.0")
+    assert VAP <= {d["kind"] for d in docs}
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,5 +468,5 @@ def test_an_offline_render_says_which_kubernetes_version_it_assumed(helm):
     """``helm template`` asks no cluster and renders for its --kube-version or helm's default,
     which picks the scheduler's image, configuration and preemption: the manifest says which
     (a GitOps reviewer reads the manifest, not NOTES.txt, which template does not print)."""
-    out = template(helm, None, "--kube-version", "1.30.1").stdout
-    assert "# Rendered for Kubernetes v1.30.1 without asking a cluster" in out
+    out = template(helm, None, "--kube-version", "1.33.1").stdout
+    assert "# Rendered for Kubernetes v1.33.1 without asking a cluster" in out

@@ -4,8 +4,10 @@ The chart's ServiceAccount, ClusterRole and ClusterRoleBinding are rendered with
 admin, and then a client that holds ONLY a bound token of that ServiceAccount (TokenRequest API)
 and the cluster CA tries what the agent does (allowed) and what it must not do (403).
 
-The dev cluster is Kubernetes 1.20: it proves RBAC, not the ValidatingAdmissionPolicy (>= 1.30),
-whose logic tests/test_chart_admission.py evaluates with a CEL runtime.
+The dev cluster runs the release under test (v1.37.2, or v1.31.0 in the oldest-release lane) and
+only the RBAC is applied here: this proves RBAC alone, not the ValidatingAdmissionPolicies, which
+tests/test_admission_cluster.py applies to the real server and tests/test_chart_admission.py
+evaluates with a CEL runtime.
 """
 
 from __future__ import annotations
@@ -342,8 +344,8 @@ CASES: list[tuple[str, Callable[[Agent], Any], int]] = [
         403,
     ),
     ("list-events", lambda a: a.core.list_namespaced_event("default"), 403),
-    # Leases: the release namespace only; any name there on 1.20 (RBAC cannot name them: the
-    # admission policy binds them to the node claim on 1.30+). The chart's scheduler keeps its
+    # Leases: the release namespace only; any name there with RBAC alone (RBAC cannot name them:
+    # the admission policy, not applied here, binds them to the node claim). The chart's scheduler keeps its
     # leader-election Lease in kube-system, out of the agents' reach on every version.
     (
         "create-lease-release-namespace",
@@ -381,7 +383,7 @@ def test_agent_token_permissions(agent, call, expected):
 
 def test_rbac_alone_does_not_pin_the_node(agent):
     """RBAC cannot restrict patch to the agent's own Node (no resourceNames at install time):
-    another Node is patchable too. That is what validatingAdmissionPolicy (>= 1.30) adds."""
+    another Node is patchable too. That is what validatingAdmissionPolicy (on by default, not applied here) adds."""
     test_agent_patches_its_node_labels(agent)
     assert _status(lambda: _merge_patch(agent.core, OTHER_NODE, {"omaticaya.io/x": "1"})) == 200
 

@@ -1,10 +1,10 @@
 """The second scheduler's two identities, proved against the real kube-apiserver (issue 23, #9).
 
-The chart (``scheduler.enabled``, rendered for 1.20.2) gives the kube-scheduler container the
-pod's ServiceAccount and the extender sidecar a ServiceAccount of its own. Its RBAC is applied as
-admin; a TokenRequest token of each ServiceAccount (the dev cluster runs no token controller to
-fill the extender's Secret: tests/test_chart_least_privilege.py checks the Secret and the
-mounts) then does what each must and must not:
+The chart (``scheduler.enabled``, rendered for the release under test) gives the kube-scheduler
+container the pod's ServiceAccount and the extender sidecar a ServiceAccount of its own. Its RBAC
+is applied as admin; a TokenRequest token of each ServiceAccount (the dev cluster runs no token
+controller to fill the extender's Secret: tests/test_chart_least_privilege.py checks the Secret
+and the mounts) then does what each must and must not:
 
 - the extender's token runs the extender's own Node, Pod and Lease caches (omaticaya_py.kube, the
   list+watch the extender serves from) to a sync, and may not delete pods, bind them, patch
@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.devcluster.cluster import K8S_VERSION
 from tests.helpers import token_kubeconfig
 from tests.test_chart_rbac import PROPAGATION_S, _apply, _core_event, _exists_ok, _status
 from tests.tools import ToolUnavailable, helm_path
@@ -47,7 +48,7 @@ def render() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
     proc = subprocess.run(
         [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-         "--kube-version", "1.20.2", "--show-only", "templates/scheduler.yaml",
+         "--kube-version", K8S_VERSION, "--show-only", "templates/scheduler.yaml",
          "--set", "scheduler.enabled=true"],
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )  # fmt: skip

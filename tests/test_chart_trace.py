@@ -20,8 +20,9 @@ from tests.chart import CHART, REPO, run_helm
 
 
 def render(helm, *sets: str) -> subprocess.CompletedProcess[str]:
-    """``helm template`` at Kubernetes 1.20.2 with ``--set`` each of ``sets`` (not checked)."""
-    args = ["template", "omaticaya", str(CHART), "-n", "omaticaya", "--kube-version", "1.20.2"]
+    """``helm template`` at Kubernetes 1.31.0 (the oldest supported) with ``--set`` each of
+    ``sets`` (not checked)."""
+    args = ["template", "omaticaya", str(CHART), "-n", "omaticaya", "--kube-version", "1.31.0"]
     for s in sets:
         args += ["--set", s]
     return run_helm(helm, *args, check=False)

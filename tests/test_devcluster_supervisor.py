@@ -32,7 +32,7 @@ FULL = FullState("omaticaya0", "10.217.0.0/24", "10.217.0.1", 10257, 10256, 1024
         State(ports=PORTS, procs={"etcd": Proc(12, 345, ("/usr/bin/etcd", "--name", "x y"))}),
         State(ports=PORTS, kubelet=KubeletState("omaticaya-kubelet", 10250, 10248)),
         State(ports=PORTS, kubelet=KubeletState("n", 1, 2), full=FULL, image_key="omaticaya-0.1.0-ab",
-              scheduler_image_key="kube-scheduler-v1.20.2-0123456789abcdef"),
+              scheduler_image_key="kube-scheduler-v1.37.2-0123456789abcdef"),
     ],
     ids=["ports", "procs", "kubelet", "full"],
 )

@@ -322,14 +322,14 @@ def test_chart_scheduler_renders_valid_manifests_with_the_extender(helm):
     for doc in sched:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     config = yaml.safe_load(next(d for d in sched if d["kind"] == "ConfigMap")["data"]["config.yaml"])
-    example = yaml.safe_load((REPO / "examples" / "scheduler" / "scheduler-config-v1beta1.yaml").read_text())
-    # the chart picks the config API by the cluster's version; the example is for 1.20
-    docs_120 = render(helm, {"scheduler": {"enabled": True}}, "--kube-version", "1.20.2")
-    config_120 = yaml.safe_load(
-        next(d for d in docs_120 if d["kind"] == "ConfigMap" and "scheduler" in d["metadata"]["name"])["data"]["config.yaml"]
+    example = yaml.safe_load((REPO / "examples" / "scheduler" / "scheduler-config-v1.yaml").read_text())
+    # the newest supported version renders the same configuration as K8S_VERSION (the oldest)
+    docs_137 = render(helm, {"scheduler": {"enabled": True}}, "--kube-version", "1.37.2")
+    config_137 = yaml.safe_load(
+        next(d for d in docs_137 if d["kind"] == "ConfigMap" and "scheduler" in d["metadata"]["name"])["data"]["config.yaml"]
     )
-    assert config_120["apiVersion"] == example["apiVersion"] == "kubescheduler.config.k8s.io/v1beta1"
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"  # K8S_VERSION 1.30
+    assert config_137["apiVersion"] == example["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"  # K8S_VERSION 1.31
     assert config["profiles"] == [{"schedulerName": "omaticaya-scheduler"}]
     assert config["extenders"] == example["extenders"]
     pod = next(d for d in sched if d["kind"] == "Deployment")["spec"]["template"]

@@ -1,19 +1,22 @@
-"""Typed models of KubeSchedulerConfiguration, one per API version, with the fields that version
-has and no others (``extra="forbid"``: an unknown or misspelt field fails, as kube-scheduler's
-strict decoding does).
+"""A typed model of KubeSchedulerConfiguration ``kubescheduler.config.k8s.io/v1``, the one API
+version every supported kube-scheduler (1.31 through 1.37) reads, with the fields it has and no
+others (``extra="forbid"``: an unknown or misspelt field fails, as kube-scheduler's strict
+decoding does).
 
-Each class mirrors an upstream Go type; the field names are the ``json:"..."`` tags read from
-kubernetes/kubernetes ``staging/src/k8s.io/kube-scheduler/config/<version>/types.go`` (published
-as github.com/kubernetes/kube-scheduler ``config/<version>/types.go``) at the tags named below, and
-``staging/src/k8s.io/component-base/config/v1alpha1/types.go`` for the embedded
-leader-election, client-connection and debugging structs. Field types are loose (``Any`` where
-the Go type is a nested struct we never write); the point is the field set.
+Each class mirrors an upstream Go type; the field names are the ``json:"..."`` tags of
+``config/v1/types.go`` of the Go module k8s.io/kube-scheduler (``staging/src/k8s.io/kube-scheduler``
+in kubernetes/kubernetes) at v0.31.0 and v0.37.2, as the dev cluster's builds fetched them into
+the Go module cache, and ``config/v1alpha1/types.go`` of k8s.io/component-base at the same
+versions for the embedded leader-election, client-connection and debugging structs (the same
+fields at both). Field types are loose (``Any`` where the Go type is a nested struct we never
+write); the point is the field set.
 
 Which kube-scheduler minors read which version (the directories present in
-kubernetes/kube-scheduler ``config/`` at tags v0.20.0 ... v0.36.0):
-v1beta1 1.19-1.22 (gone at v0.23.0), v1beta2 1.22-1.27 (gone at v0.28.0), v1beta3 1.23-1.28
-(gone at v0.29.0), v1 from 1.25 (``config/v1`` before 1.23 is the legacy Policy API, not
-KubeSchedulerConfiguration).
+kubernetes/kube-scheduler ``config/`` at tags v0.19.0 ... v0.37.2): v1beta1 1.19-1.22 (gone at
+v0.23.0), v1beta2 1.22-1.27 (gone at v0.28.0), v1beta3 1.23-1.28 (gone at v0.29.0), v1 from 1.25
+(``config/v1`` before 1.23 is the legacy Policy API, not KubeSchedulerConfiguration). So from
+1.29 on, v1 is the only one: the chart (Kubernetes >= 1.31) renders v1 and ``examples/`` ships
+only ``scheduler-config-v1.yaml``; the older versions stay in ``SERVED`` as the record of why.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=False)
 
 
-# --- k8s.io/component-base/config/v1alpha1/types.go (v0.20.0 and v0.36.0: same fields) ---------
+# --- k8s.io/component-base config/v1alpha1/types.go (v0.31.0 and v0.37.2: same fields) ----------
 
 
 class LeaderElectionConfiguration(_Strict):
@@ -72,9 +75,7 @@ class ClientConnectionConfiguration(_Strict):
     burst: int | None = None
 
 
-# --- shared by every version: Plugin, PluginSet, PluginConfig, Extender and its parts -----------
-# v1beta1 types.go (v0.20.0) uses v1.ExtenderManagedResource / v1.ExtenderTLSConfig from the
-# legacy config/v1/types.go; v1beta3 and v1 define them in their own types.go. Same fields.
+# --- k8s.io/kube-scheduler config/v1/types.go at v0.31.0 .. v0.37.2 ------------------------------
 
 
 class Plugin(_Strict):
@@ -109,7 +110,7 @@ class ExtenderTLSConfig(_Strict):
 
 
 class Extender(_Strict):
-    """``Extender`` in config/{v1beta1,v1beta2,v1beta3,v1}/types.go: the same 12 fields in all."""
+    """``Extender``: the same 12 fields at v0.31.0 and v0.37.2 (and in every beta before)."""
 
     urlPrefix: str
     filterVerb: str | None = None
@@ -125,10 +126,13 @@ class Extender(_Strict):
     ignorable: bool | None = None
 
 
-# --- config/v1beta1/types.go at v0.20.0; config/v1beta2/types.go at v0.22.0 (same field set) ----
+class PluginsV1(_Strict):
+    """``Plugins``: the extension points of v0.31.0, plus placementGenerate and placementScore
+    (v0.36.0) and podGroupPostFilter (v0.37.0). A model is the union of the supported minors;
+    the real kube-scheduler of the release under test decodes what the chart renders
+    (tests/test_kube_versions.py)."""
 
-
-class PluginsV1beta1(_Strict):
+    preEnqueue: PluginSet | None = None
     queueSort: PluginSet | None = None
     preFilter: PluginSet | None = None
     filter: PluginSet | None = None
@@ -140,96 +144,41 @@ class PluginsV1beta1(_Strict):
     preBind: PluginSet | None = None
     bind: PluginSet | None = None
     postBind: PluginSet | None = None
-
-
-class ProfileV1beta1(_Strict):
-    schedulerName: str | None = None
-    plugins: PluginsV1beta1 | None = None
-    pluginConfig: list[PluginConfig] | None = None
-
-
-class _Common(_Strict):
-    kind: Literal["KubeSchedulerConfiguration"]
-    parallelism: int | None = None
-    leaderElection: LeaderElectionConfiguration | None = None
-    clientConnection: ClientConnectionConfiguration | None = None
-    # component-base DebuggingConfiguration, inlined
-    enableProfiling: bool | None = None
-    enableContentionProfiling: bool | None = None
-    percentageOfNodesToScore: int | None = None
-    podInitialBackoffSeconds: int | None = None
-    podMaxBackoffSeconds: int | None = None
-    extenders: list[Extender] | None = None
-
-
-class KubeSchedulerConfigurationV1beta1(_Common):
-    """kubernetes/kube-scheduler config/v1beta1/types.go @ v0.20.0."""
-
-    apiVersion: Literal["kubescheduler.config.k8s.io/v1beta1"]
-    healthzBindAddress: str | None = None
-    metricsBindAddress: str | None = None
-    profiles: list[ProfileV1beta1] | None = None
-
-
-class KubeSchedulerConfigurationV1beta2(_Common):
-    """kubernetes/kube-scheduler config/v1beta2/types.go @ v0.22.0 (fields as v1beta1)."""
-
-    apiVersion: Literal["kubescheduler.config.k8s.io/v1beta2"]
-    healthzBindAddress: str | None = None
-    metricsBindAddress: str | None = None
-    profiles: list[ProfileV1beta1] | None = None
-
-
-# --- config/v1beta3/types.go at v0.23.0-v0.28.0: no healthz/metrics bind addresses, multiPoint,
-# preEnqueue from v0.26.0 --------------------------------------------------------------------
-
-
-class PluginsV1beta3(PluginsV1beta1):
     multiPoint: PluginSet | None = None
-    preEnqueue: PluginSet | None = None
-
-
-class ProfileV1beta3(_Strict):
-    schedulerName: str | None = None
-    plugins: PluginsV1beta3 | None = None
-    pluginConfig: list[PluginConfig] | None = None
-
-
-class KubeSchedulerConfigurationV1beta3(_Common):
-    """kubernetes/kube-scheduler config/v1beta3/types.go @ v0.23.0 .. v0.28.0."""
-
-    apiVersion: Literal["kubescheduler.config.k8s.io/v1beta3"]
-    profiles: list[ProfileV1beta3] | None = None
-
-
-# --- config/v1/types.go at v0.25.0 .. v0.36.0: as v1beta3, plus the profile's
-# percentageOfNodesToScore (v0.26.0), delayCacheUntilActive (v0.29.0) and the placementGenerate /
-# placementScore plugin points (v0.36.0). A model is the union of its version's minors. ----------
-
-
-class PluginsV1(PluginsV1beta3):
     placementGenerate: PluginSet | None = None
     placementScore: PluginSet | None = None
+    podGroupPostFilter: PluginSet | None = None
 
 
 class ProfileV1(_Strict):
+    """``KubeSchedulerProfile`` (the same fields at v0.31.0 and v0.37.2)."""
+
     schedulerName: str | None = None
     percentageOfNodesToScore: int | None = None
     plugins: PluginsV1 | None = None
     pluginConfig: list[PluginConfig] | None = None
 
 
-class KubeSchedulerConfigurationV1(_Common):
-    """kubernetes/kube-scheduler config/v1/types.go @ v0.25.0 .. v0.36.0."""
+class KubeSchedulerConfigurationV1(_Strict):
+    """``KubeSchedulerConfiguration`` (the same fields at v0.31.0 and v0.37.2; component-base's
+    DebuggingConfiguration inlined)."""
 
     apiVersion: Literal["kubescheduler.config.k8s.io/v1"]
-    delayCacheUntilActive: bool | None = None
+    kind: Literal["KubeSchedulerConfiguration"]
+    parallelism: int | None = None
+    leaderElection: LeaderElectionConfiguration | None = None
+    clientConnection: ClientConnectionConfiguration | None = None
+    enableProfiling: bool | None = None
+    enableContentionProfiling: bool | None = None
+    percentageOfNodesToScore: int | None = None
+    podInitialBackoffSeconds: int | None = None
+    podMaxBackoffSeconds: int | None = None
     profiles: list[ProfileV1] | None = None
+    extenders: list[Extender] | None = None
+    delayCacheUntilActive: bool | None = None
 
 
-MODELS: dict[str, type[_Common]] = {
-    "v1beta1": KubeSchedulerConfigurationV1beta1,
-    "v1beta2": KubeSchedulerConfigurationV1beta2,
-    "v1beta3": KubeSchedulerConfigurationV1beta3,
+#: API version -> model: the versions the chart can render (v1 only, see the module's docstring)
+MODELS: dict[str, type[_Strict]] = {
     "v1": KubeSchedulerConfigurationV1,
 }

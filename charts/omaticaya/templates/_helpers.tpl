@@ -97,35 +97,17 @@ The cluster's version as vMAJOR.MINOR.PATCH: a vendor suffix ("+k3s1", "-eks-a73
 {{- end }}
 
 {{/*
-KubeSchedulerConfiguration API versions and the kube-scheduler releases that serve them
-(k8s.io/kube-scheduler config/<version>/types.go at tags v0.19.0 ... v0.36.0):
-  v1beta1 1.19-1.22 (removed in 1.23), v1beta2 1.22-1.27 (removed in 1.28),
-  v1beta3 1.23-1.28 (removed in 1.29), v1 1.25 and later.
-*/}}
-{{- define "omaticaya.schedulerConfigRanges" -}}
-kubescheduler.config.k8s.io/v1beta1: ">=1.19.0-0 <1.23.0-0"
-kubescheduler.config.k8s.io/v1beta2: ">=1.22.0-0 <1.28.0-0"
-kubescheduler.config.k8s.io/v1beta3: ">=1.23.0-0 <1.29.0-0"
-kubescheduler.config.k8s.io/v1: ">=1.25.0-0"
-{{- end }}
-
-{{/*
-The scheduler's KubeSchedulerConfiguration apiVersion: scheduler.configApiVersion, or the newest
-one the cluster's kube-scheduler reads (v1 from 1.25, v1beta3 on 1.23-1.24, v1beta1 before).
-An explicit one the cluster's version does not serve fails the render.
+The scheduler's KubeSchedulerConfiguration apiVersion: kubescheduler.config.k8s.io/v1, the one
+every supported kube-scheduler (1.31 and later, Chart.yaml's kubeVersion) reads: v1 is served
+from 1.25, v1beta1 went in 1.23, v1beta2 in 1.28, v1beta3 in 1.29 (k8s.io/kube-scheduler
+config/<version>/types.go at tags v0.19.0 ... v0.37.2). scheduler.configApiVersion may name it;
+any other version fails the render, as no supported kube-scheduler reads it.
 */}}
 {{- define "omaticaya.schedulerConfigApiVersion" -}}
-{{- $kv := include "omaticaya.kubeVersion" . }}
-{{- $ranges := include "omaticaya.schedulerConfigRanges" . | fromYaml }}
-{{- $api := .Values.scheduler.configApiVersion }}
-{{- if not $api }}
-{{- if semverCompare ">=1.25.0-0" $kv }}{{ $api = "kubescheduler.config.k8s.io/v1" }}
-{{- else if semverCompare ">=1.23.0-0" $kv }}{{ $api = "kubescheduler.config.k8s.io/v1beta3" }}
-{{- else }}{{ $api = "kubescheduler.config.k8s.io/v1beta1" }}
-{{- end }}
-{{- end }}
-{{- if not (semverCompare (get $ranges $api) $kv) }}
-{{- fail (printf "scheduler.configApiVersion %s is not read by kube-scheduler %s (it is for Kubernetes %s); leave it empty to pick the right one" $api $kv (get $ranges $api)) }}
+{{- $v1 := "kubescheduler.config.k8s.io/v1" }}
+{{- $api := .Values.scheduler.configApiVersion | default $v1 }}
+{{- if ne $api $v1 }}
+{{- fail (printf "scheduler.configApiVersion %s is not read by kube-scheduler %s: every supported Kubernetes (1.31 and later) reads %s only; leave it empty" $api (include "omaticaya.kubeVersion" .) $v1) }}
 {{- end }}
 {{- $api }}
 {{- end }}
@@ -137,7 +119,7 @@ An explicit one the cluster's version does not serve fails the render.
 
 {{/*
 The kube-scheduler version the scheduler pod runs, as vMAJOR.MINOR.PATCH: its image tag when that
-reads as a version (scheduler.image.tag "v1.21.3"), else the cluster's.
+reads as a version (scheduler.image.tag "v1.33.3"), else the cluster's. NOTES.txt names it.
 */}}
 {{- define "omaticaya.schedulerVersion" -}}
 {{- $tag := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" (include "omaticaya.schedulerImageTag" .) | trimPrefix "v" }}
@@ -146,17 +128,14 @@ reads as a version (scheduler.image.tag "v1.21.3"), else the cluster's.
 
 {{/*
 "true" when the scheduler runs preemption (kube-scheduler's DefaultPreemption PostFilter and the
-extender's preemptVerb). scheduler.preemption "auto": where its kube-scheduler is 1.22 or later.
-Before, 1.20/1.21 releases without the fix of kubernetes#102971 never call the extender on
-preemption, and a pod asking GPU memory by annotation only, with two or more candidate nodes that
-hold lower-priority pods, panics them (kubernetes#101548, seen on v1.20.2): off, with the
-PostFilter plugins disabled. "on" / "off": as said.
+extender's preemptVerb): scheduler.preemption "auto" (the default) or "on". "auto" once turned it
+off below kube-scheduler 1.22 (1.20/1.21 releases without the fix of kubernetes#102971 never call
+the extender on preemption and can panic, kubernetes#101548); every supported kube-scheduler
+(1.31 and later) has the fix, so "auto" is "on". "off": the profile's PostFilter plugins disabled
+and no preemptVerb.
 */}}
 {{- define "omaticaya.schedulerPreemption" -}}
-{{- $want := toString .Values.scheduler.preemption }}
-{{- if eq $want "on" }}true
-{{- else if and (eq $want "auto") (semverCompare ">=1.22.0-0" (include "omaticaya.schedulerVersion" .)) }}true
-{{- end }}
+{{- if ne (toString .Values.scheduler.preemption) "off" }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -169,23 +148,20 @@ device plugin (the kubelet must not evict what serves its GPUs), else none.
 
 {{/*
 "true" when the admission policies are rendered. validatingAdmissionPolicy.enabled "auto" (the
-default): on Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 GA and the node-name claim in
-pod-bound tokens, ServiceAccountTokenPodNodeInfo beta), unless helm talks to a live cluster
-whose discovery lacks admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy (the API turned
-off). Helm's offline set (`helm template`) lists group/versions only, never kinds ("v1/Node"):
-there the version decides. true: on, and an older cluster fails the render; false: off.
+default): on, as every supported Kubernetes (1.31 and later) serves admissionregistration.k8s.io/v1
+(GA in 1.30) and puts the node-name claim in pod-bound tokens (ServiceAccountTokenPodNodeInfo:
+beta and on in 1.30-1.31, GA from 1.32), unless helm talks to a live cluster whose discovery lacks
+admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy (the API turned off). Helm's offline
+set (`helm template`) lists group/versions only, never kinds ("v1/Node"): there it is on.
+true: on whatever discovery says; false: off.
 */}}
 {{- define "omaticaya.vapEnabled" -}}
 {{- $want := .Values.validatingAdmissionPolicy.enabled }}
-{{- $v130 := semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}
 {{- if eq (toString $want) "auto" }}
 {{- $live := .Capabilities.APIVersions.Has "v1/Node" }}
 {{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}
-{{- if and $v130 (or $served (not $live)) }}true{{ end }}
-{{- else if $want }}
-{{- if not $v130 }}
-{{- fail (printf "validatingAdmissionPolicy.enabled needs Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 and the node-name claim in service account tokens); this cluster is %s (leave it \"auto\": on from 1.30, off before)" .Capabilities.KubeVersion.Version) }}
-{{- end }}true
+{{- if or $served (not $live) }}true{{ end }}
+{{- else if $want }}true
 {{- end }}
 {{- end }}
 
