@@ -1,25 +1,30 @@
 """The chart's ValidatingAdmissionPolicy against admission requests built from a real server.
 
-Kubernetes enforces the policy from 1.30 (``admissionregistration.k8s.io/v1``); our dev cluster
-runs 1.20.2, which has no ValidatingAdmissionPolicy, and its audit log is at ``Metadata`` level
-(no request or response bodies). So ``tests/data/admission/node-patches-v1.20.2.json`` was made
-like this, by ``capture()`` below (``OMATICAYA_WRITE_ADMISSION_DATA=1`` rewrites it):
+``tests/data/admission/node-patches-v1.37.2.json`` holds the agent's Node PATCHes as a real
+kube-apiserver v1.37.2 (the dev cluster's default release) received them, made by ``capture()``
+below (``OMATICAYA_WRITE_ADMISSION_DATA=1`` rewrites it from the release under test):
 
-- the agent's own ``NodeClient`` (omaticaya_py.kube) sends each PATCH to the real 1.20.2 API
-  server with a TokenRequest token of the chart's ServiceAccount, bound to a Pod on the node, and
-  the chart's RBAC;
+- the agent's own ``NodeClient`` (omaticaya_py.kube) sends each PATCH to the real API server with
+  a TokenRequest token of the chart's ServiceAccount, bound to a Pod on the node, and the chart's
+  RBAC (rendered for the release under test; the policies themselves are not applied: these are
+  the requests as the admission chain receives them, and the policy is evaluated on them here);
 - ``oldObject`` and ``object`` are the Node read back by the admin just before and just after
   the PATCH (what the server stored; an admission plugin sees ``object`` before it is stored, so
   ``resourceVersion`` and ``managedFields`` differ from what it would see);
 - ``userInfo``, the verb, the request URI, the audit ID (used as ``uid``) and the user agent come
-  from that PATCH's ``ResponseComplete`` event in the server's audit log;
+  from that PATCH's ``ResponseComplete`` event in the server's audit log (Metadata level: no
+  bodies);
 - the rest of the ``admission.k8s.io/v1`` AdmissionRequest is fixed by the API for a PATCH of a
   Node: ``operation: UPDATE``, ``options`` a ``PatchOptions``, kind/resource ``v1 Node/nodes``.
 
-A 1.20 token carries no ``authentication.kubernetes.io/node-name`` claim (1.30 and later put it in
-pod-bound tokens), so each captured request is also evaluated with that claim added for the node
-the token's Pod runs on, as a 1.30+ server would send it. ``test_captured_requests_are_what_the_
-server_does`` re-runs the capture on the real server and compares it with the stored file.
+Every supported release (1.31 and later) puts the ``authentication.kubernetes.io/node-name``
+claim into a pod-bound token (``ServiceAccountTokenPodNodeInfo``: beta and on in 1.30-1.31, GA
+from 1.32), so the captured ``userInfo.extra`` carries the claim the server itself set; a token
+without it (not bound to a pod) is the same request with the claim taken out.
+``test_captured_requests_are_what_the_server_does`` re-runs the capture on the real server of the
+release under test (v1.37.2, or v1.31.0 in the oldest-release lane) and compares it with the
+stored file: the same user, groups, extra keys, node-name claim and changes on both. The policies
+in force on a real server: tests/test_admission_cluster.py.
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ import pytest
 from tests.audit import audit_events
 from tests.chart import NAMESPACE, RELEASE, Vap
 from tests.helpers import token_kubeconfig
-from tests.test_kube_versions import docs_at
+from tests.test_kube_versions import SUPPORTED, docs_at, under_test
 
-DATA = Path(__file__).parent / "data" / "admission" / "node-patches-v1.20.2.json"
+DATA = Path(__file__).parent / "data" / "admission" / "node-patches-v1.37.2.json"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
 CLAIM = "authentication.kubernetes.io/node-name"
 NODE, OTHER_NODE = "omaticaya-admission-gpu-1", "omaticaya-admission-gpu-2"
@@ -61,7 +66,7 @@ PATCHES: dict[str, tuple[str, dict]] = {
     "spec-changed": (NODE, {"spec": {"unschedulable": True}}),
     "other-node": (OTHER_NODE, {"metadata": {"labels": {P + "gpu.count": "1"}}}),
 }
-#: id -> word of the denial, or None (allowed), for a 1.30+ token bound to a Pod on NODE
+#: id -> word of the denial, or None (allowed), for the token bound to a Pod on NODE (as captured)
 WITH_CLAIM = {
     "own-labels-added": None,
     "own-label-changed": None,
@@ -71,7 +76,7 @@ WITH_CLAIM = {
     "spec-changed": "spec",
     "other-node": f"may not change node {OTHER_NODE}",
 }
-#: the same with requireNodeClaim=false and no claim (the 1.20 token as captured)
+#: the same with requireNodeClaim=false and no claim (a token not bound to a pod)
 NO_CLAIM_NOT_REQUIRED = WITH_CLAIM | {"other-node": None}
 
 
@@ -114,7 +119,7 @@ def capture(dev_cluster, admin_client, helm, tmp: Path) -> dict:
 
     rbac = [
         d
-        for d in docs_at(helm, "1.20.2")
+        for d in docs_at(helm, under_test())
         if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
     admin = client.CoreV1Api(admin_client)
@@ -235,15 +240,16 @@ def capture(dev_cluster, admin_client, helm, tmp: Path) -> dict:
         for name in (NODE, OTHER_NODE):
             admin.delete_node(name)
         admin.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+    server = "v" + under_test()
     return {
         "about": (
             "Admission requests for the Omaticaya agent's Node PATCHes, built from a real "
-            "kube-apiserver v1.20.2 (dev cluster): object/oldObject read back around each PATCH "
+            f"kube-apiserver {server} (dev cluster): object/oldObject read back around each PATCH "
             "sent by omaticaya_py.kube.NodeClient with a pod-bound ServiceAccount token; "
             "userInfo, auditID, requestURI and userAgent from the PATCH's ResponseComplete audit "
             "event (Metadata level). Made by tests/test_kube_versions_admission.py capture()."
         ),
-        "server": "v1.20.2",
+        "server": server,
         "pod": {"name": pod_name, "node": NODE},
         "cases": cases,
     }
@@ -265,10 +271,11 @@ def stored() -> dict:
     return json.loads(DATA.read_text())
 
 
-def with_claim(request: dict, node: str) -> dict:
-    """The request as a 1.30+ server sends it for a token bound to a Pod on ``node``."""
+def without_claim(request: dict) -> dict:
+    """The request as the server sends it for a token of the same ServiceAccount that carries no
+    node-name claim (a TokenRequest not bound to a pod)."""
     out = copy.deepcopy(request)
-    out["userInfo"].setdefault("extra", {})[CLAIM] = [node]
+    out["userInfo"].get("extra", {}).pop(CLAIM, None)
     return out
 
 
@@ -292,49 +299,54 @@ def _check(got: list[str] | None, denied: str | None) -> None:
 
 
 CASE_IDS = list(PATCHES)
+#: policies rendered at these versions are evaluated (the oldest, one between, the newest)
+POLICY_VERSIONS = [f"{SUPPORTED[0]}.0", f"{SUPPORTED[len(SUPPORTED) // 2]}.0", f"{SUPPORTED[-1]}.0"]
 
 
 def test_stored_requests_are_complete_and_from_the_agent():
     data = stored()
+    assert data["server"] == "v1.37.2"
     assert [c["id"] for c in data["cases"]] == CASE_IDS
     for case in data["cases"]:
         req = case["request"]
         assert req["operation"] == "UPDATE" and req["options"]["kind"] == "PatchOptions"
         assert req["userInfo"]["username"] == AGENT_USER
         assert f"system:serviceaccounts:{NAMESPACE}" in req["userInfo"]["groups"]
-        assert CLAIM not in req["userInfo"].get("extra", {})  # 1.20 has no node-name claim
+        # the server put the node-name claim of the token's Pod into the request
+        assert req["userInfo"]["extra"][CLAIM] == [data["pod"]["node"]] == [NODE]
         assert case["audit"]["verb"] == "patch" and case["audit"]["responseStatus"]["code"] == 200
         assert req["object"]["metadata"]["name"] == req["oldObject"]["metadata"]["name"]
         assert req["name"] == PATCHES[case["id"]][0]
 
 
-@pytest.mark.parametrize("kube", ["1.30.0", "1.33.0", "1.36.0"])
+@pytest.mark.parametrize("kube", POLICY_VERSIONS)
 @pytest.mark.parametrize("case_id", CASE_IDS)
-def test_policy_on_captured_requests_with_the_node_claim(helm, kube, case_id):
+def test_policy_on_captured_requests(helm, kube, case_id):
+    """As captured, the server's own node-name claim included."""
     case = next(c for c in stored()["cases"] if c["id"] == case_id)
     vap = policy(helm, kube)
-    _check(vap.evaluate(with_claim(case["request"], NODE)), WITH_CLAIM[case_id])
+    _check(vap.evaluate(case["request"]), WITH_CLAIM[case_id])
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_policy_on_captured_requests_without_the_claim(helm, case_id):
-    """As captured from 1.20 (no claim): denied by default, whatever the change."""
+    """A token without the claim: denied by default, whatever the change."""
     case = next(c for c in stored()["cases"] if c["id"] == case_id)
-    got = policy(helm, "1.30.0").evaluate(case["request"])
+    got = policy(helm, POLICY_VERSIONS[0]).evaluate(without_claim(case["request"]))
     assert got is not None and any("carries no" in m and CLAIM in m for m in got), got
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_policy_on_captured_requests_claim_not_required(helm, case_id):
     case = next(c for c in stored()["cases"] if c["id"] == case_id)
-    vap = policy(helm, "1.30.0", requireNodeClaim=False)
-    _check(vap.evaluate(case["request"]), NO_CLAIM_NOT_REQUIRED[case_id])
+    vap = policy(helm, POLICY_VERSIONS[0], requireNodeClaim=False)
+    _check(vap.evaluate(without_claim(case["request"])), NO_CLAIM_NOT_REQUIRED[case_id])
 
 
 def test_policy_ignores_the_same_request_from_another_user(helm):
-    request = with_claim(stored()["cases"][3]["request"], NODE)  # a foreign label change
+    request = copy.deepcopy(stored()["cases"][3]["request"])  # a foreign label change
     request["userInfo"]["username"] = "system:node:" + NODE
-    assert policy(helm, "1.30.0").evaluate(request) is None
+    assert policy(helm, POLICY_VERSIONS[0]).evaluate(request) is None
 
 
 def _projection(data: dict) -> list[dict]:
@@ -350,6 +362,7 @@ def _projection(data: dict) -> list[dict]:
                 "username": req["userInfo"]["username"],
                 "groups": sorted(req["userInfo"]["groups"]),
                 "extra": sorted(req["userInfo"].get("extra", {})),
+                "claim": req["userInfo"].get("extra", {}).get(CLAIM),
                 "labels": (old["metadata"].get("labels"), new["metadata"].get("labels")),
                 "annotations": (
                     {k: v for k, v in (old["metadata"].get("annotations") or {}).items()},
