@@ -112,17 +112,23 @@ class PodResourcesClient:
                 code,
                 details,
             ) from None
+        # one entry per container and resource: a kubelet splits a container's devices of one
+        # resource into an entry per topology group (1.37 sends one per device), 1.20 sent one
+        merged: dict[tuple[str, str, str, str], list[str]] = {}
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    key = (pod.namespace, pod.name, container.name, devices.resource_name)
+                    merged.setdefault(key, []).extend(devices.device_ids)
         return tuple(
             ContainerDevices(
-                namespace=pod.namespace,
-                pod=pod.name,
-                container=container.name,
-                resource_name=devices.resource_name,
-                device_ids=tuple(devices.device_ids),
+                namespace=namespace,
+                pod=pod_name,
+                container=container_name,
+                resource_name=resource,
+                device_ids=tuple(ids),
             )
-            for pod in response.pod_resources
-            for container in pod.containers
-            for devices in container.devices
+            for (namespace, pod_name, container_name, resource), ids in merged.items()
         )
 
     def _check_socket(self) -> None:
