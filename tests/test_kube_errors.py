@@ -82,6 +82,18 @@ def test_the_rbac_hint_is_the_callers(rbac, expected):
     assert "RBAC" not in str(wrap(_exc(401), "get", "pod ns/p", rbac))
 
 
+@pytest.mark.parametrize("detail", [
+    "nodes \"n\" is forbidden: ValidatingAdmissionPolicy 'omaticaya-node-writes' with binding "
+    "'omaticaya-node-writes' denied request: the omaticaya agent may only add, change or remove "
+    "Node labels under omaticaya.io/",
+    "admission webhook \"v.example.com\" denied the request: no",
+])
+def test_a_refusal_by_admission_gets_no_rbac_hint(detail):
+    """RBAC allowed the request; an admission policy refused it: the hint would mislead."""
+    err = wrap(_exc(403, detail), "patch", "node n", "the agent needs get and patch on nodes")
+    assert str(err) == f"patch node n: HTTP 403 Reason: {detail}"
+
+
 @pytest.mark.cluster
 def test_a_refused_pod_get_names_pods_and_a_refused_patch_nodes(
     dev_cluster, admin_api, make_node, tmp_path

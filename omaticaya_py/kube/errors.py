@@ -18,6 +18,7 @@ asked for (``wrap``'s ``rbac``, ``ApiSession.call``'s), never guessed here.
 from __future__ import annotations
 
 import json
+import re
 
 import tenacity
 from kubernetes.client.exceptions import ApiException
@@ -97,11 +98,18 @@ def _retry_after_s(exc: ApiException) -> float | None:
         return None
 
 
+#: how the API server words a refusal by admission (not by RBAC): a ValidatingAdmissionPolicy's
+#: "... with binding '...' denied request: ..." and an admission webhook's "admission webhook
+#: \"...\" denied the request: ..."
+_ADMISSION_DENIAL = re.compile(r"denied (the )?request")
+
+
 def wrap(exc: Exception, verb: str, what: str, rbac: str = "") -> KubeError:
     """The ``KubeError`` for a failed request: by HTTP status for an ``ApiException`` (with its
     ``Retry-After``), ``KubeUnavailable`` for no answer. ``rbac``: what the caller's request
     needs (``"the agent needs get and patch on nodes"``), added to a 403's message as
-    ``(RBAC: ...)``; nothing is added without it."""
+    ``(RBAC: ...)``; nothing is added without it, nor to a refusal by admission (a
+    ValidatingAdmissionPolicy or webhook "denied request": RBAC allowed it)."""
     if isinstance(exc, ApiException):
         status = exc.status
         reason = (exc.reason or "").strip()
@@ -118,7 +126,7 @@ def wrap(exc: Exception, verb: str, what: str, rbac: str = "") -> KubeError:
             kind = KubeUnavailable
         else:
             kind = KubeRejected
-        if status == 403 and rbac:
+        if status == 403 and rbac and not _ADMISSION_DENIAL.search(detail):
             message += f" (RBAC: {rbac})"
         err = kind(message, status=status, verb=verb)
         err.retry_after_s = _retry_after_s(exc)
