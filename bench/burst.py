@@ -1,5 +1,7 @@
-"""A burst of GPU pods on the real kube-scheduler v1.20.2: time to bound, overcommit, and pods
-left Pending that had room, for the stock scheduler and the extender before and after a change.
+"""A burst of GPU pods on a real kube-scheduler (the dev cluster's release,
+``devtools.devcluster.cluster.K8S_VERSION``: ``OMATICAYA_KUBERNETES_VERSION``): time to bound,
+overcommit, and pods left Pending that had room, for the stock scheduler and the extender before
+and after a change.
 
 The cluster (``bench/burst_data.py``): ``--nodes`` Nodes x ``--gpus`` H100s, each GPU's free
 memory drawn from the per-GPU free memory recorded in ``tests/data/h100-trace.json`` and
@@ -10,8 +12,8 @@ the extender holds for bound pods (``--settle-s`` 3600) is all that stops overco
 
 Variants, one after the other on the same kube-apiserver, each on a fresh copy of the cluster
 (its own Nodes and namespace, deleted afterwards) with its own kube-scheduler
-(``examples/scheduler/scheduler-config-v1beta1.yaml`` of the extender's tree, leader election
-off):
+(``examples/scheduler/scheduler-config-v1.yaml`` of the extender's tree, read by
+``tests.test_scheduling_cluster.scheduler_config``, leader election off):
 
 - ``stock``: no extender; pods in ``examples/scheduler/pod-affinity.yaml``'s form,
   ``gpu.memory.free-mib Gt <need - 1>`` and ``gpu.health In [Healthy]``;
@@ -36,9 +38,10 @@ its bound pods. Goal (issue 24): 0 over, 0 pending with room, ``after`` time <= 
     .venv/bin/python bench/burst.py --before-rev <rev> --nodes 20   # 215 slots: tight
     .venv/bin/python bench/burst.py --quick                  # 3 nodes x 8, 12 pods
 
-A pod that fails the filter waits in kube-scheduler 1.20's unschedulable queue until a cluster
-event moves it or its 60 s flush: once the burst's bindings stop, one left Pending with room
-waits a minute or more, which is what ``pending w/ room`` counts.
+A pod that fails the filter waits in kube-scheduler's unschedulable pool until a cluster event
+moves it (any event, for a pod the extender turned down: it registers no queueing hints,
+kubernetes#122019) or its flush (5 min; 60 s on 1.20): once the burst's bindings stop, one left
+Pending with room waits for the next event or minutes, which is what ``pending w/ room`` counts.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from bench.burst_procs import (  # noqa: E402
 )
 from bench.burst_procs import stop as stop_proc  # noqa: E402
 from bench.common import ROOT, admin_api, cluster, delete_nodes, emit, header, table  # noqa: E402
+from devtools.devcluster.cluster import K8S_VERSION  # noqa: E402
 
 
 @dataclass
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"goal (0 over, 0 pending with room, time <= 1.5x stock): "
                      f"{'met' if met else 'NOT met'} by after")  # fmt: skip
     emit(
-        header("scheduler burst: kube-scheduler v1.20.2, stock vs extender before/after"),
+        header(f"scheduler burst: kube-scheduler {K8S_VERSION}, stock vs extender before/after"),
         "\n".join(lines[:1]),
         table(
             [

@@ -1,6 +1,6 @@
 """The processes of ``bench/burst.py``: an ``omaticaya extender`` from any source tree, a
-kube-scheduler v1.20.2 from that tree's example config, a pod watch that times bindings, and a
-``git worktree`` of a rev. Everything listens on 127.0.0.1."""
+kube-scheduler of the dev cluster's release from that tree's example config, a pod watch that
+times bindings, and a ``git worktree`` of a rev. Everything listens on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,19 +76,24 @@ def start_extender(tree: Path, kubeconfig: str, name: str, port: int, strategy: 
 
 def start_scheduler(kubeconfig: str, name: str, extender_port: int | None, tree: Path,
                     tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
-    """kube-scheduler v1.20.2 from ``tree``'s example v1beta1 config (the extender removed for
-    stock), profile ``name``; waits for its /healthz."""
+    """A kube-scheduler of the release under test (``devtools.devcluster.cluster.K8S_VERSION``,
+    its cached binary) from ``tree``'s example configuration
+    (``tests.test_scheduling_cluster.scheduler_config``; the working tree's when ``tree``, an
+    older rev, has none), the extender removed for stock, profile ``name``, leader election off;
+    waits until its log says it started (it serves nothing)."""
     import yaml
 
     from tests.devcluster import DevCluster, scheduler_binary
-    from tests.helpers import free_port as _free_port
+    from tests.test_scheduling_cluster import SCHEDULER_STARTED, scheduler_config
 
-    example = tree / "examples" / "scheduler" / "scheduler-config-v1beta1.yaml"
-    config = yaml.safe_load(example.read_text())
+    try:
+        config = scheduler_config(tree / "examples" / "scheduler")
+    except FileNotFoundError as exc:
+        print(f"(kube-scheduler {name}: {tree} has no {Path(exc.filename).name}: the working "
+              "tree's)", file=sys.stderr, flush=True)  # fmt: skip
+        config = scheduler_config()
     config["clientConnection"]["kubeconfig"] = kubeconfig
     config["leaderElection"] = {"leaderElect": False}
-    health = _free_port()
-    config["healthzBindAddress"] = config["metricsBindAddress"] = f"127.0.0.1:{health}"
     config["profiles"][0]["schedulerName"] = name
     if extender_port is None:
         del config["extenders"]
@@ -100,23 +106,35 @@ def start_scheduler(kubeconfig: str, name: str, extender_port: int | None, tree:
     # spawn_scheduler uses nothing of its cluster (the config names the kubeconfig)
     log = tmp / f"{name}.log"
     proc = DevCluster.spawn_scheduler(None, path, log)  # type: ignore[arg-type]
-    _wait_http(f"http://127.0.0.1:{health}/healthz", proc, f"kube-scheduler {name}", log)
+    _wait(lambda: SCHEDULER_STARTED in log.read_text(errors="replace"), proc,
+          f"kube-scheduler {name}", log)  # fmt: skip
     return proc
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, log: Path,
                timeout_s: float = 60) -> None:  # fmt: skip
+    def ok() -> bool:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=1) as r:
+                return bool(r.status == 200)
+        return False
+
+    _wait(ok, proc, what, log, timeout_s, f"{url} not ready")
+
+
+def _wait(ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, log: Path,
+          timeout_s: float = 60, never: str = "not started") -> None:  # fmt: skip
+    """Until ``ready()``; raises when ``proc`` exits first (the tail of its ``log``) or after
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])
             raise RuntimeError(f"{what} exited {proc.returncode}: {tail[-400:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
+        if ready():
+            return
         time.sleep(0.2)
-    raise RuntimeError(f"{what}: {url} not ready after {timeout_s:g} s")
+    raise RuntimeError(f"{what}: {never} after {timeout_s:g} s")
 
 
 def stop(proc: subprocess.Popen[bytes] | None) -> None:

@@ -144,7 +144,8 @@ def test_freshness_directions_quick(dev_cluster: DevCluster) -> None:
 @pytest.mark.cluster
 def test_burst_quick(dev_cluster: DevCluster) -> None:
     """Stock, the extender at HEAD (a git worktree) and at the working tree, each on its own
-    kube-scheduler v1.20.2: every row and figure printed (the figures are not judged here)."""
+    kube-scheduler of the dev cluster's release: every row and figure printed (the figures are not
+    judged here)."""
     proc = run_bench(
         "burst.py", "--quick", "--timeout-s", "60", env=cluster_env(dev_cluster), timeout=400
     )

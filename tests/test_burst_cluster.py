@@ -1,6 +1,6 @@
-"""End to end (issue 24): bursts of GPU pods on a real kube-apiserver + kube-scheduler v1.20.2
-with the extender's exact reservation rule (the filter narrows each pod to one node and
-reserves its GPU memory there: ``scheduler.protocol``, ``scheduler.ledger``).
+"""End to end (issue 24): bursts of GPU pods on a real kube-apiserver + kube-scheduler (the dev
+cluster's release) with the extender's exact reservation rule (the filter narrows each pod to
+one node and reserves its GPU memory there: ``scheduler.protocol``, ``scheduler.ledger``).
 
 Nodes are written as an agent would write them (labels and telemetry from ``core.render`` over
 synthetic snapshots, valid for 600 s), made schedulable by hand; no kubelet runs, so bound pods

@@ -1,5 +1,5 @@
 """End to end (issue 25 item 3): a burst of memory-slice pods on a real kube-apiserver +
-kube-scheduler v1.20.2 through the extender.
+kube-scheduler (the dev cluster's release) through the extender.
 
 Nodes are written as an agent sharing all its GPUs writes them (``core.render`` and the
 telemetry of synthetic snapshots with ``OMATICAYA_SHARED_GPUS=all``: GPUs marked ``shared``,

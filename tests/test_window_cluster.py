@@ -122,7 +122,7 @@ def test_window_min_leaves_out_a_gpu_that_dips_and_now_chooses_it(
 def test_the_real_kube_scheduler_places_by_the_window_minimum(
     dev_cluster, admin_api, make_node, tmp_path
 ):
-    """The same two nodes, Ready, and the real kube-scheduler v1.20 calling the extender: a
+    """The same two nodes, Ready, and the real kube-scheduler calling the extender: a
     30 GiB pod goes to the dipping GPU's node with ``signal=now`` (spread: the most free memory
     now) and to the steady one with ``signal=window-min``."""
     from tests.test_scheduling_cluster import (
