@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from devtools.devcluster import DevClusterError, State, load_state
-from devtools.devcluster.cluster import bin_dir, port_off
+from devtools.devcluster.cluster import bin_dir
 from devtools.devcluster.kubelet import containerd_tool
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,6 @@ class DevCluster:
                 [
                     str(scheduler_binary()),
                     "--config", str(config),
-                    *port_off(),
                     "--secure-port", "0",
                     "--v", "2",
                 ],

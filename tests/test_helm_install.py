@@ -20,7 +20,6 @@ kubelet, bridge, iptables); cold, ``up --full`` builds kube-controller-manager a
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -240,16 +239,30 @@ def values_file(tmp: Path, cluster: DevCluster, node: str, **extra: Any) -> Path
     return path
 
 
+def _kubeconfig_token(path: Path) -> str:
+    """The bearer token in a kubeconfig ``sa_kubeconfig`` wrote."""
+    return str(yaml.safe_load(path.read_text())["users"][0]["user"]["token"])
+
+
 def sa_kubeconfig(kube: Kube, tmp: Path) -> Path:
-    """A kubeconfig holding only the agent ServiceAccount's token (the one its pod mounts)."""
+    """A kubeconfig holding only a token of the agent's ServiceAccount bound to the agent's pod,
+    as the one its pod mounts (a projected token from the TokenRequest API: no token Secrets
+    since 1.24; bound to the pod, it carries the pod's Node, which the admission policies
+    read)."""
 
-    def token_secret() -> str | None:
-        sa = kube.json("-n", NAMESPACE, "get", "serviceaccount", RELEASE)
-        return ((sa.get("secrets") or [{}])[0]).get("name")
+    def agent_pod() -> str | None:
+        pods = kube.json("-n", NAMESPACE, "get", "pods", "-l",
+                         f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=omaticaya")
+        running = [p["metadata"]["name"] for p in pods["items"]
+                   if p["status"].get("phase") == "Running"
+                   and p["metadata"].get("deletionTimestamp") is None
+                   and any(o.get("kind") == "DaemonSet"
+                           for o in p["metadata"].get("ownerReferences") or [])]
+        return running[0] if running else None
 
-    secret_name = wait_for("the ServiceAccount's token secret", token_secret)
-    secret = kube.json("-n", NAMESPACE, "get", "secret", secret_name)
-    token = base64.b64decode(secret["data"]["token"]).decode()
+    pod = wait_for("the agent's pod running", agent_pod)
+    token = kube.kubectl("-n", NAMESPACE, "create", "token", RELEASE, "--duration", "1h",
+                         "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
     path = tmp / "sa.kubeconfig"
     path.write_text(
         yaml.safe_dump(
@@ -449,17 +462,29 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
     assert not wrong, "\n".join(wrong)
     # and the rules the API server lists for that token in the release namespace are the
     # chart's ClusterRole and Role, nothing more
-    rules = kube.run(
-        kubectl, "--kubeconfig", str(sa_env), "auth", "can-i", "--list", "-n", NAMESPACE
-    ).stdout
-    listed: dict[str, set[str]] = {}
-    for line in rules.splitlines()[1:]:
-        if line.strip() and not line[0].isspace():  # resource rows; URL rows are indented
-            verbs = line[line.rindex("[") + 1 : line.rindex("]")].split()
-            listed.setdefault(line.split()[0], set()).update(verbs)
-    # what every authenticated user may do (system:basic-user)
-    listed.pop("selfsubjectaccessreviews.authorization.k8s.io", None)
-    listed.pop("selfsubjectrulesreviews.authorization.k8s.io", None)
+    def listed_rules(kubeconfig: Path) -> tuple[str, dict[str, set[str]]]:
+        rules = kube.run(
+            kubectl, "--kubeconfig", str(kubeconfig), "auth", "can-i", "--list", "-n", NAMESPACE
+        ).stdout
+        listed: dict[str, set[str]] = {}
+        for line in rules.splitlines()[1:]:
+            if line.strip() and not line[0].isspace():  # resource rows; URL rows are indented
+                verbs = line[line.rindex("[") + 1 : line.rindex("]")].split()
+                listed.setdefault(line.split()[0], set()).update(verbs)
+        return rules, listed
+
+    rules, listed = listed_rules(sa_env)
+    # less what every service account may do on this server (system:basic-user and the
+    # release's other defaults: the self-reviews, ClusterTrustBundles on 1.3x), as the
+    # namespace's `default` ServiceAccount, which the chart binds to nothing, is listed
+    baseline = kube.kubectl("-n", NAMESPACE, "create", "token", "default", "--duration", "10m")
+    base_env = tmp_path / "default-sa.kubeconfig"
+    base_env.write_text(sa_env.read_text().replace(
+        _kubeconfig_token(sa_env), baseline.stdout.strip()))
+    base_env.chmod(0o600)
+    for resource, verbs in listed_rules(base_env)[1].items():
+        if listed.get(resource, set()) <= verbs:
+            listed.pop(resource, None)
     expected_list: dict[str, set[str]] = {}
     for (resource, ns), verbs in grants.items():
         if ns in (None, NAMESPACE):

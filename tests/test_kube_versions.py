@@ -547,7 +547,6 @@ REAL_SCHEDULER_CASES = {
 def test_real_kube_scheduler_reads_the_config(helm, dev_cluster, tmp_path, case):
     """The release's kube-scheduler decodes the configuration strictly and writes the defaulted
     result (``--write-config-to``, then exits): no scheduling, no waiting."""
-    from devtools.devcluster.cluster import port_off
     from tests.devcluster import scheduler_binary
 
     binary = scheduler_binary()
@@ -560,7 +559,7 @@ def test_real_kube_scheduler_reads_the_config(helm, dev_cluster, tmp_path, case)
     path.write_text(yaml.safe_dump(config))
     proc = subprocess.run(
         [str(binary), "--config", str(path), "--write-config-to", str(out)]
-        + [*port_off(), "--secure-port", "0"],
+        + ["--secure-port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

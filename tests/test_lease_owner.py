@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.devcluster.cluster import bin_dir, port_off
+from devtools.devcluster.cluster import bin_dir
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.settings import load_settings
@@ -150,7 +150,7 @@ def garbage_collector(dev_cluster, tmp_path) -> Iterator[subprocess.Popen]:
     log = open(tmp_path / "controller-manager.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [str(binary), "--kubeconfig", str(dev_cluster.kubeconfig), "--leader-elect=false",
-         "--controllers=garbagecollector", *port_off(), "--secure-port=0", "--v=1"],
+         "--controllers=garbagecollector", "--secure-port=0", "--v=1"],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
     )
     yield proc

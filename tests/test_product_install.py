@@ -1,8 +1,8 @@
 """The install as docs/install.md gives it, goal by goal next to the GPU Operator (issue 31),
 ending in the whole product as a user installs it (issue 30): the scheduler, the device plugin
-and sharing on, then ``kubectl apply`` of GPU pods and of every example, on the real v1.20.2 dev
+and sharing on, then ``kubectl apply`` of GPU pods and of every example, on the real v1.37.2 dev
 cluster (``scripts/dev-cluster up --full``: the agent's image and the chart's default
-``registry.k8s.io/kube-scheduler:v1.20.2``, both built without a Docker daemon).
+``registry.k8s.io/kube-scheduler:v1.37.2``, both built without a Docker daemon).
 
 The DaemonSet pod runs the agent, the device plugin and the PodResources attribution, replaying
 ``multi-gpu-trace.json`` (8 H100s; GPUs 0-3 shared in 1 GiB units, free 81,079 / 50,359 /
@@ -186,7 +186,7 @@ def test_each_goal_installs_as_documented_then_the_whole_product_runs(cluster, t
             if scheduler:  # --wait saw it Available: both containers passed their readiness probes
                 (deploy,) = deploys
                 assert deploy["status"].get("readyReplicas") == 1
-                assert "Preemption is off (scheduler.preemption auto)" in notes, notes
+                assert "Preemption is on (scheduler.preemption auto)" in notes, notes
             if plugin:
                 want = {"nvidia.com/gpu": "4" if sharing else "8"}
                 if sharing:

@@ -25,7 +25,7 @@ for Omaticaya's tests and demo. Everything listens on 127.0.0.1 only.
       kube-controller-manager, the kubelet on containerd with a bridge CNI, kube-proxy
       (iptables), the agent image (scripts/build-image) imported as
       omaticaya.local/omaticaya:<version>, and the kube-scheduler image at the chart's
-      default reference (registry.k8s.io/kube-scheduler:v1.20.2) made from the built
+      default reference (registry.k8s.io/kube-scheduler:<release>) made from the built
       binary (devtools/devcluster/full.py)
   scripts/dev-cluster down
   scripts/dev-cluster status
@@ -49,7 +49,7 @@ def release_of(state_dir: Path, command: str) -> None:
         st = load_state(state_dir) if state_dir.exists() else None
     except DevClusterError:
         return
-    running = (st.kubernetes_version or "v1.20.2") if st is not None and st.procs else None
+    running = st.kubernetes_version if st is not None and st.procs else None
     if running is None:
         return
     asked = os.environ.get("OMATICAYA_KUBERNETES_VERSION")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import shutil
 import ssl
 import subprocess
 import sys
@@ -19,10 +18,10 @@ from devtools.devcluster.state import DevClusterError, Proc, State, load_state
 #: the release ``up`` starts unless ``OMATICAYA_KUBERNETES_VERSION`` (``--kubernetes-version``)
 #: names another (scripts/dev-cluster-build has the same default)
 DEFAULT_K8S_VERSION = "v1.37.2"
-#: the releases the project pins: built from Go modules (devtools/kubebuild), or, v1.20.2 only,
-#: from Debian's source package
-GO_RELEASES = ("v1.37.2", "v1.31.0")
-#: containerd 2, built from its Go module (devtools/containerdbuild) for the Go releases
+#: the releases the project pins, built from Go modules (devtools/kubebuild: go.mod for the
+#: default, kube-<version>.mod for the others)
+RELEASES = ("v1.37.2", "v1.31.0")
+#: containerd 2, built from its Go module (devtools/containerdbuild)
 CONTAINERD_VERSION = "v2.4.2"
 
 
@@ -41,22 +40,10 @@ def minor(version: str = K8S_VERSION) -> int:
     return int(version.lstrip("v").split(".")[1])
 
 
-def from_go_modules(version: str = K8S_VERSION) -> bool:
-    """True for a release built from Go modules (every one but v1.20.2, Debian's): etcd is the
-    multi-call binary's, containerd is 2.x, the kubelet reads a KubeletConfiguration file."""
-    return version != "v1.20.2"
-
-
-def port_off() -> list[str]:
-    """``--port 0`` (no insecure serving) where kube-scheduler and kube-controller-manager
-    still have the flag (v1.20; removed in 1.23/1.24); nothing for a Go release."""
-    return [] if from_go_modules() else ["--port", "0"]
-
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "dev-cluster-build"
-#: the user agent for the API server: not curl's, for which it pretty-prints JSON (this v1.20
-#: build, Go 1.19 and json-iterator/reflect2 1.0.1, crashes on pretty-printing a map)
+#: the user agent for the API server: not curl's, for which it pretty-prints JSON (a v1.20 build
+#: crashed on pretty-printing a map; kept: the dev cluster's requests are the tools' own)
 USER_AGENT = "omaticaya-dev-cluster"
 
 
@@ -76,11 +63,10 @@ def bin_dir() -> Path:
     return cache_dir() / f"k8s-{K8S_VERSION}" / "bin"
 
 
-def containerd_bin_dir() -> Path | None:
-    """Where containerd 2 (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) is built for a
-    Go release: ``<cache>/containerd-<version>/bin``; None for v1.20.2 (Debian's containerd
-    1.6, on PATH)."""
-    return cache_dir() / f"containerd-{CONTAINERD_VERSION}" / "bin" if from_go_modules() else None
+def containerd_bin_dir() -> Path:
+    """Where containerd 2 (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) is built:
+    ``<cache>/containerd-<version>/bin``."""
+    return cache_dir() / f"containerd-{CONTAINERD_VERSION}" / "bin"
 
 
 def binary(name: str, build_flag: str) -> str:
@@ -93,15 +79,9 @@ def binary(name: str, build_flag: str) -> str:
 
 
 def etcd_binary() -> str:
-    """etcd: the multi-call binary's (``<bin dir>/etcd``, the version k8s.io/kubernetes pins)
-    for a Go release, else Debian's (``etcd-server``, 3.4); raises ``DevClusterError`` when it
-    is not there."""
-    if from_go_modules():
-        return binary("etcd", "")
-    found = shutil.which("etcd") or ("/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
-    if not found:
-        raise DevClusterError("etcd not installed (apt-get install etcd-server)")
-    return found
+    """etcd: the multi-call binary's (``<bin dir>/etcd``, the version k8s.io/kubernetes pins);
+    raises ``DevClusterError`` naming the build command when it is missing."""
+    return binary("etcd", "")
 
 
 def build(*flags: str) -> None:

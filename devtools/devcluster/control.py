@@ -18,8 +18,6 @@ from devtools.devcluster.cluster import (
     binary,
     build,
     etcd_binary,
-    from_go_modules,
-    port_off,
 )
 from devtools.devcluster.files import make_pki, write_audit_policy, write_kubeconfig
 from devtools.devcluster.procs import free_port, https_ok, log
@@ -72,7 +70,7 @@ def start_apiserver(c: Cluster) -> None:
         binary("kube-apiserver", ""),
         "--etcd-servers", f"http://127.0.0.1:{st.ports.etcd_client}",
         "--bind-address", bind, "--advertise-address", advertise,
-        "--secure-port", str(st.ports.apiserver), *_insecure_port_off(),
+        "--secure-port", str(st.ports.apiserver),
         "--tls-cert-file", f"{p}/apiserver.crt", "--tls-private-key-file", f"{p}/apiserver.key",
         "--client-ca-file", f"{p}/ca.crt",
         "--service-account-key-file", f"{p}/sa.pub",
@@ -94,13 +92,6 @@ def start_apiserver(c: Cluster) -> None:
     wait_apiserver(c)
 
 
-def _insecure_port_off() -> list[str]:
-    """``--insecure-port 0`` where the flag exists (v1.20; removed in 1.24), and ``--port 0`` of
-    kube-scheduler and kube-controller-manager likewise (removed in 1.23/1.24): nothing for a
-    Go release."""
-    return [] if from_go_modules() else ["--insecure-port", "0"]
-
-
 def wait_apiserver(c: Cluster) -> None:
     """Wait for the API server's /readyz; raises ``DevClusterError`` if it exits first."""
     took = c.wait_ready("apiserver", "kube-apiserver ready", c.api_ready, c.ready_timeout_s)
@@ -112,7 +103,7 @@ def start_scheduler(c: Cluster) -> None:
     kubeconfig, port = str(c.dir / "kubeconfig"), c.st.ports.scheduler
     argv = [binary("kube-scheduler", "--scheduler"), "--kubeconfig", kubeconfig,
             "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
-            "--leader-elect=false", "--bind-address", "127.0.0.1", *port_off(),
+            "--leader-elect=false", "--bind-address", "127.0.0.1",
             "--secure-port", str(port), "--v", "1"]
     log(f"starting kube-scheduler (secure port 127.0.0.1:{port})")
     c.start("scheduler", argv)

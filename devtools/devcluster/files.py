@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from devtools.devcluster.cluster import K8S_VERSION, from_go_modules
+from devtools.devcluster.cluster import K8S_VERSION
 from devtools.devcluster.procs import log, run
 from devtools.devcluster.state import FullState
 
@@ -143,7 +143,7 @@ def kubelet_files(
     """The kubelet's client certificate (O=system:nodes and system:masters: RBAC only, no Node
     authorizer), kubeconfig and CNI config (loopback; in a full cluster the bridge with
     host-local IPAM), and containerd's config, under ``<state_dir>/kubelet`` and
-    ``<state_dir>/containerd``; containerd 2 (a Go release) reads CDI specs from
+    ``<state_dir>/containerd``; containerd 2 reads CDI specs from
     ``<state_dir>/cdi``."""
     k, c, p = state_dir / "kubelet", state_dir / "containerd", state_dir / "pki"
     for d in (k / "root", k / "volume-plugins", k / "pki", k / "net.d", c / "root", c / "state",
@@ -191,10 +191,9 @@ current-context: omaticaya-dev
         conf = {"cniVersion": "0.4.0", "name": "omaticaya-loopback",
                 "plugins": [{"type": "loopback"}]}
         (k / "net.d" / "10-loopback.conflist").write_text(json.dumps(conf) + "\n")
-    if from_go_modules():
-        # containerd 2 resolves CDI device names (annotations, the kubelet's CDIDevices) against
-        # the specs in <state dir>/cdi only: the host's /etc/cdi is not the test's
-        cri_extra += f'\n  enable_cdi = true\n  cdi_spec_dirs = ["{state_dir}/cdi"]'
+    # containerd 2 resolves CDI device names (annotations, the kubelet's CDIDevices) against
+    # the specs in <state dir>/cdi only: the host's /etc/cdi is not the test's
+    cri_extra += f'\n  enable_cdi = true\n  cdi_spec_dirs = ["{state_dir}/cdi"]'
     (c / "config.toml").write_text(f"""version = 2
 root = "{c}/root"
 state = "{c}/state"
@@ -236,7 +235,7 @@ def kubelet_config(
     state_dir: Path, node_ip: str, port: int, healthz_port: int, minor: int
 ) -> str:
     """The KubeletConfiguration (``kubelet.config.k8s.io/v1beta1``) a Go release's kubelet
-    reads with ``--config``: what the v1.20 kubelet took as flags (the flags are deprecated, and
+    reads with ``--config``: what the kubelet once took as flags (the flags are deprecated, and
     ``failCgroupV1`` exists only here). On the serving port: client certificates of the dev CA
     only (no anonymous, no webhook), every request allowed; cgroupfs; no eviction, no node
     allocatable enforcement, no image GC (the host's disk is not the test's); status every

@@ -1,4 +1,4 @@
-"""``up --full``: what a DaemonSet needs, all v1.20.2 from the same source tree.
+"""``up --full``: what a DaemonSet needs, all of the release under test (one multi-call binary).
 
 etcd, kube-apiserver (ServiceAccount admission on, ``kubernetes`` Endpoints on the pod bridge's
 gateway), kube-controller-manager (every default controller: DaemonSet, ServiceAccount and token
@@ -29,7 +29,6 @@ from devtools.devcluster.cluster import (
     Cluster,
     bin_dir,
     binary,
-    port_off,
 )
 from devtools.devcluster.files import SCHEDULER_IMAGE, scheduler_image_tar
 from devtools.devcluster.procs import https_ok, log, run
@@ -91,7 +90,7 @@ def start_controller_manager(c: Cluster) -> None:
     c.start("controller-manager", [
         binary("kube-controller-manager", "--full"), "--kubeconfig", kubeconfig,
         "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
-        "--leader-elect=false", "--bind-address", "127.0.0.1", *port_off(),
+        "--leader-elect=false", "--bind-address", "127.0.0.1",
         "--secure-port", str(port), "--service-account-private-key-file", f"{p}/sa.key",
         "--root-ca-file", f"{p}/ca.crt", "--use-service-account-credentials=false",
         "--controllers", "*", "--v", "1",

@@ -1,7 +1,7 @@
-"""``up --kubelet``: containerd and a real kubelet (built from the same source tree), their state
-in ``<state dir>/kubelet`` and ``<state dir>/containerd``, CNI loopback only, a busybox image made
-locally (nothing is pulled). The Node registers as ``OMATICAYA_KUBELET_NODE`` (default
-omaticaya-kubelet). In v1.20 the device-plugin registration socket is always
+"""``up --kubelet``: containerd 2 and a real kubelet (both built here from their Go modules),
+their state in ``<state dir>/kubelet`` and ``<state dir>/containerd``, CNI loopback only, a
+busybox image made locally (nothing is pulled). The Node registers as ``OMATICAYA_KUBELET_NODE``
+(default omaticaya-kubelet). The device-plugin registration socket is always
 /var/lib/kubelet/device-plugins/kubelet.sock, whatever --root-dir says, so one such kubelet runs
 per machine. Linux and root only."""
 
@@ -20,7 +20,6 @@ from devtools.devcluster.cluster import (
     binary,
     build,
     containerd_bin_dir,
-    from_go_modules,
     minor,
 )
 from devtools.devcluster.files import (
@@ -62,9 +61,8 @@ def require_linux_root(flag: str) -> None:
 
 def kubelet_deps() -> None:
     """Debian's packages the kubelet's node needs: runc, busybox (the images), the CNI plugins,
-    iproute2 (the node IP's link), and, for v1.20.2 only, containerd 1.6 (a Go release runs the containerd 2 it built)."""
+    iproute2 (the node IP's link); containerd is the one built here (2.x)."""
     missing = [pkg for ok, pkg in (
-        (from_go_modules() or shutil.which("containerd"), "containerd"),
         (shutil.which("runc"), "runc"),
         (os.access("/bin/busybox", os.X_OK), "busybox-static"),
         (os.access("/usr/lib/cni/loopback", os.X_OK), "containernetworking-plugins"),
@@ -74,10 +72,8 @@ def kubelet_deps() -> None:
 
 
 def containerd_tool(name: str) -> str:
-    """``containerd`` or ``ctr``: the built containerd 2's for a Go release, else the one on
-    PATH (Debian's 1.6)."""
-    d = containerd_bin_dir()
-    return str(d / name) if d is not None else name
+    """The path of ``containerd`` or ``ctr`` as built here (containerd 2)."""
+    return str(containerd_bin_dir() / name)
 
 
 def ctr(c: Cluster, *args: str, check: bool = True, quiet: bool = False) -> str:
@@ -96,15 +92,14 @@ def ctr_answers(c: Cluster) -> bool:
 
 
 def start_containerd(c: Cluster) -> None:
-    """Start containerd with the state dir's config (a Go release: the built containerd 2, its
-    folder first on PATH so that it runs its own runc shim); wait until ``ctr`` answers (10 s);
+    """Start containerd 2 with the state dir's config, its folder first on PATH so that it runs
+    its own runc shim; wait until ``ctr`` answers (10 s);
     import the busybox image when it is not there."""
     binary_path = containerd_tool("containerd")
     version = run([binary_path, "--version"]).stdout.split()
     log(f"starting containerd ({version[2] if len(version) > 2 else '?'}) on "
         f"{c.dir}/containerd/containerd.sock")
-    d = containerd_bin_dir()
-    env = None if d is None else dict(os.environ, PATH=f"{d}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    env = dict(os.environ, PATH=f"{containerd_bin_dir()}:{os.environ.get('PATH', '/usr/bin:/bin')}")
     c.start("containerd", [binary_path, "--config", f"{c.dir}/containerd/config.toml"], env)
     c.wait_ready("containerd", "containerd answering", lambda: ctr_answers(c), 10)
     if KUBELET_IMAGE not in ctr(c, "images", "ls", "-q").splitlines():
@@ -130,17 +125,13 @@ def start_kubelet(c: Cluster) -> None:
     kl, k = c.st.kubelet, c.dir / "kubelet"
     assert kl is not None
     node_ip = kubelet_node_ip(c)
-    if from_go_modules():
-        (k / "config.yaml").write_text(
-            kubelet_config(c.dir, node_ip, kl.port, kl.healthz_port, minor()))
-        argv = [
-            binary("kubelet", "--kubelet"), "--config", f"{k}/config.yaml",
-            "--kubeconfig", f"{k}/kubeconfig", "--root-dir", f"{k}/root",
-            "--cert-dir", f"{k}/pki", f"--hostname-override={kl.node}", f"--node-ip={node_ip}",
-            "--v=1",
-        ]
-    else:
-        argv = _kubelet_flags(c, node_ip)
+    (k / "config.yaml").write_text(kubelet_config(c.dir, node_ip, kl.port, kl.healthz_port, minor()))
+    argv = [
+        binary("kubelet", "--kubelet"), "--config", f"{k}/config.yaml",
+        "--kubeconfig", f"{k}/kubeconfig", "--root-dir", f"{k}/root",
+        "--cert-dir", f"{k}/pki", f"--hostname-override={kl.node}", f"--node-ip={node_ip}",
+        "--v=1",
+    ]
     log(f"starting kubelet {K8S_VERSION} as Node {kl.node} (port {node_ip}:{kl.port})")
     c.start("kubelet", argv)
     took = c.wait_ready("kubelet", f"Node {kl.node} Ready", lambda: node_ready(c, kl.node),
@@ -155,14 +146,12 @@ NODE_LINK = "omaticaya-kl"
 
 def kubelet_node_ip(c: Cluster) -> str:
     """The Node's InternalIP, where the kubelet listens and the API server reaches it for logs
-    and exec. A full cluster: the pod bridge's gateway. Else, from 1.2x on the kubelet refuses a
+    and exec. A full cluster: the pod bridge's gateway. Else the kubelet (1.37 as 1.31) refuses a
     loopback node IP ("nodeIP can't be loopback address") and never registers: a link
     ``NODE_LINK`` holding ``OMATICAYA_KUBELET_NODE_IP`` (default 10.217.254.1/32), reachable from
-    this host only, made here and removed by ``down``. v1.20.2: 127.0.0.1."""
+    this host only, made here and removed by ``down``."""
     if c.st.full is not None:
         return c.st.full.pod_gateway
-    if not from_go_modules():
-        return "127.0.0.1"
     ip = os.environ.get("OMATICAYA_KUBELET_NODE_IP") or "10.217.254.1"
     if run(["ip", "link", "show", NODE_LINK], check=False, quiet=True).returncode != 0:
         log(f"creating link {NODE_LINK} (a bridge with no ports) ({ip}/32) for the kubelet's node IP")
@@ -171,27 +160,6 @@ def kubelet_node_ip(c: Cluster) -> str:
         run(["ip", "addr", "add", f"{ip}/32", "dev", NODE_LINK])
     run(["ip", "link", "set", NODE_LINK, "up"])
     return ip
-
-
-def _kubelet_flags(c: Cluster, node_ip: str) -> list[str]:
-    """The v1.20 kubelet's command line: everything as flags."""
-    kl, k = c.st.kubelet, c.dir / "kubelet"
-    assert kl is not None
-    return [
-        binary("kubelet", "--kubelet"), "--kubeconfig", f"{k}/kubeconfig",
-        "--container-runtime=remote",
-        f"--container-runtime-endpoint=unix://{c.dir}/containerd/containerd.sock",
-        "--runtime-request-timeout=30s", "--cgroup-driver=cgroupfs", "--cgroups-per-qos=true",
-        "--enforce-node-allocatable=", "--fail-swap-on=false", "--eviction-hard=",
-        "--image-gc-high-threshold=100", "--root-dir", f"{k}/root",
-        "--volume-plugin-dir", f"{k}/volume-plugins", "--cert-dir", f"{k}/pki",
-        f"--address={node_ip}", f"--port={kl.port}", "--read-only-port=0",
-        "--healthz-bind-address=127.0.0.1", f"--healthz-port={kl.healthz_port}",
-        f"--hostname-override={kl.node}", f"--node-ip={node_ip}", "--register-node=true",
-        "--anonymous-auth=false", "--client-ca-file", f"{c.dir}/pki/ca.crt",
-        "--node-status-update-frequency=1s", "--sync-frequency=5s",
-        "--register-with-taints=omaticaya.io/dev-kubelet=true:NoSchedule", "--v=1",
-    ]
 
 
 def kubelet_up(c: Cluster) -> None:

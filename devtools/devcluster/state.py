@@ -79,7 +79,7 @@ class State:
     image_key: str | None = None
     scheduler_image_key: str | None = None
     #: the Kubernetes release the processes run (``v1.37.2``); None in a state written before
-    #: releases could be chosen (v1.20.2)
+    #: releases could be chosen (v1.20.2, no longer built)
     kubernetes_version: str | None = None
 
     def to_json(self) -> str:
