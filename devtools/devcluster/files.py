@@ -354,5 +354,5 @@ def scheduler_image_tar(out: Path, binary: Path, tag: str = SCHEDULER_IMAGE) -> 
         "config": {"Env": [f"PATH={IMAGE_PATH}"], "Entrypoint": [SCHEDULER_IMAGE_BINARY],
                    "WorkingDir": "/"},
         "history": [{"created_by": f"scripts/dev-cluster (kube-scheduler {K8S_VERSION}, "
-                                   "built from Debian's kubernetes source package)"}],
+                                   "one name of the multi-call binary built from Go modules)"}],
     }, tag)
