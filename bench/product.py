@@ -2,7 +2,7 @@
 kubelet, through the chart's scheduler (kube-scheduler + the extender) and through the stock
 kube-scheduler, with the same device plugin.
 
-The cluster is ``scripts/dev-cluster up --full`` (v1.20.2, one kubelet); the chart is installed
+The cluster is ``scripts/dev-cluster up --full`` (the dev cluster's release, v1.37.2 by default; one kubelet); the chart is installed
 once with ``examples/install/whole-stack.yaml`` replaying ``multi-gpu-trace.json`` (8 H100s;
 GPUs 0-3 shared in 1 GiB units, 4-7 whole; free MiB 81,079 / 50,359 / 70,839 / 9,399 |
 81,079 / 34,999 / 75,959 / 3,255). Each variant then runs ``--duration-s``: a pod is created

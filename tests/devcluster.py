@@ -5,10 +5,10 @@ in their own sessions, never children of pytest); what a cluster is (ports, pids
 cluster) is read from its ``state.json`` with ``devtools.devcluster``.
 
 Use the session-scoped ``dev_cluster`` fixture (import it in conftest.py, or
-list ``tests.devcluster`` in ``pytest_plugins``). It builds kube-apiserver
-v1.20.2 from Debian's source on first use (minutes; cached afterwards in
-``$OMATICAYA_CACHE``, default ``~/.cache/omaticaya``) and starts a cluster in a
-temporary state dir. Set ``OMATICAYA_SKIP_CLUSTER=1`` to skip the tests that
+list ``tests.devcluster`` in ``pytest_plugins``). It builds the release under test
+(``OMATICAYA_KUBERNETES_VERSION``, default v1.37.2) from its Go modules on first use (minutes;
+cached afterwards in ``$OMATICAYA_CACHE``, default ``~/.cache/omaticaya``) and starts a cluster
+in a temporary state dir. Set ``OMATICAYA_SKIP_CLUSTER=1`` to skip the tests that
 need it; otherwise a failure to build or start is an error, not a skip.
 
 Only the standard library, pytest and ``devtools.devcluster`` (standard library) are used.
@@ -150,7 +150,7 @@ class DevCluster:
     # --- kubelet (+ containerd) -------------------------------------------
     def start_kubelet(self) -> str:
         """Start containerd and a real kubelet registered as a Node (``up --kubelet``; builds
-        the kubelet on first use, ~80 s with the apiserver's build cache; needs Linux and
+        containerd 2 on first use, the kubelet is the multi-call binary's; needs Linux and
         root). Waits for the Node to be Ready and returns its name. Idempotent."""
         _run_script(self.state_dir, "up", "--kubelet", timeout=UP_TIMEOUT_S)
         return self.kubelet_node
@@ -278,7 +278,8 @@ def start_dev_cluster(
 
 @pytest.fixture(scope="session")
 def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """A real etcd + kube-apiserver v1.20.2 on 127.0.0.1, for the whole session."""
+    """A real etcd + kube-apiserver of the release under test on 127.0.0.1, for the whole
+    session."""
     if os.environ.get("OMATICAYA_SKIP_CLUSTER") == "1":
         pytest.skip("OMATICAYA_SKIP_CLUSTER=1: real kube-apiserver tests disabled")
     state_dir = tmp_path_factory.mktemp("devcluster")

@@ -1,4 +1,5 @@
-"""The device plugin on a real kubelet v1.20 (+ containerd, + the dev cluster's API server).
+"""The device plugin on a real kubelet (v1.37.2; v1.31.0 in the oldest release's lane) on
+containerd 2, with the dev cluster's API server.
 
 ``scripts/dev-cluster up --kubelet`` starts containerd and a kubelet whose Node is tainted
 ``omaticaya.io/dev-kubelet:NoSchedule`` (test pods tolerate it and set ``nodeName``). The
@@ -10,7 +11,7 @@ with a 0.5 s schedule. Trace time is measured from the plugin's first tick.
 Free memory in the trace: GPU 0 and 3 81080 MiB, GPU 1 60599, GPU 2 19638.
 
 Needs Linux and root (the kubelet's registration socket is always
-/var/lib/kubelet/device-plugins/kubelet.sock in v1.20); skipped otherwise.
+/var/lib/kubelet/device-plugins/kubelet.sock, whatever --root-dir says); skipped otherwise.
 """
 
 from __future__ import annotations

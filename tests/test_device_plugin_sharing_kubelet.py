@@ -1,4 +1,4 @@
-"""GPU sharing by memory on a real kubelet v1.20 + containerd (issue 25's tests, the node side).
+"""GPU sharing by memory on a real kubelet + containerd 2 (issue 25's tests, the node side).
 
 ``omaticaya device-plugin`` runs as on a GPU node, without ``--trace``: real ``pynvml`` reads the
 NVML test library, which serves the 8-GPU sharing trace (``test_device_plugin_sharing``:

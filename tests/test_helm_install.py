@@ -14,8 +14,8 @@ pre-delete hook (``omaticaya stop-daemonset``) stops the DaemonSet and waits for
 helm deletes the agent's RBAC.
 
 Every wait is on a condition; nothing asserts a latency. Needs Linux and root (containerd,
-kubelet, bridge, iptables); cold, ``up --full`` builds kube-controller-manager and kube-proxy
-(~1 min with the API server's build cache) and the image (~1.5 min).
+kubelet, bridge, iptables); cold, ``up --full`` builds containerd 2 (~1-3 min) and the image
+(~1.5 min); the Kubernetes components are the multi-call binary the API server came from.
 """
 
 from __future__ import annotations

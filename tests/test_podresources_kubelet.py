@@ -1,12 +1,12 @@
 """The kubelet's PodResources API through ``kube.podresources.PodResourcesClient``: its errors
-and its answer's shape on a local gRPC server, then on the dev cluster's real kubelet v1.20 with
+and its answer's shape on a local gRPC server, then on the dev cluster's real kubelet (1.37.2) with
 our device plugin (``omaticaya device-plugin`` replaying ``tests/data/multi-gpu-trace.json``,
 8 GPUs): a pod holding a GPU appears with its namespace, name, container and a trace UUID, its
 container's PID resolves through its cgroup to the pod's UID (``sources.procs``), and the pod
 leaves the list once deleted.
 
 The kubelet serves PodResources v1 on ``<--root-dir>/pod-resources/kubelet.sock`` (feature
-gate KubeletPodResources, beta and on by default in 1.20). A pod's cgroup names its UID only
+GA since 1.28; 1.37 lists a container's devices one entry per device: the client merges them). A pod's cgroup names its UID only
 with ``--cgroups-per-qos=true`` (the kubelet's default); with ``false``, containerd puts a
 container in ``/k8s.io/<id>`` and the PID check skips, saying so.
 The kubelet tests need Linux and root, and skip when another kubelet runs on this machine (see

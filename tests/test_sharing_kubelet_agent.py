@@ -1,4 +1,4 @@
-"""Slices as the agent sees them through the real kubelet v1.20's PodResources (issue 25, item 5).
+"""Slices as the agent sees them through the real kubelet's PodResources (issue 25, item 5).
 
 Our device plugin serves the 8-GPU sharing trace with GPUs 0-3 shared on the dev cluster's real
 kubelet + containerd (the fixtures of ``tests/test_device_plugin_sharing_kubelet.py``); a pod
