@@ -205,6 +205,23 @@ def run_cli(
     )  # fmt: skip
 
 
+def agent_pod_doc(name: str, node: str, service_account: str) -> dict[str, Any]:
+    """A v1.Pod document standing for the agent's pod on ``node`` (``spec.nodeName`` set, no
+    kubelet needed: it only has to exist, so that a token bound to it carries its Node), with
+    ``service_account`` and no mounted token."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+
+
 def token_kubeconfig(cluster: Any, token: str, path: Path) -> Path:
     """Write at ``path`` a kubeconfig that reaches ``cluster`` (its ``server`` and ``ca_file``,
     as ``DevCluster`` has them) with nothing but the bearer ``token`` (a ServiceAccount's);

@@ -40,7 +40,7 @@ from omaticaya_py.kube import ApiSession, KubeError, LeaseClient, NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
 from tests.chart import CHART, chart_values, run_helm
 from tests.conftest import ensure_namespace
-from tests.helpers import token_kubeconfig
+from tests.helpers import agent_pod_doc, token_kubeconfig
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -178,18 +178,7 @@ def setup(dev_cluster, admin_client, helm, tmp_path_factory) -> Iterator[Setup]:
                 }
             )
         pod = admin.create_namespaced_pod(
-            NAMESPACE,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": pod_name},
-                "spec": {
-                    "nodeName": node,
-                    "serviceAccountName": SERVICE_ACCOUNT,
-                    "automountServiceAccountToken": False,
-                    "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            },
+            NAMESPACE, agent_pod_doc(pod_name, node, SERVICE_ACCOUNT)
         )
         ref = {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid}
         bound = token_kubeconfig(dev_cluster, _token(admin, ref), tmp / "bound-kubeconfig")

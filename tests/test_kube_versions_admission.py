@@ -39,7 +39,7 @@ import pytest
 
 from tests.audit import audit_events
 from tests.chart import NAMESPACE, RELEASE, Vap
-from tests.helpers import token_kubeconfig
+from tests.helpers import agent_pod_doc, token_kubeconfig
 from tests.test_kube_versions import SUPPORTED, docs_at, under_test
 
 DATA = Path(__file__).parent / "data" / "admission" / "node-patches-v1.37.2.json"
@@ -151,20 +151,7 @@ def capture(dev_cluster, admin_client, helm, tmp: Path) -> dict:
         admin.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
     except client.exceptions.ApiException as exc:
         assert exc.status == 404
-    pod = admin.create_namespaced_pod(
-        NAMESPACE,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": pod_name},
-            "spec": {
-                "nodeName": NODE,
-                "serviceAccountName": RELEASE,
-                "automountServiceAccountToken": False,
-                "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.2"}],
-            },
-        },
-    )
+    pod = admin.create_namespaced_pod(NAMESPACE, agent_pod_doc(pod_name, NODE, RELEASE))
     token = admin.create_namespaced_service_account_token(
         RELEASE,
         NAMESPACE,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution, PodMemory
+from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.health import assess
 from omaticaya_py.core.render import render
 from omaticaya_py.core.render_telemetry import telemetry_annotation
@@ -30,7 +30,7 @@ from omaticaya_py.scheduler.inflight import Placement
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
 from tests.helpers import H100_TOTAL_MIB, PREFIX, gpu, settings, snapshot
-from tests.test_preemption import NOW, kept, meta_args, pod_doc
+from tests.test_preemption import NOW, holder_books, kept, meta_args, pod_doc
 
 if TYPE_CHECKING:
     from omaticaya_py.scheduler.victims import Deadline
@@ -70,14 +70,7 @@ def node_doc(name: str, gpus: Sequence[G]) -> dict[str, Any]:
             i, memory_free_mib=g.free, memory_total_mib=g.total, memory_used_mib=g.total - g.free,
             process_count=len(g.holders),
         )  # fmt: skip
-        devices, pods, unknown = [], [], []
-        for n, (key, mib) in enumerate(g.holders):
-            ns, pod = key.split("/")
-            devices.append(ContainerDevices(ns, pod, "main", "nvidia.com/gpu", (reading.uuid,)))
-            if mib is None:
-                unknown.append(1000 * i + n)
-            else:
-                pods.append(PodMemory(f"uid-{pod}", None, ns, pod, "main", mib, (1000 * i + n,)))
+        devices, pods, unknown = holder_books(i, reading.uuid, g.holders)
         first = 0
         for key, units in g.slices:
             ns, pod = key.split("/")

@@ -48,6 +48,23 @@ NEED = Need(60 * GIB)  # 61440 MiB on one GPU
 Gpu = tuple[int, Sequence[tuple[str, int | None]]]
 
 
+def holder_books(
+    i: int, uuid: str, holders: Sequence[tuple[str, int | None]]
+) -> tuple[list[ContainerDevices], list[PodMemory], list[int]]:
+    """GPU ``i``'s holders (``("ns/pod", MiB or None)``) as the agent's books: the kubelet's
+    device per holder (container ``main``), the memory of each known one (PID ``1000*i+n``),
+    the PIDs whose memory could not be placed."""
+    devices, pods, unknown = [], [], []
+    for n, (key, mib) in enumerate(holders):
+        ns, pod = key.split("/")
+        devices.append(ContainerDevices(ns, pod, "main", "nvidia.com/gpu", (uuid,)))
+        if mib is None:
+            unknown.append(1000 * i + n)
+        else:
+            pods.append(PodMemory(f"uid-{pod}", None, ns, pod, "main", mib, (1000 * i + n,)))
+    return devices, pods, unknown
+
+
 def gpu_node(
     name: str,
     gpus: Sequence[Gpu],
@@ -67,14 +84,7 @@ def gpu_node(
             memory_used_mib=total_mib - free, process_count=len(holders),
             ecc_uncorrected_volatile=1 if i in unhealthy else 0,
         )  # fmt: skip
-        devices, pods, unknown = [], [], []
-        for n, (key, mib) in enumerate(holders):
-            ns, pod = key.split("/")
-            devices.append(ContainerDevices(ns, pod, "main", "nvidia.com/gpu", (g.uuid,)))
-            if mib is None:
-                unknown.append(1000 * i + n)
-            else:
-                pods.append(PodMemory(f"uid-{pod}", None, ns, pod, "main", mib, (1000 * i + n,)))
+        devices, pods, unknown = holder_books(i, g.uuid, holders)
         attribution[g.uuid] = GpuAttribution(
             g.uuid, tuple(devices), tuple(pods), unknown_pids=tuple(unknown)
         )
