@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from devtools.devcluster import procs
+from devtools.devcluster.cluster import bin_dir
 from devtools.devcluster.state import (
     DevClusterError,
     FullState,
@@ -142,6 +143,44 @@ def test_wait_until_stops_when_the_process_exits(tmp_path: Path) -> None:
     with pytest.raises(DevClusterError, match="failing ready: sh exited"):
         procs.wait_until("failing ready", lambda: False, 60, proc=proc, log_path=log)
     assert "bad flag" in log.read_text()
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ('E1127 21:10:57.872669     915 run.go:72] "command failed" err="failed to validate kubelet '
+     'configuration, error: kubelet is configured to not run on a host using cgroup v1."',
+     "failed to validate kubelet configuration, error: kubelet is configured to not run on a "
+     "host using cgroup v1."),
+    ('E1127 10:00:00.1 1 run.go:72] "command failed" err="failed to create listener: failed to '
+     'listen on 127.0.0.1:6443: listen tcp 127.0.0.1:6443: bind: address already in use"',
+     "failed to create listener: failed to listen on 127.0.0.1:6443: listen tcp 127.0.0.1:6443: "
+     "bind: address already in use"),
+    ('time="2026-11-27T20:24:11Z" level=fatal msg="failed to load config"',
+     'time="2026-11-27T20:24:11Z" level=fatal msg="failed to load config"'),
+    ("I1127 all is well", ""),
+])
+def test_why_names_the_reason_a_component_gave(tmp_path: Path, line: str, reason: str) -> None:
+    log = tmp_path / "c.log"
+    log.write_text(f"I1127 starting\n{line}\nI1127 shutting down\n")
+    assert procs.why(log) == reason
+
+
+def test_a_kubelet_refusing_this_host_says_why_in_one_line(tmp_path: Path) -> None:
+    """The real kubelet told to refuse cgroup v1 (``failCgroupV1: true``) on a cgroup v1 host:
+    the supervisor's error names the kubelet's own reason, not only the log file."""
+    kubelet = bin_dir() / "kubelet"
+    if not os.access(kubelet, os.X_OK):
+        pytest.skip(f"{kubelet} not built (scripts/dev-cluster build --kubelet)")
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        pytest.skip("this host runs cgroup v2: the kubelet has nothing to refuse")
+    config = tmp_path / "config.yaml"
+    config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                      "failCgroupV1: true\nfailSwapOn: false\n")
+    log = tmp_path / "kubelet.log"
+    proc = procs.spawn("kubelet", [str(kubelet), "--config", str(config), "--root-dir",
+                                   str(tmp_path / "root")], log)
+    with pytest.raises(DevClusterError, match=r"Node ready: kubelet exited: .*cgroup v1") as e:
+        procs.wait_until("Node ready", lambda: False, 60, proc=proc, log_path=log)
+    assert "\n" not in str(e.value)
 
 
 def test_script_status_and_usage_without_a_cluster(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import socket
 import ssl
@@ -138,6 +139,26 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+#: a component's last words, as klog, containerd (logrus) and etcd (zap) write them
+_FATAL = re.compile(r'"command failed"|^F\d{4} |level=fatal|"level":"fatal"|^Error: ')
+
+
+def why(log_path: Path) -> str:
+    """The reason a component gave for exiting, one line: the last line of ``log_path`` that
+    says it failed (klog's ``"command failed" err=...`` or an ``F`` line, logrus's
+    ``level=fatal``, zap's ``"level":"fatal"``, cobra's ``Error:``); ``""`` when none does."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = [line for line in lines[-200:] if _FATAL.search(line)]
+    if not found:
+        return ""
+    line = found[-1].strip()
+    m = re.search(r'err="(.*)"\s*$', line)
+    return (m.group(1) if m else line)[:400]
+
+
 def wait_until(
     what: str,
     ready: Callable[[], bool],
@@ -149,7 +170,8 @@ def wait_until(
 ) -> float:
     """Call ``ready()`` every ``poll_s`` until it returns True; returns the seconds it took.
     Raises ``DevClusterError`` (with the tail of ``log_path``) when ``timeout_s`` passes first,
-    or when ``proc`` (the process that should become ready) exits. ``ready`` raising ``OSError``
+    or when ``proc`` (the process that should become ready) exits, then saying in the same line
+    the reason it gave (``why``: a kubelet refusing cgroup v1, a port taken). ``ready`` raising ``OSError``
     counts as not ready."""
     start = time.monotonic()
     where = f" (log: {log_path})" if log_path else ""
@@ -160,9 +182,12 @@ def wait_until(
         except OSError:
             pass
         if proc is not None and not alive(proc):
+            reason = ""
             if log_path:
                 print(tail(log_path), file=sys.stderr)
-            raise DevClusterError(f"{what}: {proc.argv[0]} exited{where}")
+                reason = why(log_path)
+            name = Path(proc.argv[0]).name
+            raise DevClusterError(f"{what}: {name} exited{f': {reason}' if reason else ''}{where}")
         if time.monotonic() - start >= timeout_s:
             if log_path:
                 print(tail(log_path), file=sys.stderr)
