@@ -7,7 +7,9 @@ holding it and the memory of processes in no pod (out-of-band). Either half may 
 the other still counts: no PodResources socket (said once) leaves the holders empty; PIDs not
 visible from here (no ``hostPID``) are unknown, never out-of-band. Nothing here raises.
 
-The holders are those of the GPU resources (``nvidia.com/...``) and of the shared resource
+The holders are those of the device plugin's whole-GPU resource
+(``OMATICAYA_DEVICE_PLUGIN_RESOURCE``, renamed or not), of NVIDIA's GPU resources
+(``nvidia.com/...``: its plugin may run beside ours) and of the shared resource
 (``OMATICAYA_SHARED_RESOURCE``: memory units ``<GPU UUID>::<k>``, held on their GPU). A unit
 that names no GPU of this node is skipped and counted (``skipped["unknown-gpu"]``). With
 ``names`` set (``PodNames``: pods read from the API), processes are named by pod and
@@ -42,8 +44,10 @@ __all__ = ["Attribution", "PodNames", "device_processes", "make_attribution"]
 #: the most pods ``PodNames`` reads in one API round (a node holds few slices; a burst waits a
 #: round)
 _MAX_GETS = 32
-#: the device plugin resources whose holders are ours to report
+#: NVIDIA's device plugin resources, whose holders are reported beside our own resources
 GPU_RESOURCE_PREFIX = "nvidia.com/"
+#: the device plugin's whole-GPU resource by default (``Settings.device_plugin_resource``)
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def device_processes(snapshot: NodeSnapshot) -> dict[str, tuple[GpuProcess, ...]]:
@@ -66,6 +70,8 @@ class Attribution:
     """The attribution edge of one agent.
 
     - ``socket_path``: the kubelet's PodResources socket (``None``: holders are not asked for).
+    - ``gpu_resource``, ``shared_resource``: the device plugin's whole-GPU and shared resources,
+      whose holders are reported with those of ``nvidia.com/*``.
     - ``proc_root``: where the host's ``/proc`` is seen (``/proc`` on the host or with
       ``hostPID``; ``None``: processes are not placed, all unknown).
     - ``errors``: PodResources failures by gRPC code (``absent`` for no socket), for
@@ -82,9 +88,11 @@ class Attribution:
         *,
         client_factory: Callable[[Path], Any] = PodResourcesClient,
         shared_resource: str = DEFAULT_SHARED_RESOURCE,
+        gpu_resource: str = DEFAULT_GPU_RESOURCE,
     ) -> None:
         self.proc_root = proc_root
         self.shared_resource = shared_resource
+        self.gpu_resource = gpu_resource
         self.skipped: Counter[str] = Counter()
         self.names: Callable[[], tuple[dict[str, tuple[str, str]], dict[str, str]]] | None = None
         self.client = client_factory(socket_path) if socket_path is not None else None
@@ -140,7 +148,7 @@ class Attribution:
         return tuple(
             a for a in listed
             if a.resource_name.startswith(GPU_RESOURCE_PREFIX)
-            or a.resource_name == self.shared_resource
+            or a.resource_name in (self.gpu_resource, self.shared_resource)
         )
 
     def close(self) -> None:
@@ -157,6 +165,7 @@ def make_attribution(settings: Settings) -> Attribution | None:
     return Attribution(
         settings.pod_resources_socket, settings.proc_root,
         shared_resource=settings.shared_resource,
+        gpu_resource=settings.device_plugin_resource,
     )
 
 
