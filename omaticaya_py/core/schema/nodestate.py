@@ -176,8 +176,9 @@ def parse_node(
 
     Everything here is untrusted (any controller can write a Node's annotations): it never
     raises. Values of the wrong type are ignored; a telemetry annotation that is not a JSON
-    object, is over ``MAX_TELEMETRY_BYTES``, nests too deep for the parser, holds a number that
-    is not finite where a whole number belongs, or lacks a valid ``read_at`` sets ``problem``
+    object, is over ``MAX_TELEMETRY_BYTES``, nests too deep for the parser, has a ``schema``
+    newer than ``TELEMETRY_VERSION``, holds a number that is not finite where a whole number
+    belongs, or lacks a valid ``read_at`` sets ``problem``
     (the filter then fails the node with that reason)."""
     labels = json_mapping(labels)
     annotations = json_mapping(annotations)

@@ -5,7 +5,9 @@ sorted keys (``Telemetry.to_json``). The same pydantic models parse it back
 (``Telemetry.parse``) for the scheduler extender, ``omaticaya top`` and the tests. Reading is
 lenient, because any controller can write a Node's annotations: a field of the wrong type reads
 as ``None``, a GPU entry that is not an object or has no whole ``index`` is skipped, and only a
-document that is not a JSON object (or is too large, or nests too deep) is unreadable.
+document that is not a JSON object (or is too large, or nests too deep) is unreadable. A
+``schema`` newer than ``TELEMETRY_VERSION`` is refused (``SCHEMA_NEWER``: it may mean anything
+to this reader); one that is absent or not a number is read as this version.
 
 Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
 
@@ -46,6 +48,7 @@ from .values import json_float, json_int, json_str, rfc3339_s
 
 __all__ = [
     "MAX_TELEMETRY_BYTES",
+    "SCHEMA_NEWER",
     "TELEMETRY",
     "TELEMETRY_VERSION",
     "GpuTelemetry",
@@ -62,6 +65,23 @@ TELEMETRY_VERSION = 2
 #: the most a Node's annotations can hold in total (the API server's limit): a larger telemetry
 #: value did not come from the API server and is not parsed
 MAX_TELEMETRY_BYTES = 256 * 1024
+#: the problem of a document whose ``schema`` is newer than this reader's (one name, whatever the
+#: number: it is a metric label)
+SCHEMA_NEWER = (
+    f"telemetry annotation of an unknown newer schema (this reader knows up to {TELEMETRY_VERSION})"
+)
+
+
+def _newer_schema(value: Any) -> bool:
+    """Whether the ``schema`` value ``value`` names a version newer than ``TELEMETRY_VERSION``
+    (any number above it, infinities and numbers too large to read included; a whole number as
+    text as ``json_int`` reads it). Anything else is not a version: read leniently."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return not value <= TELEMETRY_VERSION  # NaN too: no version this reader knows
+    version = json_int(value)
+    return version is not None and version > TELEMETRY_VERSION
 
 
 def _bool(value: Any) -> bool | None:
@@ -297,7 +317,8 @@ class Telemetry(_Document):
     @classmethod
     def parse(cls, raw: Any) -> tuple[Telemetry | None, str | None]:
         """``(document, None)``, or ``(None, problem)`` when ``raw`` is not a string, is over
-        ``MAX_TELEMETRY_BYTES``, is not a JSON object, or nests too deep. Never raises."""
+        ``MAX_TELEMETRY_BYTES``, is not a JSON object, nests too deep, or has a ``schema`` newer
+        than ``TELEMETRY_VERSION`` (``SCHEMA_NEWER``). Never raises."""
         if not isinstance(raw, str):
             return None, "unreadable telemetry annotation (not a string)"
         if len(raw) > MAX_TELEMETRY_BYTES:
@@ -308,6 +329,8 @@ class Telemetry(_Document):
             loaded = None
         if not isinstance(loaded, dict):
             return None, "unreadable telemetry annotation"
+        if _newer_schema(loaded.get("schema")):
+            return None, SCHEMA_NEWER
         try:
             return cls.model_validate(loaded), None
         except (ValidationError, RecursionError):
