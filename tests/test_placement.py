@@ -211,10 +211,14 @@ def _from(doc, previous=None, state=None):
 
 
 def test_placement_from_a_bound_pod():
-    p = _from(pod(started="2027-01-15T08:00:02Z"), state=node(70000))
+    # the server's clock 90 s behind the extender's (NOW is 2027-01-15T08:00:00Z)
+    p = _from(pod(scheduled_at="2027-01-15T07:58:30Z", started="2027-01-15T08:00:02Z"),
+              state=node(70000))  # fmt: skip
     assert (p.key, p.uid, p.node, p.memory_mib, p.count) == ("ns/p", "u1", "n", 30720, 1)
-    assert p.placed_at == datetime(2027, 1, 15, 8, tzinfo=timezone.utc).timestamp()
-    assert p.started_at - p.placed_at == 2
+    # its age starts on the extender's clock when it first saw the pod, not at PodScheduled's
+    # lastTransitionTime (the server's clock)
+    assert p.placed_at == NOW
+    assert p.started_at == datetime(2027, 1, 15, 8, 0, 2, tzinfo=timezone.utc).timestamp()
     assert p.baseline_free_mib == 70000
 
 

@@ -12,8 +12,9 @@ leaves it out) when
 
 - a reserved placement is ``assume_s`` seconds old (``placed_at``: when it was reserved) and
   was never seen bound (the pod was deleted unbound, or its binding failed and it was never
-  filtered again), or a bound one ``settle_s`` seconds old (``placed_at``: the pod's
-  PodScheduled transition, which survives an extender restart), or
+  filtered again), or a bound one ``settle_s`` seconds old (``placed_at``: when it was
+  reserved, or when the extender first saw it bound; on the extender's clock, never the API
+  server's: ``ledger``), or
 - the node's telemetry was read after the pod started (``started_at``: the pod's
   ``status.startTime``) and the node's free memory, against what it was when the extender
   first counted the placement (``baseline_free_mib``), dropped by at least this placement's

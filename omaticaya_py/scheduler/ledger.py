@@ -25,9 +25,15 @@ not (the reading has it, or it aged out) but a bound pod stays in the ledger unt
 Who moves it: the filter (``reserve``, ``release``: a refilter of the same pod, by uid, releases
 then reserves); the pod watch (``kube.PodCache``'s ``on_change``): ``pod_changed`` with the
 bound pod's placement or ``None`` (``drop``). Bound on the node it was reserved on: *confirm*
-(the reserved GPUs and baseline kept, the age counted from the binding); bound elsewhere
-(another scheduler, a direct bind): *move* there, its GPUs then unknown; bound and never
-reserved (learned after an extender restart): *add*.
+(the reserved GPUs, baseline and time kept); bound elsewhere (another scheduler, a direct
+bind): *move* there, its GPUs then unknown; bound and never reserved (learned after an extender
+restart): *add*.
+
+Ages (``placed_at``) are on the extender's clock, the one every ``now`` here is read on, never
+the API server's: a reservation keeps the time the filter made it; a pod first seen from the
+watch, the time the extender first saw it (``placement_from_pod``'s ``now``). No later event or
+LIST restarts it (``pod_changed`` keeps the held one), so a pod counts by age for at most
+``settle_s`` after the extender first held it, as long as the process lives.
 
 Readers (``cache.NodeIndex``) ask ``on_node(name)`` and ``versions`` (per node, a number that
 grows with every change on that node: a node's record is rebuilt only when it changed);
@@ -206,6 +212,8 @@ class Ledger:
             if new is None:
                 return
             held = self._by_uid.get(new.uid)
+            if held is not None:  # its age started when the extender first held it
+                new = replace(new, placed_at=held.placed_at)
             if held is not None and held.node == new.node:
                 if not held.bound:
                     self.counts["confirmed"] += 1
@@ -232,15 +240,6 @@ class Ledger:
 DONE_PHASES = frozenset({"Failed", "Succeeded"})
 
 
-def _scheduled_at(status: Mapping[str, Any]) -> float | None:
-    conditions = status.get("conditions")
-    for c in conditions if isinstance(conditions, list) else ():
-        c = json_mapping(c)
-        if c.get("type") == "PodScheduled" and c.get("status") == "True":
-            return rfc3339_s(c.get("lastTransitionTime"))
-    return None
-
-
 def placement_from_pod(
     pod: Mapping[str, Any],
     previous: Placement | None,
@@ -255,8 +254,10 @@ def placement_from_pod(
     ``read_need``: the pod's need (``need.need_reader`` of the settings; default: the default
     prefix and resources). ``previous`` (the placement stored for this pod before) keeps the
     first ``placed_at`` and ``baseline_free_mib``; a new placement's baseline is the node's free
-    memory now (``node_state``; of its shared GPUs for a pod of slices), its ``placed_at`` the
-    pod's PodScheduled transition (else ``now``)."""
+    memory now (``node_state``; of its shared GPUs for a pod of slices), its ``placed_at``
+    ``now``: the extender's clock when it first saw the pod, never a time the API server wrote
+    (PodScheduled's ``lastTransitionTime`` is on the server's clock: 90 s behind, it aged a
+    pod out the moment it was confirmed)."""
     if not isinstance(pod, Mapping):
         raise ValueError("pod is not an object")
     meta, spec, status = (json_mapping(pod.get(k)) for k in ("metadata", "spec", "status"))
@@ -276,7 +277,7 @@ def placement_from_pod(
     if previous is not None and previous.uid == uid and previous.node == node:
         placed_at, baseline = previous.placed_at, previous.baseline_free_mib
     else:
-        placed_at = _scheduled_at(status) or now
+        placed_at = now
         state = node_state(node)
         baseline = None
         if state is not None and state.known:
