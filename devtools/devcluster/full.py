@@ -73,13 +73,7 @@ def ensure_bridge(c: Cluster) -> None:
     """The bridge exists before any pod, with the gateway address the API server advertises."""
     f = c.st.full
     assert f is not None
-    if run(["ip", "link", "show", f.pod_bridge], check=False, quiet=True).returncode != 0:
-        log(f"creating bridge {f.pod_bridge} ({f.pod_gateway} on {f.pod_subnet})")
-        run(["ip", "link", "add", f.pod_bridge, "type", "bridge"])
-    plen = f.pod_subnet.split("/")[1]
-    if f"inet {f.pod_gateway}/" not in run(["ip", "-4", "addr", "show", "dev", f.pod_bridge]).stdout:
-        run(["ip", "addr", "add", f"{f.pod_gateway}/{plen}", "dev", f.pod_bridge])
-    run(["ip", "link", "set", f.pod_bridge, "up"])
+    kubelet_mod.ensure_bridge_link(f.pod_bridge, f.pod_gateway, int(f.pod_subnet.split("/")[1]))
 
 
 def start_controller_manager(c: Cluster) -> None:

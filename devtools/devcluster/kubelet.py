@@ -139,9 +139,21 @@ def start_kubelet(c: Cluster) -> None:
     log(f"Node {kl.node} Ready after {took:.0f} s")
 
 
-#: the kubelet's own host-local interface outside a full cluster (a Go release): a bridge with no
-#: ports (this kernel may lack the dummy link type)
+#: the kubelet's own host-local interface outside a full cluster: a bridge with no ports (this
+#: kernel may lack the dummy link type)
 NODE_LINK = "omaticaya-kl"
+
+
+def ensure_bridge_link(name: str, address: str, prefix_len: int) -> None:
+    """A Linux bridge ``name`` holding ``address/prefix_len``, up; made or completed as needed
+    (the full cluster's pod bridge, the kubelet's own link). Raises ``DevClusterError`` when
+    ``ip`` fails."""
+    if run(["ip", "link", "show", name], check=False, quiet=True).returncode != 0:
+        log(f"creating bridge {name} ({address}/{prefix_len})")
+        run(["ip", "link", "add", name, "type", "bridge"])
+    if f"inet {address}/" not in run(["ip", "-4", "addr", "show", "dev", name]).stdout:
+        run(["ip", "addr", "add", f"{address}/{prefix_len}", "dev", name])
+    run(["ip", "link", "set", name, "up"])
 
 
 def kubelet_node_ip(c: Cluster) -> str:
@@ -153,12 +165,7 @@ def kubelet_node_ip(c: Cluster) -> str:
     if c.st.full is not None:
         return c.st.full.pod_gateway
     ip = os.environ.get("OMATICAYA_KUBELET_NODE_IP") or "10.217.254.1"
-    if run(["ip", "link", "show", NODE_LINK], check=False, quiet=True).returncode != 0:
-        log(f"creating link {NODE_LINK} (a bridge with no ports) ({ip}/32) for the kubelet's node IP")
-        run(["ip", "link", "add", NODE_LINK, "type", "bridge"])
-    if f"inet {ip}/" not in run(["ip", "-4", "addr", "show", "dev", NODE_LINK]).stdout:
-        run(["ip", "addr", "add", f"{ip}/32", "dev", NODE_LINK])
-    run(["ip", "link", "set", NODE_LINK, "up"])
+    ensure_bridge_link(NODE_LINK, ip, 32)
     return ip
 
 
