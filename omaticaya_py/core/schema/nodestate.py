@@ -25,7 +25,7 @@ from .names import (
     SHARED_MEMORY_FREE,
     per_gpu,
 )
-from .telemetry import TELEMETRY, GpuTelemetry, PodTelemetry, Telemetry
+from .telemetry import TELEMETRY, GpuTelemetry, MigTelemetry, PodTelemetry, Telemetry
 from .values import json_int, json_mapping, json_str
 
 __all__ = [
@@ -63,6 +63,10 @@ class GpuInfo:
     #: when not assigned: what evicting its holders would start from (``scheduler.preempt``)
     assigned_free_mib: int | None = None
     units_left: int | None = None
+    #: a MIG device (``NodeGpuState.mig``): its profile (``1g.10gb``) and its index under its
+    #: GPU (``index`` is the GPU's); ``None`` for a whole GPU
+    profile: str | None = None
+    mig_index: int | None = None
 
     def room_mib(self, unit_mib: int) -> int:
         """The largest slice this (shared) GPU can take at ``unit_mib`` MiB per unit: the least
@@ -111,6 +115,10 @@ class NodeGpuState:
     #: not parsed from a Node, then ``free_total_mib``): what the in-flight rule's memory drops
     #: are measured on (``live_free_total_mib``), since an assignment frees no memory
     free_live_total_mib: int | None = None
+    #: the MIG devices of the GPUs with MIG on (the telemetry's ``mig_devices`` with a profile):
+    #: ``index`` the GPU's, ``mig_index`` and ``profile`` set, ``assigned`` when the kubelet
+    #: has handed it to a container (its ``pods``), then ``free_mib`` 0
+    mig: tuple[GpuInfo, ...] = ()
 
     @property
     def live_free_total_mib(self) -> int:
@@ -211,10 +219,13 @@ def parse_node(
     holders: set[str] = set()
     slices_held: list[tuple[str, int, int]] = []
     attributed = False
+    mig: list[GpuInfo] = []
     for g in doc.gpus if doc is not None else ():
         holders.update(_holders(g.pods))
         for m in g.mig_devices or ():
             holders.update(_holders(m.pods))
+            if m.profile and g.mig:
+                mig.append(_mig_info(g.index, m))
         if g.mig:
             continue
         if g.memory_free_unreadable:
@@ -284,7 +295,19 @@ def parse_node(
         holders=frozenset(holders),
         slices_held=tuple(slices_held),
         units_attributed=attributed,
+        mig=tuple(mig),
     )
+
+
+def _mig_info(gpu_index: int, m: MigTelemetry) -> GpuInfo:
+    """One MIG device as placement sees it: held (``pods``) means assigned, free 0."""
+    free = m.memory_free_mib
+    healthy = m.health == "Healthy" and free is not None and m.error is None
+    held = bool(m.pods)
+    return GpuInfo(gpu_index, 0 if held else max(free or 0, 0), healthy,
+                   total_mib=m.memory_total_mib, assigned=held,
+                   assigned_free_mib=free if held else None, profile=m.profile,
+                   mig_index=m.index)  # fmt: skip
 
 
 def _holders(pods: tuple[PodTelemetry, ...] | None) -> Iterator[str]:

@@ -1,0 +1,275 @@
+"""Which devices a pod takes, and what is left on each GPU: the one placement model (pure).
+
+The scheduler extender predicts where the kubelet will put a pod's devices, and the device
+plugin decides it; a pod bound by the first must be admitted by the second with the GPU memory
+it was placed for. So both ask this module, and nothing else, "which device":
+
+- **A slice** (units of the shared resource, all on one shared GPU) goes to the healthy shared
+  GPU whose room (``GpuInfo.room_mib``: the least of its live free memory, less what still
+  counts there, and its units no container holds) takes it: under ``binpack`` the one with the
+  least room, under ``spread`` the most, the lower NVML index on a tie (``pick_slice``). The
+  device plugin's ``GetPreferredAllocation`` and ``Allocate`` check call it with the kubelet's
+  available units; the extender with the units the telemetry says are left.
+- **A whole device** (the device plugin's GPU resource, or a MIG device of one profile) is one
+  of those no container holds, healthy, in ``whole_order``: most live free memory first, the
+  lower index (then MIG index) on a tie. The device plugin does not know a pod's memory need
+  (the device plugin API gives it none), so a pod fits only when the devices first in that
+  order each have its need free (``pick_whole``).
+- **Memory without a device** (a pod that asks only by the ``gpu-memory-mib`` annotation) takes
+  that much on each of ``count`` healthy GPUs with it free: ``binpack`` the least free,
+  ``spread`` the most (``pick_memory``).
+
+A pod's whole need (``Need``) is placed container group by container group in the kubelet's
+order (``place``): its whole devices, then each of its slices as ``need.held_slices`` groups
+them (init containers first, a sidecar's held for the pod's life, a plain init container's
+reused by the containers after it), each slice taken off its GPU before the next is placed.
+What is left (``take``) is what the in-flight book, preemption and the next pod judge by.
+
+One policy (``POLICIES``), set once in the chart (``placement.policy``), is read by both
+sides. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from .schema import GpuInfo, NodeGpuState
+from .sharing import DEFAULT_SHARED_RESOURCE, device_order
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Need",
+    "Taken",
+    "need_devices",
+    "pick_memory",
+    "pick_slice",
+    "pick_whole",
+    "place",
+    "slice_key",
+    "take",
+    "take_memory",
+    "take_slice",
+    "take_whole",
+    "whole_key",
+]
+
+#: placement policies: the fitting device with the least room, or with the most
+POLICIES = ("binpack", "spread")
+DEFAULT_POLICY = "binpack"
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a pod asks for, as placement judges it.
+
+    - The whole part: ``count`` devices each with ``memory_mib`` free: whole GPUs of the
+      device plugin's resource (``exclusive``: the kubelet hands them out, no other pod gets
+      them), MIG devices of ``profile`` (``exclusive`` too), or, for a pod that asks only by
+      annotation, ``memory_mib`` on each of ``count`` GPUs (no device handed out). A pod of
+      slices alone has no whole part (``whole_count`` 0).
+    - ``slices``: units of the shared resource ``resource``, one per group of containers that
+      hold them on one shared GPU (``scheduler.need.held_slices``), in the kubelet's order.
+
+    ``error`` is set when the pod's request is malformed (every node then fails with it)."""
+
+    memory_mib: int
+    count: int = 1
+    error: str | None = None
+    slices: tuple[int, ...] = ()
+    #: the shared resource the slices are of (for messages)
+    resource: str = DEFAULT_SHARED_RESOURCE
+    #: the whole devices are the device plugin's (``nvidia.com/gpu`` or a MIG resource):
+    #: each one given is taken whole
+    exclusive: bool = False
+    #: the MIG profile (``1g.10gb``) of the whole devices; ``None``: whole GPUs
+    profile: str | None = None
+
+    @property
+    def whole_count(self) -> int:
+        """The whole devices (or GPUs with ``memory_mib`` each) the pod takes: ``count``,
+        or 0 for a pod of slices that asks for no device of the GPU resource."""
+        return self.count if (not self.slices or self.exclusive) else 0
+
+    def slice_mibs(self, unit_mib: int) -> tuple[int, ...]:
+        """Each slice in MiB at ``unit_mib`` MiB per unit, in ``slices``' order: the order the
+        kubelet asks the device plugin for them, init containers first."""
+        return tuple(u * unit_mib for u in self.slices)
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """Where a pod's need goes on one node: ``gpus``, the whole GPUs (NVML indices) of its
+    whole part, or ``migs``, its MIG devices as ``(GPU index, MIG index)``; ``slices``, the
+    shared GPU index of each slice, in ``Need.slices``' order; ``room_mib``, what a node is
+    scored by (slices: the room of the GPU the largest slice goes to, before it; whole: the
+    free MiB of the healthy whole GPUs, or of the free MIG devices of the profile)."""
+
+    gpus: tuple[int, ...] = ()
+    migs: tuple[tuple[int, int], ...] = ()
+    slices: tuple[int, ...] = ()
+    room_mib: int = 0
+
+
+# ---------------------------------------------------------------------- one device ----
+
+
+def whole_key(g: GpuInfo) -> tuple[bool, int, int, int]:
+    """The sort key of a whole device (GPU or MIG device) not yet handed out, first preferred
+    first: ``core.sharing.device_order`` (healthy first, most free MiB, lowest index), then
+    the MIG index."""
+    return (*device_order(g.healthy, g.free_mib, g.index), g.mig_index or 0)
+
+
+def slice_key(g: GpuInfo, unit_mib: int, policy: str) -> tuple[int, int]:
+    """The sort key of a shared GPU a slice fits on, first chosen first: its room
+    (``GpuInfo.room_mib``) least first under ``binpack``, most under ``spread``; lowest
+    index on a tie."""
+    room = g.room_mib(unit_mib)
+    return (-room if policy == "spread" else room, g.index)
+
+
+def pick_slice(gpus: Iterable[GpuInfo], mib: int, unit_mib: int, policy: str) -> GpuInfo | None:
+    """The shared GPU a slice of ``mib`` MiB goes to among ``gpus``: healthy, with that much
+    room, first by ``slice_key``; ``None`` when none has it."""
+    fit = [g for g in gpus if g.healthy and g.room_mib(unit_mib) >= mib]
+    return min(fit, key=lambda g: slice_key(g, unit_mib, policy)) if fit else None
+
+
+def pick_whole(devices: Iterable[GpuInfo], count: int, memory_mib: int = 0
+               ) -> tuple[GpuInfo, ...] | None:  # fmt: skip
+    """The ``count`` whole devices a pod of the device plugin's resource gets: the first
+    ``count`` of the healthy ones no container holds, by ``whole_key``; ``None`` when there are
+    fewer, or when one of them has less than ``memory_mib`` free (the plugin would hand it out
+    all the same)."""
+    free = sorted((g for g in devices if g.healthy and not g.assigned), key=whole_key)[:count]
+    if len(free) < count or any(g.free_mib < memory_mib for g in free):
+        return None
+    return tuple(free)
+
+
+def pick_memory(gpus: Iterable[GpuInfo], count: int, memory_mib: int, policy: str
+                ) -> tuple[GpuInfo, ...] | None:  # fmt: skip
+    """The ``count`` GPUs a pod asking ``memory_mib`` on each (by annotation, no device) is
+    counted on: healthy, not held whole, with that much free; ``binpack`` the least free,
+    ``spread`` the most, lowest index on a tie. ``None`` when fewer fit."""
+    fit = [g for g in gpus if g.healthy and not g.assigned and g.free_mib >= memory_mib]
+    if len(fit) < count:
+        return None
+    sign = -1 if policy == "spread" else 1
+    return tuple(sorted(fit, key=lambda g: (sign * g.free_mib, g.index))[:count])
+
+
+def take_slice(g: GpuInfo, mib: int, unit_mib: int, *, memory: bool = True,
+               units: bool = True) -> GpuInfo:  # fmt: skip
+    """``g`` less a slice of ``mib`` MiB: from its live free memory (``memory``) and from its
+    units left (``units``, when counted), each clamped at 0."""
+    free = max(0, g.free_mib - mib) if memory else g.free_mib
+    left = g.units_left
+    if units and left is not None:
+        left = max(0, left - mib // unit_mib)
+    return g if (free, left) == (g.free_mib, g.units_left) else replace(g, free_mib=free,
+                                                                        units_left=left)
+
+
+def take_whole(g: GpuInfo) -> GpuInfo:
+    """``g`` handed to a container whole: ``assigned``, no room for another pod (``free_mib``
+    0), its live free memory kept as ``assigned_free_mib``."""
+    if g.assigned:
+        return g
+    return replace(g, assigned=True, free_mib=0, assigned_free_mib=g.free_mib)
+
+
+def take_memory(g: GpuInfo, mib: int) -> GpuInfo:
+    """``g`` with ``mib`` of its free memory counted as taken (clamped at 0)."""
+    return g if mib <= 0 else replace(g, free_mib=max(0, g.free_mib - mib))
+
+
+# ---------------------------------------------------------------------- one pod ----
+
+
+def need_devices(state: NodeGpuState, need: Need) -> tuple[GpuInfo, ...]:
+    """The devices of ``state`` a need's whole part is placed on: the MIG devices of its
+    ``profile``, else the whole GPUs."""
+    if need.profile is not None:
+        return tuple(m for m in state.mig if m.profile == need.profile)
+    return state.gpus
+
+
+def place(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> Taken | None:
+    """Where ``need`` goes on ``state``'s devices (their free memory and units being what is
+    left after everything still counting there), or ``None`` when it does not fit: its whole
+    part (``pick_whole`` for devices of the plugin, ``pick_memory`` for memory alone), then
+    each slice in order on ``pick_slice``'s GPU, taken off before the next. A node without a
+    unit size fits no slice."""
+    gpus: tuple[int, ...] = ()
+    migs: tuple[tuple[int, int], ...] = ()
+    room = 0
+    n = need.whole_count
+    if n:
+        devices = need_devices(state, need)
+        chosen = (pick_whole(devices, n, need.memory_mib) if need.exclusive or need.profile
+                  else pick_memory(devices, n, need.memory_mib, policy))  # fmt: skip
+        if chosen is None:
+            return None
+        if need.profile is not None:
+            migs = tuple((g.index, g.mig_index or 0) for g in chosen)
+            room = sum(g.free_mib for g in devices if g.healthy and not g.assigned)
+        else:
+            gpus = tuple(sorted(g.index for g in chosen))
+            room = state.free_total_mib
+    if not need.slices:
+        return Taken(gpus, migs, (), room)
+    unit = state.share_unit_mib
+    if not unit or not state.shared:
+        return None
+    books = list(state.shared)
+    where: list[int] = []
+    mibs = need.slice_mibs(unit)
+    largest = max(range(len(mibs)), key=lambda k: (mibs[k], -k))
+    for k, mib in enumerate(mibs):
+        g = pick_slice(books, mib, unit, policy)
+        if g is None:
+            return None
+        if k == largest:
+            room = g.room_mib(unit)
+        at = books.index(g)
+        books[at] = take_slice(g, mib, unit)
+        where.append(g.index)
+    return Taken(gpus, migs, tuple(where), room)
+
+
+def take(state: NodeGpuState, need: Need, taken: Taken, *, exclusive: bool | None = None,
+         memory: bool = True, units: bool = True) -> NodeGpuState:  # fmt: skip
+    """``state`` less ``need`` where ``taken`` puts it: each GPU of ``taken.gpus`` handed out
+    whole (``exclusive``, default ``need.exclusive``) or less ``need.memory_mib``, each MIG
+    device of ``taken.migs`` handed out whole, each slice from its shared GPU's live free
+    memory (``memory``) and units (``units``). A device not on the node is skipped (it left, or
+    the reservation named one it no longer has). ``free_total_mib`` follows the whole GPUs."""
+    whole = need.exclusive if exclusive is None else exclusive
+    out = state
+    if taken.gpus:
+        on = set(taken.gpus)
+        gpus = tuple((take_whole(g) if whole else take_memory(g, need.memory_mib))
+                     if g.index in on else g for g in state.gpus)  # fmt: skip
+        out = replace(out, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))
+    if taken.migs:
+        on_mig = set(taken.migs)
+        out = replace(out, mig=tuple(take_whole(m) if (m.index, m.mig_index or 0) in on_mig
+                                     else m for m in state.mig))  # fmt: skip
+    unit = state.share_unit_mib
+    if taken.slices and unit and (memory or units):
+        shared = list(out.shared)
+        at = {g.index: k for k, g in enumerate(shared)}
+        for index, n in zip(taken.slices, need.slices, strict=False):
+            k = at.get(index)
+            if k is not None:
+                shared[k] = take_slice(shared[k], n * unit, unit, memory=memory, units=units)
+        out = replace(out, shared=tuple(shared))
+    return out
+
+
+def free_of(devices: Sequence[GpuInfo]) -> int:
+    """Free MiB over the healthy devices of ``devices`` (an assigned one counts 0)."""
+    return sum(g.free_mib for g in devices if g.healthy)
