@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 from omaticaya_py.core.settings import Settings
-from omaticaya_py.core.settings_base import NOT_SETTINGS, env_names, unknown_variables
+from omaticaya_py.core.settings_base import (
+    NOT_SETTINGS,
+    env_names,
+    unknown_variable_lines,
+    unknown_variables,
+)
 from omaticaya_py.scheduler.settings import ExtenderSettings
 from tests.helpers import H100_TRACE, run_cli
 
@@ -39,6 +44,14 @@ def test_env_names_are_the_variables_the_settings_read():
         # the extender knows both sets and judges its own names too
         ({"OMATICAYA_EXTENDER_PROT": "1", "OMATICAYA_SCHEDULE": "x"}, AGENT | EXTENDER, (),
          [("OMATICAYA_EXTENDER_PROT", "OMATICAYA_EXTENDER_PORT")]),
+        # names are case-insensitive (pydantic-settings): a mixed-case spelling of a known
+        # variable is applied, so it is said as a spelling of the known name, never as ignored
+        ({"OMATICAYA_Memory_Step_MIB": "2048"}, AGENT, (),
+         [("OMATICAYA_Memory_Step_MIB", "OMATICAYA_MEMORY_STEP_MIB")]),
+        ({"omaticaya_schedule": "@every 5s", "Node_Name": "n"}, AGENT, (),
+         [("omaticaya_schedule", "OMATICAYA_SCHEDULE")]),
+        ({"omaticaya_extender_prot": "1"}, AGENT, ("OMATICAYA_EXTENDER_",), []),
+        ({"omaticaya_shedule": "x"}, AGENT, (), [("omaticaya_shedule", "OMATICAYA_SCHEDULE")]),
         # sorted by name
         ({"OMATICAYA_ZZ": "1", "OMATICAYA_AA": "1"}, AGENT, (),
          [("OMATICAYA_AA", None), ("OMATICAYA_ZZ", None)]),
@@ -46,6 +59,30 @@ def test_env_names_are_the_variables_the_settings_read():
 )  # fmt: skip
 def test_unknown_variables(environ, known, others, expected):
     assert unknown_variables(environ, known, others=others) == expected
+
+
+def test_a_mixed_case_spelling_is_said_as_applied_not_ignored():
+    """Issue 38: ``OMATICAYA_Memory_Step_MIB=2048`` was applied (pydantic-settings reads names
+    case-insensitively) yet reported as ignored."""
+    lines = unknown_variable_lines(
+        unknown_variables({"OMATICAYA_Memory_Step_MIB": "2048", "OMATICAYA_SHEDULE": "x"}, AGENT),
+        "omaticaya run",
+    )
+    assert lines == [
+        "OMATICAYA_Memory_Step_MIB is read as OMATICAYA_MEMORY_STEP_MIB (names are not "
+        "case-sensitive); spell it OMATICAYA_MEMORY_STEP_MIB",
+        "OMATICAYA_SHEDULE is not a setting of omaticaya run and is ignored; did you mean "
+        "OMATICAYA_SCHEDULE?",
+    ]
+
+
+def test_a_mixed_case_spelling_is_applied(monkeypatch, tmp_path):
+    """What the report says is what the settings do: the mixed-case spelling is applied."""
+    from omaticaya_py.core.settings import load_settings
+
+    monkeypatch.chdir(tmp_path)  # no .env
+    monkeypatch.setenv("OMATICAYA_Memory_Step_MIB", "2048")
+    assert load_settings().memory_step_mib == 2048
 
 
 def test_the_agent_says_a_misspelt_variable_and_goes_on():

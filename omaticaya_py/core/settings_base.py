@@ -181,18 +181,33 @@ def unknown_variables(
     another program reads, e.g. the extender's ``OMATICAYA_EXTENDER_`` for the agent), sorted
     by name. pydantic-settings ignores such a variable: this is how a misspelt one
     (``OMATICAYA_SHEDULE``) gets said at start instead of silently doing nothing. Closest:
-    ``difflib``'s best match of at least 0.6 similarity, the shared prefix left out."""
+    ``difflib``'s best match of at least 0.6 similarity, the shared prefix left out.
+
+    Names are compared as pydantic-settings reads them, without regard to case (its
+    ``case_sensitive`` is off): a known variable spelt in another case
+    (``OMATICAYA_Memory_Step_MIB``) is applied, so it comes back with its known name as the
+    closest (``unknown_variable_lines`` says it is read as that name, not that it is ignored),
+    and a prefix or ``others`` match in any case counts. ``NOT_SETTINGS`` are read by scripts,
+    which match case: only their exact spelling is left out."""
     known = frozenset(known)
+    by_upper = {k.upper(): k for k in known}
+    upper_prefix = prefix.upper()
+    upper_others = tuple(o.upper() for o in others)
     # compared without the prefix every name shares, which would make any two look alike
-    by_rest = {k.removeprefix(prefix): k for k in sorted(known)}
-    out = []
+    by_rest = {k.upper().removeprefix(upper_prefix): k for k in sorted(known)}
+    out: list[tuple[str, str | None]] = []
     for name in sorted(environ):
+        upper = name.upper()
         if (
-            not name.startswith(prefix) or name in known or name in NOT_SETTINGS
-            or name.startswith(others)
+            not upper.startswith(upper_prefix) or name in known or name in NOT_SETTINGS
+            or upper.startswith(upper_others)
         ):
             continue
-        close = difflib.get_close_matches(name.removeprefix(prefix), by_rest, n=1, cutoff=0.6)
+        if upper in by_upper:  # applied: a spelling of a known name
+            out.append((name, by_upper[upper]))
+            continue
+        close = difflib.get_close_matches(upper.removeprefix(upper_prefix), by_rest, n=1,
+                                          cutoff=0.6)  # fmt: skip
         out.append((name, by_rest[close[0]] if close else None))
     return out
 
@@ -200,9 +215,17 @@ def unknown_variables(
 def unknown_variable_lines(unknown: Iterable[tuple[str, str | None]], program: str) -> list[str]:
     """One warning line per ``unknown_variables`` entry, naming the variable and the closest
     known one: ``OMATICAYA_SHEDULE is not a setting of omaticaya run and is ignored; did you
-    mean OMATICAYA_SCHEDULE?``"""
-    return [
-        f"{name} is not a setting of {program} and is ignored"
-        + (f"; did you mean {close}?" if close else " (docs/commands.md lists every setting)")
-        for name, close in unknown
-    ]
+    mean OMATICAYA_SCHEDULE?``; a known name in another case is applied, and said so:
+    ``OMATICAYA_Memory_Step_MIB is read as OMATICAYA_MEMORY_STEP_MIB (names are not
+    case-sensitive); spell it OMATICAYA_MEMORY_STEP_MIB``."""
+    lines = []
+    for name, close in unknown:
+        if close is not None and close.upper() == name.upper():
+            lines.append(f"{name} is read as {close} (names are not case-sensitive); spell it "
+                         f"{close}")  # fmt: skip
+            continue
+        lines.append(
+            f"{name} is not a setting of {program} and is ignored"
+            + (f"; did you mean {close}?" if close else " (docs/commands.md lists every setting)")
+        )
+    return lines
