@@ -73,11 +73,11 @@ def _reason_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def test_no_module_of_the_scheduler_writes_a_reason_of_its_own() -> None:
-    """A reason is made from its code in one place (``fit.TEXTS``): rewording one there cannot
+    """A reason is made from its code in one place (``reasons.TEXTS``): rewording one there cannot
     leave a copy elsewhere that a metric or a test would go on matching."""
     found = {p.name: _reason_literals(p) for p in SCHEDULER.glob("*.py")}
-    assert {name: lits for name, lits in found.items() if lits and name != "fit.py"} == {}
-    assert len(found["fit.py"]) >= len(Reason) - 1  # TEXTS itself (BAD_POD is the pod's own)
+    assert {name: lits for name, lits in found.items() if lits and name != "reasons.py"} == {}
+    assert len(found["reasons.py"]) >= len(Reason) - 1  # TEXTS itself (BAD_POD is the pod's own)
 
 
 def test_the_decisions_count_failures_by_code_whatever_their_text() -> None:
@@ -245,3 +245,26 @@ def test_the_cache_answers_as_the_rule_does(nodes, placements, need, context, la
     for j, p in enumerate(more):
         w.ledger.reserve(replace(_placement(100 + j, p), placed_at=w.now, bound=False))
     assert kept.judge(w.names, w.ctx(context)) == w.uncached(need, w.ctx(context))
+
+
+def test_a_precondition_added_to_the_rule_holds_on_the_cached_path(monkeypatch):
+    """The kept verdicts' fast path (a node fresh by its window) calls the same ``usable`` as
+    ``judge``: a precondition added there, as docs/development.md's recipe says, fails a node
+    on both paths (before the split, the fast path had its own copy and answered "fits")."""
+    from omaticaya_py.scheduler import fit
+
+    spec = {"stale_policy": None, "unknown_policy": None, "fail_open": False, "scoring": False,
+            "leases": False}  # fmt: skip
+    node = {"agent": "fresh", "kind": "ok", "gpus": [(80000, True)], "shared": [],
+            "policy": None, "seen": (0.0, True), "lease_seen": None}  # fmt: skip
+    w = World([node], [])
+    need = Need(1024, 1)
+    kept = Verdicts(w.index, need)
+    fits, _, failed = kept.judge(w.names, w.ctx(spec))
+    assert fits == {"n0": 80000} and not failed
+    refuse = fit.Verdict(False, reason_text(Reason.UNHEALTHY, health="Cordoned", prefix="x"))
+    real = fit.usable
+    monkeypatch.setattr(fit, "usable", lambda *a, **k: refuse if a[0] is not None else real(*a, **k))
+    for judged in (Verdicts(w.index, need).judge(w.names, w.ctx(spec)),
+                   w.uncached(need, w.ctx(spec))):  # fmt: skip
+        assert judged[0] == {} and judged[2] == {"n0": refuse.reason}

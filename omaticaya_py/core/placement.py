@@ -41,13 +41,17 @@ __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
     "Need",
+    "Placed",
     "Taken",
+    "choose_gpus",
     "need_devices",
     "pick_memory",
     "pick_slice",
     "pick_whole",
     "place",
+    "place_slices",
     "slice_key",
+    "slice_room",
     "take",
     "take_memory",
     "take_slice",
@@ -224,20 +228,52 @@ def place(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> Take
     unit = state.share_unit_mib
     if not unit or not state.shared:
         return None
-    books = list(state.shared)
+    placed = place_slices(state.shared, need.slice_mibs(unit), policy, unit)
+    if placed is None:
+        return None
+    return Taken(gpus, migs, placed[0], placed[1])
+
+
+#: (GPU index per slice, in the slices' order; the room of the GPU the largest went to, MiB)
+Placed = tuple[tuple[int, ...], int]
+
+
+def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str,
+                 unit_mib: int) -> Placed | None:  # fmt: skip
+    """Each slice of ``mibs`` (MiB, whole units of ``unit_mib``, in the kubelet's order) on
+    ``pick_slice``'s GPU of ``gpus`` (shared GPUs), each taken off (``take_slice``) before the
+    next is placed, as the device plugin hands them out one container at a time. ``None`` when a
+    slice fits on none."""
+    books = list(gpus)
     where: list[int] = []
-    mibs = need.slice_mibs(unit)
-    largest = max(range(len(mibs)), key=lambda k: (mibs[k], -k))
+    room = 0
+    largest = max(range(len(mibs)), key=lambda k: (mibs[k], -k), default=0)
     for k, mib in enumerate(mibs):
-        g = pick_slice(books, mib, unit, policy)
+        g = pick_slice(books, mib, unit_mib, policy)
         if g is None:
             return None
         if k == largest:
-            room = g.room_mib(unit)
-        at = books.index(g)
-        books[at] = take_slice(g, mib, unit)
+            room = g.room_mib(unit_mib)
+        books[books.index(g)] = take_slice(g, mib, unit_mib)
         where.append(g.index)
-    return Taken(gpus, migs, tuple(where), room)
+    return tuple(where), room
+
+
+def slice_room(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> int | None:
+    """The room of the shared GPU ``need``'s largest slice goes to on ``state`` (``place``);
+    ``None`` when its slices do not all fit (or the node shares no GPU)."""
+    if not state.shared or not state.share_unit_mib:
+        return None
+    placed = place_slices(state.shared, need.slice_mibs(state.share_unit_mib), policy,
+                          state.share_unit_mib)  # fmt: skip
+    return None if placed is None else placed[1]
+
+
+def choose_gpus(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> tuple[int, ...]:
+    """The whole GPUs ``place`` gives ``need`` on ``state`` (sorted indices); ``()`` when it
+    does not fit or takes none."""
+    taken = place(state, replace(need, slices=()) if need.exclusive else need, policy)
+    return taken.gpus if taken is not None else ()
 
 
 def take(state: NodeGpuState, need: Need, taken: Taken, *, exclusive: bool | None = None,

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ..core.placement import Need
 from ..core.schema import json_int, json_mapping
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 
@@ -27,33 +28,8 @@ from ..core.sharing import DEFAULT_SHARED_RESOURCE
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 __all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Asks",
-           "Need", "container_asks", "effective_request", "held_slices", "need_reader",
-           "parse_need", "parse_slices"]  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Need:
-    """What a pod asks for: ``count`` GPUs with ``memory_mib`` free each, or, when ``slices``
-    is set, slices of shared GPUs, each all on one GPU: units of the shared resource (MiB:
-    units x the node's ``share_unit_mib``), one per container that the kubelet gives units of
-    a GPU of its own, a sidecar's included; containers that reuse a plain init container's
-    units share its slice (``held_slices``). ``error`` is set when the pod's request is
-    malformed (every node then fails with that message)."""
-
-    memory_mib: int
-    count: int = 1
-    error: str | None = None
-    slices: tuple[int, ...] = ()
-    #: the shared resource the slices are of (for messages)
-    resource: str = DEFAULT_SHARED_RESOURCE
-    #: the pod also asks for whole devices of the device plugin's GPU resource
-    #: (``nvidia.com/gpu``): the kubelet hands it ``count`` whole GPUs, which no other pod gets
-    exclusive: bool = False
-
-    def slice_mibs(self, unit_mib: int) -> tuple[int, ...]:
-        """Each slice in MiB at ``unit_mib`` MiB per unit, in ``slices``' order: the order the
-        kubelet asks the device plugin for them, init containers first (``fit.place_slices``)."""
-        return tuple(u * unit_mib for u in self.slices)
+           "Need", "container_asks", "effective_request", "held_slices", "mig_resource_prefix",
+           "need_reader", "parse_need", "parse_slices"]  # fmt: skip
 
 
 #: a plain whole number: MiB (the annotation's unit)
@@ -283,10 +259,59 @@ def parse_need(
     sidecar beside a 1-GPU app container: 3; the annotation may say so too; a count that
     differs is an error), and each GPU it gets is taken whole.
 
-    A pod that asks for slices of ``shared_resource`` (``parse_slices``) has that need
-    instead: its annotations are not read."""
-    if (sliced := parse_slices(pod, shared_resource)) is not None:
+    A pod whose containers ask for MIG devices of one profile (``nvidia.com/mig-1g.10gb``:
+    ``mig_resource_prefix``) and no whole GPU is judged against the free MIG devices of that
+    profile (``Need.profile``), never against whole GPUs; one that asks for two profiles is not
+    judged here (``None``: kube-scheduler's own count decides).
+
+    A pod that asks for slices of ``shared_resource`` (``parse_slices``) has that need; if its
+    containers also ask for whole devices of ``gpu_resource``, it takes those too (``count``
+    of them, ``exclusive``, each with ``gpu-memory-mib`` free when the annotation says so),
+    and they are checked and reserved beside its slices."""
+    sliced = parse_slices(pod, shared_resource)
+    if sliced is not None and sliced.error:
         return sliced
+    if sliced is not None:
+        asks = container_asks(pod, gpu_resource)
+        if asks.error is not None:
+            return Need(0, 0, f"{asks.error}: expected a whole number of GPUs")
+        devices = effective_request(asks.app, asks.init)
+        if not devices:
+            return sliced
+        whole = _whole_need(pod, prefix, gpu_resource)
+        if whole is not None and whole.error:
+            return whole
+        memory = whole.memory_mib if whole is not None else 0
+        return replace(sliced, memory_mib=memory, count=devices, exclusive=True)
+    return _whole_need(pod, prefix, gpu_resource)
+
+
+def mig_resource_prefix(gpu_resource: str) -> str:
+    """The prefix of the MIG resources beside ``gpu_resource``, NVIDIA's ``mixed`` naming:
+    ``nvidia.com/gpu`` -> ``nvidia.com/mig-``."""
+    domain, slash, _ = gpu_resource.rpartition("/")
+    return f"{domain}{slash}mig-"
+
+
+def _mig_profiles(pod: Any, gpu_resource: str) -> list[str]:
+    """The MIG profiles ``pod``'s containers ask for (``limits`` or ``requests`` keys under
+    ``mig_resource_prefix``), in first-seen order."""
+    prefix = mig_resource_prefix(gpu_resource)
+    spec = json_mapping(json_mapping(pod).get("spec"))
+    found: dict[str, None] = {}
+    for key in ("initContainers", "containers"):
+        listed = spec.get(key)
+        for c in listed if isinstance(listed, list) else ():
+            res = json_mapping(json_mapping(c).get("resources"))
+            for part in (json_mapping(res.get("limits")), json_mapping(res.get("requests"))):
+                for name in part:
+                    if isinstance(name, str) and name.startswith(prefix) and len(name) > len(prefix):
+                        found.setdefault(name[len(prefix):], None)
+    return list(found)
+
+
+def _whole_need(pod: Any, prefix: str, gpu_resource: str) -> Need | None:
+    """The annotation part of ``parse_need``: whole GPUs (or MIG devices) with memory free."""
     meta = json_mapping(json_mapping(pod).get("metadata"))
     annotations = json_mapping(meta.get("annotations"))
     mem_key, count_key = f"{prefix}/gpu-memory-mib", f"{prefix}/gpu-count"
@@ -306,6 +331,17 @@ def parse_need(
     if asks.error is not None:
         return Need(memory, 1, f"{asks.error}: expected a whole number of GPUs")
     devices = effective_request(asks.app, asks.init)
+    profile = None
+    if not devices and (profiles := _mig_profiles(pod, gpu_resource)):
+        if len(profiles) > 1:
+            return None
+        profile = profiles[0]
+        mig = mig_resource_prefix(gpu_resource) + profile
+        asks = container_asks(pod, mig)
+        if asks.error is not None:
+            return Need(memory, 1, f"{asks.error}: expected a whole number of MIG devices")
+        devices = effective_request(asks.app, asks.init)
+        gpu_resource = mig
     if devices and count_key not in annotations:
         raw_count = str(devices)
     count = json_int(raw_count)
@@ -321,7 +357,7 @@ def parse_need(
             f"pod annotation {count_key}={shown_count} differs from the {devices} "
             f"{gpu_resource} its containers ask for: the kubelet hands it {devices} GPUs",
         )  # fmt: skip
-    return Need(memory, count, exclusive=devices > 0)
+    return Need(memory, count, exclusive=devices > 0, profile=profile if devices else None)
 
 
 def need_reader(settings: Any) -> Callable[[Any], Need | None]:
