@@ -21,12 +21,7 @@ import pytest
 from omaticaya_py.core.attribution import (
     ContainerDevices,
     PodRef,
-    SliceUse,
     attribute,
-    gpu_slices,
-    over_limit,
-    slice_room_mib,
-    stray_unit_ids,
 )
 from omaticaya_py.core.budget import safe_part, urgent
 from omaticaya_py.core.health import assess
@@ -34,6 +29,13 @@ from omaticaya_py.core.render import render
 from omaticaya_py.core.render_telemetry import telemetry_document
 from omaticaya_py.core.schema import Telemetry
 from omaticaya_py.core.sharing import Sharing, episodes, is_shared, unit_id, unit_ids
+from omaticaya_py.core.slice_use import (
+    SliceUse,
+    gpu_slices,
+    over_limit,
+    slice_room_mib,
+    stray_unit_ids,
+)
 from omaticaya_py.core.snapshot import GpuProcess
 from omaticaya_py.kube.pod_client import pod_identity
 from tests.helpers import gpu, h100_static, prefixed, settings, snapshot

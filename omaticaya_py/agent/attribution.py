@@ -30,16 +30,16 @@ from ..core.attribution import (
     GpuAttribution,
     PodIdentity,
     attribute,
-    stray_unit_ids,
 )
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
+from ..core.slice_use import stray_unit_ids
 from ..core.snapshot import GpuProcess, NodeSnapshot
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
 from ..sources.procs import read_pod_refs
 
-__all__ = ["Attribution", "PodNames", "device_processes", "make_attribution"]
+__all__ = ["Attribution", "PodNames", "device_processes", "make_attribution", "unread_devices"]
 
 #: the most pods ``PodNames`` reads in one API round (a node holds few slices; a burst waits a
 #: round)
@@ -63,6 +63,18 @@ def device_processes(snapshot: NodeSnapshot) -> dict[str, tuple[GpuProcess, ...]
                     out[m.uuid] = m.processes
         elif g.uuid:
             out[g.uuid] = g.processes
+    return out
+
+
+def unread_devices(snapshot: NodeSnapshot) -> list[str]:
+    """The device IDs (GPU UUIDs; with MIG on, MIG device UUIDs) of the GPUs and MIG devices
+    read with an error this tick whose UUID is known (from an earlier read): their holders are
+    kept (``core.attribution.attribute``'s ``unread``), not taken as gone."""
+    out: list[str] = []
+    for g in snapshot.gpus:
+        if g.error is not None and g.uuid and not g.mig_enabled:
+            out.append(g.uuid)
+        out.extend(m.uuid for m in g.mig_devices if m.uuid and (m.error or g.error))
     return out
 
 
@@ -123,7 +135,8 @@ class Attribution:
                 )
         pod_names, container_names = self.names() if self.names is not None else ({}, {})
         return attribute(
-            processes, refs, holders, pod_names=pod_names, container_names=container_names
+            processes, refs, holders, pod_names=pod_names, container_names=container_names,
+            unread=unread_devices(snapshot),
         )
 
     def _holders(self) -> tuple[ContainerDevices, ...]:

@@ -18,8 +18,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..core.attribution import GpuAttribution, gpu_out_of_band_mib, gpu_slices
+from ..core.attribution import GpuAttribution, gpu_out_of_band_mib
 from ..core.sharing import Sharing, is_shared
+from ..core.slice_use import gpu_slices
 from ..core.snapshot import GpuReading, NodeSnapshot
 
 if TYPE_CHECKING:

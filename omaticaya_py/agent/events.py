@@ -3,7 +3,7 @@ GPU UUID) and out-of-band memory (``GpuOutOfBandMemory``, once per episode). On 
 slice of a shared GPU (``SliceWatch``): ``GpuMemoryOverLimit`` when its container holds more than
 its slice, once per episode (``core.sharing.episodes``); ``SliceWatch`` also reads the holders'
 pods from the API first (``attribution.PodNames``), so that the next tick's attribution tells
-each slice's own use (``core.attribution.gpu_slices``). Runs in the API round
+each slice's own use (``core.slice_use.gpu_slices``). Runs in the API round
 (``agent.api_thread``), never on the read path; a failure is logged once per kind and counted
 (``errors``), and the next round tries again."""
 
@@ -14,11 +14,12 @@ from collections.abc import Mapping
 
 from loguru import logger
 
-from ..core.attribution import GpuAttribution, PodIdentity, gpu_slices, over_limit
+from ..core.attribution import GpuAttribution, PodIdentity
 from ..core.health import NodeHealth
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import Sharing, episodes, is_shared
+from ..core.slice_use import gpu_slices, over_limit
 from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
 from ..kube.pod_client import PodClient

@@ -6,11 +6,8 @@ kubelet; both hand their findings to these functions as plain values. Device IDs
 device plugin advertised, i.e. GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``), or
 memory units of a shared GPU (``GPU-...::<k>``, ``core.sharing``), which count on their GPU.
 
-Slices of shared GPUs as the agent sees them: a container's slice on a GPU is its units of that
-GPU (PodResources) times ``unit_mib``; its use is the memory of its processes there, placed
-through their cgroups and named through the API's pods (``PodIdentity``): ``gpu_slices``, the
-largest slice a GPU can still take (``slice_room_mib``), the slices over their limit
-(``over_limit``) and unit IDs naming no GPU of this node (``stray_unit_ids``).
+The slices of shared GPUs, who holds which and how much each uses, are ``core.slice_use``'s,
+from these attributions and the pods as the API names them (``PodIdentity``).
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .sharing import Sharing, gpu_room_mib, is_shared, parse_unit_id, unit_count, unit_gpu
-from .snapshot import GpuProcess, GpuReading, NodeSnapshot
+from .sharing import unit_gpu
+from .snapshot import GpuProcess, GpuReading
 
 __all__ = [
     "ContainerDevices",
@@ -28,16 +25,11 @@ __all__ = [
     "PodIdentity",
     "PodMemory",
     "PodRef",
-    "SliceUse",
     "attribute",
     "gpu_out_of_band_mib",
-    "gpu_slices",
     "holder_memory_mib",
     "out_of_band_mib",
-    "over_limit",
     "pod_from_cgroup",
-    "slice_room_mib",
-    "stray_unit_ids",
 ]
 
 
@@ -105,6 +97,10 @@ class GpuAttribution:
     - ``named_pods``: the ``(namespace, name)`` of every pod the name lookups knew (``None``:
       none were given); a holder named there whose processes are not among ``pods`` has none
       here (a shared GPU's slice uses nothing). Not compared.
+    - ``read``: False when the device could not be read this tick (NVML answered it with an
+      error): its ``holders`` still hold it (the kubelet has not freed it: a slice on it is
+      not over), its processes and their memory are not known (``holder_memory_mib`` and
+      ``out_of_band_mib`` say ``None``).
     """
 
     device_id: str
@@ -115,6 +111,7 @@ class GpuAttribution:
     unknown_memory_mib: int = 0
     unknown_pids: tuple[int, ...] = ()
     named_pods: frozenset[tuple[str, str]] | None = field(default=None, compare=False)
+    read: bool = True
 
 
 # --- cgroup paths ---------------------------------------------------------------------------
@@ -229,6 +226,7 @@ def attribute(
     *,
     pod_names: Mapping[str, tuple[str, str]] | None = None,
     container_names: Mapping[str, str] | None = None,
+    unread: Iterable[str] = (),
 ) -> dict[str, GpuAttribution]:
     """Join one tick's three views of the node into a ``GpuAttribution`` per device.
 
@@ -243,10 +241,16 @@ def attribute(
       container's name (both from the API's Pods on this node, e.g. ``status.containerStatuses``
       with the ``containerd://`` prefix removed). Optional: without them the memory is keyed
       by UID and container ID only.
+    - ``unread``: device IDs (GPU or MIG UUIDs) of this node that could not be read this tick
+      (an NVML error): each gets an entry after those of ``processes`` with its holders and
+      ``read`` False, so that one unreadable tick does not read as its holders gone (a
+      shared GPU's slices released for good: issue 38, fault 6).
     """
     names = pod_names or {}
     containers = container_names or {}
     holders: dict[str, list[ContainerDevices]] = {d: [] for d in processes}
+    skipped = [d for d in dict.fromkeys(unread) if d not in holders]
+    holders.update((d, []) for d in skipped)
     for a in assignments:
         # a memory unit of a shared GPU (``<GPU UUID>::<k>``) is held on its GPU: one entry
         # per container, however many units it holds there
@@ -275,6 +279,8 @@ def attribute(
             unknown_pids=tuple(sorted(p.pid for p in unknown)),
             named_pods=frozenset(names.values()) if pod_names is not None else None,
         )
+    for device_id in skipped:
+        out[device_id] = GpuAttribution(device_id, tuple(holders[device_id]), read=False)
     return out
 
 
@@ -282,7 +288,7 @@ def holder_memory_mib(att: GpuAttribution) -> int | None:
     """The memory the holder of a device uses on it: the in-pod processes' memory when the
     device has exactly one holder and every process on it was placed (none unknown), since the
     kubelet gives a device to one container; ``None`` when that cannot be said."""
-    if len(att.holders) != 1 or att.unknown_pids:
+    if len(att.holders) != 1 or att.unknown_pids or not att.read:
         return None
     return sum(p.used_memory_mib for p in att.pods)
 
@@ -291,7 +297,7 @@ def out_of_band_mib(att: GpuAttribution) -> int | None:
     """The out-of-band memory of a device as far as it is known: the sum when every process on
     it was placed, or when some out-of-band memory was found (then a lower bound); ``None``
     when processes could not be placed (no host ``/proc``) and none was found."""
-    if att.out_of_band_memory_mib > 0 or not att.unknown_pids:
+    if att.read and (att.out_of_band_memory_mib > 0 or not att.unknown_pids):
         return att.out_of_band_memory_mib
     return None
 
@@ -311,7 +317,7 @@ def gpu_out_of_band_mib(
     return sum(known) if known else None
 
 
-# -- slices of shared GPUs: who holds which, how much each uses --------------------------------
+# -- the pods holding slices of shared GPUs, as the API names them ------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,108 +331,3 @@ class PodIdentity:
     name: str
     uid: str
     containers: Mapping[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class SliceUse:
-    """One container's slice of one shared GPU.
-
-    ``units`` (its unit device IDs of that GPU, PodResources) x the unit = ``limit_mib``;
-    ``used_mib``: the memory its processes hold on the GPU (``None`` when that cannot be said:
-    processes not placed, or a pod or container the API did not name)."""
-
-    namespace: str
-    pod: str
-    container: str
-    units: int
-    limit_mib: int
-    used_mib: int | None
-
-    @property
-    def over(self) -> bool:
-        """It holds more than it asked for."""
-        return self.used_mib is not None and self.used_mib > self.limit_mib
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """``(namespace, pod, container)``."""
-        return (self.namespace, self.pod, self.container)
-
-
-def _units_on(h: ContainerDevices, gpu_uuid: str) -> int:
-    return sum(
-        1 for d in dict.fromkeys(h.device_ids) if (p := parse_unit_id(d)) and p[0] == gpu_uuid
-    )
-
-
-def gpu_slices(att: GpuAttribution | None, gpu_uuid: str | None, unit_mib: int) -> tuple[SliceUse, ...]:
-    """The slices held on the shared GPU ``gpu_uuid``: one per holder with units of it, in the
-    kubelet's order. A container's use is the memory of the processes named as its own; the
-    processes of its pod whose container is not named count for it when it is the pod's only
-    holder of this GPU. Its use is unknown while a process on the GPU is not placed, or while
-    its pod is not named (``GpuAttribution.named_pods``; without that, while any process's pod
-    is not). ``()`` when not attributed."""
-    if att is None or not gpu_uuid:
-        return ()
-    held = [(h, n) for h in att.holders if (n := _units_on(h, gpu_uuid)) > 0]
-    per_pod: dict[tuple[str, str], int] = {}
-    for h, _ in held:
-        per_pod[(h.namespace, h.pod)] = per_pod.get((h.namespace, h.pod), 0) + 1
-    placed = not att.unknown_pids
-    every_pod_named = all(p.pod is not None for p in att.pods)
-    out = []
-    for h, units in held:
-        used: int | None = None
-        if att.named_pods is not None:
-            named = placed and (h.namespace, h.pod) in att.named_pods
-        else:
-            named = placed and every_pod_named
-        if named:
-            mine = [p for p in att.pods if (p.namespace, p.pod) == (h.namespace, h.pod)]
-            own = sum(p.used_memory_mib for p in mine if p.container == h.container)
-            loose = [p for p in mine if p.container is None]
-            if not loose:
-                used = own
-            elif per_pod[(h.namespace, h.pod)] == 1:
-                used = own + sum(p.used_memory_mib for p in loose)
-        out.append(
-            SliceUse(h.namespace, h.pod, h.container, units, units * unit_mib, used)
-        )
-    return tuple(out)
-
-
-def slice_room_mib(g: GpuReading, att: GpuAttribution | None, unit_mib: int) -> int | None:
-    """The largest slice shared GPU ``g`` can take now, MiB: its live free memory, and no more
-    than its units no container holds (PodResources; all of them when not attributed).
-    ``None`` when its free memory was not read."""
-    if g.memory_free_mib is None:
-        return None
-    if not g.memory_total_mib:
-        return g.memory_free_mib
-    held = sum(s.units for s in gpu_slices(att, g.uuid, unit_mib))
-    return gpu_room_mib(g.memory_free_mib, unit_count(g.memory_total_mib, unit_mib) - held, unit_mib)
-
-
-def over_limit(
-    snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution], sharing: Sharing | None
-) -> list[tuple[GpuReading, SliceUse]]:
-    """Every slice whose container holds more than its limit, with its GPU, GPU order."""
-    out: list[tuple[GpuReading, SliceUse]] = []
-    for g in snapshot.gpus:
-        if is_shared(g, sharing) and g.uuid:
-            assert sharing is not None
-            out.extend(
-                (g, s) for s in gpu_slices(attribution.get(g.uuid), g.uuid, sharing.unit_mib)
-                if s.over
-            )
-    return out
-
-
-def stray_unit_ids(assignments: Iterable[ContainerDevices], gpu_uuids: Iterable[str]) -> list[str]:
-    """Unit device IDs (``<UUID>::<k>``) in ``assignments`` that name no GPU of ``gpu_uuids``
-    (this node's): untrusted input, skipped by the attribution and counted by the caller."""
-    known = set(gpu_uuids)
-    return [
-        d for a in assignments for d in a.device_ids
-        if (p := parse_unit_id(d)) is not None and p[0] not in known
-    ]

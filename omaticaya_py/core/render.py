@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .attribution import GpuAttribution, gpu_out_of_band_mib, slice_room_mib
+from .attribution import GpuAttribution, gpu_out_of_band_mib
 from .health import NodeHealth, Unit
 from .labelvalues import (
     is_valid_key,
@@ -29,6 +29,7 @@ from .schema import TELEMETRY, names
 from .schema.names import STATIC_NAMES, gpu_key, mig_key
 from .settings import Settings
 from .sharing import Sharing, is_shared
+from .slice_use import slice_room_mib
 from .snapshot import NodeSnapshot
 
 __all__ = [

@@ -16,7 +16,6 @@ from .attribution import (
     ContainerDevices,
     GpuAttribution,
     gpu_out_of_band_mib,
-    gpu_slices,
     holder_memory_mib,
     out_of_band_mib,
 )
@@ -33,6 +32,7 @@ from .schema import (
 )
 from .schema.telemetry import XidTelemetry
 from .sharing import Sharing, is_shared, unit_count
+from .slice_use import gpu_slices
 from .snapshot import GpuReading, NodeSnapshot
 from .window import PeakWindow
 

@@ -88,7 +88,8 @@ class Slicer:
 
     def pending_mib(self, gpus: Iterable[DeviceState], skip: frozenset[str] = frozenset()) -> dict[str, int]:
         """MiB handed out per GPU UUID that its reading does not show yet; slices the reading
-        shows, older than ``settle_s``, or released by the kubelet (``held``) are forgotten. ``skip``: the units of a slice being
+        shows, older than ``settle_s``, or released by the kubelet (``held``; not on a GPU whose
+        free memory is unknown: read with an error) are forgotten. ``skip``: the units of a slice being
         allocated; the slices it supersedes (``slices.superseded``: sharing a unit with it, as an
         app container reusing some or all of its init container's units) count no more."""
         now_s = self._clock()
@@ -99,7 +100,9 @@ class Slicer:
                 held = self.slices.get(g.id)
                 if not held:
                     continue
-                if listed is not None:
+                if listed is not None and g.free_mib is not None:
+                    # a GPU not read this tick keeps its slices (issue 38, fault 6): the list
+                    # may leave out its units only because the agent could not read it
                     held = released(held, *listed)
                 kept = still_pending(held, g.free_mib, now_s, self.settle_s)
                 if kept:
