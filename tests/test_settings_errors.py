@@ -140,3 +140,84 @@ def test_bad_flag_is_one_line_exit_2(args, flag):
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+# ------------------------------------------- the placement policy: one setting, two names ----
+
+#: issue 38: the extender's strategy and the device plugin's share policy were two settings
+#: (two chart values): set differently, the extender reserved a GPU the plugin would not hand
+#: out. Both now read OMATICAYA_PLACEMENT_POLICY; the old names are still read.
+POLICY = "OMATICAYA_PLACEMENT_POLICY"
+OLD_STRATEGY = "OMATICAYA_EXTENDER_STRATEGY"
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    import os
+
+    for key in list(os.environ):
+        if key.upper().startswith("OMATICAYA_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)  # no .env but the test's
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("env", "strategy"),
+    [
+        ({}, "binpack"),
+        ({POLICY: "spread"}, "spread"),
+        ({OLD_STRATEGY: "spread"}, "spread"),  # the old name alone: still read
+        ({POLICY: "spread", OLD_STRATEGY: "Spread"}, "spread"),  # both, alike
+        ({POLICY: "binpack", OLD_STRATEGY: "binpack"}, "binpack"),
+        ({"omaticaya_placement_policy": "spread"}, "spread"),  # names are not case-sensitive
+    ],
+)
+def test_the_extender_reads_the_placement_policy(clean_env, monkeypatch, env, strategy):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert load_extender_settings().strategy == strategy
+
+
+@pytest.mark.parametrize(
+    ("env", "dotenv"),
+    [
+        ({POLICY: "spread", OLD_STRATEGY: "binpack"}, ""),
+        ({POLICY: "spread"}, f"{OLD_STRATEGY}=binpack\n"),  # one in .env, one in the environment
+        ({}, f"{OLD_STRATEGY}=binpack\n{POLICY}=spread\n"),
+    ],
+    ids=["environment", "environment-and-dotenv", "dotenv"],
+)
+def test_both_names_set_differently_is_an_error_naming_both(clean_env, monkeypatch, env, dotenv):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    (clean_env / ".env").write_text(dotenv)
+    with pytest.raises(SettingsError) as err:
+        load_extender_settings()
+    line = str(err.value)
+    assert "\n" not in line, line
+    assert line == (
+        f"invalid settings: {POLICY}='spread' and {OLD_STRATEGY}='binpack' differ: set {POLICY} "
+        f"alone ({OLD_STRATEGY} is its old name), expected 'binpack' or 'spread'"
+    )
+
+
+def test_a_flag_wins_over_both_names(clean_env, monkeypatch):
+    monkeypatch.setenv(POLICY, "spread")
+    monkeypatch.setenv(OLD_STRATEGY, "binpack")
+    assert load_extender_settings(strategy="spread").strategy == "spread"
+
+
+@pytest.mark.parametrize("var", [POLICY, OLD_STRATEGY])
+def test_a_bad_policy_names_the_variable_it_came_from(clean_env, monkeypatch, var):
+    monkeypatch.setenv(var, "pack")
+    with pytest.raises(SettingsError) as err:
+        load_extender_settings()
+    assert str(err.value) == f"invalid setting {var}='pack': Input should be 'binpack' or 'spread'"
+
+
+def test_the_extender_says_both_names_differ_and_exits_2(tmp_path):
+    done = cli("extender", "--port", "1", "--kubeconfig", str(tmp_path / "none"),
+               OMATICAYA_PLACEMENT_POLICY="spread", OMATICAYA_EXTENDER_STRATEGY="binpack")
+    assert done.returncode == 2, done.stderr
+    assert POLICY in done.stderr and OLD_STRATEGY in done.stderr and "Traceback" not in done.stderr

@@ -23,7 +23,9 @@ EXTENDER = env_names(ExtenderSettings)
 def test_env_names_are_the_variables_the_settings_read():
     assert {"OMATICAYA_SCHEDULE", "OMATICAYA_SHARED_GPUS", "OMATICAYA_PREFIX", "NODE_NAME"} <= AGENT
     assert {"OMATICAYA_EXTENDER_PORT", "OMATICAYA_EXTENDER_PREFIX"} <= EXTENDER
-    assert not AGENT & EXTENDER
+    # one setting both sides read (issue 38): the placement policy
+    assert AGENT & EXTENDER <= {"OMATICAYA_PLACEMENT_POLICY"}
+    assert "OMATICAYA_PLACEMENT_POLICY" in EXTENDER
     assert not (AGENT | EXTENDER) & NOT_SETTINGS
 
 

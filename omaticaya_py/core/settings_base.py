@@ -11,15 +11,17 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 __all__ = [
     "DNS_SUBDOMAIN",
     "RESERVED_PREFIXES",
     "CommonSettings",
+    "Renamed",
     "SettingsError",
     "check_prefix",
     "env_names",
@@ -36,6 +38,81 @@ class SettingsError(ValueError):
 S = TypeVar("S", bound=BaseSettings)
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class Renamed(AliasChoices):
+    """The validation alias of a setting read from one variable that has older names still
+    accepted: ``Renamed("OMATICAYA_PLACEMENT_POLICY", "OMATICAYA_EXTENDER_STRATEGY")``. The
+    first name wins when several are set alike; set to different values, loading fails with a
+    ``SettingsError`` naming them and the expected form (``CommonSettings``' sources). The
+    field's own name is taken too (flags), with ``populate_by_name`` in the model's config."""
+
+    def __init__(self, name: str, *old: str) -> None:
+        super().__init__(name, *old)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The variables, the one to use first."""
+        return tuple(c for c in self.choices if isinstance(c, str))
+
+
+def _expected_form(info: FieldInfo) -> str:
+    """``'binpack' or 'spread'`` for a ``Literal`` field (the form pydantic's own message
+    gives), else empty."""
+    annotation = info.annotation
+    if get_origin(annotation) is Literal:
+        return "expected " + " or ".join(repr(a) for a in get_args(annotation))
+    return ""
+
+
+class _RenamedAgree(PydanticBaseSettingsSource):
+    """Reads nothing: refuses, before the values are merged, a ``Renamed`` setting whose
+    names are set to different values (the environment over ``.env``, as pydantic-settings
+    reads them, without regard to case), unless a flag gives the setting. pydantic-settings
+    would take the first name silently; a user who set the old name on one side and the new
+    one on the other gets told instead."""
+
+    def __init__(self, settings_cls: type[BaseSettings], init: PydanticBaseSettingsSource,
+                 *sources: PydanticBaseSettingsSource) -> None:  # fmt: skip
+        super().__init__(settings_cls)
+        self._init = init
+        self._sources = sources
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def _value(self, name: str) -> str | None:
+        for source in self._sources:
+            found = getattr(source, "env_vars", {})
+            for key in (name, name.lower()):
+                if found.get(key) is not None:
+                    return str(found[key])
+        return None
+
+    def __call__(self) -> dict[str, Any]:
+        given = getattr(self._init, "init_kwargs", {})
+        lines = []
+        for field_name, info in self.settings_cls.model_fields.items():
+            alias = info.validation_alias
+            if not isinstance(alias, Renamed) or field_name in given or (
+                set(alias.names) & set(given)
+            ):
+                continue
+            set_ = [(n, v) for n in alias.names if (v := self._value(n)) is not None]
+            if len({v.strip().lower() for _, v in set_}) < 2:
+                continue
+            (new, new_value), *rest = set_
+            shown = " and ".join(f"{n}={v!r}" for n, v in set_)
+            old = ", ".join(n for n, _ in rest)
+            form = _expected_form(info)
+            lines.append(
+                f"invalid settings: {shown} differ: set {alias.names[0]} alone ({old} "
+                f"{'is its old name' if len(rest) == 1 else 'are its old names'})"
+                + (f", {form}" if form else "")
+            )
+        if lines:
+            raise SettingsError("\n".join(lines))
+        return {}
 
 
 class CommonSettings(BaseSettings):
@@ -66,6 +143,20 @@ class CommonSettings(BaseSettings):
             description="Log level: TRACE, DEBUG, INFO, SUCCESS, WARNING, ERROR or CRITICAL.",
         )
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """pydantic-settings' sources in its order, behind a check that a ``Renamed``
+        setting's names agree (``_RenamedAgree``)."""
+        agree = _RenamedAgree(settings_cls, init_settings, env_settings, dotenv_settings)
+        return init_settings, agree, env_settings, dotenv_settings, file_secret_settings
 
     @field_validator("prefix")
     @classmethod
@@ -130,10 +221,13 @@ def load(cls: type[S], flag_names: Mapping[str, str] | None = None, **overrides:
                 lines.append("invalid settings: " + err["msg"].removeprefix("Value error, "))
                 continue
             name = str(err["loc"][0])
-            if name in flags:
-                var = flags[name]
+            field = _field_of(cls, name)
+            if field in flags:
+                var = flags[field]
             elif name in _NODE_NAME_ALIASES:
                 var = "NODE_NAME"
+            elif field in cls.model_fields:
+                var = _variable_of(cls, field, given=field in given)
             else:
                 var = f"{env_prefix}{name.upper()}"
             expected = _EXPECTED.get(err["type"]) or err["msg"].removeprefix("Value error, ")
@@ -142,6 +236,34 @@ def load(cls: type[S], flag_names: Mapping[str, str] | None = None, **overrides:
 
 
 _NODE_NAME_ALIASES = ("node_name", "NODE_NAME", "OMATICAYA_NODE_NAME")
+
+
+def _variable_of(cls: type[BaseSettings], field: str, *, given: bool) -> str:
+    """The variable to name for a bad value of ``field``: its first name
+    (``field_env_names``), or, for a ``Renamed`` setting not given by a flag, the first of its
+    names set in the environment (where the value came from: an old name too)."""
+    import os
+
+    names = field_env_names(cls, field)
+    if len(names) > 1 and not given:
+        upper = {k.upper() for k in os.environ}
+        for name in names:
+            if name.upper() in upper:
+                return name
+    return names[0]
+
+
+def _field_of(cls: type[BaseSettings], loc: str) -> str:
+    """The field an error's location names: the field itself, or the field one of whose
+    ``Renamed`` variables it is (pydantic locates an aliased field's error by the alias its
+    value came under)."""
+    if loc in cls.model_fields:
+        return loc
+    for name, info in cls.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, Renamed) and loc in alias.names:
+            return name
+    return loc
 
 
 #: ``OMATICAYA_*`` names that are no setting of a program but are ours: what the device plugin

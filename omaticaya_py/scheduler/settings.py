@@ -10,6 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
 from ..core.settings import CommonSettings, check_resource_name, load, parse_schedule
+from ..core.settings_base import Renamed
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .need import DEFAULT_GPU_RESOURCE
 
@@ -22,9 +23,11 @@ DEFAULT_HTTP_TIMEOUT_S = 5.0
 
 class ExtenderSettings(CommonSettings):
     """Settings of the extender: environment ``OMATICAYA_EXTENDER_<FIELD>``, ``.env``, flags;
-    the key prefix and logging as every service has them (``CommonSettings``)."""
+    the key prefix and logging as every service has them (``CommonSettings``). The placement
+    policy (``strategy``) is ``OMATICAYA_PLACEMENT_POLICY``, the device plugin's too: one
+    setting for both sides (``OMATICAYA_EXTENDER_STRATEGY``, its old name, still read)."""
 
-    model_config = SettingsConfigDict(env_prefix="OMATICAYA_EXTENDER_")
+    model_config = SettingsConfigDict(env_prefix="OMATICAYA_EXTENDER_", populate_by_name=True)
 
     address: str = Field(
         default="127.0.0.1",
@@ -33,7 +36,11 @@ class ExtenderSettings(CommonSettings):
     port: int = Field(default=8888, ge=1, le=65535, description="Port to listen on.")
     strategy: Literal["binpack", "spread"] = Field(
         default="binpack",
-        description="binpack: prefer the least free GPU memory that fits; spread: the most.",
+        validation_alias=Renamed("OMATICAYA_PLACEMENT_POLICY", "OMATICAYA_EXTENDER_STRATEGY"),
+        description="The placement policy, the device plugin's too (the chart's "
+        "placement.policy sets both): binpack prefers the least free GPU memory that fits, "
+        "spread the most. OMATICAYA_EXTENDER_STRATEGY is its old name, still read; both set "
+        "to different values is an error.",
     )
     ttl_s: float = Field(
         default=300,
