@@ -55,9 +55,12 @@ def res(uid: str, node: str, gpus: tuple[int, ...] = (0,), *, at: float = NOW, m
 
 
 def bound(uid: str, node: str, *, at: float = NOW + 1, started: float | None = None,
-          mib: int = 30000, baseline: int | None = 50000) -> Placement:  # fmt: skip
+          mib: int = 30000, baseline: int | None = 50000,
+          on: tuple[int, int] | None = None) -> Placement:  # fmt: skip
+    """A bound placement; ``on``: (its GPU, that GPU's free MiB when first counted)."""
     return Placement(f"ns/{uid}", uid, node, mib, 1, placed_at=at, started_at=started,
-                     baseline_free_mib=baseline)  # fmt: skip
+                     baseline_free_mib=baseline, gpus=(on[0],) if on else (),
+                     baselines=(on[1],) if on else ())  # fmt: skip
 
 
 def held(ledger: Ledger) -> dict[str, list[tuple[str, tuple[int, ...], bool]]]:
@@ -149,9 +152,12 @@ RECORD_CASES = [
      (70000, 70000)),
     ("bound, started, not yet in the telemetry: counts", node("a", 70000, 70000, read_age_s=1),
      [bound("u", "a", at=NOW - 10, started=NOW - 5, baseline=140000)], NOW, (40000, 70000)),
-    ("shown by the telemetry: read after it started, free dropped by its need",
+    ("shown by the telemetry: read after it started, its GPU's free dropped by its need",
      node("a", 70000, 40000, read_age_s=1),
-     [bound("u", "a", at=NOW - 10, started=NOW - 5, baseline=140000)], NOW, (70000, 40000)),
+     [bound("u", "a", at=NOW - 10, started=NOW - 5, on=(1, 70000))], NOW, (70000, 40000)),
+    ("not shown by a drop on another GPU (per GPU, as the device plugin judges)",
+     node("a", 40000, 70000, read_age_s=1),
+     [bound("u", "a", at=NOW - 10, started=NOW - 5, on=(1, 70000))], NOW, (40000, 40000)),
     ("a reservation on a GPU gone unhealthy moves to a healthy one",
      node("a", 70000, 70000, unhealthy=(1,)), [res("u", "a", (1,))], NOW, (40000, 70000)),
 ]  # fmt: skip

@@ -29,7 +29,7 @@ def reading(free_mib: int, read_at: float = NOW + 5, holders: frozenset[str] = f
 
 def reserved(node: str = "a", at: float = NOW) -> Placement:
     return Placement(KEY, UID, node, 30000, 1, placed_at=at, baseline_free_mib=70000, gpus=(0,),
-                     bound=False)  # fmt: skip
+                     baselines=(70000,), bound=False)  # fmt: skip
 
 
 def seen_bound(node: str = "a", at: float = NOW + 1, started: float | None = NOW + 2) -> Placement:

@@ -42,6 +42,10 @@ def placed(mib: int, count: int = 1, *, age_s: float = 1, started_age_s: float |
         placed_at=NOW - age_s,
         started_at=None if started_age_s is None else NOW - started_age_s,
         baseline_free_mib=baseline,
+        # a baseline is per GPU (the in-flight rule's drops are judged on each GPU's own
+        # reading): the one GPU of ``node``
+        gpus=(0,) if baseline is not None else (),
+        baselines=(baseline,) if baseline is not None else (),
     )  # fmt: skip
 
 

@@ -229,7 +229,7 @@ def test_prioritize_ranks_by_the_room_of_the_gpu_the_slice_goes_to():
 def test_reservations_count_on_their_gpu_until_the_telemetry_shows_them():
     state = shared_node("n", 40000, 40000)  # 39,936 MiB free each (labels)
     p = Placement("ns/a", "a", "n", 0, 0, placed_at=NOW, baseline_free_mib=79872, gpus=(1,),
-                  slices=(30,), bound=False)  # fmt: skip
+                  baselines=(39936,), slices=(30,), bound=False)  # fmt: skip
     left = adjust(state, [p])
     assert [g.free_mib for g in left.shared] == [39936, 39936 - 30 * U]
     assert left.gpus == state.gpus and left.free_total_mib == state.free_total_mib

@@ -41,13 +41,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from itertools import compress
+from typing import Any
 
-from ..core.schema import NodeGpuState
-from ..core.sharing import gpu_room_mib
+from ..core.placement import Need, Taken, take
+from ..core.schema import GpuInfo, NodeGpuState
 from ..core.shown import Grant, still_counting
 
-__all__ = ["ASSUME_S", "Placement", "adjust", "expiry", "pending"]
+__all__ = ["ASSUME_S", "Device", "Placement", "adjust", "baselines", "expiry", "live_free_mib",
+           "pending"]
+
+#: a device the in-flight rule measures a drop on: ("gpu" | "shared", GPU index) or
+#: ("mig", (GPU index, MIG index))
+Device = tuple[str, Any]
 
 #: how long a reservation made at filter time counts while the pod is not seen bound: the
 #: window Filter -> Bind (a pod held in Permit included: this must exceed the Permit wait)
@@ -82,6 +87,32 @@ class Placement:
     #: live free memory (not shown by a drop yet) and against their units (not a holder yet)
     in_memory: bool = True
     in_units: bool = True
+    #: a pod of slices that also asks for whole devices of the GPU resource: the whole GPUs it
+    #: is given (``gpus`` are its slices' there)
+    whole_gpus: tuple[int, ...] = ()
+    #: MIG devices of ``profile`` it is given, as ``(GPU index, MIG index)``
+    profile: str | None = None
+    migs: tuple[tuple[int, int], ...] = ()
+    #: the live free MiB of each device of ``memory_on`` when the extender first counted it
+    #: (``None``: not present and healthy then): what a drop on that GPU is measured from
+    baselines: tuple[int | None, ...] = ()
+
+    def memory_on(self, unit_mib: int | None) -> tuple[tuple[Device, int], ...]:
+        """The memory it takes per device it is known to be on: ``(device, MiB)``, a device
+        being ``("gpu", index)``, ``("shared", index)`` or ``("mig", (index, mig index))``;
+        empty when its devices are not known (``gpus`` empty)."""
+        if self.slices:
+            return tuple((("shared", i), n * (unit_mib or 0))
+                         for i, n in zip(self.gpus, self.slices, strict=False))  # fmt: skip
+        if self.profile is not None:
+            return tuple((("mig", k), self.memory_mib) for k in self.migs)
+        return tuple((("gpu", i), self.memory_mib) for i in self.gpus)
+
+    @property
+    def need(self) -> Need:
+        """What it takes, as the placement model reads it (``core.placement.Need``)."""
+        return Need(self.memory_mib, self.count, slices=self.slices, profile=self.profile,
+                    exclusive=self.exclusive or self.profile is not None)  # fmt: skip
 
     @property
     def total_mib(self) -> int:
@@ -114,30 +145,79 @@ def pending(
     )
     if state is None or state.read_at is None:
         return live
-    whole = [p for p in live if not p.slices]
-    sliced = [p for p in live if p.slices]
     holders = state.holders
-    out = _not_shown(whole, state.read_at, state.live_free_total_mib, None, holders)
-    if sliced:  # two books, as the device plugin keeps them
-        # the live memory of the shared GPUs: a drop shows a slice (the plugin's still_pending)
-        in_memory = set(map(id, _not_shown(sliced, state.read_at, state.shared_free_total_mib,
-                                           state.share_unit_mib)))  # fmt: skip
-        by_id: dict[int, Placement] = {}
-        for p in sliced:
-            memory = id(p) in in_memory
-            if not state.units_attributed:  # no holders published: the memory book decides
-                if memory:
-                    by_id[id(p)] = p
-                continue
-            units = not _held(p, state)  # the kubelet's books: shown once it is a holder
-            if memory and units == p.in_units:
-                by_id[id(p)] = p
-            elif memory or units:
-                by_id[id(p)] = replace(p, in_memory=memory, in_units=units,
-                                       gpus=p.gpus if units else _held_on(p, state))  # fmt: skip
-        out = [by_id[id(p)] if p.slices else p for p in live
-               if (p.slices and id(p) in by_id) or (not p.slices and p in out)]  # fmt: skip
+    in_memory = _counting(live, state, holders)
+    out: list[Placement] = []
+    for p in live:  # two books for slices, as the device plugin keeps them
+        memory = id(p) in in_memory
+        if not p.slices:
+            if memory:
+                out.append(p)
+            continue
+        if not state.units_attributed:  # no holders published: the memory book decides
+            if memory:
+                out.append(p)
+            continue
+        units = not _held(p, state)  # the kubelet's books: shown once it is a holder
+        if memory and units == p.in_units:
+            out.append(p)
+        elif memory or units:
+            out.append(replace(p, in_memory=memory, in_units=units,
+                               gpus=p.gpus if units else _held_on(p, state)))  # fmt: skip
     return out
+
+
+def live_free_mib(state: NodeGpuState, device: Device) -> int | None:
+    """A device's live free MiB in ``state`` (an assigned GPU's by its reading), ``None`` when
+    it is not there or not healthy: a drop is judged only on healthy devices."""
+    kind, key = device
+    found: GpuInfo | None
+    if kind == "mig":
+        found = next((m for m in state.mig if (m.index, m.mig_index or 0) == key), None)
+    else:
+        found = next((g for g in (state.shared if kind == "shared" else state.gpus)
+                      if g.index == key), None)  # fmt: skip
+    if found is None or not found.healthy:
+        return None
+    return found.assigned_free_mib if found.assigned_free_mib is not None else found.free_mib
+
+
+def baselines(state: NodeGpuState | None, p: Placement) -> tuple[int | None, ...]:
+    """``p``'s devices' live free MiB in ``state`` (``Placement.baselines``)."""
+    if state is None:
+        return ()
+    return tuple(live_free_mib(state, d) for d, _ in p.memory_on(state.share_unit_mib))
+
+
+def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str]) -> set[int]:
+    """The ids of the placements of ``live`` (oldest first) whose memory a reading does not show
+    yet, judged per device (``core.shown.still_counting`` on each GPU's own free memory, the
+    device plugin's rule): shown once every device it is on shows it, or once its pod is a
+    holder read after it started. A device absent or unhealthy then or now shows nothing; a
+    placement whose devices are not known is shown only by its holders."""
+    read_at = state.read_at or 0.0
+    unit = state.share_unit_mib
+    on: dict[Device, list[tuple[int, Grant]]] = {}
+    counting: set[int] = set()
+    for p in live:
+        after = p.started_at is not None and read_at > p.started_at
+        held = after and p.key in holders
+        parts = p.memory_on(unit)
+        if not parts or len(parts) < len(p.slices):
+            if not held:
+                counting.add(id(p))
+            continue
+        for k, (device, mib) in enumerate(parts):
+            base = p.baselines[k] if k < len(p.baselines) else None
+            on.setdefault(device, []).append((id(p), Grant(mib, base, read_after=after, held=held)))
+    for device, grants in on.items():
+        free_now = live_free_mib(state, device)
+        if free_now is None:  # gone or unhealthy now: no drop shows anything
+            grants = [(i, replace(g, baseline_free_mib=None)) for i, g in grants]
+            free_now = 0
+        flags = still_counting([g for _, g in grants], free_now)
+        counting.update(i for (i, _), still in zip(grants, flags, strict=True) if still)
+    return counting
 
 
 def _held(p: Placement, state: NodeGpuState) -> bool:
@@ -162,75 +242,51 @@ def _held_on(p: Placement, state: NodeGpuState) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _not_shown(live: list[Placement], read_at: float, free_now: int, unit_mib: int | None,
-               holders: frozenset[str] = frozenset()) -> list[Placement]:  # fmt: skip
-    """The placements of ``live`` (oldest first) a reading at ``read_at`` with ``free_now``
-    free does not show yet: ``core.shown.still_counting``, the device plugin's rule too. A
-    pod among ``holders`` (``"<namespace>/<name>"``) in a reading after it started is shown."""
-    grants = [
-        Grant(p.mib_at(unit_mib), p.baseline_free_mib,
-              read_after=(after := p.started_at is not None and read_at > p.started_at),
-              held=after and p.key in holders)
-        for p in live
-    ]  # fmt: skip
-    return list(compress(live, still_counting(grants, free_now)))
-
-
 def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
-    """``state`` with each placement's need taken from its GPUs (its own ``gpus`` when known
-    and still healthy on the node, else the healthy ones with the most free left)."""
-    if not placements:
-        return state
-    sliced = [p for p in placements if p.slices]
-    if sliced:
-        state = _adjust_shared(state, sliced)
-        placements = [p for p in placements if not p.slices]
-        if not placements:
-            return state
-    if not state.gpus:
-        return state
-    free = {g.index: g.free_mib for g in state.gpus}
-    healthy = [g.index for g in state.gpus if g.healthy]
-    good = set(healthy)
-    for p in sorted(placements, key=lambda p: not p.gpus):  # known GPUs first
-        mine = [i for i in p.gpus if i in good][: p.count]
-        if len(mine) < p.count:
-            rest = sorted((i for i in healthy if i not in mine), key=lambda i: -free[i])
-            mine += rest[: p.count - len(mine)]
-        for index in mine:
-            free[index] = 0 if p.exclusive else max(0, free[index] - p.memory_mib)
-    gpus = tuple(
-        g if free[g.index] == g.free_mib else replace(g, free_mib=free[g.index]) for g in state.gpus
-    )
-    return replace(state, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))
+    """``state`` with each placement's need taken off where it is (``core.placement.take``):
+    its own devices when known and still healthy on the node, else the healthy ones with the
+    most free (or room) left; known devices first. A slice comes off each book it still counts
+    in (``Placement.in_memory``, ``in_units``); everything is clamped at zero."""
+    for p in sorted(placements, key=lambda p: not (p.gpus or p.migs)):  # known devices first
+        need = p.need
+        state = take(state, need, _where(state, p, need),
+                     memory=p.in_memory, units=p.in_units)  # fmt: skip
+    return state
 
 
-def _adjust_shared(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
-    """``state`` with each slice taken from its shared GPU (its own when known and healthy,
-    else the healthy shared GPU with the most room left), in each book it still counts in
-    (``Placement.in_memory``, ``in_units``), clamped at zero."""
-    unit = state.share_unit_mib
-    if not state.shared or not unit:
-        return state
-    free = {g.index: g.free_mib for g in state.shared}
-    left = {g.index: g.units_left for g in state.shared}
-    room = {g.index: g.room_mib(unit) for g in state.shared}
-    good = {g.index for g in state.shared if g.healthy}
-    for p in sorted(placements, key=lambda p: not p.gpus):  # known GPUs first
-        for k, units in enumerate(p.slices):
+def _where(state: NodeGpuState, p: Placement, need: Need) -> Taken:
+    """Where ``p`` is on ``state``: its own devices that are there and healthy, the rest on the
+    healthy ones with the most free memory (whole GPUs, MIG devices) or room (slices) left."""
+    if p.slices:
+        unit = state.share_unit_mib or 1
+        good = {g.index: g for g in state.shared if g.healthy}
+        slices = []
+        for k, _ in enumerate(p.slices):
             index = p.gpus[k] if k < len(p.gpus) and p.gpus[k] in good else None
-            if index is None:
-                if not good:
-                    break
-                index = max(good, key=lambda i: (room[i], -i))
-            if p.in_memory:
-                free[index] = max(0, free[index] - units * unit)
-            n = left[index]
-            if p.in_units and n is not None:
-                n = left[index] = max(0, n - units)
-            room[index] = free[index] if n is None else gpu_room_mib(free[index], n, unit)
-    shared = tuple(
-        g if (free[g.index], left[g.index]) == (g.free_mib, g.units_left)
-        else replace(g, free_mib=free[g.index], units_left=left[g.index]) for g in state.shared
-    )  # fmt: skip
-    return replace(state, shared=shared)
+            if index is None and good:
+                index = max(good.values(), key=lambda g: (g.room_mib(unit), -g.index)).index
+            slices.append(index if index is not None else -1)
+        whole = _mine([g.index for g in state.gpus if g.healthy and not g.assigned],
+                      p.whole_gpus, need.whole_count, state.gpus)  # fmt: skip
+        return Taken(gpus=whole, slices=tuple(slices))
+    if p.profile is not None:
+        devices = [m for m in state.mig if m.profile == p.profile and m.healthy]
+        keys = {(m.index, m.mig_index or 0): m for m in devices}
+        mine = [k for k in p.migs if k in keys][: p.count]
+        rest = sorted((k for k in keys if k not in mine and not keys[k].assigned),
+                      key=lambda k: -keys[k].free_mib)  # fmt: skip
+        return Taken(migs=tuple(mine + rest[: p.count - len(mine)]))
+    healthy = [g.index for g in state.gpus if g.healthy]
+    return Taken(gpus=_mine(healthy, p.gpus, p.count, state.gpus))
+
+
+def _mine(healthy: list[int], known: tuple[int, ...], count: int,
+          gpus: Sequence[GpuInfo]) -> tuple[int, ...]:  # fmt: skip
+    """``count`` of ``healthy``: the ``known`` ones first, then the most free."""
+    good = set(healthy)
+    mine = [i for i in known if i in good][:count]
+    if len(mine) < count:
+        free = {g.index: g.free_mib for g in gpus}
+        rest = sorted((i for i in healthy if i not in mine), key=lambda i: -free[i])
+        mine += rest[: count - len(mine)]
+    return tuple(mine)

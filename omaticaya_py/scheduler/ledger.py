@@ -219,7 +219,8 @@ class Ledger:
                     self.counts["confirmed"] += 1
                 baseline = held.baseline_free_mib
                 merged = replace(
-                    new, gpus=held.gpus or new.gpus,
+                    new, gpus=held.gpus or new.gpus, whole_gpus=held.whole_gpus or new.whole_gpus,
+                    migs=held.migs or new.migs, baselines=held.baselines or new.baselines,
                     baseline_free_mib=baseline if baseline is not None else new.baseline_free_mib,
                     bound=True,
                 )  # fmt: skip
@@ -293,6 +294,7 @@ def placement_from_pod(
         baseline_free_mib=baseline,
         slices=need.slices,
         exclusive=need.exclusive,
+        profile=need.profile,
     )
 
 

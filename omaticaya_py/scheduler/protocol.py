@@ -7,9 +7,8 @@ one best node and reserves its need there (``Narrowing``): it judges the nodes a
 picks among those that fit the one the strategy prefers (``binpack``: the least free memory
 after the reservations, ``spread``: the most; ties: the first asked about), returns only that
 node as passing (every other node that passed fails with ``OTHER_NODE``), and reserves the pod's
-need there, on the GPUs the device plugin would give it (``fit.choose_gpus``,
-``fit.place_slices``). A refilter of the same pod (by uid) first releases its earlier
-reservation. When no node fits, the nodes that the staleness policies let pass (no known room:
+need there, on the devices the device plugin would give it (``core.placement.place``). A
+refilter of the same pod (by uid) first releases its earlier reservation. When no node fits, the nodes that the staleness policies let pass (no known room:
 nothing to reserve) pass as before. Prioritize scores as the filter judged (``fit.scores``), the
 node holding the pod's reservation first. Without a ledger each request is judged node by node
 (``fit.judge_each``), the in-flight placements taken from ``Extender.placements``.
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from ..core.liveness import LeaseOf
+from ..core.placement import Taken, place
 from ..core.schema import NodeGpuState, json_mapping, json_str
 from .cache import NodeIndex, VerdictsByNeed
 from .fit import (
@@ -35,14 +35,12 @@ from .fit import (
     ProblemOf,
     Reason,
     ReasonText,
-    choose_gpus,
     judge_all,
     judge_each,
-    place_slices,
     reason_text,
     scores,
 )
-from .inflight import ASSUME_S, Placement, pending
+from .inflight import ASSUME_S, Placement, baselines, pending
 from .ledger import Ledger
 from .metrics import Decisions
 from .need import Need, parse_need
@@ -202,21 +200,23 @@ class Narrowing:
 
 def reservation(need: Need, rec: NodeRecord, key: str, uid: str, now: float,
                 strategy: str) -> Placement:  # fmt: skip
-    """The pod's reservation on ``rec``'s node: on the GPUs the device plugin would give it
-    (``fit.choose_gpus``: for whole devices the plugin's own order; slices:
-    ``fit.place_slices``, in ``need.slices``' order, best fit when ``strategy`` cannot place them
-    all)."""
-    node, left = rec.state.name, rec.left
+    """The pod's reservation on ``rec``'s node: on the devices the device plugin would give it,
+    by the placement model (``core.placement.place`` under ``strategy``, the plugin's policy
+    too): its whole GPUs or MIG devices, and its slices in ``need.slices``' order. A pod that
+    passed the filter fits; otherwise its devices are left unknown (taken from the freest)."""
+    node = rec.state.name
+    taken = place(rec.left, need, strategy) or Taken()
     if need.slices:
-        mibs, unit = need.slice_mibs(left.share_unit_mib or 0), left.share_unit_mib or 1
-        placed = (place_slices(left.shared, mibs, strategy, unit)
-                  or place_slices(left.shared, mibs, "binpack", unit))  # fmt: skip
-        return Placement(key, uid, node, 0, 0, placed_at=now, slices=need.slices,
-                         baseline_free_mib=rec.state.shared_free_total_mib,
-                         gpus=placed[0] if placed else (), bound=False)  # fmt: skip
-    return Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
-                     baseline_free_mib=rec.state.live_free_total_mib, bound=False,
-                     gpus=choose_gpus(left, need, strategy), exclusive=need.exclusive)  # fmt: skip
+        p = Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
+                      slices=need.slices, baseline_free_mib=rec.state.shared_free_total_mib,
+                      gpus=taken.slices, whole_gpus=taken.gpus, bound=False,
+                      exclusive=need.exclusive)  # fmt: skip
+    else:
+        p = Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
+                      baseline_free_mib=rec.state.live_free_total_mib, bound=False,
+                      gpus=taken.gpus, exclusive=need.exclusive, profile=need.profile,
+                      migs=taken.migs)  # fmt: skip
+    return replace(p, baselines=baselines(rec.state, p))
 
 
 class _Everything:

@@ -1,0 +1,263 @@
+"""The one placement model (``core.placement``) and the seam faults of issue 38 it fixes.
+
+- The model's rules, table driven: a slice to the fitting shared GPU by the policy, whole
+  devices in the plugin's order, memory alone by the policy, a pod's whole need placed group by
+  group, and what is left (``take``).
+- Fault 2: "counts until shown" is judged per GPU, on healthy GPUs only: memory taken out of
+  band on another GPU, or another GPU turning Unhealthy, never shows a slice.
+- Fault 5: a pod of slices and a whole GPU is checked and reserved for both; the next exclusive
+  pod is predicted on neither.
+- Fault 8: a MIG pod with the memory annotation is judged on the free MIG devices of its
+  profile, and never reserves a whole GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from omaticaya_py.core.placement import (
+    Need,
+    Taken,
+    pick_memory,
+    pick_slice,
+    pick_whole,
+    place,
+    take,
+)
+from omaticaya_py.core.schema import GpuInfo, NodeGpuState, parse_node
+from omaticaya_py.core.snapshot import MigReading
+from omaticaya_py.scheduler import Extender, ExtenderSettings
+from omaticaya_py.scheduler.inflight import Placement, adjust, pending
+from omaticaya_py.scheduler.ledger import Ledger
+from omaticaya_py.scheduler.need import parse_need
+from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
+
+U = 1024
+NOW = READ_AT.timestamp()
+
+
+def shared(index: int, free: int, units: int | None = None, healthy: bool = True) -> GpuInfo:
+    return GpuInfo(index, free, healthy, units_left=units)
+
+
+# ------------------------------------------------------------------------ the rules ----
+
+SLICE_CASES = [
+    ("binpack: the least room that fits", [shared(0, 80000), shared(1, 30000)], 20 * U,
+     "binpack", 1),
+    ("spread: the most room", [shared(0, 80000), shared(1, 30000)], 20 * U, "spread", 0),
+    ("units bound the room", [shared(0, 80000, units=10), shared(1, 30000, units=79)], 20 * U,
+     "binpack", 1),
+    ("a tie: the lower index", [shared(1, 30000), shared(0, 30000)], 20 * U, "binpack", 0),
+    ("unhealthy is never chosen", [shared(0, 80000, healthy=False)], U, "binpack", None),
+    ("no room anywhere", [shared(0, 10000), shared(1, 20000)], 20 * U, "binpack", None),
+    ("unknown free memory (-1) fits nothing", [shared(0, -1, units=79)], U, "spread", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "gpus", "mib", "policy", "index"), SLICE_CASES,
+                         ids=[c[0] for c in SLICE_CASES])  # fmt: skip
+def test_pick_slice(case, gpus, mib, policy, index):
+    chosen = pick_slice(gpus, mib, U, policy)
+    assert (chosen.index if chosen else None) == index, case
+
+
+WHOLE_CASES = [
+    ("most free first", [GpuInfo(0, 40000, True), GpuInfo(1, 80000, True)], 1, 10000, (1,)),
+    ("an assigned GPU is never handed out", [GpuInfo(0, 0, True, assigned=True),
+                                             GpuInfo(1, 20000, True)], 1, 0, (1,)),
+    ("the first in the plugin's order lacks the memory: no fit",
+     [GpuInfo(0, 40000, True), GpuInfo(1, 80000, True)], 2, 50000, None),
+    ("unhealthy is never handed out", [GpuInfo(0, 80000, False)], 1, 0, None),
+    ("MIG devices: most free, then the MIG index",
+     [GpuInfo(0, 9000, True, profile="1g.10gb", mig_index=2),
+      GpuInfo(0, 9000, True, profile="1g.10gb", mig_index=1)], 1, 0, ((0, 1),)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "devices", "count", "mib", "chosen"), WHOLE_CASES,
+                         ids=[c[0] for c in WHOLE_CASES])  # fmt: skip
+def test_pick_whole(case, devices, count, mib, chosen):
+    got = pick_whole(devices, count, mib)
+    if got is None or chosen is None:
+        assert got is chosen, case
+    else:
+        keys = tuple((g.index, g.mig_index) if g.mig_index is not None else g.index for g in got)
+        assert keys == chosen, case
+
+
+def test_pick_memory_by_policy():
+    gpus = [GpuInfo(0, 80000, True), GpuInfo(1, 30000, True), GpuInfo(2, 50000, True, assigned=True)]
+    assert [g.index for g in pick_memory(gpus, 1, 20000, "binpack")] == [1]
+    assert [g.index for g in pick_memory(gpus, 1, 20000, "spread")] == [0]
+    assert pick_memory(gpus, 3, 20000, "binpack") is None
+
+
+def node(*, gpus: tuple[GpuInfo, ...] = (), shared_gpus: tuple[GpuInfo, ...] = (),
+         mig: tuple[GpuInfo, ...] = ()) -> NodeGpuState:  # fmt: skip
+    return NodeGpuState("n", True, "Healthy", read_at=NOW, gpus=gpus, shared=shared_gpus,
+                        share_unit_mib=U if shared_gpus else None, mig=mig,
+                        free_total_mib=sum(g.free_mib for g in gpus if g.healthy))  # fmt: skip
+
+
+PLACE_CASES = [
+    ("slices in the kubelet's order, each taken off before the next",
+     node(shared_gpus=(shared(0, 30 * U), shared(1, 50 * U))), Need(0, 1, slices=(20, 20)),
+     Taken(slices=(0, 1), room_mib=30 * U)),
+    ("a slice and a whole GPU: both",
+     node(gpus=(GpuInfo(0, 80000, True),), shared_gpus=(shared(1, 50 * U),)),
+     Need(0, 1, slices=(5,), exclusive=True), Taken(gpus=(0,), slices=(1,), room_mib=50 * U)),
+    ("a slice and a whole GPU, no whole GPU free: no fit",
+     node(gpus=(GpuInfo(0, 0, True, assigned=True),), shared_gpus=(shared(1, 50 * U),)),
+     Need(0, 1, slices=(5,), exclusive=True), None),
+    ("MIG devices of the profile, never the whole GPU",
+     node(gpus=(GpuInfo(1, 80000, True),),
+          mig=(GpuInfo(0, 9000, True, profile="1g.10gb", mig_index=0),
+               GpuInfo(0, 19000, True, profile="2g.20gb", mig_index=1))),
+     Need(8000, 1, exclusive=True, profile="1g.10gb"), Taken(migs=((0, 0),), room_mib=9000)),
+    ("MIG devices too small: no fit",
+     node(mig=(GpuInfo(0, 9000, True, profile="1g.10gb", mig_index=0),)),
+     Need(10000, 1, exclusive=True, profile="1g.10gb"), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "need", "taken"), PLACE_CASES,
+                         ids=[c[0] for c in PLACE_CASES])  # fmt: skip
+def test_place(case, state, need, taken):
+    assert place(state, need, "binpack") == taken, case
+
+
+def test_take_leaves_what_the_next_pod_judges_by():
+    state = node(gpus=(GpuInfo(0, 80000, True), GpuInfo(1, 70000, True)),
+                 shared_gpus=(shared(2, 40 * U, units=40),))  # fmt: skip
+    need = Need(0, 1, slices=(10,), exclusive=True)
+    left = take(state, need, place(state, need))  # type: ignore[arg-type]
+    assert [(g.index, g.free_mib, g.assigned) for g in left.gpus] == [(0, 0, True), (1, 70000, False)]
+    assert left.free_total_mib == 70000
+    assert [(g.free_mib, g.units_left) for g in left.shared] == [(30 * U, 30)]
+    # the next exclusive pod: not the GPU the first one took
+    assert place(left, Need(40000, 1, exclusive=True)) == Taken(gpus=(1,), room_mib=70000)
+
+
+# ------------------------------------------------------- fault 2: shown per GPU ----
+
+
+def two_shared(free0: int, free1: int, healthy1: bool = True) -> NodeGpuState:
+    return node(shared_gpus=(shared(0, free0), shared(1, free1, healthy=healthy1)))
+
+
+def slice_on_gpu0() -> Placement:
+    return Placement("ns/a", "a", "n", 0, 1, placed_at=NOW - 10, started_at=NOW - 5,
+                     baseline_free_mib=80 * U, gpus=(0,), baselines=(40 * U,), slices=(20,))  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "still"), [
+    ("its own GPU dropped by the slice: shown", two_shared(20 * U, 40 * U), False),
+    ("memory taken out of band on another GPU: not shown", two_shared(40 * U, 10 * U), True),
+    ("another GPU turned Unhealthy: not shown", two_shared(40 * U, 40 * U, healthy1=False), True),
+    ("its own GPU turned Unhealthy: no drop shows it", node(
+        shared_gpus=(shared(0, 10 * U, healthy=False), shared(1, 40 * U))), True),
+])  # fmt: skip
+def test_a_slice_counts_until_its_own_gpu_shows_it(case, state, still):
+    """Fault 2: judged on the node's total, out-of-band memory on GPU 1 looked like the slice in
+    use on GPU 0; the extender forgot it and placed the next slice on the same memory."""
+    assert bool(pending([slice_on_gpu0()], state, now=NOW, settle_s=600)) is still, case
+    if still and state.shared[0].healthy:  # the next slice is not placed on GPU 0's promise
+        left = adjust(state, pending([slice_on_gpu0()], state, now=NOW, settle_s=600))
+        assert left.shared[0].free_mib <= max(state.shared[0].free_mib - 20 * U, 0)
+
+
+# ------------------------------------------ faults 5 and 8, through the extender ----
+
+
+def pod(uid: str, containers: list[dict[str, Any]], annotations: dict[str, str] | None = None
+        ) -> dict[str, Any]:  # fmt: skip
+    return {"metadata": {"name": uid, "namespace": "ns", "uid": uid,
+                         "annotations": annotations or {}},
+            "spec": {"containers": containers}}  # fmt: skip
+
+
+def limits(**res: Any) -> dict[str, Any]:
+    return {"name": "c", "resources": {"limits": {k.replace("_", "/", 1).replace("_", "-"): v
+                                                  for k, v in res.items()}}}  # fmt: skip
+
+
+def extender(states: dict[str, NodeGpuState]) -> Extender:
+    s = ExtenderSettings(_env_file=None)
+    return Extender(s, states.get, clock=lambda: NOW, monotonic=lambda: 0.0,
+                    ledger=Ledger(s.settle_s, s.assume_s))  # fmt: skip
+
+
+def whole_and_shared_node() -> NodeGpuState:
+    """GPU 0 whole (80 GiB free), GPU 1 whole (40 GiB), GPU 2 shared: the agent's render."""
+    readings = [gpu(0, memory_free_mib=80000), gpu(1, memory_free_mib=40000),
+                gpu(2, memory_free_mib=60000)]  # fmt: skip
+    _, desired = evaluate(snapshot(*readings, read_at=READ_AT), settings(shared_gpus="2"))
+    return parse_node("n", desired.labels, desired.annotations)
+
+
+def test_a_pod_of_a_slice_and_a_whole_gpu_is_reserved_both():
+    """Fault 5: judged by its slices alone, its whole GPU was neither checked nor reserved, and
+    the next exclusive pod was reserved on the GPU the kubelet gives the first."""
+    first = pod("a", [{"name": "c", "resources": {"limits": {
+        "nvidia.com/gpu": 1, "omaticaya.io/gpu-memory": 5}}}])  # fmt: skip
+    need = parse_need(first)
+    assert need is not None and need.slices == (5,) and need.exclusive and need.whole_count == 1
+    ext = extender({"n": whole_and_shared_node()})
+    assert ext.filter({"Pod": first, "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    held = ext.ledger.get("a")  # type: ignore[union-attr]
+    assert held is not None and held.whole_gpus == (0,) and held.gpus == (2,)
+    # the next exclusive 38 GiB pod: GPU 0 is the first's, so GPU 1
+    second = pod("b", [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+                 {"omaticaya.io/gpu-memory-mib": "38000"})  # fmt: skip
+    assert ext.filter({"Pod": second, "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert ext.ledger.get("b").gpus == (1,)  # type: ignore[union-attr]
+    # a third finds no whole GPU free
+    third = pod("c", [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+                {"omaticaya.io/gpu-memory-mib": "1000"})  # fmt: skip
+    assert ext.filter({"Pod": third, "NodeNames": ["n"]})["NodeNames"] == []
+
+
+def mig_node(whole_free: int | None = None) -> NodeGpuState:
+    """GPU 0 in MIG mode with two free 1g.10gb devices (9,984 MiB free each), and optionally a
+    whole GPU 1: the agent's render."""
+    migs = tuple(MigReading(i, f"MIG-{i}", "1g.10gb", memory_total_mib=9984, memory_used_mib=0,
+                            memory_free_mib=9984, process_count=0) for i in range(2))  # fmt: skip
+    readings = [gpu(0, mig_enabled=True, mig_devices=migs)]
+    if whole_free is not None:
+        readings.append(gpu(1, memory_free_mib=whole_free))
+    _, desired = evaluate(snapshot(*readings, read_at=READ_AT), settings())
+    return parse_node("n", desired.labels, desired.annotations)
+
+
+def mig_pod(uid: str, mib: str = "8000") -> dict[str, Any]:
+    return pod(uid, [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}],
+               {"omaticaya.io/gpu-memory-mib": mib})  # fmt: skip
+
+
+def test_a_mig_pod_is_judged_on_the_mig_devices_of_its_profile():
+    """Fault 8: judged against whole GPUs only, it failed "no room" on a MIG node whose free MIG
+    devices fit, and on a node with a whole GPU reserved memory it would never use there."""
+    need = parse_need(mig_pod("m"))
+    assert need is not None and need.profile == "1g.10gb" and need.exclusive
+    state = mig_node()
+    assert len(state.mig) == 2 and not state.gpus
+    ext = extender({"n": state})
+    assert ext.filter({"Pod": mig_pod("m1"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert ext.filter({"Pod": mig_pod("m2"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert ext.ledger.get("m1").migs != ext.ledger.get("m2").migs  # type: ignore[union-attr]
+    out = ext.filter({"Pod": mig_pod("m3"), "NodeNames": ["n"]})  # both taken in flight
+    assert out["NodeNames"] == [] and "in-flight" in str(out["FailedNodes"]["n"]) or \
+        "room taken by in-flight pods" in out["FailedNodes"]["n"]
+    # a node with a whole GPU as well: the MIG pod reserves nothing on the whole GPU
+    ext = extender({"n": mig_node(whole_free=80000)})
+    assert ext.filter({"Pod": mig_pod("m4"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    held = ext.ledger.get("m4")  # type: ignore[union-attr]
+    assert held.gpus == () and len(held.migs) == 1
+    whole = pod("w", [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+                {"omaticaya.io/gpu-memory-mib": "70000"})  # fmt: skip
+    assert ext.filter({"Pod": whole, "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    # too big for a 1g.10gb device
+    assert ext.filter({"Pod": mig_pod("m5", "20000"), "NodeNames": ["n"]})["NodeNames"] == []
