@@ -319,4 +319,7 @@ def _could_fit(need: Need, state: NodeGpuState | None) -> bool:
         return state is not None and any(g.healthy for g in state.shared)
     if state is None:
         return True
+    if need.profile is not None:  # MIG devices of its profile, never a whole GPU
+        return sum(1 for m in state.mig if m.profile == need.profile and m.healthy
+                   and not _smaller(m, need.memory_mib)) >= need.count  # fmt: skip
     return sum(1 for g in state.gpus if g.healthy and not _smaller(g, need.memory_mib)) >= need.count
