@@ -43,7 +43,8 @@ NESTED_VALUE = {
     "shared_gpus": "sharing.gpus",
     "share_unit_mib": "sharing.unitMib",
     "shared_resource": "sharing.resource",
-    "share_policy": "sharing.policy",
+    # one policy for the device plugin and the extender (issue 38), not a sharing value
+    "share_policy": "placement.policy",
     "share_settle_s": "sharing.settleS",
 }
 #: Kinds that are not in the core Kubernetes schemas, and why they are not validated.

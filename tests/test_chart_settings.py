@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from omaticaya_py.core.settings import Settings, load_settings
+from omaticaya_py.core.settings_base import env_names, field_env_names
 from tests.chart import (
     ALL_ON,
     ENV_EXAMPLE,
@@ -25,6 +26,7 @@ from tests.chart import (
     code_defaults,
     env_of,
     render,
+    template,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -85,7 +87,8 @@ ENV_CASES = [
     ("sharing-gpus-range", {"sharing": {"gpus": "0-3"}}, "OMATICAYA_SHARED_GPUS", "0-3"),
     ("sharing-gpus-one-index", {"sharing": {"gpus": 2}}, "OMATICAYA_SHARED_GPUS", "2"),
     ("sharing-unitMib", {"sharing": {"unitMib": 2048}}, "OMATICAYA_SHARE_UNIT_MIB", "2048"),
-    ("sharing-policy", {"sharing": {"policy": "spread"}}, "OMATICAYA_SHARE_POLICY", "spread"),
+    ("placement-policy-default", None, "OMATICAYA_PLACEMENT_POLICY", "binpack"),
+    ("placement-policy", {"placement": {"policy": "spread"}}, "OMATICAYA_PLACEMENT_POLICY", "spread"),
     ("sharing-settleS", {"sharing": {"settleS": 15}}, "OMATICAYA_SHARE_SETTLE_S", "15"),
     (
         "sharing-resource",
@@ -122,10 +125,10 @@ def test_schedule_via_set_flag(helm):
 
 
 def test_every_rendered_omaticaya_env_is_a_setting(helm):
-    fields = set(Settings.model_fields)
+    known = env_names(Settings)
     env = env_of(render(helm, ALL_ON))
-    rendered = {k.removeprefix("OMATICAYA_").lower() for k in env if k.startswith("OMATICAYA_")}
-    assert rendered <= fields, f"not settings: {sorted(rendered - fields)}"
+    rendered = {k for k in env if k.startswith("OMATICAYA_")}
+    assert rendered <= known, f"not settings: {sorted(rendered - known)}"
     assert all(isinstance(v, str) for k, v in env.items() if k.startswith("OMATICAYA_"))
 
 
@@ -142,9 +145,8 @@ def test_every_setting_has_a_chart_value(helm):
                 f"values.yaml lacks {path} (Settings.{field})"
             )
             node = node[part]
-        assert f"OMATICAYA_{field.upper()}" in env, (
-            f"chart does not render OMATICAYA_{field.upper()}"
-        )
+        var = field_env_names(Settings, field)[0]
+        assert var in env, f"chart does not render {var}"
     assert set(NOT_IN_CHART) <= set(Settings.model_fields), "NOT_IN_CHART names a gone setting"
 
 
@@ -225,30 +227,29 @@ def env_example() -> dict[str, tuple[str, bool, str]]:
     return out
 
 
-def env_name(field: str) -> str:
-    return "NODE_NAME" if field == "node_name" else f"OMATICAYA_{field.upper()}"
-
-
 EXTENDER_ENV = "OMATICAYA_EXTENDER_"
+
+
+def _env_names() -> dict[str, Any]:
+    """Each setting's variable (the first of ``field_env_names``: one a setting both the agent
+    and the extender read, the placement policy, once) -> its pydantic field."""
+    from omaticaya_py.scheduler import ExtenderSettings
+
+    out: dict[str, Any] = {}
+    for cls in (Settings, ExtenderSettings):
+        for field, info in cls.model_fields.items():
+            out.setdefault(field_env_names(cls, field)[0], info)
+    return out
 
 
 def _setting_of(key: str) -> Any:
     """The pydantic field behind a .env.example key (agent or extender settings)."""
-    from omaticaya_py.scheduler import ExtenderSettings
-
-    if key.startswith(EXTENDER_ENV):
-        return ExtenderSettings.model_fields[key.removeprefix(EXTENDER_ENV).lower()]
-    field = "node_name" if key == "NODE_NAME" else key.removeprefix("OMATICAYA_").lower()
-    return Settings.model_fields[field]
+    return _env_names()[key]
 
 
 def test_env_example_lists_every_setting_with_a_comment():
-    from omaticaya_py.scheduler import ExtenderSettings
-
     entries = env_example()
-    expected = {env_name(f) for f in Settings.model_fields} | {
-        f"{EXTENDER_ENV}{f.upper()}" for f in ExtenderSettings.model_fields
-    }
+    expected = set(_env_names())
     assert set(entries) == expected, (
         f"missing: {sorted(expected - set(entries))}, unknown: {sorted(set(entries) - expected)}"
     )
@@ -300,3 +301,74 @@ def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):
         if key.startswith(EXTENDER_ENV):
             monkeypatch.setenv(key, value)
     assert load_extender_settings().shared_resource == "example.com/vram"
+
+
+# --------------------------------------------------------------------------------------------
+# the placement policy: one value, both sides (issue 38)
+# --------------------------------------------------------------------------------------------
+
+
+def _extender_env(docs: list[dict]) -> dict[str, str]:
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    (extender,) = [c for c in deploy["spec"]["template"]["spec"]["containers"]
+                   if c["name"] == "extender"]  # fmt: skip
+    return {e["name"]: e["value"] for e in extender["env"] if "value" in e}
+
+
+@pytest.mark.parametrize("policy", [None, "binpack", "spread"])
+def test_placement_policy_reaches_both_sides(helm, monkeypatch, tmp_path, policy):
+    """``placement.policy`` is the one value: rendered as OMATICAYA_PLACEMENT_POLICY into the
+    agent (the device plugin's slices) and the extender alike, and the extender loads it. The
+    two values it replaced could be set apart: the extender reserved a GPU the device plugin
+    would not hand out."""
+    from omaticaya_py.scheduler.settings import load_extender_settings
+
+    values: dict[str, Any] = {"scheduler": {"enabled": True}, "devicePlugin": True}
+    if policy:
+        values["placement"] = {"policy": policy}
+    docs = render(helm, values)
+    agent, extender = env_of(docs), _extender_env(docs)
+    want = policy or "binpack"
+    assert agent["OMATICAYA_PLACEMENT_POLICY"] == extender["OMATICAYA_PLACEMENT_POLICY"] == want
+    for old in ("OMATICAYA_SHARE_POLICY", "OMATICAYA_EXTENDER_STRATEGY"):
+        assert old not in agent and old not in extender
+    for key in list(os.environ):
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    for key, value in extender.items():
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.setenv(key, value)
+    assert load_extender_settings().strategy == want
+
+
+REMOVED_POLICY_VALUES = [
+    ("sharing.policy", {"sharing": {"policy": "spread"}}),
+    ("sharing.policy-same", {"sharing": {"policy": "binpack"}}),
+    ("scheduler.extender.strategy", {"scheduler": {"extender": {"strategy": "spread"}}}),
+    (
+        "scheduler.extender.strategy-enabled",
+        {"scheduler": {"enabled": True, "extender": {"strategy": "binpack"}}},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "values", [v for _, v in REMOVED_POLICY_VALUES], ids=[i for i, _ in REMOVED_POLICY_VALUES]
+)
+def test_removed_policy_values_fail_the_render_naming_placement_policy(helm, values):
+    """A user who still sets the old values is told to set ``placement.policy``, rather than
+    have them ignored (or refused by the schema as unknown keys, without the way out)."""
+    proc = template(helm, values, check=False)
+    assert proc.returncode != 0, "helm template accepted a removed value"
+    (name,) = [n for n in ("sharing.policy", "scheduler.extender.strategy")
+               if n.split(".")[-1] in str(values)]  # fmt: skip
+    assert f"{name} (" in proc.stderr and "use placement.policy" in proc.stderr, proc.stderr
+
+
+def test_both_removed_policy_values_are_named_at_once(helm):
+    proc = template(helm, {"sharing": {"policy": "spread"},
+                           "scheduler": {"extender": {"strategy": "binpack"}}}, check=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "sharing.policy (spread) and scheduler.extender.strategy (binpack)" in proc.stderr
+    assert "use placement.policy" in proc.stderr

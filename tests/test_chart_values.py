@@ -69,7 +69,8 @@ BAD_VALUES = [
     ("sharing-gpus-name", {"sharing": {"gpus": "gpu0"}}, "/sharing/gpus"),
     ("sharing-gpus-negative", {"sharing": {"gpus": -1}}, "/sharing/gpus"),
     ("sharing-unitMib-zero", {"sharing": {"unitMib": 0}}, "/sharing/unitMib"),
-    ("sharing-policy", {"sharing": {"policy": "pack"}}, "/sharing/policy"),
+    ("placement-policy", {"placement": {"policy": "pack"}}, "/placement/policy"),
+    ("placement-unknown-key", {"placement": {"strategy": "spread"}}, "strategy"),
     ("sharing-settleS-negative", {"sharing": {"settleS": -1}}, "/sharing/settleS"),
     ("sharing-resource-no-domain", {"sharing": {"resource": "vram"}}, "/sharing/resource"),
     ("sharing-unknown-key", {"sharing": {"gpu": "all"}}, "gpu"),
@@ -125,6 +126,7 @@ STRUCTURED = (
     "grafanaDashboard",
     "prometheusRule",
     "validatingAdmissionPolicy",
+    "placement",
     "sharing",
 )
 

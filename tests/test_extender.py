@@ -12,6 +12,7 @@ import yaml
 from starlette.testclient import TestClient
 
 from omaticaya_py.core.settings import SettingsError
+from omaticaya_py.core.settings_base import env_names
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
 from omaticaya_py.scheduler.fit import MAX_PRIORITY
 from omaticaya_py.scheduler.need import Need, parse_need
@@ -315,7 +316,7 @@ def test_chart_scheduler_renders_valid_manifests_with_the_extender(helm):
     from tests.chart import K8S_VERSION, render
 
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    docs = render(helm, {"scheduler": {"enabled": True, "extender": {"strategy": "spread"}}})
+    docs = render(helm, {"scheduler": {"enabled": True}, "placement": {"policy": "spread"}})
     sched = [d for d in docs if d["metadata"]["name"].endswith("-scheduler") or "scheduler-" in d["metadata"]["name"]]
     assert {d["kind"] for d in sched} == {
         "ServiceAccount", "ConfigMap", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"}  # fmt: skip
@@ -336,8 +337,8 @@ def test_chart_scheduler_renders_valid_manifests_with_the_extender(helm):
     containers = {c["name"]: c for c in pod["spec"]["containers"]}
     env = {e["name"]: e["value"] for e in containers["extender"]["env"]}
     assert containers["extender"]["args"] == ["extender"]
-    assert env["OMATICAYA_EXTENDER_STRATEGY"] == "spread" and env["OMATICAYA_EXTENDER_PORT"] == "8888"
-    assert set(env) <= {f"OMATICAYA_EXTENDER_{f.upper()}" for f in ExtenderSettings.model_fields}
+    assert env["OMATICAYA_PLACEMENT_POLICY"] == "spread" and env["OMATICAYA_EXTENDER_PORT"] == "8888"
+    assert set(env) <= env_names(ExtenderSettings)
     # the DaemonSet's selector (name + instance) must not select the scheduler pods
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     selector = ds["spec"]["selector"]["matchLabels"]

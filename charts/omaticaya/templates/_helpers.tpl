@@ -190,3 +190,23 @@ null back to the templates, which the API server refuses; "" when nothing is lef
 {{- range $k, $v := . }}{{ if not (kindIs "invalid" $v) }}{{ $_ := set $out $k $v }}{{ end }}{{ end }}
 {{- if $out }}{{ toYaml $out }}{{ end }}
 {{- end }}
+
+{{/*
+The placement policy, one for both sides of the seam (issue 38): placement.policy, rendered as
+OMATICAYA_PLACEMENT_POLICY into the agent (the device plugin's choice of a slice's GPU) and the
+scheduler extender (its choice of node and GPUs). The two values it replaces, set apart, made
+the extender reserve a GPU the plugin would not hand out: either one set fails the render.
+*/}}
+{{- define "omaticaya.placementPolicy" -}}
+{{- $removed := list }}
+{{- if hasKey (.Values.sharing | default dict) "policy" }}
+{{- $removed = append $removed (printf "sharing.policy (%v)" .Values.sharing.policy) }}
+{{- end }}
+{{- if hasKey ((.Values.scheduler | default dict).extender | default dict) "strategy" }}
+{{- $removed = append $removed (printf "scheduler.extender.strategy (%v)" .Values.scheduler.extender.strategy) }}
+{{- end }}
+{{- if $removed }}
+{{- fail (printf "%s: removed, use placement.policy (binpack or spread) instead: one policy that both the device plugin and the scheduler extender read (OMATICAYA_PLACEMENT_POLICY)" (join " and " $removed)) }}
+{{- end }}
+{{- .Values.placement.policy }}
+{{- end }}
