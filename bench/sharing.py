@@ -60,7 +60,7 @@ def latency(calls: int) -> list[list[object]]:
     plugins = DevicePluginSet.from_settings(agent, s)
     shared = plugins.shared_plugin
     assert shared is not None
-    shared._serve()  # the gRPC server alone: no kubelet to register with here
+    shared.registration._serve()  # the gRPC server alone: no kubelet to register with here
     channel = grpc.insecure_channel(f"unix://{shared.socket_path}")
     stub = api_pb2_grpc.DevicePluginStub(channel)
     units = [d.id for d in shared.devices()]
@@ -79,7 +79,7 @@ def latency(calls: int) -> list[list[object]]:
         stub.Allocate(alloc, timeout=10)  # the same units each time: the book replaces the slice
         alloc_ms.append((time.perf_counter() - t0) * 1000)
     channel.close()
-    shared._stop_server(0)
+    shared.registration._stop_server(0)
     rows: list[list[object]] = [
         ["GetPreferredAllocation (640 available, 20)", calls, statistics.median(pref_ms),
          pct(pref_ms, 90), pct(pref_ms, 99), max(pref_ms)],

@@ -27,7 +27,7 @@ from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.budget import urgent
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.deviceplugin.allocation import preferred
-from omaticaya_py.deviceplugin.service import DeviceService
+from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import MULTI_TRACE
@@ -187,8 +187,8 @@ def test_the_device_plugin_does_not_prefer_a_gpu_held_out_of_band(rig):
     preferred allocation takes GPU 4 first."""
     agent, uuids = rig
     agent.tick()
-    service = DeviceService(agent, devices=list(enumerate(uuids)))
-    states = {s.id: s for s in service.devices()}
+    plugin = DevicePlugin(agent, devices=list(enumerate(uuids)))
+    states = {s.id: s for s in plugin.devices()}
     assert states[uuids[0]].free_mib < states[uuids[4]].free_mib
     assert preferred(states, [uuids[0], uuids[4]], [], 1) == [uuids[4]]
 

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -23,6 +24,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.core.settings import load_settings
+from omaticaya_py.deviceplugin.config import plugin_config
 from omaticaya_py.deviceplugin.plugin_set import DevicePluginSet
 from omaticaya_py.deviceplugin.strategies import (
     DEFAULT_STRATEGIES,
@@ -313,7 +315,8 @@ def serving(trace: Path, strategies: str | None, monkeypatch) -> Iterator[Device
     agent.tick()
     kubelet = FakeKubelet(folder)
     kubelet.start()
-    dps = DevicePluginSet.from_settings(agent, settings, resync_s=0.5)
+    config = plugin_config(settings)
+    dps = DevicePluginSet(agent, replace(config, timing=replace(config.timing, resync_s=0.5)))
     dps.start()
     try:
         assert dps.wait_registered(10)

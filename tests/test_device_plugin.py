@@ -26,7 +26,9 @@ from omaticaya_py.deviceplugin.allocation import (
     socket_name_for,
     trace_devices,
 )
+from omaticaya_py.deviceplugin.config import PluginConfig, Timing
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
+from omaticaya_py.deviceplugin.plugin_set import DevicePluginSet
 from omaticaya_py.deviceplugin.service import CacheFeed
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
@@ -71,7 +73,7 @@ class Rig:
         self.reader = TraceReader(FAULTS_TRACE, at_s=0.0)
         self.agent = Agent(settings, self.reader, None, dry_run=True)
         self.plugin = DevicePlugin(
-            self.agent, resource_name=RESOURCE, plugin_dir=folder, resync_s=0.5
+            self.agent, PluginConfig(RESOURCE, folder, timing=Timing(resync_s=0.5))
         )
         self.kubelet = FakeKubelet(folder)
         self.channel: grpc.Channel | None = None
@@ -355,7 +357,7 @@ def test_from_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         trace=str(FAULTS_TRACE), device_plugin_resource="omaticaya.io/h100",
         device_plugin_dir=str(tmp_path),
     )
-    plugin = DevicePlugin.from_settings(CacheFeed(SnapshotCache()), settings)
+    plugin = DevicePluginSet.from_settings(CacheFeed(SnapshotCache()), settings).plugins[None]
     assert plugin.resource_name == "omaticaya.io/h100"
     assert plugin.kubelet_socket == tmp_path / "kubelet.sock"
     assert [s.id for s in plugin.devices()] == UUID

@@ -29,6 +29,7 @@ from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.sharing import SharedGpus, unit_ids
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
+from omaticaya_py.deviceplugin.config import Timing, plugin_config
 from omaticaya_py.deviceplugin.service import CacheFeed
 from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 from omaticaya_py.deviceplugin.slices import (
@@ -327,9 +328,9 @@ class Rig:
         self.reader = TraceReader(trace, at_s=0.0)
         self.agent = Agent(self.settings, self.reader, None, dry_run=True)
         self.clock = Clock(1000.0)
-        self.set = DevicePluginSet.from_settings(
-            self.agent, self.settings, resync_s=0.5, clock=self.clock, stale_after_s=10.0
-        )
+        config = plugin_config(self.settings)
+        timing = Timing(resync_s=0.5, stale_after_s=10.0, clock=self.clock)
+        self.set = DevicePluginSet(self.agent, replace(config, timing=timing))
         self.kubelet = FakeKubelet(folder)
         self.channels: list[grpc.Channel] = []
 
@@ -582,3 +583,35 @@ def test_bench_sharing_quick() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "GetPreferredAllocation" in proc.stdout and "ListAndWatch" in proc.stdout
     assert "requested-only" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        pytest.param(units_of(0, 2) + units_of(1, 2), id="units-across-two-gpus"),
+        pytest.param(units_of(4, 2), id="unknown-units"),
+    ],
+)
+def test_a_refused_multi_container_allocate_books_no_slice(rig: Rig, refused: list[str]) -> None:
+    """One AllocateRequest of two containers whose second is refused (the kubelet then fails
+    the pod's admission: no container runs) takes back the first container's slice: it no
+    longer counts against its GPU's live free memory (issue 38: it stayed in the book, and the
+    next slice on that GPU was refused for memory nobody held)."""
+    slicer = rig.set.shared_plugin.slicer
+    assert slicer is not None and slicer.slices == {}
+    with pytest.raises(grpc.RpcError) as err:
+        rig.stub().Allocate(api_pb2.AllocateRequest(container_requests=[
+            api_pb2.ContainerAllocateRequest(devicesIDs=units_of(2, 30)),
+            api_pb2.ContainerAllocateRequest(devicesIDs=refused),
+        ]), timeout=5)  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert slicer.slices == {}
+    # and an init container's slice it superseded counts again
+    rig.allocate(units_of(2, 20))
+    before = dict(slicer.slices)
+    with pytest.raises(grpc.RpcError):
+        rig.stub().Allocate(api_pb2.AllocateRequest(container_requests=[
+            api_pb2.ContainerAllocateRequest(devicesIDs=units_of(2, 10)),  # reuses its units
+            api_pb2.ContainerAllocateRequest(devicesIDs=refused),
+        ]), timeout=5)  # fmt: skip
+    assert slicer.slices == before

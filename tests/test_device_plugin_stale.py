@@ -21,6 +21,7 @@ from omaticaya_py.core.settings import stuck_after_s
 from omaticaya_py.core.snapshot import NodeSnapshot
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING
+from omaticaya_py.deviceplugin.config import PluginConfig, Timing, plugin_config
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
@@ -37,10 +38,9 @@ class Rig:
         self.clock = Clock(1000.0)
         self.reader = TraceReader(FAULTS_TRACE, at_s=0.0)
         self.agent = Agent(settings(schedule="@every 2s"), self.reader, None, dry_run=True)
-        self.plugin = DevicePlugin(
-            self.agent, resource_name=RESOURCE, plugin_dir=folder, resync_s=0.5,
-            stale_after_s=STALE_S, clock=self.clock,
-        )
+        self.plugin = DevicePlugin(self.agent, PluginConfig(RESOURCE, folder, timing=Timing(
+            resync_s=0.5, stale_after_s=STALE_S, clock=self.clock,
+        )))  # fmt: skip
         self.kubelet = FakeKubelet(folder)
         self.channel = grpc.insecure_channel(f"unix://{self.plugin.socket_path}")
 
@@ -118,7 +118,7 @@ def test_a_tick_blocked_in_the_reader_turns_devices_unhealthy(folder: Path) -> N
     agent = Agent(settings(schedule="@every 2s"), reader, None, dry_run=True)
     agent.tick()
     plugins = DevicePluginSet(
-        agent, resource_name=RESOURCE, plugin_dir=folder, stale_after_s=STALE_S, clock=clock
+        agent, PluginConfig(RESOURCE, folder, timing=Timing(stale_after_s=STALE_S, clock=clock))
     )
     plugin = plugins.plugins[None]
     assert all(s.healthy for s in plugin.devices())
@@ -141,19 +141,18 @@ def test_the_bound_is_the_agents_stuck_tick_bound() -> None:
     periods = s.stuck_tick_periods  # OMATICAYA_STUCK_TICK_PERIODS, default 3
     assert periods == 3
     assert stuck_after_s(s) == periods * 10 + 5
-    plugin = DevicePlugin.from_settings(Agent(s, TraceReader(FAULTS_TRACE), None), s)
-    assert plugin.stale_after_s == periods * 10 + 5
-    assert plugin._source.cache.stuck_after_s == periods * 10 + 5  # the agent's /healthz bound
-    assert DevicePluginSet.from_settings(plugin._source, s).plugins[None].stale_after_s == (
-        periods * 10 + 5
-    )
+    agent = Agent(s, TraceReader(FAULTS_TRACE), None)
+    plugins = DevicePluginSet.from_settings(agent, s)
+    assert plugin_config(s).timing.stale_after_s == periods * 10 + 5
+    assert agent.cache.stuck_after_s == periods * 10 + 5  # the agent's /healthz bound
+    assert plugins.plugins[None].stale_after_s == periods * 10 + 5
 
 
 def test_off_without_a_bound(folder: Path) -> None:
     agent = Agent(settings(), TraceReader(FAULTS_TRACE, at_s=0.0), None, dry_run=True)
     agent.tick()
     clock = Clock(0.0)
-    plugin = DevicePlugin(agent, plugin_dir=folder, clock=clock)
+    plugin = DevicePlugin(agent, PluginConfig(plugin_dir=folder, timing=Timing(clock=clock)))
     plugin.devices()
     clock.t += 1e6
     assert all(s.healthy for s in plugin.devices())

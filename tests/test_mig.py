@@ -17,6 +17,7 @@ from omaticaya_py.core.render import render, telemetry
 from omaticaya_py.core.snapshot import MigReading, XidEvent, mig_profile_name
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import mig_resource_name, preferred, trace_units
+from omaticaya_py.deviceplugin.config import PluginConfig, Timing
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.sources.replay import TraceError, TraceReader, load_trace
 from tests.data import make_mig_traces
@@ -307,7 +308,7 @@ def plugins_at(at_s: float, tmp_path: Path) -> tuple[Agent, DevicePluginSet]:
     reader = TraceReader(MIG_MIXED, at_s=at_s)
     agent = Agent(settings(), reader, None, dry_run=True)
     agent.tick()
-    return agent, DevicePluginSet(agent, plugin_dir=tmp_path, units=trace_units(MIG_MIXED))
+    return agent, DevicePluginSet(agent, PluginConfig(plugin_dir=tmp_path, units=trace_units(MIG_MIXED)))
 
 
 def test_each_mig_device_has_its_health(tmp_path: Path) -> None:
@@ -341,7 +342,8 @@ def test_preferred_mig_device_is_the_one_with_most_free_memory(tmp_path: Path) -
 def test_a_profile_that_appears_later_gets_its_plugin(tmp_path: Path) -> None:
     reader = TraceReader(H100_MIG, at_s=1.0)
     agent = Agent(settings(), reader, None, dry_run=True)
-    plugins = DevicePluginSet(agent, plugin_dir=tmp_path, resync_s=60, first_read_timeout_s=0.1)
+    timing = Timing(resync_s=60, first_read_timeout_s=0.1)
+    plugins = DevicePluginSet(agent, PluginConfig(plugin_dir=tmp_path, timing=timing))
     assert set(plugins.plugins) == {None}
     plugins.start()
     try:

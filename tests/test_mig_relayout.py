@@ -20,6 +20,7 @@ from omaticaya_py.agent import Agent
 from omaticaya_py.core.snapshot import MigReading, NodeSnapshot
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import departed
+from omaticaya_py.deviceplugin.config import PluginConfig, Timing
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.helpers import gpu, lost, settings, snapshot
 from tests.test_device_plugin import FakeKubelet, folder  # noqa: F401
@@ -117,7 +118,7 @@ class Rig:
         self.reader = Reader(h100(layout(0, SEVEN)))
         self.agent = Agent(settings(), self.reader, None, dry_run=True)
         self.plugins = DevicePluginSet(
-            self.agent, resource_name=RESOURCE, plugin_dir=folder, resync_s=0.5
+            self.agent, PluginConfig(RESOURCE, folder, timing=Timing(resync_s=0.5))
         )
         self.kubelet = FakeKubelet(folder)
         self.channels: list[grpc.Channel] = []
@@ -196,7 +197,7 @@ def test_a_gpu_turned_to_mig_leaves_the_whole_gpu_resource(folder: Path) -> None
     reader = Reader(snapshot(gpu(0), gpu(1)))
     agent = Agent(settings(), reader, None, dry_run=True)
     agent.tick()
-    plugins = DevicePluginSet(agent, resource_name=RESOURCE, plugin_dir=folder)
+    plugins = DevicePluginSet(agent, PluginConfig(RESOURCE, folder))
     assert [s.index for s in plugins.plugins[None].devices()] == [0, 1]
     reader.snap = h100(layout(0, SEVEN))
     agent.tick()

@@ -21,6 +21,7 @@ from .settings_base import (
     DNS_SUBDOMAIN,
     RESERVED_PREFIXES,
     CommonSettings,
+    Renamed,
     SettingsError,
     check_prefix,
     load,
@@ -40,6 +41,7 @@ EXTENDED_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$
 __all__ = [
     "RESERVED_PREFIXES",
     "CommonSettings",
+    "DevicePluginSettings",
     "Schedule",
     "Settings",
     "SettingsError",
@@ -50,9 +52,109 @@ __all__ = [
     "stuck_after_s",
 ]
 
-class Settings(CommonSettings):
-    """Every setting of the agent. Environment names are ``OMATICAYA_<FIELD>`` in upper case,
-    except the Node name, which is ``NODE_NAME`` as the downward API sets it."""
+class DevicePluginSettings(CommonSettings):
+    """The device plugin's section of the agent's settings (``deviceplugin.config.plugin_config``
+    reads it): whether to serve the GPUs to the kubelet, the resource names and folder, GPU
+    sharing by memory (``core.sharing``), the placement policy (one setting with the scheduler
+    extender's: ``OMATICAYA_PLACEMENT_POLICY``) and the device list strategies. Environment
+    names are ``OMATICAYA_<FIELD>`` in upper case, except the policy's. The agent reads some
+    of them too (the shared GPUs and resources, for its labels and attribution). Raises
+    ``ValueError`` (``SettingsError`` through ``load``) on a bad value, naming the variable."""
+
+    model_config = SettingsConfigDict(env_prefix="OMATICAYA_", populate_by_name=True)
+
+    device_plugin: bool = Field(
+        default=False, description="Also serve the GPUs to the kubelet as a device plugin."
+    )
+    device_plugin_resource: str = Field(
+        default="nvidia.com/gpu",
+        description="Extended resource name the device plugin serves whole GPUs as. NVIDIA's "
+        "device plugin serves the same name: run one of the two on a node (docs/install.md).",
+    )
+    device_plugin_dir: Path = Field(
+        default=Path("/var/lib/kubelet/device-plugins"),
+        description="The kubelet's device-plugins folder (kubelet.sock and the plugin socket).",
+    )
+
+    # -- GPU sharing by memory (core/sharing.py) -----------------------------------------
+    shared_gpus: Annotated[SharedGpus, NoDecode] = Field(
+        default=SharedGpus(),
+        description="GPUs served as memory units instead of whole: none, all, or indices (0-3).",
+    )
+    share_unit_mib: int = Field(
+        default=DEFAULT_UNIT_MIB, ge=1, le=1 << 20, description="MiB per unit of a shared GPU."
+    )
+    shared_resource: str = Field(
+        default=DEFAULT_SHARED_RESOURCE,
+        description="Extended resource name of the memory units of shared GPUs.",
+    )
+    share_policy: Literal["binpack", "spread"] = Field(
+        default="binpack",
+        validation_alias=Renamed("OMATICAYA_PLACEMENT_POLICY", "OMATICAYA_SHARE_POLICY"),
+        description="The placement policy, the scheduler extender's too (the chart's "
+        "placement.policy sets both): which shared GPU the device plugin prefers for a slice, "
+        "among those with the units and the live free memory: binpack the least room, spread "
+        "the most. OMATICAYA_SHARE_POLICY is its old name, still read; both set to different "
+        "values is an error.",
+    )
+    share_settle_s: float = Field(
+        default=60,
+        ge=0,
+        le=86400,
+        description="A slice handed out counts against its GPU's live free memory until the "
+        "reading shows it in use, or for at most this many seconds.",
+    )
+    device_list_strategy: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("envvar", "volume-mounts"),
+        description=(
+            "How Allocate hands a container its GPUs, any of: envvar, volume-mounts, "
+            "cdi-annotations, cdi-cri (comma-separated)."
+        ),
+    )
+
+    @field_validator("shared_gpus", mode="before")
+    @classmethod
+    def _parse_shared(cls, value: Any) -> SharedGpus:
+        return parse_shared_gpus(value)
+
+    @field_validator("device_list_strategy", mode="before")
+    @classmethod
+    def _parse_strategy(cls, value: Any) -> tuple[str, ...]:
+        parts = [p for p in re.split(r"[,\s]+", value.strip())] if isinstance(value, str) else list(value)
+        parts = [p for p in parts if p]
+        if not parts or any(p not in DEVICE_LIST_STRATEGIES for p in parts):
+            raise ValueError(
+                "expected one or more of " + ", ".join(DEVICE_LIST_STRATEGIES)
+                + " separated by commas, like 'envvar,volume-mounts'"
+            )
+        return tuple(dict.fromkeys(parts))
+
+    @field_validator("device_plugin_resource", "shared_resource")
+    @classmethod
+    def _check_resource(cls, value: str) -> str:
+        return check_resource_name(value)
+
+    @model_validator(mode="after")
+    def _two_resources(self) -> DevicePluginSettings:
+        if self.shared_resource == self.device_plugin_resource:
+            raise ValueError(
+                "OMATICAYA_SHARED_RESOURCE must differ from OMATICAYA_DEVICE_PLUGIN_RESOURCE "
+                f"(both {self.shared_resource!r}): a GPU is served whole or in units, never both"
+            )
+        return self
+
+    @field_validator("device_plugin_dir")
+    @classmethod
+    def _check_plugin_dir(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("expected an absolute folder path, like '/var/lib/kubelet/device-plugins'")
+        return value
+
+
+class Settings(DevicePluginSettings):
+    """Every setting of the agent, its device plugin's section (``DevicePluginSettings``)
+    first. Environment names are ``OMATICAYA_<FIELD>`` in upper case, except the Node name,
+    which is ``NODE_NAME`` as the downward API sets it."""
 
     model_config = SettingsConfigDict(env_prefix="OMATICAYA_", populate_by_name=True)
 
@@ -244,90 +346,6 @@ class Settings(CommonSettings):
     def _check_node(cls, value: str | None) -> str | None:
         if value is not None and not (len(value) <= 253 and DNS_SUBDOMAIN.match(value)):
             raise ValueError("expected a Node name (DNS subdomain), like 'gpu-node-1'")
-        return value
-
-    # -- device plugin (omaticaya_py/deviceplugin/) ---------------------------------------
-    device_plugin: bool = Field(
-        default=False, description="Also serve the GPUs to the kubelet as a device plugin."
-    )
-    device_plugin_resource: str = Field(
-        default="nvidia.com/gpu",
-        description="Extended resource name the device plugin serves whole GPUs as. NVIDIA's "
-        "device plugin serves the same name: run one of the two on a node (docs/install.md).",
-    )
-    device_plugin_dir: Path = Field(
-        default=Path("/var/lib/kubelet/device-plugins"),
-        description="The kubelet's device-plugins folder (kubelet.sock and the plugin socket).",
-    )
-
-    # -- GPU sharing by memory (core/sharing.py) -----------------------------------------
-    shared_gpus: Annotated[SharedGpus, NoDecode] = Field(
-        default=SharedGpus(),
-        description="GPUs served as memory units instead of whole: none, all, or indices (0-3).",
-    )
-    share_unit_mib: int = Field(
-        default=DEFAULT_UNIT_MIB, ge=1, le=1 << 20, description="MiB per unit of a shared GPU."
-    )
-    shared_resource: str = Field(
-        default=DEFAULT_SHARED_RESOURCE,
-        description="Extended resource name of the memory units of shared GPUs.",
-    )
-    share_policy: Literal["binpack", "spread"] = Field(
-        default="binpack",
-        description="Which shared GPU the device plugin prefers for a slice, among those with "
-        "the units and the live free memory: binpack the least room, spread the most.",
-    )
-    share_settle_s: float = Field(
-        default=60,
-        ge=0,
-        le=86400,
-        description="A slice handed out counts against its GPU's live free memory until the "
-        "reading shows it in use, or for at most this many seconds.",
-    )
-    device_list_strategy: Annotated[tuple[str, ...], NoDecode] = Field(
-        default=("envvar", "volume-mounts"),
-        description=(
-            "How Allocate hands a container its GPUs, any of: envvar, volume-mounts, "
-            "cdi-annotations, cdi-cri (comma-separated)."
-        ),
-    )
-
-    @field_validator("shared_gpus", mode="before")
-    @classmethod
-    def _parse_shared(cls, value: Any) -> SharedGpus:
-        return parse_shared_gpus(value)
-
-    @field_validator("device_list_strategy", mode="before")
-    @classmethod
-    def _parse_strategy(cls, value: Any) -> tuple[str, ...]:
-        parts = [p for p in re.split(r"[,\s]+", value.strip())] if isinstance(value, str) else list(value)
-        parts = [p for p in parts if p]
-        if not parts or any(p not in DEVICE_LIST_STRATEGIES for p in parts):
-            raise ValueError(
-                "expected one or more of " + ", ".join(DEVICE_LIST_STRATEGIES)
-                + " separated by commas, like 'envvar,volume-mounts'"
-            )
-        return tuple(dict.fromkeys(parts))
-
-    @field_validator("device_plugin_resource", "shared_resource")
-    @classmethod
-    def _check_resource(cls, value: str) -> str:
-        return check_resource_name(value)
-
-    @model_validator(mode="after")
-    def _two_resources(self) -> Settings:
-        if self.shared_resource == self.device_plugin_resource:
-            raise ValueError(
-                "OMATICAYA_SHARED_RESOURCE must differ from OMATICAYA_DEVICE_PLUGIN_RESOURCE "
-                f"(both {self.shared_resource!r}): a GPU is served whole or in units, never both"
-            )
-        return self
-
-    @field_validator("device_plugin_dir")
-    @classmethod
-    def _check_plugin_dir(cls, value: Path) -> Path:
-        if not value.is_absolute():
-            raise ValueError("expected an absolute folder path, like '/var/lib/kubelet/device-plugins'")
         return value
 
 

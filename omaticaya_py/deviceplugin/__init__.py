@@ -38,11 +38,15 @@ cannot hold, and sets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``OMATICAYA_GPU_M
 
 This module imports neither ``pynvml`` nor ``kubernetes``.
 
-Modules: ``allocation`` (pure: device state, names, the preferred allocation), ``slices`` (pure:
-units, the one GPU of a slice, slices pending), ``slicer`` (the book of slices), ``service`` (the
-gRPC servicer of one resource), ``registration`` (serving its socket and registering it with
-the kubelet), ``plugin`` (the two together: one resource), ``plugin_set`` (every resource of the
-node), ``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
+Modules, each composing the ones before it: ``allocation`` (pure: device state, names, the
+options served, the preferred allocation of whole devices by ``core.placement``), ``slices``
+(pure: units, a slice's GPU by ``core.placement.pick_slice``, slices pending), ``strategies``
+(NVIDIA's device list strategies), ``config`` (``PluginConfig``: the settings' device-plugin
+section, read once by ``plugin_config``), ``slicer`` (the book of slices), ``inventory`` (one
+resource's devices and health from the agent's cache), ``service`` (the gRPC servicer of one
+resource), ``registration`` (serving it on its socket and registering it with the kubelet),
+``plugin`` (those parts composed: one resource), ``plugin_set`` (every resource of the node),
+``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
 """
 
 from .plugin_set import DevicePluginSet

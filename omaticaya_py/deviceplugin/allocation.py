@@ -1,4 +1,6 @@
-"""Pure device-plugin rules: advertised device state, resource and socket names, the preferred allocation."""
+"""Pure device-plugin rules: advertised device state, resource and socket names, the options
+served, the preferred allocation of whole devices (``core.placement``'s order), the devices that
+left the reading, and the devices a trace describes."""
 
 from __future__ import annotations
 
@@ -6,9 +8,13 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..core.sharing import SharedGpus, device_order, unit_count, unit_ids
+from ..core.placement import whole_key
+from ..core.schema import GpuInfo
+from ..core.sharing import SharedGpus, unit_count, unit_ids
 from ..core.snapshot import NodeSnapshot
+from .v1beta1 import api_pb2
 
 API_VERSION = "v1beta1"
 #: The kubelet (v1.20) always serves its registration socket here, whatever ``--root-dir``.
@@ -36,7 +42,24 @@ class DeviceState:
 
     @property
     def health(self) -> str:
+        """``Healthy`` or ``Unhealthy``, as the device plugin API spells it."""
         return HEALTHY if self.healthy else UNHEALTHY
+
+    def info(self, units_left: int | None = None) -> GpuInfo:
+        """This device as the placement model sees it (``core.schema.GpuInfo``): its index,
+        live free MiB (-1 when unknown: it then fits nothing), health, MIG index, and
+        ``units_left`` (a shared GPU's units in the kubelet's available list)."""
+        free = self.free_mib if self.free_mib is not None else -1
+        return GpuInfo(self.index, free, self.healthy, units_left=units_left,
+                       mig_index=self.mig_index)  # fmt: skip
+
+
+def plugin_options() -> Any:
+    """The ``DevicePluginOptions`` this plugin serves and registers: PreStartContainer and
+    GetPreferredAllocation both wanted."""
+    return api_pb2.DevicePluginOptions(
+        pre_start_required=True, get_preferred_allocation_available=True
+    )
 
 
 def mig_resource_name(gpu_resource: str, profile: str) -> str:
@@ -58,24 +81,26 @@ def preferred(
     size: int,
     distance: Callable[[str, str], int | None] | None = None,
 ) -> list[str]:
-    """The preferred ``size`` devices out of ``available``: every must-include device first,
-    then, one at a time, by ``core.sharing.device_order`` (healthy before unhealthy, most free
-    memory by the live reading first: the order the extender predicts), then the closest in
-    topology to those already chosen (``distance(a, b)``: NVML's common-ancestor
-    level, lower is closer; used on real NVML), lowest index on a tie. Devices the plugin does
-    not know come last."""
+    """The preferred ``size`` devices (IDs) out of ``available`` (the kubelet's list), given
+    ``states`` (device ID -> ``DeviceState``): every must-include device first, then, one at a
+    time, in the placement model's order of whole devices (``core.placement.whole_key``:
+    healthy first, most free memory by the live reading first, the order the extender
+    predicts), between devices of equal health and free memory the closest in topology to
+    those already chosen (``distance(a, b)``: NVML's common-ancestor level, lower is closer;
+    on real NVML), then ``whole_key``'s lowest index. Devices the plugin does not know come
+    last."""
     chosen = list(dict.fromkeys(must_include))
     rest = [d for d in dict.fromkeys(available) if d not in chosen]
 
-    def key(device_id: str) -> tuple[bool, int, int, int, int, str]:
+    def key(device_id: str) -> tuple[bool, tuple[bool, int], int, tuple[bool, int, int, int], str]:
         s = states.get(device_id)
         far = 0
         if distance is not None and chosen:
             far = max((distance(device_id, c) or 0) for c in chosen)
         if s is None:
-            return (True, 1, far, 1 << 30, 0, device_id)
-        unhealthy, most_free, index = device_order(s.healthy, s.free_mib, s.index)
-        return (unhealthy, most_free, far, index, s.mig_index or 0, device_id)
+            return (True, (True, 0), far, (True, 0, 0, 0), device_id)
+        order = whole_key(s.info())
+        return (False, order[:2], far, order, device_id)
 
     while rest and len(chosen) < size:
         best = min(rest, key=key)

@@ -2,99 +2,135 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from ..core.readings import AgentFeed
-from ..core.settings import Settings, stuck_after_s
-from ..core.sharing import SharedGpus
-from .allocation import DEFAULT_PLUGIN_DIR, socket_name_for, trace_devices
-from .registration import KubeletRegistration
-from .service import NOT_SHARED, DeviceService
-from .slicer import DEFAULT_SETTLE_S
-from .strategies import DEFAULT_STRATEGIES
+from .allocation import DeviceState, mig_resource_name
+from .config import DEFAULT_CONFIG, PluginConfig, Scope
+from .inventory import Inventory
+from .registration import Endpoint, KubeletRegistration
+from .service import DeviceService
+from .slicer import Slicer
+
+__all__ = ["DevicePlugin"]
 
 
-class DevicePlugin(DeviceService, KubeletRegistration):
-    """The device plugin servicer (``service.DeviceService``) and its registration with the
-    kubelet (``registration.KubeletRegistration``).
+class DevicePlugin:
+    """One resource's device plugin, composed of its ``inventory`` (``inventory.Inventory``: the
+    devices and their health from the agent's cache), its ``service`` (``service.DeviceService``:
+    the kubelet's calls), its ``registration`` (``registration.KubeletRegistration``: serving the
+    service on its socket and registering it) and, for the shared resource, its ``slicer``
+    (``slicer.Slicer``: the book of slices).
 
     - ``source``: what it reads from the agent (``core.readings.AgentFeed``: an ``Agent``), or
       ``service.CacheFeed`` over a bare cache (``.last`` the latest ``TickResult``) ticked by
       someone else.
-    - ``resource_name``: the extended resource (``nvidia.com/gpu``).
-    - ``plugin_dir``: the kubelet's device-plugins folder (``kubelet.sock`` is in it, and the
-      plugin's socket goes in it); ``socket_name``: the plugin's socket there (by default
-      derived from ``resource_name``).
-    - ``devices``: ``(index, uuid)`` known before the first reading (a trace's GPUs), so a GPU
-      that is gone or unreadable stays listed, as Unhealthy.
-    - ``profile``: ``None`` serves whole GPUs (MIG off); a MIG profile (``1g.10gb``) serves the
-      MIG devices of that profile (``resource_name`` is then ``nvidia.com/mig-1g.10gb``).
-    - ``poll_s``: how often streams look at the cache; ``resync_s``: how often the registration
-      is checked besides the folder events; ``first_read_timeout_s``: how long serving waits
-      for the agent's first reading.
-    - ``stale_after_s``: every device is Unhealthy while the reading is older than this, on
-      ``clock`` (``None``: off; ``from_settings`` sets it: ``core.settings.stuck_after_s``).
-    - ``strategies``: NVIDIA's device list strategies ``Allocate`` answers by
-      (``strategies.container_response``; ``from_settings``: ``OMATICAYA_DEVICE_LIST_STRATEGY``).
-    - ``shared``, ``unit_mib``, ``policy``, ``settle_s``: GPU sharing by memory (see
-      ``service.DeviceService``): the whole-GPU resource leaves the ``shared`` GPUs out; with
-      ``unit_mib`` this plugin serves their units (``DevicePluginSet`` makes that one).
+    - ``config``: the node's plugins' configuration (``config.PluginConfig``: resource names,
+      folder, strategies, sharing, timing, devices known in advance).
+    - ``profile``: ``None`` serves whole GPUs (MIG off), as ``config.resource_name``; a MIG
+      profile (``1g.10gb``) its MIG devices, as ``nvidia.com/mig-1g.10gb``.
+    - ``units``: serve the shared GPUs' memory units instead (``config.sharing``), as its
+      ``resource_name``; the whole-GPU resource leaves those GPUs out.
+    - ``devices``: ``(index, uuid)`` (unit IDs for ``units``) known before the first reading;
+      ``None``: those of ``config`` for this resource.
 
     ``start()`` serves and registers in a background thread; ``stop()`` undoes it.
     """
 
-    def __init__(
-        self,
-        source: AgentFeed,
-        *,
-        resource_name: str = "nvidia.com/gpu",
-        plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
-        socket_name: str | None = None,
-        devices: Iterable[tuple[int, str]] = (),
-        profile: str | None = None,
-        poll_s: float = 0.2,
-        resync_s: float = 5.0,
-        first_read_timeout_s: float = 30.0,
-        stale_after_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        strategies: Sequence[str] = DEFAULT_STRATEGIES,
-        shared: SharedGpus = NOT_SHARED,
-        unit_mib: int | None = None,
-        policy: str = "binpack",
-        settle_s: float = DEFAULT_SETTLE_S,
-    ) -> None:
-        DeviceService.__init__(
-            self, source, devices=devices, profile=profile, poll_s=poll_s,
-            stale_after_s=stale_after_s, clock=clock, strategies=strategies,
-            shared=shared, unit_mib=unit_mib, policy=policy, settle_s=settle_s,
-        )
-        KubeletRegistration.__init__(
-            self,
-            resource_name=resource_name,
-            plugin_dir=Path(plugin_dir),
-            socket_name=socket_name or socket_name_for(resource_name),
-            resync_s=resync_s,
-            first_read_timeout_s=first_read_timeout_s,
-        )
+    def __init__(self, source: AgentFeed, config: PluginConfig = DEFAULT_CONFIG, *,
+                 profile: str | None = None, units: bool = False,
+                 devices: Iterable[tuple[int, str]] | None = None) -> None:  # fmt: skip
+        sharing, timing = config.sharing, config.timing
+        if devices is None:
+            devices = config.shared_units if units else config.units.get(profile, ())
+        self.slicer = (
+            Slicer(sharing.unit_mib, policy=sharing.policy, settle_s=sharing.settle_s,
+                   clock=timing.clock, held=lambda: source.last_listed,
+                   stamp=lambda: float(source.clock()))
+            if units else None
+        )  # fmt: skip
+        scope = Scope(profile, sharing.shared, units)
+        self.inventory = Inventory(source.cache, scope, devices, timing, self.slicer)
+        self.service = DeviceService(self.inventory, strategies=config.strategies,
+                                     topology=source.topology, poll_s=timing.poll_s)  # fmt: skip
+        if units:
+            name = sharing.resource_name
+        elif profile is not None:
+            name = mig_resource_name(config.resource_name, profile)
+        else:
+            name = config.resource_name
+        endpoint = Endpoint(name, config.plugin_dir)
+        self.registration = KubeletRegistration(self.service, endpoint, source, timing)
+        self._source = source
 
-    @classmethod
-    def from_settings(cls, source: AgentFeed, settings: Settings, **kwargs: Any) -> DevicePlugin:
-        """A plugin configured by ``OMATICAYA_DEVICE_PLUGIN_*``; with a trace, its GPUs are the
-        devices from the start; devices turn Unhealthy when the reading is older than
-        ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound."""
-        kwargs.setdefault("stale_after_s", stuck_after_s(settings))
-        kwargs.setdefault("strategies", settings.device_list_strategy)
-        kwargs.setdefault("shared", settings.shared_gpus)
-        devices = kwargs.pop("devices", None)
-        if devices is None and settings.trace is not None:
-            devices = [d for d in trace_devices(settings.trace) if d[0] not in settings.shared_gpus]
-        return cls(
-            source,
-            resource_name=settings.device_plugin_resource,
-            plugin_dir=settings.device_plugin_dir,
-            devices=devices or (),
-            **kwargs,
-        )
+    # -- the parts, as one plugin ------------------------------------------------------------
+
+    @property
+    def resource_name(self) -> str:
+        """The extended resource served (``nvidia.com/gpu``)."""
+        return self.registration.resource_name
+
+    @property
+    def socket_path(self) -> Path:
+        """The plugin's socket."""
+        return self.registration.socket_path
+
+    @property
+    def kubelet_socket(self) -> Path:
+        """The kubelet's registration socket."""
+        return self.registration.kubelet_socket
+
+    @property
+    def registrations(self) -> int:
+        """Registrations the kubelet accepted."""
+        return self.registration.registrations
+
+    @property
+    def serves(self) -> int:
+        """gRPC servers started on the socket."""
+        return self.registration.serves
+
+    @property
+    def refusals(self) -> int:
+        """``Allocate`` and ``PreStartContainer`` calls refused."""
+        return self.service.refusals
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """NVIDIA's device list strategies ``Allocate`` answers by."""
+        return self.service.strategies
+
+    @property
+    def stale(self) -> bool:
+        """Whether the last look found the reading stale."""
+        return self.inventory.stale
+
+    @property
+    def stale_after_s(self) -> float | None:
+        """Devices are Unhealthy while the reading is older than this (``None``: off)."""
+        return self.inventory.stale_after_s
+
+    def devices(self) -> list[DeviceState]:
+        """Every known device with its health from the latest reading (``Inventory.devices``)."""
+        return self.inventory.devices()
+
+    def gpu_states(self) -> list[DeviceState]:
+        """The known GPUs (for the shared resource, not as units) with their health."""
+        return self.inventory.gpu_states()
+
+    def start(self) -> None:
+        """Serve and register in a background thread; watch the folder for kubelet restarts."""
+        self.registration.start()
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """End the streams (each sends its last list), close the server, remove the socket."""
+        self.registration.stop(grace_s)
+
+    def notify(self) -> None:
+        """Wake every ``ListAndWatch`` stream now."""
+        self.service.notify()
+
+    def wait_registered(self, timeout_s: float) -> bool:
+        """True once registered with the kubelet, waiting up to ``timeout_s`` seconds."""
+        return self.registration.wait_registered(timeout_s)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +15,35 @@ from loguru import logger
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from ..core.readings import AgentFeed, ReadingCache, TickResult
-from .allocation import API_VERSION, KUBELET_SOCKET
-from .service import plugin_options
+from ..core.readings import AgentFeed, TickResult
+from .allocation import API_VERSION, KUBELET_SOCKET, plugin_options, socket_name_for
+from .config import DEFAULT_TIMING, Timing
+from .service import DeviceService
 from .v1beta1 import api_pb2, api_pb2_grpc
+
+__all__ = ["Endpoint", "KubeletRegistration"]
 
 #: a failed registration is tried again after 0.5 s, then 1, 2, 4, 8 and 10 s at most
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0
 #: how often the registration thread looks for the agent's first reading
 FIRST_READ_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where one plugin is served and registered: ``resource_name`` (``nvidia.com/gpu``) on
+    ``<plugin_dir>/<socket_name>`` (by default ``allocation.socket_name_for(resource_name)``),
+    registered on ``<plugin_dir>/kubelet.sock``."""
+
+    resource_name: str
+    plugin_dir: Path
+    socket_name: str | None = None
+
+    @property
+    def socket(self) -> str:
+        """The plugin's socket file name in ``plugin_dir``."""
+        return self.socket_name or socket_name_for(self.resource_name)
 
 
 class _FolderHandler(FileSystemEventHandler):
@@ -50,40 +69,33 @@ class _FolderHandler(FileSystemEventHandler):
 
 
 class KubeletRegistration:
-    """The serving and registration half of ``DevicePlugin``, mixed into a ``DeviceService``
-    (the servicer served: its ``_cache``, ``_source``, ``_stopping`` and ``notify``).
+    """Serving one plugin's ``service`` (``service.DeviceService``) and registering it with the
+    kubelet: the serving half of ``DevicePlugin``.
 
-    The plugin serves ``<plugin_dir>/<socket_name>`` and registers ``resource_name`` on
-    ``<plugin_dir>/kubelet.sock``, in a background thread that first waits up to
-    ``first_read_timeout_s`` for the agent's first reading. A kubelet that restarts deletes
+    It serves ``<plugin_dir>/<socket_name>`` and registers ``resource_name`` on
+    ``<plugin_dir>/kubelet.sock`` (``endpoint``), in a background thread that first waits up to
+    ``timing.first_read_timeout_s`` for the agent's first reading (``source.cache``). Each tick of
+    ``source`` wakes the service's streams. A kubelet that restarts deletes
     every socket in the folder and creates a new ``kubelet.sock``: the folder is watched
     (``watchdog``) and the plugin serves and registers again at once; every ``resync_s`` it
     checks anyway. A failed registration is retried (tenacity) after 0.5 s, doubling to 10 s
-    (a folder event retries at once), with one warning per failure. ``serves`` and
-    ``registrations`` count the servers started and the registrations accepted.
+    (a folder event retries at once), with one warning per failure; ``timing.resync_s``: how often
+    it checks besides the folder's events. ``serves`` and ``registrations`` count the servers
+    started and the registrations accepted.
     """
 
-    _cache: ReadingCache
-    _source: AgentFeed
-    _stopping: threading.Event
-    notify: Callable[[], None]
-
-    def __init__(
-        self,
-        *,
-        resource_name: str,
-        plugin_dir: Path,
-        socket_name: str,
-        resync_s: float,
-        first_read_timeout_s: float,
-    ) -> None:
-        self.resource_name = resource_name
-        self.plugin_dir = plugin_dir
-        self.socket_name = socket_name
-        self.socket_path = plugin_dir / socket_name
-        self.kubelet_socket = plugin_dir / KUBELET_SOCKET
-        self.resync_s = resync_s
-        self.first_read_timeout_s = first_read_timeout_s
+    def __init__(self, service: DeviceService, endpoint: Endpoint, source: AgentFeed,
+                 timing: Timing = DEFAULT_TIMING) -> None:  # fmt: skip
+        self.service = service
+        self._source = source
+        self._stopping = service.stopping
+        self.resource_name = endpoint.resource_name
+        self.plugin_dir = Path(endpoint.plugin_dir)
+        self.socket_name = endpoint.socket
+        self.socket_path = self.plugin_dir / self.socket_name
+        self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self.resync_s = timing.resync_s
+        self.first_read_timeout_s = timing.first_read_timeout_s
         self._kick = threading.Event()
         self._registered = threading.Event()
         self._server: grpc.Server | None = None
@@ -110,7 +122,7 @@ class KubeletRegistration:
         self._thread.start()
 
     def _on_tick(self, _result: TickResult) -> None:
-        self.notify()
+        self.service.notify()
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving: end the streams (each sends its last list first), close the server,
@@ -118,7 +130,7 @@ class KubeletRegistration:
         which are not changed while the agent calls them)."""
         self._stopping.set()
         self._kick.set()
-        self.notify()
+        self.service.notify()
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=5)
@@ -158,7 +170,7 @@ class KubeletRegistration:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="device-plugin-rpc")
         )
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
         if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
             raise OSError(f"cannot listen on {self.socket_path}")
         server.start()
@@ -214,7 +226,7 @@ class KubeletRegistration:
             wait=tenacity.wait_fixed(FIRST_READ_POLL_S),
             sleep=self._stopping.wait,  # type: ignore[arg-type]  # tenacity drops wait()'s bool
             retry_error_callback=lambda state: None,
-        )(lambda: self._cache.last)
+        )(lambda: self._source.cache.last)
         return not self._stopping.is_set()
 
     def _pause(self, seconds: float) -> None:

@@ -1,36 +1,29 @@
-"""The gRPC servicer of one device-plugin resource: its devices from the agent's cache, and the kubelet's calls."""
+"""The gRPC servicer of one device-plugin resource: the kubelet's calls, answered from the
+plugin's ``Inventory`` (devices and their health), the placement model's order of whole devices
+(``allocation.preferred``) or the shared resource's book (``slicer.Slicer``), and the device list
+strategies (``strategies.container_response``)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from loguru import logger
 
-from ..core.health import Unit
-from ..core.readings import AgentFeed, ReadingCache, TickListener, Topology
-from ..core.sayonce import SayOnce
-from ..core.sharing import SharedGpus, unit_count, unit_gpu
-from .allocation import STALE_READING, DeviceState, departed, preferred
-from .slicer import DEFAULT_SETTLE_S, Slicer, SliceRefused
-from .slices import expand
+from ..core.readings import ReadingCache, TickListener, Topology
+from ..core.sharing import unit_gpu
+from .allocation import DeviceState, plugin_options, preferred
+from .inventory import Inventory
+from .slicer import Booking
+from .slices import SliceRefused, expand
 from .strategies import DEFAULT_STRATEGIES, container_response
 from .v1beta1 import api_pb2, api_pb2_grpc
 
-#: no GPU shared (the default of ``shared``)
-NOT_SHARED = SharedGpus()
-
-
-def plugin_options() -> Any:
-    """The ``DevicePluginOptions`` this plugin serves and registers: PreStartContainer and
-    GetPreferredAllocation both wanted."""
-    return api_pb2.DevicePluginOptions(
-        pre_start_required=True, get_preferred_allocation_available=True
-    )
+__all__ = ["CacheFeed", "DeviceService"]
 
 
 @dataclass
@@ -47,196 +40,33 @@ class CacheFeed:
 
 
 class DeviceService(api_pb2_grpc.DevicePluginServicer):
-    """The ``DevicePlugin`` service of one resource, answered from the agent's cache.
+    """The ``DevicePlugin`` gRPC service of one resource.
 
-    - ``source``: what it reads from the agent (``core.readings.AgentFeed``: an ``Agent``; its
-      ``cache.last`` is served, its ``topology`` breaks ties on real NVML, its ``last_listed``
-      releases slices), or ``CacheFeed`` over a bare cache ticked by someone else.
-    - ``devices``: ``(index, uuid)`` known before the first reading (a trace's GPUs), so a GPU
-      that is gone or unreadable stays listed, as Unhealthy.
-    - ``profile``: ``None`` serves whole GPUs (MIG off); a MIG profile (``1g.10gb``) serves the
-      MIG devices of that profile.
-    - ``poll_s``: how often ``ListAndWatch`` streams look at the cache besides ``notify()``.
-    - ``stale_after_s``: every device is Unhealthy (reason ``stale-reading``) while the reading
-      it serves is older than this (a tick that never returns: a blocked NVML call), and
-      Healthy again as soon as a fresh one comes; ``None``: off. The age is on the plugin's own
-      ``clock`` (monotonic seconds), from when it first saw that reading, so the agent's wall
-      clock plays no part.
+    - ``inventory``: the resource's devices and their health (``inventory.Inventory``); its
+      ``slicer``, when set, makes this the shared resource (units of shared GPUs).
     - ``strategies``: how ``Allocate`` hands a container its devices, NVIDIA's device list
       strategies (``strategies.container_response``; ``OMATICAYA_DEVICE_LIST_STRATEGY``).
-    - ``shared``: the GPUs served as memory units (``OMATICAYA_SHARED_GPUS``; MIG-enabled ones
-      never are): the whole-GPU resource (``profile`` and ``unit_mib`` None) leaves them out.
-    - ``unit_mib``: set, this serves the shared resource: each shared GPU as one unit device
-      per ``unit_mib`` MiB of its total memory (``devices`` then are unit IDs), with the health
-      of its GPU; ``policy`` and ``settle_s`` as in ``slicer.Slicer``.
+    - ``topology``: on real NVML, the PCIe/NVLink distance between two GPUs, which breaks ties
+      of the preferred allocation (``allocation.preferred``); ``None``: none.
+    - ``poll_s``: how often ``ListAndWatch`` streams look at the inventory besides ``notify()``.
 
-    Devices that left the reading (``allocation.departed``: a re-created MIG layout, a GPU now
-    in MIG mode) leave the list. Streams send the last list and end once ``_stopping`` is set.
-    ``refusals`` counts the ``Allocate`` and ``PreStartContainer`` calls refused (unknown or
-    unhealthy devices); ``stale`` is whether the last look found the reading stale.
+    Streams send the last list and end once ``stopping`` is set. ``refusals`` counts the
+    ``Allocate`` and ``PreStartContainer`` calls refused (unknown or unhealthy devices, a slice
+    across GPUs or without the live room). An ``Allocate`` refused for one of its containers
+    books no slice for the others (``slicer.Slicer.take_back``).
     """
 
-    def __init__(
-        self,
-        source: AgentFeed,
-        *,
-        devices: Iterable[tuple[int, str]] = (),
-        profile: str | None = None,
-        poll_s: float = 0.2,
-        stale_after_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        strategies: Sequence[str] = DEFAULT_STRATEGIES,
-        shared: SharedGpus = NOT_SHARED,
-        unit_mib: int | None = None,
-        policy: str = "binpack",
-        settle_s: float = DEFAULT_SETTLE_S,
-    ) -> None:
-        self._source = source
-        # on real NVML the agent's reader knows the PCIe/NVLink topology between two GPUs
-        self._topology = source.topology
-        self._cache = source.cache
-        self.poll_s = poll_s
-        self.profile = profile
-        self.shared = shared
-        self.slicer = (
-            Slicer(unit_mib, policy=policy, settle_s=settle_s, clock=clock,
-                   held=self._held_units, stamp=self._agent_now)
-            if unit_mib else None
-        )  # fmt: skip
-        devices = list(devices)
-        if self.slicer is not None:  # unit IDs known in advance: their GPUs, and unit counts
-            self.slicer.learn(d for _, d in devices)
-            devices = list(dict.fromkeys((i, unit_gpu(d) or d) for i, d in devices))
-        self._known: dict[str, int] = {uuid: index for index, uuid in devices}
-        self._parents: dict[str, str] = {}  # MIG device UUID -> its parent GPU's UUID
-        self.stale_after_s = stale_after_s
-        self._clock = clock
-        self._seen: object | None = None  # the snapshot last seen, and when (``clock``)
-        self._seen_at_s = 0.0
-        self.stale = False
-        self._lock = threading.Lock()
-        self._changed = threading.Condition()
-        self._stopping = threading.Event()
-        self._logged: SayOnce[str, bool] = SayOnce()  # devices said unhealthy
-        self.refusals = 0  # Allocate / PreStartContainer calls refused (unknown or unhealthy)
+    def __init__(self, inventory: Inventory, *, strategies: Sequence[str] = DEFAULT_STRATEGIES,
+                 topology: Topology | None = None, poll_s: float = 0.2) -> None:  # fmt: skip
+        self.inventory = inventory
+        self.slicer = inventory.slicer
         #: NVIDIA's device list strategies Allocate answers by (``strategies.py``)
         self.strategies: tuple[str, ...] = tuple(strategies)
-
-    # -- the devices, from the agent's cache ----------------------------------------------
-
-    def _held_units(self) -> tuple[frozenset[str], float] | None:
-        """The device IDs the kubelet's last PodResources list names as assigned, and when it
-        was asked for on the agent's clock (the agent's ``last_listed``); ``None``: the agent
-        lists none (no socket, or it failed)."""
-        return self._source.last_listed
-
-    def _agent_now(self) -> float:
-        """The agent's clock now (``AgentFeed.clock``), which ``_held_units``' times are on."""
-        return float(self._source.clock())
-
-    def devices(self) -> list[DeviceState]:
-        """Every known device with its health from the latest reading, in index order: GPUs,
-        MIG devices, or (the shared resource) each shared GPU's units."""
-        gpus = self.gpu_states()
-        if self.slicer is None:
-            return gpus
-        return expand(gpus, self.slicer.counts)
-
-    def _mine(self, unit: Unit) -> bool:
-        """Whether ``unit`` (from the health assessment) is one of this resource's."""
-        if unit.profile != self.profile or unit.is_mig != (self.profile is not None):
-            return False
-        return unit.is_mig or (unit.gpu_index in self.shared) == (self.slicer is not None)
-
-    def gpu_states(self) -> list[DeviceState]:
-        """Every known GPU (or MIG device) of this resource with its health from the latest
-        reading, in index order; for the shared resource, the shared GPUs (not yet as units)."""
-        last = self._cache.last
-        with self._lock:
-            if last is None:
-                states = [
-                    DeviceState(uuid, index, False, ("no-reading",))
-                    for uuid, index in self._known.items()
-                ]
-                return sorted(states, key=lambda s: (s.index, s.id))
-            snapshot, health = last.snapshot, last.health
-            stale = self._stale(snapshot)
-            by_index = {index: uuid for uuid, index in self._known.items()}
-            gpu_uuid = {g.index: g.uuid for g in snapshot.gpus if g.uuid}
-            units: dict[str, Unit] = {}
-            for unit in health.units:
-                if not self._mine(unit):
-                    continue  # another plugin's resource
-                uuid = unit.uuid or (None if unit.is_mig else by_index.get(unit.gpu_index))
-                if uuid is None:
-                    continue  # never read its UUID: nothing to advertise
-                if self.slicer is not None:
-                    self.slicer.note_units(uuid, unit_count(unit.memory_total_mib, self.slicer.unit_mib))
-                self._known[uuid] = unit.gpu_index
-                if unit.is_mig and unit.gpu_index in gpu_uuid:
-                    self._parents[uuid] = gpu_uuid[unit.gpu_index]
-                units[uuid] = unit
-            for uuid in departed(
-                self._known, self._parents, units, snapshot, self.profile is not None
-            ):
-                logger.info("device plugin: {} left the reading: no longer advertised", uuid)
-                del self._known[uuid]
-                self._parents.pop(uuid, None)
-                self._logged.end(uuid)
-            states = []
-            for uuid, index in self._known.items():
-                read = units.get(uuid)
-                if stale:
-                    states.append(DeviceState(uuid, index, False, (STALE_READING,)))
-                elif snapshot.error is not None:
-                    states.append(DeviceState(uuid, index, False, (snapshot.error,)))
-                elif read is None:
-                    states.append(DeviceState(uuid, index, False, ("absent",)))
-                else:
-                    states.append(
-                        DeviceState(
-                            uuid,
-                            read.gpu_index,
-                            read.healthy,
-                            read.reasons,
-                            read.memory_free_mib,
-                            read.mig_index,
-                        )
-                    )
-        states.sort(key=lambda s: (s.index, s.mig_index or 0, s.id))
-        self._log_changes(states)
-        return states
-
-    def _stale(self, snapshot: object) -> bool:
-        """Whether ``snapshot`` (the reading served) is older than ``stale_after_s`` on our
-        clock, counted from when this plugin first saw it; logs each change once. Called under
-        ``_lock``."""
-        now_s = self._clock()
-        if snapshot is not self._seen:
-            self._seen, self._seen_at_s = snapshot, now_s
-        age_s = now_s - self._seen_at_s
-        stale = self.stale_after_s is not None and age_s > self.stale_after_s
-        if stale and not self.stale:
-            logger.warning(
-                "device plugin: the agent's reading is {:.1f}s old (more than {:.3g}s): every "
-                "{} device Unhealthy until a fresh one", age_s, self.stale_after_s,
-                self.profile or "GPU",
-            )
-        elif self.stale and not stale:
-            logger.info("device plugin: a fresh reading again: devices follow their health")
-        self.stale = stale
-        return stale
-
-    def _log_changes(self, states: list[DeviceState]) -> None:
-        with self._lock:
-            for s in states:
-                if s.healthy:
-                    if self._logged.end(s.id) is not None:
-                        logger.info("device plugin: GPU {} {} healthy again", s.index, s.id)
-                elif self._logged.start(s.id, True):
-                    logger.warning(
-                        "device plugin: GPU {} {} unhealthy ({})", s.index, s.id, ",".join(s.reasons)
-                    )
+        self._topology = topology
+        self.poll_s = poll_s
+        self.stopping = threading.Event()
+        self._changed = threading.Condition()
+        self.refusals = 0
 
     def notify(self) -> None:
         """Wake every ``ListAndWatch`` stream now (call after each tick)."""
@@ -246,14 +76,16 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     # -- the gRPC service ------------------------------------------------------------------
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        """The options this plugin serves (``allocation.plugin_options``)."""
         return plugin_options()
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
+        """The device list, then a new one whenever a device's health changes; the last one
+        (empty when every device left) once ``stopping`` is set."""
         sent: tuple[tuple[str, str], ...] | None = None
         while context.is_active():
-            stopping = self._stopping.is_set()
-            states = self.devices()
-            now = tuple((s.id, s.health) for s in states)
+            stopping = self.stopping.is_set()
+            now = tuple((s.id, s.health) for s in self.inventory.devices())
             if now != sent:
                 logger.debug(
                     "device plugin: ListAndWatch sends {} devices, {} unhealthy",
@@ -269,9 +101,11 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
                 self._changed.wait(self.poll_s)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
-        # the shared resource: each container's units from one GPU (``slicer.Slicer``)
-        gpus = self.gpu_states() if self.slicer is not None else []
-        states = {s.id: s for s in self.devices()} if self.slicer is None else {}
+        """Per container request, the devices to prefer out of the kubelet's available list:
+        for the shared resource each container's units from one GPU (``slicer.Slicer``), else
+        whole devices in the placement model's order (``allocation.preferred``)."""
+        gpus = self.inventory.gpu_states() if self.slicer is not None else []
+        states = {s.id: s for s in self.inventory.devices()} if self.slicer is None else {}
         responses = []
         for req in request.container_requests:
             available, must = list(req.available_deviceIDs), list(req.must_include_deviceIDs)
@@ -286,36 +120,54 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request: Any, context: Any) -> Any:
-        gpus = self.gpu_states() if self.slicer is not None else []
-        devices = expand(gpus, self.slicer.counts) if self.slicer is not None else self.devices()
+        """Each container's devices, by the device list strategies (plus, for a slice, its
+        memory limit in the environment); refuses unknown or unhealthy devices and a slice the
+        book refuses (``slicer.Slicer.allocate``). A refusal takes back the slices already
+        booked for the earlier containers of the same request."""
+        gpus = self.inventory.gpu_states() if self.slicer is not None else []
+        devices = expand(gpus, self.slicer.counts) if self.slicer is not None else (
+            self.inventory.devices())  # fmt: skip
         states = {s.id: s for s in devices}
-        responses = []
-        for req in request.container_requests:
-            ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
-            self._refuse(ids, states, context, "allocate")
-            visible, envs = ids, dict[str, str]()
-            if self.slicer is not None and ids:  # (no device: an empty answer, as for GPUs)
-                try:
-                    gpu, envs = self.slicer.allocate(ids, gpus)
-                except SliceRefused as exc:
-                    self.refusals += 1
-                    logger.warning("device plugin: refused a slice: {}", exc.message)
-                    context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
-                visible = [gpu]
-                logger.info("device plugin: allocate {} units on {} ({})", len(ids), gpu, envs)
-            else:
-                logger.info("device plugin: allocate {}", ids)
-            try:
-                responses.append(container_response(visible, envs, self.strategies))
-            except ValueError as exc:  # a device ID no strategy can name (from the driver)
-                self.refusals += 1
-                logger.warning("device plugin: refused to allocate: {}", exc)
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)[:256])
+        booking = Booking()
+        try:
+            responses = [self._allocate(req, states, gpus, booking, context)
+                         for req in request.container_requests]  # fmt: skip
+        except BaseException:  # context.abort raises: nothing of this request stays booked
+            if self.slicer is not None:
+                self.slicer.take_back(booking)
+            raise
         return api_pb2.AllocateResponse(container_responses=responses)
 
+    def _allocate(self, req: Any, states: dict[str, DeviceState], gpus: list[DeviceState],
+                  booking: Booking, context: Any) -> Any:  # fmt: skip
+        """One container's answer (see ``Allocate``); aborts ``context`` on a refusal."""
+        ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
+        self._refuse(ids, states, context, "allocate")
+        visible, envs = ids, dict[str, str]()
+        if self.slicer is not None and ids:  # (no device: an empty answer, as for GPUs)
+            try:
+                gpu, envs = self.slicer.allocate(ids, gpus, booking)
+            except SliceRefused as exc:
+                self.refusals += 1
+                logger.warning("device plugin: refused a slice: {}", exc.message)
+                context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            visible = [gpu]
+            logger.info("device plugin: allocate {} units on {} ({})", len(ids), gpu, envs)
+        else:
+            logger.info("device plugin: allocate {}", ids)
+        try:
+            return container_response(visible, envs, self.strategies)
+        except ValueError as exc:  # a device ID no strategy can name (from the driver)
+            self.refusals += 1
+            logger.warning("device plugin: refused to allocate: {}", exc)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)[:256])
+            raise  # (abort raises; for a context that does not)
+
     def PreStartContainer(self, request: Any, context: Any) -> Any:
+        """Refuses a device that turned unhealthy (or left) since its allocation."""
         ids = list(request.devicesIDs)
-        self._refuse(ids, {s.id: s for s in self.devices()}, context, "start a container on")
+        states = {s.id: s for s in self.inventory.devices()}
+        self._refuse(ids, states, context, "start a container on")
         return api_pb2.PreStartContainerResponse()
 
     def _refuse(

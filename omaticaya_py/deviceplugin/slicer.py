@@ -13,14 +13,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from loguru import logger
 
+from ..core.placement import POLICIES
 from ..core.sharing import parse_unit_id, slice_mib
 from .allocation import DeviceState
 from .slices import (
-    POLICIES,
+    DEFAULT_SETTLE_S,
     Slice,
+    SliceRefused,
     gpus_of,
     preferred_units,
     released,
@@ -30,10 +33,8 @@ from .slices import (
     superseded,
 )
 
-__all__ = ["DEFAULT_SETTLE_S", "SliceRefused", "Slicer"]
+__all__ = ["DEFAULT_SETTLE_S", "Booking", "SliceRefused", "Slicer"]
 
-#: how long a slice counts against its GPU's live free memory when the reading never shows it
-DEFAULT_SETTLE_S = 60.0
 #: a PodResources list asked for this long after a slice's Allocate names it if the kubelet
 #: still holds it (the kubelet records the devices as the RPC returns, within milliseconds)
 LIST_MARGIN_S = 1.0
@@ -41,14 +42,14 @@ LIST_MARGIN_S = 1.0
 MAX_SLICES_PER_GPU = 4096
 
 
-class SliceRefused(Exception):
-    """``Allocate`` must refuse a slice: ``code`` is the gRPC status name (``INVALID_ARGUMENT``
-    for units across GPUs, ``FAILED_PRECONDITION`` for a GPU without the live room)."""
+@dataclass
+class Booking:
+    """What one ``Allocate`` call booked so far, container by container: the slices ``added``
+    and those they ``superseded`` (taken out of the book), so that a refusal of a later
+    container of the same call can take the earlier ones back (``Slicer.take_back``)."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    added: list[Slice] = field(default_factory=list)
+    superseded: list[Slice] = field(default_factory=list)
 
 
 class Slicer:
@@ -130,12 +131,14 @@ class Slicer:
         )
         return ids
 
-    def allocate(self, ids: Sequence[str], gpus: Sequence[DeviceState]) -> tuple[str, dict[str, str]]:
+    def allocate(self, ids: Sequence[str], gpus: Sequence[DeviceState],
+                 booking: Booking | None = None) -> tuple[str, dict[str, str]]:  # fmt: skip
         """Hand out the slice of unit IDs ``ids`` (known, healthy: the servicer checked): its
         GPU's UUID and the container's extra environment (``slices.slice_envs``); the slice then
-        counts on that GPU, in place of the slices it supersedes (``slices.superseded``). Raises
-        ``SliceRefused`` when the units are on more than one GPU, or when the GPU's live free
-        memory less the slices pending there cannot hold it."""
+        counts on that GPU, in place of the slices it supersedes (``slices.superseded``), both
+        noted in ``booking`` when given. Raises ``SliceRefused`` when the units are on more than
+        one GPU, or when the GPU's live free memory less the slices pending there cannot hold
+        it."""
         on = gpus_of(ids)
         by_id = {g.id: g for g in gpus}
         if len(on) != 1:
@@ -164,9 +167,30 @@ class Slicer:
             held = [s for s in held_now if s not in over]
             now = self._stamp() if self._stamp is not None else None
             after = None if now is None else now + LIST_MARGIN_S
-            held.append(Slice(units, gpu.id, mib, self._clock(), gpu.free_mib, after))
+            added = Slice(units, gpu.id, mib, self._clock(), gpu.free_mib, after)
+            held.append(added)
             self.slices[gpu.id] = tuple(held[-MAX_SLICES_PER_GPU:])
+            if booking is not None:
+                booking.added.append(added)
+                booking.superseded.extend(over)
         return gpu.id, slice_envs(len(units), self.unit_mib)
+
+    def take_back(self, booking: Booking) -> None:
+        """Undo ``booking`` (an ``Allocate`` refused after some of its containers were booked):
+        its slices leave the book, and the slices they superseded count again, oldest first
+        (unless the book forgot them meanwhile)."""
+        added = {id(s) for s in booking.added}
+        with self._lock:
+            for gpu in {s.gpu for s in [*booking.added, *booking.superseded]}:
+                kept = [s for s in self.slices.get(gpu, ()) if id(s) not in added]
+                kept += [s for s in booking.superseded if s.gpu == gpu and s not in kept]
+                kept.sort(key=lambda s: s.at_s)
+                if kept:
+                    self.slices[gpu] = tuple(kept)
+                else:
+                    self.slices.pop(gpu, None)
+        booking.added.clear()
+        booking.superseded.clear()
 
     def note_units(self, gpu_uuid: str, count: int) -> None:
         """Record a GPU's unit count (from its total memory); a count of 0 (total unknown)

@@ -10,9 +10,11 @@ gets; all of them come from one GPU, chosen where both books have room:
   Kubernetes does not know about counts) minus the slices ``Allocate`` handed out on it that
   the reading does not show yet (``still_pending``).
 
-``choose`` takes, among the healthy GPUs where the slice fits in both, the one with the least
-room (``binpack``, the default: big holes stay whole for big slices) or the most (``spread``);
-room is the least of the two books, lowest GPU index on a tie.
+Which GPU is the placement model's (``core.placement.pick_slice``, the extender's rule too):
+among the healthy GPUs where the slice fits in both books, the one with the least room
+(``binpack``, the default: big holes stay whole for big slices) or the most (``spread``); room
+is the least of the two books, lowest GPU index on a tie. ``Room`` is a GPU as that choice sees
+it, ``choose`` asks the model for one slice.
 
 A slice handed out stops counting against its GPU's live free memory (``still_pending``) when
 
@@ -39,16 +41,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 
+from ..core.placement import pick_slice, whole_key
+from ..core.schema import GpuInfo
 from ..core.sharing import gpu_room_mib, parse_unit_id, slice_mib, unit_id
 from ..core.shown import Grant, still_counting
 from .allocation import DeviceState
 
 __all__ = [
+    "DEFAULT_SETTLE_S",
     "LIMIT_ENV",
     "MPS_LIMIT_ENV",
-    "POLICIES",
     "Room",
     "Slice",
+    "SliceRefused",
     "choose",
     "expand",
     "gpus_of",
@@ -64,8 +69,18 @@ __all__ = [
 LIMIT_ENV = "OMATICAYA_GPU_MEMORY_LIMIT_MIB"
 #: CUDA MPS's per-client device memory limit: enforced only under an MPS control daemon
 MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-#: placement policies: the fitting GPU with the least room, or with the most
-POLICIES = ("binpack", "spread")
+#: how long a slice counts against its GPU's live free memory when the reading never shows it
+DEFAULT_SETTLE_S = 60.0
+
+
+class SliceRefused(Exception):
+    """``Allocate`` must refuse a slice: ``code`` is the gRPC status name (``INVALID_ARGUMENT``
+    for units across GPUs, ``FAILED_PRECONDITION`` for a GPU without the live room)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +117,12 @@ class Room:
         if self.free_mib is None:
             return -1
         return gpu_room_mib(self.free_mib, len(self.available), unit_mib)
+
+    def info(self) -> GpuInfo:
+        """This GPU as the placement model sees it: its live free MiB less the slices pending
+        (-1 when unknown: no slice fits), health, and its available units as ``units_left``."""
+        free = self.free_mib if self.free_mib is not None else -1
+        return GpuInfo(self.index, free, self.healthy, units_left=len(self.available))
 
 
 def expand(gpus: Iterable[DeviceState], counts: Mapping[str, int]) -> list[DeviceState]:
@@ -186,15 +207,13 @@ def rooms(
 
 
 def choose(candidates: Sequence[Room], size: int, unit_mib: int, policy: str = "binpack") -> Room | None:
-    """The GPU a slice of ``size`` units goes to: healthy, ``size`` units available and
-    ``size * unit_mib`` MiB of live room; ``binpack`` the least room, ``spread`` the most, lowest
-    index on a tie. ``None`` when no GPU has both."""
-    need_mib = slice_mib(size, unit_mib)
-    fit = [r for r in candidates if r.healthy and r.room_mib(unit_mib) >= need_mib]
-    if not fit:
-        return None
-    sign = 1 if policy != "spread" else -1
-    return min(fit, key=lambda r: (sign * r.room_mib(unit_mib), r.index))
+    """The GPU of ``candidates`` a slice of ``size`` units goes to, by the placement model
+    (``core.placement.pick_slice``): healthy, ``size`` units available and ``size * unit_mib``
+    MiB of live room; ``binpack`` the least room, ``spread`` the most, lowest index on a tie.
+    ``None`` when no GPU has both."""
+    infos = [r.info() for r in candidates]
+    best = pick_slice(infos, slice_mib(size, unit_mib), unit_mib, policy)
+    return next((r for r, g in zip(candidates, infos, strict=True) if g is best), None)
 
 
 def preferred_units(
@@ -206,8 +225,8 @@ def preferred_units(
 ) -> list[str]:
     """The ``size`` unit IDs to prefer: every must-include unit, then more from the must-include
     GPU (that GPU is the one); else all from ``choose``'s GPU. When no GPU has room in both
-    books, the healthy GPU with the units and the most live room (``Allocate`` then refuses it
-    with the reason); ``[]`` when no single GPU has the units (the kubelet then picks, and
+    books, the healthy GPU with the units that is first by ``core.placement.whole_key`` (the most
+    live room, lowest index; ``Allocate`` then refuses it with the reason); ``[]`` when no single GPU has the units (the kubelet then picks, and
     ``Allocate`` refuses a slice across GPUs)."""
     chosen = list(dict.fromkeys(must_include))
     if chosen:
@@ -217,11 +236,11 @@ def preferred_units(
                 chosen += [u for u in r.available if u not in chosen][: max(size - len(chosen), 0)]
         return chosen
     best = choose(candidates, size, unit_mib, policy)
-    if best is None:
+    if best is None:  # the placement model's first whole device: the most live free memory
         enough = [r for r in candidates if r.healthy and len(r.available) >= size]
         if not enough:
             return []
-        best = max(enough, key=lambda r: (r.free_mib if r.free_mib is not None else -1, -r.index))
+        best = min(enough, key=lambda r: whole_key(r.info()))
     return list(best.available[:size])
 
 

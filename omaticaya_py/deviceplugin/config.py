@@ -1,0 +1,130 @@
+"""What the device plugins of a node are configured with: one ``PluginConfig``, made from the
+settings once (``plugin_config``), and the small parts it groups.
+
+``PluginConfig`` holds every plugin's resource names, folder and device list strategies, the
+sharing by memory (``SharingConfig``), the timing (``Timing``) and the devices known before the
+first reading (a trace's); ``Scope`` says which of the node's devices one plugin serves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.placement import DEFAULT_POLICY
+from ..core.settings import Settings, stuck_after_s
+from ..core.sharing import DEFAULT_SHARED_RESOURCE, DEFAULT_UNIT_MIB, SharedGpus
+from .allocation import DEFAULT_PLUGIN_DIR, trace_slices, trace_units
+from .slices import DEFAULT_SETTLE_S
+from .strategies import DEFAULT_STRATEGIES
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "DEFAULT_TIMING",
+    "PluginConfig",
+    "Scope",
+    "SharingConfig",
+    "Timing",
+    "plugin_config",
+]
+
+#: the whole-GPU resource by default (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``)
+DEFAULT_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How a plugin keeps time, seconds: ``poll_s``, how often ``ListAndWatch`` streams look at
+    the cache besides each tick's wake-up; ``resync_s``, how often the registration is checked
+    besides the folder's events; ``first_read_timeout_s``, how long serving waits for the agent's
+    first reading; ``stale_after_s``, every device is Unhealthy (``stale-reading``) while the
+    reading served is older than this (``None``: off; ``plugin_config``:
+    ``core.settings.stuck_after_s``), on ``clock`` (monotonic seconds; slices are timed on it
+    too)."""
+
+    poll_s: float = 0.2
+    resync_s: float = 5.0
+    first_read_timeout_s: float = 30.0
+    stale_after_s: float | None = None
+    clock: Callable[[], float] = time.monotonic
+
+
+@dataclass(frozen=True, slots=True)
+class SharingConfig:
+    """GPU sharing by memory: the ``shared`` GPUs (``OMATICAYA_SHARED_GPUS``; none by default)
+    are served as ``resource_name`` (``OMATICAYA_SHARED_RESOURCE``), one unit device per
+    ``unit_mib`` MiB (``OMATICAYA_SHARE_UNIT_MIB``); a slice's GPU is chosen by ``policy``
+    (``OMATICAYA_PLACEMENT_POLICY``: ``binpack`` or ``spread``, ``core.placement``), and a slice
+    counts unseen for at most ``settle_s`` seconds (``OMATICAYA_SHARE_SETTLE_S``)."""
+
+    shared: SharedGpus = SharedGpus()
+    resource_name: str = DEFAULT_SHARED_RESOURCE
+    unit_mib: int = DEFAULT_UNIT_MIB
+    policy: str = DEFAULT_POLICY
+    settle_s: float = DEFAULT_SETTLE_S
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which devices one plugin serves: the MIG devices of ``profile`` (``1g.10gb``), else whole
+    GPUs; of those, the ``shared`` GPUs' units when ``units`` (the shared resource), else the GPUs
+    not shared (MIG devices are never shared)."""
+
+    profile: str | None = None
+    shared: SharedGpus = SharedGpus()
+    units: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    """Every device plugin of a node: whole GPUs as ``resource_name`` (``nvidia.com/gpu``), each
+    MIG profile beside it (``nvidia.com/mig-<profile>``), the shared GPUs' units
+    (``sharing``), all served in ``plugin_dir`` (the kubelet's device-plugins folder) and handed
+    to containers by ``strategies`` (NVIDIA's device list strategies, ``strategies.py``).
+
+    ``units``: the devices known before the first reading, by MIG profile (``None``: whole
+    GPUs), each ``(GPU index, UUID)``; ``shared_units``: ``(GPU index, unit ID)`` of the shared
+    GPUs' units known so (a trace's). A device known so that is gone or unreadable stays
+    listed, as Unhealthy."""
+
+    resource_name: str = DEFAULT_RESOURCE
+    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    sharing: SharingConfig = SharingConfig()
+    timing: Timing = Timing()
+    units: Mapping[str | None, Sequence[tuple[int, str]]] = field(default_factory=dict)
+    shared_units: Sequence[tuple[int, str]] = ()
+
+
+def plugin_config(settings: Settings) -> PluginConfig:
+    """The plugins' configuration from the settings (their device-plugin section,
+    ``core.settings.DevicePluginSettings``, and the agent's stuck-tick bound,
+    ``core.settings.stuck_after_s``, as ``Timing.stale_after_s``); with a trace, its devices
+    (whole GPUs not shared, MIG devices by profile, the shared GPUs' units) are known from the
+    start."""
+    sharing = SharingConfig(
+        settings.shared_gpus, settings.shared_resource, settings.share_unit_mib,
+        settings.share_policy, settings.share_settle_s,
+    )  # fmt: skip
+    units: dict[str | None, list[tuple[int, str]]] = {}
+    shared_units: list[tuple[int, str]] = []
+    if settings.trace is not None:
+        units = trace_units(settings.trace)
+        units[None] = [d for d in units.get(None, []) if d[0] not in sharing.shared]
+        shared_units = trace_slices(settings.trace, sharing.shared, sharing.unit_mib)
+    return PluginConfig(
+        resource_name=settings.device_plugin_resource,
+        plugin_dir=settings.device_plugin_dir,
+        strategies=tuple(settings.device_list_strategy),
+        sharing=sharing,
+        timing=Timing(stale_after_s=stuck_after_s(settings)),
+        units=units,
+        shared_units=shared_units,
+    )
+
+
+#: the defaults, as one value each (a default argument is built once)
+DEFAULT_TIMING = Timing()
+DEFAULT_CONFIG = PluginConfig()

@@ -1,0 +1,167 @@
+"""The devices one plugin serves and their health, from the agent's cache.
+
+``Inventory`` keeps the devices of one resource known so far (GPU or MIG UUIDs, from the trace
+and every reading since) and answers, from the latest reading, each one's health: the health
+rules' (``core.health``), ``stale-reading`` while the reading is older than the stuck bound, the
+library's error while NVML cannot be read, ``absent`` while the device is not in the reading.
+Devices that left the reading (``allocation.departed``) leave it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from loguru import logger
+
+from ..core.health import Unit
+from ..core.readings import ReadingCache
+from ..core.sayonce import SayOnce
+from ..core.sharing import unit_count, unit_gpu
+from ..core.snapshot import NodeSnapshot
+from .allocation import STALE_READING, DeviceState, departed
+from .config import DEFAULT_TIMING, Scope, Timing
+from .slicer import Slicer
+from .slices import expand
+
+__all__ = ["Inventory"]
+
+
+class Inventory:
+    """The devices of one resource, with their health from ``cache.last`` (the agent's latest
+    ``TickResult``).
+
+    - ``scope``: which devices (``config.Scope``: a MIG profile, whole GPUs, or the shared
+      GPUs' units).
+    - ``devices``: ``(GPU index, UUID)`` known before the first reading (a trace's; for the
+      shared resource unit IDs, whose GPUs and unit counts are learnt), so a device that is
+      gone or unreadable stays listed, as Unhealthy.
+    - ``timing``: ``stale_after_s`` on ``clock`` (``config.Timing``): every device is Unhealthy
+      (``stale-reading``) while the reading served is older than this, counted on the plugin's
+      own clock from when it first saw that reading (the agent's wall clock plays no part).
+    - ``slicer``: the shared resource's book (``slicer.Slicer``), which keeps each shared GPU's
+      unit count; ``None`` for GPUs and MIG devices.
+
+    ``stale``: whether the last look found the reading stale. Thread-safe.
+    """
+
+    def __init__(self, cache: ReadingCache, scope: Scope, devices: Iterable[tuple[int, str]] = (),
+                 timing: Timing = DEFAULT_TIMING, slicer: Slicer | None = None) -> None:  # fmt: skip
+        self._cache = cache
+        self.scope = scope
+        self.slicer = slicer
+        self.stale_after_s = timing.stale_after_s
+        self._clock = timing.clock
+        known = list(devices)
+        if slicer is not None:  # unit IDs known in advance: their GPUs, and unit counts
+            slicer.learn(d for _, d in known)
+            known = list(dict.fromkeys((i, unit_gpu(d) or d) for i, d in known))
+        self._known: dict[str, int] = {uuid: index for index, uuid in known}
+        self._parents: dict[str, str] = {}  # MIG device UUID -> its parent GPU's UUID
+        self._seen: object | None = None  # the snapshot last seen, and when (``clock``)
+        self._seen_at_s = 0.0
+        self.stale = False
+        self._lock = threading.Lock()
+        self._logged: SayOnce[str, bool] = SayOnce()  # devices said unhealthy
+
+    def devices(self) -> list[DeviceState]:
+        """Every known device with its health from the latest reading, in index order: GPUs,
+        MIG devices, or (the shared resource) each shared GPU's units."""
+        gpus = self.gpu_states()
+        return gpus if self.slicer is None else expand(gpus, self.slicer.counts)
+
+    def gpu_states(self) -> list[DeviceState]:
+        """Every known GPU (or MIG device) of this resource with its health from the latest
+        reading, in index order; for the shared resource, the shared GPUs (not yet as units)."""
+        last = self._cache.last
+        with self._lock:
+            if last is None:
+                states = [DeviceState(uuid, index, False, ("no-reading",))
+                          for uuid, index in self._known.items()]  # fmt: skip
+                return sorted(states, key=lambda s: (s.index, s.id))
+            units = self._read(last.snapshot, last.health.units)
+            states = self._states(last.snapshot, units, self._stale(last.snapshot))
+        states.sort(key=lambda s: (s.index, s.mig_index or 0, s.id))
+        self._log_changes(states)
+        return states
+
+    def _mine(self, unit: Unit) -> bool:
+        """Whether ``unit`` (from the health assessment) is one of this resource's."""
+        scope = self.scope
+        if unit.profile != scope.profile or unit.is_mig != (scope.profile is not None):
+            return False
+        return unit.is_mig or (unit.gpu_index in scope.shared) == scope.units
+
+    def _read(self, snapshot: NodeSnapshot, assessed: Iterable[Unit]) -> dict[str, Unit]:
+        """This resource's units of the reading by UUID, learnt as known (with their unit
+        counts and MIG parents); the devices that left the reading forgotten. Under ``_lock``."""
+        by_index = {index: uuid for uuid, index in self._known.items()}
+        gpu_uuid = {g.index: g.uuid for g in snapshot.gpus if g.uuid}
+        units: dict[str, Unit] = {}
+        for unit in assessed:
+            if not self._mine(unit):
+                continue  # another plugin's resource
+            uuid = unit.uuid or (None if unit.is_mig else by_index.get(unit.gpu_index))
+            if uuid is None:
+                continue  # never read its UUID: nothing to advertise
+            if self.slicer is not None:
+                self.slicer.note_units(uuid, unit_count(unit.memory_total_mib, self.slicer.unit_mib))
+            self._known[uuid] = unit.gpu_index
+            if unit.is_mig and unit.gpu_index in gpu_uuid:
+                self._parents[uuid] = gpu_uuid[unit.gpu_index]
+            units[uuid] = unit
+        mig = self.scope.profile is not None
+        for uuid in departed(self._known, self._parents, units, snapshot, mig):
+            logger.info("device plugin: {} left the reading: no longer advertised", uuid)
+            del self._known[uuid]
+            self._parents.pop(uuid, None)
+            self._logged.end(uuid)
+        return units
+
+    def _states(self, snapshot: NodeSnapshot, units: dict[str, Unit], stale: bool
+                ) -> list[DeviceState]:  # fmt: skip
+        """Each known device's state: stale, the library's error, absent, or as read."""
+        states = []
+        for uuid, index in self._known.items():
+            read = units.get(uuid)
+            if stale:
+                states.append(DeviceState(uuid, index, False, (STALE_READING,)))
+            elif snapshot.error is not None:
+                states.append(DeviceState(uuid, index, False, (snapshot.error,)))
+            elif read is None:
+                states.append(DeviceState(uuid, index, False, ("absent",)))
+            else:
+                states.append(DeviceState(uuid, read.gpu_index, read.healthy, read.reasons,
+                                          read.memory_free_mib, read.mig_index))  # fmt: skip
+        return states
+
+    def _stale(self, snapshot: object) -> bool:
+        """Whether ``snapshot`` (the reading served) is older than ``stale_after_s`` on our
+        clock, counted from when this plugin first saw it; logs each change once. Called under
+        ``_lock``."""
+        now_s = self._clock()
+        if snapshot is not self._seen:
+            self._seen, self._seen_at_s = snapshot, now_s
+        age_s = now_s - self._seen_at_s
+        stale = self.stale_after_s is not None and age_s > self.stale_after_s
+        if stale and not self.stale:
+            logger.warning(
+                "device plugin: the agent's reading is {:.1f}s old (more than {:.3g}s): every "
+                "{} device Unhealthy until a fresh one", age_s, self.stale_after_s,
+                self.scope.profile or "GPU",
+            )
+        elif self.stale and not stale:
+            logger.info("device plugin: a fresh reading again: devices follow their health")
+        self.stale = stale
+        return stale
+
+    def _log_changes(self, states: list[DeviceState]) -> None:
+        with self._lock:
+            for s in states:
+                if s.healthy:
+                    if self._logged.end(s.id) is not None:
+                        logger.info("device plugin: GPU {} {} healthy again", s.index, s.id)
+                elif self._logged.start(s.id, True):
+                    logger.warning(
+                        "device plugin: GPU {} {} unhealthy ({})", s.index, s.id, ",".join(s.reasons)
+                    )
