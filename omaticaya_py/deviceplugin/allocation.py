@@ -22,7 +22,6 @@ DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 #: the reason every device gets while the agent's reading is older than the stale bound
 STALE_READING = "stale-reading"
 

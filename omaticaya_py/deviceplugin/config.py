@@ -17,11 +17,11 @@ from ..core.placement import DEFAULT_POLICY
 from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import DEFAULT_SHARED_RESOURCE, DEFAULT_UNIT_MIB, SharedGpus
 from .allocation import DEFAULT_PLUGIN_DIR, trace_slices, trace_units
-from .slices import DEFAULT_SETTLE_S
 from .strategies import DEFAULT_STRATEGIES
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "DEFAULT_SETTLE_S",
     "DEFAULT_TIMING",
     "PluginConfig",
     "Scope",
@@ -32,6 +32,8 @@ __all__ = [
 
 #: the whole-GPU resource by default (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``)
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+#: how long a slice counts against its GPU's live free memory when the reading never shows it
+DEFAULT_SETTLE_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ Devices that left the reading (``allocation.departed``) leave it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from loguru import logger
 
@@ -21,10 +22,30 @@ from ..core.sharing import unit_count, unit_gpu
 from ..core.snapshot import NodeSnapshot
 from .allocation import STALE_READING, DeviceState, departed
 from .config import DEFAULT_TIMING, Scope, Timing
-from .slicer import Slicer
 from .slices import expand
 
-__all__ = ["Inventory"]
+__all__ = ["Inventory", "UnitBook"]
+
+
+class UnitBook(Protocol):
+    """What the inventory of the shared resource asks of its book of slices
+    (``slicer.Slicer``): each shared GPU's unit count, learnt from unit IDs known in advance and
+    from each GPU's total memory at ``unit_mib`` MiB per unit."""
+
+    unit_mib: int
+
+    @property
+    def counts(self) -> Mapping[str, int]:
+        """GPU UUID -> its unit count."""
+        ...
+
+    def learn(self, unit_ids: Iterable[str]) -> dict[str, int]:
+        """Record the unit counts unit IDs known in advance imply."""
+        ...
+
+    def note_units(self, gpu_uuid: str, count: int) -> None:
+        """Record a GPU's unit count (0: unknown, the one known stays)."""
+        ...
 
 
 class Inventory:
@@ -39,14 +60,14 @@ class Inventory:
     - ``timing``: ``stale_after_s`` on ``clock`` (``config.Timing``): every device is Unhealthy
       (``stale-reading``) while the reading served is older than this, counted on the plugin's
       own clock from when it first saw that reading (the agent's wall clock plays no part).
-    - ``slicer``: the shared resource's book (``slicer.Slicer``), which keeps each shared GPU's
-      unit count; ``None`` for GPUs and MIG devices.
+    - ``slicer``: the shared resource's book (``UnitBook``: a ``slicer.Slicer``), which keeps
+      each shared GPU's unit count; ``None`` for GPUs and MIG devices.
 
     ``stale``: whether the last look found the reading stale. Thread-safe.
     """
 
     def __init__(self, cache: ReadingCache, scope: Scope, devices: Iterable[tuple[int, str]] = (),
-                 timing: Timing = DEFAULT_TIMING, slicer: Slicer | None = None) -> None:  # fmt: skip
+                 timing: Timing = DEFAULT_TIMING, slicer: UnitBook | None = None) -> None:  # fmt: skip
         self._cache = cache
         self.scope = scope
         self.slicer = slicer

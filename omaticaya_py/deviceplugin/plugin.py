@@ -52,7 +52,7 @@ class DevicePlugin:
         )  # fmt: skip
         scope = Scope(profile, sharing.shared, units)
         self.inventory = Inventory(source.cache, scope, devices, timing, self.slicer)
-        self.service = DeviceService(self.inventory, strategies=config.strategies,
+        self.service = DeviceService(self.inventory, slicer=self.slicer, strategies=config.strategies,
                                      topology=source.topology, poll_s=timing.poll_s)  # fmt: skip
         if units:
             name = sharing.resource_name

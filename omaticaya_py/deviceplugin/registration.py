@@ -7,7 +7,7 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import tenacity
@@ -18,10 +18,21 @@ from watchdog.observers import Observer
 from ..core.readings import AgentFeed, TickResult
 from .allocation import API_VERSION, KUBELET_SOCKET, plugin_options, socket_name_for
 from .config import DEFAULT_TIMING, Timing
-from .service import DeviceService
 from .v1beta1 import api_pb2, api_pb2_grpc
 
-__all__ = ["Endpoint", "KubeletRegistration"]
+__all__ = ["Endpoint", "KubeletRegistration", "Served"]
+
+
+class Served(Protocol):
+    """The servicer a registration serves (``service.DeviceService``): a
+    ``DevicePluginServicer`` whose streams end once ``stopping`` is set and wake on
+    ``notify()``."""
+
+    stopping: threading.Event
+
+    def notify(self) -> None:
+        """Wake every ``ListAndWatch`` stream now."""
+        ...
 
 #: a failed registration is tried again after 0.5 s, then 1, 2, 4, 8 and 10 s at most
 RETRY_FIRST_S = 0.5
@@ -84,7 +95,7 @@ class KubeletRegistration:
     started and the registrations accepted.
     """
 
-    def __init__(self, service: DeviceService, endpoint: Endpoint, source: AgentFeed,
+    def __init__(self, service: Served, endpoint: Endpoint, source: AgentFeed,
                  timing: Timing = DEFAULT_TIMING) -> None:  # fmt: skip
         self.service = service
         self._source = source

@@ -18,7 +18,7 @@ from ..core.readings import ReadingCache, TickListener, Topology
 from ..core.sharing import unit_gpu
 from .allocation import DeviceState, plugin_options, preferred
 from .inventory import Inventory
-from .slicer import Booking
+from .slicer import Booking, Slicer
 from .slices import SliceRefused, expand
 from .strategies import DEFAULT_STRATEGIES, container_response
 from .v1beta1 import api_pb2, api_pb2_grpc
@@ -42,8 +42,9 @@ class CacheFeed:
 class DeviceService(api_pb2_grpc.DevicePluginServicer):
     """The ``DevicePlugin`` gRPC service of one resource.
 
-    - ``inventory``: the resource's devices and their health (``inventory.Inventory``); its
-      ``slicer``, when set, makes this the shared resource (units of shared GPUs).
+    - ``inventory``: the resource's devices and their health (``inventory.Inventory``).
+    - ``slicer``: set (the inventory's book of slices, ``slicer.Slicer``), this serves the shared
+      resource (units of shared GPUs).
     - ``strategies``: how ``Allocate`` hands a container its devices, NVIDIA's device list
       strategies (``strategies.container_response``; ``OMATICAYA_DEVICE_LIST_STRATEGY``).
     - ``topology``: on real NVML, the PCIe/NVLink distance between two GPUs, which breaks ties
@@ -56,10 +57,11 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     books no slice for the others (``slicer.Slicer.take_back``).
     """
 
-    def __init__(self, inventory: Inventory, *, strategies: Sequence[str] = DEFAULT_STRATEGIES,
-                 topology: Topology | None = None, poll_s: float = 0.2) -> None:  # fmt: skip
+    def __init__(self, inventory: Inventory, *, slicer: Slicer | None = None,
+                 strategies: Sequence[str] = DEFAULT_STRATEGIES, topology: Topology | None = None,
+                 poll_s: float = 0.2) -> None:  # fmt: skip
         self.inventory = inventory
-        self.slicer = inventory.slicer
+        self.slicer = slicer
         #: NVIDIA's device list strategies Allocate answers by (``strategies.py``)
         self.strategies: tuple[str, ...] = tuple(strategies)
         self._topology = topology

@@ -20,8 +20,8 @@ from loguru import logger
 from ..core.placement import POLICIES
 from ..core.sharing import parse_unit_id, slice_mib
 from .allocation import DeviceState
+from .config import DEFAULT_SETTLE_S
 from .slices import (
-    DEFAULT_SETTLE_S,
     Slice,
     SliceRefused,
     gpus_of,

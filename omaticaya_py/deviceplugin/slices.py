@@ -48,7 +48,6 @@ from ..core.shown import Grant, still_counting
 from .allocation import DeviceState
 
 __all__ = [
-    "DEFAULT_SETTLE_S",
     "LIMIT_ENV",
     "MPS_LIMIT_ENV",
     "Room",
@@ -69,10 +68,6 @@ __all__ = [
 LIMIT_ENV = "OMATICAYA_GPU_MEMORY_LIMIT_MIB"
 #: CUDA MPS's per-client device memory limit: enforced only under an MPS control daemon
 MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-#: how long a slice counts against its GPU's live free memory when the reading never shows it
-DEFAULT_SETTLE_S = 60.0
-
-
 class SliceRefused(Exception):
     """``Allocate`` must refuse a slice: ``code`` is the gRPC status name (``INVALID_ARGUMENT``
     for units across GPUs, ``FAILED_PRECONDITION`` for a GPU without the live room)."""

@@ -38,8 +38,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .allocation import VISIBLE_DEVICES_ENV
 from .v1beta1 import api_pb2
+
+#: the variable the NVIDIA container runtime reads the visible devices from
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 __all__ = [
     "CDI_ANNOTATION_PREFIX",
