@@ -1,0 +1,387 @@
+"""A property test across the seam (issue 38 item 3): random node states and random pods; for
+each pod the extender passes, its prediction (the reservation in its ledger right after
+``Extender.filter``) equals the devices the device plugin's own rules then hand out from the
+kubelet's available list, and the plugin admits the pod.
+
+The node: 2-5 H100s, each with a random live free memory, shared (``omaticaya.io/gpu-memory``
+units of 1 GiB) or whole (``nvidia.com/gpu``), at least one of each, any of them possibly
+Unhealthy (remapped-rows failure: the agent says so, the plugin advertises it Unhealthy, the
+kubelet never hands it out). The pods (busybox: they use no memory, so only the kubelet's books
+show them): whole GPUs (``gpu-memory-mib`` + ``gpu-count`` annotations and 1-2
+``nvidia.com/gpu``), 1-3 app containers of slices, a plain init container of a slice before
+them, a sidecar (``restartPolicy: Always``) of a slice before them, and slices beside one
+``nvidia.com/gpu`` with the memory annotation.
+
+The kubelet is modelled as its device manager hands devices out (``devicemanager``'s
+``devicesToAllocate``): containers one at a time, init containers first; a container takes the
+units the plain init containers before it left for reuse first, then asks the plugin's
+``GetPreferredAllocation`` for the rest with those units as ``must_include``; a plain init
+container's units (reused ones too) go back to the pod's pool for reuse, a sidecar's and an app
+container's are its own. Every allocated unit stays the pod's in the kubelet's books; the
+PodResources list (what the agent publishes) names the app containers' and sidecars' devices.
+The plugin's groups of slices are the containers that share a unit (``need.held_slices``' groups).
+
+It fails when a fix of issue 38 is reverted: with ``Need.whole_count`` returning 0 for every pod
+of slices (fault 5: the extender ignores the whole GPU of a pod of slices that also asks
+``nvidia.com/gpu``) it finds a pod of slices and one whole GPU whose whole GPU the extender does
+not reserve while the plugin hands one out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import event, given, note
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
+from omaticaya_py.core.render import render
+from omaticaya_py.core.schema import parse_node
+from omaticaya_py.core.sharing import parse_unit_id, unit_ids
+from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
+from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
+from omaticaya_py.scheduler import Extender, ExtenderSettings
+from omaticaya_py.scheduler.ledger import Ledger, placement_from_pod
+from omaticaya_py.scheduler.need import effective_request, held_slices
+from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
+
+NOW = READ_AT.timestamp() + 5
+U = 1024
+TOTAL = 81559  # an H100 80GB: 79 units of 1 GiB
+UNITS = TOTAL // U
+GPU = "nvidia.com/gpu"
+SLICES = "omaticaya.io/gpu-memory"
+MEM = "omaticaya.io/gpu-memory-mib"
+COUNT = "omaticaya.io/gpu-count"
+
+
+# ------------------------------------------------------------------------- the pods ----
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """A pod as the test draws it: its init containers ``(units, sidecar)``, its app
+    containers' units (0: none), and whole GPUs (``gpus`` on app container ``gpu_on``, with
+    ``mib`` free each by annotation)."""
+
+    name: str
+    init: tuple[tuple[int, bool], ...] = ()
+    app: tuple[int, ...] = ()
+    gpus: int = 0
+    mib: int = 0
+    gpu_on: int = 0
+
+    @property
+    def kind(self) -> str:
+        if self.init:
+            return "sidecar" if self.init[0][1] else "init"
+        return ("mixed" if self.app else "whole") if self.gpus else "slices"
+
+    def doc(self) -> dict[str, Any]:
+        ann = {MEM: str(self.mib), COUNT: str(self.gpus)} if self.gpus else {}
+        inits = [{"name": f"i{k}", "resources": {"limits": {SLICES: str(n)}},
+                  **({"restartPolicy": "Always"} if sidecar else {})}
+                 for k, (n, sidecar) in enumerate(self.init)]  # fmt: skip
+        apps: list[dict[str, Any]] = []
+        for k, n in enumerate(self.app or (0,)):
+            limits = {SLICES: str(n)} if n else {}
+            if self.gpus and k == self.gpu_on:
+                limits[GPU] = str(self.gpus)
+            apps.append({"name": f"c{k}", "resources": {"limits": limits}})
+        spec: dict[str, Any] = {"schedulerName": "omaticaya-scheduler", "containers": apps}
+        if inits:
+            spec["initContainers"] = inits
+        return {"metadata": {"name": self.name, "namespace": "ns", "uid": self.name,
+                             "annotations": ann}, "spec": spec}  # fmt: skip
+
+
+UNIT = st.integers(1, 45)
+APPS = st.lists(UNIT, min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def pods(draw: st.DrawFn, name: str) -> PodSpec:
+    kind = draw(st.sampled_from(["whole", "slices", "init", "sidecar", "mixed"]))
+    if kind == "whole":
+        return PodSpec(name, gpus=draw(st.integers(1, 2)), mib=draw(st.integers(1, 80)) * U)
+    apps = draw(APPS)
+    if kind == "slices":
+        return PodSpec(name, app=apps)
+    if kind == "sidecar":
+        return PodSpec(name, init=((draw(UNIT), True),), app=apps)
+    if kind == "init":  # as large as its app containers together: see the xfails below
+        return PodSpec(name, init=((sum(apps), False),), app=apps)
+    return PodSpec(name, app=apps, gpus=1, mib=draw(st.integers(1, 40)) * U,
+                   gpu_on=draw(st.integers(0, len(apps) - 1)))  # fmt: skip
+
+
+# ------------------------------------------------------------------------- the node ----
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    free_mib: int
+    shared: bool
+    healthy: bool = True
+
+
+@st.composite
+def nodes(draw: st.DrawFn) -> tuple[GpuSpec, ...]:
+    n = draw(st.integers(2, 5))
+    shared = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    shared[0], shared[1] = True, False  # at least one of each (then shuffled)
+    shared = draw(st.permutations(shared))
+    frees = draw(st.lists(st.integers(0, UNITS).map(lambda k: UNITS - k), min_size=n, max_size=n))
+    healthy = draw(st.lists(st.sampled_from([True, True, True, False]), min_size=n, max_size=n))
+    return tuple(GpuSpec(f * U, s, h) for f, s, h in zip(frees, shared, healthy, strict=True))
+
+
+def uuid_of(index: int) -> str:
+    return f"GPU-{index:08d}-7fda-b7ae-a94e-630097a14ca4"
+
+
+# ------------------------------------------------------------------------- the seam ----
+
+
+class Refused(Exception):
+    """The kubelet or the device plugin refuses the pod on the node the extender passed."""
+
+
+@dataclass
+class Admitted:
+    whole: tuple[int, ...]  # GPU indices the plugin handed out whole (sorted)
+    groups: list[tuple[int, int]]  # (GPU index, units) per group of slices, first handed out first
+
+
+@dataclass
+class Node:
+    """One node of ``specs``' GPUs: the agent's render, the extender, the kubelet's books and
+    the device plugin's rules (``Slicer`` for the units, ``preferred`` for whole GPUs)."""
+
+    specs: tuple[GpuSpec, ...]
+    #: every device the kubelet allocated to an active pod (its books), and the PodResources
+    #: list (container -> devices) the agent publishes
+    allocated: set[str] = field(default_factory=set)
+    listed: list[ContainerDevices] = field(default_factory=list)
+    #: the pods' slices use their memory once admitted (the next reading shows it); False:
+    #: busybox, only the kubelet's books show them
+    uses_memory: bool = True
+
+    def __post_init__(self) -> None:
+        s = ExtenderSettings(_env_file=None)
+        self.ledger = Ledger(s.settle_s, s.assume_s)
+        self.ext = Extender(s, lambda name: self.state if name == "n" else None,
+                            clock=lambda: NOW, monotonic=lambda: 0.0, ledger=self.ledger)  # fmt: skip
+        self.slicer = Slicer(U, policy=s.strategy, clock=lambda: 0.0)
+        self.free = [g.free_mib for g in self.specs]
+        shared = [i for i, g in enumerate(self.specs) if g.shared]
+        self.agent_settings = settings(shared_gpus=",".join(map(str, shared)))
+        for i in shared:
+            self.slicer.note_units(uuid_of(i), UNITS)
+        self.units = {uuid_of(i): unit_ids(uuid_of(i), UNITS) for i in shared}
+        self.publish()
+
+    def read(self) -> None:
+        """The live reading: the agent's (``readings``) and the plugin's (``whole_states``,
+        ``shared_states``: NVML on each device's handle)."""
+        self.readings = [
+            gpu(i, memory_free_mib=f, memory_total_mib=TOTAL, memory_used_mib=TOTAL - f,
+                remapped_rows_failure=not g.healthy)
+            for i, (g, f) in enumerate(zip(self.specs, self.free, strict=True))
+        ]  # fmt: skip
+        states = [DeviceState(uuid_of(i), i, g.healthy, (), f)
+                  for i, (g, f) in enumerate(zip(self.specs, self.free, strict=True))]  # fmt: skip
+        self.whole_states = {d.id: d for d in states if not self.specs[d.index].shared}
+        self.shared_states = [d for d in states if self.specs[d.index].shared]
+
+    def publish(self) -> None:
+        """The agent's render with the kubelet's PodResources list, parsed as the extender's
+        Node cache parses it."""
+        self.read()
+        snap = snapshot(*self.readings, read_at=READ_AT)
+        by_gpu: dict[str, list[ContainerDevices]] = {}
+        for h in self.listed:
+            for d in h.device_ids:
+                parsed = parse_unit_id(d)
+                on = parsed[0] if parsed else d
+                if h not in by_gpu.setdefault(on, []):
+                    by_gpu[on].append(h)
+        att = {uuid_of(i): GpuAttribution(uuid_of(i), holders=tuple(by_gpu.get(uuid_of(i), ())))
+               for i in range(len(self.specs))}  # fmt: skip
+        health, _ = evaluate(snap, self.agent_settings)
+        desired = render(snap, health, self.agent_settings, attribution=att)
+        self.state = parse_node("n", desired.labels, desired.annotations)
+
+    # -------------------------------------------------------------------- the kubelet ----
+
+    @staticmethod
+    def index_of(unit: str) -> int:
+        parsed = parse_unit_id(unit)
+        assert parsed is not None
+        return int(parsed[0][4:12])
+
+    def healthy_free(self, resource: str) -> list[str]:
+        """The kubelet's available list of ``resource``: healthy devices not allocated."""
+        if resource == GPU:
+            ids = [d.id for d in self.whole_states.values() if d.healthy]
+        else:
+            ids = [u for d in self.shared_states if d.healthy for u in self.units[d.id]]
+        return [d for d in ids if d not in self.allocated]
+
+    def fits_node(self, pod: PodSpec) -> bool:
+        """kube-scheduler's NodeResourcesFit: the pod's effective request of each resource
+        against the healthy devices the kubelet does not hold."""
+        units = effective_request(pod.app, pod.init)
+        return pod.gpus <= len(self.healthy_free(GPU)) and units <= len(self.healthy_free(SLICES))
+
+    def admit(self, pod: PodSpec) -> Admitted:
+        """The kubelet's device manager and the plugin, container by container; raises
+        ``Refused``. Books nothing until the whole pod is admitted."""
+        taken: set[str] = set()  # allocated to this pod so far
+        pool: list[str] = []  # units left for reuse by the plain init containers
+        holders: list[ContainerDevices] = []
+        owner: dict[str, int] = {}  # unit -> first container (group root) that took it
+        groups: dict[int, int] = {}  # group root -> GPU index
+        parent: dict[int, int] = {}
+        whole: list[int] = []
+
+        def root(k: int) -> int:
+            while parent[k] != k:
+                k = parent[k]
+            return k
+
+        containers = [(f"i{k}", n, not side) for k, (n, side) in enumerate(pod.init)]
+        containers += [(f"c{k}", n, False) for k, n in enumerate(pod.app or (0,))]
+        for k, (name, n, plain) in enumerate(containers):
+            parent[k] = k
+            if pod.gpus and name == f"c{pod.gpu_on}":
+                whole = self._whole(pod, taken)
+                holders.append(ContainerDevices("ns", pod.name, name, GPU,
+                                                tuple(uuid_of(i) for i in whole)))  # fmt: skip
+            if not n:
+                continue
+            reused = pool[:n]
+            pool = pool[len(reused) :]
+            ids = list(reused)
+            if len(ids) < n:
+                free = [u for u in self.healthy_free(SLICES) if u not in taken]
+                got = self.slicer.preferred(self.shared_states, reused + free, reused, n)
+                extra = [u for u in got if u in free]
+                if len(reused) + len(extra) < n:
+                    raise Refused(f"{name}: the plugin preferred {len(got)} of {n} units")
+                ids += extra[: n - len(reused)]
+            try:
+                on, _ = self.slicer.allocate(ids, self.shared_states)
+            except SliceRefused as e:
+                raise Refused(f"{name}: {e.code} {e.message}") from None
+            index = next(d.index for d in self.shared_states if d.id == on)
+            assert self.shared_states[[d.id for d in self.shared_states].index(on)].healthy
+            for u in ids:  # the containers sharing a unit are one group of slices
+                if u in owner:
+                    parent[root(k)] = root(owner[u])
+                else:
+                    owner[u] = k
+            taken.update(ids)
+            if plain:
+                pool += ids
+            else:
+                holders.append(ContainerDevices("ns", pod.name, name, SLICES, tuple(ids)))
+            groups[k] = index
+        out: dict[int, list[Any]] = {}
+        for k in sorted(groups):  # group by root, ordered by the group's first container
+            r = root(k)
+            out.setdefault(r, [groups[r] if r in groups else groups[k], set()])
+            if groups[k] != out[r][0]:
+                raise Refused(f"a group of slices on GPUs {out[r][0]} and {groups[k]}")
+        for u, k in owner.items():
+            out[root(k)][1].add(u)
+        self.allocated |= taken | {uuid_of(i) for i in whole}
+        self.listed += holders
+        admitted = Admitted(tuple(sorted(whole)),
+                            [(out[r][0], len(out[r][1])) for r in sorted(out)])  # fmt: skip
+        if self.uses_memory:  # its running containers (not the plain init ones) use their slices
+            for h in holders:
+                if h.resource_name == SLICES:
+                    self.free[self.index_of(h.device_ids[0])] -= len(h.device_ids) * U
+        return admitted
+
+    def _whole(self, pod: PodSpec, taken: set[str]) -> list[int]:
+        available = self.healthy_free(GPU)
+        chosen = preferred(self.whole_states, available, [], pod.gpus)
+        if len(chosen) < pod.gpus:
+            raise Refused(f"{len(available)} whole GPUs available for {pod.gpus}")
+        for u in chosen:
+            s = self.whole_states[u]
+            assert s.healthy and u in available
+            if (s.free_mib or 0) < pod.mib:
+                raise Refused(
+                    f"whole GPU {s.index} has {s.free_mib} MiB free, the pod needs {pod.mib}"
+                )
+        return [self.whole_states[u].index for u in chosen]
+
+    # --------------------------------------------------------------------- one pod ----
+
+    def arrive(self, pod: PodSpec) -> str:
+        """``pending`` (NodeResourcesFit or the extender), else admitted or an AssertionError
+        naming the disagreement."""
+        if not self.fits_node(pod):
+            return "pending"
+        doc = pod.doc()
+        out = self.ext.filter({"Pod": doc, "NodeNames": ["n"]})
+        if out.get("NodeNames") != ["n"]:
+            return "pending"
+        predicted = self.ledger.get(pod.name)
+        assert predicted is not None, f"{pod}: passed with no reservation"
+        slices = held_slices(pod.app, pod.init)
+        want_whole = predicted.whole_gpus if slices else predicted.gpus
+        want_groups = list(zip(predicted.gpus, predicted.slices, strict=True)) if slices else []
+        try:
+            got = self.admit(pod)
+        except Refused as e:
+            raise AssertionError(
+                f"{pod} passed the extender (whole GPUs {want_whole}, slices {want_groups}) "
+                f"and is refused: {e}") from None  # fmt: skip
+        assert (tuple(sorted(want_whole)), want_groups) == (got.whole, got.groups), (
+            f"{pod}: the extender predicted whole GPUs {tuple(sorted(want_whole))}, slices "
+            f"(GPU, units) {want_groups}; the plugin handed out {got.whole}, {got.groups}"
+        )
+        bound = {
+            **doc,
+            "spec": {**doc["spec"], "nodeName": "n"},
+            "status": {"phase": "Running", "startTime": "2025-03-04T05:00:00Z"},
+        }
+        new = placement_from_pod(bound, predicted, node_state=lambda _: self.state, now=NOW)
+        self.ledger.pod_changed(f"ns/{pod.name}", None, new)
+        self.publish()
+        return "admitted"
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[tuple[GpuSpec, ...], list[PodSpec]]:
+    node = draw(nodes())
+    count = draw(st.integers(1, 8))
+    return node, [draw(pods(f"p{k}")) for k in range(count)]
+
+
+def run(node: Sequence[GpuSpec], arriving: Sequence[PodSpec]) -> list[str]:
+    seam = Node(tuple(node))
+    out = []
+    for pod in arriving:
+        note(f"{pod.name} arrives: {pod}")
+        out.append(seam.arrive(pod))
+        event(f"{pod.kind}: {out[-1]}")
+    return out
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(scenarios())
+def test_the_extender_predicts_what_the_device_plugin_hands_out(
+    scenario: tuple[tuple[GpuSpec, ...], list[PodSpec]],
+) -> None:
+    """Every pod the extender passes gets from the kubelet and the device plugin exactly the
+    GPUs the extender reserved for it, and is admitted there."""
+    node, arriving = scenario
+    run(node, arriving)
