@@ -192,8 +192,8 @@ def baselines(state: NodeGpuState | None, p: Placement) -> tuple[int | None, ...
 def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str]) -> set[int]:
     """The ids of the placements of ``live`` (oldest first) whose memory a reading does not show
     yet, judged per device (``core.shown.still_counting`` on each GPU's own free memory, the
-    device plugin's rule): shown once every device it is on shows it, or once its pod is a
-    holder read after it started. A device absent or unhealthy then or now shows nothing; a
+    device plugin's rule): shown once every device it is on shows it, or (whole devices) once
+    its pod is a holder read after it started. A device absent or unhealthy then or now shows nothing; a
     placement whose devices are not known is shown only by its holders."""
     read_at = state.read_at or 0.0
     unit = state.share_unit_mib
@@ -201,7 +201,9 @@ def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str
     counting: set[int] = set()
     for p in live:
         after = p.started_at is not None and read_at > p.started_at
-        held = after and p.key in holders
+        # a holder's whole GPU is shown by the books; a slice's memory only by its GPU's drop
+        # (its units are the other book), as the device plugin's slice book judges it
+        held = after and p.key in holders and not p.slices
         parts = p.memory_on(unit)
         if not parts or len(parts) < len(p.slices):
             if not held:
@@ -215,9 +217,22 @@ def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str
         if free_now is None:  # gone or unhealthy now: no drop shows anything
             grants = [(i, replace(g, baseline_free_mib=None)) for i, g in grants]
             free_now = 0
-        flags = still_counting([g for _, g in grants], free_now)
-        counting.update(i for (i, _), still in zip(grants, flags, strict=True) if still)
+        counting.update(_still(grants, free_now))
     return counting
+
+
+def _still(grants: list[tuple[int, Grant]], free_now: int) -> list[int]:
+    """The ids of ``grants`` (one device's, oldest first) still counting against ``free_now``:
+    ``still_counting`` until nothing more shows, a grant its drop showed leaving the book, as
+    the device plugin's slice book keeps only what still counts at each look (``slicer``:
+    ``pending_mib`` prunes what shows). The extender keeps shown placements in its ledger, so
+    without this it counted a later slice the plugin had already let go."""
+    while True:
+        flags = still_counting([g for _, g in grants], free_now)
+        shown = [not still and not g.held for (_, g), still in zip(grants, flags, strict=True)]
+        if not any(shown):
+            return [i for (i, _), still in zip(grants, flags, strict=True) if still]
+        grants = [x for x, gone in zip(grants, shown, strict=True) if not gone]
 
 
 def _held(p: Placement, state: NodeGpuState) -> bool:
