@@ -91,6 +91,8 @@ def test_the_decisions_count_failures_by_code_whatever_their_text() -> None:
 # ----------------------------------------------------------- the cache = the rule ----
 
 LEASE = "omaticaya/omaticaya-node-{}"
+#: the monotonic clock at the first request: reservations age on it (``records.ages_s``)
+MONO = 0.0
 
 #: how a generated node's agent stands: (read age s, expires in s from read, Lease)
 AGENTS = {
@@ -189,7 +191,7 @@ def _lease(spec: dict[str, Any]) -> LeaseState | None:
 def _placement(j: int, p: dict[str, Any]) -> Placement:
     started = None if p["started"] is None else NOW + p["started"]
     return Placement(f"ns/p{j}", f"u{j}", f"n{p['node']}", 0 if p["slices"] else p["mib"],
-                     0 if p["slices"] else p["count"], placed_at=NOW - p["age_s"],
+                     0 if p["slices"] else p["count"], placed_at=MONO - p["age_s"],
                      started_at=started, baseline_free_mib=p["baseline"], gpus=p["gpus"],
                      bound=p["bound"], slices=p["slices"], exclusive=p["exclusive"])  # fmt: skip
 
@@ -212,7 +214,7 @@ class World:
                 self.ledger.reserve(placed)
         self.index = NodeIndex(self.states.get, self.ledger, settle_s=60, ttl_s=300, grace_s=60,
                                skew_s=300)  # fmt: skip
-        self.now, self.mono = NOW, 0.0
+        self.now, self.mono = NOW, MONO
 
     def ctx(self, spec: dict[str, Any]) -> JudgingContext:
         return JudgingContext(
@@ -224,7 +226,7 @@ class World:
 
     def uncached(self, need: Need, ctx: JudgingContext) -> Any:
         def inflight(name: str, state: Any) -> Any:
-            return pending(self.ledger.on_node(name), state, now=self.now, settle_s=60,
+            return pending(self.ledger.on_node(name), state, now=self.mono, settle_s=60,
                            assume_s=30)  # fmt: skip
 
         return judge_each([(n, self.states.get(n)) for n in self.names], need, ctx, inflight)
@@ -243,7 +245,7 @@ def test_the_cache_answers_as_the_rule_does(nodes, placements, need, context, la
     w.now += later_s
     w.mono += later_s
     for j, p in enumerate(more):
-        w.ledger.reserve(replace(_placement(100 + j, p), placed_at=w.now, bound=False))
+        w.ledger.reserve(replace(_placement(100 + j, p), placed_at=w.mono, bound=False))
     assert kept.judge(w.names, w.ctx(context)) == w.uncached(need, w.ctx(context))
 
 

@@ -261,3 +261,30 @@ def test_a_mig_pod_is_judged_on_the_mig_devices_of_its_profile():
     assert ext.filter({"Pod": whole, "NodeNames": ["n"]})["NodeNames"] == ["n"]
     # too big for a 1g.10gb device
     assert ext.filter({"Pod": mig_pod("m5", "20000"), "NodeNames": ["n"]})["NodeNames"] == []
+
+
+# ------------------------------------------- fault 7: ages on the monotonic clock ----
+
+
+def test_reservations_age_on_the_extenders_monotonic_clock():
+    """Fault 7: a reservation's age is measured on the extender's own monotonic clock: a step
+    of the wall clock (NTP, a VM resumed) neither ages it out nor keeps it; only monotonic
+    time passing does (``assume_s`` for one never seen bound)."""
+    clocks = {"wall": NOW, "mono": 5000.0}
+    s = ExtenderSettings(_env_file=None)
+    state = whole_and_shared_node()
+    ext = Extender(s, {"n": state}.get, clock=lambda: clocks["wall"],
+                   monotonic=lambda: clocks["mono"], ledger=Ledger(s.settle_s, s.assume_s))  # fmt: skip
+
+    def whole(uid: str) -> dict[str, Any]:
+        return pod(uid, [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}],
+                   {"omaticaya.io/gpu-memory-mib": "30000", "omaticaya.io/gpu-count": "2"})  # fmt: skip
+
+    assert ext.filter({"Pod": whole("a"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    assert ext.ledger.get("a").placed_at == 5000.0  # type: ignore[union-attr]
+    clocks["wall"] += s.assume_s + 100  # the wall clock steps forward: still counts
+    clocks["mono"] += 1
+    assert ext.filter({"Pod": whole("b"), "NodeNames": ["n"]})["NodeNames"] == []
+    clocks["wall"] -= 2 * (s.assume_s + 100)  # and back: still counts, no longer
+    clocks["mono"] += s.assume_s  # monotonic time passes: it ages out
+    assert ext.filter({"Pod": whole("c"), "NodeNames": ["n"]})["NodeNames"] == ["n"]

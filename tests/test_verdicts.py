@@ -50,7 +50,7 @@ class World:
         """The rule without the cache, over the same Nodes and reservations."""
 
         def inflight(name: str, state: Any) -> Any:
-            return pending(self.ledger.on_node(name), state, now=self.now, settle_s=60,
+            return pending(self.ledger.on_node(name), state, now=self.mono, settle_s=60,
                            assume_s=30)  # fmt: skip
 
         return judge_each([(n, self.states.get(n)) for n in NAMES], NEED, self.ctx(), inflight)
@@ -61,20 +61,23 @@ def _rewrite(w: World) -> None:
 
 
 def _reserve(w: World) -> None:
-    w.ledger.reserve(res("u", "n0", (0,), mib=40000))
+    w.ledger.reserve(res("u", "n0", (0,), mib=40000, at=w.mono))  # ages on the monotonic clock
 
 
 def _window_ends(w: World) -> None:
     w.states["n2"] = node("n2", 70000, read_age_s=300)  # expires_at = now + 25 s
     w.now += 1
+    w.mono += 1
 
 
 def _later(w: World) -> None:
     w.now += 30  # n2's window (expires_at + grace) is not over yet; the reservation's is
+    w.mono += 30
 
 
 def _much_later(w: World) -> None:
     w.now += 100  # past n2's window (read_at + 325 s + grace) and the Lease's
+    w.mono += 100
 
 
 def _lease_renewed(w: World) -> None:

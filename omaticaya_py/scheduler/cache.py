@@ -47,6 +47,7 @@ from .fit import INF, Judged, JudgingContext, NodeRecord, ReasonText, build_reco
 from .inflight import ASSUME_S, expiry, pending
 from .ledger import Ledger
 from .need import Need
+from .records import ages_s
 
 __all__ = ["NodeIndex", "Verdicts", "VerdictsByNeed"]
 
@@ -139,6 +140,7 @@ class Verdicts:
         self._mono: list[tuple[float, str, int]] = []
         self._token: dict[str, int] = {}
         self._count = 0
+        self._ages_mono = False  # the last request aged reservations on the monotonic clock
         self._seq = -1  # the ledger's change number last looked at (-1: none)
         self._leases, self._now, self._mono_now = leases, -INF, -INF
 
@@ -207,8 +209,14 @@ class Verdicts:
             self._lease[name] = (rec.state.lease, lease)  # type: ignore[assignment]  # found by it
         self._count += 1
         self._token[name] = token = self._count
-        if (until := min(wall, rec.until)) < INF:
-            heapq.heappush(self._wall, (until, name, token))
+        # a record's ``until`` (a reservation ageing out) is on the clock reservations age on
+        # (``records.ages_s``): the monotonic one when the request has it
+        if self._ages_mono:
+            wall_until, mono_until = wall, min(mono_until, rec.until)
+        else:
+            wall_until = min(wall, rec.until)
+        if wall_until < INF:
+            heapq.heappush(self._wall, (wall_until, name, token))
         if mono_until < INF:
             heapq.heappush(self._mono, (mono_until, name, token))
 
@@ -222,7 +230,8 @@ class Verdicts:
         def on_fast(name: str, rec: NodeRecord, wall: float, mono_until: float, lease: Any) -> None:
             fast[name] = (rec, wall, mono_until, lease)
 
-        now = ctx.now
+        now = ages_s(ctx)
+        self._ages_mono = ctx.now_mono is not None
         fits, passed, failed = judge_all(((name, self.index.record(name, now)) for name in todo),
                                          self.need, ctx, flagged, on_fast)  # fmt: skip
         self.judged += len(todo)

@@ -63,7 +63,8 @@ ASSUME_S = 30.0
 class Placement:
     """One pod's GPU memory on ``node``: ``count`` GPUs with ``memory_mib`` each, on the GPUs
     ``gpus`` (indices; empty: not known, taken from the freest). ``bound``: seen bound by the
-    pod watch (False: reserved by the filter). Times are epoch seconds."""
+    pod watch (False: reserved by the filter). ``placed_at`` is on the extender's monotonic
+    clock (``records.ages_s``); ``started_at`` is the pod's ``status.startTime``, epoch s."""
 
     key: str  # namespace/name
     uid: str
@@ -124,7 +125,7 @@ class Placement:
 
 
 def expiry(p: Placement, settle_s: float, assume_s: float = ASSUME_S) -> float:
-    """When ``p`` stops counting by age (epoch seconds)."""
+    """When ``p`` stops counting by age (on ``placed_at``'s clock: the extender's monotonic)."""
     return p.placed_at + (settle_s if p.bound else assume_s)
 
 

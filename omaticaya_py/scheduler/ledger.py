@@ -29,8 +29,9 @@ bound pod's placement or ``None`` (``drop``). Bound on the node it was reserved 
 bind): *move* there, its GPUs then unknown; bound and never reserved (learned after an extender
 restart): *add*.
 
-Ages (``placed_at``) are on the extender's clock, the one every ``now`` here is read on, never
-the API server's: a reservation keeps the time the filter made it; a pod first seen from the
+Ages (``placed_at``) are on the extender's own monotonic clock (``records.ages_s``), the one
+every ``now`` here is read on, never the API server's nor the wall clock (a step of it ages
+nothing): a reservation keeps the time the filter made it; a pod first seen from the
 watch, the time the extender first saw it (``placement_from_pod``'s ``now``). No later event or
 LIST restarts it (``pod_changed`` keeps the held one), so a pod counts by age for at most
 ``settle_s`` after the extender first held it, as long as the process lives.
@@ -110,7 +111,7 @@ class Ledger:
 
     def phase(self, uid: str, state: NodeGpuState | None, now: float) -> Phase:
         """Where the pod ``uid`` is (the module's diagram), judged against its node's reading
-        ``state`` at ``now`` (epoch s)."""
+        ``state`` at ``now`` (the monotonic clock ages are on)."""
         p = self._by_uid.get(uid)
         if p is None:
             return Phase.GONE

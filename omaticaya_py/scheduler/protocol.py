@@ -45,6 +45,7 @@ from .ledger import Ledger
 from .metrics import Decisions
 from .need import Need, parse_need
 from .nodeview import view_from_object
+from .records import ages_s
 from .settings import ExtenderSettings
 from .victims import unresolvable
 
@@ -132,7 +133,7 @@ class Narrowing:
         if asked.states is None:
             return self.verdicts(need).judge(asked.names, ctx, flagged)
         build = self.index.build
-        return judge_all(((n, build(s, ctx.now) if s is not None else None)
+        return judge_all(((n, build(s, ages_s(ctx)) if s is not None else None)
                           for n, s in asked.states), need, ctx, flagged)  # fmt: skip
 
     def _record(self, asked: Asked, name: str, now: float) -> NodeRecord | None:
@@ -161,9 +162,9 @@ class Narrowing:
             failed.update(dict.fromkeys(fits, other))
             failed.update(dict.fromkeys(passed, other))
         del failed[best]
-        rec = self._record(asked, best, ctx.now)
+        rec = self._record(asked, best, ages_s(ctx))
         if uid and rec is not None:
-            self.ledger.reserve(reservation(need, rec, pod_name(pod), uid, ctx.now,
+            self.ledger.reserve(reservation(need, rec, pod_name(pod), uid, ages_s(ctx),
                                             self.settings.strategy))  # fmt: skip
         return [best], failed
 
@@ -277,7 +278,7 @@ class Extender:
         settle_s = self.settings.settle_s
         if settle_s <= 0:
             return None
-        uid, now = pod_uid(pod), self.clock()
+        uid, now = pod_uid(pod), self.monotonic()  # reservations age on the monotonic clock
         held = self.ledger.on_node if self.ledger is not None else self.placements
         assume_s = self.ledger.assume_s if self.ledger is not None else ASSUME_S
 

@@ -19,7 +19,7 @@ from .inflight import Placement, adjust
 from .nodeview import effective, legacy_default, seen_of
 
 __all__ = ["BAD_HEALTH", "NO_WINDOW", "JudgingContext", "NodeRecord", "ProblemOf", "Window",
-           "build_record", "fresh_window", "window"]  # fmt: skip
+           "ages_s", "build_record", "fresh_window", "window"]  # fmt: skip
 
 BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
 INF = float("inf")
@@ -126,7 +126,7 @@ def _sorted_free(state: NodeGpuState) -> tuple[int, ...]:
 def build_record(state: NodeGpuState, live: Sequence[Placement], ctx: JudgingContext, *,
                  version: int, until: float) -> NodeRecord:  # fmt: skip
     """The record of ``state`` with ``live`` (the reservations still counting on its node:
-    ``inflight.pending``; the first stops counting by age at ``until``, epoch s) at the
+    ``inflight.pending``; the first stops counting by age at ``until``, on ``ages_s``'s clock) at the
     ledger's ``version`` of the node; windows by ``ctx``'s ``ttl_s``, ``grace_s`` and
     ``max_skew_s``."""
     win = NO_WINDOW
@@ -160,3 +160,10 @@ def fresh_window(rec: NodeRecord | None, ctx: JudgingContext) -> tuple[float, fl
     lw = rec.lease_win
     fresh = w[0] <= now and lw[0] <= now <= lw[1] and mono <= lw[2]
     return (lw[1], lw[2], lease) if fresh else None
+
+
+def ages_s(ctx: JudgingContext) -> float:
+    """The clock reservations age on, now: the request's monotonic clock (the extender's own:
+    a step of the wall clock or a server's skew never ages or revives one), or its wall clock
+    when it has none (judging without watches)."""
+    return ctx.now_mono if ctx.now_mono is not None else ctx.now

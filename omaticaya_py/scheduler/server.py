@@ -174,7 +174,7 @@ def _start_pod_cache(settings: ExtenderSettings, nodes: Any, ledger: Ledger
         selector = f"spec.schedulerName={settings.scheduler_name},{selector}"
 
     def transform(pod: Any, previous: Any) -> Any:
-        return placement_from_pod(pod, previous, node_state=nodes.get, now=time.time(),
+        return placement_from_pod(pod, previous, node_state=nodes.get, now=time.monotonic(),
                                   read_need=need_reader(settings))  # fmt: skip
 
     def on_error(err: KubeError) -> None:
