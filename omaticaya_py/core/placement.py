@@ -89,6 +89,9 @@ class Need:
     exclusive: bool = False
     #: the MIG profile (``1g.10gb``) of the whole devices; ``None``: whole GPUs
     profile: str | None = None
+    #: units of each slice's first container, the one the device plugin places it by (a plain
+    #: init container whose units the later containers reuse); empty: each slice's own size
+    firsts: tuple[int, ...] = ()
 
     @property
     def whole_count(self) -> int:
@@ -228,7 +231,8 @@ def place(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> Take
     unit = state.share_unit_mib
     if not unit or not state.shared:
         return None
-    placed = place_slices(state.shared, need.slice_mibs(unit), policy, unit)
+    placed = place_slices(state.shared, need.slice_mibs(unit), policy, unit,
+                          tuple(u * unit for u in need.firsts))  # fmt: skip
     if placed is None:
         return None
     return Taken(gpus, migs, placed[0], placed[1])
@@ -238,19 +242,25 @@ def place(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> Take
 Placed = tuple[tuple[int, ...], int]
 
 
-def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str,
-                 unit_mib: int) -> Placed | None:  # fmt: skip
+def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str, unit_mib: int,
+                 firsts: Sequence[int] = ()) -> Placed | None:  # fmt: skip
     """Each slice of ``mibs`` (MiB, whole units of ``unit_mib``, in the kubelet's order) on
-    ``pick_slice``'s GPU of ``gpus`` (shared GPUs), each taken off (``take_slice``) before the
-    next is placed, as the device plugin hands them out one container at a time. ``None`` when a
-    slice fits on none."""
+    ``gpus`` (shared GPUs), each taken off (``take_slice``) before the next is placed, as the
+    device plugin hands them out one container at a time. A slice is a group of containers on
+    one GPU (``scheduler.need.held_slices``): the plugin places the group by its first container
+    (``firsts``: MiB of each group's first container; empty: the group's own size), at
+    ``pick_slice``'s GPU for that size, and the later containers reusing its units stay there;
+    the group fits only if that GPU takes the whole group. ``None`` when a slice fits nowhere,
+    or its first container's GPU cannot take the group (the kubelet's later containers would be
+    refused there)."""
     books = list(gpus)
     where: list[int] = []
     room = 0
     largest = max(range(len(mibs)), key=lambda k: (mibs[k], -k), default=0)
     for k, mib in enumerate(mibs):
-        g = pick_slice(books, mib, unit_mib, policy)
-        if g is None:
+        first = firsts[k] if k < len(firsts) else mib
+        g = pick_slice(books, first, unit_mib, policy)
+        if g is None or g.room_mib(unit_mib) < mib:
             return None
         if k == largest:
             room = g.room_mib(unit_mib)
@@ -264,8 +274,9 @@ def slice_room(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) ->
     ``None`` when its slices do not all fit (or the node shares no GPU)."""
     if not state.shared or not state.share_unit_mib:
         return None
-    placed = place_slices(state.shared, need.slice_mibs(state.share_unit_mib), policy,
-                          state.share_unit_mib)  # fmt: skip
+    unit = state.share_unit_mib
+    placed = place_slices(state.shared, need.slice_mibs(unit), policy, unit,
+                          tuple(u * unit for u in need.firsts))  # fmt: skip
     return None if placed is None else placed[1]
 
 

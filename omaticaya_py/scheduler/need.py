@@ -28,8 +28,8 @@ from ..core.sharing import DEFAULT_SHARED_RESOURCE
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 __all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Asks",
-           "Need", "container_asks", "effective_request", "held_slices", "mig_resource_prefix",
-           "need_reader", "parse_need", "parse_slices"]  # fmt: skip
+           "Need", "container_asks", "effective_request", "held_groups", "held_slices",
+           "mig_resource_prefix", "need_reader", "parse_need", "parse_slices"]  # fmt: skip
 
 
 #: a plain whole number: MiB (the annotation's unit)
@@ -91,7 +91,9 @@ def parse_slices(pod: Any, resource: str = DEFAULT_SHARED_RESOURCE) -> Need | No
         return Need(0, 1, f"{asks.error}: expected a whole number of units from 0 to {MAX_UNITS}")
     if effective_request(asks.app, asks.init) == 0:
         return None
-    return Need(0, 1, slices=held_slices(asks.app, asks.init), resource=resource)
+    slices, firsts = held_groups(asks.app, asks.init)
+    return Need(0, 1, slices=slices, resource=resource,
+                firsts=firsts if firsts != slices else ())  # fmt: skip
 
 
 def _units(raw: Any) -> int | None:
@@ -219,7 +221,16 @@ def held_slices(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()) -> tu
       sidecar's beside the init's).
 
     Pure."""
+    return held_groups(app, init)[0]
+
+
+def held_groups(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()
+                ) -> tuple[tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """``(held_slices, firsts)``: the slices, and the units of each one's first container, the
+    one the kubelet asks the device plugin to place it by (the later containers reusing its
+    units stay on its GPU). Pure."""
     slices: list[int] = []
+    firsts: list[int] = []
     pool = 0  # units left for reuse, all on the GPU of ``slices[at]``
     at = -1
     plain = [not sidecar for _, sidecar in init] + [False] * len(app)
@@ -229,13 +240,14 @@ def held_slices(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()) -> tu
             slices[at] += n - taken  # the rest from the reused units' GPU
         else:
             slices.append(n)
+            firsts.append(n)
         if left:  # a plain init container: its units, reused ones included, left for reuse
             if not taken:
                 at = len(slices) - 1
             pool += n - taken
         else:  # a sidecar or an app container keeps what it took
             pool -= taken
-    return tuple(slices)
+    return tuple(slices), tuple(firsts)
 
 
 def parse_need(
