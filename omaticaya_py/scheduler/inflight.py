@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core.placement import Need, Taken, take
+from ..core.placement import Need, Taken, take, whole_key
 from ..core.schema import GpuInfo, NodeGpuState
 from ..core.shown import Grant, still_counting
 
@@ -298,11 +298,11 @@ def _where(state: NodeGpuState, p: Placement, need: Need) -> Taken:
 
 def _mine(healthy: list[int], known: tuple[int, ...], count: int,
           gpus: Sequence[GpuInfo]) -> tuple[int, ...]:  # fmt: skip
-    """``count`` of ``healthy``: the ``known`` ones first, then the most free."""
+    """``count`` of ``healthy``: the ``known`` ones first, then in the placement model's order
+    of whole devices (``core.placement.whole_key``: the most free first)."""
     good = set(healthy)
     mine = [i for i in known if i in good][:count]
     if len(mine) < count:
-        free = {g.index: g.free_mib for g in gpus}
-        rest = sorted((i for i in healthy if i not in mine), key=lambda i: -free[i])
-        mine += rest[: count - len(mine)]
+        rest = sorted((g for g in gpus if g.index in good and g.index not in mine), key=whole_key)
+        mine += [g.index for g in rest[: count - len(mine)]]
     return tuple(mine)
