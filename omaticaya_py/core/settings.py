@@ -21,10 +21,10 @@ from .settings_base import (
     DNS_SUBDOMAIN,
     RESERVED_PREFIXES,
     CommonSettings,
-    Renamed,
     SettingsError,
     check_prefix,
     load,
+    placement_policy_field,
 )
 from .sharing import (
     DEFAULT_SHARED_RESOURCE,
@@ -88,10 +88,9 @@ class DevicePluginSettings(CommonSettings):
         default=DEFAULT_SHARED_RESOURCE,
         description="Extended resource name of the memory units of shared GPUs.",
     )
-    share_policy: Literal["binpack", "spread"] = Field(
-        default="binpack",
-        validation_alias=Renamed("OMATICAYA_PLACEMENT_POLICY", "OMATICAYA_SHARE_POLICY"),
-        description="The placement policy, the scheduler extender's too (the chart's "
+    share_policy: Literal["binpack", "spread"] = placement_policy_field(
+        "OMATICAYA_SHARE_POLICY",
+        "The placement policy, the scheduler extender's too (the chart's "
         "placement.policy sets both): which shared GPU the device plugin prefers for a slice, "
         "among those with the units and the live free memory: binpack the least room, spread "
         "the most. OMATICAYA_SHARE_POLICY is its old name, still read; both set to different "

@@ -56,6 +56,18 @@ class Renamed(AliasChoices):
         return tuple(c for c in self.choices if isinstance(c, str))
 
 
+#: the one placement policy's variable, read by the scheduler extender and the device plugin
+PLACEMENT_POLICY_ENV = "OMATICAYA_PLACEMENT_POLICY"
+
+
+def placement_policy_field(old: str, description: str) -> Any:
+    """The field of the placement policy (``core.placement.POLICIES``: ``binpack``, the
+    default, or ``spread``), read from ``OMATICAYA_PLACEMENT_POLICY`` and from ``old``, the
+    program's former variable (``Renamed``): one setting, declared once, for both sides."""
+    return Field(default="binpack", validation_alias=Renamed(PLACEMENT_POLICY_ENV, old),
+                 description=description)  # fmt: skip
+
+
 def _expected_form(info: FieldInfo) -> str:
     """``'binpack' or 'spread'`` for a ``Literal`` field (the form pydantic's own message
     gives), else empty."""

@@ -10,7 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
 from ..core.settings import CommonSettings, check_resource_name, load, parse_schedule
-from ..core.settings_base import Renamed
+from ..core.settings_base import placement_policy_field
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .need import DEFAULT_GPU_RESOURCE
 
@@ -34,10 +34,9 @@ class ExtenderSettings(CommonSettings):
         description="Address to listen on (the scheduler runs in the same pod: loopback).",
     )
     port: int = Field(default=8888, ge=1, le=65535, description="Port to listen on.")
-    strategy: Literal["binpack", "spread"] = Field(
-        default="binpack",
-        validation_alias=Renamed("OMATICAYA_PLACEMENT_POLICY", "OMATICAYA_EXTENDER_STRATEGY"),
-        description="The placement policy, the device plugin's too (the chart's "
+    strategy: Literal["binpack", "spread"] = placement_policy_field(
+        "OMATICAYA_EXTENDER_STRATEGY",
+        "The placement policy, the device plugin's too (the chart's "
         "placement.policy sets both): binpack prefers the least free GPU memory that fits, "
         "spread the most. OMATICAYA_EXTENDER_STRATEGY is its old name, still read; both set "
         "to different values is an error.",
