@@ -44,6 +44,7 @@ __all__ = [
     "Placed",
     "Taken",
     "choose_gpus",
+    "fits_slice",
     "need_devices",
     "pick_memory",
     "pick_slice",
@@ -137,10 +138,18 @@ def slice_key(g: GpuInfo, unit_mib: int, policy: str) -> tuple[int, int]:
     return (-room if policy == "spread" else room, g.index)
 
 
+def fits_slice(g: GpuInfo, mib: int, unit_mib: int) -> bool:
+    """Whether a slice of ``mib`` MiB fits on the shared GPU ``g``: healthy, and its room
+    (``GpuInfo.room_mib``: the least of its free MiB and its units left, when counted) at least
+    ``mib``. ``pick_slice`` chooses among the GPUs it holds for; the device plugin's
+    ``Allocate`` asks it of the one GPU the kubelet's units are on."""
+    return g.healthy and g.room_mib(unit_mib) >= mib
+
+
 def pick_slice(gpus: Iterable[GpuInfo], mib: int, unit_mib: int, policy: str) -> GpuInfo | None:
-    """The shared GPU a slice of ``mib`` MiB goes to among ``gpus``: healthy, with that much
-    room, first by ``slice_key``; ``None`` when none has it."""
-    fit = [g for g in gpus if g.healthy and g.room_mib(unit_mib) >= mib]
+    """The shared GPU a slice of ``mib`` MiB goes to among ``gpus``: one it fits on
+    (``fits_slice``), first by ``slice_key``; ``None`` when none has it."""
+    fit = [g for g in gpus if fits_slice(g, mib, unit_mib)]
     return min(fit, key=lambda g: slice_key(g, unit_mib, policy)) if fit else None
 
 

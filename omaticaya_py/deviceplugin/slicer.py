@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from ..core.placement import POLICIES
+from ..core.placement import POLICIES, fits_slice
+from ..core.schema import GpuInfo
 from ..core.sharing import parse_unit_id, slice_mib
 from .allocation import DeviceState
 from .config import DEFAULT_SETTLE_S
@@ -154,7 +155,10 @@ class Slicer:
         units = frozenset(ids)
         mib = slice_mib(len(units), self.unit_mib)
         pending = self.pending_mib([gpu], skip=units).get(gpu.id, 0)
-        if gpu.free_mib is not None and gpu.free_mib - pending < mib:
+        # the placement model's rule, on the one GPU the kubelet's units are on (they are
+        # its units book: only the live memory less what is pending is asked here)
+        if gpu.free_mib is not None and not fits_slice(
+                GpuInfo(gpu.index, gpu.free_mib - pending, True), mib, self.unit_mib):  # fmt: skip
             raise SliceRefused(
                 "FAILED_PRECONDITION",
                 f"GPU {gpu.index} {gpu.id} has {gpu.free_mib} MiB free by its live reading, "
