@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -294,3 +295,42 @@ def test_reservations_age_on_the_extenders_monotonic_clock():
     clocks["wall"] -= 2 * (s.assume_s + 100)  # and back: still counts, no longer
     clocks["mono"] += s.assume_s  # monotonic time passes: it ages out
     assert ext.filter({"Pod": whole("c"), "NodeNames": ["n"]})["NodeNames"] == ["n"]
+
+
+# ------------------------- a plain init container's units the kubelet does not list ----
+
+
+def test_a_larger_init_containers_units_count_for_the_pods_life():
+    """A 40-unit plain init container before a 1-unit app: the kubelet holds 40 units for the
+    pod's life, its PodResources lists the app's 1. Long after ``settle_s`` the extender still
+    counts the 39 unlisted units in the units book of their GPU (never in its memory), so a
+    40-unit pod is not promised units the kubelet's available list lacks."""
+    state = replace(node(shared_gpus=(shared(0, 40 * U, units=78), shared(1, 0, units=79))),
+                    holders=frozenset({"ns/a"}), slices_held=(("ns/a", 0, 1),),
+                    units_attributed=True)  # fmt: skip
+    p = Placement("ns/a", "a", "n", 0, 1, placed_at=0.0, started_at=NOW - 600,
+                  gpus=(0,), slices=(40,), bound=True)  # fmt: skip
+    still = pending([p], state, now=10_000.0, settle_s=60)
+    assert [(q.slices, q.gpus, q.in_memory, q.in_units) for q in still] == [((39,), (0,), False, True)]
+    left = adjust(state, still)
+    assert (left.shared[0].free_mib, left.shared[0].units_left) == (40 * U, 39)
+    assert place(left, Need(0, 1, slices=(40,))) is None
+    # every unit listed (the app reused them all): nothing hidden
+    listed = replace(state, slices_held=(("ns/a", 0, 40),))
+    assert pending([p], listed, now=10_000.0, settle_s=60) == []
+
+
+def test_a_reused_init_containers_slice_counts_its_units_not_its_memory():
+    """A 40-unit plain init container before a 1-unit app: 40 units held on one GPU, placed by
+    the init's 40; once admitted the device plugin counts only the app's slice in memory (the
+    init's is superseded), so what is left is 39 GiB less in units and 1 GiB less in memory."""
+    need = parse_need(pod("p", [{"name": "a", "resources": {"limits": {
+        "omaticaya.io/gpu-memory": 1}}}]) | {"spec": {
+        "initContainers": [{"name": "i", "resources": {"limits": {"omaticaya.io/gpu-memory": 40}}}],
+        "containers": [{"name": "a", "resources": {"limits": {"omaticaya.io/gpu-memory": 1}}}]}})
+    assert need is not None and (need.slices, need.slice_memory) == ((40,), (1,))
+    state = node(shared_gpus=(shared(0, 50 * U, units=79),))
+    taken = place(state, need)
+    assert taken is not None and taken.slices == (0,)
+    left = take(state, need, taken)
+    assert (left.shared[0].free_mib, left.shared[0].units_left) == (49 * U, 39)

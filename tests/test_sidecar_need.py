@@ -94,7 +94,10 @@ SLICE_CASES = [
                          ids=[x[0] for x in SLICE_CASES])  # fmt: skip
 def test_the_slices_a_pod_holds(case, init, app, slices, total):
     need = parse_need(pod(init, app))
-    assert need is not None and replace(need, firsts=()) == Need(0, 1, slices=slices), case
+    assert need is not None
+    assert replace(need, firsts=(), slice_memory=()) == Need(0, 1, slices=slices), case
+    memory = need.slice_memory or need.slices  # never more than held, per slice
+    assert all(m <= n for m, n in zip(memory, slices, strict=True)), case
     assert need == parse_slices(pod(init, app))
     # each slice is placed by its first container's units (the plugin places that one)
     firsts = need.firsts or need.slices
@@ -116,7 +119,9 @@ def test_a_restart_policy_other_than_always_is_a_plain_init_container(policy):
     units are reused by the app (20)."""
     assert parse_need(pod([side("s", 20)], [c("a", 5)])) == Need(0, 1, slices=(20, 5))
     plain = c("i", 20, restartPolicy=policy)
-    assert parse_need(pod([plain], [c("a", 5)])) == Need(0, 1, slices=(20,))
+    # one slice of 20 held, placed by the init's 20; once admitted only the app's 5 count in
+    # memory (the plugin's init slice is superseded by the app's)
+    assert parse_need(pod([plain], [c("a", 5)])) == Need(0, 1, slices=(20,), slice_memory=(5,))
     assert container_asks(pod([plain], [c("a", 5)]), R) == Asks(((20, False),), (5,))
 
 

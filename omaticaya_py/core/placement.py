@@ -93,12 +93,20 @@ class Need:
     #: units of each slice's first container, the one the device plugin places it by (a plain
     #: init container whose units the later containers reuse); empty: each slice's own size
     firsts: tuple[int, ...] = ()
+    #: units of each slice whose memory counts once the pod is admitted (a plain init
+    #: container's slice, reused, is over: ``need.held_groups``); empty: each slice's own size
+    slice_memory: tuple[int, ...] = ()
 
     @property
     def whole_count(self) -> int:
         """The whole devices (or GPUs with ``memory_mib`` each) the pod takes: ``count``,
         or 0 for a pod of slices that asks for no device of the GPU resource."""
         return self.count if (not self.slices or self.exclusive) else 0
+
+    def memory_mibs(self, unit_mib: int) -> tuple[int, ...]:
+        """Each slice's memory in MiB once the pod is admitted (``slice_memory``), in
+        ``slices``' order."""
+        return tuple(u * unit_mib for u in (self.slice_memory or self.slices))
 
     def slice_mibs(self, unit_mib: int) -> tuple[int, ...]:
         """Each slice in MiB at ``unit_mib`` MiB per unit, in ``slices``' order: the order the
@@ -178,10 +186,12 @@ def pick_memory(gpus: Iterable[GpuInfo], count: int, memory_mib: int, policy: st
 
 
 def take_slice(g: GpuInfo, mib: int, unit_mib: int, *, memory: bool = True,
-               units: bool = True) -> GpuInfo:  # fmt: skip
-    """``g`` less a slice of ``mib`` MiB: from its live free memory (``memory``) and from its
-    units left (``units``, when counted), each clamped at 0."""
-    free = max(0, g.free_mib - mib) if memory else g.free_mib
+               units: bool = True, memory_mib: int | None = None) -> GpuInfo:  # fmt: skip
+    """``g`` less a slice of ``mib`` MiB: from its live free memory (``memory``; ``memory_mib``
+    of it when given: what of the slice still counts there) and from its units left
+    (``units``, when counted), each clamped at 0."""
+    used = mib if memory_mib is None else memory_mib
+    free = max(0, g.free_mib - used) if memory else g.free_mib
     left = g.units_left
     if units and left is not None:
         left = max(0, left - mib // unit_mib)
@@ -241,7 +251,7 @@ def place(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> Take
     if not unit or not state.shared:
         return None
     placed = place_slices(state.shared, need.slice_mibs(unit), policy, unit,
-                          tuple(u * unit for u in need.firsts))  # fmt: skip
+                          tuple(u * unit for u in need.firsts), need.memory_mibs(unit))  # fmt: skip
     if placed is None:
         return None
     return Taken(gpus, migs, placed[0], placed[1])
@@ -252,7 +262,8 @@ Placed = tuple[tuple[int, ...], int]
 
 
 def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str, unit_mib: int,
-                 firsts: Sequence[int] = ()) -> Placed | None:  # fmt: skip
+                 firsts: Sequence[int] = (), memories: Sequence[int] = ()
+                 ) -> Placed | None:  # fmt: skip
     """Each slice of ``mibs`` (MiB, whole units of ``unit_mib``, in the kubelet's order) on
     ``gpus`` (shared GPUs), each taken off (``take_slice``) before the next is placed, as the
     device plugin hands them out one container at a time. A slice is a group of containers on
@@ -261,7 +272,8 @@ def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str, unit
     ``pick_slice``'s GPU for that size, and the later containers reusing its units stay there;
     the group fits only if that GPU takes the whole group. ``None`` when a slice fits nowhere,
     or its first container's GPU cannot take the group (the kubelet's later containers would be
-    refused there)."""
+    refused there). ``memories``: the MiB of each slice that still counts in its GPU's memory
+    once the pod is admitted (``Need.memory_mibs``; empty: all of it)."""
     books = list(gpus)
     where: list[int] = []
     room = 0
@@ -273,7 +285,8 @@ def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str, unit
             return None
         if k == largest:
             room = g.room_mib(unit_mib)
-        books[books.index(g)] = take_slice(g, mib, unit_mib)
+        used = memories[k] if k < len(memories) else mib
+        books[books.index(g)] = take_slice(g, mib, unit_mib, memory_mib=used)
         where.append(g.index)
     return tuple(where), room
 
@@ -318,10 +331,11 @@ def take(state: NodeGpuState, need: Need, taken: Taken, *, exclusive: bool | Non
     if taken.slices and unit and (memory or units):
         shared = list(out.shared)
         at = {g.index: k for k, g in enumerate(shared)}
-        for index, n in zip(taken.slices, need.slices, strict=False):
+        for index, n, m in zip(taken.slices, need.slices, need.memory_mibs(unit), strict=False):
             k = at.get(index)
             if k is not None:
-                shared[k] = take_slice(shared[k], n * unit, unit, memory=memory, units=units)
+                shared[k] = take_slice(shared[k], n * unit, unit, memory=memory, units=units,
+                                       memory_mib=m)  # fmt: skip
         out = replace(out, shared=tuple(shared))
     return out
 

@@ -94,6 +94,9 @@ class Placement:
     #: MIG devices of ``profile`` it is given, as ``(GPU index, MIG index)``
     profile: str | None = None
     migs: tuple[tuple[int, int], ...] = ()
+    #: units of each slice whose memory counts once the pod is admitted
+    #: (``Need.slice_memory``; empty: ``slices``)
+    slice_memory: tuple[int, ...] = ()
     #: the live free MiB of each device of ``memory_on`` when the extender first counted it
     #: (``None``: not present and healthy then): what a drop on that GPU is measured from
     baselines: tuple[int | None, ...] = ()
@@ -104,7 +107,8 @@ class Placement:
         empty when its devices are not known (``gpus`` empty)."""
         if self.slices:
             return tuple((("shared", i), n * (unit_mib or 0))
-                         for i, n in zip(self.gpus, self.slices, strict=False))  # fmt: skip
+                         for i, n in zip(self.gpus, self.slice_memory or self.slices,
+                                         strict=False))  # fmt: skip
         if self.profile is not None:
             return tuple((("mig", k), self.memory_mib) for k in self.migs)
         return tuple((("gpu", i), self.memory_mib) for i in self.gpus)
@@ -113,7 +117,8 @@ class Placement:
     def need(self) -> Need:
         """What it takes, as the placement model reads it (``core.placement.Need``)."""
         return Need(self.memory_mib, self.count, slices=self.slices, profile=self.profile,
-                    exclusive=self.exclusive or self.profile is not None)  # fmt: skip
+                    exclusive=self.exclusive or self.profile is not None,
+                    slice_memory=self.slice_memory)  # fmt: skip
 
     @property
     def total_mib(self) -> int:
@@ -138,7 +143,11 @@ def pending(
     exclude_uid: str = "",
     assume_s: float = ASSUME_S,
 ) -> list[Placement]:
-    """The placements that still count against ``state``'s node (oldest first)."""
+    """The placements that still count against ``state``'s node (oldest first); and, whatever
+    their age, the units of a bound pod's slices the kubelet holds but its PodResources does not
+    list (``_unlisted``: a plain init container's units the containers after it did not reuse,
+    held for the pod's life), in the units book only."""
+    placements = list(placements)
     live = sorted(
         (p for p in placements
          if p.uid != exclude_uid and now < expiry(p, settle_s, assume_s)),  # fmt: skip
@@ -146,6 +155,41 @@ def pending(
     )
     if state is None or state.read_at is None:
         return live
+    hidden = [u for p in placements if p.uid != exclude_uid and (u := _unlisted(p, state))]
+    return _pending(live, state) + hidden
+
+
+def _unlisted(p: Placement, state: NodeGpuState) -> Placement | None:
+    """The units of ``p``'s slices that the kubelet holds and the reading's holders do not
+    list, per GPU, as a placement counting in the units book only; ``None`` when there are none
+    (or the pod is not a holder yet, or where its slices are is not known). The kubelet keeps a
+    plain init container's units allocated for its pod's life, while its PodResources API lists
+    only app containers and sidecars: a 40-unit init container before a 1-unit app holds 40
+    units, 1 of them listed, and the device plugin's available list lacks the other 39."""
+    if not (p.bound and p.slices and state.units_attributed and _held(p, state)):
+        return None
+    gpus = p.gpus if len(p.gpus) == len(p.slices) else ()
+    listed: dict[int, int] = {}
+    for key, index, n in state.slices_held:
+        if key == p.key:
+            listed[index] = listed.get(index, 0) + n
+    if not gpus and len(p.slices) == 1 and len(listed) == 1:
+        gpus = tuple(listed)  # one slice: on the GPU its listed units are on
+    if not gpus:
+        return None
+    expected: dict[int, int] = {}
+    for index, n in zip(gpus, p.slices, strict=True):
+        expected[index] = expected.get(index, 0) + n
+    rest = {i: n - listed.get(i, 0) for i, n in expected.items() if n > listed.get(i, 0)}
+    if not rest:
+        return None
+    return replace(p, slices=tuple(rest.values()), gpus=tuple(rest), whole_gpus=(), count=0,
+                   exclusive=False, in_memory=False, in_units=True, baselines=(),
+                   slice_memory=())  # fmt: skip
+
+
+def _pending(live: list[Placement], state: NodeGpuState) -> list[Placement]:
+    """``pending``'s placements by age, on a reading: each still counting in its books."""
     holders = state.holders
     in_memory = _counting(live, state, holders)
     out: list[Placement] = []

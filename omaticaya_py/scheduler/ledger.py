@@ -296,6 +296,7 @@ def placement_from_pod(
         slices=need.slices,
         exclusive=need.exclusive,
         profile=need.profile,
+        slice_memory=need.slice_memory,
     )
 
 

@@ -91,9 +91,10 @@ def parse_slices(pod: Any, resource: str = DEFAULT_SHARED_RESOURCE) -> Need | No
         return Need(0, 1, f"{asks.error}: expected a whole number of units from 0 to {MAX_UNITS}")
     if effective_request(asks.app, asks.init) == 0:
         return None
-    slices, firsts = held_groups(asks.app, asks.init)
+    slices, firsts, memory = held_groups(asks.app, asks.init)
     return Need(0, 1, slices=slices, resource=resource,
-                firsts=firsts if firsts != slices else ())  # fmt: skip
+                firsts=firsts if firsts != slices else (),
+                slice_memory=memory if memory != slices else ())  # fmt: skip
 
 
 def _units(raw: Any) -> int | None:
@@ -225,12 +226,17 @@ def held_slices(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()) -> tu
 
 
 def held_groups(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()
-                ) -> tuple[tuple[int, ...], tuple[int, ...]]:  # fmt: skip
-    """``(held_slices, firsts)``: the slices, and the units of each one's first container, the
-    one the kubelet asks the device plugin to place it by (the later containers reusing its
-    units stay on its GPU). Pure."""
+                ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """``(held_slices, firsts, memory)``: the slices; the units of each one's first container,
+    the one the kubelet asks the device plugin to place it by (the later containers reusing
+    its units stay on its GPU); and the units of each slice whose memory the device plugin
+    counts once the pod is admitted: a plain init container whose units a later container
+    reuses is over by then (``deviceplugin.slices.superseded``), so its slice counts no more,
+    the reusing container's does (a 40-unit init before a 1-unit app: 40 units held, 1 counted
+    in memory). Pure."""
     slices: list[int] = []
     firsts: list[int] = []
+    live: list[list[tuple[int, bool]]] = []  # per slice: (units, plain init) still counting
     pool = 0  # units left for reuse, all on the GPU of ``slices[at]``
     at = -1
     plain = [not sidecar for _, sidecar in init] + [False] * len(app)
@@ -238,16 +244,19 @@ def held_groups(app: Sequence[int], init: Sequence[tuple[int, bool]] = ()
         taken = min(n, pool)
         if taken:
             slices[at] += n - taken  # the rest from the reused units' GPU
+            live[at] = [(0, True) if was_plain else (u, False) for u, was_plain in live[at]]
+            live[at].append((n, left))
         else:
             slices.append(n)
             firsts.append(n)
+            live.append([(n, left)])
         if left:  # a plain init container: its units, reused ones included, left for reuse
             if not taken:
                 at = len(slices) - 1
             pool += n - taken
         else:  # a sidecar or an app container keeps what it took
             pool -= taken
-    return tuple(slices), tuple(firsts)
+    return tuple(slices), tuple(firsts), tuple(sum(u for u, _ in g) for g in live)
 
 
 def parse_need(

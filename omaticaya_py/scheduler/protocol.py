@@ -211,7 +211,7 @@ def reservation(need: Need, rec: NodeRecord, key: str, uid: str, now: float,
         p = Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
                       slices=need.slices, baseline_free_mib=rec.state.shared_free_total_mib,
                       gpus=taken.slices, whole_gpus=taken.gpus, bound=False,
-                      exclusive=need.exclusive)  # fmt: skip
+                      exclusive=need.exclusive, slice_memory=need.slice_memory)  # fmt: skip
     else:
         p = Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
                       baseline_free_mib=rec.state.live_free_total_mib, bound=False,

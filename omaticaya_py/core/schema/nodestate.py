@@ -67,14 +67,19 @@ class GpuInfo:
     #: GPU (``index`` is the GPU's); ``None`` for a whole GPU
     profile: str | None = None
     mig_index: int | None = None
+    #: the most units a slice here can take by the node's labels (``gpu.shared.memory.free-mib``
+    #: over the unit): a bound on the room, kept apart from ``units_left`` (the kubelet's
+    #: books) so that what is taken off the books is never taken off the bound as well
+    units_cap: int | None = None
 
     def room_mib(self, unit_mib: int) -> int:
         """The largest slice this (shared) GPU can take at ``unit_mib`` MiB per unit: the least
-        of its two books (``core.sharing.gpu_room_mib``); its ``free_mib`` when no unit count
-        is known."""
+        of its two books (``core.sharing.gpu_room_mib``), its units bounded by ``units_cap``;
+        its ``free_mib`` when no unit count is known."""
         if self.units_left is None:
             return max(self.free_mib, 0)
-        return gpu_room_mib(self.free_mib, self.units_left, unit_mib)
+        units = self.units_left if self.units_cap is None else min(self.units_left, self.units_cap)
+        return gpu_room_mib(self.free_mib, units, unit_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,8 +274,9 @@ def parse_node(
     shared = [_capped(g, per_gpu.get(g.index)) for g in shared]
     if shared_best is not None and unit_mib is not None:
         most = max(shared_best, 0) // unit_mib
-        shared = [g if g.units_left is not None and g.units_left <= most
-                  else replace(g, units_left=most) for g in shared]  # fmt: skip
+        shared = [replace(g, units_left=most) if g.units_left is None
+                  else g if g.units_left <= most else replace(g, units_cap=most)
+                  for g in shared]  # fmt: skip
     live_total = sum(g.free_mib for g in gpus if g.healthy)
     if total is not None:
         live_total = min(live_total, max(total, 0))
