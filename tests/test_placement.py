@@ -97,11 +97,15 @@ def test_adjust_leaves_unhealthy_gpus_alone():
         ("no baseline (learned after a restart): waits for settle_s", node(40000, read_age_s=1),
          [placed(30000, started_age_s=3)], 1),
         # two pods with the same baseline, only one's memory shows: one still counts
-        # a drop shows the first; the second's own drop (from 60000) does not cover it: it
-        # counts (a grant shown leaves the book, as the device plugin's slice book prunes it)
         ("two pods, one shown", node(40000, read_age_s=1),
          [placed(30000, started_age_s=3, baseline=70000, uid="a"),
-          placed(30000, started_age_s=2, baseline=60000, uid="b")], 1),
+          placed(30000, started_age_s=2, baseline=70000, uid="b")], 1),
+        # the first was in use when the second was reserved (its baseline 40000): the
+        # second's own drop shows it, as the device plugin's book (which had let the first go
+        # by then) judges it
+        ("two pods, the first in use before the second", node(10000, read_age_s=1),
+         [placed(30000, started_age_s=3, baseline=70000, uid="a"),
+          placed(30000, started_age_s=2, baseline=40000, uid="b")], 0),
         ("two pods, both shown", node(10000, read_age_s=1),
          [placed(30000, started_age_s=3, baseline=70000, uid="a"),
           placed(30000, started_age_s=2, baseline=70000, uid="b")], 0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.shown import Grant, still_counting
+from omaticaya_py.core.shown import Grant, look, rebase, still_counting, still_in_book
 from omaticaya_py.deviceplugin.slices import Slice, still_pending
 
 G = 1024  # MiB
@@ -94,9 +94,8 @@ def sl(mib: int, at_s: float, baseline: int | None = BASE) -> Slice:
 def test_still_pending_equals_the_old_device_plugin_rule(
     slices: list[Slice], free_now: int | None, now_s: float
 ) -> None:
-    assert still_pending(slices, free_now, now_s, 60) == _old_still_pending(
-        slices, free_now, now_s, 60
-    )
+    kept = still_pending(slices, free_now, now_s, 60)
+    assert [x.units for x in kept] == [x.units for x in _old_still_pending(slices, free_now, now_s, 60)]
 
 
 def test_still_pending_differs_from_the_old_rule_only_after_a_slice_not_shown() -> None:
@@ -114,3 +113,58 @@ def test_still_pending_maps_each_slice_to_a_grant_read_after() -> None:
     slices = [sl(10 * G, 0)]
     assert still_pending(slices, BASE - 10 * G, 10, 60) == ()
     assert still_counting([g(10 * G, read_after=False)], BASE - 10 * G) == [True]
+
+
+# ------------------------------------------------------------- a book looked at again ----
+
+
+def test_a_book_keeps_what_a_drop_has_not_shown_at_every_later_look() -> None:
+    """Two slices of 10 GiB handed out at the same baseline, one in use (the free memory 10 GiB
+    lower): the first shows and leaves the book; the second, rebased, still counts at the next
+    look, and the next (without the rebase it showed at the second look: both let go, 10 GiB
+    promised twice)."""
+    slices = [sl(10 * G, 0), sl(10 * G, 1)]
+    kept = still_pending(slices, BASE - 10 * G, 10, 60)
+    assert [x.at_s for x in kept] == [1] and kept[0].baseline_free_mib == BASE - 10 * G
+    for _ in range(3):
+        kept = still_pending(kept, BASE - 10 * G, 10, 60)
+        assert [x.at_s for x in kept] == [1]
+    assert still_pending(kept, BASE - 20 * G, 10, 60) == ()  # now it is in use too
+
+
+def test_look_and_rebase() -> None:
+    flags, shown = look([g(10 * G), g(10 * G)], BASE - 10 * G)
+    assert (flags, shown) == ([False, True], 10 * G)
+    assert rebase(g(10 * G), shown).baseline_free_mib == BASE - 10 * G
+    assert rebase(g(10 * G, None), shown).baseline_free_mib is None
+    # a held grant shows by the books: it stays ahead, and nothing is shown by a drop for it
+    assert look([g(10 * G, held=True)], BASE) == ([False], 0)
+
+
+@pytest.mark.parametrize(
+    ("grants", "free_now", "expected"),
+    [
+        # the first was in use when the second was made (the free memory at the second's
+        # baseline shows it): the plugin's book had dropped it then; the second's own drop shows it
+        pytest.param([g(1 * G), g(20 * G, BASE - 1 * G)], BASE - 21 * G, [False, False],
+                     id="shown-before-the-next-was-made"),
+        # both made at one baseline, one in use: the other still counts
+        pytest.param([g(10 * G), g(10 * G)], BASE - 10 * G, [False, True], id="same-baseline"),
+        pytest.param([g(10 * G), g(10 * G)], BASE - 20 * G, [False, False], id="both-in-use"),
+        pytest.param([g(10 * G, None), g(10 * G)], BASE - 20 * G, [True, True],
+                     id="an-unknown-baseline-holds-the-rest"),
+    ],
+)
+def test_still_in_book_replays_the_plugins_book(grants: list[Grant], free_now: int,
+                                                expected: list[bool]) -> None:  # fmt: skip
+    """The extender keeps every grant; ``still_in_book`` gives what the device plugin's book,
+    looked at when each grant was made and now, still counts."""
+    assert still_in_book(grants, free_now) == expected
+    # the plugin's own book, grant by grant, agrees
+    book: list[Slice] = []
+    for k, grant in enumerate(grants):
+        if book and grant.baseline_free_mib is not None:
+            book = list(still_pending(book, grant.baseline_free_mib, k, 60))
+        book.append(sl(grant.mib, k, grant.baseline_free_mib))
+    kept = {int(x.at_s) for x in still_pending(book, free_now, len(grants), 60)}
+    assert [k in kept for k in range(len(grants))] == expected

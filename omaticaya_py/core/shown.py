@@ -18,7 +18,14 @@ A grant is shown, and counts no more, when
 
 The rule is conservative: once one grant is not shown, no later one is (their memory cannot be
 told apart), and memory freed by another process at the same time hides a drop: such grants
-wait for the caller's age limit (``settle_s``), which ages them out. Pure.
+wait for the caller's age limit (``settle_s``), which ages them out.
+
+A book of grants (the device plugin's slices on one GPU) is looked at again and again: the
+grants a look shows leave it (``look``), and the ones left are rebased, their baselines less
+the memory shown, so that what a later grant's drop must cover stays what it was (two slices
+handed out at the same baseline, one in use: the other still counts at every later look).
+``still_in_book`` replays such a book from the grants alone, each added at its own baseline,
+for the extender, which keeps every grant. Pure.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Grant", "still_counting"]
+__all__ = ["Grant", "look", "still_counting", "still_in_book"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +75,44 @@ def still_counting(grants: Sequence[Grant], free_now_mib: int | None) -> list[bo
         settling = settling and shown
         out.append(not shown)
     return out
+
+
+def look(grants: Sequence[Grant], free_now_mib: int | None) -> tuple[list[bool], int]:
+    """A look at a book of ``grants`` (oldest first) at ``free_now_mib``: ``(still counting,
+    MiB shown)``, the flags of ``still_counting`` and the memory of the grants its drop showed
+    (a held grant shows by the books, not by a drop: it stays in the book, ahead of the later
+    ones). The grants shown by a drop are a prefix of those not held; the caller drops them and
+    takes their memory off the baselines of the ones it keeps (``rebase``)."""
+    flags = still_counting(grants, free_now_mib)
+    shown = sum(g.mib for g, still in zip(grants, flags, strict=True) if not still and not g.held)
+    return flags, shown
+
+
+def rebase(g: Grant, shown_mib: int) -> Grant:
+    """``g`` kept in a book from which grants of ``shown_mib`` were dropped as shown: its
+    baseline less that memory (its drop must still cover them: they were ahead of it)."""
+    if not shown_mib or g.baseline_free_mib is None:
+        return g
+    return Grant(g.mib, g.baseline_free_mib - shown_mib, g.read_after, g.held)
+
+
+def still_in_book(grants: Sequence[Grant], free_now_mib: int | None) -> list[bool]:
+    """For each of ``grants`` (oldest first, one free-memory figure), whether it still counts
+    in a book kept as the device plugin keeps its slices: each grant added when it was made,
+    after a look at the free memory then (its baseline), the grants that look showed gone and
+    the rest rebased (``look``, ``rebase``); then a look at ``free_now_mib``."""
+    book: list[tuple[int, Grant]] = []
+
+    def prune(free_mib: int | None) -> None:
+        nonlocal book
+        flags, shown = look([g for _, g in book], free_mib)
+        book = [(k, rebase(g, shown)) for (k, g), still in zip(book, flags, strict=True)
+                if still or g.held]  # fmt: skip
+
+    for k, g in enumerate(grants):
+        if book and g.baseline_free_mib is not None:
+            prune(g.baseline_free_mib)
+        book.append((k, g))
+    flags, _ = look([g for _, g in book], free_now_mib)
+    counting = {k for (k, _), still in zip(book, flags, strict=True) if still}
+    return [k in counting for k in range(len(grants))]

@@ -38,13 +38,13 @@ out ``settle_s``; once one slice is not shown, no later one on the GPU is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress
 
 from ..core.placement import pick_slice, whole_key
 from ..core.schema import GpuInfo
 from ..core.sharing import gpu_room_mib, parse_unit_id, slice_mib, unit_id
-from ..core.shown import Grant, still_counting
+from ..core.shown import Grant, look
 from .allocation import DeviceState
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "released",
     "rooms",
     "slice_envs",
+    "rebased",
     "still_pending",
     "superseded",
 ]
@@ -149,10 +150,20 @@ def still_pending(
     after its ``Allocate``) still counts. Callers keep the result as the GPU's slices, so that
     every slice still counting was counting when each later one was handed out: a slice shows
     only once the drop from its baseline covers it and every earlier one, and none shows after
-    one that does not (memory that cannot be told apart waits)."""
+    one that does not (memory that cannot be told apart waits). The slices kept are rebased by
+    the memory of those shown (``core.shown.look``): the drop they must show still covers it."""
     live = [s for s in slices if now_s - s.at_s < settle_s]
     grants = [Grant(s.mib, s.baseline_free_mib, read_after=True) for s in live]
-    return tuple(compress(live, still_counting(grants, free_now_mib)))
+    flags, shown = look(grants, free_now_mib)
+    return tuple(rebased(s, shown) for s in compress(live, flags))
+
+
+def rebased(s: Slice, shown_mib: int) -> Slice:
+    """``s`` kept while slices of ``shown_mib`` left the book as shown: its baseline less
+    their memory (``core.shown.rebase``)."""
+    if not shown_mib or s.baseline_free_mib is None:
+        return s
+    return replace(s, baseline_free_mib=s.baseline_free_mib - shown_mib)
 
 
 def superseded(slices: Iterable[Slice], units: Iterable[str]) -> tuple[Slice, ...]:

@@ -45,7 +45,7 @@ from typing import Any
 
 from ..core.placement import Need, Taken, take, whole_key
 from ..core.schema import GpuInfo, NodeGpuState
-from ..core.shown import Grant, still_counting
+from ..core.shown import Grant, still_in_book
 
 __all__ = ["ASSUME_S", "Device", "Placement", "adjust", "baselines", "expiry", "live_free_mib",
            "pending"]
@@ -235,16 +235,17 @@ def baselines(state: NodeGpuState | None, p: Placement) -> tuple[int | None, ...
 
 
 def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str]) -> set[int]:
-    """The ids of the placements of ``live`` (oldest first) whose memory a reading does not show
-    yet, judged per device (``core.shown.still_counting`` on each GPU's own free memory, the
-    device plugin's rule): shown once every device it is on shows it, or (whole devices) once
-    its pod is a holder read after it started. A device absent or unhealthy then or now shows nothing; a
-    placement whose devices are not known is shown only by its holders."""
+    """The ids of the placements of ``live`` whose memory a reading does not show yet, judged
+    per device on each GPU's own free memory as the device plugin's book of slices judges it
+    (``core.shown.still_in_book``: the grants in the order they were made, each added after a
+    look at its own baseline): shown once every device it is on shows it, or (whole devices)
+    once its pod is a holder read after it started. A device absent or unhealthy then or now
+    shows nothing; a placement whose devices are not known is shown only by its holders."""
     read_at = state.read_at or 0.0
     unit = state.share_unit_mib
     on: dict[Device, list[tuple[int, Grant]]] = {}
     counting: set[int] = set()
-    for p in live:
+    for p in sorted(live, key=lambda p: p.placed_at):  # as they were made
         after = p.started_at is not None and read_at > p.started_at
         # a holder's whole GPU is shown by the books; a slice's memory only by its GPU's drop
         # (its units are the other book), as the device plugin's slice book judges it
@@ -262,22 +263,9 @@ def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str
         if free_now is None:  # gone or unhealthy now: no drop shows anything
             grants = [(i, replace(g, baseline_free_mib=None)) for i, g in grants]
             free_now = 0
-        counting.update(_still(grants, free_now))
+        flags = still_in_book([g for _, g in grants], free_now)
+        counting.update(i for (i, _), still in zip(grants, flags, strict=True) if still)
     return counting
-
-
-def _still(grants: list[tuple[int, Grant]], free_now: int) -> list[int]:
-    """The ids of ``grants`` (one device's, oldest first) still counting against ``free_now``:
-    ``still_counting`` until nothing more shows, a grant its drop showed leaving the book, as
-    the device plugin's slice book keeps only what still counts at each look (``slicer``:
-    ``pending_mib`` prunes what shows). The extender keeps shown placements in its ledger, so
-    without this it counted a later slice the plugin had already let go."""
-    while True:
-        flags = still_counting([g for _, g in grants], free_now)
-        shown = [not still and not g.held for (_, g), still in zip(grants, flags, strict=True)]
-        if not any(shown):
-            return [i for (i, _), still in zip(grants, flags, strict=True) if still]
-        grants = [x for x, gone in zip(grants, shown, strict=True) if not gone]
 
 
 def _held(p: Placement, state: NodeGpuState) -> bool:
