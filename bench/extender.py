@@ -90,8 +90,7 @@ def _in_flight(ext: Any, cache: dict[str, Any], names: list[str], inflight: int,
         node = names[j * len(names) // inflight]
         uid = f"inflight-{j:06d}"
         bound.append(Placement(f"default/p{j}", uid, node, POD_MIB, 1,
-                               placed_at=now - rng.uniform(0, 30),
-                               baseline_free_mib=cache[node].free_total_mib))  # fmt: skip
+                               placed_at=now - rng.uniform(0, 30)))  # fmt: skip
     try:
         from omaticaya_py.scheduler.ledger import Ledger
     except ImportError:  # before: InFlight over the pod cache, assumed on every name

@@ -119,7 +119,7 @@ class Seam:
         bound = {**pod, "spec": {**pod["spec"], "nodeName": "n"},
                  "status": {"phase": "Running", "startTime": "2025-03-04T05:00:00Z"}}
         new = placement_from_pod(bound, self.ledger.get(name),
-                                 node_state=lambda _: self.state, now=NOW)  # fmt: skip
+                                 now=NOW)  # fmt: skip
         self.ledger.pod_changed(f"ns/{name}", None, new)
         self.publish()
         return "admitted"

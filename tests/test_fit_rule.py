@@ -192,7 +192,7 @@ def _placement(j: int, p: dict[str, Any]) -> Placement:
     started = None if p["started"] is None else NOW + p["started"]
     return Placement(f"ns/p{j}", f"u{j}", f"n{p['node']}", 0 if p["slices"] else p["mib"],
                      0 if p["slices"] else p["count"], placed_at=MONO - p["age_s"],
-                     started_at=started, baseline_free_mib=p["baseline"], gpus=p["gpus"],
+                     started_at=started, gpus=p["gpus"],
                      bound=p["bound"], slices=p["slices"], exclusive=p["exclusive"])  # fmt: skip
 
 

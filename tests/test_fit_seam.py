@@ -192,22 +192,22 @@ def test_the_extender_reserves_the_gpu_the_plugin_hands_out() -> None:
 def test_a_placement_shown_as_a_holder_stops_counting() -> None:
     held = node([F, F], held={0: [holder("a", GPU, uuid(0))]})
     p = Placement("ns/a", "u", "n", 10240, 1, placed_at=NOW - 2, started_at=NOW - 15,
-                  baseline_free_mib=2 * F, gpus=(0,), exclusive=True)  # fmt: skip
+                  gpus=(0,), exclusive=True)  # fmt: skip
     assert pending([p], held, now=NOW, settle_s=60) == []
     # a reading from before the pod started does not show it
     early = Placement("ns/a", "u", "n", 10240, 1, placed_at=NOW - 2, started_at=NOW + 1,
-                      baseline_free_mib=2 * F, gpus=(0,), exclusive=True)  # fmt: skip
+                      gpus=(0,), exclusive=True)  # fmt: skip
     assert pending([early], held, now=NOW, settle_s=60) == [early]
     # another pod's placement still counts, and the shown one's memory with it
     q = Placement("ns/b", "v", "n", 10240, 1, placed_at=NOW - 1, started_at=NOW - 15,
-                  baseline_free_mib=2 * F, gpus=(1,), exclusive=True)  # fmt: skip
+                  gpus=(1,), exclusive=True)  # fmt: skip
     assert pending([p, q], held, now=NOW, settle_s=60) == [q]
 
 
 def test_a_slice_shown_as_a_holder_stops_counting_once() -> None:
     state = node([F], shared="all", held={0: [holder("a", SLICES, *units(0, 0, 20))]})
     p = Placement("ns/a", "u", "n", 0, 0, placed_at=NOW - 2, started_at=NOW - 15,
-                  baseline_free_mib=80000, gpus=(0,), slices=(20,))  # fmt: skip
+                  gpus=(0,), slices=(20,))  # fmt: skip
     # its units are in the kubelet's books; its memory is not in use yet: it counts there only
     assert [(q.in_memory, q.in_units) for q in pending([p], state, now=NOW, settle_s=60)] == [
         (True, False)]

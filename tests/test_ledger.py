@@ -51,7 +51,7 @@ def node(name: str, *free: int, read_age_s: float = 5, unhealthy: tuple[int, ...
 def res(uid: str, node: str, gpus: tuple[int, ...] = (0,), *, at: float = NOW, mib: int = 30000,
         baseline: int | None = 70000) -> Placement:  # fmt: skip
     return Placement(f"ns/{uid}", uid, node, mib, len(gpus) or 1, placed_at=at,
-                     baseline_free_mib=baseline, gpus=gpus, bound=False)  # fmt: skip
+                     gpus=gpus, bound=False)  # fmt: skip
 
 
 def bound(uid: str, node: str, *, at: float = NOW + 1, started: float | None = None,
@@ -59,7 +59,7 @@ def bound(uid: str, node: str, *, at: float = NOW + 1, started: float | None = N
           on: tuple[int, int] | None = None) -> Placement:  # fmt: skip
     """A bound placement; ``on``: (its GPU, that GPU's free MiB when first counted)."""
     return Placement(f"ns/{uid}", uid, node, mib, 1, placed_at=at, started_at=started,
-                     baseline_free_mib=baseline, gpus=(on[0],) if on else (),
+                     gpus=(on[0],) if on else (),
                      baselines=(on[1],) if on else ())  # fmt: skip
 
 

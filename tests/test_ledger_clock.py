@@ -50,14 +50,14 @@ def watch(ledger: Ledger, clock: Clock, previous: Placement | None = None) -> No
     """The pod watch at ``clock``'s time: the pod document (server time 90 s behind) through
     ``placement_from_pod`` into the ledger, as ``server._start_pod_cache`` wires it."""
     new = placement_from_pod(bound_pod(clock() - BEHIND_S), previous,
-                             node_state=lambda name: reading(clock()), now=clock())  # fmt: skip
+                             now=clock())  # fmt: skip
     ledger.pod_changed(KEY, previous, new)
 
 
 def test_the_server_90s_behind_does_not_expire_a_fresh_reservation():
     clock, ledger = Clock(NOW), Ledger(settle_s=SETTLE_S, assume_s=ASSUME_S)
-    ledger.reserve(Placement(KEY, UID, "a", MIB, 1, placed_at=clock(), baseline_free_mib=70000,
-                             gpus=(0,), bound=False))  # fmt: skip
+    ledger.reserve(Placement(KEY, UID, "a", MIB, 1, placed_at=clock(), gpus=(0,),
+                             bound=False))  # fmt: skip
     clock.t += 1
     watch(ledger, clock)  # confirmed: the pod is bound where it was reserved
     assert ledger.counts["confirmed"] == 1

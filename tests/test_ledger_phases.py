@@ -28,15 +28,13 @@ def reading(free_mib: int, read_at: float = NOW + 5, holders: frozenset[str] = f
 
 
 def reserved(node: str = "a", at: float = NOW) -> Placement:
-    return Placement(KEY, UID, node, 30000, 1, placed_at=at, baseline_free_mib=70000, gpus=(0,),
+    return Placement(KEY, UID, node, 30000, 1, placed_at=at, gpus=(0,),
                      baselines=(70000,), bound=False)  # fmt: skip
 
 
 def seen_bound(node: str = "a", at: float = NOW + 1, started: float | None = NOW + 2) -> Placement:
-    """The pod watch's placement of the pod bound on ``node`` (no GPUs known, its own
-    baseline)."""
-    return Placement(KEY, UID, node, 30000, 1, placed_at=at, started_at=started,
-                     baseline_free_mib=71000)  # fmt: skip
+    """The pod watch's placement of the pod bound on ``node`` (no GPUs known)."""
+    return Placement(KEY, UID, node, 30000, 1, placed_at=at, started_at=started)
 
 
 # the verbs: each (ledger, now) -> None

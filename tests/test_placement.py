@@ -41,7 +41,6 @@ def placed(mib: int, count: int = 1, *, age_s: float = 1, started_age_s: float |
         key=f"ns/{uid}", uid=uid, node="n", memory_mib=mib, count=count,
         placed_at=NOW - age_s,
         started_at=None if started_age_s is None else NOW - started_age_s,
-        baseline_free_mib=baseline,
         # a baseline is per GPU (the in-flight rule's drops are judged on each GPU's own
         # reading): the one GPU of ``node``
         gpus=(0,) if baseline is not None else (),
@@ -216,27 +215,26 @@ def pod(node_name: Any = "n", *, mib: str | None = "30720", uid: Any = "u1", pha
     return {"metadata": meta, "spec": {"nodeName": node_name}, "status": status}
 
 
-def _from(doc, previous=None, state=None):
-    return placement_from_pod(doc, previous, node_state=lambda name: state, now=NOW)
+def _from(doc, previous=None):
+    return placement_from_pod(doc, previous, now=NOW)
 
 
 def test_placement_from_a_bound_pod():
     # the server's clock 90 s behind the extender's (NOW is 2027-01-15T08:00:00Z)
-    p = _from(pod(scheduled_at="2027-01-15T07:58:30Z", started="2027-01-15T08:00:02Z"),
-              state=node(70000))  # fmt: skip
+    p = _from(pod(scheduled_at="2027-01-15T07:58:30Z", started="2027-01-15T08:00:02Z"))
     assert (p.key, p.uid, p.node, p.memory_mib, p.count) == ("ns/p", "u1", "n", 30720, 1)
     # its age starts on the extender's clock when it first saw the pod, not at PodScheduled's
     # lastTransitionTime (the server's clock)
     assert p.placed_at == NOW
     assert p.started_at == datetime(2027, 1, 15, 8, 0, 2, tzinfo=timezone.utc).timestamp()
-    assert p.baseline_free_mib == 70000
+    # its GPUs are not known: no per-GPU baseline, so only the kubelet's books show it
+    assert p.gpus == () and p.baselines == ()
 
 
-def test_placement_keeps_its_first_baseline_and_time():
-    first = _from(pod(scheduled_at=None), state=node(70000))
-    again = _from(pod(scheduled_at=None, started="2027-01-15T08:00:02Z"), first,
-                  state=node(40000))  # fmt: skip
-    assert again.baseline_free_mib == 70000 and again.placed_at == first.placed_at == NOW
+def test_placement_keeps_its_first_time():
+    first = _from(pod(scheduled_at=None))
+    again = _from(pod(scheduled_at=None, started="2027-01-15T08:00:02Z"), first)
+    assert again.placed_at == first.placed_at == NOW
     assert again.started_at is not None
 
 

@@ -221,7 +221,7 @@ def test_pod_cache_lists_watches_and_skips_a_bad_pod(api, dev_cluster):
         if pod["metadata"]["name"] == "hostile":
             raise ValueError("hostile pod")
         return placement_from_pod(pod, previous,
-                                  node_state=lambda n: None, now=0.0)  # fmt: skip
+                                  now=0.0)  # fmt: skip
 
     def bound(name: str, mib: str = "30720") -> dict[str, Any]:
         return {
@@ -328,7 +328,7 @@ def test_pod_cache_lists_in_pages_and_feeds_the_ledger(api, dev_cluster):
 
     def transform(pod: Any, previous: Any) -> Any:
         return placement_from_pod(pod, previous,
-                                  node_state=lambda n: None, now=0.0)  # fmt: skip
+                                  now=0.0)  # fmt: skip
 
     def pod(name: str) -> dict[str, Any]:
         return {

@@ -157,7 +157,7 @@ def two_shared(free0: int, free1: int, healthy1: bool = True) -> NodeGpuState:
 
 def slice_on_gpu0() -> Placement:
     return Placement("ns/a", "a", "n", 0, 1, placed_at=NOW - 10, started_at=NOW - 5,
-                     baseline_free_mib=80 * U, gpus=(0,), baselines=(40 * U,), slices=(20,))  # fmt: skip
+                     gpus=(0,), baselines=(40 * U,), slices=(20,))  # fmt: skip
 
 
 @pytest.mark.parametrize(("case", "state", "still"), [

@@ -361,7 +361,7 @@ class Node:
             "spec": {**doc["spec"], "nodeName": "n"},
             "status": {"phase": "Running", "startTime": "2025-03-04T05:00:00Z"},
         }
-        new = placement_from_pod(bound, predicted, node_state=lambda _: self.state, now=NOW)
+        new = placement_from_pod(bound, predicted, now=NOW)
         self.ledger.pod_changed(f"ns/{pod.name}", None, new)
         self.publish()
         return "admitted"

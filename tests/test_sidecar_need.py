@@ -300,5 +300,5 @@ def test_a_whole_gpu_sidecar_pod_needs_a_gpu_for_each():
 def test_a_bound_sidecar_pod_from_the_watch_is_a_placement_of_its_slices():
     doc = pod([side("s", 20)], [c("a", 5)])
     doc["spec"]["nodeName"] = "n"
-    p = placement_from_pod(doc, None, node_state={"n": shared_node("n", 40000)}.get, now=NOW)
+    p = placement_from_pod(doc, None, now=NOW)
     assert p is not None and p.slices == (20, 5)

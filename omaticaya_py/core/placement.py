@@ -292,14 +292,12 @@ def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str, unit
 
 
 def slice_room(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> int | None:
-    """The room of the shared GPU ``need``'s largest slice goes to on ``state`` (``place``);
-    ``None`` when its slices do not all fit (or the node shares no GPU)."""
-    if not state.shared or not state.share_unit_mib:
+    """The room of the shared GPU ``need``'s largest slice goes to on ``state`` (``place`` of
+    its slices alone); ``None`` when its slices do not all fit (or the node shares no GPU)."""
+    if not need.slices:
         return None
-    unit = state.share_unit_mib
-    placed = place_slices(state.shared, need.slice_mibs(unit), policy, unit,
-                          tuple(u * unit for u in need.firsts))  # fmt: skip
-    return None if placed is None else placed[1]
+    taken = place(state, replace(need, exclusive=False, profile=None), policy)
+    return taken.room_mib if taken is not None else None
 
 
 def choose_gpus(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> tuple[int, ...]:
@@ -309,18 +307,17 @@ def choose_gpus(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -
     return taken.gpus if taken is not None else ()
 
 
-def take(state: NodeGpuState, need: Need, taken: Taken, *, exclusive: bool | None = None,
-         memory: bool = True, units: bool = True) -> NodeGpuState:  # fmt: skip
+def take(state: NodeGpuState, need: Need, taken: Taken, *, memory: bool = True,
+         units: bool = True) -> NodeGpuState:  # fmt: skip
     """``state`` less ``need`` where ``taken`` puts it: each GPU of ``taken.gpus`` handed out
-    whole (``exclusive``, default ``need.exclusive``) or less ``need.memory_mib``, each MIG
+    whole (``need.exclusive``) or less ``need.memory_mib``, each MIG
     device of ``taken.migs`` handed out whole, each slice from its shared GPU's live free
     memory (``memory``) and units (``units``). A device not on the node is skipped (it left, or
     the reservation named one it no longer has). ``free_total_mib`` follows the whole GPUs."""
-    whole = need.exclusive if exclusive is None else exclusive
     out = state
     if taken.gpus:
         on = set(taken.gpus)
-        gpus = tuple((take_whole(g) if whole else take_memory(g, need.memory_mib))
+        gpus = tuple((take_whole(g) if need.exclusive else take_memory(g, need.memory_mib))
                      if g.index in on else g for g in state.gpus)  # fmt: skip
         out = replace(out, gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus if g.healthy))
     if taken.migs:
@@ -338,8 +335,3 @@ def take(state: NodeGpuState, need: Need, taken: Taken, *, exclusive: bool | Non
                                        memory_mib=m)  # fmt: skip
         out = replace(out, shared=tuple(shared))
     return out
-
-
-def free_of(devices: Sequence[GpuInfo]) -> int:
-    """Free MiB over the healthy devices of ``devices`` (an assigned one counts 0)."""
-    return sum(g.free_mib for g in devices if g.healthy)

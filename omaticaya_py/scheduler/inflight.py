@@ -13,28 +13,28 @@ leaves it out) when
 - a reserved placement is ``assume_s`` seconds old (``placed_at``: when it was reserved) and
   was never seen bound (the pod was deleted unbound, or its binding failed and it was never
   filtered again), or a bound one ``settle_s`` seconds old (``placed_at``: when it was
-  reserved, or when the extender first saw it bound; on the extender's clock, never the API
-  server's: ``ledger``), or
-- the node's telemetry was read after the pod started (``started_at``: the pod's
-  ``status.startTime``) and the node's free memory, against what it was when the extender
-  first counted the placement (``baseline_free_mib``), dropped by at least this placement's
-  need plus that of every earlier placement on the node that started before the reading too (the
-  rule is conservative: a placement whose memory cannot be told apart waits for ``settle_s``).
-
+  reserved, or when the extender first saw it bound; on the extender's monotonic clock, never
+  the API server's: ``ledger``), or
+- every device it is on shows it: the device's own free memory, read after the pod started
+  (``started_at``: the pod's ``status.startTime``), dropped since the extender first counted
+  it there (``baselines``) by at least its memory there plus every earlier grant still in the
+  book of that device, as the device plugin keeps its slices (``core.shown.still_in_book``;
+  judged only on devices healthy then and now; a placement whose devices are not known is
+  shown only by the kubelet's books), or
 - the node's telemetry, read after the pod started, names the pod among the holders of its
-  GPUs (``NodeGpuState.holders``, the kubelet's PodResources): the kubelet's books now count it
-  (an assigned whole GPU has no room, a slice's units are held), whatever its memory shows.
+  GPUs (``NodeGpuState.holders``, the kubelet's PodResources): an assigned whole GPU has no
+  room whatever its memory shows; a slice's units are held (its memory still counts until a
+  drop shows it).
 
-A deleted, failed or finished pod is never a placement (the pod watch drops it).
+A deleted, failed or finished pod is never a placement (the pod watch drops it); the units of a
+bound pod's slices that the kubelet holds and does not list count for the pod's life
+(``_unlisted``).
 
-``adjust`` takes each pending placement's memory from the GPUs it was given (``gpus``, chosen
-by the filter as the device plugin would: ``fit.choose_gpus``), and a placement whose GPUs are not
-known (learned from the pod watch: bound by another path, or after a restart) from its
-``count`` healthy GPUs with the most free memory left, clamped at zero. A placement of whole
-devices (``exclusive``: the pod asks for the device plugin's GPU resource, so the kubelet
-hands it whole GPUs) takes all of each GPU it is given: no other pod can get them. A placement of slices
-(``slices``: units per container, as ``need.held_slices`` groups them) is taken from the node's shared GPUs the same way, each slice
-from one GPU (``fit.place_slices`` chose them), and is shown by the shared GPUs' free memory.
+``adjust`` takes each pending placement off where the placement model puts it
+(``core.placement.take``): the devices it was given (``gpus``, ``whole_gpus``, ``migs``: chosen
+by the filter as the device plugin would, ``core.placement.place``), and for devices not known
+(learned from the pod watch: bound by another path, or after a restart) the healthy ones first
+in the model's order, clamped at zero.
 """
 
 from __future__ import annotations
@@ -73,7 +73,6 @@ class Placement:
     count: int = 1
     placed_at: float = 0.0
     started_at: float | None = None
-    baseline_free_mib: int | None = None
     gpus: tuple[int, ...] = ()
     bound: bool = True
     #: a pod's slices of shared GPUs, units per container (``need.held_slices``: a sidecar's
@@ -119,14 +118,6 @@ class Placement:
         return Need(self.memory_mib, self.count, slices=self.slices, profile=self.profile,
                     exclusive=self.exclusive or self.profile is not None,
                     slice_memory=self.slice_memory)  # fmt: skip
-
-    @property
-    def total_mib(self) -> int:
-        return self.memory_mib * self.count
-
-    def mib_at(self, unit_mib: int | None) -> int:
-        """The memory it holds at ``unit_mib`` MiB per unit (slices), or ``total_mib``."""
-        return sum(self.slices) * (unit_mib or 0) if self.slices else self.total_mib
 
 
 def expiry(p: Placement, settle_s: float, assume_s: float = ASSUME_S) -> float:
@@ -190,16 +181,12 @@ def _unlisted(p: Placement, state: NodeGpuState) -> Placement | None:
 
 def _pending(live: list[Placement], state: NodeGpuState) -> list[Placement]:
     """``pending``'s placements by age, on a reading: each still counting in its books."""
-    holders = state.holders
-    in_memory = _counting(live, state, holders)
+    in_memory = _counting(live, state)
     out: list[Placement] = []
     for p in live:  # two books for slices, as the device plugin keeps them
         memory = id(p) in in_memory
-        if not p.slices:
-            if memory:
-                out.append(p)
-            continue
-        if not state.units_attributed:  # no holders published: the memory book decides
+        # whole devices, or slices without holders published: the memory book decides
+        if not p.slices or not state.units_attributed:
             if memory:
                 out.append(p)
             continue
@@ -234,7 +221,7 @@ def baselines(state: NodeGpuState | None, p: Placement) -> tuple[int | None, ...
     return tuple(live_free_mib(state, d) for d, _ in p.memory_on(state.share_unit_mib))
 
 
-def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str]) -> set[int]:
+def _counting(live: list[Placement], state: NodeGpuState) -> set[int]:
     """The ids of the placements of ``live`` whose memory a reading does not show yet, judged
     per device on each GPU's own free memory as the device plugin's book of slices judges it
     (``core.shown.still_in_book``: the grants in the order they were made, each added after a
@@ -249,7 +236,7 @@ def _counting(live: list[Placement], state: NodeGpuState, holders: frozenset[str
         after = p.started_at is not None and read_at > p.started_at
         # a holder's whole GPU is shown by the books; a slice's memory only by its GPU's drop
         # (its units are the other book), as the device plugin's slice book judges it
-        held = after and p.key in holders and not p.slices
+        held = not p.slices and _held(p, state)
         parts = p.memory_on(unit)
         if not parts or len(parts) < len(p.slices):
             if not held:
@@ -322,7 +309,7 @@ def _where(state: NodeGpuState, p: Placement, need: Need) -> Taken:
         keys = {(m.index, m.mig_index or 0): m for m in devices}
         mine = [k for k in p.migs if k in keys][: p.count]
         rest = sorted((k for k in keys if k not in mine and not keys[k].assigned),
-                      key=lambda k: -keys[k].free_mib)  # fmt: skip
+                      key=lambda k: whole_key(keys[k]))  # fmt: skip
         return Taken(migs=tuple(mine + rest[: p.count - len(mine)]))
     healthy = [g.index for g in state.gpus if g.healthy]
     return Taken(gpus=_mine(healthy, p.gpus, p.count, state.gpus))

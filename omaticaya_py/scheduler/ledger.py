@@ -25,7 +25,7 @@ not (the reading has it, or it aged out) but a bound pod stays in the ledger unt
 Who moves it: the filter (``reserve``, ``release``: a refilter of the same pod, by uid, releases
 then reserves); the pod watch (``kube.PodCache``'s ``on_change``): ``pod_changed`` with the
 bound pod's placement or ``None`` (``drop``). Bound on the node it was reserved on: *confirm*
-(the reserved GPUs, baseline and time kept); bound elsewhere (another scheduler, a direct
+(the reserved devices, their baselines and time kept); bound elsewhere (another scheduler, a direct
 bind): *move* there, its GPUs then unknown; bound and never reserved (learned after an extender
 restart): *add*.
 
@@ -218,11 +218,9 @@ class Ledger:
             if held is not None and held.node == new.node:
                 if not held.bound:
                     self.counts["confirmed"] += 1
-                baseline = held.baseline_free_mib
                 merged = replace(
                     new, gpus=held.gpus or new.gpus, whole_gpus=held.whole_gpus or new.whole_gpus,
                     migs=held.migs or new.migs, baselines=held.baselines or new.baselines,
-                    baseline_free_mib=baseline if baseline is not None else new.baseline_free_mib,
                     bound=True,
                 )  # fmt: skip
             else:
@@ -246,7 +244,6 @@ def placement_from_pod(
     pod: Mapping[str, Any],
     previous: Placement | None,
     *,
-    node_state: Callable[[str], NodeGpuState | None],
     now: float,
     read_need: Callable[[Any], Need | None] = parse_need,
 ) -> Placement | None:
@@ -255,9 +252,8 @@ def placement_from_pod(
 
     ``read_need``: the pod's need (``need.need_reader`` of the settings; default: the default
     prefix and resources). ``previous`` (the placement stored for this pod before) keeps the
-    first ``placed_at`` and ``baseline_free_mib``; a new placement's baseline is the node's free
-    memory now (``node_state``; of its shared GPUs for a pod of slices), its ``placed_at``
-    ``now``: the extender's clock when it first saw the pod, never a time the API server wrote
+    first ``placed_at``; a new placement's ``placed_at`` is ``now``: the extender's monotonic
+    clock when it first saw the pod, never a time the API server wrote
     (PodScheduled's ``lastTransitionTime`` is on the server's clock: 90 s behind, it aged a
     pod out the moment it was confirmed)."""
     if not isinstance(pod, Mapping):
@@ -276,14 +272,8 @@ def placement_from_pod(
     uid = meta.get("uid")
     if not isinstance(uid, str):
         raise ValueError("metadata.uid is not a string")
-    if previous is not None and previous.uid == uid and previous.node == node:
-        placed_at, baseline = previous.placed_at, previous.baseline_free_mib
-    else:
-        placed_at = now
-        state = node_state(node)
-        baseline = None
-        if state is not None and state.known:
-            baseline = state.shared_free_total_mib if need.slices else state.live_free_total_mib
+    same = previous is not None and previous.uid == uid and previous.node == node
+    placed_at = previous.placed_at if previous is not None and same else now
     return Placement(
         key=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         uid=uid,
@@ -292,7 +282,6 @@ def placement_from_pod(
         count=need.count,
         placed_at=placed_at,
         started_at=rfc3339_s(status.get("startTime")),
-        baseline_free_mib=baseline,
         slices=need.slices,
         exclusive=need.exclusive,
         profile=need.profile,

@@ -209,12 +209,10 @@ def reservation(need: Need, rec: NodeRecord, key: str, uid: str, now: float,
     taken = place(rec.left, need, strategy) or Taken()
     if need.slices:
         p = Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
-                      slices=need.slices, baseline_free_mib=rec.state.shared_free_total_mib,
-                      gpus=taken.slices, whole_gpus=taken.gpus, bound=False,
+                      slices=need.slices, gpus=taken.slices, whole_gpus=taken.gpus, bound=False,
                       exclusive=need.exclusive, slice_memory=need.slice_memory)  # fmt: skip
     else:
-        p = Placement(key, uid, node, need.memory_mib, need.count, placed_at=now,
-                      baseline_free_mib=rec.state.live_free_total_mib, bound=False,
+        p = Placement(key, uid, node, need.memory_mib, need.count, placed_at=now, bound=False,
                       gpus=taken.gpus, exclusive=need.exclusive, profile=need.profile,
                       migs=taken.migs)  # fmt: skip
     return replace(p, baselines=baselines(rec.state, p))

@@ -43,7 +43,7 @@ def serve(
         log.error("{}", err)
         return 1
     ledger = ledger if ledger is not None else Ledger(settings.settle_s, settings.assume_s)
-    pods, pod_problems = _start_pod_cache(settings, cache, ledger)
+    pods, pod_problems = _start_pod_cache(settings, ledger)
     leases = _start_lease_cache(settings)
     ext = _extender(settings, cache, pods, leases, ledger, problems)
     if stop is None:  # a process of its own (the command line), not a test's thread
@@ -159,8 +159,7 @@ def _stop_caches(*caches: Any) -> None:
             cache.stop()
 
 
-def _start_pod_cache(settings: ExtenderSettings, nodes: Any, ledger: Ledger
-                     ) -> tuple[Any, PodProblems]:  # fmt: skip
+def _start_pod_cache(settings: ExtenderSettings, ledger: Ledger) -> tuple[Any, PodProblems]:
     """The pod list+watch behind the ledger's bound placements, each change handed to
     ``ledger.pod_changed`` (``None`` with ``settle_s`` 0, or when it cannot be configured: the
     extender then filters on telemetry alone, without reservations)."""
@@ -174,7 +173,7 @@ def _start_pod_cache(settings: ExtenderSettings, nodes: Any, ledger: Ledger
         selector = f"spec.schedulerName={settings.scheduler_name},{selector}"
 
     def transform(pod: Any, previous: Any) -> Any:
-        return placement_from_pod(pod, previous, node_state=nodes.get, now=time.monotonic(),
+        return placement_from_pod(pod, previous, now=time.monotonic(),
                                   read_need=need_reader(settings))  # fmt: skip
 
     def on_error(err: KubeError) -> None:
