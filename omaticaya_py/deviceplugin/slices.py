@@ -43,7 +43,7 @@ from itertools import compress
 
 from ..core.placement import pick_slice, whole_key
 from ..core.schema import GpuInfo
-from ..core.sharing import gpu_room_mib, parse_unit_id, slice_mib, unit_id
+from ..core.sharing import parse_unit_id, slice_mib, unit_id
 from ..core.shown import Grant, look
 from .allocation import DeviceState
 
@@ -57,10 +57,10 @@ __all__ = [
     "expand",
     "gpus_of",
     "preferred_units",
+    "rebased",
     "released",
     "rooms",
     "slice_envs",
-    "rebased",
     "still_pending",
     "superseded",
 ]
@@ -69,6 +69,8 @@ __all__ = [
 LIMIT_ENV = "OMATICAYA_GPU_MEMORY_LIMIT_MIB"
 #: CUDA MPS's per-client device memory limit: enforced only under an MPS control daemon
 MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+
 class SliceRefused(Exception):
     """``Allocate`` must refuse a slice: ``code`` is the gRPC status name (``INVALID_ARGUMENT``
     for units across GPUs, ``FAILED_PRECONDITION`` for a GPU without the live room)."""
@@ -108,11 +110,10 @@ class Room:
     available: tuple[str, ...]
 
     def room_mib(self, unit_mib: int) -> int:
-        """What a slice could still get here: the least of the two books (MiB; -1 unknown),
-        ``core.sharing.gpu_room_mib``, the rule the extender judges each shared GPU by."""
-        if self.free_mib is None:
-            return -1
-        return gpu_room_mib(self.free_mib, len(self.available), unit_mib)
+        """What a slice could still get here: the least of the two books (MiB; -1 unknown), as
+        the placement model reads this GPU (``info``; ``core.sharing.gpu_room_mib``, the rule
+        the extender judges each shared GPU by)."""
+        return -1 if self.free_mib is None else self.info().room_mib(unit_mib)
 
     def info(self) -> GpuInfo:
         """This GPU as the placement model sees it: its live free MiB less the slices pending
