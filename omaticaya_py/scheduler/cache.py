@@ -140,7 +140,6 @@ class Verdicts:
         self._mono: list[tuple[float, str, int]] = []
         self._token: dict[str, int] = {}
         self._count = 0
-        self._ages_mono = False  # the last request aged reservations on the monotonic clock
         self._seq = -1  # the ledger's change number last looked at (-1: none)
         self._leases, self._now, self._mono_now = leases, -INF, -INF
 
@@ -201,8 +200,12 @@ class Verdicts:
         stale = compress(names, map(is_not, states, map(self._state.get, names, repeat(_MISSING))))
         return list(dict.fromkeys(stale))
 
-    def _keep(self, name: str, rec: NodeRecord, wall: float, mono_until: float, lease: Any) -> None:
-        """Keep the verdict of ``name``, judged by its window, until what it holds on changes."""
+    def _keep(self, name: str, kept: tuple[NodeRecord, float, float, Any], ages_mono: bool
+              ) -> None:  # fmt: skip
+        """Keep the verdict of ``name``, judged by its window (``kept``: its record, wall and
+        monotonic ends, Lease), until what it holds on changes; ``ages_mono``: the request's
+        reservations age on the monotonic clock (``records.ages_s``)."""
+        rec, wall, mono_until, lease = kept
         self._state[name] = rec.state
         self._version[name] = rec.version
         if lease is not None:
@@ -211,7 +214,7 @@ class Verdicts:
         self._token[name] = token = self._count
         # a record's ``until`` (a reservation ageing out) is on the clock reservations age on
         # (``records.ages_s``): the monotonic one when the request has it
-        if self._ages_mono:
+        if ages_mono:
             wall_until, mono_until = wall, min(mono_until, rec.until)
         else:
             wall_until = min(wall, rec.until)
@@ -231,7 +234,6 @@ class Verdicts:
             fast[name] = (rec, wall, mono_until, lease)
 
         now = ages_s(ctx)
-        self._ages_mono = ctx.now_mono is not None
         fits, passed, failed = judge_all(((name, self.index.record(name, now)) for name in todo),
                                          self.need, ctx, flagged, on_fast)  # fmt: skip
         self.judged += len(todo)
@@ -242,7 +244,7 @@ class Verdicts:
         self.free.update((n, f) for n, f in fits.items() if n in fast)
         self.reason.update((n, r) for n, r in failed.items() if n in fast)
         for name, kept in fast.items():
-            self._keep(name, *kept)
+            self._keep(name, kept, ctx.now_mono is not None)
         self._compact()
         on_problem = ctx.on_problem
         if on_problem is not None and isinstance(flagged, Mapping) and flagged:
