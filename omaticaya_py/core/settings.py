@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from .mps import DEFAULT_ROOT as DEFAULT_MPS_ROOT
+from .mps import DEFAULT_STATE_DIR as DEFAULT_MPS_STATE_DIR
 from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
 from .settings_base import (
     DNS_SUBDOMAIN,
@@ -103,6 +105,35 @@ class DevicePluginSettings(CommonSettings):
         description="A slice handed out counts against its GPU's live free memory until the "
         "reading shows it in use, or for at most this many seconds.",
     )
+    share_enforcement: Literal["mps", "none"] = Field(
+        default="mps",
+        description="What enforces a slice: mps (each shared GPU's CUDA MPS control daemon, run "
+        "by `omaticaya mps`; a slice container becomes its client with exactly its limit; a "
+        "shared GPU whose daemon is not up serves no units) or none (nothing: for runtimes that "
+        "cannot run MPS; the limit is only in the container's environment).",
+    )
+    mps_root: Path = Field(
+        default=DEFAULT_MPS_ROOT,
+        description="Host folder of the MPS daemons: <root>/shm (the shared-memory tmpfs) and "
+        "<root>/<GPU UUID>/pipe and /log; mounted at the same path in each slice container.",
+    )
+    mps_state_dir: Path = Field(
+        default=DEFAULT_MPS_STATE_DIR,
+        description="Folder where `omaticaya mps` writes each daemon's state and the device "
+        "plugin reads it (a volume the pod's containers share).",
+    )
+    mps_thread_share: bool = Field(
+        default=False,
+        description="Also give each slice container a compute share proportional to its slice "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = units / GPU units, rounded up).",
+    )
+    mps_stale_s: float = Field(
+        default=15,
+        gt=0,
+        le=3600,
+        description="A daemon's state older than this counts as down (the supervisor writes it "
+        "every check).",
+    )
     device_list_strategy: Annotated[tuple[str, ...], NoDecode] = Field(
         default=("envvar", "volume-mounts"),
         description=(
@@ -141,6 +172,13 @@ class DevicePluginSettings(CommonSettings):
                 f"(both {self.shared_resource!r}): a GPU is served whole or in units, never both"
             )
         return self
+
+    @field_validator("mps_root", "mps_state_dir")
+    @classmethod
+    def _check_mps_dir(cls, value: Path) -> Path:
+        if not value.is_absolute() or ".." in value.parts:
+            raise ValueError("expected an absolute folder path without '..', like '/run/omaticaya/mps'")
+        return value
 
     @field_validator("device_plugin_dir")
     @classmethod
