@@ -100,9 +100,14 @@ class Layout:
     state_dir: Path = DEFAULT_STATE_DIR
 
     def __post_init__(self) -> None:
-        for name, path in (("OMATICAYA_MPS_ROOT", self.root), ("OMATICAYA_MPS_STATE_DIR", self.state_dir)):
+        for name, path in (
+            ("OMATICAYA_MPS_ROOT", self.root),
+            ("OMATICAYA_MPS_STATE_DIR", self.state_dir),
+        ):
             if not path.is_absolute() or ".." in path.parts:
-                raise ValueError(f"{name}: expected an absolute folder path without '..'; got {str(path)!r}")
+                raise ValueError(
+                    f"{name}: expected an absolute folder path without '..'; got {str(path)!r}"
+                )
 
     @property
     def shm(self) -> Path:

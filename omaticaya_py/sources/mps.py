@@ -102,5 +102,7 @@ class MpsWatch:
         elif self._said.start(uuid, result.reason):
             logger.warning(
                 "MPS: the daemon of GPU {} is not up ({}{}): its units are Unhealthy until it is",
-                uuid, result.reason, f": {problem}" if problem else "",
+                uuid,
+                result.reason,
+                f": {problem}" if problem else "",
             )
