@@ -26,6 +26,7 @@ import pytest
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.state import SnapshotCache
+from omaticaya_py.core.mps import ClientSpec
 from omaticaya_py.core.sharing import SharedGpus, unit_ids
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
@@ -188,7 +189,7 @@ def test_slicer_forgets_a_slice_once_the_reading_shows_it_or_it_settles() -> Non
     clock = Clock(100.0)
     slicer = Slicer(MIB, settle_s=60, clock=clock)
     gpu = DeviceState(UUID[0], 0, True, free_mib=81079)
-    assert slicer.allocate(units_of(0, 30), [gpu]) == (UUID[0], slice_envs(30, MIB))
+    assert slicer.allocate(units_of(0, 30), [gpu]) == (UUID[0], ClientSpec(slice_envs(30, MIB), ()))
     assert slicer.pending_mib([gpu]) == {UUID[0]: 30720}
     # the same units again (an app container reusing its init container's): replaced, not added
     slicer.allocate(units_of(0, 30), [gpu])
@@ -323,7 +324,8 @@ class Rig:
         trace = write_sharing_trace(folder / "sharing-trace.json")
         self.settings = settings(
             trace=str(trace), device_plugin_resource=GPU_RESOURCE, shared_resource=SHARED_RESOURCE,
-            device_plugin_dir=str(folder), shared_gpus="0-3", schedule="@every 1s", **overrides,
+            device_plugin_dir=str(folder), shared_gpus="0-3", schedule="@every 1s",
+            **{"share_enforcement": "none", **overrides},  # MPS: tests/test_device_plugin_mps.py
         )
         self.reader = TraceReader(trace, at_s=0.0)
         self.agent = Agent(self.settings, self.reader, None, dry_run=True)

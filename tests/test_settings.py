@@ -84,6 +84,11 @@ def test_defaults() -> None:
         "share_policy": "binpack",
         "share_settle_s": 60,
         "device_list_strategy": ("envvar", "volume-mounts"),
+        "share_enforcement": "mps",
+        "mps_root": Path("/run/omaticaya/mps"),
+        "mps_state_dir": Path("/run/omaticaya-mps-state"),
+        "mps_thread_share": False,
+        "mps_stale_s": 15,
     }
 
 
@@ -159,6 +164,11 @@ VALID_ENV = [
     ("OMATICAYA_SHARE_POLICY", "spread", "share_policy", "spread"),
     ("OMATICAYA_SHARE_SETTLE_S", "0", "share_settle_s", 0),
     ("OMATICAYA_DEVICE_LIST_STRATEGY", "cdi-annotations", "device_list_strategy", ("cdi-annotations",)),
+    ("OMATICAYA_SHARE_ENFORCEMENT", "none", "share_enforcement", "none"),
+    ("OMATICAYA_MPS_ROOT", "/var/run/mps", "mps_root", Path("/var/run/mps")),
+    ("OMATICAYA_MPS_STATE_DIR", "/tmp/mps-state", "mps_state_dir", Path("/tmp/mps-state")),
+    ("OMATICAYA_MPS_THREAD_SHARE", "true", "mps_thread_share", True),
+    ("OMATICAYA_MPS_STALE_S", "30", "mps_stale_s", 30),
 ]
 
 
@@ -407,6 +417,11 @@ BAD_ENV = [
     ("OMATICAYA_SHARE_POLICY", "pack", "binpack"),
     ("OMATICAYA_SHARE_SETTLE_S", "-1", "greater than or equal to 0"),
     ("OMATICAYA_DEVICE_LIST_STRATEGY", "volumes", "expected one or more of envvar"),
+    ("OMATICAYA_SHARE_ENFORCEMENT", "hami", "'mps' or 'none'"),
+    ("OMATICAYA_MPS_ROOT", "run/mps", "absolute folder path"),
+    ("OMATICAYA_MPS_STATE_DIR", "/run/../etc", "without '..'"),
+    ("OMATICAYA_MPS_THREAD_SHARE", "maybe", "expected true or false"),
+    ("OMATICAYA_MPS_STALE_S", "0", "greater than 0"),
 ]
 
 #: Settings that accept any value, so no bad one exists.

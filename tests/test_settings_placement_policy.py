@@ -63,6 +63,7 @@ def test_the_device_plugin_section_is_one_model() -> None:
     assert section == {
         "device_plugin", "device_plugin_resource", "device_plugin_dir", "shared_gpus",
         "share_unit_mib", "shared_resource", "share_policy", "share_settle_s",
-        "device_list_strategy",
+        "device_list_strategy", "share_enforcement", "mps_root", "mps_state_dir",
+        "mps_thread_share", "mps_stale_s",
     }
     assert issubclass(Settings, DevicePluginSettings)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.mps import Layout
 from ..core.placement import DEFAULT_POLICY
 from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import DEFAULT_SHARED_RESOURCE, DEFAULT_UNIT_MIB, SharedGpus
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_SETTLE_S",
     "DEFAULT_TIMING",
+    "MpsConfig",
     "PluginConfig",
     "Scope",
     "SharingConfig",
@@ -54,18 +56,33 @@ class Timing:
 
 
 @dataclass(frozen=True, slots=True)
+class MpsConfig:
+    """Slices enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``): the daemons' ``layout``
+    (``core.mps.Layout``: ``OMATICAYA_MPS_ROOT``, ``OMATICAYA_MPS_STATE_DIR``); a daemon whose
+    state is older than ``stale_s`` seconds counts as down (``OMATICAYA_MPS_STALE_S``); with
+    ``thread_share`` a slice also gets a compute share (``OMATICAYA_MPS_THREAD_SHARE``)."""
+
+    layout: Layout = Layout()
+    stale_s: float = 15.0
+    thread_share: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class SharingConfig:
     """GPU sharing by memory: the ``shared`` GPUs (``OMATICAYA_SHARED_GPUS``; none by default)
     are served as ``resource_name`` (``OMATICAYA_SHARED_RESOURCE``), one unit device per
     ``unit_mib`` MiB (``OMATICAYA_SHARE_UNIT_MIB``); a slice's GPU is chosen by ``policy``
     (``OMATICAYA_PLACEMENT_POLICY``: ``binpack`` or ``spread``, ``core.placement``), and a slice
-    counts unseen for at most ``settle_s`` seconds (``OMATICAYA_SHARE_SETTLE_S``)."""
+    counts unseen for at most ``settle_s`` seconds (``OMATICAYA_SHARE_SETTLE_S``). ``mps``: what
+    enforces a slice (``MpsConfig``; ``None``: nothing, the limit is only in the container's
+    environment)."""
 
     shared: SharedGpus = SharedGpus()
     resource_name: str = DEFAULT_SHARED_RESOURCE
     unit_mib: int = DEFAULT_UNIT_MIB
     policy: str = DEFAULT_POLICY
     settle_s: float = DEFAULT_SETTLE_S
+    mps: MpsConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +123,13 @@ def plugin_config(settings: Settings) -> PluginConfig:
     ``core.settings.stuck_after_s``, as ``Timing.stale_after_s``); with a trace, its devices
     (whole GPUs not shared, MIG devices by profile, the shared GPUs' units) are known from the
     start."""
+    mps = None
+    if settings.share_enforcement == "mps":
+        mps = MpsConfig(Layout(settings.mps_root, settings.mps_state_dir), settings.mps_stale_s,
+                        settings.mps_thread_share)  # fmt: skip
     sharing = SharingConfig(
         settings.shared_gpus, settings.shared_resource, settings.share_unit_mib,
-        settings.share_policy, settings.share_settle_s,
+        settings.share_policy, settings.share_settle_s, mps,
     )  # fmt: skip
     units: dict[str | None, list[tuple[int, str]]] = {}
     shared_units: list[tuple[int, str]] = []

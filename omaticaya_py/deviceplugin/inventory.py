@@ -10,7 +10,7 @@ Devices that left the reading (``allocation.departed``) leave it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from loguru import logger
@@ -62,13 +62,20 @@ class Inventory:
       own clock from when it first saw that reading (the agent's wall clock plays no part).
     - ``slicer``: the shared resource's book (``UnitBook``: a ``slicer.Slicer``), which keeps
       each shared GPU's unit count; ``None`` for GPUs and MIG devices.
+    - ``enforced``: for the shared resource under MPS, whether a GPU UUID's MPS daemon is up now
+      and if not why (``sources.mps.MpsWatch.enforcement``'s ``up`` and ``reason``): a GPU
+      healthy by its reading but not enforced is Unhealthy with that reason (fail closed: a
+      client whose daemon is down would run without its limit), and healthy again once its
+      daemon is up. ``None``: no enforcement to check.
 
     ``stale``: whether the last look found the reading stale. Thread-safe.
     """
 
     def __init__(self, cache: ReadingCache, scope: Scope, devices: Iterable[tuple[int, str]] = (),
-                 timing: Timing = DEFAULT_TIMING, slicer: UnitBook | None = None) -> None:  # fmt: skip
+                 timing: Timing = DEFAULT_TIMING, slicer: UnitBook | None = None,
+                 enforced: Callable[[str], tuple[bool, str]] | None = None) -> None:  # fmt: skip
         self._cache = cache
+        self._enforced = enforced
         self.scope = scope
         self.slicer = slicer
         self.stale_after_s = timing.stale_after_s
@@ -152,7 +159,12 @@ class Inventory:
             elif read is None:
                 states.append(DeviceState(uuid, index, False, ("absent",)))
             else:
-                states.append(DeviceState(uuid, read.gpu_index, read.healthy, read.reasons,
+                healthy, reasons = read.healthy, read.reasons
+                if self._enforced is not None:
+                    up, why = self._enforced(uuid)
+                    if not up:
+                        healthy, reasons = False, (*reasons, why)
+                states.append(DeviceState(uuid, read.gpu_index, healthy, reasons,
                                           read.memory_free_mib, read.mig_index))  # fmt: skip
         return states
 

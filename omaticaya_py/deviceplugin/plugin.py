@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..core.readings import AgentFeed
+from ..sources.mps import MpsWatch
 from .allocation import DeviceState, mig_resource_name
 from .config import DEFAULT_CONFIG, PluginConfig, Scope
 from .inventory import Inventory
@@ -31,7 +32,10 @@ class DevicePlugin:
     - ``profile``: ``None`` serves whole GPUs (MIG off), as ``config.resource_name``; a MIG
       profile (``1g.10gb``) its MIG devices, as ``nvidia.com/mig-1g.10gb``.
     - ``units``: serve the shared GPUs' memory units instead (``config.sharing``), as its
-      ``resource_name``; the whole-GPU resource leaves those GPUs out.
+      ``resource_name``; the whole-GPU resource leaves those GPUs out. Under MPS
+      (``config.sharing.mps``), ``mps`` watches each shared GPU's daemon: a GPU whose daemon is
+      not up serves no units (Unhealthy, with the reason), and ``Allocate`` makes each slice
+      container a client of its GPU's daemon.
     - ``devices``: ``(index, uuid)`` (unit IDs for ``units``) known before the first reading;
       ``None``: those of ``config`` for this resource.
 
@@ -47,11 +51,17 @@ class DevicePlugin:
         self.slicer = (
             Slicer(sharing.unit_mib, policy=sharing.policy, settle_s=sharing.settle_s,
                    clock=timing.clock, held=lambda: source.last_listed,
-                   stamp=lambda: float(source.clock()))
+                   stamp=lambda: float(source.clock()), mps=sharing.mps)
             if units else None
         )  # fmt: skip
+        #: the shared GPUs' MPS daemons, as the supervisor last wrote them (units under MPS)
+        self.mps = (
+            MpsWatch(sharing.mps.layout, sharing.mps.stale_s)
+            if units and sharing.mps is not None else None
+        )  # fmt: skip
         scope = Scope(profile, sharing.shared, units)
-        self.inventory = Inventory(source.cache, scope, devices, timing, self.slicer)
+        self.inventory = Inventory(source.cache, scope, devices, timing, self.slicer,
+                                   self._enforced if self.mps is not None else None)  # fmt: skip
         self.service = DeviceService(self.inventory, slicer=self.slicer, strategies=config.strategies,
                                      topology=source.topology, poll_s=timing.poll_s)  # fmt: skip
         if units:
@@ -63,6 +73,11 @@ class DevicePlugin:
         endpoint = Endpoint(name, config.plugin_dir)
         self.registration = KubeletRegistration(self.service, endpoint, source, timing)
         self._source = source
+
+    def _enforced(self, uuid: str) -> tuple[bool, str]:
+        assert self.mps is not None
+        now = self.mps.enforcement(uuid)
+        return now.up, now.reason
 
     # -- the parts, as one plugin ------------------------------------------------------------
 

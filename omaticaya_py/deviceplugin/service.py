@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from loguru import logger
 
+from ..core.mps import ClientSpec
 from ..core.readings import ReadingCache, TickListener, Topology
 from ..core.sharing import unit_gpu
 from .allocation import DeviceState, plugin_options, preferred
@@ -145,20 +146,21 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
         """One container's answer (see ``Allocate``); aborts ``context`` on a refusal."""
         ids = list(dict.fromkeys(req.devicesIDs))  # the kubelet's list, untrusted: once each
         self._refuse(ids, states, context, "allocate")
-        visible, envs = ids, dict[str, str]()
+        visible, spec = ids, ClientSpec({}, ())
         if self.slicer is not None and ids:  # (no device: an empty answer, as for GPUs)
             try:
-                gpu, envs = self.slicer.allocate(ids, gpus, booking)
+                gpu, spec = self.slicer.allocate(ids, gpus, booking)
             except SliceRefused as exc:
                 self.refusals += 1
                 logger.warning("device plugin: refused a slice: {}", exc.message)
                 context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
             visible = [gpu]
-            logger.info("device plugin: allocate {} units on {} ({})", len(ids), gpu, envs)
+            logger.info("device plugin: allocate {} units on {} ({}{})", len(ids), gpu,
+                        dict(spec.envs), ", an MPS client" if spec.mounts else "")  # fmt: skip
         else:
             logger.info("device plugin: allocate {}", ids)
         try:
-            return container_response(visible, envs, self.strategies)
+            return container_response(visible, spec.envs, self.strategies, spec.mounts)
         except ValueError as exc:  # a device ID no strategy can name (from the driver)
             self.refusals += 1
             logger.warning("device plugin: refused to allocate: {}", exc)

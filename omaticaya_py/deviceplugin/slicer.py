@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
+from ..core.mps import ClientSpec, client_spec
 from ..core.placement import POLICIES, fits_slice
 from ..core.schema import GpuInfo
 from ..core.sharing import parse_unit_id, slice_mib
 from .allocation import DeviceState
-from .config import DEFAULT_SETTLE_S
+from .config import DEFAULT_SETTLE_S, MpsConfig
 from .slices import (
     Slice,
     SliceRefused,
@@ -62,6 +63,10 @@ class Slicer:
     a slice whose units a list asked for ``LIST_MARGIN_S`` or more after its ``Allocate`` does
     not name is over (``slices.released``); ``None``: not known.
 
+    ``mps``: slices are enforced by each GPU's CUDA MPS daemon (``config.MpsConfig``): the answer
+    makes the container its client (``core.mps.client_spec``); ``None``: the limit is only in
+    the environment (``slices.slice_envs``).
+
     ``counts`` maps a GPU UUID to its unit count (from its total memory; the servicer keeps it).
     ``slices`` maps a GPU UUID to the slices still counting there (oldest first). Thread-safe.
     """
@@ -75,6 +80,7 @@ class Slicer:
         clock: Callable[[], float] = time.monotonic,
         held: Callable[[], tuple[frozenset[str], float] | None] | None = None,
         stamp: Callable[[], float | None] | None = None,
+        mps: MpsConfig | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"expected a policy among {', '.join(POLICIES)}; got {policy!r}")
@@ -84,6 +90,7 @@ class Slicer:
         self._clock = clock
         self._held = held
         self._stamp = stamp
+        self.mps = mps
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
         self.slices: dict[str, tuple[Slice, ...]] = {}
@@ -133,9 +140,9 @@ class Slicer:
         return ids
 
     def allocate(self, ids: Sequence[str], gpus: Sequence[DeviceState],
-                 booking: Booking | None = None) -> tuple[str, dict[str, str]]:  # fmt: skip
+                 booking: Booking | None = None) -> tuple[str, ClientSpec]:  # fmt: skip
         """Hand out the slice of unit IDs ``ids`` (known, healthy: the servicer checked): its
-        GPU's UUID and the container's extra environment (``slices.slice_envs``); the slice then
+        GPU's UUID and what the container gets besides the GPU (``answer``); the slice then
         counts on that GPU, in place of the slices it supersedes (``slices.superseded``), both
         noted in ``booking`` when given. Raises ``SliceRefused`` when the units are on more than
         one GPU, or when the GPU's live free memory less the slices pending there cannot hold
@@ -177,7 +184,20 @@ class Slicer:
             if booking is not None:
                 booking.added.append(added)
                 booking.superseded.extend(over)
-        return gpu.id, slice_envs(len(units), self.unit_mib)
+        return gpu.id, self.answer(gpu.id, len(units))
+
+    def answer(self, gpu_uuid: str, units: int) -> ClientSpec:
+        """What a container given ``units`` units of ``gpu_uuid`` gets besides the GPU: under
+        MPS, the client's environment and mounts (``core.mps.client_spec``: the pipe folder,
+        the shared memory, the pinned-memory limit of exactly the slice, and with the thread
+        share its compute share of the GPU's ``counts``); else the limit in its environment
+        only (``slices.slice_envs``)."""
+        if self.mps is None:
+            return ClientSpec(slice_envs(units, self.unit_mib), ())
+        total = self.counts.get(gpu_uuid) if self.mps.thread_share else None
+        if self.mps.thread_share and not total:
+            total = units  # count unknown: the whole GPU's compute
+        return client_spec(self.mps.layout, gpu_uuid, units, self.unit_mib, total_units=total)
 
     def take_back(self, booking: Booking) -> None:
         """Undo ``booking`` (an ``Allocate`` refused after some of its containers were booked):

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import compress
 
+from ..core.mps import LIMIT_ENV, MPS_LIMIT_ENV
 from ..core.placement import pick_slice, whole_key
 from ..core.schema import GpuInfo
 from ..core.sharing import parse_unit_id, slice_mib, unit_id
@@ -65,10 +66,6 @@ __all__ = [
     "superseded",
 ]
 
-#: the slice's size for frameworks that size themselves (vLLM, PyTorch), MiB
-LIMIT_ENV = "OMATICAYA_GPU_MEMORY_LIMIT_MIB"
-#: CUDA MPS's per-client device memory limit: enforced only under an MPS control daemon
-MPS_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 
 class SliceRefused(Exception):
@@ -252,7 +249,9 @@ def preferred_units(
 
 
 def slice_envs(units: int, unit_mib: int) -> dict[str, str]:
-    """The environment of a container given a slice of ``units`` units: the MPS limit on its one
-    visible device (``0=<N>M``) and ``OMATICAYA_GPU_MEMORY_LIMIT_MIB=<N>`` (N in MiB)."""
+    """The environment of a container given a slice of ``units`` units without enforcement
+    (``OMATICAYA_SHARE_ENFORCEMENT=none``): the MPS limit on its one visible device
+    (``0=<N>M``, which nothing enforces without a daemon) and
+    ``OMATICAYA_GPU_MEMORY_LIMIT_MIB=<N>`` (N in MiB). Under MPS: ``core.mps.client_spec``."""
     n = slice_mib(units, unit_mib)
     return {MPS_LIMIT_ENV: f"0={n}M", LIMIT_ENV: str(n)}

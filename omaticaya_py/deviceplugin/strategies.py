@@ -38,6 +38,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..core.mps import Mount
 from .v1beta1 import api_pb2
 
 #: the variable the NVIDIA container runtime reads the visible devices from
@@ -82,12 +83,14 @@ def container_response(
     visible: Sequence[str],
     envs: Mapping[str, str] | None = None,
     strategies: Iterable[str] = DEFAULT_STRATEGIES,
+    mounts: Iterable[Mount] = (),
 ) -> Any:
     """The ``ContainerAllocateResponse`` for a container that gets the devices ``visible``
     (GPU or MIG UUIDs as the plugin advertises them; a slice's one GPU UUID; in order,
     repeats dropped) with ``envs`` added to its environment, by each of ``strategies`` (any of
     ``STRATEGIES``, see the module's docstring). A strategy's variable wins over the same key
-    in ``envs``. With no device, only ``envs``: nothing names a GPU.
+    in ``envs``. ``mounts`` (``core.mps.Mount``: an MPS client's pipe folder and shared
+    memory) are added as they are. With no device, only ``envs``: nothing names a GPU.
 
     Raises ``ValueError`` for a strategy not in ``STRATEGIES``, an empty device ID, a device
     that would leave the mount root as a path (``..``, an empty part), or, with a CDI
@@ -104,6 +107,10 @@ def container_response(
         raise ValueError("an empty device ID")
     out_envs: dict[str, str] = dict(envs or {})
     response = api_pb2.ContainerAllocateResponse()
+    response.mounts.extend(
+        api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+        for m in mounts
+    )
     if not devices:
         response.envs.update(out_envs)
         return response
