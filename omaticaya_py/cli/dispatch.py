@@ -34,6 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .extender import extender_command
 
         return extender_command(args)
+    if args.command == "mps":  # the MPS daemons' supervisor: settings of its own
+        from .mps import mps_command
+
+        return mps_command(args)
     if args.command in ("record", "top", "stop-daemonset"):  # no Node, no settings
         from . import tools
 

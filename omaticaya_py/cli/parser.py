@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .flags import SettingsFlags
 
 # and AGENT_SETTINGS_FLAGS, built on first use (see ``__getattr__``)
-__all__ = ["build_parser", "extender_settings_flags"]
+__all__ = ["build_parser", "extender_settings_flags", "mps_settings_flags"]
 
 #: settings only the daemon (``run``) uses: ``once``, ``show`` and ``cleanup`` have no flag
 _DAEMON_ONLY = frozenset({
@@ -68,6 +68,23 @@ _KUBECONFIG_HELP = "kubeconfig path (default: in-cluster or $KUBECONFIG)"
 
 #: adds a sub-command's flags to its parser
 _AddFlags = Callable[[argparse.ArgumentParser], None]
+
+
+#: the settings ``omaticaya mps`` uses (``mps.settings.MpsSettings``): a flag for each
+_MPS_USES = frozenset({
+    "log_json", "log_level", "shared_gpus", "share_unit_mib", "share_enforcement", "mps_root",
+    "mps_state_dir", "mps_control", "mps_check_s", "mps_start_timeout_s", "mps_shm_mib",
+    "mps_metrics_port", "metrics_address", "trace",
+})  # fmt: skip
+
+
+def mps_settings_flags() -> SettingsFlags:
+    """``omaticaya mps``'s flags: one for each setting it uses (``_MPS_USES``) of
+    ``MpsSettings`` (imports the ``mps`` package)."""
+    from ..mps.settings import MpsSettings
+    from .flags import SettingsFlags
+
+    return SettingsFlags(MpsSettings, frozenset(MpsSettings.model_fields) - _MPS_USES)
 
 
 def extender_settings_flags() -> SettingsFlags:
@@ -169,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
         add_flags=_agent_flags("device-plugin", _trace_speed),
     )
     add(
+        "mps",
+        help="run and watch one CUDA MPS control daemon per shared GPU until SIGTERM",
+        description="Supervise one CUDA MPS control daemon per shared GPU "
+        "(OMATICAYA_SHARED_GPUS), each with the default pinned-memory limit of its whole GPU, "
+        "and write their states for the device plugin (OMATICAYA_MPS_STATE_DIR): a slice "
+        "container becomes its GPU's MPS client with exactly its limit.",
+        add_flags=lambda p: mps_settings_flags().add_to(p),
+    )
+    add(
         "record",
         help="write a trace of this node's GPUs from NVML (replay it with --trace)",
         add_flags=_record_flags,
@@ -191,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- the agent's sub-commands: their settings flags, then the rest ------------------------
+
 
 def _agent_flags(command: str, *more: _AddFlags) -> _AddFlags:
     """Adds the settings flags of the agent's sub-command ``command``, then ``more``."""

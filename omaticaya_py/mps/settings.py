@@ -1,0 +1,89 @@
+"""``omaticaya mps``'s settings: the device plugin's section (which GPUs are shared, the unit,
+the enforcement, the MPS folders) and the supervisor's own. Environment names are
+``OMATICAYA_<FIELD>`` in upper case:
+
+- ``OMATICAYA_MPS_CONTROL`` (``nvidia-cuda-mps-control``): the control program, a name on
+  ``PATH`` or a path (the image's test stand-in: ``/opt/omaticaya/standin/nvidia-cuda-mps-control``);
+- ``OMATICAYA_MPS_CHECK_S`` (2): seconds between checks of the daemons;
+- ``OMATICAYA_MPS_START_TIMEOUT_S`` (10): how long a daemon may take to answer;
+- ``OMATICAYA_MPS_SHM_MIB`` (1024): the shared-memory tmpfs, MiB (0: a plain folder, no mount);
+- ``OMATICAYA_MPS_METRICS_PORT`` (9403; 0: off) on ``OMATICAYA_METRICS_ADDRESS`` (``0.0.0.0``);
+- ``OMATICAYA_TRACE``: read the GPUs from this trace instead of NVML.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from ..core.settings import DevicePluginSettings
+
+__all__ = ["MpsSettings"]
+
+
+class MpsSettings(DevicePluginSettings):
+    """The settings of ``omaticaya mps`` (see the module docstring for the variables and their
+    defaults). Raises ``ValueError`` (``SettingsError`` through ``core.settings.load``, naming
+    the variable) on a bad value."""
+
+    model_config = SettingsConfigDict(env_prefix="OMATICAYA_", populate_by_name=True)
+
+    mps_control: str = Field(
+        default="nvidia-cuda-mps-control",
+        min_length=1,
+        description="The MPS control program `omaticaya mps` runs, one daemon per shared GPU: "
+        "a name on PATH or a path (the image's test stand-in, for nodes without a GPU: "
+        "/opt/omaticaya/standin/nvidia-cuda-mps-control).",
+    )
+    mps_check_s: float = Field(
+        default=2, gt=0, le=3600, description="Seconds between checks of each MPS daemon."
+    )
+    mps_start_timeout_s: float = Field(
+        default=10, gt=0, le=3600, description="How long an MPS daemon may take to answer."
+    )
+    mps_shm_mib: int = Field(
+        default=1024,
+        ge=0,
+        le=1 << 20,
+        description="Size of the shared-memory tmpfs the MPS daemons and their clients share, "
+        "MiB (0: a plain folder and no mount, /dev/shm not shared: tests and runs without "
+        "CAP_SYS_ADMIN).",
+    )
+    mps_metrics_port: int = Field(
+        default=9403,
+        ge=0,
+        le=65535,
+        description="Port of the MPS supervisor's /metrics, /healthz and /readyz (0: off).",
+    )
+    metrics_address: str = Field(
+        default="0.0.0.0",
+        description="Address the metrics and probe port binds to ('::' for IPv6).",
+    )
+    trace: Path | None = Field(
+        default=None, description="Read the GPUs from this trace instead of NVML."
+    )
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError("expected an existing trace file (JSON, format version 1 or 2)")
+        return value
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError("expected an IP address to bind, like '0.0.0.0' or '::'") from None
+        return value
