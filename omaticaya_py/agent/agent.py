@@ -24,6 +24,7 @@ from loguru import logger
 
 from ..core.attribution import GpuAttribution
 from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
+from ..core.mps import Layout
 from ..core.patch import MergePatch
 from ..core.readings import TickListener, TickResult, Topology, TopologyReader
 from ..core.render import Desired, render
@@ -33,8 +34,9 @@ from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
 from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
 from ..kube.pod_client import PodClient
+from ..sources.mps import MpsWatch
 from .attribution import Attribution, make_attribution
-from .events import HealthEvents, SliceWatch
+from .events import HealthEvents, SliceWatch, mps_enforcement
 from .heartbeat import Heartbeat, make_lease
 from .node_writer import NodeWriter
 from .outage import ApiOutage
@@ -108,8 +110,17 @@ class Agent:
         #: the device IDs the kubelet's last PodResources list that answered names as assigned,
         #: and when (``clock``) it was asked for (``None``: none answered): the device plugin's
         self.last_listed: tuple[frozenset[str], float] | None = None
+        #: shared GPUs enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``): the daemons'
+        #: states as the supervisor writes them (``omaticaya mps``); ``None``: no GPU shared,
+        #: or enforcement off
+        self.mps: MpsWatch | None = (
+            MpsWatch(Layout(settings.mps_root, settings.mps_state_dir), settings.mps_stale_s)
+            if settings.shared_gpus and settings.share_enforcement == "mps" else None
+        )  # fmt: skip
         #: shared GPUs: the pods holding slices named from the API, over-use Events
-        self.slices = SliceWatch(settings, self.events.posted) if settings.shared_gpus else None
+        self.slices = (
+            SliceWatch(settings, self.events.posted, self.mps) if settings.shared_gpus else None
+        )
         if self.slices is not None and self.attribution is not None:
             self.attribution.names = self.slices.names.maps
         #: the peak signal (least free memory, p95 utilisation) per GPU over ``window_s``
@@ -117,6 +128,8 @@ class Agent:
         self.writer = NodeWriter(
             settings, node, self.heartbeat, self.cache, refresh_s=self.refresh_s,
             dry_run=dry_run, window=self.window,
+            mps=(lambda uuids: mps_enforcement(self.mps, uuids) or {})
+            if self.mps is not None else None,
         )
         self._said: SayOnce[str, bool] = SayOnce()  # NVML unreadable
         self._dropped_seen: set[tuple[str, str]] = set()
@@ -265,7 +278,8 @@ class Agent:
         self, health: NodeHealth, snapshot: NodeSnapshot, att: Mapping[str, GpuAttribution]
     ) -> None:
         """Post the Events due (health changes and out-of-band memory on the Node; with shared
-        GPUs, the slices' pods named and their over-use on the pod); never raises."""
+        GPUs, the slices' pods named and their over-use on the pod, and on the Node too when
+        the GPU's MPS daemon was up and should have held it); never raises."""
         assert self.node is not None
         uid = self.writer.meta.uid if self.writer.meta else ""
         self.events.post(self.node, uid, health, snapshot)
@@ -274,7 +288,12 @@ class Agent:
             self.events.post_out_of_band(self.node, uid, att, snapshot, threshold)
         if self.slices is not None and att:
             pods = PodClient(self.node.session, self.node.node_name)
-            self.slices.round(pods, snapshot, att, self.clock())
+            node = self.node
+
+            def node_event(reason: str, message: str) -> None:
+                node.create_node_event(node_uid=uid, reason=reason, message=message, warning=True)
+
+            self.slices.round(pods, snapshot, att, self.clock(), node_event=node_event)
 
     def safe_tick(self) -> None:
         """``tick()`` (the API work inline) that never raises: every failure is logged (once per

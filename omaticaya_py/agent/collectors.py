@@ -36,6 +36,7 @@ __all__ = [
     "NvmlErrors",
     "PodResourcesErrors",
     "SliceApiErrors",
+    "SliceOverLimit",
     "holders",
 ]
 
@@ -224,6 +225,43 @@ class SliceApiErrors(Collector):
             "API requests for shared GPU slices that failed (get-forbidden, get-failed: reading "
             "a slice's pod; event-failed: its over-use Event).",
             ["kind"], self._errors,
+        )  # fmt: skip
+
+
+class SliceOverLimit(Collector):
+    """Containers over their slice of a shared GPU (``agent.events.SliceWatch``'s live values;
+    empty without sharing), told apart by whether the GPU's MPS daemon was up (``enforced``:
+    the cap should have held; ``core.slice_enforcement``):
+    ``omaticaya_slice_over_limit{gpu,uuid,enforced}`` (``over_now()``: how many are over at
+    the last API round, by ``(GPU index, UUID, "true"|"false")``; no series for a GPU none is
+    over) and ``omaticaya_slice_over_limit_episodes_total{enforced}`` (``episodes``: episodes
+    said by an Event, by ``"true"|"false"``)."""
+
+    def __init__(
+        self,
+        over_now: Callable[[], Mapping[tuple[str, str, str], int]],
+        episodes: Mapping[str, int],
+    ) -> None:
+        self._over_now = over_now
+        self._episodes = episodes
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "omaticaya_slice_over_limit",
+            "Containers holding more GPU memory than their slice of a shared GPU, at the last "
+            "API round; enforced=\"true\": the GPU's MPS control daemon was up, so its limit "
+            "should have held (MpsLimitNotEnforced), \"false\": nothing enforced it "
+            "(GpuMemoryOverLimit).",
+            labels=["gpu", "uuid", "enforced"],
+        )
+        for key, n in sorted(self._over_now().items()):
+            gauge.add_metric(list(key), n)
+        yield gauge
+        yield _counter(
+            "omaticaya_slice_over_limit_episodes",
+            "Episodes of a container over its slice of a shared GPU, said by an Event; by "
+            "whether the GPU's MPS control daemon was up (enforced).",
+            ["enforced"], self._episodes,
         )  # fmt: skip
 
 

@@ -1,8 +1,10 @@
 """The agent's Events. On the Node: GPU health changes (``GpuUnhealthy``, ``GpuRecovered``, by
 GPU UUID) and out-of-band memory (``GpuOutOfBandMemory``, once per episode). On a pod holding a
 slice of a shared GPU (``SliceWatch``): ``GpuMemoryOverLimit`` when its container holds more than
-its slice, once per episode (``core.sharing.episodes``); ``SliceWatch`` also reads the holders'
-pods from the API first (``attribution.PodNames``), so that the next tick's attribution tells
+its slice where nothing enforces it, once per episode (``core.sharing.episodes``), or
+``MpsLimitNotEnforced`` (on the pod and on the Node) when it does so although its GPU's MPS
+control daemon is up (``core.slice_enforcement``: the enforcement failed, not the workload);
+``SliceWatch`` also reads the holders' pods from the API first (``attribution.PodNames``), so that the next tick's attribution tells
 each slice's own use (``core.slice_use.gpu_slices``). Runs in the API round
 (``agent.api_thread``), never on the read path; a failure is logged once per kind and counted
 (``errors``), and the next round tries again."""
@@ -10,7 +12,7 @@ each slice's own use (``core.slice_use.gpu_slices``). Runs in the API round
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from loguru import logger
 
@@ -19,13 +21,27 @@ from ..core.health import NodeHealth
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import Sharing, episodes, is_shared
+from ..core.slice_enforcement import NOT_ENFORCED, OVER_LIMIT, OverLimit, judge, over_counts
 from ..core.slice_use import gpu_slices, over_limit
 from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
 from ..kube.pod_client import PodClient
+from ..sources.mps import MpsWatch
 from .attribution import PodNames
 
-__all__ = ["OVER_LIMIT", "HealthEvents", "SliceWatch"]
+__all__ = ["NOT_ENFORCED", "OVER_LIMIT", "HealthEvents", "SliceWatch", "mps_enforcement"]
+
+#: posts a Warning Event on the agent's Node: ``(reason, message)``; raises ``KubeError``
+NodeEvent = Callable[[str, str], None]
+
+
+def mps_enforcement(watch: MpsWatch | None, uuids: Iterable[str]) -> dict[str, str] | None:
+    """Each of ``uuids`` (shared GPUs) -> ``"up"`` while its MPS daemon is up
+    (``watch.enforcement``), else the reason it is not; ``None`` without a watch (enforcement
+    off): the shape ``core.slice_enforcement.judge`` and the telemetry's ``mps`` fields take."""
+    if watch is None:
+        return None
+    return {u: "up" if e.up else e.reason for u, e in watch.all(uuids).items()}
 
 
 class HealthEvents:
@@ -115,22 +131,29 @@ def _device_names(snapshot: NodeSnapshot) -> dict[str, str]:
     return out
 
 
-#: the reason of the Event on a pod whose container holds more than its slice of a shared GPU
-OVER_LIMIT = "GpuMemoryOverLimit"
-
-
 class SliceWatch:
     """The API side of slices for one agent: ``names`` (``PodNames``), over-use Events.
 
-    ``posted`` counts Events by reason (the agent's Event counter, shared); ``errors`` counts
-    failed requests by kind (``get-forbidden``, ``get-failed``, ``event-failed``)."""
+    ``mps``: the MPS daemons' states (``sources.mps.MpsWatch``; ``None``: enforcement off), so
+    that a container over its slice on a GPU whose daemon is up is told apart
+    (``core.slice_enforcement``). ``posted`` counts Events by reason (the agent's Event
+    counter, shared); ``errors`` counts failed requests by kind (``get-forbidden``,
+    ``get-failed``, ``event-failed``); ``over_now``: the containers over their slice at the
+    last round, by ``(GPU index, UUID, enforced "true"|"false")``; ``episodes``: over-use
+    episodes started, by enforced (``"true"|"false"``). The last three feed
+    ``agent.collectors.SliceApiErrors`` and ``SliceOverLimit``."""
 
-    def __init__(self, settings: Settings, posted: Counter[str] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, posted: Counter[str] | None = None, mps: MpsWatch | None = None
+    ) -> None:
         self.sharing = Sharing.of(settings)
         self.resource = settings.shared_resource
+        self.mps = mps
         self.names = PodNames()
         self.posted: Counter[str] = posted if posted is not None else Counter()
         self.errors: Counter[str] = Counter()
+        self.over_now: dict[tuple[str, str, str], int] = {}
+        self.episodes: Counter[str] = Counter()
         self._reported: frozenset[tuple[str, str, str, str]] = frozenset()
         self._said: SayOnce[str, bool] = SayOnce()  # failures, by kind
 
@@ -142,8 +165,10 @@ class SliceWatch:
         now_s: float,
         *,
         post: bool = True,
+        node_event: NodeEvent | None = None,
     ) -> None:
-        """Read the pods the names lack, then (``post``) the over-use Events due. Never raises
+        """Read the pods the names lack, then (``post``) the over-use Events due (an
+        ``MpsLimitNotEnforced`` also through ``node_event``, on the Node). Never raises
         ``KubeError``."""
         by_gpu = {
             g.uuid: (att, gpu_slices(att, g.uuid, self.sharing.unit_mib))
@@ -161,32 +186,49 @@ class SliceWatch:
                 continue
             self.names.asked((namespace, name), now_s, found)
         if post:
-            self._post(client, snapshot, attribution)
+            self._post(client, snapshot, attribution, node_event)
+
+    def judged(
+        self, snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution]
+    ) -> list[OverLimit]:
+        """The slices over their limit now, each judged by its GPU's MPS enforcement (asked
+        only for the GPUs with a slice over)."""
+        over = over_limit(snapshot, attribution, self.sharing)
+        uuids = dict.fromkeys(g.uuid for g, _ in over if g.uuid)
+        return judge(over, mps_enforcement(self.mps, uuids))
 
     def _post(
-        self, client: PodClient, snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution]
-    ) -> None:
-        over = {(s.namespace, s.pod, s.container, g.uuid or ""): (g, s) for g, s in
-                over_limit(snapshot, attribution, self.sharing)}
+        self, client: PodClient, snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution],
+        node_event: NodeEvent | None = None,
+    ) -> None:  # fmt: skip
+        judged = self.judged(snapshot, attribution)
+        self.over_now = over_counts(judged)
+        over = {o.key: o for o in judged}
         start, kept = episodes(self._reported, over)
         reported = set(kept)
         for key in start:
-            g, s = over[key]
+            o = over[key]
+            s = o.slice
             pod = self.names.known.get((s.namespace, s.pod))
+            message = o.message(self.resource)
             try:
                 client.create_pod_event(
                     namespace=s.namespace, name=s.pod, uid=pod.uid if pod else "",
-                    reason=OVER_LIMIT, warning=True,
-                    message=f"container {s.container} holds {s.used_mib} MiB on GPU {g.index} "
-                    f"({g.uuid}), over its slice of {s.limit_mib} MiB ({s.units} units of "
-                    f"{self.resource}); nothing enforces the slice without an MPS control "
-                    f"daemon for that GPU",
+                    reason=o.reason, warning=True, message=message,
                 )
             except KubeError as exc:
                 self._fail("event-failed", exc)
                 continue
-            self.posted[OVER_LIMIT] += 1
+            self.posted[o.reason] += 1
+            self.episodes["true" if o.enforced else "false"] += 1
             reported.add(key)
+            if o.enforced and node_event is not None:  # the node's MPS failed: say it there too
+                try:
+                    node_event(o.reason, f"pod {s.namespace}/{s.pod}: {message}")
+                except KubeError as exc:
+                    self._fail("event-failed", exc)  # not retried: the pod has its Event
+                else:
+                    self.posted[o.reason] += 1
         self._reported = frozenset(reported)
 
     def _fail(self, kind: str, exc: KubeError) -> None:

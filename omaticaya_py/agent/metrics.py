@@ -1,9 +1,9 @@
 """Prometheus metrics and probes on one port: ``/metrics``, ``/healthz``, ``/readyz``.
 
 ``/metrics`` is one ``CollectorRegistry`` of small collectors (``agent.collectors``: build
-info, GPU readings, NVML errors, PodResources, slice API errors, API requests, the agent's
-counters), each given only what it reads, and the probes (``liveness``, ``readiness``) over the
-``SnapshotCache`` and the running ``Daemon``. ``agent_registry`` and ``serve`` are the wiring:
+info, GPU readings, NVML errors, PodResources, slice API errors, the slices over their limit,
+API requests, the agent's counters), each given only what it reads, and the probes
+(``liveness``, ``readiness``) over the ``SnapshotCache`` and the running ``Daemon``. ``agent_registry`` and ``serve`` are the wiring:
 the one place that takes these from an ``Agent``. A scrape costs no NVML call and no API
 request.
 
@@ -35,6 +35,7 @@ from .collectors import (
     NvmlErrors,
     PodResourcesErrors,
     SliceApiErrors,
+    SliceOverLimit,
 )
 
 if TYPE_CHECKING:
@@ -71,6 +72,10 @@ def agent_registry(agent: Agent, registry: CollectorRegistry | None = None) -> C
             attribution.skipped if attribution is not None else {},
         ),
         SliceApiErrors(slices.errors if slices is not None else {}),
+        SliceOverLimit(
+            (lambda: slices.over_now) if slices is not None else dict,
+            slices.episodes if slices is not None else {},
+        ),
         ApiRequests(node.requests if node is not None else {}),
         AgentCounters(
             agent.cache, agent.ledger, agent.events_posted,

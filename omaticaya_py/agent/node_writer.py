@@ -15,7 +15,7 @@ holder leaving once the budget lets a change for the better go.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from loguru import logger
@@ -36,7 +36,7 @@ from ..core.render import Desired, is_static, telemetry_annotation
 from ..core.render_telemetry import UnitKey, published_marks, telemetry_marks
 from ..core.schema import TELEMETRY, Telemetry
 from ..core.settings import Settings
-from ..core.sharing import Sharing
+from ..core.sharing import Sharing, is_shared
 from ..core.snapshot import NodeSnapshot
 from ..core.window import PeakWindow
 from ..kube import NodeClient
@@ -49,7 +49,8 @@ __all__ = ["NodeWriter", "remove_keys"]
 class NodeWriter:
     """Writes one Node through ``node`` (``None``: no API; patches are applied to a local copy;
     ``dry_run``: computed, never sent). ``refresh_s`` is published in annotation-heartbeat
-    mode; ``window``'s peak signal goes into the telemetry. Times are the agent's monotonic seconds. Methods raise ``KubeError`` from the edge."""
+    mode; ``window``'s peak signal goes into the telemetry, and ``mps(uuids)`` (the shared
+    GPUs' MPS enforcement, by UUID) its ``mps`` fields. Times are the agent's monotonic seconds. Methods raise ``KubeError`` from the edge."""
 
     def __init__(
         self,
@@ -61,8 +62,13 @@ class NodeWriter:
         refresh_s: float,
         dry_run: bool = False,
         window: PeakWindow | None = None,
+        mps: Callable[[Iterable[str]], Mapping[str, str]] | None = None,
     ) -> None:
         self.settings, self.node, self.heartbeat, self.cache = settings, node, heartbeat, cache
+        #: the MPS enforcement now of the shared GPUs (UUIDs) it is given, by UUID (``"up"`` or
+        #: the reason it is not), asked once per write for the telemetry's ``mps`` fields
+        #: (``agent.events.mps_enforcement``); ``None``: enforcement off
+        self.mps = mps
         self.refresh_s = refresh_s
         self.dry_run = dry_run
         self.window = window
@@ -101,7 +107,12 @@ class NodeWriter:
         """``(desired with its telemetry, the patch computed or None, whether it was sent)``;
         ``attribution`` (who uses each GPU) goes into the telemetry."""
         drop_mib = self.settings.telemetry_free_drop_mib
-        marks = telemetry_marks(snapshot, attribution, Sharing.of(self.settings))
+        sharing = Sharing.of(self.settings)
+        mps = (
+            self.mps([g.uuid for g in snapshot.gpus if g.uuid and is_shared(g, sharing)])
+            if self.mps is not None else None
+        )  # fmt: skip
+        marks = telemetry_marks(snapshot, attribution, sharing, mps)
         if self._last_desired is not None and urgent(self._last_desired, desired.labels):
             self.calm_since_s = now_s
         elif self._last_marks is not None and (
@@ -115,7 +126,9 @@ class NodeWriter:
         refresh = self.heartbeat.refresh(now_s, on_node) or self._telemetry_behind(
             on_node, marks, now_s
         )
-        desired = self._with_telemetry(desired, snapshot, health, current, refresh, attribution)
+        desired = self._with_telemetry(
+            desired, snapshot, health, current, refresh, attribution, mps
+        )
         patch = self._diff(desired, current, refresh)
         sent = False
         if patch is not None and not self.dry_run and self.node is not None:
@@ -131,6 +144,7 @@ class NodeWriter:
     def _with_telemetry(
         self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, current: NodeMeta,
         refresh: bool, attribution: Mapping[str, GpuAttribution] | None = None,
+        mps: Mapping[str, str] | None = None,
     ) -> Desired:
         """``desired`` with the telemetry annotation: built afresh only when the patch will
         carry it (``core.patch.volatile_due``), else the Node's own value, so that a quiet tick
@@ -148,6 +162,7 @@ class NodeWriter:
                 window=self.window,
                 attribution=attribution,
                 sharing=Sharing.of(self.settings),
+                mps=mps,
             )
             for k, v in bad:
                 logger.warning("dropped invalid annotation {}={!r}", k, v)

@@ -151,11 +151,14 @@ class UnitMark:
     """What the telemetry says of one GPU or MIG device that no label shows: its exact free
     memory (MiB; ``None``: not read), the containers holding it, as ``(namespace, pod,
     container)`` (the kubelet's PodResources; empty when nothing is attributed), and, on a
-    shared GPU, those of them holding more than their slice (``over``)."""
+    shared GPU, those of them holding more than their slice (``over``) and its enforcement by
+    CUDA MPS (``mps``: ``"up"`` or the reason it is not; ``None``: not shared, or enforcement
+    off)."""
 
     free_mib: int | None
     holders: frozenset[tuple[str, str, str]] = frozenset()
     over: frozenset[tuple[str, str, str]] = frozenset()
+    mps: str | None = None
 
 
 #: ``telemetry_change`` answers: the telemetry must be rewritten at once / may wait
@@ -172,9 +175,11 @@ def telemetry_change(
     ``WORSE`` when any unit's free memory fell by more than ``drop_mib`` (or can no longer be
     read, or the unit is gone), or a container holds it that ``published`` does not name, or a
     container went over its slice of a shared GPU: the extender would decide on more room than
-    there is, or preemption on the wrong pods. ``BETTER`` when none did but a unit's free
+    there is, or preemption on the wrong pods; or a shared GPU's MPS enforcement is no longer
+    said ``"up"`` (its daemon went down). ``BETTER`` when none did but a unit's free
     memory rose by more than ``drop_mib`` (or a new unit has some), or a holder left or is no
-    longer over its slice. ``None`` otherwise. ``drop_mib`` 0 turns the free-memory
+    longer over its slice, or its MPS enforcement changed otherwise (back up, another reason).
+    ``None`` otherwise. ``drop_mib`` 0 turns the free-memory
     part off (holders still count)."""
     better = False
     for key in published.keys() | now.keys():
@@ -185,11 +190,13 @@ def telemetry_change(
         a_holders = after.holders if after is not None else frozenset()
         b_over = before.over if before is not None else frozenset()
         a_over = after.over if after is not None else frozenset()
-        if a_holders - b_holders or a_over - b_over:
+        b_mps = before.mps if before is not None else None
+        a_mps = after.mps if after is not None else None
+        if a_holders - b_holders or a_over - b_over or (b_mps == "up" and a_mps != "up"):
             return WORSE
         if drop_mib > 0 and b_free is not None and (a_free is None or b_free - a_free > drop_mib):
             return WORSE
-        if b_holders - a_holders or b_over - a_over:
+        if b_holders - a_holders or b_over - a_over or b_mps != a_mps:
             better = True
         elif drop_mib > 0 and a_free is not None and (b_free is None or a_free - b_free > drop_mib):
             better = True

@@ -32,6 +32,7 @@ from .schema import (
 )
 from .schema.telemetry import XidTelemetry
 from .sharing import Sharing, is_shared, unit_count
+from .slice_enforcement import mps_status
 from .slice_use import gpu_slices
 from .snapshot import GpuReading, NodeSnapshot
 from .window import PeakWindow
@@ -57,6 +58,7 @@ def telemetry_document(
     window: PeakWindow | None = None,
     attribution: Mapping[str, GpuAttribution] | None = None,
     sharing: Sharing | None = None,
+    mps: Mapping[str, str] | None = None,
 ) -> Telemetry:
     """The telemetry model (``core.schema.telemetry``) of a snapshot and its health.
 
@@ -68,8 +70,10 @@ def telemetry_document(
     MIG device, by UUID (``core.attribution``; ``None``: not attributed, the keys are absent);
     ``sharing``: the GPUs served as memory units (``core.sharing``): each such GPU without MIG
     is ``shared`` with its ``share_units``, its holders carry their slice (``limit_mib``), their
-    own use and ``over_limit``, and the document its ``share_unit_mib``. Utilisation and power
-    are rounded to 0.1."""
+    own use and ``over_limit``, and the document its ``share_unit_mib``; ``mps``: each shared
+    GPU's enforcement by CUDA MPS, by UUID (``"up"`` or the reason it is not: the agent's
+    ``sources.mps.MpsWatch`` at render time; ``None``: enforcement off, no GPU has the field;
+    ``core.slice_enforcement.mps_status``). Utilisation and power are rounded to 0.1."""
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
     gpus = []
     any_shared = False
@@ -125,6 +129,7 @@ def telemetry_document(
                 ),
                 shared=True if shared else None,
                 share_units=unit_count(g.memory_total_mib, unit_mib) if shared else None,
+                mps=mps_status(g, shared, mps),
                 memory_free_min_mib=peak.memory_free_min_mib if peak else None,
                 utilization_p95_pct=peak.utilization_p95_pct if peak else None,
                 xids=_xids(snapshot, gh.xid_at_s),
@@ -219,13 +224,14 @@ def telemetry_annotation(
     window: PeakWindow | None = None,
     attribution: Mapping[str, GpuAttribution] | None = None,
     sharing: Sharing | None = None,
+    mps: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
     invalid or the JSON too large for the Node's annotations (256 KiB)."""
     key = f"{prefix}/{TELEMETRY}"
     value = telemetry(
         snapshot, health, refresh_s=refresh_s, lease=lease, window=window,
-        attribution=attribution, sharing=sharing,
+        attribution=attribution, sharing=sharing, mps=mps,
     )
     if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
@@ -249,10 +255,12 @@ def telemetry_marks(
     snapshot: NodeSnapshot,
     attribution: Mapping[str, GpuAttribution] | None = None,
     sharing: Sharing | None = None,
+    mps: Mapping[str, str] | None = None,
 ) -> dict[UnitKey, UnitMark]:
-    """What the telemetry of ``snapshot`` (with ``attribution`` and ``sharing``) would say of
-    each GPU and MIG device that no label shows (``core.budget.telemetry_change``): exact free
-    memory, holders and the holders over their slice, keyed ``(gpu index, mig index or -1)``.
+    """What the telemetry of ``snapshot`` (with ``attribution``, ``sharing`` and ``mps``) would
+    say of each GPU and MIG device that no label shows (``core.budget.telemetry_change``): exact
+    free memory, holders, the holders over their slice and a shared GPU's MPS enforcement,
+    keyed ``(gpu index, mig index or -1)``.
     Equal to ``published_marks`` of that telemetry, parsed, without building or encoding it (a
     quiet tick encodes no JSON)."""
     out: dict[UnitKey, UnitMark] = {}
@@ -267,7 +275,10 @@ def telemetry_marks(
                 for s in gpu_slices((attribution or {}).get(g.uuid or ""), g.uuid, sharing.unit_mib)
                 if s.over
             ) if is_shared(g, sharing) and sharing is not None else frozenset()
-            out[(g.index, -1)] = UnitMark(g.memory_free_mib, _holders(attribution, g.uuid), over)
+            out[(g.index, -1)] = UnitMark(
+                g.memory_free_mib, _holders(attribution, g.uuid), over,
+                mps_status(g, is_shared(g, sharing), mps),
+            )
     return out
 
 
@@ -282,6 +293,7 @@ def published_marks(doc: Telemetry) -> dict[UnitKey, UnitMark]:
                 g.memory_free_mib,
                 frozenset(_holder(h) for h in g.pods or ()),
                 frozenset(_holder(h) for h in g.pods or () if h.over_limit),
+                g.mps,
             ),
         )
         for m in g.mig_devices or ():

@@ -132,6 +132,7 @@ def node_row(
                 out_of_band_mib=r.memory_out_of_band_mib,
                 shared=r.shared is True,
                 slices=slices(r),
+                mps=mps(r),
             )
             for r in readings
         )
@@ -241,6 +242,18 @@ def slices(g: schema.GpuTelemetry) -> tuple[SliceRow, ...]:
         for p in g.pods or ()
         if p.namespace and p.pod and p.limit_mib is not None
     )
+
+
+#: the longest ``mps`` value shown (untrusted: any controller can write the annotation)
+MAX_MPS_CHARS = 40
+
+
+def mps(g: schema.GpuTelemetry) -> str | None:
+    """Shared GPU ``g``'s MPS enforcement as its telemetry says it (``"up"`` or why not, cut
+    to ``MAX_MPS_CHARS``); ``None`` for a GPU not shared or an agent that says nothing."""
+    if g.shared is not True or not g.mps:
+        return None
+    return g.mps[:MAX_MPS_CHARS]
 
 
 def holders(g: schema.GpuTelemetry) -> tuple[str, ...]:

@@ -50,6 +50,15 @@ class GpuRow:
     #: served as memory units (``OMATICAYA_SHARED_GPUS``), and the slices held on it
     shared: bool = False
     slices: tuple[SliceRow, ...] = ()
+    #: a shared GPU's enforcement by CUDA MPS, from the telemetry's ``mps``: ``"up"`` (each
+    #: slice capped at its limit) or the reason it is not (``mps-daemon-down``, ...);
+    #: ``None``: not shared, or not said (enforcement off, an agent before issue 39)
+    mps: str | None = None
+
+    @property
+    def enforced(self) -> bool:
+        """A shared GPU whose slices MPS caps now (its daemon up)."""
+        return self.shared and self.mps == "up"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +142,8 @@ def filter_rows(
 
 
 def to_json(rows: Iterable[NodeRow]) -> dict[str, Any]:
-    """``{"nodes": [...]}``: each row's fields (``gpus`` holding the per-GPU rows)."""
+    """``{"nodes": [...]}``: each row's fields (``gpus`` holding the per-GPU rows, each with
+    its ``uuid_short`` and ``enforced``: a shared GPU whose MPS daemon is up)."""
     out = []
     for row in rows:
         doc = asdict(row)
@@ -144,6 +154,7 @@ def to_json(rows: Iterable[NodeRow]) -> dict[str, Any]:
         ]
         for g, r in zip(doc["gpus"], row.gpu_rows, strict=True):
             g["uuid_short"] = short_uuid(r.uuid)
+            g["enforced"] = r.enforced
         doc["unhealthy"] = row.unhealthy
         if doc["age_s"] is not None:
             doc["age_s"] = round(doc["age_s"], 1)

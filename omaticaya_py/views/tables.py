@@ -90,7 +90,7 @@ def _col(table: Table, header: str, width: int, right: bool = False) -> None:
 def node_table(rows: list[NodeRow], wide: bool = False) -> Table:
     """One row per Node: health, GPUs healthy/total, free and total memory (GiB), utilisation,
     temperature, age of the reading; ``wide`` adds idle GPUs, free memory summed, product and
-    the problem."""
+    the problem (a shared GPU not enforced by MPS included)."""
     table = _table()
     table.add_column("NODE", no_wrap=True, overflow="ellipsis", max_width=None if wide else 24)
     _col(table, "HEALTH", 9)
@@ -117,14 +117,11 @@ def node_table(rows: list[NodeRow], wide: bool = False) -> Table:
             _age_cell(r),
         ]
         if wide:
-            problem = r.problem or ", ".join(
-                f"gpu{g.index}: {' '.join(g.reasons)}" for g in r.gpu_rows if g.reasons
-            )
             cells += [
                 "-" if r.idle is None else str(r.idle),
                 _gib(r.free_total_mib),
                 r.product or "-",
-                problem or "",
+                _problem(r),
             ]
         table.add_row(*cells)
     return table
@@ -162,9 +159,33 @@ def _pods(g: GpuRow) -> str:
     return text
 
 
+def _mps_marker(cell: Text, g: GpuRow) -> None:
+    """After a shared GPU's ``shared``: ``mps`` (green) while its MPS daemon caps each slice,
+    the reason in red while it does not (``mps-daemon-down``, ...); nothing when the telemetry
+    does not say (enforcement off, an older agent)."""
+    if g.mps == "up":
+        cell.append(" mps", style="green")
+    elif g.mps:
+        cell.append(" " + g.mps, style="bold red")
+
+
+def _problem(r: NodeRow) -> str:
+    """The wide node table's PROBLEM: the row's own, else each GPU's reasons and a shared GPU's
+    MPS enforcement when it is not up."""
+    if r.problem:
+        return r.problem
+    parts = []
+    for g in r.gpu_rows:
+        why = [*g.reasons, *([g.mps] if g.shared and g.mps and g.mps != "up" else [])]
+        if why:
+            parts.append(f"gpu{g.index}: {' '.join(why)}")
+    return ", ".join(parts)
+
+
 def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
     """One row per GPU of each Node: UUID (shortened unless ``wide``), a bar of used memory,
-    free/total GiB, utilisation, temperature, processes, health with its reasons, and, where
+    free/total GiB, utilisation, temperature, processes, health with its reasons (and ``mig``,
+    ``shared``, and on a shared GPU its MPS enforcement: ``mps`` or why not), and, where
     agents attribute their GPUs, the pods holding each (and memory held by processes in no
     pod; on a shared GPU, each slice's used/limit)."""
     table = _table(gap=1)
@@ -195,6 +216,7 @@ def gpu_table(rows: list[NodeRow], wide: bool = False) -> Table:
                 health.append(" mig")
             if g.shared:
                 health.append(" shared")
+                _mps_marker(health, g)
             uuid = (g.uuid or "-") if wide else (short_uuid(g.uuid) or "-")
             table.add_row(
                 r.name,

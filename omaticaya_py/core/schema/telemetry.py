@@ -20,7 +20,7 @@ Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
                "memory_free_min_mib"?, "utilization_p95_pct"?, "xids"?: [{"xid", "at"}],
                "pods"?: [{"namespace", "pod",
                "container", "memory_used_mib"?, "limit_mib"?, "over_limit"?}], "memory_out_of_band_mib"?,
-               "shared"?, "share_units"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
+               "shared"?, "share_units"?, "mps"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
                "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
                "process_count", "health", "reasons", "error"?, "pods"?,
                "memory_out_of_band_mib"?}]}]}
@@ -211,7 +211,7 @@ class GpuTelemetry(_Document):
     _OPTIONAL = frozenset(
         {
             "error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct",
-            "pods", "memory_out_of_band_mib", "xids", "shared", "share_units",
+            "pods", "memory_out_of_band_mib", "xids", "shared", "share_units", "mps",
         }
     )
     index: Index
@@ -246,6 +246,13 @@ class GpuTelemetry(_Document):
     shared: Annotated[bool | None, BeforeValidator(lambda v: True if v is True else None)] = None
     #: units it is served as (``core.sharing.unit_count``); absent when not shared
     share_units: Int = None
+    #: a shared GPU's enforcement by CUDA MPS (issue 39): ``"up"`` while its MPS control
+    #: daemon answers with a fresh heartbeat (each slice capped at its limit), else the reason
+    #: it is not (``mps-daemon-down``, ``mps-daemon-starting``, ``mps-state-missing``,
+    #: ``mps-state-unreadable``, ``mps-state-stale``: its units are not served then); absent
+    #: for a GPU not shared and with ``OMATICAYA_SHARE_ENFORCEMENT=none`` (nothing enforces a
+    #: slice), and from agents before it
+    mps: Str = None
     memory_free_unreadable: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")
