@@ -1,0 +1,324 @@
+"""``omaticaya mps`` (issue 39): one CUDA MPS control daemon per shared GPU, supervised, run
+against the stand-in of ``nvidia-cuda-mps-control`` (devtools/mps-standin: real processes,
+real sockets; nothing of ours mocked). The daemons come up with the whole GPU as their default
+limit, their states are what the device plugin reads (``sources.mps.read_state``), a daemon
+killed is said down and restarted, one that cannot start backs off, ``/readyz`` follows them,
+and ``stop`` (SIGTERM for the command) leaves no folder behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from omaticaya_py.core.mps import DOWN, UP, Layout, default_limit_mib
+from omaticaya_py.mps import metrics
+from omaticaya_py.mps.daemon import EXITED, SPAWN_FAILED, ControlDaemon
+from omaticaya_py.mps.supervisor import Gpu, MpsError, Supervisor
+from omaticaya_py.sources.mps import MpsWatch, read_state
+from tests.helpers import MULTI_TRACE, free_port, run_cli
+from tests.waiting import wait_for
+
+STANDIN = (
+    Path(__file__).resolve().parent.parent / "devtools" / "mps-standin" / "nvidia-cuda-mps-control"
+)
+UUID0 = "GPU-00000000-0000-0000-0000-000000000001"
+UUID1 = "GPU-00000000-0000-0000-0000-000000000002"
+GPUS = (Gpu(0, UUID0, 79), Gpu(1, UUID1, 40))
+UNIT_MIB = 1024
+
+
+@pytest.fixture
+def tmp() -> Iterator[Path]:
+    """A short temporary folder: a unix socket's path is at most 107 bytes, and pytest's
+    ``tmp_path`` with a GPU UUID and ``pipe/control`` under it is longer (the real daemon has
+    the same bound)."""
+    path = Path(tempfile.mkdtemp(prefix="om-mps-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _layout(tmp: Path) -> Layout:
+    return Layout(tmp / "run" / "omaticaya" / "mps", tmp / "state" / "mps")
+
+
+def _tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+class _Running:
+    """A supervisor started, checking in a thread, stopped at exit."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=sup.run_forever, args=(self.stop_event,), daemon=True)
+
+    def __enter__(self) -> Supervisor:
+        self.sup.start()
+        self.thread.start()
+        return self.sup
+
+    def __exit__(self, *_: object) -> None:
+        self.stop_event.set()
+        self.thread.join(10)
+        self.sup.stop()
+
+
+def test_daemons_come_up_with_the_whole_gpu_as_limit_and_stop_leaves_nothing(tmp: Path):
+    before = _tree(tmp)
+    layout = _layout(tmp)
+    sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
+                     shm_mib=0)  # fmt: skip
+    with _Running(sup):
+        for g in GPUS:
+            state, problem = read_state(layout, g.uuid)
+            assert problem is None and state is not None
+            assert (state.state, state.index, state.starts) == (UP, g.index, 1)
+            assert state.limit_mib == default_limit_mib(g.units, UNIT_MIB) == g.units * UNIT_MIB
+            assert state.pid is not None and state.reason == ""
+            # what the daemon holds, asked as an operator would
+            asked = ControlDaemon(layout, g.uuid, g.index, 1, control=str(STANDIN))
+            assert (
+                asked.command("get_default_device_pinned_mem_limit 0") == f"{g.units * UNIT_MIB}M"
+            )
+            assert stat.S_IMODE(os.stat(layout.pipe(g.uuid)).st_mode) == 0o755
+            assert (layout.pipe(g.uuid) / "control").exists()
+        assert layout.shm.is_dir() and not os.path.ismount(layout.shm)
+        # the device plugin's view: enforced, with fresh heartbeats
+        watch = MpsWatch(layout, stale_after_s=5, min_interval_s=0)
+        assert all(watch.enforcement(g.uuid).up for g in GPUS)
+        first = read_state(layout, UUID0)[0]
+        assert first is not None
+        wait_for("a newer heartbeat", lambda: (s := read_state(layout, UUID0)[0]) is not None
+                 and s.heartbeat_s > first.heartbeat_s)  # fmt: skip
+        text = generate_latest(sup.metrics.registry).decode()
+        for g in GPUS:
+            assert f'omaticaya_mps_daemon_up{{gpu="{g.index}",uuid="{g.uuid}"}} 1.0' in text
+            assert (
+                f'omaticaya_mps_daemon_starts_total{{gpu="{g.index}",uuid="{g.uuid}"}} 1.0' in text
+            )
+        assert sup.ready() == (True, "ok")
+        pids = [s.pid for s in sup.states().values()]
+    # stopped: the daemons gone, no state file, no folder it made
+    assert _tree(tmp) == before == []
+    for pid in pids:
+        assert pid is not None
+        wait_for(f"daemon {pid} gone", lambda pid=pid: not Path(f"/proc/{pid}").exists(), 5)
+
+
+def test_a_killed_daemon_is_said_down_restarted_and_readyz_follows(tmp: Path):
+    layout = _layout(tmp)
+    # check_s 0.5: the first restart waits 1 s (check_s * 2), long enough to be seen down
+    sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.5, start_timeout_s=5,
+                     shm_mib=0)  # fmt: skip
+    server = metrics.serve(sup.metrics.registry, sup.healthy, sup.ready, "127.0.0.1", 0)
+    try:
+        with _Running(sup):
+            assert _get(server.port, "/readyz")[0] == 200
+            assert _get(server.port, "/healthz")[0] == 200
+            before = sup.states()
+            pid0 = before[UUID0].pid
+            assert pid0 is not None
+            os.kill(pid0, signal.SIGKILL)
+            down = wait_for("GPU 0's state down", lambda: (s := read_state(layout, UUID0)[0])
+                            is not None and s.state == DOWN and s, 5, 0.02)  # fmt: skip
+            assert down.reason.startswith(EXITED), down.reason
+            code, body = _get(server.port, "/readyz")
+            assert code == 503 and "gpu 0 down" in body, body
+            assert not MpsWatch(layout, 5, min_interval_s=0).enforcement(UUID0).up
+            up = wait_for("GPU 0 up again", lambda: (s := read_state(layout, UUID0)[0])
+                          is not None and s.state == UP and s, 10)  # fmt: skip
+            assert up.starts == 2 and up.pid not in (None, pid0)
+            other = read_state(layout, UUID1)[0]
+            assert other is not None
+            assert (other.state, other.starts, other.pid) == (UP, 1, before[UUID1].pid)
+            wait_for("/readyz 200", lambda: _get(server.port, "/readyz")[0] == 200, 5)
+            text = _get(server.port, "/metrics")[1]
+            assert f'omaticaya_mps_daemon_starts_total{{gpu="0",uuid="{UUID0}"}} 2.0' in text
+            assert f'omaticaya_mps_daemon_starts_total{{gpu="1",uuid="{UUID1}"}} 1.0' in text
+            assert (f'omaticaya_mps_daemon_failures_total{{gpu="0",reason="exited",uuid="{UUID0}"}}'
+                    " 1.0") in text  # fmt: skip
+    finally:
+        server.shutdown()
+    assert _tree(tmp) == []
+
+
+def test_a_daemon_that_cannot_start_stays_down_and_backs_off(tmp: Path):
+    failing = tmp / "bin" / "failing-control"
+    failing.parent.mkdir()
+    failing.write_text("#!/bin/sh\necho 'no GPU here' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    layout = _layout(tmp)
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(failing), check_s=0.05, start_timeout_s=2,
+                     shm_mib=0)  # fmt: skip
+    running = _Running(sup)
+    with running:
+        state = read_state(layout, UUID0)[0]
+        assert state is not None and state.state == DOWN
+        assert state.reason.startswith(EXITED) and "no GPU here" in state.reason, state.reason
+        assert sup.ready()[0] is False
+        # 1.5 s of checks every 0.05 s: back-off 0.1, 0.2, 0.4, 0.8 s gives about 5 starts,
+        # none would give about 30
+        running.stop_event.wait(1.5)
+        starts = sup.states()[UUID0].starts
+        assert 2 <= starts <= 7, starts
+        assert sup.states()[UUID0].state == DOWN
+    assert _tree(tmp) == ["bin", "bin/failing-control"]
+
+
+def test_a_control_program_that_is_not_there_is_said(tmp: Path):
+    layout = _layout(tmp)
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(tmp / "nowhere"), check_s=0.05,
+                     start_timeout_s=1, shm_mib=0)  # fmt: skip
+    sup.start()
+    try:
+        state = read_state(layout, UUID0)[0]
+        assert state is not None and state.state == DOWN and state.reason.startswith(SPAWN_FAILED)
+        assert "nowhere" in state.reason
+    finally:
+        sup.stop()
+    assert _tree(tmp) == []
+
+
+def test_the_shared_memory_mount_works_or_says_cap_sys_admin(tmp: Path):
+    """With ``shm_mib`` > 0 the tmpfs is mounted and bound (here over a stand-in /dev/shm):
+    where this test runs with CAP_SYS_ADMIN they are mounted and unmounted at stop; without
+    it, ``start`` says so and leaves nothing."""
+    dev_shm = tmp / "dev-shm"
+    dev_shm.mkdir()
+    layout = _layout(tmp)
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
+                     shm_mib=8, dev_shm=dev_shm)  # fmt: skip
+    try:
+        sup.start()
+    except MpsError as exc:
+        assert "CAP_SYS_ADMIN" in str(exc) and str(layout.shm) in str(exc)
+    else:
+        try:
+            assert os.path.ismount(layout.shm) and os.path.ismount(dev_shm)
+            (dev_shm / "seen").write_text("x")  # one tmpfs, seen at both places
+            assert (layout.shm / "seen").read_text() == "x"
+        finally:
+            sup.stop()
+        assert not os.path.ismount(dev_shm)
+    assert _tree(tmp) == ["dev-shm"]
+
+
+def _mps_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("OMATICAYA_") and k != "NODE_NAME"
+    }
+    return {
+        **env,
+        "OMATICAYA_TRACE": str(MULTI_TRACE),
+        "OMATICAYA_SHARED_GPUS": "0-1",
+        "OMATICAYA_MPS_CONTROL": str(STANDIN),
+        "OMATICAYA_MPS_ROOT": str(tmp / "run" / "omaticaya" / "mps"),
+        "OMATICAYA_MPS_STATE_DIR": str(tmp / "state"),
+        "OMATICAYA_MPS_SHM_MIB": "0",
+        "OMATICAYA_MPS_CHECK_S": "0.2",
+        **extra,
+    }
+
+
+def _start_cli(env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "omaticaya_py", "mps"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _sigterm(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=20)
+    return proc.returncode, out
+
+
+def test_the_command_runs_the_trace_s_shared_gpus_until_sigterm(tmp: Path):
+    from omaticaya_py.sources.replay import TraceReader
+
+    gpus = {g.index: g for g in TraceReader(MULTI_TRACE, at_s=0).read().gpus}
+    port = free_port()
+    proc = _start_cli(_mps_env(tmp, OMATICAYA_MPS_METRICS_PORT=str(port)))
+    try:
+        layout = Layout(tmp / "run" / "omaticaya" / "mps", tmp / "state")
+        for index in (0, 1):
+            uuid = gpus[index].uuid
+            assert uuid is not None
+            state = wait_for(f"GPU {index} up", lambda uuid=uuid: (s := read_state(layout, uuid)[0])
+                             is not None and s.state == UP and s, 15)  # fmt: skip
+            total = gpus[index].memory_total_mib
+            assert total is not None and state.limit_mib == total // 1024 * 1024
+        assert sorted(p.name for p in layout.state_dir.iterdir()) == sorted(
+            f"{gpus[i].uuid}.json" for i in (0, 1)
+        )  # GPUs 2-7 are not shared
+        assert wait_for("/readyz 200", lambda: _get(port, "/readyz")[0] == 200, 10)
+        assert "omaticaya_mps_daemon_up" in _get(port, "/metrics")[1]
+    finally:
+        code, out = _sigterm(proc)
+    assert code == 0, out
+    assert _tree(tmp) == [], out
+
+
+def test_the_command_idles_ready_without_a_shared_gpu(tmp: Path):
+    port = free_port()
+    env = _mps_env(tmp, OMATICAYA_SHARED_GPUS="none", OMATICAYA_MPS_METRICS_PORT=str(port))
+    proc = _start_cli(env)
+    try:
+        assert wait_for("/readyz 200", lambda: _get(port, "/readyz")[0] == 200, 15)
+        assert "no shared GPU" in _get(port, "/readyz")[1]
+    finally:
+        code, out = _sigterm(proc)
+    assert code == 0, out
+    assert "no MPS daemon to run" in out
+    assert _tree(tmp) == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("OMATICAYA_MPS_CHECK_S", "abc"), ("OMATICAYA_MPS_SHM_MIB", "-1"),
+     ("OMATICAYA_MPS_ROOT", "relative/mps")],
+)  # fmt: skip
+def test_a_bad_variable_is_named(tmp: Path, variable: str, value: str):
+    done = run_cli("mps", env=_mps_env(tmp, **{variable: value}))
+    assert done.returncode == 2, done.stderr
+    assert f"omaticaya mps: invalid setting {variable}=" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert _tree(tmp) == []
+
+
+def test_heartbeats_are_on_the_wall_clock_given(tmp: Path):
+    layout = _layout(tmp)
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
+                     shm_mib=0, wall=lambda: 1000.0)  # fmt: skip
+    sup.start()
+    try:
+        state = read_state(layout, UUID0)[0]
+        assert state is not None and state.heartbeat_s == 1000.0 and state.state == UP
+        sup.check()
+        assert time.time() > 1000.0  # the heartbeat is the clock given, not the machine's
+        assert read_state(layout, UUID0)[0] == state
+    finally:
+        sup.stop()
