@@ -7,7 +7,9 @@
 # installs the dependencies of requirements/image.lock (every file checked against its sha256:
 # --require-hashes), then that wheel alone (--no-deps), on a clean python:3.11-slim-bookworm (the
 # Debian release scripts/build-image builds from), adds the recorded traces under
-# /opt/omaticaya/traces/ (the chart's `trace` value) and runs as the unprivileged uid 65532.
+# /opt/omaticaya/traces/ (the chart's `trace` value) and the test stand-in of
+# nvidia-cuda-mps-control at /opt/omaticaya/standin/ (OMATICAYA_MPS_CONTROL, clusters without
+# GPUs), and runs as the unprivileged uid 65532.
 # Without a Docker daemon, scripts/build-image builds the equivalent image from Debian packages.
 #
 # The base image is named by tag, not digest: no registry that serves it could be reached where
@@ -31,6 +33,9 @@ RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels 
 # The recorded traces, so that the chart's `trace` value can replay one on a cluster without GPUs.
 COPY tests/data/h100-trace.json tests/data/h100-mig-trace.json tests/data/mig-mixed-trace.json \
      tests/data/multi-gpu-trace.json tests/data/faults-trace.json ./traces/
+# The test stand-in of nvidia-cuda-mps-control (python3, stdlib only), for `omaticaya mps` on a
+# cluster without GPUs: used only where OMATICAYA_MPS_CONTROL names it, never on PATH.
+COPY devtools/mps-standin/nvidia-cuda-mps-control ./standin/
 
 
 FROM python:3.11-slim-bookworm
@@ -65,6 +70,7 @@ RUN --mount=type=bind,source=requirements/image.lock,target=/tmp/image.lock \
     && omaticaya --help > /dev/null
 
 COPY --from=builder /src/traces/ /opt/omaticaya/traces/
+COPY --from=builder --chmod=0755 /src/standin/ /opt/omaticaya/standin/
 
 USER 65532:65532
 
