@@ -26,7 +26,7 @@ from prometheus_client import generate_latest
 
 from omaticaya_py.core.mps import DOWN, UP, Layout, default_limit_mib
 from omaticaya_py.mps import metrics
-from omaticaya_py.mps.daemon import EXITED, SPAWN_FAILED, ControlDaemon
+from omaticaya_py.mps.daemon import EXITED, NOT_ANSWERING, SPAWN_FAILED, ControlDaemon
 from omaticaya_py.mps.supervisor import Gpu, MpsError, Supervisor
 from omaticaya_py.sources.mps import MpsWatch, read_state
 from tests.helpers import MULTI_TRACE, free_port, run_cli
@@ -322,3 +322,26 @@ def test_heartbeats_are_on_the_wall_clock_given(tmp: Path):
         assert read_state(layout, UUID0)[0] == state
     finally:
         sup.stop()
+
+
+def test_a_stopped_daemon_is_down_at_once_and_kept_when_it_answers_again(tmp: Path):
+    """A running daemon that does not answer (SIGSTOP: a node too busy to answer in time) is
+    down at once, fail closed, but not killed before ``SILENT_CHECKS`` checks: its clients'
+    MPS server lives on, and when it answers again it is up without a restart."""
+    layout = _layout(tmp)
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
+                     shm_mib=0)  # fmt: skip
+    with _Running(sup):
+        pid = sup.states()[UUID0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            down = wait_for("GPU 0 down", lambda: (s := read_state(layout, UUID0)[0]) is not None
+                            and s.state == DOWN and s, 10, 0.02)  # fmt: skip
+            assert down.reason.startswith(NOT_ANSWERING) and down.pid == pid, down
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        up = wait_for("GPU 0 up again", lambda: (s := read_state(layout, UUID0)[0]) is not None
+                      and s.state == UP and s, 10)  # fmt: skip
+        assert (up.pid, up.starts) == (pid, 1)
+    assert _tree(tmp) == []

@@ -8,7 +8,10 @@ shared-memory tmpfs, starts every daemon (``daemon.ControlDaemon``) and waits fo
 - it answers: state ``up``, with a fresh heartbeat;
 - it does not (its process gone, its socket silent): state ``down`` with the reason; it is
   restarted, a daemon that failed ``k`` times in a row waiting ``min(60, check_s * 2**k)``
-  seconds first; while it starts (at most ``start_timeout_s``): ``starting``.
+  seconds first; while it starts (at most ``start_timeout_s``): ``starting``. A daemon whose
+  process runs but does not answer is ``down`` at once (fail closed) but killed only after
+  ``SILENT_CHECKS`` checks in a row without an answer (killing it ends its clients' MPS
+  server): one slow answer on a busy node costs no running workload.
 
 Each check writes every daemon's state (``core.mps.state_json``) to ``<state dir>/<GPU
 UUID>.json`` atomically (a temporary file, then ``os.replace``): the device plugin serves a
@@ -45,15 +48,19 @@ from loguru import logger
 
 from ..core.mps import DaemonState, Layout, default_limit_mib, state_json
 from ..core.sayonce import SayOnce
-from .daemon import DIR_MODE, START_TIMEOUT, ControlDaemon, DaemonError
+from .daemon import DIR_MODE, NOT_ANSWERING, START_TIMEOUT, ControlDaemon, DaemonError
 from .metrics import MpsMetrics
 
-__all__ = ["MAX_BACKOFF_S", "Gpu", "MpsError", "Supervisor"]
+__all__ = ["MAX_BACKOFF_S", "SILENT_CHECKS", "Gpu", "MpsError", "Supervisor"]
 
 #: a daemon's states (``core.mps.UP``, ``STARTING``, ``DOWN``), typed as ``DaemonState`` wants
 UP: Literal["up"] = "up"
 STARTING: Literal["starting"] = "starting"
 DOWN: Literal["down"] = "down"
+
+#: checks in a row a running daemon may not answer before it is killed and restarted (it is
+#: ``down`` from the first: fail closed; killing it would take its clients' MPS server with it)
+SILENT_CHECKS = 3
 
 #: the longest wait before restarting a daemon that keeps failing, seconds
 MAX_BACKOFF_S = 60.0
@@ -85,6 +92,7 @@ class _Slot:
         self.failures_in_row = 0
         self.next_start_s = 0.0  # monotonic
         self.start_deadline_s: float | None = None  # monotonic, while starting
+        self.silent_checks = 0  # checks in a row its running process did not answer
 
 
 class Supervisor:
@@ -201,11 +209,23 @@ class Supervisor:
             if slot.start_deadline_s is not None:
                 self._poll_starting(slot)
                 continue
-            if slot.state.state == UP:
+            if slot.state.state == UP or slot.silent_checks:
                 problem = slot.daemon.problem()
                 if problem is None:
+                    if slot.state.state != UP:  # it answers again: no restart was needed
+                        self._up(slot)
+                    slot.silent_checks = 0
                     continue
-                self._down(slot, problem)
+                silent = problem.kind == NOT_ANSWERING and slot.daemon.running()
+                slot.silent_checks = slot.silent_checks + 1 if silent else 0
+                if slot.state.state == UP:
+                    self._down(slot, problem, kill=not silent)
+                if 0 < slot.silent_checks < SILENT_CHECKS:
+                    continue  # down (fail closed), not killed yet: its clients keep running
+                if slot.silent_checks:
+                    slot.daemon.kill(0.5)
+                    slot.silent_checks = 0
+                    slot.next_start_s = now  # silent long enough: restarted now
             if now >= slot.next_start_s:
                 self._start(slot)
                 self._poll_starting(slot)
@@ -354,10 +374,12 @@ class Supervisor:
                         "{} MiB", slot.gpu.index, slot.gpu.uuid, slot.daemon.pid,
                         slot.daemon.limit_mib)  # fmt: skip
 
-    def _down(self, slot: _Slot, error: DaemonError) -> None:
-        """``slot``'s daemon failed: killed, state ``down`` with the reason, the restart put
-        off by the back-off, the failure counted (and said once per episode)."""
-        slot.daemon.kill(0.5)
+    def _down(self, slot: _Slot, error: DaemonError, *, kill: bool = True) -> None:
+        """``slot``'s daemon failed: killed (unless ``kill`` is false: a running daemon that did
+        not answer once), state ``down`` with the reason, the restart put off by the back-off,
+        the failure counted (and said once per episode)."""
+        if kill:
+            slot.daemon.kill(0.5)
         slot.start_deadline_s = None
         slot.failures_in_row += 1
         wait_s = min(MAX_BACKOFF_S, self.check_s * 2**slot.failures_in_row)
