@@ -8,7 +8,7 @@ from pathlib import Path
 from ..core.readings import AgentFeed
 from ..sources.mps import MpsWatch
 from .allocation import DeviceState, mig_resource_name
-from .config import DEFAULT_CONFIG, PluginConfig, Scope
+from .config import DEFAULT_CONFIG, MpsConfig, PluginConfig, Scope
 from .inventory import Inventory
 from .registration import Endpoint, KubeletRegistration
 from .service import DeviceService
@@ -55,10 +55,7 @@ class DevicePlugin:
             if units else None
         )  # fmt: skip
         #: the shared GPUs' MPS daemons, as the supervisor last wrote them (units under MPS)
-        self.mps = (
-            MpsWatch(sharing.mps.layout, sharing.mps.stale_s)
-            if units and sharing.mps is not None else None
-        )  # fmt: skip
+        self.mps = _watch(source, sharing.mps) if units and sharing.mps is not None else None
         scope = Scope(profile, sharing.shared, units)
         self.inventory = Inventory(source.cache, scope, devices, timing, self.slicer,
                                    self._enforced if self.mps is not None else None)  # fmt: skip
@@ -149,3 +146,12 @@ class DevicePlugin:
     def wait_registered(self, timeout_s: float) -> bool:
         """True once registered with the kubelet, waiting up to ``timeout_s`` seconds."""
         return self.registration.wait_registered(timeout_s)
+
+
+def _watch(source: AgentFeed, mps: MpsConfig) -> MpsWatch:
+    """The agent's watch of the MPS daemons when it has one over the same folders (one read
+    and one log line per change, not two), else one of the plugin's own."""
+    agents: object = getattr(source, "mps", None)
+    if isinstance(agents, MpsWatch) and agents.layout == mps.layout:
+        return agents
+    return MpsWatch(mps.layout, mps.stale_s)

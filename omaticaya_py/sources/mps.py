@@ -98,10 +98,11 @@ class MpsWatch:
     def _log(self, uuid: str, result: Enforcement, problem: str | None) -> None:
         if result.up:
             if self._said.end(uuid) is not None:
-                logger.info("MPS: the daemon of GPU {} is up: its units are served again", uuid)
+                logger.info("MPS: the daemon of GPU {} is up: its slices are enforced again", uuid)
         elif self._said.start(uuid, result.reason):
             logger.warning(
-                "MPS: the daemon of GPU {} is not up ({}{}): its units are Unhealthy until it is",
+                "MPS: the daemon of GPU {} is not up ({}{}): its slices are not enforced (the "
+                "device plugin serves none of its units) until it is",
                 uuid,
                 result.reason,
                 f": {problem}" if problem else "",
