@@ -37,6 +37,8 @@ NOT_IN_CHART = {
     "node_name": "always NODE_NAME from the downward API (spec.nodeName)",
     "metrics_address": "the pod has its own IP; 0.0.0.0 is the only useful bind address",
     "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
+    "mps_state_dir": "the emptyDir mps-state both containers mount (rendered; fixed path)",
+    "mps_stale_s": "derived: max(15, 3 x sharing.mps.checkS + 5) (rendered)",
 }
 #: Settings whose chart value is nested (a group of values), by dotted path.
 NESTED_VALUE = {
@@ -46,6 +48,9 @@ NESTED_VALUE = {
     # one policy for the device plugin and the extender (issue 38), not a sharing value
     "share_policy": "placement.policy",
     "share_settle_s": "sharing.settleS",
+    "share_enforcement": "sharing.enforcement",
+    "mps_root": "sharing.mps.root",
+    "mps_thread_share": "sharing.mps.threadShare",
 }
 #: Kinds that are not in the core Kubernetes schemas, and why they are not validated.
 NOT_CORE = {
@@ -82,7 +87,6 @@ ALL_ON = {
         }
     },
 }
-
 
 
 @pytest.fixture(scope="session")
@@ -157,9 +161,18 @@ def one(docs: list[dict], kind: str) -> dict:
 
 
 def agent_container(docs: list[dict]) -> dict:
+    """The DaemonSet's first container, the agent (the MPS supervisor ``mps`` may follow)."""
     containers = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
+    assert containers[0]["name"] == "agent"
+    assert [c["name"] for c in containers[1:]] in ([], ["mps"])
     return containers[0]
+
+
+def mps_container(docs: list[dict]) -> dict | None:
+    """The DaemonSet's MPS supervisor container, if rendered."""
+    containers = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    found = [c for c in containers if c["name"] == "mps"]
+    return found[0] if found else None
 
 
 def env_of(docs: list[dict]) -> dict[str, Any]:

@@ -88,7 +88,12 @@ ENV_CASES = [
     ("sharing-gpus-one-index", {"sharing": {"gpus": 2}}, "OMATICAYA_SHARED_GPUS", "2"),
     ("sharing-unitMib", {"sharing": {"unitMib": 2048}}, "OMATICAYA_SHARE_UNIT_MIB", "2048"),
     ("placement-policy-default", None, "OMATICAYA_PLACEMENT_POLICY", "binpack"),
-    ("placement-policy", {"placement": {"policy": "spread"}}, "OMATICAYA_PLACEMENT_POLICY", "spread"),
+    (
+        "placement-policy",
+        {"placement": {"policy": "spread"}},
+        "OMATICAYA_PLACEMENT_POLICY",
+        "spread",
+    ),
     ("sharing-settleS", {"sharing": {"settleS": 15}}, "OMATICAYA_SHARE_SETTLE_S", "15"),
     (
         "sharing-resource",
@@ -167,6 +172,9 @@ def test_chart_defaults_parse_into_the_code_defaults(helm, monkeypatch, tmp_path
     # the chart mounts no host path by default: pod attribution is turned on with a value
     assert loaded.pop("pod_resources_socket") is None
     defaults.pop("pod_resources_socket")
+    # the emptyDir both containers share, off /run: the mps container's /run is the host's
+    assert str(loaded.pop("mps_state_dir")) == "/var/lib/omaticaya/mps-state"
+    defaults.pop("mps_state_dir")
     assert loaded == defaults
 
 
@@ -203,7 +211,6 @@ def test_chart_values_parse_in_settings(helm, monkeypatch, tmp_path):
     assert (s.xid_quiet_s, s.heartbeat_s, s.metrics_port, s.kube_timeout_s) == (30, 60.5, 0, 3)
     assert s.fail_on_init_error is True
     assert (s.temperature_step_c, s.hysteresis_pct) == (3, 0)
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,8 +281,6 @@ def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
     from omaticaya_py.scheduler.settings import load_extender_settings
 
     assert load_extender_settings() == ExtenderSettings(_env_file=None)  # type: ignore[call-arg]
-
-
 
 
 def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):

@@ -210,3 +210,50 @@ the extender reserve a GPU the plugin would not hand out: either one set fails t
 {{- end }}
 {{- .Values.placement.policy }}
 {{- end }}
+
+{{/*
+"true" when the DaemonSet runs the MPS supervisor (its container `mps`, `omaticaya mps`): the pod
+is the node's device plugin, some GPUs are shared and MPS enforces their slices; else "".
+*/}}
+{{- define "omaticaya.mps" -}}
+{{- if and .Values.devicePlugin (ne (toString .Values.sharing.gpus) "none") (eq (toString .Values.sharing.enforcement) "mps") }}true{{ end }}
+{{- end }}
+
+{{/*
+Where the supervisor writes each daemon's state and the device plugin reads it
+(OMATICAYA_MPS_STATE_DIR, the emptyDir mps-state in both containers). Not the code's default
+(/run/omaticaya-mps-state): the mps container's /run is the host's (omaticaya.mpsHostDir), and a
+volume mounted there would leave its mount point on the host.
+*/}}
+{{- define "omaticaya.mpsStateDir" -}}/var/lib/omaticaya/mps-state{{- end }}
+
+{{/*
+The host folder the mps container mounts, at the same path: two levels above sharing.mps.root
+(/run for /run/omaticaya/mps), so that the supervisor creates the root and its parent itself and
+removes both on SIGTERM (a hostPath of the root or its parent would be created by the kubelet and
+left on the host). Refuses "/" (a root less than three levels deep).
+*/}}
+{{- define "omaticaya.mpsHostDir" -}}
+{{- $root := clean (toString .Values.sharing.mps.root) }}
+{{- $dir := dir (dir $root) }}
+{{- if or (not (isAbs $root)) (eq $dir "/") }}
+{{- fail (printf "sharing.mps.root %s: expected an absolute folder at least three levels deep (like /run/omaticaya/mps): the mps container mounts the host folder two levels up" $root) }}
+{{- end }}
+{{- $dir }}
+{{- end }}
+
+{{/*
+The control daemon binary: sharing.mps.control, else the NVIDIA runtime's nvidia-cuda-mps-control,
+or with a trace (no GPU, no NVIDIA runtime) the image's stand-in.
+*/}}
+{{- define "omaticaya.mpsControl" -}}
+{{- .Values.sharing.mps.control | default (ternary "/opt/omaticaya/standin/nvidia-cuda-mps-control" "nvidia-cuda-mps-control" (not (empty .Values.trace))) }}
+{{- end }}
+
+{{/*
+OMATICAYA_MPS_STALE_S: a daemon's state older than this counts as down. The supervisor writes it
+every sharing.mps.checkS: three checks and 5 s of slack, at least the code's 15 s.
+*/}}
+{{- define "omaticaya.mpsStaleS" -}}
+{{- maxf 15 (addf (mulf .Values.sharing.mps.checkS 3) 5) | toString }}
+{{- end }}
