@@ -25,9 +25,20 @@ COMMANDS_MD = ROOT / "docs" / "commands.md"
 
 def _models() -> dict[str, type[BaseSettings]]:
     from omaticaya_py.core.settings import Settings
+    from omaticaya_py.mps.settings import MpsSettings
     from omaticaya_py.scheduler.settings import ExtenderSettings
 
-    return {"agent": Settings, "extender": ExtenderSettings}
+    return {"agent": Settings, "extender": ExtenderSettings, "mps": MpsSettings}
+
+
+def own_fields(key: str, cls: type[BaseSettings]) -> list[str]:
+    """The fields of ``cls`` its table lists: all, except for ``mps`` (``omaticaya mps``),
+    whose table lists only what the agent's does not (it reads the agent's too)."""
+    if key != "mps":
+        return list(cls.model_fields)
+    from omaticaya_py.core.settings import Settings
+
+    return [f for f in cls.model_fields if f not in Settings.model_fields]
 
 
 def default_text(value: Any) -> str:
@@ -51,12 +62,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def table(cls: type[BaseSettings]) -> str:
-    """The markdown table of one settings class: variable, default, meaning."""
+def table(cls: type[BaseSettings], fields: list[str] | None = None) -> str:
+    """The markdown table of one settings class (of ``fields`` of it; all by default):
+    variable, default, meaning."""
     from omaticaya_py.core.settings_base import field_env_names
 
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for name, field in cls.model_fields.items():
+        if fields is not None and name not in fields:
+            continue
         variable = " or ".join(f"`{v}`" for v in field_env_names(cls, name))
         rows.append(
             f"| {variable} | `{_cell(default_text(field.default))}` | "
@@ -74,7 +88,8 @@ def render(text: str) -> str:
         )
         if not pattern.search(text):
             raise ValueError(f"docs/commands.md has no <!-- settings:{key} --> block")
-        text = pattern.sub(lambda m, cls=cls: m.group(1) + table(cls) + "\n" + m.group(2), text)
+        rows = table(cls, own_fields(key, cls))
+        text = pattern.sub(lambda m, rows=rows: m.group(1) + rows + "\n" + m.group(2), text)
     return text
 
 

@@ -10,6 +10,8 @@ tests/test_mps_supervisor.py, and the two together tests/test_mps_seam.py.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,9 +81,13 @@ def test_a_uuid_that_is_no_uuid_names_no_folder(bad: str) -> None:
         Layout().pipe(bad)
 
 
-def test_layout_wants_absolute_folders() -> None:
+def test_layout_wants_absolute_short_folders() -> None:
     with pytest.raises(ValueError, match="OMATICAYA_MPS_ROOT"):
         Layout(Path("run/mps"))
+    with pytest.raises(ValueError, match="at most 42 bytes"):
+        Layout(Path("/var/lib/kubelet/plugins/omaticaya.io/mps/root"))
+    socket = Layout(Path("/" + "r" * 41)).pipe("GPU-" + "0" * 36) / "control_privileged"
+    assert len(str(socket)) <= 107
     with pytest.raises(ValueError, match="OMATICAYA_MPS_STATE_DIR"):
         Layout(Path("/run/mps"), Path("/run/../etc"))
 
@@ -137,8 +143,17 @@ def write_state(layout: Layout, gpu: int, state: str = UP, *, age_s: float = 0.0
 
 
 @pytest.fixture
-def mps_rig(folder: Path, tmp_path: Path) -> Iterator[tuple[Rig, Layout]]:  # noqa: F811
-    layout = Layout(tmp_path / "root", tmp_path / "state")
+def short() -> Iterator[Path]:
+    """A short folder: the MPS root is at most ``core.mps.MAX_ROOT_BYTES`` (pytest's
+    ``tmp_path`` is longer)."""
+    path = Path(tempfile.mkdtemp(prefix="om-dp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def mps_rig(folder: Path, short: Path) -> Iterator[tuple[Rig, Layout]]:  # noqa: F811
+    layout = Layout(short / "root", short / "state")
     rig = Rig(folder, share_enforcement="mps", mps_root=str(layout.root),
               mps_state_dir=str(layout.state_dir), mps_stale_s=5.0)  # fmt: skip
     plugin = rig.set.shared_plugin
@@ -242,8 +257,8 @@ def test_an_unhealthy_gpu_says_both_reasons(mps_rig: tuple[Rig, Layout]) -> None
     assert len(next(iter(reasons))) == 2
 
 
-def test_thread_share_gives_a_compute_share(folder: Path, tmp_path: Path) -> None:  # noqa: F811
-    layout = Layout(tmp_path / "root", tmp_path / "state")
+def test_thread_share_gives_a_compute_share(folder: Path, short: Path) -> None:  # noqa: F811
+    layout = Layout(short / "root", short / "state")
     rig = Rig(folder, share_enforcement="mps", mps_root=str(layout.root),
               mps_state_dir=str(layout.state_dir), mps_thread_share=True)  # fmt: skip
     plugin = rig.set.shared_plugin
@@ -254,8 +269,8 @@ def test_thread_share_gives_a_compute_share(folder: Path, tmp_path: Path) -> Non
     assert plugin.slicer.answer(UUID[0], 79).envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
 
 
-def test_the_watch_reads_at_most_once_an_interval(tmp_path: Path) -> None:
-    layout = Layout(tmp_path / "root", tmp_path / "state")
+def test_the_watch_reads_at_most_once_an_interval(short: Path) -> None:
+    layout = Layout(short / "root", short / "state")
     t = [0.0]
     watch = MpsWatch(layout, 15.0, min_interval_s=1.0, monotonic=lambda: t[0])
     assert watch.enforcement(UUID[0]).reason == "mps-state-missing"

@@ -419,6 +419,7 @@ BAD_ENV = [
     ("OMATICAYA_DEVICE_LIST_STRATEGY", "volumes", "expected one or more of envvar"),
     ("OMATICAYA_SHARE_ENFORCEMENT", "hami", "'mps' or 'none'"),
     ("OMATICAYA_MPS_ROOT", "run/mps", "absolute folder path"),
+    ("OMATICAYA_MPS_ROOT", "/var/lib/kubelet/plugins/omaticaya.io/mps/root", "at most 42 bytes"),
     ("OMATICAYA_MPS_STATE_DIR", "/run/../etc", "without '..'"),
     ("OMATICAYA_MPS_THREAD_SHARE", "maybe", "expected true or false"),
     ("OMATICAYA_MPS_STALE_S", "0", "greater than 0"),

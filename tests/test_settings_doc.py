@@ -1,4 +1,4 @@
-"""docs/commands.md lists every setting of the agent and the extender, generated from the
+"""docs/commands.md lists every setting of the agent, the extender and the MPS supervisor, generated from the
 settings models (devtools/settings_doc.py), so the docs cannot drift from the code (issue 31:
 the device-plugin, sharing, PodResources and proc-root settings were missing)."""
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 
-from devtools.settings_doc import COMMANDS_MD, default_text, render
+from devtools.settings_doc import COMMANDS_MD, default_text, own_fields, render
 from omaticaya_py.core.settings import Settings
-from omaticaya_py.core.settings_base import env_names
+from omaticaya_py.core.settings_base import env_names, field_env_names
+from omaticaya_py.mps.settings import MpsSettings
 from omaticaya_py.scheduler.settings import ExtenderSettings
 
 
@@ -29,7 +30,9 @@ def test_every_variable_is_in_the_tables_once():
     assert sorted(v for v in set(named) if named.count(v) > 1) == sorted(
         v for v in both if named.count(v) == 2
     )
-    assert set(named) == env_names(Settings) | env_names(ExtenderSettings)
+    mps_own = {v for f in own_fields("mps", MpsSettings) for v in field_env_names(MpsSettings, f)}
+    assert mps_own and not mps_own & env_names(Settings)
+    assert set(named) == env_names(Settings) | env_names(ExtenderSettings) | mps_own
     for field in ("device_plugin", "shared_gpus", "pod_resources_socket", "proc_root"):
         assert f"`OMATICAYA_{field.upper()}`" in text
 

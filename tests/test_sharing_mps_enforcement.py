@@ -257,7 +257,7 @@ class _Pods:
 
 def _watch(tmp_path: Path, state: str | None, *, now: float = 1000.0) -> MpsWatch:
     """A real ``MpsWatch`` over ``tmp_path``, GPU 0's daemon ``state`` (``None``: no file)."""
-    layout = Layout(root=tmp_path / "root", state_dir=tmp_path / "state")
+    layout = Layout(root=Path("/run/omaticaya/mps"), state_dir=tmp_path / "state")
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     if state is not None:
         layout.state(U0).write_text(state_json(DaemonState(U0, 0, state, heartbeat_s=now)))  # type: ignore[arg-type]
@@ -387,7 +387,7 @@ def test_the_agents_telemetry_carries_the_daemons_state(tmp_path):
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     s = settings(node_name="n1", shared_gpus="0", share_enforcement="mps",
-                 mps_root=tmp_path / "root", mps_state_dir=state_dir)  # fmt: skip
+                 mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir)  # fmt: skip
     snap = NodeSnapshot(read_at=datetime.now(UTC), clock_s=0.0, gpus=(gpu(0), gpu(1)))
     agent = Agent(s, _Still(snap), None, lease=None, attribution=None)
     result = agent.tick()

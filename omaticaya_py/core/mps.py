@@ -86,6 +86,9 @@ UNREADABLE = "mps-state-unreadable"
 STALE = "mps-state-stale"
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}$")
+#: the root's longest path, bytes: ``<root>/<40-byte GPU UUID>/pipe/control_privileged`` (the
+#: longest socket name of a daemon's pipe folder) within a unix socket path's 107 bytes
+MAX_ROOT_BYTES = 42
 #: at most this many bytes of a state file are read (it is a few hundred)
 MAX_STATE_BYTES = 4096
 
@@ -108,6 +111,12 @@ class Layout:
                 raise ValueError(
                     f"{name}: expected an absolute folder path without '..'; got {str(path)!r}"
                 )
+        if len(str(self.root).encode()) > MAX_ROOT_BYTES:
+            raise ValueError(
+                f"OMATICAYA_MPS_ROOT: at most {MAX_ROOT_BYTES} bytes (a unix socket's path is at "
+                f"most 107, and the daemons' sockets are <root>/<GPU UUID>/pipe/...); got "
+                f"{len(str(self.root).encode())}: {str(self.root)[:96]!r}"
+            )
 
     @property
     def shm(self) -> Path:

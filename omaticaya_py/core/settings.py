@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from .mps import DEFAULT_ROOT as DEFAULT_MPS_ROOT
 from .mps import DEFAULT_STATE_DIR as DEFAULT_MPS_STATE_DIR
+from .mps import MAX_ROOT_BYTES as MAX_MPS_ROOT_BYTES
 from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
 from .settings_base import (
     DNS_SUBDOMAIN,
@@ -175,9 +176,15 @@ class DevicePluginSettings(CommonSettings):
 
     @field_validator("mps_root", "mps_state_dir")
     @classmethod
-    def _check_mps_dir(cls, value: Path) -> Path:
+    def _check_mps_dir(cls, value: Path, info: ValidationInfo) -> Path:
         if not value.is_absolute() or ".." in value.parts:
             raise ValueError("expected an absolute folder path without '..', like '/run/omaticaya/mps'")
+        if info.field_name == "mps_root" and len(str(value).encode()) > MAX_MPS_ROOT_BYTES:
+            raise ValueError(
+                f"expected at most {MAX_MPS_ROOT_BYTES} bytes (the daemons' unix sockets are "
+                "<root>/<GPU UUID>/pipe/..., and a socket's path is at most 107 bytes), like "
+                "'/run/omaticaya/mps'"
+            )
         return value
 
     @field_validator("device_plugin_dir")
