@@ -14,7 +14,7 @@ import socket
 import threading
 from typing import Any
 
-__all__ = ["HttpServer", "bind", "metrics_route"]
+__all__ = ["HttpServer", "bind", "metrics_route", "probe_app"]
 
 
 def bind(address: str, port: int) -> socket.socket:
@@ -57,6 +57,33 @@ def metrics_route(registry: Any) -> Any:
     from starlette.routing import Route
 
     return Route("/metrics", _Asgi(make_asgi_app(registry)), methods=["GET"])
+
+
+def probe_app(registry: Any, healthz: Any, readyz: Any) -> Any:
+    """The Starlette application of a metrics port: ``/metrics`` (``metrics_route`` of
+    ``registry``), ``/healthz`` and ``/readyz`` (each a probe returning ``(ok, reason)``:
+    200 or 503, the reason as one line of plain text)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    def answer(ok: bool, reason: str) -> PlainTextResponse:
+        return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
+
+    async def health(request: Request) -> PlainTextResponse:
+        return answer(*healthz())
+
+    async def ready(request: Request) -> PlainTextResponse:
+        return answer(*readyz())
+
+    return Starlette(
+        routes=[
+            Route("/healthz", health, methods=["GET"]),
+            Route("/readyz", ready, methods=["GET"]),
+            metrics_route(registry),
+        ]
+    )
 
 
 def _quiet_server(config: Any) -> Any:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from ..core.sharing import Sharing
-from ..serving import HttpServer, metrics_route
+from ..serving import HttpServer, probe_app
 from .collectors import (
     AgentCounters,
     ApiRequests,
@@ -133,28 +133,8 @@ def make_app(
     readyz_probe: Callable[[], tuple[bool, str]],
 ) -> Any:
     """The Starlette application: prometheus-client's exposition of ``registry`` on
-    ``/metrics`` plus the probes, each ``(ok, reason)`` (plain text, the reason on one line)."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import PlainTextResponse
-    from starlette.routing import Route
-
-    def answer(ok: bool, reason: str) -> PlainTextResponse:
-        return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
-
-    async def healthz(request: Request) -> PlainTextResponse:
-        return answer(*healthz_probe())
-
-    async def readyz(request: Request) -> PlainTextResponse:
-        return answer(*readyz_probe())
-
-    return Starlette(
-        routes=[
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-            metrics_route(registry),
-        ]
-    )
+    ``/metrics`` plus the probes, each ``(ok, reason)`` (``serving.probe_app``)."""
+    return probe_app(registry, healthz_probe, readyz_probe)
 
 
 #: a running metrics/probe server: ``port`` is the bound port, ``shutdown()`` stops it

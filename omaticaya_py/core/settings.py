@@ -7,7 +7,6 @@ with status 2, without a traceback.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +24,9 @@ from .settings_base import (
     RESERVED_PREFIXES,
     CommonSettings,
     SettingsError,
+    check_bind_address,
     check_prefix,
+    check_trace,
     load,
     placement_policy_field,
 )
@@ -362,18 +363,12 @@ class Settings(DevicePluginSettings):
     @field_validator("trace")
     @classmethod
     def _trace_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError("expected an existing trace file (JSON, format version 1 or 2)")
-        return value
+        return check_trace(value)
 
     @field_validator("metrics_address")
     @classmethod
     def _check_address(cls, value: str) -> str:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError("expected an IP address to bind, like '0.0.0.0' or '::'") from None
-        return value
+        return check_bind_address(value)
 
     @field_validator("xid_ignore", mode="before")
     @classmethod

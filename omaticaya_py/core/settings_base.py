@@ -9,8 +9,10 @@ bad setting that names its variable (or flag) and the expected form (``SettingsE
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator
@@ -23,7 +25,9 @@ __all__ = [
     "CommonSettings",
     "Renamed",
     "SettingsError",
+    "check_bind_address",
     "check_prefix",
+    "check_trace",
     "env_names",
     "field_env_names",
     "load",
@@ -194,6 +198,23 @@ _EXPECTED = {
 #: NVIDIA (GPU Feature Discovery's ``nvidia.com/*``). The agent deletes every key under its
 #: prefix that it does not produce, so it must never be given one of these or a subdomain.
 RESERVED_PREFIXES = ("kubernetes.io", "k8s.io", "nvidia.com")
+
+
+def check_bind_address(value: str, example: str = "'0.0.0.0' or '::'") -> str:
+    """An IP address to bind a port to. Raises ``ValueError`` naming the form (``example``)
+    for anything else (a host name, an empty string)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"expected an IP address to bind, like {example}") from None
+    return value
+
+
+def check_trace(value: Path | None) -> Path | None:
+    """A trace file's path (``None``: none). Raises ``ValueError`` when it is no file."""
+    if value is not None and not value.is_file():
+        raise ValueError("expected an existing trace file (JSON, format version 1 or 2)")
+    return value
 
 
 def check_prefix(value: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from ..serving import HttpServer, metrics_route
+from ..serving import HttpServer, probe_app
 
 __all__ = ["MpsMetrics", "make_app", "serve"]
 
@@ -67,28 +67,8 @@ class MpsMetrics:
 
 def make_app(registry: CollectorRegistry, healthz: Probe, readyz: Probe) -> Any:
     """The Starlette application: ``/metrics`` (``registry``), ``/healthz`` and ``/readyz``
-    (each probe's ``(ok, reason)``: 200 or 503, the reason as one line of plain text)."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import PlainTextResponse
-    from starlette.routing import Route
-
-    def answer(ok: bool, reason: str) -> PlainTextResponse:
-        return PlainTextResponse(reason + "\n", status_code=200 if ok else 503)
-
-    async def health(request: Request) -> PlainTextResponse:
-        return answer(*healthz())
-
-    async def ready(request: Request) -> PlainTextResponse:
-        return answer(*readyz())
-
-    return Starlette(
-        routes=[
-            Route("/healthz", health, methods=["GET"]),
-            Route("/readyz", ready, methods=["GET"]),
-            metrics_route(registry),
-        ]
-    )
+    (``serving.probe_app``)."""
+    return probe_app(registry, healthz, readyz)
 
 
 def serve(registry: CollectorRegistry, healthz: Probe, readyz: Probe, address: str,

@@ -13,7 +13,6 @@ the enforcement, the MPS folders) and the supervisor's own. Environment names ar
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from ..core.settings import DevicePluginSettings
+from ..core.settings_base import check_bind_address, check_trace
 
 __all__ = ["MpsSettings"]
 
@@ -75,15 +75,9 @@ class MpsSettings(DevicePluginSettings):
     @field_validator("trace")
     @classmethod
     def _trace_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError("expected an existing trace file (JSON, format version 1 or 2)")
-        return value
+        return check_trace(value)
 
     @field_validator("metrics_address")
     @classmethod
     def _check_address(cls, value: str) -> str:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError("expected an IP address to bind, like '0.0.0.0' or '::'") from None
-        return value
+        return check_bind_address(value)

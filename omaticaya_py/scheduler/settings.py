@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -10,7 +9,7 @@ from pydantic_settings import SettingsConfigDict
 
 from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
 from ..core.settings import CommonSettings, check_resource_name, load, parse_schedule
-from ..core.settings_base import placement_policy_field
+from ..core.settings_base import check_bind_address, placement_policy_field
 from ..core.sharing import DEFAULT_SHARED_RESOURCE
 from .need import DEFAULT_GPU_RESOURCE
 
@@ -170,13 +169,7 @@ class ExtenderSettings(CommonSettings):
     @field_validator("address")
     @classmethod
     def _check_address(cls, value: str) -> str:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(
-                "expected an IP address to bind, like '127.0.0.1' or '0.0.0.0'"
-            ) from None
-        return value
+        return check_bind_address(value, "'127.0.0.1' or '0.0.0.0'")
 
 
 def load_extender_settings(**overrides: Any) -> ExtenderSettings:
