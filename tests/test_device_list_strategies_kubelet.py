@@ -67,6 +67,8 @@ class Plugin:
         env = dict(
             os.environ,
             OMATICAYA_SHARED_GPUS=shared,
+            # no MPS daemon here (tests/test_mps_cluster.py runs one)
+            OMATICAYA_SHARE_ENFORCEMENT="none",
             OMATICAYA_METRICS_PORT="0",
             OMATICAYA_LOG_LEVEL="INFO",
             OMATICAYA_DEVICE_PLUGIN_RESOURCE=RESOURCE,

@@ -59,6 +59,8 @@ class Plugin:
             OMATICAYA_METRICS_PORT="0",
             OMATICAYA_LOG_LEVEL="INFO",
             OMATICAYA_SHARED_GPUS="0-3",
+            # no MPS daemon here (tests/test_mps_cluster.py runs one): the units served as before
+            OMATICAYA_SHARE_ENFORCEMENT="none",
             OMATICAYA_SHARE_SETTLE_S="3600",
             PYTHONPATH=str(REPO_ROOT),
         )

@@ -48,7 +48,7 @@ def test_the_agent_sees_the_kubelets_slices(admin_api, dev_cluster, kubelet, plu
 
     socket_path = dev_cluster.state_dir / "kubelet" / "root" / "pod-resources" / "kubelet.sock"
     trace = write_sharing_trace(Path(tempfile.mkdtemp(prefix="omaticaya-agent-")) / "trace.json")
-    settings = load_settings(node_name=kubelet, shared_gpus="0-3")
+    settings = load_settings(node_name=kubelet, shared_gpus="0-3", share_enforcement="none")
     edge = Attribution(socket_path, None)
     agent = Agent(settings, TraceReader(trace, at_s=0.0), None, dry_run=True, attribution=edge)
     try:
