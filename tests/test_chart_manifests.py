@@ -335,6 +335,29 @@ def test_service_and_monitors_select_the_agent(helm):
     assert ep["relabelings"] == [{"action": "labeldrop", "regex": "pod"}]
 
 
+def test_monitors_scrape_the_mps_supervisor_where_it_runs(helm):
+    """With the MPS supervisor in the pod, its port is scraped too (OmaticayaMpsDaemonDown
+    needs omaticaya_mps_daemon_up); with enforcement off, only the agent's."""
+    values = {**ALL_ON, "devicePlugin": True, "sharing": {"gpus": "0-1"}}
+    docs = render(helm, values)
+    ports = {c["name"]: {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+             for c in one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]}
+    assert ports["mps"] == {"mps-metrics": 9403}
+    svc = one(docs, "Service")
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        ("metrics", 9402, "metrics"), ("mps-metrics", 9403, "mps-metrics"),
+    ]
+    sm, pm = one(docs, "ServiceMonitor"), one(docs, "PodMonitor")
+    for endpoints in (sm["spec"]["endpoints"], pm["spec"]["podMetricsEndpoints"]):
+        assert [(e["port"], e["path"]) for e in endpoints] == [
+            ("metrics", "/metrics"), ("mps-metrics", "/metrics"),
+        ]
+        assert endpoints[0].get("relabelings") == endpoints[1].get("relabelings")
+    off = render(helm, {**values, "sharing": {"gpus": "0-1", "enforcement": "none"}})
+    assert [e["port"] for e in one(off, "PodMonitor")["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert [p["name"] for p in one(off, "Service")["spec"]["ports"]] == ["metrics"]
+
+
 def test_service_monitor_alone_creates_the_service(helm):
     docs = render(helm, {"serviceMonitor": {"enabled": True}})
     assert {d["kind"] for d in docs} >= {"Service", "ServiceMonitor"}

@@ -9,15 +9,19 @@ without it these tests skip, saying so."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import FAULTS_TRACE, free_port
+from tests.test_mps_supervisor import STANDIN
 from tests.tools import ToolUnavailable, promtool_path
 from tests.waiting import wait_for
 
@@ -106,30 +110,48 @@ def _names(exposition: str) -> set[str]:
     return names
 
 
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
 @pytest.mark.cluster
 def test_every_metric_named_is_in_a_real_scrape(dev_cluster, make_node):
-    """An agent replaying the faults trace against the real API server, scraped."""
+    """An agent replaying the faults trace against the real API server, and the MPS supervisor
+    (``omaticaya mps`` on the same trace, the stand-in daemon for GPU 0), both scraped."""
     node = make_node()
-    port = free_port()
+    port, mps_port = free_port(), free_port()
     env = dict(dev_cluster.env(), NODE_NAME=node)
     proc = subprocess.Popen(
         [sys.executable, "-m", "omaticaya_py", "run", "--trace", str(FAULTS_TRACE),
          "--metrics-port", str(port), "--schedule", "@every 1s"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
+    short = Path(tempfile.mkdtemp(prefix="om-dash-", dir="/tmp"))  # a unix socket's path bound
+    mps = subprocess.Popen(
+        [sys.executable, "-m", "omaticaya_py", "mps"],
+        env=dict(os.environ, OMATICAYA_TRACE=str(FAULTS_TRACE), OMATICAYA_SHARED_GPUS="0",
+                 OMATICAYA_MPS_CONTROL=str(STANDIN), OMATICAYA_MPS_SHM_MIB="0",
+                 OMATICAYA_MPS_ROOT=str(short / "mps"), OMATICAYA_MPS_STATE_DIR=str(short / "state"),
+                 OMATICAYA_MPS_METRICS_PORT=str(mps_port), OMATICAYA_METRICS_ADDRESS="127.0.0.1"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        def scrape() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                return r.read().decode()
-
         def patched() -> str | None:
-            text = scrape()
+            text = _scrape(port)
             return text if "omaticaya_last_patch_timestamp_seconds " in text else None
 
+        def daemon_up() -> str | None:
+            text = _scrape(mps_port)
+            return text if "omaticaya_mps_daemon_up{" in text else None
+
         text = wait_for("a scrape after the first patch", patched, 60)
+        text += wait_for("the MPS supervisor's scrape", daemon_up, 60)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for p in (proc, mps):
+            p.terminate()
+            p.wait(timeout=30)
+        shutil.rmtree(short, ignore_errors=True)
     exposed = _names(text)
     named = {m for _, expr in _queries() for m in METRIC.findall(expr)}
     named |= {m for expr in _alert_exprs() for m in METRIC.findall(expr)}
