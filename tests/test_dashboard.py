@@ -207,6 +207,12 @@ CASES = [
      "15m", [({"verb": "patch", "result": "503"}, "50m")]),
     ("OmaticayaTickErrors",
      [(f"omaticaya_tick_errors_total{{{INST}}}", "0+1x30")], "15m", [({}, "16.67m")]),
+    ("OmaticayaMpsDaemonDown",  # GPU 1's daemon down from minute 1: fires after 2 minutes
+     [(f'omaticaya_mps_daemon_up{{{INST},gpu="0",uuid="GPU-0"}}', "1x10"),
+      (f'omaticaya_mps_daemon_up{{{INST},gpu="1",uuid="GPU-1"}}', "1 0x10")],
+     "4m", [({"gpu": "1", "uuid": "GPU-1"}, "0")]),
+    ("OmaticayaMpsDaemonDown",  # down for one minute, then back: no alert
+     [(f'omaticaya_mps_daemon_up{{{INST},gpu="1",uuid="GPU-1"}}', "1 0 1x10")], "4m", []),
 ]
 
 
