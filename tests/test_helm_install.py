@@ -96,10 +96,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         except Exception:  # noqa: BLE001
             pass
         raise
-    # The chart's mps container mounts the host's /run with Bidirectional propagation (its tmpfs
-    # must reach the host), which containerd refuses on a private mount: systemd makes every
-    # mount shared at boot, a bare machine's / may be private.
-    subprocess.run(["mount", "--make-rshared", "/"], check=True, capture_output=True)
     try:
         yield cluster
     finally:

@@ -81,6 +81,9 @@ def start_apiserver(c: Cluster) -> None:
         "--kubelet-client-certificate", f"{p}/admin.crt", "--kubelet-client-key", f"{p}/admin.key",
         "--kubelet-preferred-address-types", "InternalIP,Hostname",
         "--authorization-mode", "RBAC", *mode,
+        # privileged containers allowed, as on kubeadm's clusters: the chart's MPS supervisor
+        # (sharing.enforcement: mps) mounts its tmpfs for the host
+        "--allow-privileged=true",
         "--enable-priority-and-fairness=false",
         "--audit-policy-file", f"{c.dir}/audit-policy.yaml",
         "--audit-log-path", f"{c.dir}/audit.log",

@@ -92,10 +92,15 @@ def ctr_answers(c: Cluster) -> bool:
 
 
 def start_containerd(c: Cluster) -> None:
-    """Start containerd 2 with the state dir's config, its folder first on PATH so that it runs
+    """Make ``/`` and every mount below it shared (``mount --make-rshared /``), then start
+    containerd 2 with the state dir's config, its folder first on PATH so that it runs
     its own runc shim; wait until ``ctr`` answers (10 s);
     import the busybox image when it is not there."""
     binary_path = containerd_tool("containerd")
+    # Every mount shared, as systemd makes them at boot: a container's Bidirectional mount (the
+    # chart's MPS supervisor's, whose tmpfs must reach the host) needs its source on a shared
+    # mount, and containerd refuses it on a private one (a bare machine's / may be private).
+    run(["mount", "--make-rshared", "/"])
     version = run([binary_path, "--version"]).stdout.split()
     log(f"starting containerd ({version[2] if len(version) > 2 else '?'}) on "
         f"{c.dir}/containerd/containerd.sock")
