@@ -226,6 +226,45 @@ def test_the_shared_memory_mount_works_or_says_cap_sys_admin(tmp: Path):
     assert _tree(tmp) == ["dev-shm"]
 
 
+def _is_mount(path: Path) -> bool:
+    """Whether ``path`` is a mount point (``/proc/self/mountinfo``: a bind mount of a folder of
+    the same file system is one, which ``os.path.ismount`` cannot tell)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
+
+
+def test_the_host_root_seen_elsewhere_is_bound_at_the_roots_path(tmp: Path):
+    """As in the chart: the host's folder is seen at another path (``host_root``, the host's
+    /run at /host/run); the folders and the tmpfs are made there and bound at the root's path,
+    so the daemons' pipe folders have the clients' paths and the tmpfs is the host's; at stop
+    nothing is mounted and no folder is left on either side."""
+    host_root = tmp / "host" / "run" / "omaticaya" / "mps"
+    (tmp / "host" / "run").mkdir(parents=True)
+    (tmp / "ctr").mkdir()
+    dev_shm = tmp / "dev-shm"
+    dev_shm.mkdir()
+    layout = Layout(tmp / "ctr" / "omaticaya" / "mps", tmp / "state")
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
+                     shm_mib=8, dev_shm=dev_shm, host_root=host_root)  # fmt: skip
+    try:
+        sup.start()
+    except MpsError as exc:  # no CAP_SYS_ADMIN here
+        assert "CAP_SYS_ADMIN" in str(exc)
+    else:
+        try:
+            assert sup.states()[UUID0].state == UP
+            assert _is_mount(host_root / "shm") and _is_mount(layout.root)
+            # the daemon listens where a client is told to look, and that is the host's folder
+            assert (layout.pipe(UUID0) / "control").is_socket()
+            assert (host_root / UUID0 / "pipe" / "control").is_socket()
+            (dev_shm / "seen").write_text("x")  # one tmpfs: the daemons', the root's, the host's
+            assert (host_root / "shm" / "seen").read_text() == "x"
+        finally:
+            sup.stop()
+        assert not any(_is_mount(p) for p in (dev_shm, layout.root, host_root / "shm"))
+    assert _tree(tmp) == ["ctr", "dev-shm", "host", "host/run"]
+
+
 def _mps_env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("OMATICAYA_") and k != "NODE_NAME"

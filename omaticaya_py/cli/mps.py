@@ -126,7 +126,7 @@ def _run(settings: MpsSettings, gpus: list[Gpu], stop: threading.Event) -> int:
         supervisor = Supervisor(
             layout, gpus, settings.share_unit_mib, settings.mps_control,
             check_s=settings.mps_check_s, start_timeout_s=settings.mps_start_timeout_s,
-            shm_mib=settings.mps_shm_mib,
+            shm_mib=settings.mps_shm_mib, host_root=settings.mps_host_root,
         )  # fmt: skip
         registry, healthz, readyz = (
             supervisor.metrics.registry,

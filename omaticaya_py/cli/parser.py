@@ -73,7 +73,7 @@ _AddFlags = Callable[[argparse.ArgumentParser], None]
 #: the settings ``omaticaya mps`` uses (``mps.settings.MpsSettings``): a flag for each
 _MPS_USES = frozenset({
     "log_json", "log_level", "shared_gpus", "share_unit_mib", "share_enforcement", "mps_root",
-    "mps_state_dir", "mps_control", "mps_check_s", "mps_start_timeout_s", "mps_shm_mib",
+    "mps_state_dir", "mps_control", "mps_check_s", "mps_start_timeout_s", "mps_shm_mib", "mps_host_root",
     "mps_metrics_port", "metrics_address", "trace",
 })  # fmt: skip
 

@@ -7,6 +7,8 @@ the enforcement, the MPS folders) and the supervisor's own. Environment names ar
 - ``OMATICAYA_MPS_CHECK_S`` (2): seconds between checks of the daemons;
 - ``OMATICAYA_MPS_START_TIMEOUT_S`` (10): how long a daemon may take to answer;
 - ``OMATICAYA_MPS_SHM_MIB`` (1024): the shared-memory tmpfs, MiB (0: a plain folder, no mount);
+- ``OMATICAYA_MPS_HOST_ROOT`` (empty): where the host's root is seen in this container, when
+  not at its own path (``supervisor.Supervisor``'s ``host_root``);
 - ``OMATICAYA_MPS_METRICS_PORT`` (9403; 0: off) on ``OMATICAYA_METRICS_ADDRESS`` (``0.0.0.0``);
 - ``OMATICAYA_TRACE``: read the GPUs from this trace instead of NVML.
 """
@@ -53,6 +55,13 @@ class MpsSettings(DevicePluginSettings):
         "MiB (0: a plain folder and no mount, /dev/shm not shared: tests and runs without "
         "CAP_SYS_ADMIN).",
     )
+    mps_host_root: Path | None = Field(
+        default=None,
+        description="Where the host's OMATICAYA_MPS_ROOT is seen in this container, when not at "
+        "its own path (the chart: /host/run/omaticaya/mps, the host's /run mounted at /host/run): "
+        "the folders and the tmpfs are made there and bound at the root's path. Empty: the root "
+        "itself.",
+    )
     mps_metrics_port: int = Field(
         default=9403,
         ge=0,
@@ -66,6 +75,19 @@ class MpsSettings(DevicePluginSettings):
     trace: Path | None = Field(
         default=None, description="Read the GPUs from this trace instead of NVML."
     )
+
+    @field_validator("mps_host_root", mode="before")
+    @classmethod
+    def _empty_host_root(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("mps_host_root")
+    @classmethod
+    def _absolute_host_root(cls, value: Path | None) -> Path | None:
+        if value is not None and (not value.is_absolute() or ".." in value.parts):
+            raise ValueError("expected an absolute folder path without '..', like "
+                             "'/host/run/omaticaya/mps' (or empty: the root itself)")
+        return value
 
     @field_validator("trace", mode="before")
     @classmethod

@@ -28,8 +28,16 @@ it over its own ``/dev/shm`` (which its daemons and their servers inherit). Moun
 mounted (tests, runs without privilege): ``/dev/shm`` is then NOT shared with the clients, so
 real MPS clients cannot reach their server.
 
-``stop()`` stops every daemon, removes the state files, unmounts (the ``/dev/shm`` bind, then
-the tmpfs) and removes every folder it made: after ``helm uninstall`` no directory is left.
+``host_root``: where the host's root is seen in this container when not at the root's own path
+(the chart mounts the host's ``/run`` at ``/host/run``, Bidirectional, so that the tmpfs reaches
+the host; it does not mount it at ``/run``, where the NVIDIA runtime's own mounts, such as
+nvidia-persistenced's socket, would propagate back to the host and stack there): the folders
+and the tmpfs are made there, and that folder bound (``mount --rbind``) at the root's path, so
+that the daemons' pipe folders have the very paths the clients get.
+
+``stop()`` stops every daemon, removes the state files, unmounts (the ``/dev/shm`` bind, the
+root's bind, then the tmpfs) and removes every folder it made: after ``helm uninstall`` no
+directory is left.
 Failures are logged once per episode (``core.sayonce.SayOnce``), not every check.
 """
 
@@ -115,8 +123,10 @@ class Supervisor:
                  wall: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  dev_shm: Path = Path("/dev/shm"),
+                 host_root: Path | None = None,
                  metrics: MpsMetrics | None = None) -> None:  # fmt: skip
         self.layout = layout
+        self.host_root = host_root if host_root is not None and host_root != layout.root else None
         self.gpus = tuple(g if isinstance(g, Gpu) else Gpu(*g) for g in gpus)
         if len({g.uuid for g in self.gpus}) != len(self.gpus):
             raise ValueError("a GPU UUID is given twice")
@@ -145,7 +155,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._said: SayOnce[str, str] = SayOnce()
         self._created: list[Path] = []
-        self._mounted: list[Path] = []
+        self._mounted: list[tuple[Path, bool]] = []  # (mount point, with its submounts)
         self._last_check_s: float | None = None  # monotonic
         self._started = False
 
@@ -182,11 +192,23 @@ class Supervisor:
         mount fails (what was set up so far is undone)."""
         self._started = True
         try:
-            self._makedirs(self.layout.root)
+            if self.host_root is not None:  # the host's folder, seen elsewhere in here
+                self._makedirs(self.host_root / "shm")
+                if self.shm_mib > 0:
+                    self._mount_tmpfs(self.host_root / "shm")
+                self._makedirs(self.layout.root)
+                self._mount(["--rbind", str(self.host_root), str(self.layout.root)],
+                            f"binding {self.host_root} at {self.layout.root}")  # fmt: skip
+                self._mounted.append((self.layout.root, True))
+            else:
+                self._makedirs(self.layout.shm)
+                if self.shm_mib > 0:
+                    self._mount_tmpfs(self.layout.shm)
             self._makedirs(self.layout.state_dir)
-            self._makedirs(self.layout.shm)
             if self.shm_mib > 0:
-                self._mount_shm()
+                self._mount(["--bind", str(self.layout.shm), str(self.dev_shm)],
+                            f"binding {self.layout.shm} over {self.dev_shm}")  # fmt: skip
+                self._mounted.append((self.dev_shm, False))
         except MpsError:
             self.stop()
             raise
@@ -263,9 +285,9 @@ class Supervisor:
                 self.layout.state(slot.gpu.uuid).unlink(missing_ok=True)
             except OSError as exc:
                 logger.warning("MPS state file of GPU {}: {}", slot.gpu.index, exc)
-        for path in reversed(self._mounted):
-            done = subprocess.run(["umount", str(path)], capture_output=True, text=True,
-                                  check=False)  # fmt: skip
+        for path, recursive in reversed(self._mounted):
+            args = ["umount", "--recursive", str(path)] if recursive else ["umount", str(path)]
+            done = subprocess.run(args, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 logger.warning("umount {}: {}", path, done.stderr.strip() or done.returncode)
         self._mounted.clear()
@@ -311,14 +333,10 @@ class Supervisor:
                 "the clients)"
             )
 
-    def _mount_shm(self) -> None:
-        shm = self.layout.shm
+    def _mount_tmpfs(self, shm: Path) -> None:
         self._mount(["-t", "tmpfs", "-o", f"size={self.shm_mib}m,mode=1777", "tmpfs", str(shm)],
                     f"mounting the shared-memory tmpfs at {shm}")  # fmt: skip
-        self._mounted.append(shm)
-        self._mount(["--bind", str(shm), str(self.dev_shm)],
-                    f"binding {shm} over {self.dev_shm}")  # fmt: skip
-        self._mounted.append(self.dev_shm)
+        self._mounted.append((shm, False))
         logger.info("MPS shared memory: a {} MiB tmpfs at {}, bound over {}", self.shm_mib, shm,
                     self.dev_shm)  # fmt: skip
 
