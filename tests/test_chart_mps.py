@@ -1,7 +1,8 @@
 """The chart's MPS supervisor (issue 39): with the device plugin on, some GPUs shared and
 ``sharing.enforcement: mps`` the DaemonSet gets a second container ``mps`` (``omaticaya mps``):
-privileged, the host folder two levels above ``sharing.mps.root`` mounted at the same path with
-Bidirectional propagation, an emptyDir over ``/var`` (the token off the host's /run), the
+privileged, the host folder two levels above ``sharing.mps.root`` mounted at ``/host<folder>``
+with Bidirectional propagation (``OMATICAYA_MPS_HOST_ROOT``; the supervisor binds the root at its
+own path in the container's /run, an emptyDir), the
 ``mps-state`` emptyDir shared with the agent (read-only there), its readiness probe on /readyz,
 the NVIDIA runtime's compute capability unless a trace is replayed. The agent gets the
 enforcement settings in every case. Helpers: tests/chart.py; the same on a real kubelet:
@@ -71,7 +72,7 @@ def _with(**extra: Any) -> dict[str, Any]:
 def test_no_mps_container_unless_plugin_sharing_and_mps(helm, values):
     docs = render(helm, values)
     assert mps_container(docs) is None
-    assert not {"mps-state", "mps-host", "mps-var"} & set(_volumes(docs))
+    assert not {"mps-state", "mps-host", "mps-run"} & set(_volumes(docs))
     assert "mps-state" not in _mounts(agent_container(docs))
 
 
@@ -118,6 +119,7 @@ def test_mps_container_with_a_gpu(helm):
         "OMATICAYA_SHARE_ENFORCEMENT": "mps",
         "OMATICAYA_MPS_ROOT": "/run/omaticaya/mps",
         "OMATICAYA_MPS_STATE_DIR": STATE_DIR,
+        "OMATICAYA_MPS_HOST_ROOT": "/host/run/omaticaya/mps",
         "OMATICAYA_MPS_CONTROL": "nvidia-cuda-mps-control",
         "OMATICAYA_MPS_CHECK_S": "2",
         "OMATICAYA_MPS_SHM_MIB": "1024",
@@ -164,22 +166,24 @@ def test_mps_container_is_privileged_and_the_agent_is_not(helm):
     ("root", "host_dir"),
     [("/run/omaticaya/mps", "/run"), ("/srv/gpu/omaticaya/mps", "/srv/gpu")],
 )  # fmt: skip
-def test_the_host_folder_two_levels_up_is_mounted_at_the_same_path(helm, root, host_dir):
+def test_the_host_folder_two_levels_up_is_mounted_under_host(helm, root, host_dir):
     """The supervisor creates the root and its parent itself and removes them (helm uninstall
-    leaves no folder); the pipe folders have the same path in the daemons and the clients; its
-    tmpfs reaches the host (Bidirectional); the ServiceAccount token (``/var/run`` is a link to
-    ``/run`` in the image) stays in the pod."""
+    leaves no folder); its tmpfs reaches the host (Bidirectional); the host folder is not at its
+    own path (the NVIDIA runtime's mounts under /run would propagate back to the host): the
+    supervisor binds the host's root at the root's path in the container's own /run (an
+    emptyDir, which keeps the ServiceAccount token, /var/run, in the pod), so the daemons' pipe
+    folders have the clients' paths."""
     docs = render(helm, _with(sharing={"mps": {"root": root}}))
     mounts, volumes = _mounts(mps_container(docs)), _volumes(docs)
-    assert mounts["mps-host"] == {"name": "mps-host", "mountPath": host_dir,
+    assert mounts["mps-host"] == {"name": "mps-host", "mountPath": "/host" + host_dir,
                                   "mountPropagation": "Bidirectional"}  # fmt: skip
     assert volumes["mps-host"]["hostPath"] == {"path": host_dir, "type": "Directory"}
-    assert mounts["mps-var"]["mountPath"] == "/var" and "emptyDir" in volumes["mps-var"]
-    assert _env(mps_container(docs))["OMATICAYA_MPS_ROOT"] == root
-    # no other volume of the mps container is under the host folder
-    for name, m in mounts.items():
-        if name != "mps-host":
-            assert not (m["mountPath"] + "/").startswith(host_dir.rstrip("/") + "/"), m
+    assert mounts["mps-run"]["mountPath"] == "/run" and "emptyDir" in volumes["mps-run"]
+    env = _env(mps_container(docs))
+    assert env["OMATICAYA_MPS_ROOT"] == root
+    assert env["OMATICAYA_MPS_HOST_ROOT"] == "/host" + root
+    # only the host folder's mount propagates
+    assert [n for n, m in mounts.items() if m.get("mountPropagation")] == ["mps-host"]
 
 
 def test_state_volume_is_shared_read_only_in_the_agent(helm):
@@ -189,7 +193,7 @@ def test_state_volume_is_shared_read_only_in_the_agent(helm):
     assert mps["mps-state"]["mountPath"] == STATE_DIR and not mps["mps-state"].get("readOnly")
     assert "emptyDir" in _volumes(docs)["mps-state"]
     # the agent mounts no host folder of MPS: it only hands the paths out
-    assert not {"mps-host", "mps-var"} & set(agent)
+    assert not {"mps-host", "mps-run"} & set(agent)
 
 
 def test_mps_values_reach_the_container(helm):
