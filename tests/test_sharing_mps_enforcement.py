@@ -364,18 +364,22 @@ class _Still:
 
 
 WIRING_CASES = [
-    # (id, shared_gpus, share_enforcement, an MpsWatch?)
-    ("shared-mps", "0", "mps", True),
-    ("shared-none", "0", "none", False),
-    ("not-shared", "none", "mps", False),
+    # (id, shared_gpus, share_enforcement, device plugin, an MpsWatch?)
+    ("shared-mps", "0", "mps", True, True),
+    ("shared-none", "0", "none", True, False),
+    ("not-shared", "none", "mps", True, False),
+    ("no-device-plugin", "0", "mps", False, False),  # no slice of ours to enforce
 ]
 
 
 @pytest.mark.parametrize(
-    ("shared", "enforcement", "watched"), [c[1:] for c in WIRING_CASES], ids=[c[0] for c in WIRING_CASES]
-)
-def test_the_agent_watches_the_daemons_only_with_sharing_and_mps(shared, enforcement, watched):
-    s = settings(node_name="n1", shared_gpus=shared, share_enforcement=enforcement)
+    ("shared", "enforcement", "plugin", "watched"), [c[1:] for c in WIRING_CASES],
+    ids=[c[0] for c in WIRING_CASES],
+)  # fmt: skip
+def test_the_agent_watches_the_daemons_only_with_sharing_and_mps(shared, enforcement, plugin,
+                                                                 watched):  # fmt: skip
+    s = settings(node_name="n1", shared_gpus=shared, share_enforcement=enforcement,
+                 device_plugin=plugin)  # fmt: skip
     agent = Agent(s, _Still(snapshot(gpu(0))), None, lease=None, attribution=None)
     assert (agent.mps is not None) is watched
     assert (agent.writer.mps is not None) is watched
@@ -386,7 +390,7 @@ def test_the_agent_watches_the_daemons_only_with_sharing_and_mps(shared, enforce
 def test_the_agents_telemetry_carries_the_daemons_state(tmp_path):
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    s = settings(node_name="n1", shared_gpus="0", share_enforcement="mps",
+    s = settings(node_name="n1", shared_gpus="0", share_enforcement="mps", device_plugin=True,
                  mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir)  # fmt: skip
     snap = NodeSnapshot(read_at=datetime.now(UTC), clock_s=0.0, gpus=(gpu(0), gpu(1)))
     agent = Agent(s, _Still(snap), None, lease=None, attribution=None)

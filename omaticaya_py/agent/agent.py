@@ -110,12 +110,14 @@ class Agent:
         #: the device IDs the kubelet's last PodResources list that answered names as assigned,
         #: and when (``clock``) it was asked for (``None``: none answered): the device plugin's
         self.last_listed: tuple[frozenset[str], float] | None = None
-        #: shared GPUs enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``): the daemons'
-        #: states as the supervisor writes them (``omaticaya mps``); ``None``: no GPU shared,
-        #: or enforcement off
+        #: shared GPUs enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``) through this
+        #: agent's device plugin (``OMATICAYA_DEVICE_PLUGIN``: it makes the containers clients):
+        #: the daemons' states as the supervisor writes them (``omaticaya mps``); ``None``: no
+        #: GPU shared, enforcement off, or no device plugin (no slice is ours to enforce)
         self.mps: MpsWatch | None = (
             MpsWatch(Layout(settings.mps_root, settings.mps_state_dir), settings.mps_stale_s)
-            if settings.shared_gpus and settings.share_enforcement == "mps" else None
+            if settings.shared_gpus and settings.share_enforcement == "mps"
+            and settings.device_plugin else None
         )  # fmt: skip
         #: shared GPUs: the pods holding slices named from the API, over-use Events
         self.slices = (
