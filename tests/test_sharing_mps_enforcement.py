@@ -461,3 +461,24 @@ def test_the_wide_node_table_names_a_shared_gpu_not_enforced():
     row = _node(_g(0, shared=True, mps="mps-state-stale"), _g(1, shared=True, mps="up"), _g(2))
     text = _text([row], TopOptions(output="wide"))
     assert "gpu0: mps-state-stale" in text and "gpu1" not in text
+
+
+def test_unreadable_state_files_are_counted_in_the_agents_metrics(tmp_path):
+    """A state file that is not JSON counts the GPU as not enforced and is counted once per
+    read in omaticaya_mps_state_errors_total, the agent's /metrics (the watch the device
+    plugin shares); without MPS enforcement there is no series."""
+    from omaticaya_py.agent.metrics import agent_registry
+
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    s = settings(node_name="n1", shared_gpus="0", share_enforcement="mps", device_plugin=True,
+                 mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir)  # fmt: skip
+    snap = NodeSnapshot(read_at=datetime.now(UTC), clock_s=0.0, gpus=(gpu(0),))
+    agent = Agent(s, _Still(snap), None, lease=None, attribution=None)
+    (state_dir / f"{U0}.json").write_text("{not json")
+    assert agent.mps is not None and agent.mps.enforcement(U0).reason == "mps-state-unreadable"
+    text = generate_latest(agent_registry(agent)).decode()
+    assert "omaticaya_mps_state_errors_total 1.0" in text
+    off = Agent(settings(node_name="n1", shared_gpus="0", share_enforcement="none"),
+                _Still(snap), None, lease=None, attribution=None)  # fmt: skip
+    assert "omaticaya_mps_state_errors" not in generate_latest(agent_registry(off)).decode()

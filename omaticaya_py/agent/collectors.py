@@ -35,6 +35,7 @@ __all__ = [
     "GpuReadings",
     "NvmlErrors",
     "PodResourcesErrors",
+    "MpsStateErrors",
     "SliceApiErrors",
     "SliceOverLimit",
     "holders",
@@ -226,6 +227,27 @@ class SliceApiErrors(Collector):
             "a slice's pod; event-failed: its over-use Event).",
             ["kind"], self._errors,
         )  # fmt: skip
+
+
+class MpsStateErrors(Collector):
+    """``omaticaya_mps_state_errors_total``: MPS daemon state files that could not be read or
+    were not a state of their GPU (``errors()``: ``sources.mps.MpsWatch.errors``, the watch the
+    agent and its device plugin share; no series without MPS enforcement). Each such read
+    counts the GPU as not enforced."""
+
+    def __init__(self, errors: Callable[[], int] | None) -> None:
+        self._errors = errors
+
+    def collect(self) -> Iterator[Metric]:
+        if self._errors is None:
+            return
+        family = CounterMetricFamily(
+            "omaticaya_mps_state_errors",
+            "MPS daemon state files (omaticaya mps) that could not be read or were another "
+            "GPU's: the GPU counts as not enforced (its units Unhealthy) until one reads.",
+        )
+        family.add_metric([], self._errors())
+        yield family
 
 
 class SliceOverLimit(Collector):

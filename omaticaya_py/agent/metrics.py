@@ -32,6 +32,7 @@ from .collectors import (
     ApiRequests,
     BuildInfo,
     GpuReadings,
+    MpsStateErrors,
     NvmlErrors,
     PodResourcesErrors,
     SliceApiErrors,
@@ -72,6 +73,7 @@ def agent_registry(agent: Agent, registry: CollectorRegistry | None = None) -> C
             attribution.skipped if attribution is not None else {},
         ),
         SliceApiErrors(slices.errors if slices is not None else {}),
+        MpsStateErrors((lambda: mps.errors) if (mps := agent.mps) is not None else None),
         SliceOverLimit(
             (lambda: slices.over_now) if slices is not None else dict,
             slices.episodes if slices is not None else {},
