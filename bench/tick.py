@@ -217,6 +217,25 @@ def nvml_library() -> str:
     return "unknown"
 
 
+def call_shares(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]],
+                ticks: int, gpus: int, nvml_s: float) -> str:  # fmt: skip
+    """The table of each NVML call over ``ticks`` ticks of ``gpus`` GPUs, costliest first:
+    calls per tick, ms per tick, µs per call, ms per GPU per tick, and its share of the time
+    inside NVML (``nvml_s``) - ``after`` less ``before`` (``NvmlReader.calls_by_name``)."""
+    rows = []
+    for name, (n, spent_s) in after.items():
+        n0, s0 = before.get(name, (0, 0.0))
+        calls, spent = n - n0, spent_s - s0
+        if calls <= 0:
+            continue
+        per_tick_ms = spent / max(ticks, 1) * 1e3
+        rows.append([name, calls / max(ticks, 1), per_tick_ms, spent / calls * 1e6,
+                     per_tick_ms / max(gpus, 1), f"{spent / nvml_s:.0%}" if nvml_s else "-"])  # fmt: skip
+    rows.sort(key=lambda r: -r[2])
+    return table(["NVML call", "calls/tick", "ms/tick", "µs/call", "ms/GPU/tick", "share of NVML"],
+                 rows)  # fmt: skip
+
+
 def run_nvml(iterations: int, budget_s: float, warmup: int) -> tuple[str, int]:
     try:
         from omaticaya_py.sources.nvml import NvmlReader, nvml_available
@@ -243,6 +262,7 @@ def run_nvml(iterations: int, budget_s: float, warmup: int) -> tuple[str, int]:
     for _ in range(warmup):
         tick()
     nvml_before = reader.call_s
+    by_call_before = reader.calls_by_name()
     wall: list[float] = []
     gc.collect()
     deadline = time.perf_counter() + budget_s
@@ -254,6 +274,7 @@ def run_nvml(iterations: int, budget_s: float, warmup: int) -> tuple[str, int]:
         cpu_total[0] += samples[-1]
     nvml_s = reader.call_s - nvml_before
     share = nvml_s / sum(wall) if wall else float("nan")
+    per_call = call_shares(by_call_before, reader.calls_by_name(), len(wall), n, nvml_s)
     reader.close()
     med, p90 = median(samples) * 1e3, pct(samples, 90) * 1e3
     wmed = median(wall) * 1e3
@@ -266,7 +287,8 @@ def run_nvml(iterations: int, budget_s: float, warmup: int) -> tuple[str, int]:
          "NVML ms/tick", "NVML share", "µs/GPU"],
         rows,
     )
-    verdict = f"\n\nlibnvidia-ml.so.1: {library}"
+    verdict = "\n\neach NVML call of the measured ticks, costliest first:\n" + per_call
+    verdict += f"\n\nlibnvidia-ml.so.1: {library}"
     if n == 8:
         verdict += (
             f"\ntarget: 8 GPUs on NVML <= {TARGET_8_GPU_NVML_MS} ms -> {wmed:.3f} ms: "

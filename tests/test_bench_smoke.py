@@ -57,6 +57,23 @@ def test_tick_nvml_exits_cleanly_without_a_gpu() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_tick_nvml_prints_each_calls_share_on_the_nvml_test_library() -> None:
+    """``--nvml`` through the real pynvml and NvmlReader over the NVML test library (the
+    8-GPU trace): the tick table and, per NVML call, its calls, time and share per tick (issue
+    40: measure each call, do not assume)."""
+    from tests.helpers import MULTI_TRACE
+    from tests.nvmltestlib import testlib_env
+
+    proc = run_bench("tick.py", "--nvml", "--quick", env=testlib_env(MULTI_TRACE))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "NVML test library" in out and "NVML share" in out
+    assert "share of NVML" in out and "ms/GPU/tick" in out
+    calls = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("nvml")}
+    assert calls["nvmlDeviceGetSamples"][1] == "8.00"  # once per GPU per tick, 8 GPUs
+    assert {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetComputeRunningProcesses"} <= set(calls)
+
+
 def test_label_churn_quick() -> None:
     proc = run_bench("label_churn.py", "--quick")
     assert proc.returncode == 0, proc.stderr

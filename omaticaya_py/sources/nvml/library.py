@@ -66,12 +66,14 @@ class Calls:
     """NVML calls, counted.
 
     ``errors``: NVML errors by ``(call, error name)`` (NotSupported never counted);
-    ``call_s``: seconds spent inside NVML calls made through ``call``/``field`` (bench).
+    ``call_s``: seconds spent inside NVML calls made through ``call``/``field`` (bench);
+    ``by_call``: per call name, ``[calls, seconds]`` (bench/tick.py --nvml: each call's share).
     """
 
     def __init__(self) -> None:
         self.errors: Counter[tuple[str, str]] = Counter()
         self.call_s = 0.0
+        self.by_call: dict[str, list[float]] = {}
 
     def call(
         self, call: str, fn: Callable[..., T], *args: Any, expected: tuple[type[BaseException], ...] = ()
@@ -89,7 +91,13 @@ class Calls:
             self.errors[(call, error_name(exc))] += 1
             raise
         finally:
-            self.call_s += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self.call_s += spent
+            tally = self.by_call.get(call)
+            if tally is None:
+                tally = self.by_call[call] = [0, 0.0]
+            tally[0] += 1
+            tally[1] += spent
 
     def field(self, call: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Like ``call`` but a non-fatal error of one field is absent (``None``), not a GPU

@@ -64,6 +64,11 @@ class NvmlReader:
     def call_s(self, value: float) -> None:
         self._calls.call_s = value
 
+    def calls_by_name(self) -> dict[str, tuple[int, float]]:
+        """Per NVML call name (``nvmlDeviceGetSamples``, ...): how many calls so far and the
+        seconds spent inside them (bench/tick.py --nvml: each call's share of the tick)."""
+        return {name: (int(n), s) for name, (n, s) in self._calls.by_call.items()}
+
     @property
     def xid_events_dropped(self) -> int:
         """Xid events the watcher dropped beyond its bound (``XidWatcher.dropped``)."""
