@@ -8,7 +8,8 @@ recorded trace (docs/trace-format.md) through NVML's C ABI. The dynamic loader r
 - ``build_testlib()`` builds it once per session (``tests/nvml/build``) and returns its folder;
 - ``testlib_env(trace, sample_file, speed, faults)`` is the environment of a process that loads
   it (``faults``: NVML calls that fail, ``NVML_TESTLIB_FAULTS``);
-- ``scenario(path, sample(...), ...)`` writes a small trace, one fault per sample (``fault``);
+- ``scenario(path, sample(...), ...)`` writes a small trace, one fault per sample (``fault``),
+  GPM readings with ``gpm(...)``;
 - ``NvmlWorker`` runs ``python -m tests.nvml_worker`` under that environment and talks to it
   with line-based JSON (see tests/nvml_worker.py);
 - ``testlib_unavailable_reason()`` / ``requires_testlib``: skip cleanly where ``cc`` or cJSON
@@ -26,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -289,16 +290,31 @@ def sample(
     return out
 
 
+def gpm(supported: bool = True, **pct: float | dict[str, str]) -> dict[str, Any]:
+    """A reading's ``gpm`` object (trace format): ``gpm(sm_active_pct=94.9, graphics_pct=98.4,
+    sm_occupancy_pct=40.0, tensor_active_pct=92.1, dram_bw_pct=23.5)``; a value may be
+    ``fault(...)``; ``supported=False``: the GPU says it has no GPM. Put it in a sample with
+    ``sample(gpu1={"gpm": gpm(...)})``; a reading without ``gpm`` has no GPM."""
+    return {"supported": supported, **pct}
+
+
 def scenario(
-    path: Path, *samples: dict[str, Any], devices: Callable[[list[Any]], None] | None = None
+    path: Path,
+    *samples: dict[str, Any],
+    devices: Callable[[list[Any]], None] | None = None,
+    times: Sequence[float] | None = None,
 ) -> Path:
-    """Write a trace of ``samples`` (``sample(...)``) one second apart (t = 0, 1, ...) over
-    ``mig-mixed-trace.json``'s static facts, which ``devices`` may edit in place; returns
-    ``path``. Serve it with a sample file to step through the samples."""
+    """Write a trace of ``samples`` (``sample(...)``) one second apart (t = 0, 1, ...), or at
+    ``times`` (one per sample, increasing), over ``mig-mixed-trace.json``'s static facts, which
+    ``devices`` may edit in place; returns ``path``. Serve it with a sample file to step
+    through the samples."""
     doc = json.loads(MIG_MIXED.read_text())
     doc.pop("phases", None)
     doc["interval_s"] = 1.0
-    doc["samples"] = [{"t": float(t), **s} for t, s in enumerate(samples)]
+    if times is None:
+        times = range(len(samples))
+    assert len(times) == len(samples), "one time per sample"
+    doc["samples"] = [{"t": float(t), **s} for t, s in zip(times, samples, strict=True)]
     if devices is not None:
         devices(doc["devices"])
     path.write_text(json.dumps(doc))

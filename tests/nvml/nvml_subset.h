@@ -7,7 +7,9 @@
  * cross-checked against the ctypes classes of pynvml (PyPI nvidia-ml-py 13.x):
  * c_nvmlMemory_t, c_nvmlMemory_v2_t, c_nvmlUtilization_t, c_nvmlValue_t, c_nvmlSample_t,
  * c_nvmlProcessInfo_v3_t (= c_nvmlProcessInfo_v2_t), c_nvmlEventData_t,
- * c_nvmlDeviceAttributes. tests/test_nvml_testlib.py round-trips a value through each.
+ * c_nvmlDeviceAttributes, and for GPM c_nvmlGpmSupport_t, c_nvmlGpmMetric_t (c_metricInfo_t),
+ * c_nvmlGpmMetricsGet_t. tests/test_nvml_testlib.py round-trips a value through each, and
+ * tests/test_nvml_testlib_gpm.py through the GPM ones.
  */
 #ifndef NVML_TESTLIB_SUBSET_H
 #define NVML_TESTLIB_SUBSET_H
@@ -219,6 +221,54 @@ typedef unsigned int nvmlDeviceArchitecture_t;
 #define NVML_DEVICE_MIG_DISABLE 0x0
 #define NVML_DEVICE_MIG_ENABLE 0x1
 
+/* nvml.h: GPM (GPU Performance Monitoring, Hopper and newer) */
+typedef struct nvmlGpmSample_st *nvmlGpmSample_t;
+
+typedef enum {
+    NVML_GPM_METRIC_GRAPHICS_UTIL = 1,
+    NVML_GPM_METRIC_SM_UTIL = 2,
+    NVML_GPM_METRIC_SM_OCCUPANCY = 3,
+    NVML_GPM_METRIC_INTEGER_UTIL = 4,
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5,
+    NVML_GPM_METRIC_DFMA_TENSOR_UTIL = 6,
+    NVML_GPM_METRIC_HMMA_TENSOR_UTIL = 7,
+    NVML_GPM_METRIC_IMMA_TENSOR_UTIL = 9,
+    NVML_GPM_METRIC_DRAM_BW_UTIL = 10,
+    NVML_GPM_METRIC_FP64_UTIL = 11,
+    NVML_GPM_METRIC_FP32_UTIL = 12,
+    NVML_GPM_METRIC_FP16_UTIL = 13,
+    /* the other ids of nvml.h are not declared: the library answers them NOT_SUPPORTED */
+    NVML_GPM_METRIC_MAX = 477 /* as in pynvml 13.615 (nvidia-ml-py), whose ctypes array sizes the struct */
+} nvmlGpmMetricId_t;
+
+typedef struct {
+    unsigned int metricId;  /* IN: NVML_GPM_METRIC_? */
+    nvmlReturn_t nvmlReturn; /* OUT: status of this metric; value valid iff NVML_SUCCESS */
+    double value;           /* OUT */
+    struct {
+        char *shortName;
+        char *longName;
+        char *unit;
+    } metricInfo; /* OUT: may be NULL */
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;    /* IN: NVML_GPM_METRICS_GET_VERSION */
+    unsigned int numMetrics; /* IN: entries of metrics[] to compute */
+    nvmlGpmSample_t sample1; /* IN */
+    nvmlGpmSample_t sample2; /* IN */
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+#define NVML_GPM_METRICS_GET_VERSION 1
+
+typedef struct {
+    unsigned int version;           /* IN: NVML_GPM_SUPPORT_VERSION */
+    unsigned int isSupportedDevice; /* OUT */
+} nvmlGpmSupport_t;
+
+#define NVML_GPM_SUPPORT_VERSION 1
+
 /* nvml.h: prototypes of the implemented functions */
 DECLDIR nvmlReturn_t nvmlInit_v2(void);
 DECLDIR nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
@@ -280,6 +330,11 @@ DECLDIR nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned in
 DECLDIR nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id);
 DECLDIR nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device);
 DECLDIR nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes);
+DECLDIR nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet);
+DECLDIR nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample);
+DECLDIR nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample);
+DECLDIR nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample);
+DECLDIR nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport);
 
 #ifdef __cplusplus
 }

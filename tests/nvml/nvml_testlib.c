@@ -6,6 +6,7 @@
  *   NVML_TESTLIB_SAMPLE_FILE  optional file holding the current sample index (re-read on each call)
  *   NVML_TESTLIB_SPEED        trace seconds per wall-clock second (default 1.0, wall-clock mode)
  *   NVML_TESTLIB_FAULTS       optional "fn=NVMLError_X[@N],...": errors no trace sample can say
+ * GPM (nvmlGpm*): at the end of the file; the trace's per-GPU "gpm" object.
  * See tests/nvml/README.md. One mutex guards all state; nvmlEventSetWait_v2 waits on a
  * condition variable in short slices so that it sees the trace move.
  */
@@ -1530,6 +1531,320 @@ DECLDIR nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
         if (g_refcount == 0)
             ret = NVML_ERROR_UNINITIALIZED; /* released all the same */
     }
+    unlock();
+    return ret;
+}
+
+/* ---------------------------------------------------------------- GPM */
+
+/*
+ * GPM (GPU Performance Monitoring, Hopper and newer). The trace records per GPU per sample an
+ * optional "gpm" object: {"supported": true, "sm_active_pct": 94.9, "graphics_pct": 98.4,
+ * "sm_occupancy_pct": 60.0, "tensor_active_pct": 92.1, "dram_bw_pct": 23.5, ...}. Absent (or
+ * "supported": false): the GPU has no GPM. A value recorded at sample i describes the interval
+ * (t[i-1], t[i]] (what a recorder computes from its GPM samples of the previous and this tick).
+ *
+ * A GPM sample records its GPU, the absolute trace position current at nvmlGpmSampleGet and
+ * that position's trace time (unwrapped over the loops in wall-clock mode), and the init
+ * generation. nvmlGpmMetricsGet between positions a < b answers, per metric, the mean of the
+ * samples a+1 .. b weighted by their durations (t[k] - t[k-1]): the time-weighted mean over
+ * [t[a], t[b]]. a == b (both taken while one sample was current): that sample's value.
+ */
+#define MAX_GPM_SAMPLES 1024
+
+struct nvmlGpmSample_st {
+    int in_use;
+    int taken; /* filled by nvmlGpmSampleGet */
+    int gpu;
+    long long pos;
+    unsigned long long init_generation;
+};
+
+static struct nvmlGpmSample_st g_gpm[MAX_GPM_SAMPLES];
+
+struct gpm_key {
+    unsigned int id;
+    const char *key;
+};
+
+static const struct gpm_key g_gpm_keys[] = {
+    {NVML_GPM_METRIC_GRAPHICS_UTIL, "graphics_pct"},
+    {NVML_GPM_METRIC_SM_UTIL, "sm_active_pct"},
+    {NVML_GPM_METRIC_SM_OCCUPANCY, "sm_occupancy_pct"},
+    {NVML_GPM_METRIC_INTEGER_UTIL, "integer_pct"},
+    {NVML_GPM_METRIC_ANY_TENSOR_UTIL, "tensor_active_pct"},
+    {NVML_GPM_METRIC_DFMA_TENSOR_UTIL, "dfma_tensor_pct"},
+    {NVML_GPM_METRIC_HMMA_TENSOR_UTIL, "hmma_tensor_pct"},
+    {NVML_GPM_METRIC_IMMA_TENSOR_UTIL, "imma_tensor_pct"},
+    {NVML_GPM_METRIC_DRAM_BW_UTIL, "dram_bw_pct"},
+    {NVML_GPM_METRIC_FP64_UTIL, "fp64_pct"},
+    {NVML_GPM_METRIC_FP32_UTIL, "fp32_pct"},
+    {NVML_GPM_METRIC_FP16_UTIL, "fp16_pct"},
+};
+
+#define N_GPM_KEYS (sizeof(g_gpm_keys) / sizeof(g_gpm_keys[0]))
+
+static const char *gpm_key(unsigned int id)
+{
+    size_t i;
+    for (i = 0; i < N_GPM_KEYS; i++)
+        if (g_gpm_keys[i].id == id)
+            return g_gpm_keys[i].key;
+    return NULL;
+}
+
+/*
+ * The "gpm" object of a GPU reading: NVML_SUCCESS and *out when supported; NOT_SUPPORTED when
+ * absent, null or "supported": false; {"nvml_error": X} -> X.
+ */
+static nvmlReturn_t gpm_object(const cJSON *reading, const cJSON **out)
+{
+    const cJSON *g, *sup;
+    nvmlReturn_t ret = field(reading, "gpm", &g);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (!cJSON_IsObject(g))
+        return NVML_ERROR_NOT_SUPPORTED;
+    sup = get(g, "supported");
+    if (sup != NULL && !cJSON_IsTrue(sup))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *out = g;
+    return NVML_SUCCESS;
+}
+
+/* Trace time of an absolute position, in seconds, unwrapped over the loops (wall-clock mode). */
+static double trace_time(long long pos)
+{
+    long long loop = pos / g_nsamples;
+    return g_t[pos % g_nsamples] + (file_mode() ? 0.0 : (double)loop * g_period);
+}
+
+static struct nvmlGpmSample_st *valid_gpm(nvmlGpmSample_t s)
+{
+    if (s < &g_gpm[0] || s >= &g_gpm[MAX_GPM_SAMPLES] || !s->in_use)
+        return NULL;
+    return s;
+}
+
+DECLDIR nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport)
+{
+    const cJSON *g;
+    nvmlReturn_t r;
+    struct ctx c;
+    nvmlReturn_t ret;
+    lock();
+    if ((ret = injected("nvmlGpmQueryDeviceSupport")) != NVML_SUCCESS)
+        goto out;
+    if ((ret = device_enter(device, &c)) != NVML_SUCCESS)
+        goto out;
+    NEED(gpmSupport)
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION) {
+        ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        goto out;
+    }
+    GPU_ONLY(c) /* GPM of a MIG instance is nvmlGpmMigSampleGet's, which is not implemented */
+    r = gpm_object(c.reading, &g);
+    if (r != NVML_SUCCESS && r != NVML_ERROR_NOT_SUPPORTED) {
+        ret = r; /* "gpm": {"nvml_error": X} */
+        goto out;
+    }
+    gpmSupport->isSupportedDevice = r == NVML_SUCCESS;
+    DEVICE_END
+}
+
+DECLDIR nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample)
+{
+    nvmlReturn_t ret;
+    int i;
+    lock();
+    ret = injected("nvmlGpmSampleAlloc");
+    if (ret == NVML_SUCCESS)
+        ret = enter(NULL);
+    if (ret == NVML_SUCCESS && gpmSample == NULL)
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+    if (ret == NVML_SUCCESS) {
+        ret = NVML_ERROR_MEMORY;
+        for (i = 0; i < MAX_GPM_SAMPLES; i++) {
+            if (!g_gpm[i].in_use) {
+                memset(&g_gpm[i], 0, sizeof(g_gpm[i]));
+                g_gpm[i].in_use = 1;
+                *gpmSample = &g_gpm[i];
+                ret = NVML_SUCCESS;
+                break;
+            }
+        }
+    }
+    unlock();
+    return ret;
+}
+
+/* Releases a valid sample whether or not NVML is initialised (so nothing leaks across a re-init). */
+DECLDIR nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample)
+{
+    struct nvmlGpmSample_st *s;
+    nvmlReturn_t ret;
+    lock();
+    ret = injected("nvmlGpmSampleFree");
+    if (ret == NVML_SUCCESS) {
+        s = valid_gpm(gpmSample);
+        if (s == NULL)
+            ret = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            memset(s, 0, sizeof(*s));
+    }
+    unlock();
+    return ret;
+}
+
+DECLDIR nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample)
+{
+    const cJSON *g;
+    struct nvmlGpmSample_st *s;
+    struct ctx c;
+    nvmlReturn_t ret;
+    lock();
+    if ((ret = injected("nvmlGpmSampleGet")) != NVML_SUCCESS)
+        goto out;
+    if ((ret = device_enter(device, &c)) != NVML_SUCCESS)
+        goto out;
+    if ((s = valid_gpm(gpmSample)) == NULL) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    GPU_ONLY(c)
+    if ((ret = gpm_object(c.reading, &g)) != NVML_SUCCESS)
+        goto out;
+    s->taken = 1;
+    s->gpu = device->gpu;
+    s->pos = c.pos;
+    s->init_generation = g_init_generation;
+    DEVICE_END
+}
+
+/*
+ * One metric over the samples a+1 .. b (a == b: sample b alone) of GPU `gpu`: the duration-
+ * weighted mean of gpm.<key>. A sample of the interval without GPM: NOT_SUPPORTED; a field
+ * missing: NOT_SUPPORTED; a field {"nvml_error": X}: X.
+ */
+static nvmlReturn_t gpm_span(int gpu, const char *key, long long from, long long to, double *sum, double *weight)
+{
+    long long k;
+    for (k = from; k <= to; k++) {
+        const cJSON *g, *v;
+        const cJSON *r = find_index(get(sample_at(k), "gpus"), gpu);
+        double w = from == to ? 1.0 : trace_time(k) - trace_time(k - 1);
+        nvmlReturn_t ret = gpm_object(r, &g);
+        if (ret != NVML_SUCCESS)
+            return ret;
+        if ((ret = field(g, key, &v)) != NVML_SUCCESS)
+            return ret;
+        if (!cJSON_IsNumber(v))
+            return NVML_ERROR_NOT_SUPPORTED;
+        if (w < 0)
+            w = 0;
+        *sum += v->valuedouble * w;
+        *weight += w;
+    }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t gpm_metric(int gpu, const char *key, long long a, long long b, double *value)
+{
+    double sum = 0, weight = 0;
+    long long n = b - a, loops, rem;
+    nvmlReturn_t ret;
+    if (n == 0) {
+        ret = gpm_span(gpu, key, b, b, &sum, &weight);
+    } else {
+        /* n consecutive positions cover every index once: a long wall-clock interval is whole
+         * loops of the trace plus a remainder */
+        loops = n / g_nsamples;
+        rem = n % g_nsamples;
+        ret = NVML_SUCCESS;
+        if (loops > 0) {
+            ret = gpm_span(gpu, key, a + 1, a + g_nsamples, &sum, &weight);
+            sum *= (double)loops;
+            weight *= (double)loops;
+        }
+        if (ret == NVML_SUCCESS && rem > 0)
+            ret = gpm_span(gpu, key, b - rem + 1, b, &sum, &weight);
+        if (ret == NVML_SUCCESS && !(weight > 0)) { /* equal times: the later sample's value */
+            sum = weight = 0;
+            ret = gpm_span(gpu, key, b, b, &sum, &weight);
+        }
+    }
+    if (ret == NVML_SUCCESS)
+        *value = sum / weight;
+    return ret;
+}
+
+/*
+ * The error of a sample of [a, b] or of the current one, else SUCCESS: the driver gone (the
+ * sample's own nvml_error), the GPU's reading an error ({"index": N, "nvml_error": X}: a GPU
+ * lost between the two samples is NVML_ERROR_GPU_IS_LOST), no reading of it (UNKNOWN).
+ */
+static nvmlReturn_t gpm_gpu_error(int gpu, long long a, long long b, long long now)
+{
+    long long k, last = b - a >= g_nsamples ? a + g_nsamples : b;
+    nvmlReturn_t ret = recorded_error(find_index(get(sample_at(now), "gpus"), gpu));
+    for (k = a; k <= last && ret == NVML_SUCCESS; k++) {
+        const cJSON *r = find_index(get(sample_at(k), "gpus"), gpu);
+        ret = recorded_error(sample_at(k));
+        if (ret == NVML_SUCCESS)
+            ret = r == NULL ? NVML_ERROR_UNKNOWN : recorded_error(r);
+    }
+    return ret;
+}
+
+DECLDIR nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
+{
+    struct nvmlGpmSample_st *s1, *s2;
+    long long now, a, b;
+    unsigned int i;
+    nvmlReturn_t ret;
+    lock();
+    if ((ret = injected("nvmlGpmMetricsGet")) != NVML_SUCCESS)
+        goto done;
+    if ((ret = enter(&now)) != NVML_SUCCESS)
+        goto done;
+    if (metricsGet == NULL) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto done;
+    }
+    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION) {
+        ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        goto done;
+    }
+    s1 = valid_gpm(metricsGet->sample1);
+    s2 = valid_gpm(metricsGet->sample2);
+    /* a sample not allocated, freed, never filled, filled before an nvmlShutdown that ended the
+     * session (re-init), both the same buffer, or two GPUs: INVALID_ARGUMENT */
+    if (metricsGet->numMetrics > NVML_GPM_METRIC_MAX || s1 == NULL || s2 == NULL || s1 == s2 || !s1->taken ||
+        !s2->taken || s1->init_generation != g_init_generation || s2->init_generation != g_init_generation ||
+        s1->gpu != s2->gpu) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto done;
+    }
+    a = s1->pos < s2->pos ? s1->pos : s2->pos;
+    b = s1->pos < s2->pos ? s2->pos : s1->pos;
+    /* the GPU lost (or any whole-GPU error) between the samples or now: that error */
+    if ((ret = gpm_gpu_error(s1->gpu, a, b, now)) != NVML_SUCCESS)
+        goto done;
+    for (i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        const char *key = gpm_key(m->metricId);
+        m->value = 0;
+        memset(&m->metricInfo, 0, sizeof(m->metricInfo));
+        if (m->metricId == 0 || m->metricId >= NVML_GPM_METRIC_MAX)
+            m->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        else if (key == NULL)
+            m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else
+            m->nvmlReturn = gpm_metric(s1->gpu, key, a, b, &m->value);
+        if (m->nvmlReturn != NVML_SUCCESS)
+            m->value = 0;
+    }
+done:
     unlock();
     return ret;
 }
