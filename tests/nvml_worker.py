@@ -7,6 +7,7 @@ per line on stdin with one JSON object per line on stdout:
 - ``{"cmd": "read"}`` -> ``{"snapshot": {...}}``: ``dataclasses.asdict`` of the NodeSnapshot,
   datetimes as ISO strings, plus ``errors``: the reader's counter as ``[[call, name, n], ...]``;
 - ``{"cmd": "errors"}`` -> ``{"errors": [[call, name, n], ...]}``;
+- ``{"cmd": "calls"}`` -> ``{"calls": {call: n}}``: ``NvmlReader.calls_by_name()``'s counts;
 - ``{"cmd": "topology", "a": uuid, "b": uuid}`` -> ``{"level": NvmlReader.topology_level(a, b)}``;
 - ``{"cmd": "pynvml", "fn": "nvmlDeviceGetName", "args": [...]}`` -> ``{"ok": result}`` or
   ``{"error": "NVMLError_..."}`` (the pynvml exception class name). Arguments may name objects
@@ -24,6 +25,7 @@ per line on stdin with one JSON object per line on stdout:
 - ``{"cmd": "record", "t": s}``: one ``omaticaya_py.sources.record.Recorder.sample(t)`` (the
   recorder is made at the first one, interval 1 s) -> ``{"sample": {...}}``;
   ``{"cmd": "record_close"}`` closes it -> ``{"doc": the trace document, "readings": n}``;
+- ``{"cmd": "reinit"}``: ``NvmlReader.close()``; the next read initialises NVML again;
 - ``{"cmd": "close"}`` -> ``{"ok": true}``, then the process exits.
 Startup options: ``--no-watch-xid`` (no Xid thread), ``--no-reader`` (raw pynvml only).
 """
@@ -153,6 +155,13 @@ class Worker:
             return {"level": self.reader.topology_level(message["a"], message["b"])}
         if cmd == "errors":
             return {"errors": self.errors()}
+        if cmd == "calls":
+            assert self.reader is not None
+            return {"calls": {k: n for k, (n, _) in self.reader.calls_by_name().items()}}
+        if cmd == "reinit":
+            assert self.reader is not None
+            self.reader.close()
+            return {"ok": True}
         if cmd == "wake":
             return self.wake(message["how"])
         if cmd == "raw":

@@ -23,7 +23,10 @@ class Device:
     ``facts`` is what ``read_facts`` returns (a missing key is an unknown fact: ``None``);
     ``total_mib``/``total_bytes`` are the GPU's total memory; ``mig_facts`` holds each MIG
     device's static facts by MIG UUID; ``last_ts`` is the NVML timestamp (µs) of the newest
-    utilisation sample seen (the cursor of ``nvmlDeviceGetSamples``).
+    utilisation sample seen (the cursor of ``nvmlDeviceGetSamples``). GPM (``gpm.py``):
+    ``gpm_supported`` (``None`` until ``nvmlGpmQueryDeviceSupport`` is asked, once per
+    ``nvmlInit``), the kept sample ``gpm_kept`` (``gpm_filled`` once ``nvmlGpmSampleGet`` filled
+    it) and the spare buffer ``gpm_spare`` the next read fills.
     """
 
     __slots__ = (
@@ -38,6 +41,10 @@ class Device:
         "mig_enabled",
         "mig_facts",
         "last_ts",
+        "gpm_supported",
+        "gpm_kept",
+        "gpm_spare",
+        "gpm_filled",
     )
 
     def __init__(self, index: int, handle: Any, facts: dict[str, Any]) -> None:
@@ -52,6 +59,10 @@ class Device:
         self.mig_enabled: bool | None = facts.get("mig_enabled")
         self.mig_facts: dict[str, dict[str, Any]] = {}  # MIG UUID -> static facts
         self.last_ts = 0  # NVML sample timestamp (µs) of the newest utilisation sample seen
+        self.gpm_supported: bool | None = None
+        self.gpm_kept: Any = None
+        self.gpm_spare: Any = None
+        self.gpm_filled = False
 
 
 def read_facts(calls: Calls, handle: Any) -> dict[str, Any]:
@@ -97,6 +108,12 @@ def attach(calls: Calls, device: Device) -> bool:
     except LOST:
         return False
     fresh = Device(device.index, handle, read_facts(calls, handle))
+    for sample in (device.gpm_kept, device.gpm_spare):  # never leak a GPM buffer
+        if sample is not None:
+            try:
+                calls.call("nvmlGpmSampleFree", pynvml.nvmlGpmSampleFree, sample)
+            except pynvml.NVMLError:
+                pass
     for name in Device.__slots__:
         setattr(device, name, getattr(fresh, name))
     return True

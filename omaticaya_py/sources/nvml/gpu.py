@@ -1,9 +1,13 @@
 """One read of one GPU: memory, utilisation, temperature, power, ECC, remapped rows, processes,
 performance state and its MIG devices, as a ``GpuReading``.
 
-Utilisation is the mean of ``nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES)`` since the
-previous read (the driver keeps a short ring of samples); when no sample is new,
-``nvmlDeviceGetUtilizationRates`` is used. Fan speed and page retirement are not read (row
+Where GPM is supported (``gpm.py``), utilisation is the SM activity between the previous read's
+GPM sample and this read's (``sm_active_pct``, with ``tensor_active_pct`` and ``dram_bw_pct``)
+and ``nvmlDeviceGetSamples`` is not called (2.35-2.8 ms a GPU on an H100); the first read after
+an ``nvmlInit`` has no earlier GPM sample and takes ``nvmlDeviceGetUtilizationRates``. Elsewhere
+(or when this read's GPM failed) utilisation is the mean of
+``nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES)`` since the previous read (the driver keeps
+a short ring of samples); when no sample is new, ``nvmlDeviceGetUtilizationRates`` is used. Fan speed and page retirement are not read (row
 remapping is, on Ampere and later).
 """
 
@@ -15,20 +19,39 @@ import pynvml
 
 from ...core.snapshot import GpuReading
 from .device import Device, attach
+from .gpm import GPM_FIELDS, free, read_gpm
 from .library import LIBRARY_GONE, LOST, MIB, Calls, error_name, processes
 from .mig import read_migs
 
 __all__ = ["read_gpu"]
 
 
-def _utilization(calls: Calls, device: Device) -> tuple[float | None, float | None]:
-    """``(GPU %, memory %)`` of the GPU (see the module docstring); advances
-    ``device.last_ts``. Raises ``LOST`` and ``LIBRARY_GONE``; any other error is absent."""
+def _utilization(
+    calls: Calls, device: Device
+) -> tuple[float | None, float | None, dict[str, float | None]]:
+    """``(GPU %, memory %, GPM fields)`` of the GPU (see the module docstring); advances
+    ``device.last_ts`` on the samples path. Raises ``LOST`` and ``LIBRARY_GONE``; any other
+    error is absent."""
     handle = device.handle
+    gpm = read_gpm(calls, device)
     rates = calls.field(
         "nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates, handle
     )
     mem_pct = float(rates.memory) if rates is not None else None
+    fields: dict[str, float | None] = {name: None for name, _ in GPM_FIELDS}
+    if isinstance(gpm, dict):
+        if not gpm:  # first read after nvmlInit: no interval yet
+            return (float(rates.gpu) if rates is not None else None), mem_pct, fields
+        fields.update(gpm)
+        if gpm.get("sm_active_pct") is not None:
+            return gpm["sm_active_pct"], mem_pct, fields
+    return _sampled(calls, device, rates), mem_pct, fields
+
+
+def _sampled(calls: Calls, device: Device, rates: Any) -> float | None:
+    """The mean of the utilisation samples since ``device.last_ts`` (the rates' value when no
+    sample is new)."""
+    handle = device.handle
     try:
         samples = calls.call(
             "nvmlDeviceGetSamples",
@@ -49,8 +72,8 @@ def _utilization(calls: Calls, device: Device) -> tuple[float | None, float | No
         if fresh:
             device.last_ts = max(s.timeStamp for s in fresh)
             mean = sum(s.sampleValue.uiVal for s in fresh) / len(fresh)
-            return float(mean), mem_pct
-    return (float(rates.gpu) if rates is not None else None), mem_pct
+            return float(mean)
+    return float(rates.gpu) if rates is not None else None
 
 
 def read_gpu(calls: Calls, device: Device) -> GpuReading:
@@ -71,7 +94,7 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
     }
     try:
         mem = calls.call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, h)
-        util, mem_util = _utilization(calls, device)
+        util, mem_util, gpm = _utilization(calls, device)
         temp = calls.field(
             "nvmlDeviceGetTemperature",
             pynvml.nvmlDeviceGetTemperature,
@@ -106,6 +129,8 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
     except LIBRARY_GONE:
         raise
     except pynvml.NVMLError as exc:
+        if isinstance(exc, LOST):
+            free(calls, device)  # its GPM samples are of a GPU gone: start again when back
         return GpuReading(error=error_name(exc), **static)
     return GpuReading(
         memory_total_mib=mem.total // MIB if mem is not None else device.total_mib,
@@ -113,6 +138,9 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
         memory_free_mib=mem.free // MIB if mem is not None else None,
         utilization_pct=util,
         memory_utilization_pct=mem_util,
+        sm_active_pct=gpm["sm_active_pct"],
+        tensor_active_pct=gpm["tensor_active_pct"],
+        dram_bw_pct=gpm["dram_bw_pct"],
         temperature_c=int(temp) if temp is not None else None,
         power_w=power_mw / 1000.0 if power_mw is not None else None,
         performance_state=int(pstate) if pstate is not None else None,

@@ -9,8 +9,8 @@
 Every error other than NotSupported is counted in ``errors`` by ``(call, error name)``.
 
 Static facts (``device``) are read once per ``nvmlInit``; each read then costs one GPU read
-(``gpu``, with its MIG devices from ``mig``) per GPU. A re-init (or ``close()``) stops the Xid
-watcher (``events``) before ``nvmlShutdown``.
+(``gpu``, with its MIG devices from ``mig`` and GPM from ``gpm``) per GPU. A re-init (or
+``close()``) frees the GPM sample buffers and stops the Xid watcher (``events``) before ``nvmlShutdown``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from loguru import logger
 from ...core.snapshot import NodeSnapshot
 from .device import Device, attach
 from .events import XidWatcher
+from .gpm import free as free_gpm
 from .gpu import read_gpu
 from .library import Calls, decode, error_name
 
@@ -102,6 +103,8 @@ class NvmlReader:
     def _shutdown(self) -> None:
         alive = self._xid.stop()
         if self._devices is not None:
+            for device in self._devices:  # GPM sample buffers die with the session
+                free_gpm(self._calls, device)
             self._devices = None
             if alive:  # never pull NVML from under a thread still inside it
                 self.errors[("nvmlShutdown", "XidWatcherStillWaiting")] += 1
