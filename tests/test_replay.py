@@ -643,3 +643,95 @@ def test_a_huge_trace_file_is_refused_before_it_is_read(tmp_path) -> None:
     assert str(info.value) == (
         f"{path}: 600 MiB is larger than a trace can be (512 MiB): record a shorter one"
     )
+
+
+# -- GPM (issue 40): a reading's ``gpm`` object replayed -----------------------------------------
+
+
+def gpm_trace(tmp_path: Path, rows: list[tuple[float, int, dict | None]]) -> Path:
+    """The H100 trace's first reading at ``(t, classic utilisation, gpm object or None)``."""
+    doc = copy.deepcopy(H100_DOC)
+    doc.pop("phases", None)
+    doc["interval_s"] = 1.0
+    base = SAMPLES[0]["gpus"][0]
+    doc["samples"] = []
+    for t, util, gpm in rows:
+        g = copy.deepcopy(base)
+        g["utilization_pct"] = {"gpu": util, "memory": 3}
+        if gpm is not None:
+            g["gpm"] = gpm
+        doc["samples"].append({"t": t, "gpus": [g]})
+    path = tmp_path / "gpm-trace.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+GPM_ROWS = [
+    (0.0, 99, {"supported": True, "sm_active_pct": 10.0, "tensor_active_pct": 1.0, "dram_bw_pct": 5.0, "graphics_pct": 99.0}),
+    (1.0, 99, {"supported": True, "sm_active_pct": 20.0, "tensor_active_pct": 2.0, "dram_bw_pct": 5.0}),
+    (3.0, 99, {"supported": True, "sm_active_pct": 50.0, "tensor_active_pct": 4.0, "dram_bw_pct": 150.0}),
+    (4.0, 99, {"supported": True, "sm_active_pct": 80.0, "tensor_active_pct": {"nvml_error": "NVMLError_Unknown"}}),
+]
+
+
+def test_gpm_is_the_time_weighted_mean_since_the_last_read_and_utilisation_is_sm(tmp_path) -> None:
+    trace = gpm_trace(tmp_path, GPM_ROWS)
+    clock = Clock()
+    reader = TraceReader(trace, window_s=0.5, clock=clock)
+    g = reader.read().gpus[0]  # t=0: the first sample alone
+    assert (g.sm_active_pct, g.tensor_active_pct, g.dram_bw_pct) == (10.0, 1.0, 5.0)
+    assert g.utilization_pct == 10.0
+    clock.t += 3.0  # window (0, 3]: samples at 1 (weight 1) and 3 (weight 2)
+    g = reader.read().gpus[0]
+    assert g.sm_active_pct == pytest.approx((20.0 * 1 + 50.0 * 2) / 3)
+    assert g.utilization_pct == g.sm_active_pct
+    assert g.tensor_active_pct == pytest.approx((2.0 + 4.0 * 2) / 3)
+    assert g.dram_bw_pct == pytest.approx((5.0 + 100.0 * 2) / 3)  # 150 clamped to 100
+    assert g.memory_utilization_pct == 3
+    clock.t += 1.0  # window (3, 4]: sample 4; its tensor metric failed, DRAM absent
+    g = reader.read().gpus[0]
+    assert g.sm_active_pct == 80.0 == g.utilization_pct
+    assert g.tensor_active_pct is None and g.dram_bw_pct is None
+
+
+def test_gpm_absent_in_part_of_the_window_falls_back_to_classic_utilisation(tmp_path) -> None:
+    rows = [
+        (0.0, 10, None),
+        (1.0, 30, {"supported": False}),
+        (2.0, 50, {"supported": True, "sm_active_pct": 5.0}),
+        (3.0, 70, {"supported": True, "sm_active_pct": 7.0}),
+    ]
+    trace = gpm_trace(tmp_path, rows)
+    snap = TraceReader(trace, at_s=2.0, window_s=2.5).read()  # samples 0..2, GPM in one only
+    g = snap.gpus[0]
+    assert g.sm_active_pct is None and g.utilization_pct == pytest.approx(30.0)
+    g = TraceReader(trace, at_s=3.0, window_s=1.5).read().gpus[0]  # samples 2 and 3
+    assert g.sm_active_pct == pytest.approx(6.0) == g.utilization_pct
+    g = TraceReader(trace, at_s=1.0, window_s=0.5).read().gpus[0]  # "supported": false
+    assert g.sm_active_pct is None and g.utilization_pct == 30
+
+
+def test_gpm_loops_with_the_first_sample_covering_the_wrap(tmp_path) -> None:
+    rows = [
+        (0.0, 99, {"supported": True, "sm_active_pct": 0.0}),
+        (1.0, 99, {"supported": True, "sm_active_pct": 60.0}),
+    ]
+    trace = gpm_trace(tmp_path, rows)  # period 2 s: sample 0 covers (1, 2] of the loop
+    clock = Clock()
+    reader = TraceReader(trace, window_s=0.5, clock=clock)
+    reader.read()
+    clock.t += 3.0  # window (0, 3]: sample 1 (60, 1 s), sample 0 again (0, 1 s), sample 1 (60, 1 s)
+    g = reader.read().gpus[0]
+    assert g.sm_active_pct == pytest.approx(40.0) == g.utilization_pct
+
+
+def test_a_gpm_error_object_is_no_gpm(tmp_path) -> None:
+    rows = [(0.0, 42, {"nvml_error": "NVMLError_Unknown", "message": "Unknown"})]
+    g = TraceReader(gpm_trace(tmp_path, rows), at_s=0.0).read().gpus[0]
+    assert g.sm_active_pct is None and g.utilization_pct == 42
+
+
+def test_traces_without_gpm_have_no_gpm_fields() -> None:
+    for trace in (H100_TRACE, FAULTS_TRACE, MULTI_TRACE):
+        snap = TraceReader(trace, at_s=5.0).read()
+        assert all(g.sm_active_pct is None and g.dram_bw_pct is None for g in snap.gpus)

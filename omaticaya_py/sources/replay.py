@@ -9,7 +9,12 @@ as recorded (a field's ``nvml_error`` becomes ``None`` = absent, a GPU's becomes
 
 Time: ``at_s`` pins the trace time (``once``/``show --trace-at``); otherwise trace time follows
 the wall clock from the first read, looping at the end. Utilisation is the mean of the samples
-since the previous read (on the first read: over ``window_s``); Xid events are those of the
+since the previous read (on the first read: over ``window_s``). GPM (a reading's ``gpm``
+object): ``sm_active_pct``, ``tensor_active_pct`` and ``dram_bw_pct`` are the time-weighted
+means over the same samples (sample k weighing ``t[k] - t[k-1]``, its value covering that
+interval), present only where every one of them has the metric (as the test library's
+``nvmlGpmMetricsGet`` answers), and ``utilization_pct`` is then ``sm_active_pct``, as the NVML
+reader does where GPM is supported; a trace without ``gpm`` replays as before. Xid events are those of the
 samples since the previous read (on the first read: every one up to the trace time).
 
 Version 2 adds MIG: a device's ``mig_devices`` (static facts and ``attributes``) and, per
@@ -36,7 +41,7 @@ from ..core.snapshot import (
     XidEvent,
     mig_profile_name,
 )
-from .trace import MIB, GpuSample, NvmlErr, TraceDevice, TraceError, load_trace
+from .trace import MIB, GpmSample, GpuSample, NvmlErr, TraceDevice, TraceError, load_trace
 
 __all__ = ["TraceError", "TraceReader", "load_trace"]
 
@@ -96,6 +101,24 @@ def _mig_readings(
     return tuple(out)
 
 
+#: the GPM metrics a reading carries, in ``_Frame.gpm``'s order
+GPM_FIELDS = ("sm_active_pct", "tensor_active_pct", "dram_bw_pct")
+_Gpm = tuple[float | None, float | None, float | None]
+
+
+def _gpm(sample: GpuSample) -> _Gpm | None:
+    """A reading's GPM metrics (clamped 0-100; a failed or absent metric ``None``), or ``None``
+    where the GPU has no GPM in this sample."""
+    g = sample.gpm
+    if sample.nvml_error is not None or not isinstance(g, GpmSample) or not g.supported:
+        return None
+    out = []
+    for name in GPM_FIELDS:
+        value = _ok(getattr(g, name))
+        out.append(min(100.0, max(0.0, float(value))) if value is not None else None)
+    return (out[0], out[1], out[2])
+
+
 def _reading(sample: GpuSample, device: TraceDevice | None) -> GpuReading:
     static: dict[str, Any] = {}
     if device is not None and device.mig_mode is not None:
@@ -120,13 +143,17 @@ def _reading(sample: GpuSample, device: TraceDevice | None) -> GpuReading:
     migs: tuple[MigReading, ...] = ()
     if static.get("mig_enabled"):
         migs = _mig_readings(sample, device, mem.total if mem else None)
+    gpm = _gpm(sample) or (None, None, None)
     return GpuReading(
+        sm_active_pct=gpm[0],
+        tensor_active_pct=gpm[1],
+        dram_bw_pct=gpm[2],
         mig_devices=migs,
         index=sample.index,
         memory_total_mib=mem.total // MIB if mem else None,
         memory_used_mib=mem.used // MIB if mem else None,
         memory_free_mib=mem.free // MIB if mem else None,
-        utilization_pct=util.gpu if util else None,
+        utilization_pct=gpm[0] if gpm[0] is not None else (util.gpu if util else None),
         memory_utilization_pct=util.memory if util else None,
         temperature_c=int(temp) if temp is not None else None,
         power_w=power / 1000.0 if power is not None else None,
@@ -147,7 +174,9 @@ class _Frame:
     gpus: tuple[GpuReading, ...]
     error: str | None
     xids: tuple[tuple[int, int, str | None], ...]  # (GPU index, Xid, GPU UUID)
-    util_pct: dict[int, float]
+    util_pct: dict[int, float]  # classic utilisation (``utilization_pct.gpu``) by GPU index
+    gpm: dict[int, _Gpm]  # GPM metrics by GPU index, GPUs with GPM in this sample only
+    weight: float  # t[k] - t[k-1]: the interval this sample's GPM values cover
 
 
 class TraceReader:
@@ -185,16 +214,25 @@ class TraceReader:
                     for x in s.xid_events
                 ),
                 util_pct={},
+                gpm={},
+                weight=0.0,
             )
             for s in trace.samples
         )
-        for frame in self.frames:
-            frame.util_pct.update(
-                (g.index, g.utilization_pct) for g in frame.gpus if g.utilization_pct is not None
-            )
         self._times = [f.t for f in self.frames]
         last = self.frames[-1].t
         self.period_s = last + (trace.interval_s or (last / max(len(self.frames) - 1, 1)) or 1.0)
+        for k, (frame, s) in enumerate(zip(self.frames, trace.samples, strict=True)):
+            for g in s.gpus or ():
+                util = _ok(g.utilization_pct) if g.nvml_error is None else None
+                if util is not None:
+                    frame.util_pct[g.index] = util.gpu
+                gpm = _gpm(g)
+                if gpm is not None:
+                    frame.gpm[g.index] = gpm
+            # the first sample of a loop covers the time since the previous loop's last one
+            prev = self._times[k - 1] if k else self._times[-1] - self.period_s
+            object.__setattr__(frame, "weight", max(frame.t - prev, 0.0))
         self.at_s = at_s
         self.window_s = window_s
         self.loop = loop
@@ -202,7 +240,7 @@ class TraceReader:
         self.clock = clock
         self._start: float | None = None
         self._prev_s: float | None = None  # unwrapped trace time of the previous read
-        self._averaged: dict[tuple[GpuReading, float], GpuReading] = {}
+        self._averaged: dict[tuple[GpuReading, float | None, _Gpm], GpuReading] = {}
 
     def _frames_between(self, lo: float, hi: float) -> list[tuple[float, _Frame]]:
         """Frames with unwrapped time in (lo, hi], as (unwrapped time, frame)."""
@@ -273,7 +311,9 @@ class TraceReader:
         self, gpus: tuple[GpuReading, ...], window: list[tuple[float, _Frame]]
     ) -> tuple[GpuReading, ...]:
         """``gpus`` with ``utilization_pct`` replaced by the mean over ``window`` (GPUs with an
-        error, or with no utilisation in the window, unchanged).
+        error, or with no utilisation in the window, unchanged), and the GPM metrics by their
+        time-weighted means where every sample of the window has GPM for the GPU (else
+        ``None``); ``utilization_pct`` is then ``sm_active_pct`` where that is present.
 
         One pass over the window for all GPUs; the averaged reading is remembered per (recorded
         reading, mean), so that a steady trace builds no new object (bench/tick.py)."""
@@ -289,18 +329,50 @@ class TraceReader:
         out = []
         for gpu in gpus:
             seen = values.get(gpu.index)
-            if not seen or gpu.error is not None:
+            gpm = self._mean_gpm(gpu.index, window)
+            if gpu.error is not None or (not seen and gpm is None and gpu.sm_active_pct is None):
                 out.append(gpu)
                 continue
-            mean = sum(seen) / len(seen)
-            key = (gpu, mean)  # a frozen reading: hashed by value
+            mean = sum(seen) / len(seen) if seen else gpu.utilization_pct
+            fields = gpm or (None, None, None)
+            if fields[0] is not None:
+                mean = fields[0]
+            key = (gpu, mean, fields)  # a frozen reading: hashed by value
             averaged = memo.get(key)
             if averaged is None:
                 if len(memo) >= 4096:
                     memo.clear()
-                averaged = memo[key] = replace(gpu, utilization_pct=mean)
+                averaged = memo[key] = replace(
+                    gpu,
+                    utilization_pct=mean,
+                    sm_active_pct=fields[0],
+                    tensor_active_pct=fields[1],
+                    dram_bw_pct=fields[2],
+                )
             out.append(averaged)
         return tuple(out)
+
+    @staticmethod
+    def _mean_gpm(index: int, window: list[tuple[float, _Frame]]) -> _Gpm | None:
+        """The time-weighted GPM means of GPU ``index`` over ``window``; ``None`` unless every
+        sample of it has GPM for the GPU (a metric missing from one sample: that one ``None``)."""
+        sums = [0.0, 0.0, 0.0]
+        ok = [True, True, True]
+        total = 0.0
+        for _, f in window:
+            g = f.gpm.get(index)
+            if g is None:
+                return None
+            total += f.weight
+            for i, value in enumerate(g):
+                if value is None:
+                    ok[i] = False
+                else:
+                    sums[i] += f.weight * value
+        if total <= 0.0:  # samples at one instant: the latest one's values
+            return window[-1][1].gpm[index]
+        means = [sums[i] / total if ok[i] else None for i in range(3)]
+        return (means[0], means[1], means[2])
 
     def close(self) -> None:
         """Nothing to release; present for the ``Reader`` interface."""

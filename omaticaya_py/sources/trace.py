@@ -44,6 +44,18 @@ class UtilizationPct(_Model):
     memory: float | None = None
 
 
+class GpmSample(_Model):
+    """A reading's ``gpm`` object: the GPU's GPM metrics over ``(t[k-1], t[k]]``; a metric may
+    be an ``NvmlErr`` or absent; ``supported: false`` is a GPU without GPM. Other metrics
+    (``graphics_pct``, ``sm_occupancy_pct``, ...) are kept as extra fields."""
+
+    supported: bool = True
+    nvml_error: None = None  # ``{"nvml_error": X}`` is the union's NvmlErr, never this
+    sm_active_pct: float | NvmlErr | None = None
+    tensor_active_pct: float | NvmlErr | None = None
+    dram_bw_pct: float | NvmlErr | None = None
+
+
 class RemappedRows(_Model):
     correctable: int = 0
     uncorrectable: int = 0
@@ -86,6 +98,7 @@ class GpuSample(_Model):
     remapped_rows: RemappedRows | NvmlErr | None = None
     compute_processes: list[Process] | NvmlErr | None = None
     mig_devices: list[MigSample] = Field(default_factory=list, max_length=64)
+    gpm: GpmSample | NvmlErr | None = None
 
     @model_validator(mode="after")
     def _unique_mig(self) -> GpuSample:
