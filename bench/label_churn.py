@@ -22,6 +22,10 @@ here.
 Heartbeats are not counted: in a cluster the agent's liveness is its Lease, and the Node is
 written only with a label change. The opt-in ``gpu-N.temperature-c`` is measured in a second
 replay with ``temperature_labels`` on (its row only; the patch counts are at the defaults).
+GPM's ``gpu.sm-active-pct`` and the opt-in ``gpu-N.sm-active-pct`` (issue 40) are measured on
+the readings as a GPM reader gives them (``with_gpm``: ``sm_active_pct`` is the trace's
+utilisation, which is what ``utilization_pct`` is where GPM is), with and without the per-GPU
+label: the notes compare the Node patches.
 Traces: the recorded H100 load looped (idle, 30 GiB allocated, busy, released, every 26 s:
 a worst case, a real node is idle or steady most of the hour), its idle phase alone (a quiet
 node, with the recording's noise), and the 8-GPU trace (a steady mixed load).
@@ -37,7 +41,7 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +70,7 @@ from omaticaya_py.core.budget import (  # noqa: E402
 from omaticaya_py.core.health import XidLedger, XidPolicy, assess  # noqa: E402
 from omaticaya_py.core.render import render  # noqa: E402
 from omaticaya_py.core.render_telemetry import telemetry_marks  # noqa: E402
+from omaticaya_py.core.snapshot import NodeSnapshot  # noqa: E402
 from omaticaya_py.sources.replay import TraceReader  # noqa: E402
 
 H100 = ROOT / "tests" / "data" / "h100-trace.json"
@@ -84,12 +89,25 @@ def family(key: str) -> str:
     return _GPU_N.sub("gpu-N.", name_of(key))
 
 
+def with_gpm(snapshot: NodeSnapshot) -> NodeSnapshot:
+    """``snapshot`` as a GPM reader gives it: each whole GPU without ``sm_active_pct`` gets its
+    ``utilization_pct`` there (where GPM is, ``utilization_pct`` is ``sm_active_pct``:
+    ``core.snapshot.GpuReading``), for traces recorded before GPM."""
+    gpus = tuple(
+        replace(g, sm_active_pct=g.utilization_pct)
+        if g.sm_active_pct is None and g.error is None and not g.mig_enabled
+        else g
+        for g in snapshot.gpus
+    )
+    return replace(snapshot, gpus=gpus)
+
+
 def rendered_labels(
-    path: Path, settings: Any, duration_s: float
+    path: Path, settings: Any, duration_s: float, gpm: bool = False
 ) -> Iterator[tuple[float, dict, dict]]:
     """``(trace seconds, desired labels, telemetry marks)`` at each tick of
     ``settings.schedule`` over ``duration_s`` of looped trace time: the agent's read -> assess
-    -> render, no API."""
+    -> render, no API (``gpm``: the readings as a GPM reader gives them, ``with_gpm``)."""
     period_s = settings.schedule.interval_s
     clock = FakeClock(0.0)
     reader = TraceReader(path, window_s=period_s, loop=True, clock=clock)
@@ -102,6 +120,8 @@ def rendered_labels(
     while t <= duration_s:
         clock.now = t
         snapshot = reader.read()
+        if gpm:
+            snapshot = with_gpm(snapshot)
         ledger.record(snapshot.xid_events)
         health = assess(snapshot, ledger.recent(snapshot.clock_s), policy)
         labels = render(snapshot, health, settings, previous, with_telemetry=False).labels
@@ -166,14 +186,15 @@ class NodeSide:
 
 def replay(
     path: Path, budgets: Sequence[float], duration_s: float, drop_mib: int | None = None,
-    **overrides: Any,
+    gpm: bool = False, **overrides: Any,
 ) -> list:  # fmt: skip
     """One ``NodeSide`` per budget after ``duration_s`` of the trace at ``path``
-    (``drop_mib``: the telemetry's free-memory threshold; ``None``: the setting's default)."""
+    (``drop_mib``: the telemetry's free-memory threshold; ``None``: the setting's default;
+    ``gpm``: the readings as a GPM reader gives them)."""
     settings = bench_settings(node_name="churn", **overrides)
     drop = settings.telemetry_free_drop_mib if drop_mib is None else drop_mib
     sides = [NodeSide(b, drop) for b in budgets]
-    for now_s, labels, marks in rendered_labels(path, settings, duration_s):
+    for now_s, labels, marks in rendered_labels(path, settings, duration_s, gpm):
         for side in sides:
             side.tick(now_s, labels, marks)
     return sides
@@ -197,6 +218,12 @@ def run(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) ->
         name: replay(path, budgets, duration_s, temperature_labels=True)
         for name, path in traces.items()
     }
+    # GPM (issue 40): the node's gpu.sm-active-pct, without and with gpu-N.sm-active-pct
+    gpm_off = {name: replay(path, budgets, duration_s, gpm=True) for name, path in traces.items()}
+    gpm_on = {
+        name: replay(path, budgets, duration_s, gpm=True, sm_active_labels=True)
+        for name, path in traces.items()
+    }
     cols = [(name, i) for name in traces for i in range(len(budgets))]
     head = ["label: changes/h on the Node"] + [
         f"{name} b={budgets[i]:g}" for name, i in cols
@@ -207,6 +234,10 @@ def run(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) ->
     ]
     temp = "gpu-N.temperature-c"
     rows.append([f"{temp} (opt-in)"] + [per_hour(temps[name][i].changes[temp]) for name, i in cols])
+    for sm in ("gpu.sm-active-pct", "gpu-N.sm-active-pct"):
+        rows.append(
+            [f"{sm} (GPM)"] + [per_hour(gpm_on[name][i].changes[sm]) for name, i in cols]
+        )
     labels_table = table(head, rows)
     patch_rows = []
     for name in traces:
@@ -236,9 +267,17 @@ def run(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) ->
     with_temp = ", ".join(
         f"{name} " + "/".join(str(per_hour(side.patches)) for side in temps[name]) for name in traces
     )
+    def patches(sides: dict) -> str:
+        return ", ".join(
+            f"{name} " + "/".join(str(per_hour(side.patches)) for side in sides[name])
+            for name in traces
+        )
+
     notes = (
         f"Node patches/h with gpu-N.temperature-c on (b={'/'.join(f'{b:g}' for b in budgets)}): "
         f"{with_temp}\n"
+        f"GPM readings (sm_active_pct = utilization_pct, as a GPM reader gives them): Node "
+        f"patches/h without gpu-N.sm-active-pct {patches(gpm_off)}; with it {patches(gpm_on)}\n"
         "labels not listed (hardware facts, health, healthy-count) did not change; urgent: a\n"
         "patch with a less attractive change, which the budget never holds"
     )

@@ -47,14 +47,14 @@ def test_every_label_render_writes_is_in_the_table_and_every_row_is_written() ->
     """One node with every kind of GPU (two products, one MIG, one shared, one with memory of
     processes in no pod), every optional label on: render writes exactly the table's labels."""
     snap = snapshot(
-        gpu(0, process_count=0),
+        gpu(0, process_count=0, sm_active_pct=12.0),
         gpu(1, utilization_pct=None, mig_enabled=True, mig_devices=(_mig(0),)),
         gpu(2),
         gpu(3, product="NVIDIA A100-SXM4-40GB"),
     )
     uuid3 = snap.gpus[3].uuid or ""
     att = {uuid3: GpuAttribution(device_id=uuid3, out_of_band_memory_mib=4096)}
-    s = settings(temperature_labels=True, shared_gpus="2")
+    s = settings(temperature_labels=True, sm_active_labels=True, shared_gpus="2")
     labels = render(snap, assess(snap, (), None), s, attribution=att).labels
     written = {_row_of(key.removeprefix(PREFIX + "/")) for key in labels}
     assert written == _table()

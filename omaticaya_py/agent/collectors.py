@@ -81,7 +81,8 @@ class BuildInfo(Collector):
 class GpuReadings(Collector):
     """The last tick's reading of each GPU (``last()``: the ``TickResult``, ``None`` before the
     first tick: no series), with the pod holding it (PodResources), its slices (``sharing``),
-    its health and the node's: ``omaticaya_gpu_*{gpu,uuid}``, ``omaticaya_gpu_memory_used_bytes``
+    its health and the node's: ``omaticaya_gpu_*{gpu,uuid}`` (the GPM ``_sm_active_pct``,
+    ``_tensor_active_pct``, ``_dram_bw_pct`` only where GPM gave them), ``omaticaya_gpu_memory_used_bytes``
     and ``_utilization_ratio`` by holder, the slice families, ``omaticaya_node_health{state}``,
     ``omaticaya_gpu_unhealthy_reason{gpu,uuid,reason}``."""
 
@@ -98,6 +99,12 @@ class GpuReadings(Collector):
                 ("memory_total_bytes", "Total GPU memory."),
                 ("temperature_celsius", "GPU temperature."),
                 ("power_watts", "GPU power draw."),
+                ("sm_active_pct", "GPM SM activity, % over the last interval (Hopper and newer; "
+                 "no series without GPM)."),
+                ("tensor_active_pct", "GPM tensor-core activity, % over the last interval (no "
+                 "series without GPM)."),
+                ("dram_bw_pct", "GPM DRAM bandwidth used, % of peak over the last interval (no "
+                 "series without GPM)."),
                 ("healthy", "1 when the GPU is healthy by the agent's rules, else 0."),
                 (
                     "out_of_band_memory_bytes",
@@ -137,6 +144,9 @@ class GpuReadings(Collector):
                     ("memory_total_bytes", g.memory_total_mib, MIB),
                     ("temperature_celsius", g.temperature_c, 1),
                     ("power_watts", g.power_w, 1),
+                    ("sm_active_pct", g.sm_active_pct, 1),
+                    ("tensor_active_pct", g.tensor_active_pct, 1),
+                    ("dram_bw_pct", g.dram_bw_pct, 1),
                     ("out_of_band_memory_bytes", gpu_out_of_band_mib(g, attribution), MIB),
                 ):
                     if value is not None:

@@ -122,7 +122,16 @@ def _node_labels(
     if utils:
         # NVML can report a sample above 100 (rounding in the driver): never publish one
         out[names.UTILIZATION] = nearest(names.UTILIZATION, min(min(utils), 100.0), util_step)
-    out[names.IDLE_COUNT] = str(sum(1 for u in healthy if _idle(u, s.idle_utilization_pct)))
+    # GPM SM activity of each whole GPU that has it (``None`` elsewhere: never 0)
+    sm_active = {g.index: g.sm_active_pct for g in gpus if g.error is None and not g.mig_enabled}
+    actives = [
+        a for u in healthy if not u.is_mig and (a := sm_active.get(u.gpu_index)) is not None
+    ]
+    if actives:
+        out[names.SM_ACTIVE] = nearest(names.SM_ACTIVE, min(min(actives), 100.0), util_step)
+    out[names.IDLE_COUNT] = str(
+        sum(1 for u in healthy if _idle(u, s.idle_utilization_pct, sm_active.get(u.gpu_index)))
+    )
     out[names.HEALTHY_COUNT] = str(len(healthy))
     out.update(_mig_labels(health.units, s, down))
     if shared:
@@ -162,6 +171,10 @@ def _node_labels(
             if g.utilization_pct is not None and not g.mig_enabled:
                 out[key(names.GPU_UTILIZATION)] = nearest(
                     key(names.GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
+                )
+            if s.sm_active_labels and g.sm_active_pct is not None and not g.mig_enabled:
+                out[key(names.GPU_SM_ACTIVE)] = nearest(
+                    key(names.GPU_SM_ACTIVE), min(g.sm_active_pct, 100.0), util_step
                 )
             # processes in no pod (needs the host's /proc): only when there is some
             oob = gpu_out_of_band_mib(g, attribution)
@@ -212,14 +225,17 @@ def _version_labels(snapshot: NodeSnapshot) -> dict[str, str]:
     return out
 
 
-def _idle(unit: Unit, below_pct: float) -> bool:
-    """No compute process, and (whole GPUs) utilisation under ``below_pct``; a MIG device has
-    no utilisation in NVML, so no process is what idle means there."""
+def _idle(unit: Unit, below_pct: float, sm_active_pct: float | None = None) -> bool:
+    """No compute process, and (whole GPUs) busy under ``below_pct``: GPM SM activity where the
+    GPU has it (``sm_active_pct``: a resident kernel that does nothing keeps classic utilisation
+    near 100 but SM activity near 0), else utilisation; a MIG device has no utilisation in
+    NVML, so no process is what idle means there."""
     if unit.process_count:
         return False
     if unit.is_mig:
         return unit.process_count == 0
-    return unit.utilization_pct is not None and unit.utilization_pct < below_pct
+    busy = sm_active_pct if sm_active_pct is not None else unit.utilization_pct
+    return busy is not None and busy < below_pct
 
 
 def _mig_labels(
@@ -260,7 +276,8 @@ def render(
     """Desired labels and annotations (full keys under ``settings.prefix``) for this snapshot.
 
     Labels follow the schema in docs/labels.md (node aggregates, static facts, per-GPU keys when
-    ``per_gpu_labels``, their temperature only with ``temperature_labels``); the one annotation
+    ``per_gpu_labels``, their temperature only with ``temperature_labels``, their GPM SM
+    activity only with ``sm_active_labels``); the one annotation
     is ``<prefix>/telemetry`` (left out when ``with_telemetry`` is false: the agent builds it
     only for a patch that carries it). Invalid
     keys or values are dropped and listed in ``Desired.dropped``. ``previous`` (the labels
@@ -268,7 +285,7 @@ def render(
     ``attribution`` (who uses each GPU, by UUID) adds ``gpu-N.memory.out-of-band-mib`` where
     processes in no pod hold memory, and goes into the telemetry. GPUs served as memory units
     (``settings.shared_gpus``, not MIG) are left out of the whole-GPU aggregates (free memory,
-    utilisation, idle and healthy counts) and give ``gpu.shared.memory.free-mib`` instead.
+    utilisation, SM activity, idle and healthy counts) and give ``gpu.shared.memory.free-mib`` instead.
     """
     prefix = settings.prefix
     labels: dict[str, str] = {}

@@ -73,7 +73,9 @@ def telemetry_document(
     own use and ``over_limit``, and the document its ``share_unit_mib``; ``mps``: each shared
     GPU's enforcement by CUDA MPS, by UUID (``"up"`` or the reason it is not: the agent's
     ``sources.mps.MpsWatch`` at render time; ``None``: enforcement off, no GPU has the field;
-    ``core.slice_enforcement.mps_status``). Utilisation and power are rounded to 0.1."""
+    ``core.slice_enforcement.mps_status``). Utilisation, the GPM percentages
+    (``sm_active_pct``, ``tensor_active_pct``, ``dram_bw_pct``: absent without GPM) and power
+    are rounded to 0.1."""
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
     gpus = []
     any_shared = False
@@ -110,7 +112,10 @@ def telemetry_document(
                 memory_total_mib=g.memory_total_mib,
                 memory_free_mib=g.memory_free_mib,
                 memory_used_mib=g.memory_used_mib,
-                utilization_pct=None if g.utilization_pct is None else round(g.utilization_pct, 1),
+                utilization_pct=_pct(g.utilization_pct),
+                sm_active_pct=_pct(g.sm_active_pct),
+                tensor_active_pct=_pct(g.tensor_active_pct),
+                dram_bw_pct=_pct(g.dram_bw_pct),
                 temperature_c=g.temperature_c,
                 power_w=None if g.power_w is None else round(g.power_w, 1),
                 ecc_uncorrected_volatile=g.ecc_uncorrected_volatile,
@@ -155,6 +160,11 @@ def telemetry_document(
         window_s=window.window_s if window is not None else None,
         share_unit_mib=sharing.unit_mib if any_shared and sharing is not None else None,
     )
+
+
+def _pct(value: float | None) -> float | None:
+    """A percentage as the annotation carries it: rounded to 0.1; ``None`` stays absent."""
+    return None if value is None else round(value, 1)
 
 
 def _users(

@@ -237,6 +237,12 @@ class Settings(DevicePluginSettings):
         description="Also publish gpu-N.temperature-c (it changes with load and is no scheduling "
         "input; the telemetry annotation and the metrics carry temperature either way).",
     )
+    sm_active_labels: bool = Field(
+        default=True,
+        description="Publish gpu-N.sm-active-pct (GPM SM activity, Hopper and newer; absent "
+        "without GPM). On by default: where GPM is it equals gpu-N.utilization-pct, so it "
+        "rides on the same Node writes (bench/label_churn.py: no extra patches).",
+    )
     cleanup_on_exit: bool = Field(default=True, description="Remove dynamic labels on SIGTERM.")
     trace: Path | None = Field(default=None, description="Replay this trace instead of NVML.")
     xid_ignore: Annotated[frozenset[int], NoDecode] = Field(

@@ -53,6 +53,9 @@ MEMORY_TOTAL = "gpu.memory.total-mib"
 MEMORY_FREE = "gpu.memory.free-mib"
 MEMORY_FREE_TOTAL = "gpu.memory.free-total-mib"
 UTILIZATION = "gpu.utilization-pct"
+#: GPM SM activity (``GpuReading.sm_active_pct``): the lowest of the healthy whole GPUs that
+#: have it, rounded like utilisation; absent when none has it (no GPM: pre-Hopper, MIG, vGPU)
+SM_ACTIVE = "gpu.sm-active-pct"
 IDLE_COUNT = "gpu.idle-count"
 HEALTHY_COUNT = "gpu.healthy-count"
 MIG_STRATEGY = "mig.strategy"
@@ -65,6 +68,8 @@ GPU_HEALTH = "health"
 GPU_MEMORY_FREE = "memory.free-mib"
 GPU_UTILIZATION = "utilization-pct"
 GPU_TEMPERATURE = "temperature-c"
+#: GPM SM activity, rounded like utilisation; only with ``sm_active_labels`` and GPM
+GPU_SM_ACTIVE = "sm-active-pct"
 GPU_MIG_ENABLED = "mig.enabled"
 #: memory of processes in no pod, MiB rounded down to the memory step; only when non-zero
 GPU_MEMORY_OUT_OF_BAND = "memory.out-of-band-mib"
@@ -118,6 +123,7 @@ LABELS: tuple[Label, ...] = (
     Label(MEMORY_FREE, "node", False, "mib", "less"),
     Label(MEMORY_FREE_TOTAL, "node", False, "mib", "less"),
     Label(UTILIZATION, "node", False, "pct", "more"),
+    Label(SM_ACTIVE, "node", False, "pct", "more"),
     Label(IDLE_COUNT, "node", False, "count", "less"),
     Label(HEALTHY_COUNT, "node", False, "count", "less"),
     Label(MIG_STRATEGY, "node", False, None, "changed"),
@@ -126,6 +132,7 @@ LABELS: tuple[Label, ...] = (
     Label(GPU_MEMORY_FREE, "gpu", False, "mib", "less"),
     Label(GPU_UTILIZATION, "gpu", False, "pct", "more"),
     Label(GPU_TEMPERATURE, "gpu", False, "c", "neutral"),
+    Label(GPU_SM_ACTIVE, "gpu", False, "pct", "more"),
     Label(GPU_MIG_ENABLED, "gpu", False, None, "changed"),
     Label(GPU_MEMORY_OUT_OF_BAND, "gpu", False, "mib", "more"),
     Label(MIG_COUNT, "mig", False, "count", "less"),

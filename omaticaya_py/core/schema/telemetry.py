@@ -17,6 +17,7 @@ Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
                "memory_used_mib", "utilization_pct", "temperature_c", "power_w",
                "ecc_uncorrected_volatile", "ecc_corrected_volatile", "remapped_rows_pending",
                "remapped_rows_failure", "process_count", "health", "reasons", "error"?,
+               "sm_active_pct"?, "tensor_active_pct"?, "dram_bw_pct"? (GPM),
                "memory_free_min_mib"?, "utilization_p95_pct"?, "xids"?: [{"xid", "at"}],
                "pods"?: [{"namespace", "pod",
                "container", "memory_used_mib"?, "limit_mib"?, "over_limit"?}], "memory_out_of_band_mib"?,
@@ -212,6 +213,7 @@ class GpuTelemetry(_Document):
         {
             "error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct",
             "pods", "memory_out_of_band_mib", "xids", "shared", "share_units", "mps",
+            "sm_active_pct", "tensor_active_pct", "dram_bw_pct",
         }
     )
     index: Index
@@ -221,6 +223,12 @@ class GpuTelemetry(_Document):
     memory_free_mib: Int = None
     memory_used_mib: Int = None
     utilization_pct: Float = None
+    #: GPM (Hopper and newer, issue 40): SM activity, tensor activity and DRAM bandwidth, % over
+    #: the interval, rounded to 0.1 like utilisation; absent (never 0) where GPM is not
+    #: supported, and from agents before it
+    sm_active_pct: Float = None
+    tensor_active_pct: Float = None
+    dram_bw_pct: Float = None
     temperature_c: Int = None
     power_w: Float = None
     ecc_uncorrected_volatile: Int = None
