@@ -5,7 +5,8 @@ facts of every GPU (and of every MIG device), read at the first ``nvmlInit``, th
 call with what NVML answered. A GPU NVML cannot describe then (lost: no handle) is its error in
 ``devices`` and in each sample, the others are read; its facts are read once it answers. Critical
 Xid and double-bit ECC events (of the types each GPU supports) delivered since the last sample
-go into that sample's ``xid_events``. When the library itself fails (init, the driver gone) the
+go into that sample's ``xid_events``. GPM (``gpm.py``): each whole GPU's ``gpm`` object, the
+metrics between the previous sample and this one. When the library itself fails (init, the driver gone) the
 sample is that error and the next sample starts a new session.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import pynvml
 
 from ..nvml import LIBRARY_GONE, decode, handle_address
+from .gpm import GpmRecorder
 from .gpu import gpu_facts, gpu_sample
 from .values import error, value
 
@@ -47,6 +49,7 @@ class Recorder:
         self._handles: list[Any] = []  # per GPU index; None until NVML gives it (lost at start)
         self._registered: set[int] = set()  # GPUs registered for events this session
         self._events: Any = None
+        self._gpm = GpmRecorder()
         self.readings = 0  # samples that read the GPUs (not a library error)
 
     # -- NVML session ---------------------------------------------------------------------
@@ -107,6 +110,7 @@ class Recorder:
         return True
 
     def _stop(self) -> None:
+        self._gpm.stop()  # GPM buffers before nvmlShutdown
         if self._events is not None:
             try:
                 pynvml.nvmlEventSetFree(self._events)
@@ -140,7 +144,19 @@ class Recorder:
             if index < len(devices) and "uuid" not in devices[index]:
                 devices[index] = {"index": index, **error(exc)}
             return {"index": index, **error(exc)}
-        return gpu_sample(index, h)
+        reading = gpu_sample(index, h)
+        if "nvml_error" in reading:
+            self._gpm.forget(index)
+        elif "mig_devices" not in reading:
+            try:
+                gpm = self._gpm.read(index, h)
+            except LIBRARY_GONE:
+                raise
+            except pynvml.NVMLError as exc:  # lost between the calls
+                return {"index": index, **error(exc)}
+            if gpm is not None:
+                reading["gpm"] = gpm
+        return reading
 
     def _xid_index(self, device: Any, index_of: dict[str, int]) -> int:
         """The index of the GPU an event came from: by UUID, else (a GPU that fell off the
