@@ -57,9 +57,13 @@ def test_second_read_is_the_mean_of_the_samples_since_the_first(reader):
     import pynvml
 
     reader.read()
-    devices = [d for d in reader._devices if not d.mig_enabled]  # noqa: SLF001 - the samples' cursor
+    devices = [  # the samples' cursor: GPUs read through nvmlDeviceGetSamples (no MIG, no GPM)
+        d
+        for d in reader._devices  # noqa: SLF001
+        if not d.mig_enabled and not d.gpm_supported
+    ]
     if not devices:
-        pytest.skip("every GPU has MIG on: NVML keeps no utilisation samples")
+        pytest.skip("every GPU has MIG on or GPM: the reader reads no utilisation samples")
     device = devices[0]
     since = device.last_ts
 
@@ -92,3 +96,64 @@ def test_render_of_a_real_reading_is_valid():
     desired = render(snap, health, load_settings())
     assert not desired.dropped
     assert desired.labels["omaticaya.io/gpu.count"] == str(len(snap.gpus))
+
+
+# -- GPM (issue 40): SM activity tells a busy GPU from a resident kernel ------------------------
+
+
+@pytest.fixture
+def cuda():
+    from tests.gpu_kernels import Cuda
+
+    c = Cuda.open(0)
+    if c is None:
+        pytest.skip(f"no CUDA device to launch a kernel on: {Cuda.why}")
+    yield c
+    c.close()
+
+
+def _gpm_gpu(reader, uuid=None):
+    """The reader's first GPM GPU (or the one with ``uuid``); skips where there is none."""
+    reader.read()  # nvmlInit, the support query, the first GPM sample
+    for d in reader._devices:  # noqa: SLF001
+        if d.gpm_supported and (uuid is None or d.uuid == uuid):
+            return d.index
+    pytest.skip("no GPU with GPM here (pre-Hopper, MIG on or vGPU)")
+
+
+def test_idle_sm_activity_is_low(reader):
+    index = _gpm_gpu(reader)
+    time.sleep(1.0)
+    g = reader.read().gpus[index]
+    if g.process_count:
+        pytest.skip(f"GPU {index} is not idle: {g.process_count} processes")
+    assert g.sm_active_pct is not None and g.sm_active_pct < 5, g
+    assert g.utilization_pct == g.sm_active_pct
+
+
+def test_a_kernel_on_every_sm_is_high_sm_activity(reader, cuda):
+    index = _gpm_gpu(reader, cuda.uuid())
+    cuda.spin(4.0, blocks=cuda.sm_count * 8, threads=256)
+    time.sleep(0.5)
+    reader.read()  # the GPM interval starts with the kernel running
+    time.sleep(1.5)
+    g = reader.read().gpus[index]
+    cuda.synchronize()
+    assert g.sm_active_pct is not None and g.sm_active_pct > 50, g
+    assert g.utilization_pct == g.sm_active_pct
+
+
+def test_a_resident_spinning_kernel_is_high_utilisation_but_low_sm_activity(reader, cuda):
+    import pynvml
+
+    index = _gpm_gpu(reader, cuda.uuid())
+    cuda.spin(4.0, blocks=1, threads=1)
+    time.sleep(0.5)
+    reader.read()
+    time.sleep(1.5)
+    g = reader.read().gpus[index]
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    classic = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+    cuda.synchronize()
+    assert classic > 50, classic  # "a kernel ran": the whole interval
+    assert g.sm_active_pct is not None and g.sm_active_pct < 10, g
