@@ -26,7 +26,8 @@ class Device:
     utilisation sample seen (the cursor of ``nvmlDeviceGetSamples``). GPM (``gpm.py``):
     ``gpm_supported`` (``None`` until ``nvmlGpmQueryDeviceSupport`` is asked, once per
     ``nvmlInit``), the kept sample ``gpm_kept`` (``gpm_filled`` once ``nvmlGpmSampleGet`` filled
-    it) and the spare buffer ``gpm_spare`` the next read fills.
+    it), the spare buffer ``gpm_spare`` the next read fills and ``gpm_request``, the
+    ``nvmlGpmMetricsGet`` request reused by each read.
     """
 
     __slots__ = (
@@ -45,6 +46,7 @@ class Device:
         "gpm_kept",
         "gpm_spare",
         "gpm_filled",
+        "gpm_request",
     )
 
     def __init__(self, index: int, handle: Any, facts: dict[str, Any]) -> None:
@@ -63,6 +65,7 @@ class Device:
         self.gpm_kept: Any = None
         self.gpm_spare: Any = None
         self.gpm_filled = False
+        self.gpm_request: Any = None  # the nvmlGpmMetricsGet request, reused
 
 
 def read_facts(calls: Calls, handle: Any) -> dict[str, Any]:

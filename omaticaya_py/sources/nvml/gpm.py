@@ -69,16 +69,27 @@ def _supported(calls: Calls, device: Device) -> bool:
     return device.gpm_supported
 
 
-def _metrics(calls: Calls, first: Any, second: Any) -> dict[str, float | None] | None:
-    """``nvmlGpmMetricsGet`` for ``GPM_FIELDS`` between two samples (one call); ``None`` when
-    the call fails with anything but a lost GPU or a gone library (raised)."""
+def _request() -> Any:
+    """A ``c_nvmlGpmMetricsGet_t`` asking for ``GPM_FIELDS`` (about 19 KB: pynvml sizes its
+    array at ``NVML_GPM_METRIC_MAX``, so one is made per GPU and reused)."""
     request = pynvml.c_nvmlGpmMetricsGet_t()
     request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
     request.numMetrics = len(GPM_FIELDS)
-    request.sample1 = first
-    request.sample2 = second
     for i, (_, metric) in enumerate(GPM_FIELDS):
         request.metrics[i].metricId = metric
+    return request
+
+
+def _metrics(
+    calls: Calls, device: Device, first: Any, second: Any
+) -> dict[str, float | None] | None:
+    """``nvmlGpmMetricsGet`` for ``GPM_FIELDS`` between two samples (one call); ``None`` when
+    the call fails with anything but a lost GPU or a gone library (raised)."""
+    request = device.gpm_request
+    if request is None:
+        request = device.gpm_request = _request()
+    request.sample1 = first
+    request.sample2 = second
     try:
         got = calls.call("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
     except LOST + LIBRARY_GONE:
@@ -125,7 +136,7 @@ def read_gpm(calls: Calls, device: Device) -> GpmResult:
         return None
     had = device.gpm_filled
     try:
-        values = _metrics(calls, device.gpm_kept, device.gpm_spare) if had else {}
+        values = _metrics(calls, device, device.gpm_kept, device.gpm_spare) if had else {}
     except LOST:
         free(calls, device)
         raise
