@@ -244,3 +244,57 @@ def test_a_gpu_lost_between_samples_is_its_error_and_gpm_starts_again(worker, tm
     w.advance(4)
     g = w.read()["gpus"][0]
     assert g["sm_active_pct"] == 50.0 == g["utilization_pct"]
+
+
+FAULT_CASES = [
+    # (id, {function: fault}, what the second read must show)
+    ("support-query-fails", {"nvmlGpmQueryDeviceSupport": "NVMLError_Unknown"}, "samples"),
+    ("support-query-lost", {"nvmlGpmQueryDeviceSupport": "NVMLError_GpuIsLost"}, "lost"),
+    ("alloc-not-supported", {"nvmlGpmSampleAlloc": "NVMLError_NotSupported"}, "samples"),
+    ("sample-get-not-supported", {"nvmlGpmSampleGet": "NVMLError_NotSupported@1"}, "samples"),
+    ("sample-get-lost", {"nvmlGpmSampleGet": "NVMLError_GpuIsLost@1"}, "lost"),
+    ("sample-get-driver-gone", {"nvmlGpmSampleGet": "NVMLError_DriverNotLoaded@1"}, "library"),
+    ("metrics-not-supported", {"nvmlGpmMetricsGet": "NVMLError_NotSupported"}, "samples"),
+    ("metrics-lost", {"nvmlGpmMetricsGet": "NVMLError_GpuIsLost"}, "lost"),
+]
+
+
+@pytest.mark.parametrize(
+    ("faults", "shows"), [c[1:] for c in FAULT_CASES], ids=[c[0] for c in FAULT_CASES]
+)
+def test_every_gpm_failure_is_a_reading_never_a_crash(worker, tmp_path, faults, shows) -> None:
+    """Each way a GPM call can fail, on the second read (the first read's calls succeed where
+    the fault says ``@1``): NotSupported and other errors fall back to the samples path (GPM
+    absent), a lost GPU is that GPU's error, a gone driver is the node's; the next read after
+    a lost GPU starts GPM again."""
+    trace = h100(
+        tmp_path / "faults.json",
+        *((float(t), 10 * (t + 1), gpm(sm_active_pct=77.0)) for t in range(4)),
+    )
+    w = worker(trace, faults=faults)
+    w.read()
+    w.advance(1)
+    snap = w.read()
+    g = snap["gpus"][0] if snap["gpus"] else None
+    if shows == "samples":
+        assert snap["error"] is None and g is not None and g["error"] is None
+        assert g["sm_active_pct"] is None and g["utilization_pct"] not in (None, 77.0)
+    elif shows == "lost":
+        assert g is not None and g["error"] == "NVMLError_GpuIsLost"
+    else:
+        assert snap["error"] == "NVMLError_DriverNotLoaded" or (
+            g is not None and g["error"] is not None
+        )
+
+
+def test_a_sample_that_cannot_be_freed_is_left_to_the_library(worker, tmp_path) -> None:
+    """``nvmlGpmSampleFree`` failing at a re-init frees what it can and reads on."""
+    w = worker(gpm_trace(tmp_path), faults={"nvmlGpmSampleFree": "NVMLError_Unknown"})
+    w.read()
+    w.advance(1)
+    assert w.read()["gpus"][0]["sm_active_pct"] == 20.0
+    w.request({"cmd": "reinit"})
+    w.advance(2)
+    w.read()
+    w.advance(3)
+    assert w.read()["gpus"][0]["sm_active_pct"] == 90.0

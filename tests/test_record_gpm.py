@@ -102,3 +102,39 @@ def test_a_failing_metrics_call_is_each_metrics_error(tmp_path: Path, nvml_worke
     samples, _, readings = record_steps(worker, 3, tmp_path)
     assert readings == 3
     assert {samples[2]["gpus"][1]["gpm"][k]["nvml_error"] for k in FIELDS} == {"NVMLError_Unknown"}
+
+
+RECORD_FAULTS = [
+    # (id, {function: fault}, what GPU 1's third sample records)
+    ("support-not-supported", {"nvmlGpmQueryDeviceSupport": "NVMLError_NotSupported"}, "none"),
+    ("support-fails", {"nvmlGpmQueryDeviceSupport": "NVMLError_Unknown"}, "error"),
+    ("sample-get-not-supported", {"nvmlGpmSampleGet": "NVMLError_NotSupported@2"}, "none"),
+    ("sample-get-fails", {"nvmlGpmSampleGet": "NVMLError_Unknown@2"}, "error"),
+    ("sample-get-lost", {"nvmlGpmSampleGet": "NVMLError_GpuIsLost@2"}, "lost"),
+    ("free-fails", {"nvmlGpmSampleFree": "NVMLError_Unknown"}, "metrics"),
+]
+
+
+@pytest.mark.parametrize(
+    ("faults", "third"), [c[1:] for c in RECORD_FAULTS], ids=[c[0] for c in RECORD_FAULTS]
+)
+def test_every_gpm_failure_is_recorded_never_a_crash(tmp_path: Path, nvml_worker, faults,
+                                                     third) -> None:  # fmt: skip
+    """Each way a GPM call can fail while recording (GPU 1; GPU 0 is in MIG mode and has none):
+    NotSupported records no ``gpm`` (as a GPU without it), another error records the error,
+    a lost GPU records its error; every sample is still written."""
+    trace = scenario(
+        tmp_path / "src.json", *(sample(gpu1={"gpm": metrics(60.0)}) for _ in range(4))
+    )
+    worker = nvml_worker(trace, tmp_path / "pos", reader=False, faults=faults)
+    samples, _, readings = record_steps(worker, 4, tmp_path)
+    assert readings == 4
+    got = samples[2]["gpus"][1]
+    if third == "none":
+        assert "gpm" not in got
+    elif third == "error":
+        assert "nvml_error" in str(got.get("gpm", got))
+    elif third == "lost":
+        assert "GpuIsLost" in str(got)
+    else:
+        assert got["gpm"]["sm_active_pct"] == 60.0

@@ -110,13 +110,8 @@ def attach(calls: Calls, device: Device) -> bool:
         )
     except LOST:
         return False
+    # (its GPM buffers, if any, were freed when it was lost: gpm.free from read_gpu)
     fresh = Device(device.index, handle, read_facts(calls, handle))
-    for sample in (device.gpm_kept, device.gpm_spare):  # never leak a GPM buffer
-        if sample is not None:
-            try:
-                calls.call("nvmlGpmSampleFree", pynvml.nvmlGpmSampleFree, sample)
-            except pynvml.NVMLError:
-                pass
     for name in Device.__slots__:
         setattr(device, name, getattr(fresh, name))
     return True
