@@ -136,6 +136,39 @@ class DevicePluginSettings(CommonSettings):
         description="A daemon's state older than this counts as down (the supervisor writes it "
         "every check).",
     )
+    # -- the DRA driver gpu.omaticaya.io (omaticaya_py/dra, core/dra.py) -------------------
+    dra: bool = Field(
+        default=False,
+        description="Serve the GPUs through Dynamic Resource Allocation as the driver "
+        "gpu.omaticaya.io (Kubernetes 1.34+): publish this Node's ResourceSlice and run the "
+        "kubelet DRA plugin. Instead of OMATICAYA_DEVICE_PLUGIN on a node, not with it.",
+    )
+    dra_plugin_dir: Path = Field(
+        default=Path("/var/lib/kubelet/plugins/gpu.omaticaya.io"),
+        description="The DRA plugin's own folder: its gRPC socket dra.sock, its health socket "
+        "and its checkpoint of prepared claims (under the kubelet's plugins folder).",
+    )
+    dra_registry_dir: Path = Field(
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        description="The kubelet's plugin registration folder (the registration socket "
+        "gpu.omaticaya.io-reg.sock goes there).",
+    )
+    dra_cdi_dir: Path = Field(
+        default=Path("/var/run/cdi"),
+        description="Where the DRA plugin writes a prepared claim's CDI spec (a folder "
+        "containerd 2 or CRI-O reads CDI specs from).",
+    )
+    dra_dev_root: Path = Field(
+        default=Path("/dev"),
+        description="The host's /dev as the DRA plugin sees it: a CDI spec names the device "
+        "nodes (/dev/nvidia<minor>, nvidiactl, nvidia-uvm, nvidia-uvm-tools) found there.",
+    )
+    dra_taint_effect: Literal["NoSchedule", "NoExecute"] = Field(
+        default="NoSchedule",
+        description="The effect of the taint on an unhealthy GPU's device in the ResourceSlice: "
+        "NoSchedule (no new claim gets it) or NoExecute (also evicts the pods of claims that "
+        "have it, unless they tolerate it).",
+    )
     device_list_strategy: Annotated[tuple[str, ...], NoDecode] = Field(
         default=("envvar", "volume-mounts"),
         description=(
@@ -173,6 +206,11 @@ class DevicePluginSettings(CommonSettings):
                 "OMATICAYA_SHARED_RESOURCE must differ from OMATICAYA_DEVICE_PLUGIN_RESOURCE "
                 f"(both {self.shared_resource!r}): a GPU is served whole or in units, never both"
             )
+        if self.dra and self.device_plugin:
+            raise ValueError(
+                "OMATICAYA_DRA and OMATICAYA_DEVICE_PLUGIN are both true: a GPU is served by one "
+                "of the two on a node (the kubelet would hand it out twice); set one to false"
+            )
         return self
 
     @field_validator("mps_root", "mps_state_dir")
@@ -186,6 +224,13 @@ class DevicePluginSettings(CommonSettings):
                 "<root>/<GPU UUID>/pipe/..., and a socket's path is at most 107 bytes), like "
                 "'/run/omaticaya/mps'"
             )
+        return value
+
+    @field_validator("dra_plugin_dir", "dra_registry_dir", "dra_cdi_dir", "dra_dev_root")
+    @classmethod
+    def _check_dra_dir(cls, value: Path) -> Path:
+        if not value.is_absolute() or ".." in value.parts:
+            raise ValueError("expected an absolute folder path without '..', like '/var/run/cdi'")
         return value
 
     @field_validator("device_plugin_dir")
