@@ -34,12 +34,14 @@ from ..core.snapshot import NodeSnapshot, Reader
 from ..core.window import PeakWindow
 from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
 from ..kube.pod_client import PodClient
+from ..kube.resourceslice import ResourceSliceClient
 from ..sources.mps import MpsWatch
 from .attribution import Attribution, make_attribution
 from .events import HealthEvents, SliceWatch, mps_enforcement
 from .heartbeat import Heartbeat, make_lease
 from .node_writer import NodeWriter
 from .outage import ApiOutage
+from .slice_writer import SliceWriter
 from .state import AgentStopping, Runner, SnapshotCache
 from .xid_seed import XidSeeder
 
@@ -111,13 +113,14 @@ class Agent:
         #: and when (``clock``) it was asked for (``None``: none answered): the device plugin's
         self.last_listed: tuple[frozenset[str], float] | None = None
         #: shared GPUs enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``) through this
-        #: agent's device plugin (``OMATICAYA_DEVICE_PLUGIN``: it makes the containers clients):
+        #: agent's device plugin or DRA plugin (``OMATICAYA_DEVICE_PLUGIN``, ``OMATICAYA_DRA``:
+        #: they make the containers clients):
         #: the daemons' states as the supervisor writes them (``omaticaya mps``); ``None``: no
         #: GPU shared, enforcement off, or no device plugin (no slice is ours to enforce)
         self.mps: MpsWatch | None = (
             MpsWatch(Layout(settings.mps_root, settings.mps_state_dir), settings.mps_stale_s)
             if settings.shared_gpus and settings.share_enforcement == "mps"
-            and settings.device_plugin else None
+            and (settings.device_plugin or settings.dra) else None
         )  # fmt: skip
         #: shared GPUs: the pods holding slices named from the API, over-use Events
         self.slices = (
@@ -133,7 +136,20 @@ class Agent:
             mps=(lambda uuids: mps_enforcement(self.mps, uuids) or {})
             if self.mps is not None else None,
         )
+        #: the Node's DRA ResourceSlice (``OMATICAYA_DRA``), kept in step with each tick
+        self.slice_writer: SliceWriter | None = (
+            SliceWriter(
+                settings,
+                ResourceSliceClient(node.session, node.node_name)
+                if node is not None and not dry_run else None,
+                self.cache,
+                mps=(lambda uuids: mps_enforcement(self.mps, uuids) or {})
+                if self.mps is not None else None,
+            )
+            if settings.dra else None
+        )
         self._said: SayOnce[str, bool] = SayOnce()  # NVML unreadable
+        self._slice_failing: SayOnce[str, bool] = SayOnce()  # ResourceSlice writes, by error
         self._dropped_seen: set[tuple[str, str]] = set()
         #: held by each tick's read path (and by a whole ``tick()``)
         self.tick_lock = threading.Lock()
@@ -259,10 +275,13 @@ class Agent:
                 if self.heartbeat.lease_due(now_s) and not self.dry_run:
                     if self.heartbeat.renew(now_s):
                         self.writer.forget()  # re-read the Node each heartbeat: re-created, edited
+                        if self.slice_writer is not None:
+                            self.slice_writer.forget()
                 desired, patch, sent = self.writer.write(
                     desired, snapshot, health, now_s, attribution
                 )
                 self.outage.ok(now_s)
+                self.write_slice(snapshot, health, now_s)
                 if self.node is not None and not self.dry_run:
                     self.post_events(health, snapshot, attribution)
             except KubeNotFound as exc:
@@ -275,6 +294,24 @@ class Agent:
             finally:
                 self.cache.write_seconds.observe(time.perf_counter() - started)
         return TickResult(snapshot, health, desired, patch, sent, attribution)
+
+    def write_slice(self, snapshot: NodeSnapshot, health: NodeHealth, now_s: float) -> None:
+        """Bring the Node's DRA ResourceSlice to this reading (``slice_writer``; nothing without
+        ``OMATICAYA_DRA``). A failure is logged once per kind until a write succeeds, counted
+        (``omaticaya_resourceslice_errors``) and retried next tick; the Node's labels do not
+        wait for it."""
+        if self.slice_writer is None:
+            return
+        uid = self.writer.meta.uid if self.writer.meta else None
+        try:
+            self.slice_writer.write(snapshot, health, uid, now_s)
+        except KubeError as exc:
+            if self._slice_failing.start(type(exc).__name__, True):
+                logger.error("could not write the ResourceSlice (retried each tick): {}", exc)
+            return
+        for kind in list(self._slice_failing.current):
+            self._slice_failing.end(kind)
+            logger.info("ResourceSlice written again")
 
     def post_events(
         self, health: NodeHealth, snapshot: NodeSnapshot, att: Mapping[str, GpuAttribution]

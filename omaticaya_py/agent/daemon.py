@@ -194,8 +194,9 @@ class Daemon:
         logger.info("agent stopped")
 
     def cleanup_on_exit(self) -> None:
-        """Release the Lease and remove the dynamic labels (unless ``cleanup_on_exit`` is off
-        or ``dry_run``); a failure is logged, never raised."""
+        """Release the Lease, delete the DRA ResourceSlice (``OMATICAYA_DRA``) and remove the
+        dynamic labels (unless ``cleanup_on_exit`` is off or ``dry_run``); a failure is logged,
+        never raised."""
         agent = self.agent
         if agent.dry_run:
             return
@@ -203,6 +204,8 @@ class Daemon:
         agent.heartbeat.release(delete=agent.settings.cleanup_on_exit)
         if not agent.settings.cleanup_on_exit:
             return
+        if agent.slice_writer is not None:  # its devices leave the scheduler's view now
+            agent.slice_writer.delete()
         try:
             patch = agent.cleanup(keep_static=True)
             removed = len((patch or {}).get("metadata", {}).get("labels", {}))

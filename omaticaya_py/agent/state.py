@@ -73,6 +73,11 @@ class SnapshotCache:
         self.last_patch_wall_s: float | None = None
         self.patches_sent = 0
         self.patches_held = 0  # ticks whose patch the write budget held back
+        #: the DRA ResourceSlice (``agent.slice_writer``): applies sent, ticks whose changes for
+        #: the better the write budget held back, requests that failed
+        self.slice_writes = 0
+        self.slice_held = 0
+        self.slice_errors = 0
         self.lease_renewals = 0
         self.lease_failures = 0
         self.lease_fallbacks = 0  # 403 on the Lease: heartbeat back on the Node annotation

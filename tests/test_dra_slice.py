@@ -1,0 +1,344 @@
+"""Issue 41: the Node's DRA ResourceSlice: the devices (``core.dra``) from the recorded traces,
+the write budget's rules, and the agent's ``SliceWriter`` against the real kube-apiserver
+(``resource.k8s.io/v1``, v1.37: what it keeps of consumable capacity and taints)."""
+
+from __future__ import annotations
+
+import pytest
+
+from omaticaya_py.agent.slice_writer import SliceWriter
+from omaticaya_py.agent.state import SnapshotCache
+from omaticaya_py.core.dra import (
+    DRIVER,
+    TAINT_MPS,
+    TAINT_UNHEALTHY,
+    device_name,
+    held_devices,
+    inventory,
+    parse_device_name,
+    render_devices,
+    slice_body,
+    slice_name,
+    worse_devices,
+)
+from omaticaya_py.core.health import assess
+from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.sharing import Sharing, parse_shared_gpus
+from omaticaya_py.kube import NodeClient
+from omaticaya_py.kube.resourceslice import ResourceSliceClient
+from omaticaya_py.sources.replay import TraceReader
+from tests.helpers import H100_TRACE
+
+MULTI = "tests/data/multi-gpu-trace.json"
+MIG = "tests/data/mig-mixed-trace.json"
+FAULTS = "tests/data/faults-trace.json"
+SHARE_01 = Sharing(parse_shared_gpus("0,1"), 1024)
+
+
+def read(trace: str, at_s: float = 0.0):
+    reader = TraceReader(trace, at_s=at_s, loop=False)
+    snapshot = reader.read()
+    return snapshot, assess(snapshot)
+
+
+def devices_of(trace: str, sharing: Sharing = SHARE_01, at_s: float = 0.0, previous=None):
+    snapshot, health = read(trace, at_s)
+    return snapshot, inventory(snapshot, health, sharing, 1024, 10, previous)
+
+
+# -- names ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "parsed"),
+    [
+        ("gpu-0", (0, None)),
+        ("gpu-7", (7, None)),
+        ("gpu-12-mig-3", (12, 3)),
+        ("gpu-01", None),
+        ("gpu--1", None),
+        ("gpu-0-mig-", None),
+        ("GPU-0", None),
+        ("gpu-0 ", None),
+        ("nvidia-0", None),
+        ("", None),
+        (7, None),
+        (None, None),
+    ],
+)
+def test_device_names_round_trip_and_refuse_anything_else(name, parsed):
+    assert parse_device_name(name) == parsed
+    if parsed is not None:
+        assert device_name(*parsed) == name
+
+
+# -- devices from the traces -----------------------------------------------------------------
+
+
+def test_multi_gpu_trace_one_device_per_gpu_with_live_free_memory():
+    snapshot, devices = devices_of(MULTI)
+    assert [d.name for d in devices] == [f"gpu-{i}" for i in range(8)]
+    free = {d.name: d.free_memory_mib for d in devices}
+    # rounded down to 1 GiB steps: a selector never gets more than the GPU has
+    assert all(v % 1024 == 0 for v in free.values())
+    at_least_60 = sorted(n for n, v in free.items() if v >= 61440)
+    assert at_least_60 == ["gpu-0", "gpu-2", "gpu-4", "gpu-6"]
+    shared = [d.name for d in devices if d.shared]
+    assert shared == ["gpu-0", "gpu-1"]
+    g0 = devices[0]
+    assert g0.memory_total_mib == 79 * 1024 and g0.unit_mib == 1024  # whole units only
+    assert devices[2].memory_total_mib == snapshot.gpus[2].memory_total_mib
+
+
+def test_mig_gpu_is_published_as_its_mig_devices_only():
+    _, devices = devices_of(MIG, Sharing(parse_shared_gpus("all"), 1024))
+    names = [d.name for d in devices]
+    assert names[:7] == [f"gpu-0-mig-{k}" for k in range(7)] and names[7:] == ["gpu-1"]
+    mig = devices[0]
+    assert mig.uuid.startswith("MIG-") and mig.gpu_uuid.startswith("GPU-")
+    assert mig.profile == "1g.10gb" and not mig.shared  # a MIG GPU is never shared
+    assert devices[7].shared
+
+
+def test_hysteresis_free_memory_rises_only_past_the_margin():
+    _, first = devices_of(MULTI)
+    g1 = next(d for d in first if d.name == "gpu-1")
+    # published lower before: a rise within the margin (10 % of a step) keeps it
+    _, again = devices_of(MULTI, previous={"gpu-1": g1.free_memory_mib - 1024})
+    assert next(d for d in again if d.name == "gpu-1").free_memory_mib in (
+        g1.free_memory_mib - 1024, g1.free_memory_mib)
+    # published higher before: a drop goes at once
+    _, dropped = devices_of(MULTI, previous={"gpu-1": g1.free_memory_mib + 4096})
+    assert next(d for d in dropped if d.name == "gpu-1").free_memory_mib == g1.free_memory_mib
+
+
+def test_render_attributes_capacity_and_sharing():
+    snapshot, devices = devices_of(MULTI)
+    rendered = render_devices(devices, snapshot)
+    g0, g2 = rendered[0], rendered[2]
+    attrs = g2["attributes"]
+    assert attrs["type"] == {"string": "gpu"} and attrs["shared"] == {"bool": False}
+    assert attrs["index"] == {"int": 2} and attrs["uuid"]["string"].startswith("GPU-")
+    assert attrs["productName"]["string"].startswith("NVIDIA H100")
+    assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert attrs["driverVersion"]["version"].count(".") == 2
+    assert attrs["cudaDriverVersion"]["version"].count(".") == 2
+    assert attrs["freeMemoryMiB"] == {"int": devices[2].free_memory_mib}
+    assert g2["capacity"] == {"memory": {"value": f"{devices[2].memory_total_mib}Mi"}}
+    assert "allowMultipleAllocations" not in g2 and "taints" not in g2
+    assert g0["allowMultipleAllocations"] is True
+    assert g0["capacity"]["memory"] == {
+        "value": f"{79 * 1024}Mi",
+        "requestPolicy": {"default": "1024Mi", "validRange": {"min": "1024Mi", "step": "1024Mi"}},
+    }
+
+
+def test_render_mig_attributes():
+    snapshot, devices = devices_of(MIG, Sharing())
+    mig = render_devices(devices, snapshot)[0]["attributes"]
+    assert mig["type"] == {"string": "mig"} and mig["profile"] == {"string": "1g.10gb"}
+    assert mig["migIndex"] == {"int": 0} and mig["parentUUID"]["string"].startswith("GPU-")
+
+
+@pytest.mark.parametrize(
+    ("at_s", "tainted"),
+    [
+        (0.0, {}),
+        (5.0, {}),  # Xid 13: an application fault, not the GPU's
+        (10.0, {"gpu-1": "remap-pending"}),
+        (15.0, {}),  # the remap done: cleared
+        (24.0, {"gpu-3": "lost"}),
+        (28.0, {}),  # back
+    ],
+)
+def test_unhealthy_gpu_is_tainted_with_its_reason_and_cleared_when_healthy(at_s, tainted):
+    snapshot, health = read(FAULTS, at_s)
+    devices = inventory(snapshot, health, SHARE_01, 1024, 10)
+    rendered = render_devices(devices, snapshot, taint_effect="NoExecute")
+    got = {d["name"]: d["taints"] for d in rendered if d.get("taints")}
+    assert {n: t[0]["value"] for n, t in got.items()} == tainted
+    assert all(t[0]["key"] == TAINT_UNHEALTHY and t[0]["effect"] == "NoExecute"
+               for t in got.values())
+    assert [d["name"] for d in rendered] == [f"gpu-{i}" for i in range(4)]  # a lost GPU stays
+
+
+def test_driver_gone_keeps_the_devices_tainted(tmp_path):
+    settings = load_settings(node_name="n", dra=True, shared_gpus="0,1")
+    writer = SliceWriter(settings, None, SnapshotCache(lambda: 0.0))
+    snapshot, health = read(FAULTS, 0.0)
+    assert writer.write(snapshot, health, None, 0.0)
+    gone, gone_health = read(FAULTS, 32.0)
+    assert gone.error is not None
+    assert writer.write(gone, gone_health, None, 1.0)  # worse: at once
+    assert [t["taints"][0]["value"] for t in writer.published] == ["nvml-unreadable"] * 4
+    assert all("freeMemoryMiB" not in d["attributes"] for d in writer.published)
+
+
+def reader_samples(trace: str):
+    import json
+
+    with open(trace) as f:
+        return json.load(f)["samples"]
+
+
+def test_mps_down_taints_a_shared_gpu_not_an_unshared_one():
+    snapshot, devices = devices_of(MULTI)
+    uuid0, uuid2 = devices[0].gpu_uuid, devices[2].gpu_uuid
+    rendered = render_devices(devices, snapshot, mps_down={uuid0: "mps-daemon-down", uuid2: "x"})
+    assert rendered[0]["taints"] == [
+        {"key": TAINT_MPS, "value": "mps-daemon-down", "effect": "NoSchedule"}
+    ]
+    assert "taints" not in rendered[2]
+
+
+def test_taint_time_is_kept():
+    snapshot, devices = devices_of(MULTI)
+    rendered = render_devices(devices, snapshot, mps_down={devices[0].gpu_uuid: "down"},
+                              taint_times={("gpu-0", TAINT_MPS): "2026-11-28T05:00:00Z"})
+    assert rendered[0]["taints"][0]["timeAdded"] == "2026-11-28T05:00:00Z"
+
+
+# -- the write budget ----------------------------------------------------------------------------
+
+
+def dev(name, free, taints=None, uuid="GPU-1"):
+    d = {"name": name, "attributes": {"uuid": {"string": uuid}, "freeMemoryMiB": {"int": free}}}
+    if taints:
+        d["taints"] = [{"key": TAINT_UNHEALTHY, "value": v, "effect": "NoSchedule"} for v in taints]
+    return d
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "worse"),
+    [
+        ([dev("gpu-0", 2048)], [dev("gpu-0", 2048)], False),
+        ([dev("gpu-0", 2048)], [dev("gpu-0", 1024)], True),  # less free
+        ([dev("gpu-0", 1024)], [dev("gpu-0", 2048)], False),  # more free: may wait
+        ([dev("gpu-0", 1024)], [dev("gpu-0", 1024, ["xid-79"])], True),  # tainted
+        ([dev("gpu-0", 1024, ["xid-79"])], [dev("gpu-0", 1024)], False),  # cleared: may wait
+        ([dev("gpu-0", 1024, ["xid-79"])], [dev("gpu-0", 1024, ["gpu-lost"])], True),
+        ([dev("gpu-0", 1), dev("gpu-1", 1)], [dev("gpu-0", 1)], True),  # a device gone
+        ([dev("gpu-0", 1)], [dev("gpu-0", 1), dev("gpu-1", 1)], False),  # a new one may wait
+        ([dev("gpu-0", 1)], [dev("gpu-0", 1, uuid="GPU-2")], True),  # another GPU
+    ],
+)
+def test_worse_devices(before, after, worse):
+    assert worse_devices(before, after) is worse
+
+
+def test_held_devices_keep_the_published_side_of_changes_for_the_better():
+    before = [dev("gpu-0", 1024, ["xid-79"]), dev("gpu-1", 4096)]
+    after = [dev("gpu-0", 8192), dev("gpu-1", 2048), dev("gpu-2", 1)]
+    held = held_devices(before, after)
+    assert [d["name"] for d in held] == ["gpu-0", "gpu-1"]  # the new device waits
+    assert held[0]["attributes"]["freeMemoryMiB"] == {"int": 1024}  # the rise waits
+    assert held[0]["taints"][0]["value"] == "xid-79"  # the cleared taint waits
+    assert held[1]["attributes"]["freeMemoryMiB"] == {"int": 2048}  # the drop goes
+
+
+def test_slice_body_names_the_pool_node_and_owner():
+    body = slice_body("node-a", "uid-1", [dev("gpu-0", 1)])
+    assert body["metadata"]["name"] == slice_name("node-a") == f"node-a-{DRIVER}"
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert body["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
+    assert body["spec"]["driver"] == DRIVER and body["spec"]["nodeName"] == "node-a"
+    assert "ownerReferences" not in slice_body("node-a", None, [])["metadata"]
+    assert len(slice_name("n" * 253)) <= 253
+
+
+# -- against the real API server ------------------------------------------------------------------
+
+
+def writer_for(dev_cluster, node: str, **env):
+    settings = load_settings(node_name=node, dra=True, shared_gpus="0,1", **env)
+    client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
+    cache = SnapshotCache(lambda: 0.0)
+    return SliceWriter(settings, ResourceSliceClient(client.session, node), cache), client, cache
+
+
+def stored(admin_client, node: str):
+    from kubernetes import client as k
+
+    try:
+        return k.ResourceV1Api(admin_client).read_resource_slice(slice_name(node)).to_dict()
+    except k.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+@pytest.mark.cluster
+def test_writer_publishes_change_only_and_the_server_keeps_every_field(
+    dev_cluster, admin_client, make_node
+):
+    node = make_node()
+    writer, client, cache = writer_for(dev_cluster, node, min_patch_interval_s=30)
+    uid = client.get_node().uid
+    snapshot, health = read(MULTI)
+    assert writer.write(snapshot, health, uid, 0.0) is True
+    obj = stored(admin_client, node)
+    spec = obj["spec"]
+    assert spec["driver"] == DRIVER and spec["node_name"] == node
+    assert obj["metadata"]["owner_references"][0]["uid"] == uid
+    devices = {d["name"]: d for d in spec["devices"]}
+    assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
+    g0 = devices["gpu-0"]
+    # consumable capacity (DRAConsumableCapacity, beta and on in 1.37) is kept as written
+    assert g0["allow_multiple_allocations"] is True
+    policy = g0["capacity"]["memory"]["request_policy"]
+    assert policy["default"] in ("1024Mi", "1Gi") and policy["valid_range"]["step"] in ("1024Mi", "1Gi")
+    assert devices["gpu-2"]["attributes"]["freeMemoryMiB"]["int"] == 70656
+    # the same reading again: no write (the server's canonical quantities compare equal)
+    writer.forget()
+    assert writer.write(snapshot, health, uid, 1.0) is False
+    assert cache.slice_writes == 1
+
+
+@pytest.mark.cluster
+def test_writer_taints_at_once_and_clears_after_the_budget(dev_cluster, admin_client, make_node):
+    node = make_node()
+    writer, client, cache = writer_for(dev_cluster, node, min_patch_interval_s=30)
+    uid = client.get_node().uid
+    samples = sorted({s["t"] for s in reader_samples(FAULTS)})
+    phases = []
+    for t in samples:
+        snapshot, health = read(FAULTS, t)
+        phases.append((t, snapshot, health, any(not g.healthy for g in health.gpus.values())))
+    healthy_t = next(p for p in phases if not p[3])
+    sick_t = next(p for p in phases if p[3])
+    assert writer.write(healthy_t[1], healthy_t[2], uid, 0.0)
+    assert writer.write(sick_t[1], sick_t[2], uid, 1.0)  # worse: at once, within the budget
+
+    def taints():
+        obj = stored(admin_client, node)
+        return {d["name"]: d.get("taints") for d in obj["spec"]["devices"] if d.get("taints")}
+
+    tainted = taints()
+    assert tainted and all(t[0]["key"] == TAINT_UNHEALTHY for t in tainted.values())
+    # the server keeps a time on it
+    assert all(t[0]["time_added"] is not None for t in tainted.values())
+    # healthy again: held back within the budget, written after it
+    writer.write(healthy_t[1], healthy_t[2], uid, 2.0)
+    assert taints() == tainted and cache.slice_held >= 1
+    assert writer.write(healthy_t[1], healthy_t[2], uid, 40.0)
+    assert not taints()
+
+
+@pytest.mark.cluster
+def test_writer_recreates_a_deleted_slice_at_the_heartbeat_and_deletes_on_exit(
+    dev_cluster, admin_client, make_node
+):
+    from kubernetes import client as k
+
+    node = make_node()
+    writer, client, _ = writer_for(dev_cluster, node)
+    uid = client.get_node().uid
+    snapshot, health = read(H100_TRACE)
+    assert writer.write(snapshot, health, uid, 0.0)
+    k.ResourceV1Api(admin_client).delete_resource_slice(slice_name(node))
+    assert writer.write(snapshot, health, uid, 1.0) is False  # nothing changed in our view
+    writer.forget()  # the heartbeat
+    assert writer.write(snapshot, health, uid, 2.0) is True
+    assert stored(admin_client, node) is not None
+    writer.delete()
+    assert stored(admin_client, node) is None
