@@ -85,6 +85,18 @@ def test_label_churn_quick() -> None:
     assert "Node patches/h" in out and "held ticks/h" in out
 
 
+def test_dra_writes_quick() -> None:
+    proc = run_bench("dra_writes.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "ResourceSlice applies/h" in out and "Node patches/h (labels)" in out
+    rows = {tuple(line.split()[:3]): line.split() for line in out.splitlines()
+            if line.split()[:1] and line.split()[0] in ("h100", "h100-idle", "8-gpu", "faults")}
+    assert rows[("8-gpu", "8", "0")][3] == "0"  # a steady node: no write after start-up
+    assert float(rows[("h100", "1", "30")][3]) < float(rows[("h100", "1", "0")][3])
+    assert float(rows[("faults", "4", "0")][3]) > 0  # taints come and go
+
+
 @pytest.mark.cluster
 def test_api_load_quick(dev_cluster: DevCluster) -> None:
     proc = run_bench("api_load.py", "--quick", env=cluster_env(dev_cluster))
