@@ -342,3 +342,70 @@ def test_writer_recreates_a_deleted_slice_at_the_heartbeat_and_deletes_on_exit(
     assert stored(admin_client, node) is not None
     writer.delete()
     assert stored(admin_client, node) is None
+
+
+def dra_agent(dev_cluster, node: str, kubeconfig: str | None = None):
+    from omaticaya_py.agent import Agent
+    from tests.helpers import Clock
+
+    clock = Clock()
+    settings = load_settings(node_name=node, dra=True, shared_gpus="0,1")
+    reader = TraceReader(MULTI, at_s=0.0, loop=False, clock=clock)
+    client = NodeClient(node, kubeconfig=kubeconfig or str(dev_cluster.kubeconfig),
+                        sleep=lambda s: None)
+    return Agent(settings, reader, client, clock=clock, lease=None, attribution=None)
+
+
+@pytest.mark.cluster
+def test_agent_tick_publishes_the_slice_and_its_exit_deletes_it(dev_cluster, admin_client, make_node):
+    from omaticaya_py.agent.daemon import Daemon
+    from tests.conftest import node_metadata
+
+    node = make_node()
+    agent = dra_agent(dev_cluster, node)
+    agent.tick()
+    obj = stored(admin_client, node)
+    assert obj is not None and len(obj["spec"]["devices"]) == 8
+    assert obj["metadata"]["owner_references"][0]["name"] == node
+    from kubernetes import client as k
+
+    labels, _ = node_metadata(k.CoreV1Api(admin_client), node)
+    assert labels["omaticaya.io/gpu.count"] == "8"  # the labels as before
+    assert agent.cache.slice_writes == 1
+    agent.tick()
+    assert agent.cache.slice_writes == 1  # the same reading: no write
+    Daemon(agent).cleanup_on_exit()
+    assert stored(admin_client, node) is None
+
+
+@pytest.mark.cluster
+def test_without_rbac_on_resourceslices_the_labels_still_go(
+    dev_cluster, admin_client, make_node, tmp_path
+):
+    """A ServiceAccount that may patch Nodes but not write ResourceSlices (an old ClusterRole):
+    the tick labels the Node, the slice's 403 is counted and the tick does not fail."""
+    from kubernetes import client as k
+
+    from tests.conftest import node_metadata
+    from tests.helpers import token_kubeconfig
+
+    node = make_node()
+    rbac, core = k.RbacAuthorizationV1Api(admin_client), k.CoreV1Api(admin_client)
+    name = f"dra-norbac-{node}"
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]})
+    core.create_namespaced_service_account("default", {"metadata": {"name": name}})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]})
+    token = core.create_namespaced_service_account_token(
+        name, "default", {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
+    cfg = token_kubeconfig(dev_cluster, token, tmp_path / "kubeconfig")
+    agent = dra_agent(dev_cluster, node, str(cfg))
+    agent.tick()
+    labels, _ = node_metadata(core, node)
+    assert labels["omaticaya.io/gpu.count"] == "8"
+    assert agent.cache.slice_errors >= 1 and stored(admin_client, node) is None
+    assert agent.slice_writer is not None and agent.slice_writer.client is not None
+    assert agent.slice_writer.client.session.requests[("get", "403")] >= 1
