@@ -90,6 +90,12 @@ def test_defaults() -> None:
         "mps_state_dir": Path("/run/omaticaya-mps-state"),
         "mps_thread_share": False,
         "mps_stale_s": 15,
+        "dra": False,
+        "dra_plugin_dir": Path("/var/lib/kubelet/plugins/gpu.omaticaya.io"),
+        "dra_registry_dir": Path("/var/lib/kubelet/plugins_registry"),
+        "dra_cdi_dir": Path("/var/run/cdi"),
+        "dra_dev_root": Path("/dev"),
+        "dra_taint_effect": "NoSchedule",
     }
 
 
@@ -172,6 +178,13 @@ VALID_ENV = [
     ("OMATICAYA_MPS_STATE_DIR", "/tmp/mps-state", "mps_state_dir", Path("/tmp/mps-state")),
     ("OMATICAYA_MPS_THREAD_SHARE", "true", "mps_thread_share", True),
     ("OMATICAYA_MPS_STALE_S", "30", "mps_stale_s", 30),
+    ("OMATICAYA_DRA", "true", "dra", True),
+    ("OMATICAYA_DRA_PLUGIN_DIR", "/k/plugins/gpu.omaticaya.io", "dra_plugin_dir",
+     Path("/k/plugins/gpu.omaticaya.io")),
+    ("OMATICAYA_DRA_REGISTRY_DIR", "/k/plugins_registry", "dra_registry_dir", Path("/k/plugins_registry")),
+    ("OMATICAYA_DRA_CDI_DIR", "/etc/cdi", "dra_cdi_dir", Path("/etc/cdi")),
+    ("OMATICAYA_DRA_DEV_ROOT", "/host/dev", "dra_dev_root", Path("/host/dev")),
+    ("OMATICAYA_DRA_TAINT_EFFECT", "NoExecute", "dra_taint_effect", "NoExecute"),
 ]
 
 
@@ -427,6 +440,12 @@ BAD_ENV = [
     ("OMATICAYA_MPS_STATE_DIR", "/run/../etc", "without '..'"),
     ("OMATICAYA_MPS_THREAD_SHARE", "maybe", "expected true or false"),
     ("OMATICAYA_MPS_STALE_S", "0", "greater than 0"),
+    ("OMATICAYA_DRA", "maybe", "expected true or false"),
+    ("OMATICAYA_DRA_PLUGIN_DIR", "plugins/gpu", "absolute folder path"),
+    ("OMATICAYA_DRA_REGISTRY_DIR", "/var/lib/kubelet/../x", "without '..'"),
+    ("OMATICAYA_DRA_CDI_DIR", "cdi", "absolute folder path"),
+    ("OMATICAYA_DRA_DEV_ROOT", "dev", "absolute folder path"),
+    ("OMATICAYA_DRA_TAINT_EFFECT", "PreferNoSchedule", "NoSchedule"),
 ]
 
 #: Settings that accept any value, so no bad one exists.
@@ -518,3 +537,13 @@ def test_cli_bad_env_exits_2_with_one_line(tmp_path: Path, var, value, expected)
 def test_trigger_jitter(text: str) -> None:
     assert parse_schedule(text).trigger(jitter_s=2.5).jitter == 2.5
     assert parse_schedule(text).trigger().jitter is None
+
+
+def test_dra_and_the_device_plugin_together_are_refused(monkeypatch) -> None:
+    """A GPU is served by one of the two on a node: both on is a clear error naming both."""
+    monkeypatch.setenv("OMATICAYA_DRA", "true")
+    monkeypatch.setenv("OMATICAYA_DEVICE_PLUGIN", "true")
+    with pytest.raises(SettingsError, match="OMATICAYA_DRA and OMATICAYA_DEVICE_PLUGIN"):
+        load_settings()
+    monkeypatch.setenv("OMATICAYA_DEVICE_PLUGIN", "false")
+    assert load_settings().dra is True
