@@ -215,6 +215,13 @@ class DevCluster:
         """Where this cluster's containerd 2 reads CDI specs (``<state dir>/cdi``)."""
         return self.state_dir / "cdi"
 
+    @property
+    def dev_root(self) -> Path:
+        """Fake NVIDIA device nodes (``<state dir>/dev``: nvidia0-7 195:0-7, nvidiactl 195:255,
+        nvidia-uvm and nvidia-uvm-tools 510:0-1; ``devtools.devcluster.files.fake_gpu_devices``),
+        made by ``up --kubelet`` / ``--full``: the host's /dev of a GPU node replaying a trace."""
+        return self.state_dir / "dev"
+
     def ctr(self, *args: str, timeout: float = 30) -> str:
         """``ctr`` (the cluster's containerd's own) in namespace k8s.io; its stdout. Raises
         ``subprocess.CalledProcessError`` when it fails."""

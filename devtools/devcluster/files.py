@@ -11,6 +11,7 @@ import io
 import json
 import os
 import platform
+import stat
 import subprocess
 import tarfile
 from pathlib import Path
@@ -137,6 +138,38 @@ def write_audit_policy(state_dir: Path) -> None:
     (state_dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
 
 
+#: the fake GPU device nodes of ``<state dir>/dev`` (``fake_gpu_devices``): name -> (major,
+#: minor). The NVIDIA driver's character devices: ``nvidia<i>`` 195:i (as many as the largest
+#: trace in tests/data has GPUs), ``nvidiactl`` 195:255; ``nvidia-uvm`` and ``nvidia-uvm-tools``
+#: get a dynamic major on a real host (510 is one unused here), minors 0 and 1
+FAKE_GPU_DEVICES: dict[str, tuple[int, int]] = {
+    **{f"nvidia{i}": (195, i) for i in range(8)},
+    "nvidiactl": (195, 255),
+    "nvidia-uvm": (510, 0),
+    "nvidia-uvm-tools": (510, 1),
+}
+
+
+def fake_gpu_devices(dev_root: Path) -> None:
+    """``dev_root`` (``<state dir>/dev``) holding the NVIDIA driver's device nodes
+    (``FAKE_GPU_DEVICES``, mode 0666, made with mknod; no driver answers them): what a DRA
+    driver's CDI spec names as host device nodes when the agent replays a trace on a machine
+    without a GPU (the chart's ``dra.devRoot``), so that a container gets a real character
+    device ``/dev/nvidia<i>``. Kept when right, remade when wrong; root only."""
+    dev_root.mkdir(parents=True, exist_ok=True)
+    for name, (major, minor) in FAKE_GPU_DEVICES.items():
+        path = dev_root / name
+        try:
+            st = path.lstat()
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(major, minor):
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        path.chmod(0o666)  # whatever the umask
+
+
 def kubelet_files(
     state_dir: Path, node: str, apiserver_port: int, full: FullState | None
 ) -> None:
@@ -144,11 +177,12 @@ def kubelet_files(
     authorizer), kubeconfig and CNI config (loopback; in a full cluster the bridge with
     host-local IPAM), and containerd's config, under ``<state_dir>/kubelet`` and
     ``<state_dir>/containerd``; containerd 2 reads CDI specs from
-    ``<state_dir>/cdi``."""
+    ``<state_dir>/cdi``; fake GPU device nodes in ``<state_dir>/dev`` (``fake_gpu_devices``)."""
     k, c, p = state_dir / "kubelet", state_dir / "containerd", state_dir / "pki"
     for d in (k / "root", k / "volume-plugins", k / "pki", k / "net.d", c / "root", c / "state",
               c / "runc", state_dir / "cdi"):
         d.mkdir(parents=True, exist_ok=True)
+    fake_gpu_devices(state_dir / "dev")
     if not (k / "pki" / "node.crt").exists():
         log(f"creating the kubelet client certificate (O=system:nodes, CN=system:node:{node})")
         old = os.umask(0o077)
