@@ -1,0 +1,52 @@
+"""The DRA plugin's counters on the agent's ``/metrics``: ``omaticaya_dra_prepare_total{result}``
+and ``omaticaya_dra_unprepare_total{result}``.
+
+Prepare results: ``prepared`` (a claim prepared now), ``repeated`` (prepared before: answered
+from the checkpoint), ``refused`` (the claim cannot be prepared: its reason is in the pod's
+events), ``failed`` (the API server or a file could not be reached: the kubelet tries again).
+Unprepare results: ``unprepared``, ``unknown`` (not prepared here: success), ``failed``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["DraCounters", "DraCounts", "PREPARE_RESULTS", "UNPREPARE_RESULTS"]
+
+PREPARE_RESULTS = ("prepared", "repeated", "refused", "failed")
+UNPREPARE_RESULTS = ("unprepared", "unknown", "failed")
+
+
+class DraCounts:
+    """The plugin's live counts: ``prepare[result]`` and ``unprepare[result]`` (claims)."""
+
+    def __init__(self) -> None:
+        self.prepare: Counter[str] = Counter()
+        self.unprepare: Counter[str] = Counter()
+
+
+class DraCounters(Collector):
+    """``omaticaya_dra_prepare_total{result}`` and ``omaticaya_dra_unprepare_total{result}``,
+    from ``counts`` (every result listed, 0 until it happens)."""
+
+    def __init__(self, counts: DraCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, results, counts in (
+            ("omaticaya_dra_prepare", "ResourceClaims the DRA plugin was asked to prepare, by "
+             "result (prepared, repeated: from the checkpoint, refused: the reason is in the "
+             "pod's events, failed: API or file error, retried by the kubelet).",
+             PREPARE_RESULTS, self._counts.prepare),
+            ("omaticaya_dra_unprepare", "ResourceClaims the DRA plugin was asked to unprepare, by "
+             "result (unprepared, unknown: not prepared here, failed).",
+             UNPREPARE_RESULTS, self._counts.unprepare),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, doc, labels=["result"])
+            for result in results:
+                family.add_metric([result], counts.get(result, 0))
+            yield family

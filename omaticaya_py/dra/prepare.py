@@ -1,0 +1,454 @@
+"""What ``NodePrepareResources`` decides for one ResourceClaim: pure, from the claim's JSON, the
+node's devices (``core.dra.inventory``) and facts read before the call (``NodeFacts``).
+
+``decide(claim, ref, devices, facts)`` returns a ``PreparedClaim`` (one ``PreparedDevice`` per
+allocation result of our driver on this node, each with the CDI container edits it gets) or
+raises ``Refused`` with the reason the kubelet puts in the pod's events. ``cdi_spec`` turns a
+``PreparedClaim`` into the CDI spec file's JSON (``CDI_VERSION``, kind ``CDI_KIND``); the
+plugin (``plugin.DraPlugin``) does the I/O around these.
+
+What a prepared device gives its container (CDI ``containerEdits``):
+
+- env ``NVIDIA_VISIBLE_DEVICES=<UUID,...>``: the device's UUID (a MIG device's ``MIG-...``
+  UUID, which the NVIDIA runtime resolves), joined with those of the claim's other devices of
+  the same request (one variable per container: CDI applies a later device's value over an
+  earlier's, so each device of a request carries the request's whole list), as the device
+  plugin's ``envvar`` strategy does: a container and its user can tell which GPU it got.
+- device nodes, each only when found as a character device under ``NodeFacts.dev_root``
+  (``OMATICAYA_DRA_DEV_ROOT``): the GPU's ``nvidia<minor>`` (a MIG device: its parent GPU's),
+  ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``; container path ``/dev/<name>``, host
+  path ``<dev_root>/<name>`` (so ``dev_root`` must be the same path on the host and in the
+  plugin's container: the runtime reads the host path on the host), with the type, major and
+  minor the plugin saw. A MIG device's capability nodes (``/dev/nvidia-caps``) are left to the
+  NVIDIA runtime, which ``NVIDIA_VISIBLE_DEVICES`` drives.
+- a shared GPU's slice (``DraDevice.shared``): its ``consumedCapacity`` ``memory`` must be a
+  whole number of ``unit_mib`` units. Under MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``) the
+  container becomes a client of the GPU's MPS daemon with exactly that pinned-memory limit
+  (``core.mps.client_spec``: env and mounts), and the claim is refused while the daemon is not
+  up (fail closed); the slice must then be its claim's only device (a process is the client of
+  one daemon). Without enforcement: the limit in the environment only.
+
+Opaque configuration (``status.allocation.devices.config`` entries whose ``opaque.driver`` is
+ours): ``{"apiVersion": "gpu.omaticaya.io/v1alpha1", "kind": "GpuConfig"}`` with an optional
+``mpsActiveThreadPercentage`` (1..100, a shared GPU under MPS only); anything else is refused,
+naming the field. Entries apply to their ``requests`` (all when empty); a claim's entry wins
+over its class's, a later over an earlier.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from ..core.dra import DRIVER, DraDevice, parse_device_name
+from ..core.mps import ACTIVE_THREAD_ENV, LIMIT_ENV, MPS_LIMIT_ENV, Layout, client_spec
+
+__all__ = [
+    "CDI_CLASS",
+    "CDI_KIND",
+    "CDI_VENDOR",
+    "CDI_VERSION",
+    "CONFIG_API_VERSION",
+    "CONFIG_KIND",
+    "CONTROL_NODES",
+    "ClaimRef",
+    "DevNode",
+    "Edits",
+    "MountEdit",
+    "NodeFacts",
+    "PreparedClaim",
+    "PreparedDevice",
+    "Refused",
+    "capacity_mib",
+    "cdi_device_name",
+    "cdi_file_name",
+    "cdi_spec",
+    "decide",
+]
+
+#: the CDI spec version written: 0.5.0 allows device names that start with a digit (claim UIDs
+#: do) and host paths of device nodes; 0.6.0 is what containerd 2's CDI library (v1.1.x) and
+#: CRI-O accept alike
+CDI_VERSION = "0.6.0"
+CDI_VENDOR = DRIVER
+CDI_CLASS = "claim"
+#: every prepared claim's CDI devices are ``gpu.omaticaya.io/claim=<claim UID>-<device name>``
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+
+#: the opaque configuration this driver accepts
+CONFIG_API_VERSION = "gpu.omaticaya.io/v1alpha1"
+CONFIG_KIND = "GpuConfig"
+_THREADS = "mpsActiveThreadPercentage"
+
+#: the NVIDIA driver's control nodes every GPU container needs (found under the dev root)
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+_MIB = Decimal(1 << 20)
+
+
+class Refused(Exception):
+    """A claim that cannot be prepared; ``str()`` is the reason (the pod's event)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """The claim the kubelet names: ``namespace``, ``name``, ``uid``."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class DevNode:
+    """A device node found under the dev root: ``name`` (``nvidia0``, ``nvidiactl``),
+    ``type`` (``c``), ``major``, ``minor``."""
+
+    name: str
+    type: str
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True, slots=True)
+class MountEdit:
+    """A CDI mount: ``host_path`` at ``container_path``, bind, read-only or not."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Edits:
+    """One CDI device's ``containerEdits``: ``env`` (``NAME=value``), ``nodes`` (device nodes
+    under the dev root), ``mounts``."""
+
+    env: tuple[str, ...] = ()
+    nodes: tuple[DevNode, ...] = ()
+    mounts: tuple[MountEdit, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What prepare needs besides the claim and the devices, read just before (I/O by the
+    plugin):
+
+    - ``pool``: this node's pool name (the Node's name; the publisher's pool).
+    - ``dev_root``: ``OMATICAYA_DRA_DEV_ROOT``; ``nodes``: the device nodes found there by name
+      (``nvidia0``, ``nvidiactl``, ...; a missing one is left out of the spec).
+    - ``minors``: GPU UUID -> its device minor (``/proc/driver/nvidia/gpus/*/information``); a
+      GPU not there is taken to be ``nvidia<index>``.
+    - ``mps``: the MPS layout when slices are enforced by MPS (``None``: enforcement off);
+      ``mps_up``: GPU UUID -> ``(up, reason)`` of its daemon (``sources.mps.MpsWatch``) for
+      each shared GPU; ``thread_share``: ``OMATICAYA_MPS_THREAD_SHARE``.
+    """
+
+    pool: str
+    dev_root: Path = Path("/dev")
+    nodes: Mapping[str, DevNode] = field(default_factory=dict)
+    minors: Mapping[str, int] = field(default_factory=dict)
+    mps: Layout | None = None
+    mps_up: Mapping[str, tuple[bool, str]] = field(default_factory=dict)
+    thread_share: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One allocation result prepared: the kubelet's ``Device`` (``request_names``, ``pool``,
+    ``device``, ``share_id``) and its CDI device (``cdi_name``, its ``edits``); ``uuid``: the
+    device's UUID; ``mib``: a slice's memory (``None``: a whole device)."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_name: str
+    uuid: str
+    edits: Edits
+    share_id: str | None = None
+    mib: int | None = None
+
+    @property
+    def cdi_id(self) -> str:
+        """The fully qualified CDI device name: ``gpu.omaticaya.io/claim=<cdi_name>``."""
+        return f"{CDI_KIND}={self.cdi_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """A claim prepared: ``ref`` and its ``devices`` (empty: no result of ours)."""
+
+    ref: ClaimRef
+    devices: tuple[PreparedDevice, ...]
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    """``<claim UID>-<device name>``: a CDI device name (letters, digits, ``-``)."""
+    return f"{claim_uid}-{device}"
+
+
+def cdi_file_name(claim_uid: str) -> str:
+    """The claim's CDI spec file in the CDI folder: ``gpu.omaticaya.io-claim_<uid>.json``."""
+    return f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"
+
+
+def capacity_mib(quantity: object) -> int:
+    """A ``consumedCapacity`` ``memory`` (a Kubernetes quantity: ``20Gi``, ``20480Mi``) in MiB.
+    Raises ``Refused`` when it is no quantity or not a whole number of MiB."""
+    from ..kube.quantity import parse_quantity
+
+    if not isinstance(quantity, str):
+        raise Refused(f"consumedCapacity memory: expected a quantity like '20Gi'; got {quantity!r:.64}")
+    try:
+        amount = Decimal(parse_quantity(quantity))
+    except ValueError:
+        raise Refused(f"consumedCapacity memory: not a quantity: {quantity!r:.64}") from None
+    mib = amount / _MIB
+    if amount <= 0 or mib != mib.to_integral_value():
+        raise Refused(f"consumedCapacity memory {quantity}: not a whole positive number of MiB")
+    return int(mib)
+
+
+# -- the claim's JSON ------------------------------------------------------------------------
+
+
+def _obj(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Refused(f"{where}: expected an object")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise Refused(f"{where}: expected a list")
+    return value
+
+
+def _applies(requests: Sequence[str], request: str) -> bool:
+    """Whether a config entry for ``requests`` (empty: all) applies to a result of
+    ``request`` (``<request>`` or ``<request>/<subrequest>``)."""
+    if not requests:
+        return True
+    return any(request == r or request.startswith(r + "/") for r in requests)
+
+
+def _config_threads(entry: Mapping[str, Any], where: str) -> int | None:
+    """One opaque entry of ours, checked: its ``mpsActiveThreadPercentage`` (``None``: not
+    set). Raises ``Refused`` naming the field."""
+    opaque = _obj(entry.get("opaque"), f"{where}.opaque")
+    params = opaque.get("parameters")
+    if not isinstance(params, dict):
+        raise Refused(f"{where}.opaque.parameters: expected an object with apiVersion "
+                      f"{CONFIG_API_VERSION} and kind {CONFIG_KIND}")  # fmt: skip
+    if params.get("apiVersion") != CONFIG_API_VERSION:
+        raise Refused(f"{where}.opaque.parameters.apiVersion: expected {CONFIG_API_VERSION}; "
+                      f"got {params.get('apiVersion')!r:.64}")  # fmt: skip
+    if params.get("kind") != CONFIG_KIND:
+        raise Refused(f"{where}.opaque.parameters.kind: expected {CONFIG_KIND}; got "
+                      f"{params.get('kind')!r:.64}")  # fmt: skip
+    for key in params:
+        if key not in ("apiVersion", "kind", _THREADS):
+            raise Refused(f"{where}.opaque.parameters.{key:.64}: unknown field (GpuConfig has "
+                          f"only {_THREADS})")  # fmt: skip
+    threads = params.get(_THREADS)
+    if threads is None:
+        return None
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 100:
+        raise Refused(f"{where}.opaque.parameters.{_THREADS}: expected an integer from 1 to "
+                      f"100; got {threads!r:.32}")  # fmt: skip
+    return threads
+
+
+def _configs(allocation: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int | None, str]]:
+    """Our opaque entries, checked, in the order they apply (class first, then claim; each
+    in order): ``(requests, threads, where)``."""
+    out: list[tuple[int, int, tuple[str, ...], int | None, str]] = []
+    entries = _list(_obj(allocation.get("devices") or {}, "status.allocation.devices").get("config"),
+                    "status.allocation.devices.config")  # fmt: skip
+    for i, raw in enumerate(entries):
+        where = f"status.allocation.devices.config[{i}]"
+        entry = _obj(raw, where)
+        opaque = entry.get("opaque")
+        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+            continue  # another driver's, or not opaque
+        requests = tuple(str(r) for r in _list(entry.get("requests"), f"{where}.requests"))
+        threads = _config_threads(entry, where)
+        rank = 1 if entry.get("source") == "FromClaim" else 0
+        out.append((rank, i, requests, threads, where))
+    out.sort(key=lambda e: (e[0], e[1]))
+    return [(requests, threads, where) for _, _, requests, threads, where in out]
+
+
+# -- the decision ----------------------------------------------------------------------------
+
+
+def _node(facts: NodeFacts, name: str) -> tuple[DevNode, ...]:
+    found = facts.nodes.get(name)
+    return (found,) if found is not None else ()
+
+
+def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice] | None,
+           facts: NodeFacts, *, no_reading: str = "") -> PreparedClaim:  # fmt: skip
+    """Prepare ``claim`` (the ResourceClaim's JSON, as GET returns it) named by ``ref`` on a
+    node whose devices are ``devices`` (``core.dra.inventory`` of the latest reading; ``None``:
+    no usable reading, ``no_reading`` says why). Returns the ``PreparedClaim``; raises ``Refused`` with the reason: the
+    claim is another one now (UID), not allocated, allocated on another node's pool, a device
+    unknown or not in the reading, unhealthy (its reasons), a bad opaque config, a slice that
+    is not a whole number of units, an MPS daemon not up, a device twice in one claim, an MPS
+    slice beside other devices."""
+    meta = _obj(claim.get("metadata") or {}, "metadata")
+    if meta.get("uid") != ref.uid:
+        raise Refused(f"ResourceClaim {ref.namespace}/{ref.name} has UID {meta.get('uid')!r:.64}, "
+                      f"not {ref.uid}: it was deleted and created again")  # fmt: skip
+    status = claim.get("status") or {}
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    if not isinstance(allocation, dict):
+        raise Refused(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+    results = _list(_obj(allocation.get("devices") or {}, "status.allocation.devices").get("results"),
+                    "status.allocation.devices.results")  # fmt: skip
+    ours = []
+    for i, raw in enumerate(results):
+        result = _obj(raw, f"status.allocation.devices.results[{i}]")
+        if result.get("driver") == DRIVER:
+            ours.append(result)
+    configs = _configs(allocation)
+    if not ours:
+        return PreparedClaim(ref, ())
+    if devices is None:
+        raise Refused(no_reading or "no reading of the GPUs yet (the agent has not finished its first tick)")
+    known = {d.name: d for d in devices}
+
+    picked: list[tuple[dict[str, Any], DraDevice]] = []
+    seen: dict[str, str] = {}
+    for result in ours:
+        name, pool, request = result.get("device"), result.get("pool"), str(result.get("request", ""))
+        if pool != facts.pool:
+            raise Refused(f"device {name!r:.64} is allocated from pool {pool!r:.64}, not this "
+                          f"node's ({facts.pool})")  # fmt: skip
+        if parse_device_name(name) is None:
+            raise Refused(f"device {name!r:.64}: unknown (not a device of {DRIVER})")
+        assert isinstance(name, str)
+        dev = known.get(name)
+        if dev is None:
+            raise Refused(f"device {name}: not in the node's reading (the GPU is gone, or was "
+                          "repartitioned)")  # fmt: skip
+        if not dev.healthy:
+            raise Refused(f"device {name} is unhealthy: {', '.join(dev.reasons)}")
+        if dev.uuid is None:
+            raise Refused(f"device {name}: its UUID cannot be read")
+        if name in seen:
+            raise Refused(f"device {name} is allocated twice in one claim (requests "
+                          f"{seen[name]} and {request}): ask for it in one request")  # fmt: skip
+        seen[name] = request
+        picked.append((result, dev))
+
+    mps_slices = [d.name for _, d in picked if d.shared and facts.mps is not None]
+    if mps_slices and len(picked) > 1:
+        raise Refused(f"the MPS slice of {mps_slices[0]} must be its claim's only device (a "
+                      f"process is the client of one MPS daemon); this claim has {len(picked)}")  # fmt: skip
+
+    # the request's UUIDs, for NVIDIA_VISIBLE_DEVICES
+    by_request: dict[str, list[str]] = {}
+    for result, dev in picked:
+        assert dev.uuid is not None
+        by_request.setdefault(str(result.get("request", "")), []).append(dev.uuid)
+
+    prepared = []
+    for result, dev in picked:
+        request = str(result.get("request", ""))
+        threads = None
+        threads_where = ""
+        for requests, value, where in configs:
+            if _applies(requests, request) and value is not None:
+                threads, threads_where = value, where
+        prepared.append(_device(result, dev, request, by_request[request], threads,
+                                threads_where, ref, facts))  # fmt: skip
+    return PreparedClaim(ref, tuple(prepared))
+
+
+def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequence[str],
+            threads: int | None, threads_where: str, ref: ClaimRef,
+            facts: NodeFacts) -> PreparedDevice:  # fmt: skip
+    assert dev.uuid is not None
+    gpu_uuid = dev.gpu_uuid or dev.uuid
+    minor = facts.minors.get(gpu_uuid, dev.gpu_index)
+    nodes = _node(facts, f"nvidia{minor}")
+    for control in CONTROL_NODES:
+        nodes += _node(facts, control)
+    env = [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"]
+    mounts: tuple[MountEdit, ...] = ()
+    mib: int | None = None
+    if dev.shared:
+        consumed = result.get("consumedCapacity")
+        amount = consumed.get("memory") if isinstance(consumed, dict) else None
+        if amount is None:
+            raise Refused(f"device {dev.name} is a shared GPU, but the allocation consumed no "
+                          "memory capacity (consumedCapacity.memory)")  # fmt: skip
+        mib = capacity_mib(amount)
+        unit = dev.unit_mib or 1
+        if mib % unit:
+            raise Refused(f"device {dev.name}: consumedCapacity memory {amount} ({mib} MiB) is "
+                          f"not a whole number of {unit} MiB units")  # fmt: skip
+        units = mib // unit
+        if facts.mps is not None:
+            up, reason = facts.mps_up.get(gpu_uuid, (False, "mps-state-missing"))
+            if not up:
+                raise Refused(f"device {dev.name}: its MPS daemon is not up ({reason}): the "
+                              "slice cannot be enforced")  # fmt: skip
+            total = (dev.memory_total_mib or 0) // unit if facts.thread_share else None
+            spec = client_spec(facts.mps, gpu_uuid, units, unit,
+                               total_units=(total or units) if facts.thread_share else None)  # fmt: skip
+            envs = dict(spec.envs)
+            if threads is not None:
+                envs[ACTIVE_THREAD_ENV] = str(threads)
+            env += [f"{k}={v}" for k, v in envs.items()]
+            mounts = tuple(MountEdit(m.host_path, m.container_path, m.read_only) for m in spec.mounts)
+        else:
+            env += [f"{MPS_LIMIT_ENV}=0={mib}M", f"{LIMIT_ENV}={mib}"]
+    if threads is not None and not (dev.shared and facts.mps is not None):
+        raise Refused(f"{threads_where}.opaque.parameters.{_THREADS}: only for a shared GPU "
+                      f"under MPS; {dev.name} is not one")  # fmt: skip
+    share_id = result.get("shareID")
+    return PreparedDevice(
+        request_names=(request,) if request else (),
+        pool=facts.pool, device=dev.name, cdi_name=cdi_device_name(ref.uid, dev.name),
+        uuid=dev.uuid, edits=Edits(tuple(env), nodes, mounts),
+        share_id=share_id if isinstance(share_id, str) and share_id else None, mib=mib,
+    )  # fmt: skip
+
+
+# -- the CDI spec ----------------------------------------------------------------------------
+
+
+def cdi_spec(claim: PreparedClaim, dev_root: Path) -> dict[str, Any]:
+    """The claim's CDI spec (JSON-ready): ``cdiVersion`` ``CDI_VERSION``, kind ``CDI_KIND``,
+    one device per prepared device, named ``<claim UID>-<device name>``, with its
+    ``containerEdits`` (device nodes at ``/dev/<name>`` from ``<dev_root>/<name>``)."""
+    out = []
+    for d in claim.devices:
+        edits: dict[str, Any] = {"env": list(d.edits.env)}
+        if d.edits.nodes:
+            edits["deviceNodes"] = [
+                {"path": f"/dev/{n.name}", "hostPath": str(dev_root / n.name), "type": n.type,
+                 "major": n.major, "minor": n.minor}
+                for n in d.edits.nodes
+            ]  # fmt: skip
+        if d.edits.mounts:
+            edits["mounts"] = [
+                {"hostPath": m.host_path, "containerPath": m.container_path,
+                 "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
+                for m in d.edits.mounts
+            ]  # fmt: skip
+        out.append({"name": d.cdi_name, "containerEdits": edits})
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": out}
+
+
+def spec_bytes(spec: Mapping[str, Any]) -> bytes:
+    """A CDI spec as its file's bytes (indented JSON, a final newline)."""
+    return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()

@@ -1,0 +1,370 @@
+"""The DRA plugin's pure decisions (omaticaya_py/dra/prepare.py, healthreport.py): a ResourceClaim's
+JSON + the node's devices -> what its containers get, or the reason it is refused; the CDI spec
+checked against the CDI format's rules (tags.cncf.io/container-device-interface v1.1.1, what
+containerd 2.4 vendors); the health report."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omaticaya_py.core.dra import DraDevice, inventory
+from omaticaya_py.core.health import assess
+from omaticaya_py.core.mps import Layout
+from omaticaya_py.core.sharing import Sharing, parse_shared_gpus
+from omaticaya_py.dra import healthreport
+from omaticaya_py.dra.prepare import (
+    CDI_KIND,
+    CDI_VERSION,
+    ClaimRef,
+    DevNode,
+    NodeFacts,
+    Refused,
+    capacity_mib,
+    cdi_file_name,
+    cdi_spec,
+    decide,
+)
+from tests.helpers import gpu, lost, snapshot
+
+NODE = "gpu-node-1"
+UID = "0b5a1c9e-3f1d-4d7e-9a52-2b8c1f0e7d61"
+REF = ClaimRef("team-a", "one-gpu", UID)
+G0 = "GPU-00000000-7fda-b7ae-a94e-630097a14ca4"
+G1 = "GPU-00000001-7fda-b7ae-a94e-630097a14ca4"
+G2 = "GPU-00000002-7fda-b7ae-a94e-630097a14ca4"
+MIG = "MIG-11111111-2222-3333-4444-555555555555"
+LAYOUT = Layout(Path("/run/omaticaya/mps"), Path("/run/omaticaya-mps-state"))
+
+DEVICES = (
+    DraDevice("gpu-0", 0, None, G0, G0, None, False, 81559, 80896),
+    DraDevice("gpu-1", 1, None, G1, G1, None, False, 81559, 0, reasons=("xid-79",)),
+    DraDevice("gpu-2", 2, None, G2, G2, None, True, 79 * 1024, 79872, unit_mib=1024),
+    DraDevice("gpu-3-mig-1", 3, 1, MIG, "GPU-00000003-7fda-b7ae-a94e-630097a14ca4", "1g.10gb",
+              False, 9856, 9728),
+)
+NODES = {n: DevNode(n, "c", 195, m) for n, m in
+         (("nvidia0", 0), ("nvidia2", 2), ("nvidia3", 3), ("nvidiactl", 255))} | {
+    "nvidia-uvm": DevNode("nvidia-uvm", "c", 508, 0),
+    "nvidia-uvm-tools": DevNode("nvidia-uvm-tools", "c", 508, 1),
+}
+CONTROL = [NODES["nvidiactl"], NODES["nvidia-uvm"], NODES["nvidia-uvm-tools"]]
+
+
+def facts(**kw: Any) -> NodeFacts:
+    base: dict[str, Any] = {"pool": NODE, "dev_root": Path("/dev"), "nodes": NODES,
+                            "minors": {G2: 2}}
+    base.update(kw)
+    return NodeFacts(**base)
+
+
+MPS_UP = {"mps": LAYOUT, "mps_up": {G2: (True, "")}}
+
+
+def result(device: str = "gpu-0", request: str = "gpu", **kw: Any) -> dict[str, Any]:
+    return {"request": request, "driver": "gpu.omaticaya.io", "pool": NODE, "device": device, **kw}
+
+
+def claim(*results: dict[str, Any], config: list[dict[str, Any]] | None = None,
+          uid: str = UID) -> dict[str, Any]:
+    devices: dict[str, Any] = {"results": list(results)}
+    if config is not None:
+        devices["config"] = config
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": REF.namespace, "name": REF.name, "uid": uid},
+            "status": {"allocation": {"devices": devices}}}
+
+
+def opaque(params: Any, requests: list[str] | None = None, source: str = "FromClaim",
+           driver: str = "gpu.omaticaya.io") -> dict[str, Any]:
+    entry: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": params}}
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def cfg(**kw: Any) -> dict[str, Any]:
+    return {"apiVersion": "gpu.omaticaya.io/v1alpha1", "kind": "GpuConfig", **kw}
+
+
+SLICE = result("gpu-2", consumedCapacity={"memory": "20Gi"}, shareID="8c6e5a4e-share")
+
+
+# -- what a container gets -------------------------------------------------------------------
+
+
+def test_whole_gpu() -> None:
+    prepared = decide(claim(result("gpu-0")), REF, DEVICES, facts())
+    (d,) = prepared.devices
+    assert (d.request_names, d.pool, d.device, d.uuid, d.share_id, d.mib) == (
+        ("gpu",), NODE, "gpu-0", G0, None, None)
+    assert d.cdi_name == f"{UID}-gpu-0"
+    assert d.cdi_id == f"gpu.omaticaya.io/claim={UID}-gpu-0"
+    assert d.edits.env == (f"NVIDIA_VISIBLE_DEVICES={G0}",)
+    assert list(d.edits.nodes) == [NODES["nvidia0"], *CONTROL]
+    assert d.edits.mounts == ()
+
+
+def test_mig_device_names_its_mig_uuid_and_the_parent_gpu_node() -> None:
+    (d,) = decide(claim(result("gpu-3-mig-1")), REF, DEVICES, facts()).devices
+    assert d.edits.env == (f"NVIDIA_VISIBLE_DEVICES={MIG}",)
+    assert list(d.edits.nodes) == [NODES["nvidia3"], *CONTROL]
+
+
+def test_the_minor_comes_from_the_driver_not_the_index() -> None:
+    """/proc/driver/nvidia/gpus/*/information says GPU 0 is /dev/nvidia3."""
+    (d,) = decide(claim(result("gpu-0")), REF, DEVICES, facts(minors={G0: 3})).devices
+    assert d.edits.nodes[0] == NODES["nvidia3"]
+
+
+def test_missing_device_nodes_are_left_out() -> None:
+    (d,) = decide(claim(result("gpu-0")), REF, DEVICES, facts(nodes={})).devices
+    assert d.edits.nodes == ()
+    assert d.edits.env == (f"NVIDIA_VISIBLE_DEVICES={G0}",)
+
+
+def test_two_gpus_of_one_request_each_carry_the_request_list() -> None:
+    devices = (*DEVICES[:1], DraDevice("gpu-4", 4, None, "GPU-4", "GPU-4", None, False, 1, 1))
+    prepared = decide(claim(result("gpu-0"), result("gpu-4")), REF, devices, facts())
+    assert [d.edits.env for d in prepared.devices] == [("NVIDIA_VISIBLE_DEVICES=" + G0 + ",GPU-4",)] * 2
+
+
+def test_devices_of_different_requests_keep_their_own_lists() -> None:
+    devices = (*DEVICES[:1], DraDevice("gpu-4", 4, None, "GPU-4", "GPU-4", None, False, 1, 1))
+    prepared = decide(claim(result("gpu-0", request="a"), result("gpu-4", request="b")), REF,
+                      devices, facts())
+    assert [d.edits.env for d in prepared.devices] == [
+        (f"NVIDIA_VISIBLE_DEVICES={G0}",), ("NVIDIA_VISIBLE_DEVICES=GPU-4",)]
+    assert [d.request_names for d in prepared.devices] == [("a",), ("b",)]
+
+
+def test_shared_slice_under_mps_is_a_client_with_exactly_its_limit() -> None:
+    (d,) = decide(claim(SLICE), REF, DEVICES, facts(**MPS_UP)).devices
+    pipe = f"/run/omaticaya/mps/{G2}/pipe"
+    assert d.mib == 20480 and d.share_id == "8c6e5a4e-share"
+    assert d.edits.env == (
+        f"NVIDIA_VISIBLE_DEVICES={G2}",
+        f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+        "OMATICAYA_GPU_MEMORY_LIMIT_MIB=20480",
+    )
+    assert [(m.host_path, m.container_path, m.read_only) for m in d.edits.mounts] == [
+        (pipe, pipe, False), ("/run/omaticaya/mps/shm", "/dev/shm", False)]
+    assert list(d.edits.nodes) == [NODES["nvidia2"], *CONTROL]
+
+
+def test_thread_share_and_the_opaque_thread_percentage() -> None:
+    (d,) = decide(claim(SLICE), REF, DEVICES, facts(thread_share=True, **MPS_UP)).devices
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=26" in d.edits.env  # 20 of 79 units, rounded up
+    (d,) = decide(claim(SLICE, config=[opaque(cfg(mpsActiveThreadPercentage=50))]), REF, DEVICES,
+                  facts(thread_share=True, **MPS_UP)).devices
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in d.edits.env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=26" not in d.edits.env
+
+
+def test_claim_config_wins_over_class_config_and_applies_by_request() -> None:
+    config = [opaque(cfg(mpsActiveThreadPercentage=10), source="FromClaim"),
+              opaque(cfg(mpsActiveThreadPercentage=90), source="FromClass"),
+              opaque(cfg(mpsActiveThreadPercentage=70), requests=["other"]),
+              opaque({"anything": True}, driver="other.example.com")]
+    (d,) = decide(claim(SLICE, config=config), REF, DEVICES, facts(**MPS_UP)).devices
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10" in d.edits.env
+
+
+def test_a_config_without_options_is_accepted_for_a_whole_gpu() -> None:
+    (d,) = decide(claim(result("gpu-0"), config=[opaque(cfg())]), REF, DEVICES, facts()).devices
+    assert d.device == "gpu-0"
+
+
+def test_shared_slice_without_enforcement_has_the_limit_in_its_env_only() -> None:
+    (d,) = decide(claim(SLICE), REF, DEVICES, facts()).devices
+    assert d.edits.env == (f"NVIDIA_VISIBLE_DEVICES={G2}", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+                           "OMATICAYA_GPU_MEMORY_LIMIT_MIB=20480")
+    assert d.edits.mounts == ()
+
+
+def test_other_drivers_results_are_not_ours() -> None:
+    other = {"request": "nic", "driver": "nic.example.com", "pool": "x", "device": "eth0"}
+    assert decide(claim(other), REF, None, facts()).devices == ()
+    (d,) = decide(claim(other, result("gpu-0")), REF, DEVICES, facts()).devices
+    assert d.device == "gpu-0"
+
+
+@pytest.mark.parametrize(("quantity", "mib"), [("20Gi", 20480), ("20480Mi", 20480), ("1Gi", 1024),
+                                               ("21474836480", 20480)])
+def test_capacity_mib(quantity: str, mib: int) -> None:
+    assert capacity_mib(quantity) == mib
+
+
+# -- every refusal ---------------------------------------------------------------------------
+
+REFUSALS = [
+    ("uid mismatch", claim(result(), uid="another"), {}, DEVICES,
+     r"has UID 'another', not 0b5a.*deleted and created again"),
+    ("not allocated", {"metadata": {"uid": UID}, "status": {}}, {}, DEVICES, r"is not allocated"),
+    ("no status", {"metadata": {"uid": UID}}, {}, DEVICES, r"is not allocated"),
+    ("another node's pool", claim(result(pool="gpu-node-2")), {}, DEVICES,
+     r"allocated from pool 'gpu-node-2', not this node's \(gpu-node-1\)"),
+    ("unknown device name", claim(result("nic-0")), {}, DEVICES, r"device 'nic-0': unknown"),
+    ("device not in the reading", claim(result("gpu-7")), {}, DEVICES, r"gpu-7: not in the node's reading"),
+    ("no reading", claim(result()), {}, None, r"no reading of the GPUs yet"),
+    ("unhealthy", claim(result("gpu-1")), {}, DEVICES, r"gpu-1 is unhealthy: xid-79"),
+    ("twice in one claim", claim(result("gpu-0", request="a"), result("gpu-0", request="b")), {},
+     DEVICES, r"gpu-0 is allocated twice in one claim \(requests a and b\)"),
+    ("slice not whole units", claim(result("gpu-2", consumedCapacity={"memory": "1536Mi"})), MPS_UP,
+     DEVICES, r"1536Mi \(1536 MiB\) is not a whole number of 1024 MiB units"),
+    ("slice not whole MiB", claim(result("gpu-2", consumedCapacity={"memory": "1000k"})), MPS_UP,
+     DEVICES, r"not a whole positive number of MiB"),
+    ("slice not a quantity", claim(result("gpu-2", consumedCapacity={"memory": "lots"})), MPS_UP,
+     DEVICES, r"not a quantity: 'lots'"),
+    ("slice without capacity", claim(result("gpu-2")), MPS_UP, DEVICES,
+     r"consumed no memory capacity"),
+    ("mps daemon down", claim(SLICE), {"mps": LAYOUT, "mps_up": {G2: (False, "mps-daemon-down")}},
+     DEVICES, r"gpu-2: its MPS daemon is not up \(mps-daemon-down\)"),
+    ("mps state missing", claim(SLICE), {"mps": LAYOUT}, DEVICES, r"not up \(mps-state-missing\)"),
+    ("mps slice beside another device", claim(SLICE, result("gpu-0")), MPS_UP, DEVICES,
+     r"MPS slice of gpu-2 must be its claim's only device"),
+    ("config wrong apiVersion", claim(result(), config=[opaque({"apiVersion": "v1", "kind": "GpuConfig"})]),
+     {}, DEVICES, r"config\[0\]\.opaque\.parameters\.apiVersion: expected gpu.omaticaya.io/v1alpha1"),
+    ("config wrong kind", claim(result(), config=[opaque(cfg(kind="MigConfig"))]), {}, DEVICES,
+     r"config\[0\]\.opaque\.parameters\.kind: expected GpuConfig; got 'MigConfig'"),
+    ("config unknown field", claim(result(), config=[opaque(cfg(sharing="timeSlicing"))]), {},
+     DEVICES, r"config\[0\]\.opaque\.parameters\.sharing: unknown field"),
+    ("config not an object", claim(result(), config=[opaque("x")]), {}, DEVICES,
+     r"config\[0\]\.opaque\.parameters: expected an object"),
+    ("threads out of range", claim(SLICE, config=[opaque(cfg(mpsActiveThreadPercentage=0))]),
+     MPS_UP, DEVICES, r"mpsActiveThreadPercentage: expected an integer from 1 to 100; got 0"),
+    ("threads not an integer", claim(SLICE, config=[opaque(cfg(mpsActiveThreadPercentage="50"))]),
+     MPS_UP, DEVICES, r"mpsActiveThreadPercentage: expected an integer from 1 to 100; got '50'"),
+    ("threads for a whole gpu", claim(result(), config=[opaque(cfg(mpsActiveThreadPercentage=50))]),
+     {}, DEVICES, r"config\[0\]\.opaque\.parameters\.mpsActiveThreadPercentage: only for a shared "
+     r"GPU under MPS; gpu-0 is not one"),
+    ("threads without mps", claim(SLICE, config=[opaque(cfg(mpsActiveThreadPercentage=50))]), {},
+     DEVICES, r"only for a shared GPU under MPS; gpu-2 is not one"),
+]
+
+
+@pytest.mark.parametrize(("doc", "extra", "devices", "reason"),
+                         [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_refused(doc: dict[str, Any], extra: dict[str, Any], devices: Any, reason: str) -> None:
+    with pytest.raises(Refused, match=reason):
+        decide(doc, REF, devices, facts(**extra))
+
+
+def test_no_reading_says_why() -> None:
+    with pytest.raises(Refused, match="stale-reading: 40s"):
+        decide(claim(result()), REF, None, facts(), no_reading="stale-reading: 40s old")
+
+
+def test_decide_does_not_change_the_claim() -> None:
+    doc = claim(SLICE, config=[opaque(cfg(mpsActiveThreadPercentage=50))])
+    before = copy.deepcopy(doc)
+    decide(doc, REF, DEVICES, facts(**MPS_UP))
+    assert doc == before
+
+
+# -- the devices from a reading: the publisher's rule ----------------------------------------
+
+
+def test_devices_from_a_real_reading() -> None:
+    snap = snapshot(gpu(0), lost(1), gpu(2))
+    devices = inventory(snap, assess(snap), Sharing(parse_shared_gpus("2"), 1024), 1024, 0.0)
+    (d,) = decide(claim(result("gpu-0")), REF, devices, facts()).devices
+    assert d.uuid == G0
+    with pytest.raises(Refused, match="gpu-1 is unhealthy: lost"):
+        decide(claim(result("gpu-1")), REF, devices, facts())
+    (s,) = decide(claim(SLICE), REF, devices, facts(**MPS_UP)).devices
+    assert s.mib == 20480
+
+
+# -- the CDI spec ----------------------------------------------------------------------------
+
+# the rules of tags.cncf.io/container-device-interface v1.1.1 (pkg/parser, pkg/cdi), which
+# containerd 2.4.2 vendors
+_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+
+
+def check_cdi(spec: dict[str, Any]) -> None:
+    """A CDI spec as the CDI library v1.1.1 validates it (spec.go validate, version.go,
+    container-edits.go)."""
+    assert set(spec) <= {"cdiVersion", "kind", "annotations", "devices", "containerEdits"}
+    assert spec["cdiVersion"] in _VERSIONS
+    vendor, _, cls = spec["kind"].partition("/")
+    assert _VENDOR.match(vendor) and _VENDOR.match(cls)
+    minimum = "0.3.0"
+    if "." in cls:
+        minimum = "0.6.0"
+    names = [d["name"] for d in spec["devices"]]
+    assert names and len(set(names)) == len(names)
+    for d in spec["devices"]:
+        assert set(d) <= {"name", "annotations", "containerEdits"}
+        assert _DEVICE.match(d["name"]), d["name"]
+        edits = d["containerEdits"]
+        assert set(edits) <= {"env", "deviceNodes", "mounts", "hooks"}
+        if d["name"][0].isdigit():
+            minimum = max(minimum, "0.5.0")
+        for e in edits.get("env", []):
+            assert e.index("=") > 0
+        for n in edits.get("deviceNodes", []):
+            assert n["path"].startswith("/") and n.get("type", "") in ("", "b", "c", "u", "p")
+            assert set(n) <= {"path", "hostPath", "type", "major", "minor", "fileMode",
+                              "permissions", "uid", "gid"}
+            if n.get("hostPath"):
+                minimum = max(minimum, "0.5.0")
+        for m in edits.get("mounts", []):
+            assert m["hostPath"] and m["containerPath"]
+            assert set(m) <= {"hostPath", "containerPath", "options", "type"}
+            if m.get("type"):
+                minimum = max(minimum, "0.4.0")
+    assert _VERSIONS.index(spec["cdiVersion"]) >= _VERSIONS.index(minimum)
+
+
+def test_cdi_spec_is_valid_cdi() -> None:
+    prepared = decide(claim(SLICE), REF, DEVICES, facts(**MPS_UP))
+    spec = cdi_spec(prepared, Path("/host/dev"))
+    check_cdi(spec)
+    assert spec["cdiVersion"] == CDI_VERSION == "0.6.0"
+    assert spec["kind"] == CDI_KIND == "gpu.omaticaya.io/claim"
+    (dev,) = spec["devices"]
+    assert dev["name"] == f"{UID}-gpu-2"
+    assert dev["containerEdits"]["deviceNodes"][0] == {
+        "path": "/dev/nvidia2", "hostPath": "/host/dev/nvidia2", "type": "c", "major": 195, "minor": 2}
+    assert dev["containerEdits"]["mounts"][1] == {
+        "hostPath": "/run/omaticaya/mps/shm", "containerPath": "/dev/shm",
+        "options": ["rw", "nosuid", "nodev", "bind"]}
+    assert cdi_file_name(UID) == f"gpu.omaticaya.io-claim_{UID}.json"
+
+
+def test_cdi_spec_of_whole_gpus_and_mig_is_valid_cdi() -> None:
+    prepared = decide(claim(result("gpu-0"), result("gpu-3-mig-1")), REF, DEVICES, facts())
+    spec = cdi_spec(prepared, Path("/dev"))
+    check_cdi(spec)
+    assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-0", f"{UID}-gpu-3-mig-1"]
+
+
+# -- the health report -----------------------------------------------------------------------
+
+
+def test_health_report() -> None:
+    report = healthreport.report(DEVICES, known={"gpu-5", "gpu-0"})
+    assert [(h.device, h.status, h.message) for h in report] == [
+        ("gpu-0", healthreport.HEALTHY, ""),
+        ("gpu-1", healthreport.UNHEALTHY, "xid-79"),
+        ("gpu-2", healthreport.HEALTHY, ""),
+        ("gpu-3-mig-1", healthreport.HEALTHY, ""),
+        ("gpu-5", healthreport.UNKNOWN, "not in the reading"),
+    ]
+
+
+def test_health_report_without_a_reading_is_unknown() -> None:
+    report = healthreport.report(None, known={"gpu-10", "gpu-2"}, why_unknown="NVML cannot be read")
+    assert [(h.device, h.status, h.message) for h in report] == [
+        ("gpu-2", healthreport.UNKNOWN, "NVML cannot be read"),
+        ("gpu-10", healthreport.UNKNOWN, "NVML cannot be read"),
+    ]
