@@ -225,8 +225,10 @@ class DraPlugin:
         self.poll_s = poll_s
         self.checkpoint = Checkpoint(self.plugin_dir)
         self.registered = threading.Event()
+        #: registrations the kubelet confirmed, its refusals, and registration sockets served
         self.registrations = 0
         self.registration_errors: list[str] = []
+        self.registration_serves = 0
         self._lock = threading.Lock()  # the checkpoint and the CDI files
         self._wake = threading.Condition()
         self._ticks = 0
@@ -335,6 +337,7 @@ class DraPlugin:
             lambda server: reg_grpc.add_RegistrationServicer_to_server(_Registration(self), server),
             "dra-registration",
         )
+        self.registration_serves += 1
 
     def _registration_status(self, registered: bool, error: str) -> None:
         if registered:

@@ -1,0 +1,477 @@
+"""The DRA kubelet plugin (omaticaya_py/dra/plugin.py) served for real: its gRPC servers on real
+unix sockets (short folders under /tmp), called as the kubelet calls them (its plugin watcher's
+GetInfo and NotifyRegistrationStatus, DRAPlugin v1, DRAResourceHealth v1 and v1alpha1); the
+ResourceClaims read from the dev cluster's real kube-apiserver (marked ``cluster``; no kubelet
+is started). The reading is the agent's ``TickResult`` of a test snapshot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from omaticaya_py.core.readings import TickListener, TickResult
+from omaticaya_py.dra.health.v1 import api_pb2 as h1
+from omaticaya_py.dra.health.v1 import api_pb2_grpc as h1_grpc
+from omaticaya_py.dra.health.v1alpha1 import api_pb2 as h0
+from omaticaya_py.dra.health.v1alpha1 import api_pb2_grpc as h0_grpc
+from omaticaya_py.dra.host import CHECKPOINT_FILE
+from omaticaya_py.dra.metrics import DraCounters
+from omaticaya_py.dra.plugin import DraPlugin
+from omaticaya_py.dra.pluginregistration import api_pb2 as reg
+from omaticaya_py.dra.pluginregistration import api_pb2_grpc as reg_grpc
+from omaticaya_py.dra.prepare import cdi_file_name
+from omaticaya_py.dra.v1 import api_pb2 as dra
+from omaticaya_py.dra.v1 import api_pb2_grpc as dra_grpc
+from tests.helpers import evaluate, gpu, settings, snapshot, xid
+from tests.test_dra_prepare import check_cdi
+
+NODE = "dra-node-1"
+G0 = "GPU-00000000-7fda-b7ae-a94e-630097a14ca4"
+
+
+@dataclass
+class Cache:
+    last: TickResult | None = None
+
+
+@dataclass
+class Feed:
+    """The agent as the plugin reads it (``core.readings.AgentFeed``), ticked by the test."""
+
+    cache: Cache = field(default_factory=Cache)
+    now: float = 1000.0
+    on_tick: list[TickListener] = field(default_factory=list)
+    last_listed: tuple[frozenset[str], float] | None = None
+    topology: None = None
+
+    @property
+    def clock(self) -> Any:
+        return lambda: self.now
+
+    def tick(self, *gpus: Any, xids: Any = ()) -> None:
+        snap = snapshot(*gpus, xid_events=xids)
+        health, desired = evaluate(snap)
+        self.cache.last = TickResult(snap, health, desired, None, False)
+        for listener in list(self.on_tick):
+            listener(self.cache.last)
+
+
+@pytest.fixture
+def dirs() -> Iterator[dict[str, Path]]:
+    root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    out = {k: root / k for k in ("plugin", "registry", "cdi", "dev")}
+    out["dev"].mkdir(parents=True)
+    yield out
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def make(feed: Feed, dirs: dict[str, Path], session: Any = None, **kw: Any) -> DraPlugin:
+    s = settings(dra=True, node_name=NODE, dra_plugin_dir=dirs["plugin"],
+                 dra_registry_dir=dirs["registry"], dra_cdi_dir=dirs["cdi"],
+                 dra_dev_root=dirs["dev"], **kw)
+    return DraPlugin(feed, s, session, resync_s=0.2, poll_s=0.05)
+
+
+@pytest.fixture
+def feed() -> Feed:
+    f = Feed()
+    f.tick(gpu(0), gpu(1))
+    return f
+
+
+@pytest.fixture
+def plugin(feed: Feed, dirs: dict[str, Path]) -> Iterator[DraPlugin]:
+    p = make(feed, dirs)
+    p.start()
+    yield p
+    p.stop(0)
+
+
+def channel(path: Path) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix://{path}")
+
+
+def wait_for(check: Any, timeout_s: float = 5.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# -- registration ----------------------------------------------------------------------------
+
+
+def test_get_info_answers_as_the_kubelet_expects(plugin: DraPlugin, dirs: dict[str, Path]) -> None:
+    sock = dirs["registry"] / "gpu.omaticaya.io-reg.sock"
+    assert sock.is_socket() and (dirs["plugin"] / "dra.sock").is_socket()
+    assert len(str(sock).encode()) <= 107
+    with channel(sock) as ch:
+        stub = reg_grpc.RegistrationStub(ch)
+        info = stub.GetInfo(reg.InfoRequest(), timeout=5)
+        assert (info.type, info.name, info.endpoint) == (
+            "DRAPlugin", "gpu.omaticaya.io", str(dirs["plugin"] / "dra.sock"))
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+        assert not plugin.wait_registered(0)
+        stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
+    assert plugin.wait_registered(1) and plugin.registrations == 1
+
+
+def test_a_refused_registration_serves_the_socket_again(plugin: DraPlugin, dirs: dict[str, Path]) -> None:
+    sock = dirs["registry"] / "gpu.omaticaya.io-reg.sock"
+    assert plugin.registration_serves == 1
+    with channel(sock) as ch:
+        reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
+            reg.RegistrationStatus(plugin_registered=False, error="endpoint taken"), timeout=5)
+    assert plugin.registration_errors == ["endpoint taken"]
+    # a new socket: the kubelet's watcher sees a create and tries again
+    assert wait_for(lambda: plugin.registration_serves == 2 and sock.is_socket())
+    with channel(sock) as ch:
+        assert reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=5).name == "gpu.omaticaya.io"
+
+
+@pytest.mark.parametrize("which", ["registry", "plugin"])
+def test_a_removed_socket_is_served_again(plugin: DraPlugin, dirs: dict[str, Path], which: str) -> None:
+    sock = dirs[which] / ("gpu.omaticaya.io-reg.sock" if which == "registry" else "dra.sock")
+    sock.unlink()
+    assert wait_for(sock.is_socket)
+    with channel(dirs["registry"] / "gpu.omaticaya.io-reg.sock") as ch:
+        assert reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=5).type == "DRAPlugin"
+    with channel(dirs["plugin"] / "dra.sock") as ch:
+        answer = dra_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+            dra.NodeUnprepareResourcesRequest(claims=[dra.Claim(namespace="a", name="b", uid="u")]), timeout=5)
+        assert answer.claims["u"].error == ""
+
+
+def test_stop_removes_both_sockets_and_keeps_the_checkpoint(feed: Feed, dirs: dict[str, Path]) -> None:
+    p = make(feed, dirs)
+    p.start()
+    (dirs["plugin"] / CHECKPOINT_FILE).write_text('{"version": 1, "claims": {}}\n')
+    p.stop(0)
+    assert not (dirs["registry"] / "gpu.omaticaya.io-reg.sock").exists()
+    assert not (dirs["plugin"] / "dra.sock").exists()
+    assert (dirs["plugin"] / CHECKPOINT_FILE).exists()
+
+
+def test_a_corrupt_checkpoint_is_moved_aside(feed: Feed, dirs: dict[str, Path]) -> None:
+    dirs["plugin"].mkdir(parents=True)
+    (dirs["plugin"] / CHECKPOINT_FILE).write_text("{not json")
+    p = make(feed, dirs)
+    p.start()
+    try:
+        assert p.checkpoint.claims == {}
+        aside = list(dirs["plugin"].glob(f"{CHECKPOINT_FILE}.corrupt-*"))
+        assert len(aside) == 1 and aside[0].read_text() == "{not json"
+    finally:
+        p.stop(0)
+
+
+def test_unprepare_of_an_unknown_claim_is_success(plugin: DraPlugin, dirs: dict[str, Path]) -> None:
+    left = dirs["cdi"] / cdi_file_name("left-behind")
+    left.write_text("{}")  # a spec written before a crash, never checkpointed
+    with channel(dirs["plugin"] / "dra.sock") as ch:
+        answer = dra_grpc.DRAPluginStub(ch).NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(
+            claims=[dra.Claim(namespace="a", name="b", uid="left-behind")]), timeout=5)
+    assert dict(answer.claims) == {"left-behind": dra.NodeUnprepareResourceResponse()}
+    assert not left.exists()
+    assert plugin.counts.unprepare["unknown"] == 1
+
+
+def test_prepare_without_an_api_session_is_refused(plugin: DraPlugin, dirs: dict[str, Path]) -> None:
+    with channel(dirs["plugin"] / "dra.sock") as ch:
+        answer = dra_grpc.DRAPluginStub(ch).NodePrepareResources(dra.NodePrepareResourcesRequest(
+            claims=[dra.Claim(namespace="a", name="b", uid="u1")]), timeout=5)
+    assert "no Kubernetes API session" in answer.claims["u1"].error
+    assert list(dirs["cdi"].iterdir()) == []
+    assert plugin.counts.prepare["refused"] == 1
+
+
+# -- health ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pb2", "grpc_mod"), [(h1, h1_grpc), (h0, h0_grpc)], ids=["v1", "v1alpha1"])
+def test_health_stream_sends_every_device_then_a_change(
+    plugin: DraPlugin, feed: Feed, dirs: dict[str, Path], pb2: Any, grpc_mod: Any
+) -> None:
+    with channel(dirs["plugin"] / "dra.sock") as ch:
+        stream = grpc_mod.DRAResourceHealthStub(ch).NodeWatchResources(pb2.NodeWatchResourcesRequest(), timeout=10)
+        first = next(stream)
+        assert [(d.device.pool_name, d.device.device_name, d.health, d.message) for d in first.devices] == [
+            (NODE, "gpu-0", pb2.HEALTHY, ""), (NODE, "gpu-1", pb2.HEALTHY, "")]
+        assert all(d.health_check_timeout_seconds == plugin.health_timeout_s for d in first.devices)
+        assert abs(first.devices[0].last_updated_time - time.time()) < 5
+        feed.tick(gpu(0), gpu(1), xids=[xid(1, 79, at_s=99.0)])  # a fatal Xid on GPU 1
+        second = next(stream)
+        assert [(d.device.device_name, d.health, d.message) for d in second.devices] == [
+            ("gpu-0", pb2.HEALTHY, ""), ("gpu-1", pb2.UNHEALTHY, "xid-79")]
+        feed.tick(gpu(0), gpu(1))  # recovered
+        third = next(stream)
+        assert [d.health for d in third.devices] == [pb2.HEALTHY, pb2.HEALTHY]
+        stream.cancel()
+
+
+def test_health_before_the_first_reading_is_unknown_for_prepared_devices(dirs: dict[str, Path]) -> None:
+    dirs["plugin"].mkdir(parents=True)
+    (dirs["plugin"] / CHECKPOINT_FILE).write_text(json.dumps({"version": 1, "claims": {"u": {
+        "namespace": "a", "name": "b", "cdi_file": None, "spec": None,
+        "devices": [{"device_name": "gpu-3", "pool_name": NODE}]}}}))
+    p = make(Feed(), dirs)
+    p.start()
+    try:
+        with channel(dirs["plugin"] / "dra.sock") as ch:
+            stream = h1_grpc.DRAResourceHealthStub(ch).NodeWatchResources(h1.NodeWatchResourcesRequest(), timeout=10)
+            first = next(stream)
+            assert [(d.device.device_name, d.health) for d in first.devices] == [("gpu-3", h1.UNKNOWN)]
+            assert "no reading" in first.devices[0].message
+            stream.cancel()
+    finally:
+        p.stop(0)
+
+
+def test_stop_ends_the_health_stream(feed: Feed, dirs: dict[str, Path]) -> None:
+    p = make(feed, dirs)
+    p.start()
+    with channel(dirs["plugin"] / "dra.sock") as ch:
+        stream = h1_grpc.DRAResourceHealthStub(ch).NodeWatchResources(h1.NodeWatchResourcesRequest(), timeout=10)
+        next(stream)
+        done = threading.Event()
+
+        def drain() -> None:
+            try:
+                for _ in stream:
+                    pass
+            except grpc.RpcError:
+                pass
+            done.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        p.stop(0.5)
+        assert done.wait(5)
+
+
+# -- prepare and unprepare, claims from the real kube-apiserver ------------------------------
+
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+
+
+def api(admin_client: Any, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    answer = admin_client.call_api(
+        *admin_client.param_serialize(method, path, header_params={"Content-Type": content_type,
+                                                                   "Accept": "application/json"}, body=body),
+        _request_timeout=10,
+    )
+    data = answer.response.data
+    assert 200 <= answer.status < 300, data
+    return json.loads(data)
+
+
+@pytest.fixture
+def make_claim(admin_client: Any) -> Iterator[Any]:
+    """Create a real ResourceClaim and write its status.allocation (the status subresource), as
+    kube-scheduler would; delete them after."""
+    made: list[str] = []
+
+    def make(results: list[dict[str, Any]], config: list[dict[str, Any]] | None = None) -> tuple[str, str]:
+        name = f"claim-{uuidlib.uuid4().hex[:10]}"
+        requests = sorted({r["request"] for r in results})
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                "spec": {"devices": {"requests": [
+                    {"name": r, "exactly": {"deviceClassName": "gpu.omaticaya.io"}} for r in requests]}}}
+        created = api(admin_client, "POST", CLAIMS.format(ns="default"), body)
+        made.append(name)
+        devices: dict[str, Any] = {"results": results}
+        if config is not None:
+            devices["config"] = config
+        patch = {"status": {"allocation": {"devices": devices, "nodeSelector": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}}
+        api(admin_client, "PATCH", CLAIMS.format(ns="default") + f"/{name}/status", patch,
+            "application/merge-patch+json")
+        return name, created["metadata"]["uid"]
+
+    yield make
+    for name in made:
+        try:
+            api(admin_client, "DELETE", CLAIMS.format(ns="default") + f"/{name}")
+        except AssertionError:
+            pass
+
+
+def result(device: str, request: str = "gpu") -> dict[str, Any]:
+    return {"request": request, "driver": "gpu.omaticaya.io", "pool": NODE, "device": device}
+
+
+@pytest.fixture
+def session(dev_cluster: Any) -> Iterator[Any]:
+    from omaticaya_py.kube.session import ApiSession
+
+    s = ApiSession(kubeconfig=str(dev_cluster.kubeconfig), attempts=2, sleep=lambda _s: None)
+    yield s
+    s.close()
+
+
+def prepare(sock: Path, *claims: tuple[str, str, str]) -> Any:
+    with channel(sock) as ch:
+        return dra_grpc.DRAPluginStub(ch).NodePrepareResources(dra.NodePrepareResourcesRequest(
+            claims=[dra.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]), timeout=20)
+
+
+def unprepare(sock: Path, *claims: tuple[str, str, str]) -> Any:
+    with channel(sock) as ch:
+        return dra_grpc.DRAPluginStub(ch).NodeUnprepareResources(dra.NodeUnprepareResourcesRequest(
+            claims=[dra.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]), timeout=20)
+
+
+def char_node(dev: Path, name: str) -> None:
+    """A device node as the plugin finds it: a link to /dev/null (a character device)."""
+    (dev / name).symlink_to("/dev/null")
+
+
+@pytest.mark.cluster
+def test_prepare_twice_unprepare_and_restart(feed: Feed, dirs: dict[str, Path], session: Any,
+                                             make_claim: Any) -> None:
+    for name in ("nvidia0", "nvidiactl", "nvidia-uvm"):
+        char_node(dirs["dev"], name)
+    p = make(feed, dirs, session)
+    p.start()
+    sock = dirs["plugin"] / "dra.sock"
+    name, uid = make_claim([result("gpu-0")])
+    ref = ("default", name, uid)
+    try:
+        first = prepare(sock, ref)
+        assert first.claims[uid].error == ""
+        (device,) = first.claims[uid].devices
+        assert (list(device.request_names), device.pool_name, device.device_name, list(device.cdi_device_ids)) == (
+            ["gpu"], NODE, "gpu-0", [f"gpu.omaticaya.io/claim={uid}-gpu-0"])
+        spec_file = dirs["cdi"] / f"gpu.omaticaya.io-claim_{uid}.json"
+        spec = json.loads(spec_file.read_text())
+        check_cdi(spec)
+        edits = spec["devices"][0]["containerEdits"]
+        assert edits["env"] == [f"NVIDIA_VISIBLE_DEVICES={G0}"]
+        assert [(n["path"], n["hostPath"], n["type"], n["major"], n["minor"]) for n in edits["deviceNodes"]] == [
+            ("/dev/nvidia0", str(dirs["dev"] / "nvidia0"), "c", 1, 3),
+            ("/dev/nvidiactl", str(dirs["dev"] / "nvidiactl"), "c", 1, 3),
+            ("/dev/nvidia-uvm", str(dirs["dev"] / "nvidia-uvm"), "c", 1, 3)]  # no nvidia-uvm-tools here
+        assert not [f for f in dirs["cdi"].iterdir() if f.name.startswith(".")]  # no temporary left
+
+        # again, after the GPU turned unhealthy: the same answer, from the checkpoint
+        feed.tick(gpu(0), gpu(1), xids=[xid(0, 79, at_s=99.0)])
+        assert prepare(sock, ref) == first
+        # the CDI file went missing: written again
+        spec_file.unlink()
+        assert prepare(sock, ref) == first
+        assert json.loads(spec_file.read_text()) == spec
+        assert (p.counts.prepare["prepared"], p.counts.prepare["repeated"]) == (1, 2)
+
+        # a restarted plugin keeps its checkpoint
+        p.stop(0)
+        p = make(feed, dirs, session)
+        p.start()
+        assert uid in p.checkpoint.claims
+        assert prepare(sock, ref) == first
+        assert unprepare(sock, ref).claims[uid].error == ""
+        assert not spec_file.exists()
+        assert uid not in json.loads((dirs["plugin"] / CHECKPOINT_FILE).read_text())["claims"]
+        assert unprepare(sock, ref).claims[uid].error == ""  # idempotent
+        assert (p.counts.unprepare["unprepared"], p.counts.unprepare["unknown"]) == (1, 1)
+        families = {f.name: {s.labels["result"]: s.value for s in f.samples if s.name.endswith("_total")}
+                    for f in DraCounters(p.counts).collect()}
+        assert families["omaticaya_dra_unprepare"] == {"unprepared": 1.0, "unknown": 1.0, "failed": 0.0}
+        assert families["omaticaya_dra_prepare"]["repeated"] == 1.0
+    finally:
+        p.stop(0)
+
+
+@pytest.mark.cluster
+def test_failed_claims_leave_nothing(feed: Feed, dirs: dict[str, Path], session: Any, make_claim: Any) -> None:
+    feed.tick(gpu(0), gpu(1), xids=[xid(1, 79, at_s=99.0)])
+    p = make(feed, dirs, session)
+    p.start()
+    sock = dirs["plugin"] / "dra.sock"
+    try:
+        unhealthy, u1 = make_claim([result("gpu-1")])
+        unknown, u2 = make_claim([result("gpu-7")])
+        bad_config, u3 = make_claim([result("gpu-0")], config=[{"source": "FromClaim", "opaque": {
+            "driver": "gpu.omaticaya.io",
+            "parameters": {"apiVersion": "gpu.omaticaya.io/v1alpha1", "kind": "GpuConfig", "timeSlice": 1}}}])
+        good, u4 = make_claim([result("gpu-0")])
+        answer = prepare(sock, ("default", unhealthy, u1), ("default", unknown, u2),
+                         ("default", bad_config, u3), ("default", "no-such-claim", "u5"),
+                         ("default", good, "not-its-uid"), ("default", good, u4))
+        errors = {u: answer.claims[u].error for u in (u1, u2, u3, "u5", "not-its-uid", u4)}
+        assert "gpu-1 is unhealthy: xid-79" in errors[u1]
+        assert "gpu-7: not in the node's reading" in errors[u2]
+        assert "opaque.parameters.timeSlice: unknown field" in errors[u3]
+        assert errors["u5"] == "ResourceClaim default/no-such-claim not found"
+        assert "not not-its-uid: it was deleted and created again" in errors["not-its-uid"]
+        assert errors[u4] == ""
+        assert [f.name for f in dirs["cdi"].iterdir()] == [cdi_file_name(u4)]
+        assert set(json.loads((dirs["plugin"] / CHECKPOINT_FILE).read_text())["claims"]) == {u4}
+        assert p.counts.prepare["refused"] == 5
+    finally:
+        p.stop(0)
+
+
+@pytest.mark.cluster
+def test_unwritable_cdi_folder_fails_and_records_nothing(feed: Feed, dirs: dict[str, Path], session: Any,
+                                                         make_claim: Any) -> None:
+    p = make(feed, dirs, session)
+    p.start()
+    try:
+        name, uid = make_claim([result("gpu-0")])
+        shutil.rmtree(dirs["cdi"])
+        dirs["cdi"].write_text("not a folder")
+        answer = prepare(dirs["plugin"] / "dra.sock", ("default", name, uid))
+        assert answer.claims[uid].error.startswith(f"cannot record claim {uid}")
+        assert uid not in p.checkpoint.claims
+        assert p.counts.prepare["failed"] == 1
+    finally:
+        p.stop(0)
+
+
+@pytest.mark.cluster
+def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: Any, make_claim: Any) -> None:
+    """A 20 GiB slice of a shared GPU (consumable capacity, written by the API server as the
+    scheduler would) becomes an MPS client with exactly that limit while its daemon is up, and
+    is refused while it is not."""
+    from omaticaya_py.core.mps import DaemonState, state_json
+
+    state_dir = dirs["dev"].parent / "mps-state"
+    state_dir.mkdir()
+    p = make(feed, dirs, session, shared_gpus="0", share_enforcement="mps",
+             mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir)
+    p.start()
+    sock = dirs["plugin"] / "dra.sock"
+    share = str(uuidlib.uuid4())
+    slice_result = {**result("gpu-0"), "shareID": share, "consumedCapacity": {"memory": "20Gi"}}
+    try:
+        name, uid = make_claim([slice_result])
+        down = prepare(sock, ("default", name, uid))
+        assert "gpu-0: its MPS daemon is not up (mps-state-missing)" in down.claims[uid].error
+        now = time.time()
+        (state_dir / f"{G0}.json").write_text(state_json(DaemonState(
+            uuid=G0, index=0, state="up", pid=42, limit_mib=79 * 1024, heartbeat_s=now, since_s=now)))
+        p.mps.min_interval_s = 0  # type: ignore[union-attr]
+        answer = prepare(sock, ("default", name, uid))
+        assert answer.claims[uid].error == ""
+        (device,) = answer.claims[uid].devices
+        assert device.share_id == share
+        spec = json.loads((dirs["cdi"] / cdi_file_name(uid)).read_text())
+        check_cdi(spec)
+        assert spec["devices"][0]["containerEdits"]["env"] == [
+            f"NVIDIA_VISIBLE_DEVICES={G0}", f"CUDA_MPS_PIPE_DIRECTORY=/run/omaticaya/mps/{G0}/pipe",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M", "OMATICAYA_GPU_MEMORY_LIMIT_MIB=20480"]
+    finally:
+        p.stop(0)
