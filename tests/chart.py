@@ -51,6 +51,14 @@ NESTED_VALUE = {
     "share_enforcement": "sharing.enforcement",
     "mps_root": "sharing.mps.root",
     "mps_thread_share": "sharing.mps.threadShare",
+    # the DRA driver (issue 41): OMATICAYA_DRA_PLUGIN_DIR is <kubeletPluginsDir>/gpu.omaticaya.io,
+    # OMATICAYA_DRA_DEV_ROOT the host's devRoot as mounted (/host/dev)
+    "dra": "dra.enabled",
+    "dra_plugin_dir": "dra.kubeletPluginsDir",
+    "dra_registry_dir": "dra.kubeletRegistryDir",
+    "dra_cdi_dir": "dra.cdiDir",
+    "dra_dev_root": "dra.devRoot",
+    "dra_taint_effect": "dra.taintEffect",
 }
 #: Kinds that are not in the core Kubernetes schemas, and why they are not validated.
 NOT_CORE = {

@@ -128,6 +128,7 @@ STRUCTURED = (
     "validatingAdmissionPolicy",
     "placement",
     "sharing",
+    "dra",
 )
 
 

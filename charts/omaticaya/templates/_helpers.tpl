@@ -140,10 +140,10 @@ and no preemptVerb.
 
 {{/*
 The pods' PriorityClass: priorityClassName, else system-node-critical when the pod is the node's
-device plugin (the kubelet must not evict what serves its GPUs), else none.
+device plugin or DRA driver (the kubelet must not evict what serves its GPUs), else none.
 */}}
 {{- define "omaticaya.priorityClassName" -}}
-{{- .Values.priorityClassName | default (ternary "system-node-critical" "" (eq (toString .Values.devicePlugin) "true")) }}
+{{- .Values.priorityClassName | default (ternary "system-node-critical" "" (or (eq (toString .Values.devicePlugin) "true") (eq (include "omaticaya.dra" .) "true"))) }}
 {{- end }}
 
 {{/*
@@ -213,10 +213,11 @@ the extender reserve a GPU the plugin would not hand out: either one set fails t
 
 {{/*
 "true" when the DaemonSet runs the MPS supervisor (its container `mps`, `omaticaya mps`): the pod
-is the node's device plugin, some GPUs are shared and MPS enforces their slices; else "".
+is the node's device plugin or DRA driver (a shared-GPU claim's container becomes an MPS client
+the same way), some GPUs are shared and MPS enforces their slices; else "".
 */}}
 {{- define "omaticaya.mps" -}}
-{{- if and .Values.devicePlugin (ne (toString .Values.sharing.gpus) "none") (eq (toString .Values.sharing.enforcement) "mps") }}true{{ end }}
+{{- if and (or .Values.devicePlugin (include "omaticaya.dra" .)) (ne (toString .Values.sharing.gpus) "none") (eq (toString .Values.sharing.enforcement) "mps") }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -256,4 +257,39 @@ every sharing.mps.checkS: three checks and 5 s of slack, at least the code's 15 
 */}}
 {{- define "omaticaya.mpsStaleS" -}}
 {{- maxf 15 (addf (mulf .Values.sharing.mps.checkS 3) 5) | toString }}
+{{- end }}
+
+{{/*
+"true" when the pod is the node's DRA driver gpu.omaticaya.io (dra.enabled: the agent publishes
+its Node's ResourceSlice and runs the kubelet DRA plugin, OMATICAYA_DRA), else "". Fails the
+render when devicePlugin is on too (the kubelet would hand each GPU out twice; the agent refuses
+to start with both) and below Kubernetes 1.34 (no resource.k8s.io/v1).
+*/}}
+{{- define "omaticaya.dra" -}}
+{{- if .Values.dra.enabled }}
+{{- if .Values.devicePlugin }}
+{{- fail "dra.enabled and devicePlugin are both true: a node's GPUs are served by one of the two (the kubelet would hand each GPU out twice, and the agent refuses OMATICAYA_DRA with OMATICAYA_DEVICE_PLUGIN); set devicePlugin=false to use DRA, or dra.enabled=false to keep the device plugin" }}
+{{- end }}
+{{- $kube := include "omaticaya.kubeVersion" . }}
+{{- if semverCompare "<1.34.0-0" $kube }}
+{{- fail (printf "dra.enabled needs resource.k8s.io/v1 (DRA, GA in Kubernetes 1.34): Kubernetes %s does not serve it; use devicePlugin=true there (with helm template, pass --kube-version)" $kube) }}
+{{- end -}}
+true
+{{- end }}
+{{- end }}
+
+{{/* The DRA driver's name: the ResourceSlices' spec.driver, the attributes' domain, the kubelet plugin's name. */}}
+{{- define "omaticaya.draDriver" -}}gpu.omaticaya.io{{- end }}
+
+{{/* OMATICAYA_DRA_PLUGIN_DIR: the plugin's own folder under the kubelet's plugins folder. */}}
+{{- define "omaticaya.draPluginDir" -}}
+{{- printf "%s/%s" (clean (toString .Values.dra.kubeletPluginsDir) | trimSuffix "/") (include "omaticaya.draDriver" .) }}
+{{- end }}
+
+{{/*
+OMATICAYA_DRA_DEV_ROOT: the host's dra.devRoot as the agent sees it (mounted read-only at
+/host<devRoot>) with DRA on; else the code's default /dev (nothing mounted, nothing reads it).
+*/}}
+{{- define "omaticaya.draDevRoot" -}}
+{{- if include "omaticaya.dra" . }}{{ printf "/host%s" (clean (toString .Values.dra.devRoot)) }}{{ else }}/dev{{ end }}
 {{- end }}
