@@ -475,3 +475,48 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M", "OMATICAYA_GPU_MEMORY_LIMIT_MIB=20480"]
     finally:
         p.stop(0)
+
+
+# -- the daemon: `omaticaya run` with OMATICAYA_DRA ------------------------------------------
+
+
+@pytest.mark.cluster
+def test_run_serves_the_dra_plugin_and_its_counters(dev_cluster: Any, make_node: Any,
+                                                     dirs: dict[str, Path]) -> None:
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.helpers import H100_TRACE, free_port
+
+    port = free_port()
+    env = dict(dev_cluster.env(), NODE_NAME=make_node(), OMATICAYA_TRACE=str(H100_TRACE),
+               OMATICAYA_SCHEDULE="@every 1s", OMATICAYA_METRICS_PORT=str(port),
+               OMATICAYA_METRICS_ADDRESS="127.0.0.1", OMATICAYA_DRA="true",
+               OMATICAYA_DRA_PLUGIN_DIR=str(dirs["plugin"]), OMATICAYA_DRA_REGISTRY_DIR=str(dirs["registry"]),
+               OMATICAYA_DRA_CDI_DIR=str(dirs["cdi"]), OMATICAYA_DRA_DEV_ROOT=str(dirs["dev"]),
+               PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "omaticaya_py", "run"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reg_sock = dirs["registry"] / "gpu.omaticaya.io-reg.sock"
+    try:
+        assert wait_for(reg_sock.is_socket, 30), "no registration socket"
+        with channel(reg_sock) as ch:
+            assert reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=5).name == "gpu.omaticaya.io"
+        with channel(dirs["plugin"] / "dra.sock") as ch:
+            stream = h1_grpc.DRAResourceHealthStub(ch).NodeWatchResources(h1.NodeWatchResourcesRequest(), timeout=10)
+            first = next(stream)
+            stream.cancel()
+        assert {d.device.device_name for d in first.devices} <= {"gpu-0"}
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'omaticaya_dra_prepare_total{result="prepared"} 0.0' in text
+        assert 'omaticaya_dra_unprepare_total{result="unknown"} 0.0' in text
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert not reg_sock.exists() and not (dirs["plugin"] / "dra.sock").exists()

@@ -6,7 +6,9 @@ containerd 2.4 vendors); the health report."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -368,3 +370,31 @@ def test_health_report_without_a_reading_is_unknown() -> None:
         ("gpu-2", healthreport.UNKNOWN, "NVML cannot be read"),
         ("gpu-10", healthreport.UNKNOWN, "NVML cannot be read"),
     ]
+
+
+# -- the generated modules -------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools (the test extra) missing"
+)
+def test_generated_modules_match_the_protos() -> None:
+    done = subprocess.run([str(REPO_ROOT / "scripts" / "gen-dra-proto"), "--check"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_grpc_service_names_are_the_kubelets() -> None:
+    """The kubelet dials these exact paths (k8s.io/kubelet v0.37.2 api_grpc.pb.go)."""
+    from omaticaya_py.dra.health.v1 import api_pb2 as h1
+    from omaticaya_py.dra.health.v1alpha1 import api_pb2 as h0
+    from omaticaya_py.dra.pluginregistration import api_pb2 as reg
+    from omaticaya_py.dra.v1 import api_pb2 as dra
+
+    assert [m.DESCRIPTOR.services_by_name[n].full_name for m, n in (
+        (dra, "DRAPlugin"), (reg, "Registration"), (h1, "DRAResourceHealth"), (h0, "DRAResourceHealth"))] == [
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "pluginregistration.Registration",
+        "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+    assert dra.Device.DESCRIPTOR.fields_by_name["share_id"].number == 5

@@ -20,10 +20,11 @@ request.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
 
 from ..core.sharing import Sharing
 from ..serving import HttpServer, probe_app
@@ -143,13 +144,17 @@ def make_app(
 MetricsServer = HttpServer
 
 
-def serve(agent: Agent, address: str, port: int) -> HttpServer:
+def serve(agent: Agent, address: str, port: int, *, collectors: Iterable[Collector] = ()) -> HttpServer:
     """Start ``/metrics``, ``/healthz`` and ``/readyz`` on ``address:port`` in a daemon thread
     (``serving.HttpServer``: uvicorn; ``'::'`` listens on IPv6, and on IPv4 too where the host
-    is dual-stack). ``port`` 0 picks a free port (``.port``). Raises ``OSError`` when the
-    address cannot be bound (port in use, address not on this host, no IPv6)."""
+    is dual-stack). ``port`` 0 picks a free port (``.port``). ``collectors``: more on the same
+    registry (the DRA plugin's counters, ``dra.metrics.DraCounters``). Raises ``OSError`` when
+    the address cannot be bound (port in use, address not on this host, no IPv6)."""
+    registry = agent_registry(agent)
+    for collector in collectors:
+        registry.register(collector)
     app = make_app(
-        agent_registry(agent),
+        registry,
         lambda: liveness(agent.daemon, agent.cache),
         lambda: readiness(agent.cache, agent.period_s),
     )

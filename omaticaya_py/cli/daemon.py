@@ -14,7 +14,7 @@ __all__ = ["run_daemon"]
 
 def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool = True) -> int:
     """The daemon: ``run`` (label the Node, and serve the device plugin when
-    ``settings.device_plugin``), or ``device-plugin`` (``label_node=False``: no API server).
+    ``settings.device_plugin``, the DRA kubelet plugin when ``settings.dra``), or ``device-plugin`` (``label_node=False``: no API server).
 
     Returns 0 after SIGTERM/SIGINT, 1 when NVML fails to start and
     ``settings.fail_on_init_error``. Raises ``UsageError`` when /metrics cannot be served,
@@ -36,11 +36,21 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
         agent = Agent(settings, gpus, None, dry_run=True)
     daemon = Daemon(agent)
     daemon.install_signal_handlers()  # before any server starts: a SIGTERM must find them
+    dra_counts = None
+    if settings.dra:
+        from ..dra.metrics import DraCounts
+
+        dra_counts = DraCounts()
     if settings.metrics_port:
         from ..agent.metrics import serve
 
+        extra = []
+        if dra_counts is not None:
+            from ..dra.metrics import DraCounters
+
+            extra.append(DraCounters(dra_counts))
         try:
-            server = serve(agent, settings.metrics_address, settings.metrics_port)
+            server = serve(agent, settings.metrics_address, settings.metrics_port, collectors=extra)
         except OSError as exc:  # port in use, address not on this host, no IPv6
             gpus.close()
             where = f"{settings.metrics_address}:{settings.metrics_port}"
@@ -56,5 +66,14 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
 
         plugin = DevicePluginSet.from_settings(agent, settings)
         daemon.serve(plugin.start, plugin.stop)
+    if settings.dra and not agent.stopping:
+        if agent.node is None:
+            logger.warning("OMATICAYA_DRA is set, but the DRA plugin needs the Kubernetes API "
+                           "(it reads each ResourceClaim): run 'omaticaya run', not 'device-plugin'")
+        else:
+            from ..dra import DraPlugin
+
+            dra_plugin = DraPlugin(agent, settings, agent.node.session, agent.mps, counts=dra_counts)
+            daemon.serve(dra_plugin.start, dra_plugin.stop)
     daemon.run()
     return 0
