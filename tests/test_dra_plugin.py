@@ -361,9 +361,9 @@ def test_prepare_twice_unprepare_and_restart(feed: Feed, dirs: dict[str, Path], 
         edits = spec["devices"][0]["containerEdits"]
         assert edits["env"] == [f"NVIDIA_VISIBLE_DEVICES={G0}"]
         assert [(n["path"], n["hostPath"], n["type"], n["major"], n["minor"]) for n in edits["deviceNodes"]] == [
-            ("/dev/nvidia0", str(dirs["dev"] / "nvidia0"), "c", 1, 3),
-            ("/dev/nvidiactl", str(dirs["dev"] / "nvidiactl"), "c", 1, 3),
-            ("/dev/nvidia-uvm", str(dirs["dev"] / "nvidia-uvm"), "c", 1, 3)]  # no nvidia-uvm-tools here
+            ("/dev/nvidia0", "/dev/nvidia0", "c", 1, 3),  # found under the dev root: numbers of
+            ("/dev/nvidiactl", "/dev/nvidiactl", "c", 1, 3),  # what it links to (/dev/null)
+            ("/dev/nvidia-uvm", "/dev/nvidia-uvm", "c", 1, 3)]  # no nvidia-uvm-tools here
         assert not [f for f in dirs["cdi"].iterdir() if f.name.startswith(".")]  # no temporary left
 
         # again, after the GPU turned unhealthy: the same answer, from the checkpoint

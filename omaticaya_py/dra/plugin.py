@@ -495,7 +495,7 @@ class DraPlugin:
              "cdi_device_ids": [d.cdi_id], **({"share_id": d.share_id} if d.share_id else {})}
             for d in prepared.devices
         )  # fmt: skip
-        spec = cdi_spec(prepared, self.dev_root) if prepared.devices else None
+        spec = cdi_spec(prepared) if prepared.devices else None
         entry = Entry(ref.namespace, ref.name, devices, spec,
                       cdi_file_name(ref.uid) if spec is not None else None)  # fmt: skip
         path = self.cdi_dir / entry.cdi_file if entry.cdi_file else None

@@ -16,10 +16,10 @@ What a prepared device gives its container (CDI ``containerEdits``):
   plugin's ``envvar`` strategy does: a container and its user can tell which GPU it got.
 - device nodes, each only when found as a character device under ``NodeFacts.dev_root``
   (``OMATICAYA_DRA_DEV_ROOT``): the GPU's ``nvidia<minor>`` (a MIG device: its parent GPU's),
-  ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``; container path ``/dev/<name>``, host
-  path ``<dev_root>/<name>`` (so ``dev_root`` must be the same path on the host and in the
-  plugin's container: the runtime reads the host path on the host), with the type, major and
-  minor the plugin saw. A MIG device's capability nodes (``/dev/nvidia-caps``) are left to the
+  ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``; container path and host path
+  ``/dev/<name>`` (the runtime reads the host path on the host, where ``dev_root`` is the
+  host's ``/dev``: the chart mounts it at ``/host/dev``), with the type, major and minor the
+  plugin saw there (a fully specified node: the runtime needs no stat of its own). A MIG device's capability nodes (``/dev/nvidia-caps``) are left to the
   NVIDIA runtime, which ``NVIDIA_VISIBLE_DEVICES`` drives.
 - a shared GPU's slice (``DraDevice.shared``): its ``consumedCapacity`` ``memory`` must be a
   whole number of ``unit_mib`` units. Under MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``) the
@@ -426,10 +426,11 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
 # -- the CDI spec ----------------------------------------------------------------------------
 
 
-def cdi_spec(claim: PreparedClaim, dev_root: Path) -> dict[str, Any]:
+def cdi_spec(claim: PreparedClaim, dev_root: Path = Path("/dev")) -> dict[str, Any]:
     """The claim's CDI spec (JSON-ready): ``cdiVersion`` ``CDI_VERSION``, kind ``CDI_KIND``,
     one device per prepared device, named ``<claim UID>-<device name>``, with its
-    ``containerEdits`` (device nodes at ``/dev/<name>`` from ``<dev_root>/<name>``)."""
+    ``containerEdits`` (device nodes at ``/dev/<name>`` from the host's ``/dev/<name>``;
+    ``dev_root``: the host's /dev as the runtime sees it, ``/dev`` but in tests)."""
     out = []
     for d in claim.devices:
         edits: dict[str, Any] = {"env": list(d.edits.env)}
