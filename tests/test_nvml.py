@@ -53,17 +53,26 @@ def test_reads_every_gpu_with_plausible_values(reader):
     assert not reader.errors, reader.errors  # NotSupported is absence, never an error
 
 
-def test_second_read_is_the_mean_of_the_samples_since_the_first(reader):
+def test_second_read_is_the_mean_of_the_samples_since_the_first(reader, monkeypatch):
+    """The samples path (GPUs without GPM, and a GPM GPU whose GPM read failed): GPM is turned
+    off in the reader, so that it runs on Hopper and newer too (first run on an H200)."""
     import pynvml
 
+    from omaticaya_py.sources.nvml import gpm
+
+    def no_gpm(calls, device) -> bool:
+        device.gpm_supported = False
+        return False
+
+    monkeypatch.setattr(gpm, "_supported", no_gpm)
     reader.read()
-    devices = [  # the samples' cursor: GPUs read through nvmlDeviceGetSamples (no MIG, no GPM)
+    devices = [  # the samples' cursor: GPUs read through nvmlDeviceGetSamples (no MIG)
         d
         for d in reader._devices  # noqa: SLF001
         if not d.mig_enabled and not d.gpm_supported
     ]
     if not devices:
-        pytest.skip("every GPU has MIG on or GPM: the reader reads no utilisation samples")
+        pytest.skip("every GPU has MIG on: the reader reads no utilisation samples")
     device = devices[0]
     since = device.last_ts
 
