@@ -64,6 +64,7 @@ def test_the_device_plugin_section_is_one_model() -> None:
         "device_plugin", "device_plugin_resource", "device_plugin_dir", "shared_gpus",
         "share_unit_mib", "shared_resource", "share_policy", "share_settle_s",
         "device_list_strategy", "share_enforcement", "mps_root", "mps_state_dir",
-        "mps_thread_share", "mps_stale_s",
+        "mps_thread_share", "mps_stale_s", "dra", "dra_plugin_dir", "dra_registry_dir",
+        "dra_cdi_dir", "dra_dev_root", "dra_taint_effect",
     }
     assert issubclass(Settings, DevicePluginSettings)

@@ -152,7 +152,7 @@ def test_signal_handlers_are_installed_before_the_metrics_server(tmp_path, monke
         def shutdown(self) -> None:
             pass
 
-    def serve(agent, address, port):
+    def serve(agent, address, port, **_):
         os.kill(os.getpid(), signal.SIGTERM)
         return Dummy()
 
