@@ -468,17 +468,23 @@ INSTALL = CHART.parent.parent / "examples" / "install"
 
 @pytest.mark.parametrize("layer", ["gpu-operator.yaml", "nvidia-device-plugin.yaml"])
 @pytest.mark.parametrize("goal", ["labels.yaml", "scheduler.yaml", "device-plugin.yaml",
-                                  "whole-stack.yaml"])  # fmt: skip
+                                  "whole-stack.yaml", "dra.yaml"])  # fmt: skip
 def test_every_goal_renders_with_every_layer(helm, goal, layer):
     """docs/install.md's files, as it passes them (goal, then layer): they pass the values
     schema and render what the page says; the operator layer is installed on the dev cluster
     by tests/test_product_install.py, the other selects nodes by node-feature-discovery."""
-    docs = render(helm, None, "-f", str(INSTALL / goal), "-f", str(INSTALL / layer))
+    docs = render(helm, None, "-f", str(INSTALL / goal), "-f", str(INSTALL / layer),
+                  "--kube-version", "1.37.2")
     spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     goals = yaml.safe_load((INSTALL / goal).read_text())
     assert ("Deployment" in {d["kind"] for d in docs}) is goals["scheduler"]["enabled"]
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
     assert env.get("OMATICAYA_DEVICE_PLUGIN") == str(goals["devicePlugin"]).lower()
+    dra = goals.get("dra", {}).get("enabled", False)
+    assert env.get("OMATICAYA_DRA") == str(dra).lower()
+    classes = {d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"}
+    assert classes == ({"gpu.omaticaya.io", "shared.gpu.omaticaya.io", "mig.gpu.omaticaya.io"}
+                       if dra else set())
     if layer == "gpu-operator.yaml":
         assert spec["runtimeClassName"] == "nvidia"
         assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
