@@ -13,7 +13,8 @@ answers them: a container sees the node, nothing more).
 a 40 s loop; ``xidQuietS: 8``, ``minPatchIntervalS: 0`` so that a recovery is published at the
 tick it happens): GPU 1's pending remap and GPU 2's Xid 79 taint their devices
 (``gpu.omaticaya.io/unhealthy=<reason>:NoSchedule``) and the taints go when the health rules
-say the GPUs recovered.
+say the GPUs recovered; a pod holding GPU 2 keeps running and its status shows the device
+Unhealthy with the reason, then Healthy (ResourceHealthStatus).
 
 ``test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_restart``,
 ``multi-gpu-trace.json`` (8 H100s, steady; free MiB per GPU 0-7: 80896, 50176, 70656, 9216,
@@ -379,15 +380,24 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     """faults-trace.json on the chart (its 40 s loop from the agent's start): GPU 1's rows
     pending remap (t 10-15 s) and GPU 2's Xid 79 (t 20 s, quiet for 8 s) taint their devices
     with the reason, NoSchedule, and the taints go when the GPUs recover; GPU 0 has no fault
-    of its own (only while NVML cannot be read at all, t 32-35 s, may every device be)."""
+    of its own (only while NVML cannot be read at all, t 32-35 s, may every device be).
+
+    A pod holding GPU 2 (a claim pinned by CEL) keeps running through its fault (NoSchedule
+    evicts nothing), and its status shows the device's health from the plugin's health stream
+    (ResourceHealthStatus, beta and on in 1.36+): Healthy, Unhealthy with the reason, Healthy."""
     st, tmp = stack
     st.timer.tag = "dra faults"
     kube, node = st.kube, st.node
     st.install(dra_values(tmp, kube, node, FAULTS, xidQuietS=8, minPatchIntervalS=0))
     names = {f"gpu-{i}" for i in range(4)}
     st.timer.wait("the slice's four devices", lambda: set(devices(kube, node)) == names)
+    kube.kubectl("create", "namespace", WORK)
+    apply(kube, claim("gpu-2", claim_spec(WHOLE, f'device.attributes["{DRIVER}"].index == 2')),
+          pod("on-gpu-2", claim_name="gpu-2"))
     #: (seconds since the slice showed, the devices' taints) at each change seen
     seen: list[tuple[float, dict[str, set[tuple[str, str, str]]]]] = []
+    #: (seconds, [(health, message)] of the pod's device) at each change seen, once it runs
+    health: list[tuple[float, list[tuple[str, str]]]] = []
     start = time.monotonic()
     faults = {"gpu-1": "remap-pending", "gpu-2": "xid-79"}
 
@@ -398,14 +408,27 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
             (t for t, s in seen if t > on and dev in s and not s[dev]), None)
         return on, off
 
-    def both_tainted_and_cleared() -> bool:
+    def pod_health_went_and_came_back() -> bool:
+        states = [h for _, h in health]
+        bad = next((i for i, h in enumerate(states) if ("Unhealthy", "xid-79") in h), None)
+        return bad is not None and any(h == [("Healthy", "")] for h in states[bad + 1:])
+
+    def probe() -> bool:
         now = {n: taints(d) for n, d in devices(kube, node).items()}
         if not seen or seen[-1][1] != now:
             seen.append((time.monotonic() - start, now))
-        return all(when(dev, value)[1] is not None for dev, value in faults.items())
+        p = get(kube, "-n", WORK, "pod", "on-gpu-2") or {}
+        statuses = (p.get("status") or {}).get("containerStatuses") or []
+        h = [(r.get("health", ""), r.get("message", "")) for c in statuses
+             for s in c.get("allocatedResourcesStatus") or [] for r in s.get("resources") or []]
+        if h and (not health or health[-1][1] != h):
+            health.append((time.monotonic() - start, h))
+        return (all(when(dev, value)[1] is not None for dev, value in faults.items())
+                and pod_health_went_and_came_back())
 
     # a loop is 40 s: each fault and its recovery come within one loop and a half of any moment
-    st.timer.wait("GPUs 1 and 2 tainted with their reasons, then cleared", both_tainted_and_cleared,
+    # (two loops when the pod's claim could not have GPU 2 before its first fault)
+    st.timer.wait("GPUs 1 and 2 tainted and cleared, the pod's device Unhealthy and back", probe,
                   timeout=150)  # fmt: skip
     for t, state in seen:
         print(f"[dra faults] +{t:5.1f} s " + ", ".join(
@@ -413,8 +436,13 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     for dev, value in faults.items():
         on, off = when(dev, value)
         print(f"[dra faults] {dev} {value}: tainted at +{on:.1f} s, cleared at +{off:.1f} s")
+    for t, h in health:
+        print(f"[dra faults] +{t:5.1f} s the GPU 2 pod's device: {h}")
     gpu0 = {v for _, s in seen for _, v, _ in s.get("gpu-0", set())}
     assert gpu0 <= {"nvml-unreadable"}, seen
+    assert device_of(kube, "gpu-2") == "gpu-2"
+    assert [(c[1], c[2]) for c in containers(kube, "on-gpu-2")] == [(0, True)]  # not evicted
+    st.delete_work()
     st.uninstall()
     assert slices(kube) == [], slices(kube)
 
