@@ -515,7 +515,8 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     assert "cannot allocate all claims" in reason, reason
     assert not results(kube, pod_claim(kube, f"roomy-{left}") or "-"), "the third claim allocated"
 
-    # --- c. two 20 GiB slices share one shared GPU, each its MPS client at 20480M
+    # --- c. two 20 GiB slices share one shared GPU, each its MPS client at 20480M (the
+    # scheduler's allocator tries a slice's devices in order: the second fits beside the first)
     start = time.monotonic()
     apply(kube, template("share-20", claim_spec(SHARED_CLASS, memory="20Gi")),
           pod("share-1", template_name="share-20"), pod("share-2", template_name="share-20"))
