@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.dra import DRIVER, DraDevice, parse_device_name
-from ..core.mps import ACTIVE_THREAD_ENV, LIMIT_ENV, MPS_LIMIT_ENV, Layout, client_spec
+from ..core.mps import ACTIVE_THREAD_ENV, LIMIT_ENV, MPS_LIMIT_ENV, Layout, Mount, client_spec
 
 __all__ = [
     "CDI_CLASS",
@@ -58,7 +58,6 @@ __all__ = [
     "ClaimRef",
     "DevNode",
     "Edits",
-    "MountEdit",
     "NodeFacts",
     "PreparedClaim",
     "PreparedDevice",
@@ -115,22 +114,13 @@ class DevNode:
 
 
 @dataclass(frozen=True, slots=True)
-class MountEdit:
-    """A CDI mount: ``host_path`` at ``container_path``, bind, read-only or not."""
-
-    host_path: str
-    container_path: str
-    read_only: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class Edits:
     """One CDI device's ``containerEdits``: ``env`` (``NAME=value``), ``nodes`` (device nodes
     under the dev root), ``mounts``."""
 
     env: tuple[str, ...] = ()
     nodes: tuple[DevNode, ...] = ()
-    mounts: tuple[MountEdit, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,7 +372,7 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
     for control in CONTROL_NODES:
         nodes += _node(facts, control)
     env = [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"]
-    mounts: tuple[MountEdit, ...] = ()
+    mounts: tuple[Mount, ...] = ()
     mib: int | None = None
     if dev.shared:
         consumed = result.get("consumedCapacity")
@@ -408,7 +398,7 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
             if threads is not None:
                 envs[ACTIVE_THREAD_ENV] = str(threads)
             env += [f"{k}={v}" for k, v in envs.items()]
-            mounts = tuple(MountEdit(m.host_path, m.container_path, m.read_only) for m in spec.mounts)
+            mounts = tuple(spec.mounts)
         else:
             env += [f"{MPS_LIMIT_ENV}=0={mib}M", f"{LIMIT_ENV}={mib}"]
     if threads is not None and not (dev.shared and facts.mps is not None):
