@@ -62,7 +62,6 @@ AGENT_RULES = {
     ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],
     ("resource.k8s.io", "deviceclasses"): ["get", "list", "watch"],
 }  # fmt: skip
-SCRIPT = CHART / "files" / "delete-resourceslices.py"
 #: what a dev cluster's kubelet and containerd use instead of the host's folders
 DEV = {
     "kubeletPluginsDir": "/tmp/dev/kubelet/root/plugins",
@@ -390,8 +389,8 @@ def test_uninstall_hook_deletes_the_drivers_resourceslices(helm):
     job = by[("Job", f"{RELEASE}-uninstall-slices")]["spec"]["template"]["spec"]
     assert job["serviceAccountName"] == name
     (c,) = job["containers"]
-    assert c["command"] == ["python3", "-c"]
-    assert c["args"] == [SCRIPT.read_text(), DRIVER]
+    assert "command" not in c  # the image's entrypoint: omaticaya
+    assert c["args"] == ["delete-resourceslices", "--driver", DRIVER]
     assert c["securityContext"]["runAsNonRoot"] is True  # the agent's uid 0 is not the hook's
     # where the agent runs, as the stop-daemonset Job
     stop = by[("Job", name)]["spec"]["template"]["spec"]
@@ -728,7 +727,7 @@ def test_agent_token_can_do_what_the_driver_needs(helm, dev_cluster, admin_clien
 
 
 @pytest.mark.cluster
-def test_hook_script_deletes_every_slice_of_the_driver_only(
+def test_hook_command_deletes_every_slice_of_the_driver_only(
     helm, dev_cluster, admin_client, resource_api, tmp_path
 ):
     """The hook's ServiceAccount, ClusterRole and ClusterRoleBinding as rendered; its script run
@@ -764,8 +763,10 @@ def test_hook_script_deletes_every_slice_of_the_driver_only(
     env["KUBECONFIG"] = str(kubeconfig)
 
     def run() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", SCRIPT.read_text(), DRIVER], env=env,
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "omaticaya_py", "delete-resourceslices", "--driver", DRIVER],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
 
     try:
         import time

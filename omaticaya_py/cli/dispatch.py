@@ -38,13 +38,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .mps import mps_command
 
         return mps_command(args)
-    if args.command in ("record", "top", "stop-daemonset"):  # no Node, no settings
+    if args.command in ("record", "top", "stop-daemonset", "delete-resourceslices"):  # no Node
         from . import tools
 
         run = {
             "record": tools.record_command,  # NVML to a file
             "top": tools.top_command,  # a viewer: list/watch Nodes
             "stop-daemonset": tools.stop_daemonset_command,  # the chart's pre-delete hook
+            "delete-resourceslices": tools.delete_resourceslices_command,  # and with DRA, this
         }[args.command]
         return run(args)
     from .agent import agent_command

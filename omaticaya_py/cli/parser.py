@@ -213,6 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
         "there), 1 on a timeout or an API failure, with one line.",
         add_flags=_stop_daemonset_flags,
     )
+    add(
+        "delete-resourceslices",
+        help="delete every ResourceSlice of a DRA driver (the chart's uninstall hook)",
+        description="Delete every ResourceSlice whose spec.driver is --driver (every Node's), "
+        "then list again. Exit 0 when none is left (or resource.k8s.io/v1 is not served), 1 "
+        "when some are left or on an API failure, with one line.",
+        add_flags=_delete_resourceslices_flags,
+    )
     return parser
 
 
@@ -286,6 +294,13 @@ def _top_flags(p: argparse.ArgumentParser) -> None:
         help="with --watch: redraw at least this often, seconds (default 10)",
     )  # fmt: skip
     p.add_argument("--prefix", help="label key prefix (default $OMATICAYA_PREFIX or omaticaya.io)")
+
+
+def _delete_resourceslices_flags(p: argparse.ArgumentParser) -> None:
+    """``omaticaya delete-resourceslices``'s flags."""
+    p.add_argument("--driver", default="gpu.omaticaya.io",
+                   help="the DRA driver whose slices go (default gpu.omaticaya.io)")  # fmt: skip
+    _kubeconfig(p)
 
 
 def _stop_daemonset_flags(p: argparse.ArgumentParser) -> None:

@@ -89,3 +89,26 @@ def stop_daemonset_command(args: argparse.Namespace) -> int:
         return 1
     print(result.line())
     return 0
+
+
+def delete_resourceslices_command(args: argparse.Namespace) -> int:
+    """``omaticaya delete-resourceslices``: delete every ResourceSlice of a DRA driver (the
+    chart's uninstall hook); one line on stdout (done or not served, exit 0) or stderr (some
+    left, or an API failure: exit 1)."""
+    from ..kube import ApiSession, KubeError
+    from ..kube.resourceslice import delete_driver_slices
+
+    try:
+        session = ApiSession(kubeconfig=args.kubeconfig)
+        try:
+            result = delete_driver_slices(session, args.driver)
+        finally:
+            session.close()
+    except KubeError as exc:
+        print(f"omaticaya: deleting the ResourceSlices of {args.driver}: {exc}", file=sys.stderr)
+        return 1
+    if result.left:
+        print(f"omaticaya: {result.line()}", file=sys.stderr)
+        return 1
+    print(result.line())
+    return 0
