@@ -17,7 +17,14 @@ bindings are rendered by the real helm at the server's version (``--kube-version
   (HTTP 403, reason Forbidden, the policy's message) a write of another Node's ``<prefix>/`` keys
   or Lease, and any key outside the prefix (or the spec) of its own Node;
 - a token of the same ServiceAccount not bound to a Pod (no claim) is refused even its own
-  Node's keys, as ``requireNodeClaim: true`` (the default) says.
+  Node's keys, as ``requireNodeClaim: true`` (the default) says;
+- on a server that serves DRA (>= 1.34: the chart is rendered with ``dra.enabled``, which adds
+  the ResourceSlice rights and the third policy), the agent's ``ResourceSliceClient`` may apply
+  (server-side apply: CREATE, then UPDATE) and delete its Node's ResourceSlice of the driver
+  ``gpu.omaticaya.io``, and is refused another Node's slice, another driver's slice (even of its
+  own Node) and, without the claim, its own; the uninstall hook's ServiceAccount (a user the
+  policy does not match) still deletes every slice of the driver with the hook Job's command
+  (``omaticaya delete-resourceslices``).
 
 Policies reach the admission plugin through an informer: the tests wait until a dry-run request
 that must be refused is refused (nothing is written while they are not yet in force).
@@ -36,8 +43,10 @@ from typing import Any
 import pytest
 import yaml
 
+from omaticaya_py.core.dra import DRIVER, slice_body, slice_name
 from omaticaya_py.kube import ApiSession, KubeError, LeaseClient, NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
+from omaticaya_py.kube.resourceslice import ResourceSliceClient
 from tests.chart import CHART, chart_values, run_helm
 from tests.conftest import ensure_namespace
 from tests.helpers import agent_pod_doc, token_kubeconfig
@@ -51,6 +60,10 @@ SERVICE_ACCOUNT = RELEASE
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 NODE_POLICY = f"{RELEASE}-node-writes"
 LEASE_POLICY = f"{RELEASE}-lease-writes"
+SLICE_POLICY = f"{RELEASE}-resourceslice-writes"
+#: the first release that serves resource.k8s.io/v1 (the chart's dra.enabled renders from it)
+DRA_MINOR = 34
+FOREIGN_DRIVER = "gpu.example.com"
 CLAIM = "authentication.kubernetes.io/node-name"
 P = "omaticaya.io/"
 TEMPLATES = (
@@ -76,12 +89,16 @@ def server_version(admin_client: Any) -> tuple[str, int]:
     return info.git_version, int(str(info.minor).rstrip("+"))
 
 
-def render_chart(helm: dict[str, Any], kube_version: str) -> list[dict]:
+def render_chart(
+    helm: dict[str, Any], kube_version: str, dra: bool = False, templates: tuple[str, ...] = TEMPLATES
+) -> list[dict]:
     """The chart's agent RBAC and admission policies as ``helm template`` renders them for a
-    server of ``kube_version`` (default values)."""
+    server of ``kube_version`` (default values; ``dra``: with ``dra.enabled=true``)."""
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE,
             "--kube-version", kube_version]  # fmt: skip
-    for t in TEMPLATES:
+    if dra:
+        args += ["--set", "dra.enabled=true"]
+    for t in templates:
         args += ["--show-only", t]
     return [d for d in yaml.safe_load_all(run_helm(helm, *args).stdout) if d]
 
@@ -113,6 +130,8 @@ class Setup:
     bound: Path  # kubeconfig with the Pod-bound token only
     unbound: Path  # kubeconfig with a token of the same ServiceAccount, bound to nothing
     token_api: Callable[[Path], Any]  # kubeconfig -> kubernetes ApiClient with that token only
+    dra: bool  # the server serves resource.k8s.io/v1: the chart is rendered with dra.enabled
+    version: str  # the server's release, as helm --kube-version takes it
 
 
 def _token(admin: Any, bound_to: dict | None) -> str:
@@ -147,10 +166,12 @@ def setup(dev_cluster, admin_client, helm, tmp_path_factory) -> Iterator[Setup]:
             f"kube-apiserver {version}: ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1)"
             " and the node-name claim need >= 1.30 (OMATICAYA_KUBERNETES_VERSION=v1.37.2)"
         )
-    docs = render_chart(helm, version.split("+")[0])
+    dra = minor >= DRA_MINOR
+    docs = render_chart(helm, version.split("+")[0], dra=dra)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds.count("ValidatingAdmissionPolicy") == 2, kinds
-    assert kinds.count("ValidatingAdmissionPolicyBinding") == 2, kinds
+    policies = 3 if dra else 2
+    assert kinds.count("ValidatingAdmissionPolicy") == policies, kinds
+    assert kinds.count("ValidatingAdmissionPolicyBinding") == policies, kinds
     assert chart_values()["validatingAdmissionPolicy"]["requireNodeClaim"] is True
 
     admin = client.CoreV1Api(admin_client)
@@ -228,10 +249,32 @@ def setup(dev_cluster, admin_client, helm, tmp_path_factory) -> Iterator[Setup]:
             timeout_s=IN_FORCE_S,
             every_s=0.2,
         )
-        yield Setup(node, other, admin, leases, bound, unbound, token_api)
+        if dra:
+            wait_for(
+                "the resourceslice-writes policy to refuse another Node's ResourceSlice",
+                lambda: _refused_by(
+                    SLICE_POLICY,
+                    lambda: client.ResourceV1Api(agent).create_resource_slice(
+                        slice_body(other, None, []), dry_run="All"
+                    ),
+                ),
+                timeout_s=IN_FORCE_S,
+                every_s=0.2,
+            )
+        yield Setup(
+            node, other, admin, leases, bound, unbound, token_api, dra, version.split("+")[0]
+        )
     finally:
         for api in clients:
             api.close()
+        if dra:
+            slices = client.ResourceV1Api(admin_client)
+            for name in (slice_name(node), slice_name(other),
+                         f"{node}-{FOREIGN_DRIVER}", f"{other}-{FOREIGN_DRIVER}"):  # fmt: skip
+                try:
+                    slices.delete_resource_slice(name)
+                except ApiException:
+                    pass
         for name in (lease_name(node), lease_name(other)):
             try:
                 leases.delete_namespaced_lease(name, NAMESPACE)
@@ -446,3 +489,207 @@ def test_a_token_not_bound_to_a_pod_may_not_write_a_lease(setup):
     with lease_client(setup.unbound, setup.node) as own:
         message = _lease_refused(own.renew)
     assert f"carries no {CLAIM} claim" in message
+
+
+# ------------------------------------------------------------------ resourceslice-writes ----
+
+
+@pytest.fixture
+def slices(setup) -> Any:
+    """ResourceV1Api as cluster admin; the test is skipped where the server serves no DRA."""
+    from kubernetes import client
+
+    if not setup.dra:
+        pytest.skip(f"the server serves no resource.k8s.io/v1 (DRA: Kubernetes >= 1.{DRA_MINOR})")
+    admin_client = setup.admin.api_client
+    return client.ResourceV1Api(admin_client)
+
+
+@contextmanager
+def slice_client(kubeconfig: Path, node: str) -> Iterator[ResourceSliceClient]:
+    """The agent's own client of ``node``'s ResourceSlice (built from an ``ApiSession`` as the
+    agent builds it), with nothing but the token in ``kubeconfig``."""
+    session = ApiSession(kubeconfig=str(kubeconfig), attempts=1, sleep=lambda s: None)
+    try:
+        yield ResourceSliceClient(session, node)
+    finally:
+        session.close()
+
+
+def own_slice(setup: Setup, node: str, generation: int = 1, driver: str = DRIVER) -> dict:
+    """``node``'s ResourceSlice as the agent renders it (``core.dra.slice_body``: owned by the
+    Node), of ``driver``."""
+    uid = setup.admin.read_node(node).metadata.uid
+    body = slice_body(node, uid, [{"name": "gpu-0"}], generation)
+    body["spec"]["driver"] = driver
+    return body
+
+
+def stored_slice(slices: Any, name: str) -> dict | None:
+    """The slice as the server has it (JSON), None when there is none."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return json.loads(slices.read_resource_slice(name, _preload_content=False).data)
+    except ApiException as exc:
+        assert exc.status == 404, exc
+        return None
+
+
+def _slice_refused(call: Callable[[], Any]) -> str:
+    with pytest.raises(KubeError) as caught:
+        call()
+    err = caught.value
+    assert err.status == 403, err
+    assert f"ValidatingAdmissionPolicy '{SLICE_POLICY}'" in str(err), err
+    assert "403 Forbidden" in str(err), err
+    return str(err)
+
+
+def test_agent_applies_and_deletes_its_own_nodes_slice(setup, slices):
+    """Server-side apply (a PATCH: CREATE, then UPDATE), read back, DELETE, as the agent does."""
+    with slice_client(setup.bound, setup.node) as own:
+        assert own.name == slice_name(setup.node) == f"{setup.node}-{DRIVER}"
+        created = own.apply(own_slice(setup, setup.node))
+        assert created["spec"]["driver"] == DRIVER
+        assert created["spec"]["nodeName"] == created["spec"]["pool"]["name"] == setup.node
+        updated = own.apply(own_slice(setup, setup.node, generation=2))  # an UPDATE
+        assert updated["spec"]["pool"]["generation"] == 2
+        assert (own.get() or {})["spec"]["pool"]["generation"] == 2
+        assert own.delete() is True
+        assert own.delete() is False
+    assert stored_slice(slices, slice_name(setup.node)) is None
+
+
+def test_another_nodes_slice_is_refused(setup, slices):
+    """Neither created nor, once the admin made it, updated or deleted."""
+    want = (
+        f"the omaticaya agent on node {setup.node} may write only the ResourceSlice "
+        f"{slice_name(setup.node)} with spec.nodeName and spec.pool.name {setup.node}, "
+        f"not {slice_name(setup.other)} (spec.nodeName {setup.other}, spec.pool.name {setup.other})"
+    )
+    with slice_client(setup.bound, setup.other) as theirs:
+        assert want in _slice_refused(lambda: theirs.apply(own_slice(setup, setup.other)))
+        assert stored_slice(slices, slice_name(setup.other)) is None
+        slices.create_resource_slice(own_slice(setup, setup.other))
+        try:
+            before = stored_slice(slices, slice_name(setup.other))
+            body = own_slice(setup, setup.other, generation=7)
+            assert want in _slice_refused(lambda: theirs.apply(body))  # an UPDATE
+            assert want in _slice_refused(theirs.delete)
+            assert stored_slice(slices, slice_name(setup.other)) == before
+        finally:
+            slices.delete_resource_slice(slice_name(setup.other))
+
+
+def test_another_drivers_slice_is_refused(setup, slices):
+    """Another driver's slice, even of its own Node: not created under the agent's name, and
+    the other driver's own slice neither changed nor deleted."""
+    want = f"the omaticaya agent may write only ResourceSlices of driver {DRIVER}, not ResourceSlice"
+    with slice_client(setup.bound, setup.node) as own:
+        body = own_slice(setup, setup.node, driver=FOREIGN_DRIVER)
+        message = _slice_refused(lambda: own.apply(body))
+        assert f"{want} {slice_name(setup.node)} of driver {FOREIGN_DRIVER}" in message
+        assert stored_slice(slices, slice_name(setup.node)) is None
+
+    theirs_name = f"{setup.node}-{FOREIGN_DRIVER}"
+    foreign = own_slice(setup, setup.node, driver=FOREIGN_DRIVER)
+    foreign["metadata"]["name"] = theirs_name
+    slices.create_resource_slice(foreign)
+    try:
+        before = stored_slice(slices, theirs_name)
+        with slice_client(setup.bound, setup.node) as agent:
+            agent.name = theirs_name  # the same client, aimed at the other driver's slice
+            changed = own_slice(setup, setup.node, generation=9, driver=FOREIGN_DRIVER)
+            changed["metadata"]["name"] = theirs_name
+            assert f"{want} {theirs_name} of driver {FOREIGN_DRIVER}" in _slice_refused(
+                lambda: agent.apply(changed)
+            )
+            assert f"{want} {theirs_name}" in _slice_refused(agent.delete)
+        assert stored_slice(slices, theirs_name) == before
+    finally:
+        slices.delete_resource_slice(theirs_name)
+
+
+def test_a_token_not_bound_to_a_pod_may_not_write_a_slice(setup, slices):
+    """requireNodeClaim: true (the default): no claim, not even its own Node's slice."""
+    want = f"the omaticaya agent token carries no {CLAIM} claim"
+    with slice_client(setup.unbound, setup.node) as own:
+        assert want in _slice_refused(lambda: own.apply(own_slice(setup, setup.node)))
+        assert stored_slice(slices, slice_name(setup.node)) is None
+        slices.create_resource_slice(own_slice(setup, setup.node))
+        try:
+            assert want in _slice_refused(own.delete)
+            assert stored_slice(slices, slice_name(setup.node)) is not None
+        finally:
+            slices.delete_resource_slice(slice_name(setup.node))
+
+
+def test_the_uninstall_hook_still_deletes_every_slice(setup, slices, dev_cluster, helm, tmp_path):
+    """The uninstall hook's Job runs ``omaticaya delete-resourceslices --driver <driver>`` (its
+    container's args, run here as the same command) as its own ServiceAccount (list and
+    deletecollection resourceslices): the policy does not match it, so every slice of the driver
+    goes (a DeleteCollection is admitted slice by slice, as DELETEs)."""
+    import sys
+
+    from kubernetes import client
+
+    hook = [
+        d
+        for d in render_chart(helm, setup.version, dra=True,
+                              templates=("templates/uninstall-hook.yaml",))  # fmt: skip
+        if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    ]
+    assert sorted(d["kind"] for d in hook) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
+    (account,) = [d["metadata"]["name"] for d in hook if d["kind"] == "ServiceAccount"]
+    manifest = tmp_path / "hook.yaml"
+    manifest.write_text(yaml.safe_dump_all(hook))
+    kubectl(dev_cluster, "apply", "-f", str(manifest))
+    try:
+        for node in (setup.node, setup.other):
+            slices.create_resource_slice(own_slice(setup, node))
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 600}}  # fmt: skip
+        token = setup.admin.create_namespaced_service_account_token(account, NAMESPACE, body)
+        kubeconfig = token_kubeconfig(dev_cluster, token.status.token, tmp_path / "hook-kubeconfig")
+        auth = client.AuthorizationV1Api(setup.admin.api_client)
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                  "spec": {"user": f"system:serviceaccount:{NAMESPACE}:{account}",
+                           "groups": ["system:serviceaccounts"],
+                           "resourceAttributes": {"verb": "deletecollection",
+                                                  "group": "resource.k8s.io",
+                                                  "resource": "resourceslices"}}}  # fmt: skip
+        wait_for(
+            "the hook's ClusterRoleBinding to take effect",
+            lambda: auth.create_subject_access_review(review).status.allowed,
+            timeout_s=IN_FORCE_S,
+            every_s=0.2,
+        )
+        (job,) = [
+            d
+            for d in render_chart(helm, setup.version, dra=True,
+                                  templates=("templates/uninstall-hook.yaml",))  # fmt: skip
+            if d["kind"] == "Job" and d["metadata"]["name"].endswith("-uninstall-slices")
+        ]
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert job["spec"]["template"]["spec"]["serviceAccountName"] == account
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG")}  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "omaticaya_py", *container["args"],
+             "--kubeconfig", str(kubeconfig)],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert slice_name(setup.node) in proc.stdout and slice_name(setup.other) in proc.stdout
+        for node in (setup.node, setup.other):
+            assert stored_slice(slices, slice_name(node)) is None
+    finally:
+        for node in (setup.node, setup.other):
+            try:
+                slices.delete_resource_slice(slice_name(node))
+            except Exception:  # noqa: BLE001
+                pass
+        kubectl(dev_cluster, "delete", "--ignore-not-found", "-f", str(manifest))

@@ -91,7 +91,8 @@ def _raw_node(api_client, name: str) -> dict:
     return json.loads(response.data)
 
 
-def _create(fn) -> None:
+def _create(fn) -> bool:
+    """Create with ``fn``; False when the object was there already (409)."""
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -99,6 +100,8 @@ def _create(fn) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise
+        return False
+    return True
 
 
 def _audit_event(dev_cluster, name: str, seen: set[str]) -> dict:
@@ -126,14 +129,18 @@ def capture(dev_cluster, admin_client, helm, tmp: Path) -> dict:
     rbac_api = client.RbacAuthorizationV1Api(admin_client)
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     _create(lambda: admin.create_namespace(ns))
+    # the cluster-scoped RBAC it creates goes again at the end: other modules of the session
+    # create their own of the same names (the chart's, rendered with other values)
+    created: list[tuple[str, str]] = []
     for doc in rbac:
         kind = doc["kind"]
         if kind == "ServiceAccount":
             _create(lambda doc=doc: admin.create_namespaced_service_account(NAMESPACE, doc))
         elif kind == "ClusterRole":
-            _create(lambda doc=doc: rbac_api.create_cluster_role(doc))
-        else:
-            _create(lambda doc=doc: rbac_api.create_cluster_role_binding(doc))
+            if _create(lambda doc=doc: rbac_api.create_cluster_role(doc)):
+                created.append((kind, doc["metadata"]["name"]))
+        elif _create(lambda doc=doc: rbac_api.create_cluster_role_binding(doc)):
+            created.append((kind, doc["metadata"]["name"]))
     for name in (NODE, OTHER_NODE):
         try:
             admin.delete_node(name)
@@ -227,6 +234,11 @@ def capture(dev_cluster, admin_client, helm, tmp: Path) -> dict:
         for name in (NODE, OTHER_NODE):
             admin.delete_node(name)
         admin.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+        for kind, name in reversed(created):
+            if kind == "ClusterRole":
+                rbac_api.delete_cluster_role(name)
+            else:
+                rbac_api.delete_cluster_role_binding(name)
     server = "v" + under_test()
     return {
         "about": (
@@ -370,3 +382,108 @@ def test_captured_requests_are_what_the_server_does(helm, dev_cluster, admin_cli
         DATA.parent.mkdir(parents=True, exist_ok=True)
         DATA.write_text(json.dumps(fresh, indent=1, sort_keys=True) + "\n")
     assert _projection(fresh) == _projection(stored())
+
+
+# ------------------------------------------------------------------- resourceslice-writes ----
+
+#: the supported releases that serve resource.k8s.io/v1 (dra.enabled renders from 1.34)
+DRA_VERSIONS = [f"{v}.0" for v in SUPPORTED if int(v.split(".")[1]) >= 34]
+SLICE_DRIVER = "gpu.omaticaya.io"
+
+
+class _SliceVapRequest(_VapRequest):
+    """With Kubernetes' CEL strings extension (``substring``, in every release's CEL)."""
+
+    def __init__(self, doc: dict) -> None:
+        super().__init__(doc)
+        from cel_expr_python import cel
+        from cel_expr_python.ext import ext_strings
+
+        self.env = cel.NewEnv(
+            variables={n: cel.Type.DYN for n in ("object", "oldObject", "request")},
+            extensions=[ext_strings.ExtStrings()],
+        )
+
+
+def slice_policy(helm, kube: str, **vap: Any) -> _SliceVapRequest:
+    pytest.importorskip("cel_expr_python", reason="cel-expr-python not installed")
+    values = {"validatingAdmissionPolicy": {"enabled": True, **vap}, "dra": {"enabled": True}}
+    (doc,) = [
+        d
+        for d in docs_at(helm, kube, values)
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"].endswith("-resourceslice-writes")
+    ]
+    return _SliceVapRequest(doc)
+
+
+def slice_request(operation: str, node: str, driver: str = SLICE_DRIVER, claim: str | None = NODE
+                  ) -> dict:  # fmt: skip
+    """The AdmissionRequest of the agent's ResourceSlice write, as the API server builds it:
+    apply (PATCH) is a CREATE or an UPDATE with the slice as ``object``; DELETE has only
+    ``oldObject`` (the stored slice; a DeleteCollection is admitted as one DELETE per slice)."""
+    from omaticaya_py.core.dra import slice_body
+
+    body = slice_body(node, "0c6d9f6e-0000-4000-8000-000000000001", [{"name": "gpu-0"}])
+    body["spec"]["driver"] = driver
+    if driver != SLICE_DRIVER:
+        body["metadata"]["name"] = f"{node[:253 - len(driver) - 1]}-{driver}"
+    ref = {"group": "resource.k8s.io", "version": "v1"}
+    extra = {CLAIM: [claim]} if claim else {}
+    return {
+        "uid": "7a1c0d52-0000-4000-8000-000000000002",
+        "kind": ref | {"kind": "ResourceSlice"},
+        "resource": ref | {"resource": "resourceslices"},
+        "name": body["metadata"]["name"],
+        "operation": operation,
+        "userInfo": {
+            "username": AGENT_USER,
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}",
+                       "system:authenticated"],
+            "extra": extra,
+        },  # fmt: skip
+        "object": None if operation == "DELETE" else body,
+        "oldObject": None if operation == "CREATE" else body,
+        "dryRun": False,
+    }
+
+
+#: id -> (operation, slice's node, driver, claim) and the denials' words (None: allowed)
+SLICE_REQUESTS: dict[str, tuple[tuple[str, str, str, str | None], str | None]] = {
+    "apply-own-create": (("CREATE", NODE, SLICE_DRIVER, NODE), None),
+    "apply-own-update": (("UPDATE", NODE, SLICE_DRIVER, NODE), None),
+    "delete-own": (("DELETE", NODE, SLICE_DRIVER, NODE), None),
+    "apply-other-node": (
+        ("CREATE", OTHER_NODE, SLICE_DRIVER, NODE),
+        f"the omaticaya agent on node {NODE} may write only the ResourceSlice {NODE}-gpu.omaticaya.io",
+    ),
+    "delete-other-node": (("DELETE", OTHER_NODE, SLICE_DRIVER, NODE), "may write only the ResourceSlice"),
+    "delete-other-driver": (
+        ("DELETE", NODE, "gpu.example.com", NODE),
+        "may write only ResourceSlices of driver gpu.omaticaya.io, not ResourceSlice",
+    ),
+    "apply-own-without-claim": (("CREATE", NODE, SLICE_DRIVER, None), f"carries no {CLAIM} claim"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kube", DRA_VERSIONS)
+@pytest.mark.parametrize("case_id", list(SLICE_REQUESTS))
+def test_resourceslice_policy_on_agent_requests(helm, kube, case_id):
+    (operation, node, driver, claim), denied = SLICE_REQUESTS[case_id]
+    got = slice_policy(helm, kube).evaluate(slice_request(operation, node, driver, claim))
+    assert got is not None, "the policy did not match the agent's request"
+    if denied is None:
+        assert got == []
+    else:
+        assert got and denied in got[0], got
+
+
+def test_resourceslice_policy_ignores_the_uninstall_hook(helm):
+    """The uninstall hook's Job (its own ServiceAccount) deletes every slice of the driver."""
+    request = slice_request("DELETE", OTHER_NODE, claim=None)
+    request["userInfo"]["username"] = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-uninstall"
+    assert slice_policy(helm, DRA_VERSIONS[0]).evaluate(request) is None
+
+
+def test_resourceslice_policy_is_rendered_where_dra_is():
+    assert DRA_VERSIONS and DRA_VERSIONS[0] == "1.34.0"
