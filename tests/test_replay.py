@@ -725,6 +725,24 @@ def test_gpm_loops_with_the_first_sample_covering_the_wrap(tmp_path) -> None:
     assert g.sm_active_pct == pytest.approx(40.0) == g.utilization_pct
 
 
+def test_a_recordings_first_sample_without_metrics_leaves_the_mean_to_the_others(tmp_path) -> None:
+    """``omaticaya record``'s first sample has GPM but no metrics (GPM needs a previous sample):
+    a window holding it averages the samples that have them, as the live reader would."""
+    rows = [
+        (0.0, 99, {"supported": True}),
+        (1.0, 99, {"supported": True, "sm_active_pct": 60.0, "dram_bw_pct": 10.0}),
+        (2.0, 99, {"supported": True, "sm_active_pct": 90.0}),
+    ]
+    trace = gpm_trace(tmp_path, rows)
+    g = TraceReader(trace, at_s=1.0, window_s=1.5).read().gpus[0]  # samples 0 and 1
+    assert g.sm_active_pct == 60.0 == g.utilization_pct and g.dram_bw_pct == 10.0
+    g = TraceReader(trace, at_s=2.0, window_s=2.5).read().gpus[0]  # samples 0..2
+    assert g.sm_active_pct == pytest.approx(75.0) and g.dram_bw_pct == 10.0
+    assert g.tensor_active_pct is None  # in no sample
+    g = TraceReader(trace, at_s=0.0).read().gpus[0]  # the first sample alone
+    assert g.sm_active_pct is None and g.utilization_pct == 99
+
+
 def test_a_gpm_error_object_is_no_gpm(tmp_path) -> None:
     rows = [(0.0, 42, {"nvml_error": "NVMLError_Unknown", "message": "Unknown"})]
     g = TraceReader(gpm_trace(tmp_path, rows), at_s=0.0).read().gpus[0]

@@ -355,23 +355,23 @@ class TraceReader:
     @staticmethod
     def _mean_gpm(index: int, window: list[tuple[float, _Frame]]) -> _Gpm | None:
         """The time-weighted GPM means of GPU ``index`` over ``window``; ``None`` unless every
-        sample of it has GPM for the GPU (a metric missing from one sample: that one ``None``)."""
+        sample of it has GPM for the GPU. Each metric is the mean over the samples that have
+        it (a recording's first sample has none: GPM needs a previous sample; a metric NVML
+        failed on leaves that sample out), ``None`` when none of them has it."""
         sums = [0.0, 0.0, 0.0]
-        ok = [True, True, True]
-        total = 0.0
+        weights = [0.0, 0.0, 0.0]
+        latest: list[float | None] = [None, None, None]
         for _, f in window:
             g = f.gpm.get(index)
             if g is None:
                 return None
-            total += f.weight
             for i, value in enumerate(g):
-                if value is None:
-                    ok[i] = False
-                else:
+                if value is not None:
                     sums[i] += f.weight * value
-        if total <= 0.0:  # samples at one instant: the latest one's values
-            return window[-1][1].gpm[index]
-        means = [sums[i] / total if ok[i] else None for i in range(3)]
+                    weights[i] += f.weight
+                    latest[i] = value
+        # samples at one instant (no weight): the latest value each metric has
+        means = [sums[i] / weights[i] if weights[i] > 0.0 else latest[i] for i in range(3)]
         return (means[0], means[1], means[2])
 
     def close(self) -> None:
