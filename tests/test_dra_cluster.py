@@ -11,10 +11,14 @@ answers them: a container sees the node, nothing more).
 
 ``test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared`` (d), ``faults-trace.json`` (4 GPUs,
 a 40 s loop; ``xidQuietS: 8``, ``minPatchIntervalS: 0`` so that a recovery is published at the
-tick it happens): GPU 1's pending remap and GPU 2's Xid 79 taint their devices
-(``gpu.omaticaya.io/unhealthy=<reason>:NoSchedule``) and the taints go when the health rules
-say the GPUs recovered; a pod holding GPU 2 keeps running and its status shows the device
-Unhealthy with the reason, then Healthy (ResourceHealthStatus).
+tick it happens), the chart's ``dra.taintEffect=NoExecute``: GPU 1's pending remap and GPU 2's
+Xid 79 taint their devices (``gpu.omaticaya.io/unhealthy=<reason>:NoExecute``) and the taints
+go when the health rules say the GPUs recovered; a pod holding GPU 1 by a claim that tolerates
+nothing is evicted by kube-controller-manager's device-taint-eviction-controller (condition
+``DisruptionTarget`` ``DeletionByDeviceTaintManager``, Event ``DeviceTaintManagerEviction``, the
+pod deleted); a pod holding GPU 2 by a claim tolerating the taint (Exists, NoExecute) keeps
+running and its status shows the device Unhealthy with the reason, then Healthy
+(ResourceHealthStatus).
 
 ``test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_restart``,
 ``multi-gpu-trace.json`` (8 H100s, steady; free MiB per GPU 0-7: 80896, 50176, 70656, 9216,
@@ -24,6 +28,10 @@ stand-in daemon):
 a. a claim of one whole GPU (DeviceClass ``gpu.omaticaya.io``, CEL ``index == 4``) runs, and its
    container sees that GPU through CDI: ``NVIDIA_VISIBLE_DEVICES`` is GPU 4's UUID, ``/dev/nvidia4``
    a character device 195:4 (and no other ``/dev/nvidia<i>``);
+a'. a claim with a bad opaque config of ours (``kind: Bogus``, pinned to GPU 7) is allocated,
+   its pod never starts: the kubelet's Warning ``FailedPrepareDynamicResources`` on the pod
+   carries the driver's reason naming the field; no CDI spec of the claim's UID, no entry in
+   the plugin's ``checkpoint.json``; pod and claim deleted;
 b. ``freeMemoryMiB >= 61440``: two claims land on GPUs 2 and 6 (4 is taken, 0 is shared and
    not in the class), a third stays Pending with the scheduler's reason;
 c. two claims of ``memory: 20Gi`` (DeviceClass ``shared.gpu.omaticaya.io``) share one shared
@@ -93,6 +101,9 @@ FREE_MIB = {0: 80896, 1: 50176, 2: 70656, 3: 9216, 4: 80896, 5: 34816, 6: 75776,
 SHARED = (0, 1)
 GIB = 1024
 WORK = "dra-work"
+#: a finalizer the test puts on a pod it expects to be deleted by a controller, so that the
+#: deleted pod (its conditions, its deletionTimestamp) can still be read; removed by the test
+HOLD = "test.omaticaya.io/hold"
 #: the chart's MPS root (the clients' pipe folders: <root>/<GPU UUID>/pipe)
 MPS_ROOT = Path("/run/omaticaya/mps")
 #: what each test pod prints: the GPU it was given, its MPS limits, the NVIDIA device nodes
@@ -108,15 +119,23 @@ SCRIPT = (
 # -- what the test applies ---------------------------------------------------------------------
 
 
-def claim_spec(device_class: str, *selectors: str, memory: str | None = None) -> dict[str, Any]:
+def claim_spec(device_class: str, *selectors: str, memory: str | None = None,
+               tolerations: list[dict[str, Any]] | None = None,
+               config: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """A ResourceClaim's ``spec``: one device of ``device_class`` matching every CEL
-    ``selectors``, taking ``memory`` of its capacity when given."""
+    ``selectors``, taking ``memory`` of its capacity when given, tolerating ``tolerations``
+    (device taints), with ``config`` as our driver's opaque parameters for its request."""
     exactly: dict[str, Any] = {"deviceClassName": device_class}
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
     if memory is not None:
         exactly["capacity"] = {"requests": {"memory": memory}}
-    return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if tolerations:
+        exactly["tolerations"] = tolerations
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if config is not None:
+        devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}]
+    return {"devices": devices}
 
 
 def claim(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -130,9 +149,10 @@ def template(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def pod(name: str, *, claim_name: str | None = None, template_name: str | None = None,
-        limits: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        limits: dict[str, str] | None = None, finalizers: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """A busybox pod printing ``SCRIPT``: its one container holds the claim ``claim_name``, or
-    one made from ``template_name``, or asks ``limits`` (no claim)."""
+    one made from ``template_name``, or asks ``limits`` (no claim); ``finalizers`` keep its
+    object readable once deleted (``Stack.delete_work`` removes them)."""
     container: dict[str, Any] = {"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
                                  "command": ["sh", "-c", SCRIPT]}  # fmt: skip
     spec: dict[str, Any] = {"tolerations": [DEV_TAINT], "terminationGracePeriodSeconds": 0,
@@ -143,8 +163,10 @@ def pod(name: str, *, claim_name: str | None = None, template_name: str | None =
         container["resources"] = {"claims": [{"name": "gpu"}]}
     else:
         container["resources"] = {"limits": limits or {}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": WORK},
-            "spec": spec}  # fmt: skip
+    meta: dict[str, Any] = {"name": name, "namespace": WORK}
+    if finalizers:
+        meta["finalizers"] = finalizers
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def apply(kube: Kube, *docs: dict[str, Any]) -> None:
@@ -245,6 +267,21 @@ def our_cdi_specs(cdi_dir: Path) -> list[Path]:
     return out
 
 
+def prepare_failure(kube: Kube, pod_name: str) -> dict[str, Any] | None:
+    """The kubelet's Event on the pod saying a claim could not be prepared (its reason
+    ``FailedPrepareDynamicResources``, kubelet/events), ``None`` until there is one."""
+    evs = (get(kube, "-n", WORK, "events", "--field-selector",
+               f"involvedObject.kind=Pod,involvedObject.name={pod_name}") or {}).get("items", [])
+    return next((e for e in evs if e.get("reason") == "FailedPrepareDynamicResources"), None)
+
+
+def checkpointed(plugins: Path) -> dict[str, Any]:
+    """The claims in the plugin's checkpoint (``<plugins>/<driver>/checkpoint.json``): UID ->
+    entry (none: no file)."""
+    path = plugins / DRIVER / "checkpoint.json"
+    return dict(json.loads(path.read_text())["claims"]) if path.exists() else {}
+
+
 def sockets(*folders: Path) -> list[str]:
     """Unix sockets at any depth under ``folders``."""
     return sorted(str(p) for d in folders if d.is_dir() for p in d.rglob("*") if p.is_socket())
@@ -256,15 +293,18 @@ def index_of(device: str) -> int:
     return int(m.group(1))
 
 
-def dra_values(tmp: Path, kube: Kube, node: str, trace: str, **extra: Any) -> Path:
+def dra_values(tmp: Path, kube: Kube, node: str, trace: str, *, taint_effect: str = "NoSchedule",
+               **extra: Any) -> Path:  # fmt: skip
     """The chart's values: DRA on (no device plugin) on the dev kubelet's folders, the
-    cluster's CDI folder and its fake device nodes, on ``trace``."""
+    cluster's CDI folder and its fake device nodes, on ``trace``; an unhealthy GPU's taint
+    ``taint_effect`` (``dra.taintEffect``)."""
     c = kube.cluster
     root = c.state_dir / "kubelet" / "root"
     return values_file(tmp, c, node, trace=trace, devicePlugin=False, podResourcesSocket="off",
                        dra={"enabled": True, "kubeletPluginsDir": str(root / "plugins"),
                             "kubeletRegistryDir": str(root / "plugins_registry"),
-                            "cdiDir": str(c.cdi_dir), "devRoot": str(c.dev_root)},
+                            "cdiDir": str(c.cdi_dir), "devRoot": str(c.dev_root),
+                            "taintEffect": taint_effect},
                        **extra)  # fmt: skip
 
 
@@ -306,8 +346,17 @@ class Stack:
         self.timer.took("install --wait (Ready)", start)
 
     def delete_work(self) -> None:
+        """The work namespace deleted, and waited for: its pods' finalizers (``HOLD``) first."""
+        for p in (get(self.kube, "-n", WORK, "pods") or {}).get("items", []):
+            if p["metadata"].get("finalizers"):
+                self.release(p["metadata"]["name"])
         self.kube.kubectl("delete", "namespace", WORK, "--ignore-not-found", "--wait=true",
                           "--timeout=90s", check=False)  # fmt: skip
+
+    def release(self, pod_name: str) -> None:
+        """Remove the pod's finalizers (a deleted pod held by ``HOLD`` then goes)."""
+        self.kube.kubectl("-n", WORK, "patch", "pod", pod_name, "--type=json", "-p",
+                          '[{"op": "remove", "path": "/metadata/finalizers"}]', check=False)  # fmt: skip
 
     def uninstall(self) -> None:
         start = time.monotonic()
@@ -377,36 +426,65 @@ def test_the_dev_roots_fake_gpu_device_nodes(tmp_path):
 
 
 def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
-    """faults-trace.json on the chart (its 40 s loop from the agent's start): GPU 1's rows
-    pending remap (t 10-15 s) and GPU 2's Xid 79 (t 20 s, quiet for 8 s) taint their devices
-    with the reason, NoSchedule, and the taints go when the GPUs recover; GPU 0 has no fault
-    of its own (only while NVML cannot be read at all, t 32-35 s, may every device be).
+    """faults-trace.json on the chart with ``dra.taintEffect=NoExecute`` (its 40 s loop from
+    the agent's start): GPU 1's rows pending remap (t 10-15 s) and GPU 2's Xid 79 (t 20 s,
+    quiet for 8 s) taint their devices with the reason, NoExecute, and the taints go when the
+    GPUs recover; GPU 0 has no fault of its own (only while NVML cannot be read at all,
+    t 32-35 s, may every device be).
 
-    A pod holding GPU 2 (a claim pinned by CEL) keeps running through its fault (NoSchedule
-    evicts nothing), and its status shows the device's health from the plugin's health stream
-    (ResourceHealthStatus, beta and on in 1.36+): Healthy, Unhealthy with the reason, Healthy."""
+    Both sides of NoExecute (kube-controller-manager's device-taint-eviction-controller, on by
+    default: DRADeviceTaints is GA in 1.37):
+
+    - a pod holding GPU 1 by a claim that tolerates nothing is evicted when GPU 1's taint
+      comes: the controller puts the condition ``DisruptionTarget`` (reason
+      ``DeletionByDeviceTaintManager``) on the pod, records the Event
+      ``DeviceTaintManagerEviction`` and deletes it (the test's finalizer ``HOLD`` keeps the
+      deleted pod readable; its container is stopped);
+    - a pod holding GPU 2 by a claim whose request tolerates ``gpu.omaticaya.io/unhealthy``
+      (Exists, NoExecute) keeps running through its fault, and its status shows the device's
+      health from the plugin's health stream (ResourceHealthStatus, beta and on in 1.36+):
+      Healthy, Unhealthy with the reason, Healthy."""
     st, tmp = stack
     st.timer.tag = "dra faults"
-    kube, node = st.kube, st.node
-    st.install(dra_values(tmp, kube, node, FAULTS, xidQuietS=8, minPatchIntervalS=0))
+    kube, node, effect = st.kube, st.node, "NoExecute"
+    st.install(dra_values(tmp, kube, node, FAULTS, taint_effect=effect, xidQuietS=8,
+                          minPatchIntervalS=0))  # fmt: skip
     names = {f"gpu-{i}" for i in range(4)}
     st.timer.wait("the slice's four devices", lambda: set(devices(kube, node)) == names)
     kube.kubectl("create", "namespace", WORK)
-    apply(kube, claim("gpu-2", claim_spec(WHOLE, f'device.attributes["{DRIVER}"].index == 2')),
-          pod("on-gpu-2", claim_name="gpu-2"))
+    tolerate = [{"key": TAINT, "operator": "Exists", "effect": effect}]
+    apply(kube, claim("gpu-2", claim_spec(WHOLE, f'device.attributes["{DRIVER}"].index == 2',
+                                          tolerations=tolerate)),
+          pod("on-gpu-2", claim_name="gpu-2"),
+          claim("gpu-1", claim_spec(WHOLE, f'device.attributes["{DRIVER}"].index == 1')),
+          pod("on-gpu-1", claim_name="gpu-1", finalizers=[HOLD]))  # fmt: skip
     #: (seconds since the slice showed, the devices' taints) at each change seen
     seen: list[tuple[float, dict[str, set[tuple[str, str, str]]]]] = []
     #: (seconds, [(health, message)] of the pod's device) at each change seen, once it runs
     health: list[tuple[float, list[tuple[str, str]]]] = []
+    #: the GPU 1 pod: when its claim was first seen allocated, it first ran, it was deleted
+    gpu1: dict[str, float] = {}
     start = time.monotonic()
     faults = {"gpu-1": "remap-pending", "gpu-2": "xid-79"}
 
     def when(dev: str, value: str) -> tuple[float | None, float | None]:
         """When the taint was first seen, and when the device was first clean after that."""
-        on = next((t for t, s in seen if (TAINT, value, "NoSchedule") in s.get(dev, set())), None)
+        on = next((t for t, s in seen if (TAINT, value, effect) in s.get(dev, set())), None)
         off = None if on is None else next(
             (t for t, s in seen if t > on and dev in s and not s[dev]), None)
         return on, off
+
+    def tainted_spans(dev: str) -> list[tuple[float, float]]:
+        """(first seen tainted, first seen clean after, or +inf) of each of ``dev``'s taints."""
+        out: list[tuple[float, float]] = []
+        on: float | None = None
+        for t, s in seen:
+            if s.get(dev) and on is None:
+                on = t
+            elif dev in s and not s[dev] and on is not None:
+                out.append((on, t))
+                on = None
+        return out + ([(on, float("inf"))] if on is not None else [])
 
     def pod_health_went_and_came_back() -> bool:
         states = [h for _, h in health]
@@ -415,33 +493,78 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
 
     def probe() -> bool:
         now = {n: taints(d) for n, d in devices(kube, node).items()}
+        t = time.monotonic() - start
         if not seen or seen[-1][1] != now:
-            seen.append((time.monotonic() - start, now))
+            seen.append((t, now))
         p = get(kube, "-n", WORK, "pod", "on-gpu-2") or {}
         statuses = (p.get("status") or {}).get("containerStatuses") or []
         h = [(r.get("health", ""), r.get("message", "")) for c in statuses
              for s in c.get("allocatedResourcesStatus") or [] for r in s.get("resources") or []]
         if h and (not health or health[-1][1] != h):
-            health.append((time.monotonic() - start, h))
+            health.append((t, h))
+        if "allocated" not in gpu1 and device_of(kube, "gpu-1") == "gpu-1":
+            gpu1["allocated"] = t
+        p1 = get(kube, "-n", WORK, "pod", "on-gpu-1") or {}
+        if "ran" not in gpu1 and running(p1):
+            gpu1["ran"] = t
+        if "deleted" not in gpu1 and (p1.get("metadata") or {}).get("deletionTimestamp"):
+            gpu1["deleted"] = t
         return (all(when(dev, value)[1] is not None for dev, value in faults.items())
-                and pod_health_went_and_came_back())
+                and pod_health_went_and_came_back() and "deleted" in gpu1)
 
     # a loop is 40 s: each fault and its recovery come within one loop and a half of any moment
-    # (two loops when the pod's claim could not have GPU 2 before its first fault)
-    st.timer.wait("GPUs 1 and 2 tainted and cleared, the pod's device Unhealthy and back", probe,
-                  timeout=150)  # fmt: skip
+    # (two loops when a pod's claim could not have its GPU before its first fault)
+    st.timer.wait("GPUs 1 and 2 tainted and cleared, the GPU 1 pod evicted, the GPU 2 pod's "
+                  "device Unhealthy and back", probe, timeout=150)  # fmt: skip
     for t, state in seen:
         print(f"[dra faults] +{t:5.1f} s " + ", ".join(
             f"{n}: {'/'.join(v for _, v, _ in sorted(ts)) or '-'}" for n, ts in sorted(state.items())))
     for dev, value in faults.items():
         on, off = when(dev, value)
-        print(f"[dra faults] {dev} {value}: tainted at +{on:.1f} s, cleared at +{off:.1f} s")
+        print(f"[dra faults] {dev} {value}:{effect}: tainted at +{on:.1f} s, cleared at +{off:.1f} s")
     for t, h in health:
         print(f"[dra faults] +{t:5.1f} s the GPU 2 pod's device: {h}")
+    print("[dra faults] the GPU 1 pod: " + ", ".join(f"{k} at +{v:.1f} s" for k, v in gpu1.items()))
     gpu0 = {v for _, s in seen for _, v, _ in s.get("gpu-0", set())}
     assert gpu0 <= {"nvml-unreadable"}, seen
-    assert device_of(kube, "gpu-2") == "gpu-2"
+    assert {e for _, s in seen for ts in s.values() for _, _, e in ts} == {effect}, seen
+
+    # the tolerating side: GPU 2's pod ran through its taint, never restarted
+    (res2,) = results(kube, "gpu-2")
+    assert res2["device"] == "gpu-2", res2
+    assert [(x.get("key"), x.get("operator"), x.get("effect")) for x in res2.get("tolerations") or []] == [
+        (TAINT, "Exists", effect)], res2  # fmt: skip
     assert [(c[1], c[2]) for c in containers(kube, "on-gpu-2")] == [(0, True)]  # not evicted
+
+    # the other side: GPU 1's pod, deleted by the eviction controller while GPU 1 was tainted
+    deleted = gpu1["deleted"]
+    assert "allocated" in gpu1 and gpu1["allocated"] <= deleted, gpu1
+    spans = tainted_spans("gpu-1")
+    # the poll reads the slice before the pod: an eviction may be seen a poll before its taint
+    assert any(on - 1.5 <= deleted <= off for on, off in spans), (gpu1, spans, seen)
+    assert all(v == "remap-pending" for _, s in seen for _, v, _ in s.get("gpu-1", set())), seen
+    p1 = get(kube, "-n", WORK, "pod", "on-gpu-1")
+    assert p1 is not None and p1["metadata"].get("deletionTimestamp"), p1
+    cond = [c for c in p1["status"].get("conditions") or [] if c["type"] == "DisruptionTarget"]
+    assert [(c["status"], c.get("reason")) for c in cond] == [("True", "DeletionByDeviceTaintManager")], cond
+    print(f"[dra faults] the GPU 1 pod's condition: {cond[0]['type']}={cond[0]['status']} "
+          f"{cond[0]['reason']}: {cond[0].get('message')}")
+
+    def eviction_event() -> dict[str, Any] | None:
+        evs = (get(kube, "-n", WORK, "events", "--field-selector",
+                   "involvedObject.kind=Pod,involvedObject.name=on-gpu-1") or {}).get("items", [])
+        return next((e for e in evs if e.get("reason") == "DeviceTaintManagerEviction"
+                     and e["involvedObject"].get("uid") == p1["metadata"]["uid"]), None)  # fmt: skip
+
+    ev = st.timer.wait("the GPU 1 pod's eviction Event", eviction_event, timeout=30)
+    print(f"[dra faults] the GPU 1 pod's Event: {ev['type']} {ev['reason']} from "
+          f"{(ev.get('source') or {}).get('component') or ev.get('reportingComponent')}: {ev.get('message')}")
+    assert ev["type"] == "Normal", ev
+    st.timer.wait("the evicted pod's container stopped", lambda: (
+        (cs := containers(kube, "on-gpu-1")) and not any(c[2] for c in cs)), timeout=30)  # fmt: skip
+    st.release("on-gpu-1")
+    st.timer.wait("the evicted pod gone", lambda: get(kube, "-n", WORK, "pod", "on-gpu-1") is None,
+                  timeout=30)  # fmt: skip
     st.delete_work()
     st.uninstall()
     assert slices(kube) == [], slices(kube)
@@ -492,6 +615,40 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     specs = our_cdi_specs(kube.cluster.cdi_dir)
     assert len(specs) == 1, specs
     whole = printed(kube, "whole")
+
+    # --- a'. a claim the driver cannot prepare (a bad opaque config of ours), pinned to GPU 7
+    # (nobody else's): allocated, never started, the refusal in the pod's events, nothing kept
+    start = time.monotonic()
+    apply(kube, claim("bogus", claim_spec(WHOLE, f'device.attributes["{DRIVER}"].index == 7',
+                                          config={"apiVersion": f"{DRIVER}/v1alpha1", "kind": "Bogus"})),
+          pod("bogus", claim_name="bogus"))  # fmt: skip
+    event = timer.wait("a': the bogus claim's FailedPrepareDynamicResources event",
+                       lambda: prepare_failure(kube, "bogus"))  # fmt: skip
+    timer.took("a': applied to the kubelet's event", start)
+    print(f"[dra] a': {event['type']} {event['reason']} (x{event.get('count', 1)}): {event['message']}")
+    assert event["type"] == "Warning", event
+    assert re.search(r"NodePrepareResources failed for ResourceClaim bogus: status\.allocation\.devices"
+                     r"\.config\[\d+\]\.opaque\.parameters\.kind: expected GpuConfig; got 'Bogus'",
+                     event["message"]), event  # fmt: skip
+    assert device_of(kube, "bogus") == "gpu-7"  # the scheduler allocated it
+    bogus = get(kube, "-n", WORK, "pod", "bogus")
+    assert bogus["spec"].get("nodeName") == node and not running(bogus), bogus
+    assert not any(c[0] for c in containers(kube, "bogus")), containers(kube, "bogus")  # none made
+    uid = get(kube, "-n", WORK, "resourceclaim", "bogus")["metadata"]["uid"]
+    whole_uid = get(kube, "-n", WORK, "resourceclaim", "gpu-4")["metadata"]["uid"]
+    cdi_files = [f.name for f in sorted(kube.cluster.cdi_dir.iterdir())]
+    assert not [f for f in cdi_files if uid in f], cdi_files
+    assert any(whole_uid in f for f in cdi_files), cdi_files  # the prepared claim's is there
+    held = checkpointed(st.plugins)
+    assert uid not in held and whole_uid in held, held
+    print(f"[dra] a': claim {uid}: no CDI spec in {len(cdi_files)} file(s), not among the "
+          f"checkpoint's {len(held)} claim(s)")
+    start = time.monotonic()
+    kube.kubectl("-n", WORK, "delete", "pod", "bogus", "--wait=true", "--timeout=60s")
+    kube.kubectl("-n", WORK, "delete", "resourceclaim", "bogus", "--wait=true", "--timeout=60s")
+    timer.took("a': the bogus pod and claim deleted", start)
+    assert not [f for f in kube.cluster.cdi_dir.iterdir() if uid in f.name]
+    assert uid not in checkpointed(st.plugins)
 
     # --- b. free memory >= 60 GiB: GPUs 2 and 6 (4 is taken, 0 shared), the third pending
     roomy = claim_spec(WHOLE, f'device.attributes["{DRIVER}"].freeMemoryMiB >= 61440')
