@@ -96,6 +96,8 @@ DRIVER = "gpu.omaticaya.io"
 WHOLE, SHARED_CLASS, MIG_CLASS = DRIVER, f"shared.{DRIVER}", f"mig.{DRIVER}"
 TAINT = f"{DRIVER}/unhealthy"
 MULTI, FAULTS = "multi-gpu-trace.json", "faults-trace.json"
+#: docs/install.md's DRA goal: the multi-GPU install passes it first, as the page says
+DRA_GOAL = CHART.parent.parent / "examples" / "install" / "dra.yaml"
 #: multi-gpu-trace.json's free memory per GPU, as the slice publishes it (steps of 1 GiB)
 FREE_MIB = {0: 80896, 1: 50176, 2: 70656, 3: 9216, 4: 80896, 5: 34816, 6: 75776, 7: 3072}
 SHARED = (0, 1)
@@ -338,10 +340,13 @@ class Stack:
         self.reg_sock = self.registry / f"{DRIVER}-reg.sock"
         self.installed = False
 
-    def install(self, values: Path) -> None:
+    def install(self, values: Path, goal: Path | None = None) -> None:
+        """``helm install --wait`` with ``values``; after ``goal`` (docs/install.md's goal file,
+        passed first as the page says) when given."""
         start = time.monotonic()
+        files = ["-f", str(goal)] if goal is not None else []
         self.kube.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
-                       "-f", str(values), "--wait", "--timeout", "180s")  # fmt: skip
+                       *files, "-f", str(values), "--wait", "--timeout", "180s")  # fmt: skip
         self.installed = True
         self.timer.took("install --wait (Ready)", start)
 
@@ -577,7 +582,8 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     st, tmp = stack
     kube, node, timer = st.kube, st.node, st.timer
     assert not our_cdi_specs(kube.cluster.cdi_dir), our_cdi_specs(kube.cluster.cdi_dir)
-    st.install(dra_values(tmp, kube, node, MULTI, sharing={"gpus": "0-1"}))
+    # docs/install.md's DRA goal, then this cluster's own values (the dev kubelet's folders)
+    st.install(dra_values(tmp, kube, node, MULTI, sharing={"gpus": "0-1"}), goal=DRA_GOAL)
 
     # --- the slice: eight GPUs, 0 and 1 shared by 1 GiB units, free memory as the trace's
     names = {f"gpu-{i}" for i in range(8)}
