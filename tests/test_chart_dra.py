@@ -204,8 +204,12 @@ def test_dra_env_mounts_and_volumes(helm):
         "dra-cdi": {"path": "/var/run/cdi", "type": "DirectoryOrCreate"},
         "dra-dev": {"path": "/dev", "type": "Directory"},
     }
-    # no device plugin folder, no PodResources by default
-    assert "device-plugins" not in v and "pod-resources" not in v
+    # no device plugin folder; the kubelet's PodResources (read-only), as with the device
+    # plugin: the telemetry names the pod holding each GPU, DRA devices included
+    assert "device-plugins" not in v
+    assert v["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert m["pod-resources"].get("readOnly") is True
+    assert env["OMATICAYA_POD_RESOURCES_SOCKET"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 def test_dra_pod_is_root_and_node_critical_as_the_device_plugin(helm):

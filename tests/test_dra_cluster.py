@@ -289,6 +289,18 @@ def sockets(*folders: Path) -> list[str]:
     return sorted(str(p) for d in folders if d.is_dir() for p in d.rglob("*") if p.is_socket())
 
 
+def telemetry_holders(kube: Kube, node: str) -> dict[tuple[str, str], set[int]]:
+    """(namespace, pod) -> the GPUs the Node's telemetry annotation says it holds (the kubelet's
+    PodResources, DRA devices included)."""
+    notes = kube.json("get", "node", node)["metadata"].get("annotations") or {}
+    doc = json.loads(notes.get("omaticaya.io/telemetry", "{}"))
+    out: dict[tuple[str, str], set[int]] = {}
+    for g in doc.get("gpus") or []:
+        for p in g.get("pods") or []:
+            out.setdefault((p.get("namespace"), p["pod"]), set()).add(g["index"])
+    return out
+
+
 def index_of(device: str) -> int:
     m = re.fullmatch(r"gpu-(\d+)", device)
     assert m, f"not a whole GPU's device: {device!r}"
@@ -302,7 +314,8 @@ def dra_values(tmp: Path, kube: Kube, node: str, trace: str, *, taint_effect: st
     ``taint_effect`` (``dra.taintEffect``)."""
     c = kube.cluster
     root = c.state_dir / "kubelet" / "root"
-    return values_file(tmp, c, node, trace=trace, devicePlugin=False, podResourcesSocket="off",
+    socket = root / "pod-resources" / "kubelet.sock"  # who holds each GPU: the telemetry
+    return values_file(tmp, c, node, trace=trace, devicePlugin=False, podResourcesSocket=str(socket),
                        dra={"enabled": True, "kubeletPluginsDir": str(root / "plugins"),
                             "kubeletRegistryDir": str(root / "plugins_registry"),
                             "cdiDir": str(c.cdi_dir), "devRoot": str(c.dev_root),
@@ -621,6 +634,9 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     specs = our_cdi_specs(kube.cluster.cdi_dir)
     assert len(specs) == 1, specs
     whole = printed(kube, "whole")
+    # the agent names the pod holding GPU 4 (the kubelet's PodResources lists DRA devices)
+    timer.wait("a: the telemetry naming the GPU 4 pod its holder",
+               lambda: telemetry_holders(kube, node).get((WORK, "whole")) == {4})
 
     # --- a'. a claim the driver cannot prepare (a bad opaque config of ours), pinned to GPU 7
     # (nobody else's): allocated, never started, the refusal in the pod's events, nothing kept

@@ -409,3 +409,28 @@ def test_without_rbac_on_resourceslices_the_labels_still_go(
     assert agent.cache.slice_errors >= 1 and stored(admin_client, node) is None
     assert agent.slice_writer is not None and agent.slice_writer.client is not None
     assert agent.slice_writer.client.session.requests[("get", "403")] >= 1
+
+
+# -- who holds each device: the kubelet's PodResources lists DRA devices -------------------------
+
+
+def test_claim_holders_turn_our_devices_into_uuids_and_skip_the_rest():
+    from omaticaya_py.core.attribution import ContainerDevices
+    from omaticaya_py.core.dra import claim_holders
+
+    snapshot, _ = read(MULTI)
+    uuid = {g.index: g.uuid for g in snapshot.gpus}
+    listed = [
+        ContainerDevices("ns", "a", "c", DRIVER, ("n1/gpu-3", "n1/gpu-4")),
+        ContainerDevices("ns", "b", "c", DRIVER, ("n1/gpu-0",)),  # a slice of shared GPU 0
+        ContainerDevices("ns", "x", "c", DRIVER, ("n2/gpu-5", "n1/gpu-9", "n1/nvidia0", "n1")),
+        ContainerDevices("ns", "y", "c", "nvidia.com/gpu", (uuid[6],)),  # not ours: not returned
+    ]
+    holders, skipped = claim_holders(listed, "n1", snapshot, SHARE_01)
+    assert holders == [ContainerDevices("ns", "a", "c", DRIVER, (uuid[3], uuid[4]))]
+    assert skipped == 4  # another node's pool, no GPU 9, not a device name, no name at all
+
+    mig_snapshot, _ = read(MIG)
+    mig = ContainerDevices("ns", "m", "c", DRIVER, ("n1/gpu-0-mig-2", "n1/gpu-0-mig-9"))
+    holders, skipped = claim_holders([mig], "n1", mig_snapshot, Sharing())
+    assert holders[0].device_ids == (mig_snapshot.gpus[0].mig_devices[2].uuid,) and skipped == 1

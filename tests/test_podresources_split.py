@@ -65,3 +65,41 @@ def test_entries_of_one_container_and_resource_are_one(client: PodResourcesClien
         ContainerDevices("ns", "p", "sidecar", "omaticaya.io/gpu-memory", ("GPU-c::0",)),
         ContainerDevices("ns", "q", "app", "nvidia.com/gpu", ("GPU-d",)),
     )
+
+
+class _DraKubelet(api_pb2_grpc.PodResourcesListerServicer):
+    """A kubelet 1.27+ with containers holding DRA claims (``dynamic_resources``)."""
+
+    def List(self, request, context):  # noqa: N802 - the gRPC method's name
+        def claim(name: str, *devices: tuple[str, str, str]) -> api_pb2.DynamicResource:
+            return api_pb2.DynamicResource(claim_name=name, claim_namespace="ns", claim_resources=[
+                api_pb2.ClaimResource(driver_name=d, pool_name=p, device_name=n)
+                for d, p, n in devices])  # fmt: skip
+
+        app = api_pb2.ContainerResources(name="app", dynamic_resources=[
+            claim("one", ("gpu.omaticaya.io", "node-a", "gpu-3")),
+            claim("two", ("gpu.omaticaya.io", "node-a", "gpu-0-mig-1"),
+                  ("nic.example.com", "node-a", "eth1")),
+        ], devices=[_devices("nvidia.com/gpu", "GPU-b")])
+        return api_pb2.ListPodResourcesResponse(pod_resources=[
+            api_pb2.PodResources(name="r", namespace="ns", containers=[app]),
+        ])
+
+
+def test_dra_devices_are_listed_per_driver_as_pool_and_device(tmp_path: Path) -> None:
+    socket_path = tmp_path / "kubelet.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(_DraKubelet(), server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    c = PodResourcesClient(socket_path)
+    try:
+        assert c.list() == (
+            ContainerDevices("ns", "r", "app", "nvidia.com/gpu", ("GPU-b",)),
+            ContainerDevices("ns", "r", "app", "gpu.omaticaya.io",
+                             ("node-a/gpu-3", "node-a/gpu-0-mig-1")),
+            ContainerDevices("ns", "r", "app", "nic.example.com", ("node-a/eth1",)),
+        )
+    finally:
+        c.close()
+        server.stop(None)

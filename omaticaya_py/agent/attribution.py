@@ -31,9 +31,10 @@ from ..core.attribution import (
     PodIdentity,
     attribute,
 )
+from ..core.dra import DRIVER, claim_holders
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
-from ..core.sharing import DEFAULT_SHARED_RESOURCE
+from ..core.sharing import DEFAULT_SHARED_RESOURCE, Sharing
 from ..core.slice_use import stray_unit_ids
 from ..core.snapshot import GpuProcess, NodeSnapshot
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
@@ -86,9 +87,13 @@ class Attribution:
       whose holders are reported with those of ``nvidia.com/*``.
     - ``proc_root``: where the host's ``/proc`` is seen (``/proc`` on the host or with
       ``hostPID``; ``None``: processes are not placed, all unknown).
+    - ``node_name`` and ``sharing``: for the DRA driver's devices (``core.dra.claim_holders``:
+      this Node's pool only; slices of shared GPUs left out); ``node_name`` ``None``: DRA
+      devices are not read.
     - ``errors``: PodResources failures by gRPC code (``absent`` for no socket), for
       ``/metrics``; ``skipped``: device IDs skipped, by reason (``unknown-gpu``: a unit of
-      ``shared_resource`` that names no GPU of this node).
+      ``shared_resource`` that names no GPU of this node; ``unknown-dra-device``: a DRA device
+      of our driver that names no device of this Node's reading).
     - ``names``: called each tick for ``(pod UID -> (namespace, name), container ID -> name)``
       (``None``: processes are keyed by UID and container ID only).
     """
@@ -101,8 +106,12 @@ class Attribution:
         client_factory: Callable[[Path], Any] = PodResourcesClient,
         shared_resource: str = DEFAULT_SHARED_RESOURCE,
         gpu_resource: str = DEFAULT_GPU_RESOURCE,
+        node_name: str | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self.proc_root = proc_root
+        self.node_name = node_name
+        self.sharing = sharing or Sharing()
         self.shared_resource = shared_resource
         self.gpu_resource = gpu_resource
         self.skipped: Counter[str] = Counter()
@@ -124,7 +133,13 @@ class Attribution:
         processes = device_processes(snapshot)
         pids = {p.pid for procs in processes.values() for p in procs}
         refs = read_pod_refs(pids, self.proc_root) if pids and self.proc_root else {}
-        holders = self._holders()
+        listed = self._holders()
+        holders = tuple(a for a in listed if a.resource_name != DRIVER)
+        if self.node_name is not None:
+            dra, unknown = claim_holders(listed, self.node_name, snapshot, self.sharing)
+            holders += tuple(dra)
+            if unknown:
+                self.skipped["unknown-dra-device"] += unknown
         stray = stray_unit_ids(holders, (g.uuid for g in snapshot.gpus if g.uuid))
         if stray:
             self.skipped["unknown-gpu"] += len(stray)
@@ -161,7 +176,7 @@ class Attribution:
         return tuple(
             a for a in listed
             if a.resource_name.startswith(GPU_RESOURCE_PREFIX)
-            or a.resource_name in (self.gpu_resource, self.shared_resource)
+            or a.resource_name in (self.gpu_resource, self.shared_resource, DRIVER)
         )
 
     def close(self) -> None:
@@ -179,6 +194,8 @@ def make_attribution(settings: Settings) -> Attribution | None:
         settings.pod_resources_socket, settings.proc_root,
         shared_resource=settings.shared_resource,
         gpu_resource=settings.device_plugin_resource,
+        node_name=settings.node_name if settings.dra else None,
+        sharing=Sharing.of(settings),
     )
 
 

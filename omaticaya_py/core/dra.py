@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .attribution import ContainerDevices
 from .health import NodeHealth
 from .labelvalues import sanitise_value, stable_down
 from .sharing import Sharing, is_shared, unit_count
@@ -34,6 +35,7 @@ __all__ = [
     "TAINT_UNHEALTHY",
     "DraDevice",
     "by_name",
+    "claim_holders",
     "device_name",
     "held_devices",
     "inventory",
@@ -378,3 +380,44 @@ def held_devices(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[st
             held["taints"] = [*(d.get("taints") or []), *gone]
         out.append(held)
     return out
+
+
+def claim_holders(
+    listed: Sequence[ContainerDevices], node_name: str, snapshot: NodeSnapshot, sharing: Sharing,
+) -> tuple[list[ContainerDevices], int]:
+    """The containers holding our DRA devices, as the attribution takes holders: each
+    PodResources entry of the driver (``resource_name`` ``DRIVER``, device IDs
+    ``<pool>/<device name>``) with its devices turned into UUIDs (a whole GPU's ``GPU-...``, a
+    MIG device's ``MIG-...``) from ``snapshot``, and the count of device IDs skipped: another
+    pool (node), a name that is not ours, a device not in the reading (untrusted input: the
+    kubelet's checkpoint can name anything). A slice of a shared GPU is left out (not counted
+    as skipped): its size is the claim's, which PodResources does not carry, and the
+    attribution would take its holder for the whole GPU's. Entries of other resources are
+    not returned."""
+    gpus = {g.index: g for g in snapshot.gpus if g.error is None}
+    out: list[ContainerDevices] = []
+    skipped = 0
+    for a in listed:
+        if a.resource_name != DRIVER:
+            continue
+        uuids: list[str] = []
+        for device_id in a.device_ids:
+            pool, _, name = device_id.partition("/")
+            parsed = parse_device_name(name) if pool == node_name else None
+            g = gpus.get(parsed[0]) if parsed is not None else None
+            if parsed is None or g is None:
+                skipped += 1
+                continue
+            if parsed[1] is None:
+                if is_shared(g, sharing):
+                    continue
+                uuid = g.uuid
+            else:
+                uuid = next((m.uuid for m in g.mig_devices if m.index == parsed[1]), None)
+            if uuid is None:
+                skipped += 1
+                continue
+            uuids.append(uuid)
+        if uuids:
+            out.append(ContainerDevices(a.namespace, a.pod, a.container, DRIVER, tuple(uuids)))
+    return out, skipped

@@ -168,7 +168,8 @@ true: on whatever discovery says; false: off.
 {{/*
 The kubelet's PodResources socket the agent reads (OMATICAYA_POD_RESOURCES_SOCKET), "" for none:
 podResourcesSocket, else the kubelet's default path when the pod is the node's device plugin
-(the extender then sees which GPUs and units the kubelet has handed out: without it a whole GPU
+or DRA driver (the telemetry then names the pod holding each GPU, DRA devices included; the
+extender sees which GPUs and units the kubelet has handed out: without it a whole GPU
 given to a pod that has not loaded its model yet looks free, and a shared GPU's units are not
 counted); "off" turns it off.
 */}}
@@ -176,7 +177,7 @@ counted); "off" turns it off.
 {{- $v := toString .Values.podResourcesSocket }}
 {{- if eq $v "off" }}
 {{- else if $v }}{{ $v }}
-{{- else if .Values.devicePlugin }}/var/lib/kubelet/pod-resources/kubelet.sock
+{{- else if or .Values.devicePlugin .Values.dra.enabled }}/var/lib/kubelet/pod-resources/kubelet.sock
 {{- end }}
 {{- end }}
 

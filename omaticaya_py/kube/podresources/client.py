@@ -83,8 +83,10 @@ class PodResourcesClient:
     def list(self) -> tuple[ContainerDevices, ...]:
         """One ``ContainerDevices`` per (pod, container, resource) that holds devices, in the
         kubelet's order: namespace, pod name, container name, resource name (e.g.
-        ``nvidia.com/gpu``) and device IDs (for our plugin: GPU or MIG UUIDs). Containers
-        without devices do not appear.
+        ``nvidia.com/gpu``) and device IDs (for our plugin: GPU or MIG UUIDs). A container's
+        DRA devices (``dynamic_resources``) come after, one entry per driver: its name as the
+        resource name, each device as ``<pool>/<device name>`` (for ``gpu.omaticaya.io``:
+        ``<node>/gpu-3``). Containers without devices do not appear.
 
         Raises ``PodResourcesAbsent`` when there is no socket at ``socket_path``, and
         ``PodResourcesCallFailed`` when the call fails (see its ``code``).
@@ -120,6 +122,11 @@ class PodResourcesClient:
                 for devices in container.devices:
                     key = (pod.namespace, pod.name, container.name, devices.resource_name)
                     merged.setdefault(key, []).extend(devices.device_ids)
+                # DRA (1.27+): each claim's devices, as ``<pool>/<device>`` under the driver
+                for claim in container.dynamic_resources:
+                    for r in claim.claim_resources:
+                        key = (pod.namespace, pod.name, container.name, r.driver_name)
+                        merged.setdefault(key, []).append(f"{r.pool_name}/{r.device_name}")
         return tuple(
             ContainerDevices(
                 namespace=namespace,

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+omaticaya_py/kube/podresources/v1/api.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"Z\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+omaticaya_py/kube/podresources/v1/api.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\x8a\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"L\n\rClaimResource\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,14 +39,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=145
   _globals['_PODRESOURCES']._serialized_start=147
   _globals['_PODRESOURCES']._serialized_end=238
-  _globals['_CONTAINERRESOURCES']._serialized_start=240
-  _globals['_CONTAINERRESOURCES']._serialized_end=330
-  _globals['_CONTAINERDEVICES']._serialized_start=332
-  _globals['_CONTAINERDEVICES']._serialized_end=429
-  _globals['_TOPOLOGYINFO']._serialized_start=431
-  _globals['_TOPOLOGYINFO']._serialized_end=474
-  _globals['_NUMANODE']._serialized_start=476
-  _globals['_NUMANODE']._serialized_end=498
-  _globals['_PODRESOURCESLISTER']._serialized_start=500
-  _globals['_PODRESOURCESLISTER']._serialized_end=589
+  _globals['_CONTAINERRESOURCES']._serialized_start=241
+  _globals['_CONTAINERRESOURCES']._serialized_end=379
+  _globals['_DYNAMICRESOURCE']._serialized_start=381
+  _globals['_DYNAMICRESOURCE']._serialized_end=487
+  _globals['_CLAIMRESOURCE']._serialized_start=489
+  _globals['_CLAIMRESOURCE']._serialized_end=565
+  _globals['_CONTAINERDEVICES']._serialized_start=567
+  _globals['_CONTAINERDEVICES']._serialized_end=664
+  _globals['_TOPOLOGYINFO']._serialized_start=666
+  _globals['_TOPOLOGYINFO']._serialized_end=709
+  _globals['_NUMANODE']._serialized_start=711
+  _globals['_NUMANODE']._serialized_end=733
+  _globals['_PODRESOURCESLISTER']._serialized_start=735
+  _globals['_PODRESOURCESLISTER']._serialized_end=824
 # @@protoc_insertion_point(module_scope)

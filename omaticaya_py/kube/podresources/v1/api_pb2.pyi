@@ -29,14 +29,36 @@ class PodResources(_message.Message):
     def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ...) -> None: ...
 
 class ContainerResources(_message.Message):
-    __slots__ = ("name", "devices", "cpu_ids")
+    __slots__ = ("name", "devices", "cpu_ids", "dynamic_resources")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     CPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_RESOURCES_FIELD_NUMBER: _ClassVar[int]
     name: str
     devices: _containers.RepeatedCompositeFieldContainer[ContainerDevices]
     cpu_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    dynamic_resources: _containers.RepeatedCompositeFieldContainer[DynamicResource]
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., dynamic_resources: _Optional[_Iterable[_Union[DynamicResource, _Mapping]]] = ...) -> None: ...
+
+class DynamicResource(_message.Message):
+    __slots__ = ("claim_name", "claim_namespace", "claim_resources")
+    CLAIM_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    claim_name: str
+    claim_namespace: str
+    claim_resources: _containers.RepeatedCompositeFieldContainer[ClaimResource]
+    def __init__(self, claim_name: _Optional[str] = ..., claim_namespace: _Optional[str] = ..., claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...) -> None: ...
+
+class ClaimResource(_message.Message):
+    __slots__ = ("driver_name", "pool_name", "device_name")
+    DRIVER_NAME_FIELD_NUMBER: _ClassVar[int]
+    POOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    driver_name: str
+    pool_name: str
+    device_name: str
+    def __init__(self, driver_name: _Optional[str] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
 
 class ContainerDevices(_message.Message):
     __slots__ = ("resource_name", "device_ids", "topology")
