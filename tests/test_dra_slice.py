@@ -163,7 +163,8 @@ def test_unhealthy_gpu_is_tainted_with_its_reason_and_cleared_when_healthy(at_s,
 
 
 def test_driver_gone_keeps_the_devices_tainted(tmp_path):
-    settings = load_settings(node_name="n", dra=True, shared_gpus="0,1")
+    settings = load_settings(node_name="n", dra=True, shared_gpus="0,1",
+                             dra_taint_effect="NoExecute")
     writer = SliceWriter(settings, None, SnapshotCache(lambda: 0.0))
     snapshot, health = read(FAULTS, 0.0)
     assert writer.write(snapshot, health, None, 0.0)
@@ -171,6 +172,8 @@ def test_driver_gone_keeps_the_devices_tainted(tmp_path):
     assert gone.error is not None
     assert writer.write(gone, gone_health, None, 1.0)  # worse: at once
     assert [t["taints"][0]["value"] for t in writer.published] == ["nvml-unreadable"] * 4
+    # never NoExecute: NVML unreadable says nothing of the GPUs, evicting every pod would hurt
+    assert {t["taints"][0]["effect"] for t in writer.published} == {"NoSchedule"}
     assert all("freeMemoryMiB" not in d["attributes"] for d in writer.published)
 
 

@@ -86,7 +86,8 @@ class SliceWriter:
 
     def desired(self, snapshot: NodeSnapshot, health: NodeHealth) -> list[dict[str, Any]]:
         """The devices this reading calls for (before the budget). While NVML cannot be read
-        at all, the devices last seen, each tainted ``nvml-unreadable``."""
+        at all, the devices last seen, each tainted ``nvml-unreadable`` with ``NoSchedule``
+        whatever ``OMATICAYA_DRA_TAINT_EFFECT`` says (the GPUs are not known to be bad)."""
         s = self.settings
         previous = {
             str(d.get("name")): free
@@ -104,7 +105,10 @@ class SliceWriter:
         states = self.mps(shared) if self.mps is not None and shared else {}
         mps_down = {u: why for u, why in states.items() if why != "up"}
         now = _rfc3339(self.wall())
-        rendered = render_devices(devices, snapshot, taint_effect=s.dra_taint_effect,
+        # NVML unreadable says nothing of the GPUs (a driver reload, an upgrade): no new claim
+        # gets them, but NoExecute would evict every pod of the node
+        effect = "NoSchedule" if snapshot.error is not None else s.dra_taint_effect
+        rendered = render_devices(devices, snapshot, taint_effect=effect,
                                   mps_down=mps_down, taint_times=self._taint_times)  # fmt: skip
         # the first time each taint is published stays its timeAdded; gone taints are forgotten
         live: dict[tuple[str, str], str] = {}
