@@ -19,7 +19,10 @@ from .patch import MergePatch
 from .render import Desired
 from .snapshot import NodeSnapshot
 
-__all__ = ["AgentFeed", "ReadingCache", "TickListener", "Topology", "TopologyReader", "TickResult"]
+__all__ = [
+    "AgentFeed", "ReadingAge", "ReadingCache", "TickListener", "Topology", "TopologyReader",
+    "TickResult",
+]
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,22 @@ class TickResult:
     patch: MergePatch | None
     sent: bool
     attribution: Mapping[str, GpuAttribution] = field(default_factory=dict)
+
+
+class ReadingAge:
+    """How long the reading a server (the device plugin, the DRA plugin) serves has been the
+    same, on that server's own clock: counted from when it first saw that reading, so the
+    agent's wall clock plays no part. The caller serialises calls (its own lock)."""
+
+    def __init__(self) -> None:
+        self._seen: object | None = None
+        self._seen_at_s = 0.0
+
+    def age_s(self, reading: object, now_s: float) -> float:
+        """Seconds since ``reading`` (compared by identity) was first passed, at ``now_s``."""
+        if reading is not self._seen:
+            self._seen, self._seen_at_s = reading, now_s
+        return now_s - self._seen_at_s
 
 
 #: called with each tick's result as soon as it is cached, on the tick's thread

@@ -16,7 +16,7 @@ from typing import Protocol
 from loguru import logger
 
 from ..core.health import Unit
-from ..core.readings import ReadingCache
+from ..core.readings import ReadingAge, ReadingCache
 from ..core.sayonce import SayOnce
 from ..core.sharing import unit_count, unit_gpu
 from ..core.snapshot import NodeSnapshot
@@ -86,8 +86,7 @@ class Inventory:
             known = list(dict.fromkeys((i, unit_gpu(d) or d) for i, d in known))
         self._known: dict[str, int] = {uuid: index for index, uuid in known}
         self._parents: dict[str, str] = {}  # MIG device UUID -> its parent GPU's UUID
-        self._seen: object | None = None  # the snapshot last seen, and when (``clock``)
-        self._seen_at_s = 0.0
+        self._age = ReadingAge()  # the snapshot served, on ``clock``
         self.stale = False
         self._lock = threading.Lock()
         self._logged: SayOnce[str, bool] = SayOnce()  # devices said unhealthy
@@ -172,10 +171,7 @@ class Inventory:
         """Whether ``snapshot`` (the reading served) is older than ``stale_after_s`` on our
         clock, counted from when this plugin first saw it; logs each change once. Called under
         ``_lock``."""
-        now_s = self._clock()
-        if snapshot is not self._seen:
-            self._seen, self._seen_at_s = snapshot, now_s
-        age_s = now_s - self._seen_at_s
+        age_s = self._age.age_s(snapshot, self._clock())
         stale = self.stale_after_s is not None and age_s > self.stale_after_s
         if stale and not self.stale:
             logger.warning(

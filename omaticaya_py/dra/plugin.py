@@ -41,7 +41,7 @@ from watchdog.observers import Observer
 
 from ..core.dra import DRIVER, DraDevice, inventory
 from ..core.mps import Layout
-from ..core.readings import AgentFeed, TickResult
+from ..core.readings import AgentFeed, ReadingAge, TickResult
 from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import Sharing
 from ..kube.errors import KubeError, KubeNotFound
@@ -234,8 +234,7 @@ class DraPlugin:
         self._ticks = 0
         self._stopping = threading.Event()
         self._kick = threading.Event()
-        self._seen: object | None = None
-        self._seen_at_s = 0.0
+        self._age = ReadingAge()  # the reading served, on ``feed.clock``
         self._reg_server: grpc.Server | None = None
         self._dra_server: grpc.Server | None = None
         self._thread: threading.Thread | None = None
@@ -391,10 +390,7 @@ class DraPlugin:
         last = self.feed.cache.last
         if last is None:
             return None, "no reading of the GPUs yet (the agent has not finished its first tick)"
-        now = float(self.feed.clock())
-        if last.snapshot is not self._seen:
-            self._seen, self._seen_at_s = last.snapshot, now
-        age_s = now - self._seen_at_s
+        age_s = self._age.age_s(last.snapshot, float(self.feed.clock()))
         if age_s > self.stale_after_s:
             return None, (f"stale-reading: the agent's reading is {age_s:.0f}s old (over "
                           f"{self.stale_after_s:.0f}s)")  # fmt: skip
