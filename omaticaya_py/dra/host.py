@@ -6,8 +6,9 @@ files it writes, and its checkpoint of prepared claims.
 - ``gpu_minors(proc_root)``: GPU UUID -> device minor from
   ``<proc_root>/driver/nvidia/gpus/*/information`` (its ``GPU UUID:`` and ``Device Minor:``
   lines); empty when unreadable (prepare then takes a GPU's index as its minor).
-- ``write_atomic``: a file replaced whole (a temporary ``.<name>.tmp`` in the same folder,
-  fsync, rename), so a reader (containerd's CDI cache, a restarted plugin) never sees half.
+- ``write_atomic`` (``sources.files``): a file replaced whole (a temporary ``.<name>.tmp``
+  in the same folder, fsync, rename), so a reader (containerd's CDI cache, a restarted
+  plugin) never sees half.
 - ``Checkpoint``: ``<plugin dir>/checkpoint.json``, claim UID -> what was prepared (the
   kubelet's answer and the CDI spec written), so that preparing again answers the same and a
   restarted plugin can unprepare what it prepared before. A corrupt file is logged and moved
@@ -28,6 +29,7 @@ from typing import Any
 
 from loguru import logger
 
+from ..sources.files import write_atomic
 from .prepare import DevNode
 
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "Entry", "device_nodes", "gpu_minors", "write_atomic"]
@@ -73,26 +75,6 @@ def gpu_minors(proc_root: Path | None) -> dict[str, int]:
         if uuid and minor:
             out[uuid.group(1)] = int(minor.group(1))
     return out
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` whole: write ``.<name>.tmp`` beside it, fsync, rename.
-    Raises ``OSError`` (the temporary file is removed)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
 
 
 def remove(path: Path) -> None:
@@ -178,4 +160,4 @@ class Checkpoint:
         """Write the file whole (``write_atomic``). Raises ``OSError``."""
         doc = {"version": CHECKPOINT_VERSION,
                "claims": {uid: e.to_json() for uid, e in sorted(self.claims.items())}}  # fmt: skip
-        write_atomic(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(), 0o600)
+        write_atomic(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(), mode=0o600)

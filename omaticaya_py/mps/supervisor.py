@@ -56,6 +56,7 @@ from loguru import logger
 
 from ..core.mps import DaemonState, Layout, default_limit_mib, state_json
 from ..core.sayonce import SayOnce
+from ..sources.files import write_atomic
 from .daemon import DIR_MODE, NOT_ANSWERING, START_TIMEOUT, ControlDaemon, DaemonError
 from .metrics import MpsMetrics
 
@@ -422,8 +423,7 @@ class Supervisor:
         now = self._wall()
         for slot in self._slots:
             self._set(slot, replace(slot.state, heartbeat_s=now))
-            path = self.layout.state(slot.gpu.uuid)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(state_json(slot.state) + "\n")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
+            # rewritten every check: not fsynced (a state older than OMATICAYA_MPS_STALE_S is
+            # down anyway)
+            write_atomic(self.layout.state(slot.gpu.uuid), (state_json(slot.state) + "\n").encode(),
+                         fsync=False)  # fmt: skip
