@@ -2,8 +2,8 @@
 costs the API server, side by side with the Node label patches of the same readings.
 
 Replays recorded traces (looped over an hour of trace time) through the agent's own pure
-stages at the default settings, with no API server: ``TraceReader`` on a hand-driven clock
-that advances one schedule period per tick, ``core.health.assess`` with the Xid ledger, then
+stages at the default settings, with no API server: ``bench.label_churn.readings`` (the trace
+on a hand-driven clock, one schedule period per tick, assessed with the Xid ledger), then
 ``agent.slice_writer.SliceWriter`` (no client: it counts the server-side applies it would
 send; the same rule as in the agent: change-only, worse at once, better once the budget
 allows) and, beside it, ``bench.label_churn``'s Node side (the labels' rule) on the same
@@ -28,21 +28,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, FakeClock, bench_settings, emit, header, table  # noqa: E402
-from bench.label_churn import (  # noqa: E402
-    HOUR_S,
-    NodeSide,
-    whole,
-)
-from bench.label_churn import (
-    traces as churn_traces,
-)
+from bench.common import ROOT, bench_settings, emit, header, table  # noqa: E402
+from bench.label_churn import HOUR_S, NodeSide, readings, whole  # noqa: E402
+from bench.label_churn import traces as churn_traces  # noqa: E402
 from omaticaya_py.agent.slice_writer import SliceWriter  # noqa: E402
 from omaticaya_py.agent.state import SnapshotCache  # noqa: E402
-from omaticaya_py.core.health import XidLedger, XidPolicy, assess  # noqa: E402
 from omaticaya_py.core.render import render  # noqa: E402
 from omaticaya_py.core.render_telemetry import telemetry_marks  # noqa: E402
-from omaticaya_py.sources.replay import TraceReader  # noqa: E402
 
 FAULTS = ROOT / "tests" / "data" / "faults-trace.json"
 
@@ -57,25 +49,15 @@ def replay(path: Path, budgets: Sequence[float], duration_s: float) -> list[dict
         cache = SnapshotCache(lambda: 0.0)
         writer = SliceWriter(settings, None, cache, wall=lambda: 0.0)
         node = NodeSide(budget, settings.telemetry_free_drop_mib)
-        period_s = settings.schedule.interval_s
-        clock = FakeClock(0.0)
-        reader = TraceReader(path, window_s=period_s, loop=True, clock=clock)
-        policy = XidPolicy(ignore=settings.xid_ignore, all_fatal=settings.xid_all_fatal,
-                           quiet_s=settings.xid_quiet_s)  # fmt: skip
-        ledger = XidLedger(policy)
+        ticks = 0
         previous: dict[str, str] | None = None
-        ticks, t = 0, 0.0
-        while t <= duration_s:
-            clock.now = t
-            snapshot = reader.read()
-            ledger.record(snapshot.xid_events)
-            health = assess(snapshot, ledger.recent(snapshot.clock_s), policy)
+        # each reading once: the slice from it, and the Node's labels rendered from it
+        for t, snapshot, health in readings(path, settings, duration_s):
             writer.write(snapshot, health, None, t)
             labels = render(snapshot, health, settings, previous, with_telemetry=False).labels
             node.tick(t, labels, telemetry_marks(snapshot))
             previous = labels
             ticks += 1
-            t += period_s
         sides.append({
             "budget_s": budget, "ticks": ticks, "slice_writes": cache.slice_writes - 1,
             "slice_held": cache.slice_held, "node_patches": node.patches,

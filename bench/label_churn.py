@@ -67,7 +67,7 @@ from omaticaya_py.core.budget import (  # noqa: E402
     telemetry_change,
     urgent,
 )
-from omaticaya_py.core.health import XidLedger, XidPolicy, assess  # noqa: E402
+from omaticaya_py.core.health import NodeHealth, XidLedger, XidPolicy, assess  # noqa: E402
 from omaticaya_py.core.render import render  # noqa: E402
 from omaticaya_py.core.render_telemetry import telemetry_marks  # noqa: E402
 from omaticaya_py.core.snapshot import NodeSnapshot  # noqa: E402
@@ -102,12 +102,12 @@ def with_gpm(snapshot: NodeSnapshot) -> NodeSnapshot:
     return replace(snapshot, gpus=gpus)
 
 
-def rendered_labels(
+def readings(
     path: Path, settings: Any, duration_s: float, gpm: bool = False
-) -> Iterator[tuple[float, dict, dict]]:
-    """``(trace seconds, desired labels, telemetry marks)`` at each tick of
-    ``settings.schedule`` over ``duration_s`` of looped trace time: the agent's read -> assess
-    -> render, no API (``gpm``: the readings as a GPM reader gives them, ``with_gpm``)."""
+) -> Iterator[tuple[float, NodeSnapshot, NodeHealth]]:
+    """``(trace seconds, reading, its health)`` at each tick of ``settings.schedule`` over
+    ``duration_s`` of looped trace time: the agent's read -> assess, no API (``gpm``: the
+    readings as a GPM reader gives them, ``with_gpm``)."""
     period_s = settings.schedule.interval_s
     clock = FakeClock(0.0)
     reader = TraceReader(path, window_s=period_s, loop=True, clock=clock)
@@ -115,7 +115,6 @@ def rendered_labels(
         ignore=settings.xid_ignore, all_fatal=settings.xid_all_fatal, quiet_s=settings.xid_quiet_s
     )
     ledger = XidLedger(policy)
-    previous: dict[str, str] | None = None
     t = 0.0
     while t <= duration_s:
         clock.now = t
@@ -123,11 +122,20 @@ def rendered_labels(
         if gpm:
             snapshot = with_gpm(snapshot)
         ledger.record(snapshot.xid_events)
-        health = assess(snapshot, ledger.recent(snapshot.clock_s), policy)
+        yield t, snapshot, assess(snapshot, ledger.recent(snapshot.clock_s), policy)
+        t += period_s
+
+
+def rendered_labels(
+    path: Path, settings: Any, duration_s: float, gpm: bool = False
+) -> Iterator[tuple[float, dict, dict]]:
+    """``(trace seconds, desired labels, telemetry marks)`` at each tick of ``readings``: the
+    agent's render with the previous tick's labels (hysteresis), no API."""
+    previous: dict[str, str] | None = None
+    for t, snapshot, health in readings(path, settings, duration_s, gpm):
         labels = render(snapshot, health, settings, previous, with_telemetry=False).labels
         yield t, labels, telemetry_marks(snapshot)
         previous = labels
-        t += period_s
 
 
 @dataclass
