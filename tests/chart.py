@@ -39,6 +39,11 @@ NOT_IN_CHART = {
     "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
     "mps_state_dir": "the emptyDir mps-state both containers mount (rendered; fixed path)",
     "mps_stale_s": "derived: max(15, 3 x sharing.mps.checkS + 5) (rendered)",
+    # its value is sharing.overLimitAction (values.yaml; evict grants create on pods/eviction in
+    # clusterrole.yaml), not rendered into the agent's env yet: daemonset.yaml is being
+    # restructured elsewhere. Once it renders OMATICAYA_SLICE_OVER_LIMIT_ACTION from that value,
+    # move this entry to NESTED_VALUE ("sharing.overLimitAction").
+    "slice_over_limit_action": "sharing.overLimitAction, not yet rendered (daemonset.yaml)",
 }
 #: Settings whose chart value is nested (a group of values), by dotted path.
 NESTED_VALUE = {

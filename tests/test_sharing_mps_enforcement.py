@@ -4,7 +4,9 @@
   ``MpsLimitNotEnforced`` on the pod and on the Node, saying the limit should have held; with
   enforcement off or the daemon not up, ``GpuMemoryOverLimit`` as before
   (``core.slice_enforcement.judge``, table-tested); both counted in
-  ``omaticaya_slice_over_limit{gpu,uuid,enforced}`` and ``..._episodes_total{enforced}``;
+  ``omaticaya_slice_over_limit{gpu,uuid,enforced,reason}`` and
+  ``..._episodes_total{enforced,reason}`` (the multi-process case, issue 47, is
+  ``tests/test_slice_over_limit_processes.py``'s);
 - the telemetry gives each shared GPU its ``mps`` (``"up"`` or why not), absent for a GPU not
   shared and with enforcement off; a daemon going down rewrites it at once (``UnitMark.mps``);
 - ``omaticaya top`` shows it (``mps`` / the reason after ``shared``; ``mps`` and ``enforced``
@@ -96,7 +98,8 @@ def test_judge_keeps_the_order_and_each_gpu_its_own_enforcement():
     found = judge([(G0, A), (G1, b), (G0, b)], {U0: "up", U1: "mps-daemon-starting"})
     assert [(o.gpu.index, o.slice.pod, o.enforced) for o in found] == [
         (0, "infer-a", True), (1, "infer-b", False), (0, "infer-b", True)]
-    assert over_counts(found) == {("0", U0, "true"): 2, ("1", U1, "false"): 1}
+    assert over_counts(found) == {
+        ("0", U0, "true", NOT_ENFORCED): 2, ("1", U1, "false", OVER_LIMIT): 1}
     assert judge([], {U0: "up"}) == [] and over_counts([]) == {}
 
 
@@ -299,8 +302,10 @@ def test_slice_watch_tells_the_enforcements_fault_from_the_workloads(
         assert on_node[0][1].startswith("pod ml/infer-a: container server holds 25000 MiB on GPU 0")
         assert "should have held" in pods.events[0]["message"]
     enforced = "true" if state == "up" else "false"
-    assert watch.over_now == {("0", U0, enforced): 1, ("1", U1, "false"): 1}
-    assert watch.episodes == Counter({enforced: 1, "false": 1} if enforced == "true" else {"false": 2})
+    reason = NOT_ENFORCED if state == "up" else OVER_LIMIT
+    assert watch.over_now == {("0", U0, enforced, reason): 1, ("1", U1, "false", OVER_LIMIT): 1}
+    assert watch.episodes == Counter({(enforced, reason): 1, ("false", OVER_LIMIT): 1}
+                                     if enforced == "true" else {("false", OVER_LIMIT): 2})
     assert watch.posted[NOT_ENFORCED] == 2 * (state == "up")  # the pod's and the Node's
 
 
@@ -313,14 +318,16 @@ def test_the_gauge_empties_when_the_episode_ends_and_failures_are_counted(tmp_pa
 
     watch.round(_Pods(), snap, _over_att(), 0.0, node_event=refused)
     assert watch.errors["event-failed"] == 1  # the Node's, not retried: the pod has its Event
-    assert watch.episodes == Counter({"true": 1}) and watch.posted[NOT_ENFORCED] == 1
+    assert watch.episodes == Counter({("true", NOT_ENFORCED): 1})
+    assert watch.posted[NOT_ENFORCED] == 1
     under = attributed({U0: [GpuProcess(10, 100)]}, {10: PodRef(UID_A, CID_A)},
                        [holder("ml", "infer-a", "server", U0, 20)], NAMES, CONTAINERS)  # fmt: skip
     watch.round(_Pods(), snap, under, 1.0)
     assert watch.over_now == {}
     refusing = _Pods(refuse=True)
     watch.round(refusing, snap, _over_att(), 2.0)
-    assert watch.errors["event-failed"] == 2 and watch.episodes == Counter({"true": 1})
+    assert watch.errors["event-failed"] == 2
+    assert watch.episodes == Counter({("true", NOT_ENFORCED): 1})
 
 
 def test_mps_enforcement_map():
@@ -337,13 +344,18 @@ def test_mps_enforcement_map_from_the_state_files(tmp_path):
 def test_the_metrics(tmp_path):
     registry = CollectorRegistry()
     registry.register(SliceOverLimit(
-        lambda: {("0", U0, "true"): 1, ("1", U1, "false"): 2}, Counter({"true": 3, "false": 1})
+        lambda: {("0", U0, "true", NOT_ENFORCED): 1, ("1", U1, "false", OVER_LIMIT): 2},
+        Counter({("true", NOT_ENFORCED): 3, ("false", OVER_LIMIT): 1}),
     ))  # fmt: skip
     text = generate_latest(registry).decode()
-    assert f'omaticaya_slice_over_limit{{enforced="true",gpu="0",uuid="{U0}"}} 1.0' in text
-    assert f'omaticaya_slice_over_limit{{enforced="false",gpu="1",uuid="{U1}"}} 2.0' in text
-    assert 'omaticaya_slice_over_limit_episodes_total{enforced="true"} 3.0' in text
-    assert 'omaticaya_slice_over_limit_episodes_total{enforced="false"} 1.0' in text
+    assert (f'omaticaya_slice_over_limit{{enforced="true",gpu="0",reason="{NOT_ENFORCED}",'
+            f'uuid="{U0}"}} 1.0') in text
+    assert (f'omaticaya_slice_over_limit{{enforced="false",gpu="1",reason="{OVER_LIMIT}",'
+            f'uuid="{U1}"}} 2.0') in text
+    assert ('omaticaya_slice_over_limit_episodes_total{enforced="true",'
+            f'reason="{NOT_ENFORCED}"}} 3.0') in text
+    assert ('omaticaya_slice_over_limit_episodes_total{enforced="false",'
+            f'reason="{OVER_LIMIT}"}} 1.0') in text
     empty = CollectorRegistry()
     empty.register(SliceOverLimit(dict, {}))
     assert "omaticaya_slice_over_limit{" not in generate_latest(empty).decode()

@@ -262,29 +262,33 @@ class MpsStateErrors(Collector):
 
 class SliceOverLimit(Collector):
     """Containers over their slice of a shared GPU (``agent.events.SliceWatch``'s live values;
-    empty without sharing), told apart by whether the GPU's MPS daemon was up (``enforced``:
-    the cap should have held; ``core.slice_enforcement``):
-    ``omaticaya_slice_over_limit{gpu,uuid,enforced}`` (``over_now()``: how many are over at
-    the last API round, by ``(GPU index, UUID, "true"|"false")``; no series for a GPU none is
-    over) and ``omaticaya_slice_over_limit_episodes_total{enforced}`` (``episodes``: episodes
-    said by an Event, by ``"true"|"false"``)."""
+    empty without sharing), told apart by the Event reason (``core.slice_enforcement``):
+    ``omaticaya_slice_over_limit{gpu,uuid,enforced,reason}`` (``over_now()``: how many are over
+    at the last API round, by ``(GPU index, UUID, enforced, reason)``; ``enforced="true"``
+    only for ``MpsLimitNotEnforced``, the limit should have held; no series for a GPU none is
+    over), ``omaticaya_slice_over_limit_episodes_total{enforced,reason}`` (``episodes``:
+    episodes said by an Event) and ``omaticaya_slice_evictions_total{result}``
+    (``evictions``: eviction attempts, ``OMATICAYA_SLICE_OVER_LIMIT_ACTION=evict``)."""
 
     def __init__(
         self,
-        over_now: Callable[[], Mapping[tuple[str, str, str], int]],
-        episodes: Mapping[str, int],
+        over_now: Callable[[], Mapping[tuple[str, str, str, str], int]],
+        episodes: Mapping[tuple[str, str], int],
+        evictions: Mapping[str, int] | None = None,
     ) -> None:
         self._over_now = over_now
         self._episodes = episodes
+        self._evictions = evictions if evictions is not None else {}
 
     def collect(self) -> Iterator[Metric]:
         gauge = GaugeMetricFamily(
             "omaticaya_slice_over_limit",
-            "Containers holding more GPU memory than their slice of a shared GPU, at the last "
-            "API round; enforced=\"true\": the GPU's MPS control daemon was up, so its limit "
-            "should have held (MpsLimitNotEnforced), \"false\": nothing enforced it "
-            "(GpuMemoryOverLimit).",
-            labels=["gpu", "uuid", "enforced"],
+            "Containers whose processes together hold more GPU memory than their slice of a "
+            "shared GPU, at the last API round, by Event reason: GpuMemoryOverLimit (nothing "
+            "enforced it), SliceOverLimitProcesses (the GPU's MPS daemon up, several processes "
+            "each within the slice), MpsLimitNotEnforced (a process escaped the daemon: "
+            "enforced=\"true\", the limit should have held).",
+            labels=["gpu", "uuid", "enforced", "reason"],
         )
         for key, n in sorted(self._over_now().items()):
             gauge.add_metric(list(key), n)
@@ -292,8 +296,15 @@ class SliceOverLimit(Collector):
         yield _counter(
             "omaticaya_slice_over_limit_episodes",
             "Episodes of a container over its slice of a shared GPU, said by an Event; by "
-            "whether the GPU's MPS control daemon was up (enforced).",
-            ["enforced"], self._episodes,
+            "enforced (\"true\": MpsLimitNotEnforced) and the Event reason.",
+            ["enforced", "reason"], self._episodes,
+        )  # fmt: skip
+        yield _counter(
+            "omaticaya_slice_evictions",
+            "Evictions of pods over their slice of a shared GPU (OMATICAYA_SLICE_OVER_LIMIT_ACTION"
+            "=evict), by result: evicted, blocked (a PodDisruptionBudget refused it; retried), "
+            "gone, failed (retried), skipped (the pod's API object had no UID).",
+            ["result"], self._evictions,
         )  # fmt: skip
 
 

@@ -1,13 +1,17 @@
 """The agent's Events. On the Node: GPU health changes (``GpuUnhealthy``, ``GpuRecovered``, by
 GPU UUID) and out-of-band memory (``GpuOutOfBandMemory``, once per episode). On a pod holding a
-slice of a shared GPU (``SliceWatch``): ``GpuMemoryOverLimit`` when its container holds more than
-its slice where nothing enforces it, once per episode (``core.sharing.episodes``), or
-``MpsLimitNotEnforced`` (on the pod and on the Node) when it does so although its GPU's MPS
-control daemon is up (``core.slice_enforcement``: the enforcement failed, not the workload);
-``SliceWatch`` also reads the holders' pods from the API first (``attribution.PodNames``), so that the next tick's attribution tells
-each slice's own use (``core.slice_use.gpu_slices``). Runs in the API round
-(``agent.api_thread``), never on the read path; a failure is logged once per kind and counted
-(``errors``), and the next round tries again."""
+slice of a shared GPU (``SliceWatch``), once per episode (``core.sharing.episodes``) when its
+container's processes together hold more than its slice (``core.slice_enforcement``):
+``GpuMemoryOverLimit`` where nothing enforces it, ``SliceOverLimitProcesses`` when its GPU's MPS
+daemon is up and it runs several processes each within the slice (MPS's limit is per process),
+``MpsLimitNotEnforced`` (on the pod and on the Node) when one process escaped the daemon; with
+``OMATICAYA_SLICE_OVER_LIMIT_ACTION=evict`` the pod is then evicted (``policy/v1`` Eviction).
+``MpsDaemonRestarted`` on the pods holding slices of a GPU whose MPS daemon was restarted (once
+per restart per pod). ``SliceWatch`` also reads the holders' pods from the API first
+(``attribution.PodNames``), so that the next tick's attribution tells each slice's own use
+(``core.slice_use.gpu_slices``). Runs in the API round (``agent.api_thread``), never on the read
+path; a failure is logged once per kind and counted (``errors``), and the next round tries
+again."""
 
 from __future__ import annotations
 
@@ -21,15 +25,35 @@ from ..core.health import NodeHealth
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import Sharing, episodes, is_shared
-from ..core.slice_enforcement import NOT_ENFORCED, OVER_LIMIT, OverLimit, judge, over_counts
-from ..core.slice_use import gpu_slices, over_limit
+from ..core.slice_enforcement import (
+    DAEMON_RESTARTED,
+    NOT_ENFORCED,
+    OVER_LIMIT,
+    OVER_LIMIT_PROCESSES,
+    DaemonGeneration,
+    OverLimit,
+    daemon_generation,
+    daemon_restarted,
+    judge,
+    over_counts,
+)
+from ..core.slice_use import SliceUse, gpu_slices, over_limit
 from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
+from ..kube.errors import KubeConflict, KubeTooManyRequests
 from ..kube.pod_client import PodClient
 from ..sources.mps import MpsWatch
 from .attribution import PodNames
 
-__all__ = ["NOT_ENFORCED", "OVER_LIMIT", "HealthEvents", "SliceWatch", "mps_enforcement"]
+__all__ = [
+    "DAEMON_RESTARTED",
+    "NOT_ENFORCED",
+    "OVER_LIMIT",
+    "OVER_LIMIT_PROCESSES",
+    "HealthEvents",
+    "SliceWatch",
+    "mps_enforcement",
+]
 
 #: posts a Warning Event on the agent's Node: ``(reason, message)``; raises ``KubeError``
 NodeEvent = Callable[[str, str], None]
@@ -132,15 +156,23 @@ def _device_names(snapshot: NodeSnapshot) -> dict[str, str]:
 
 
 class SliceWatch:
-    """The API side of slices for one agent: ``names`` (``PodNames``), over-use Events.
+    """The API side of slices for one agent: ``names`` (``PodNames``), over-use Events,
+    evictions and MPS daemon restarts.
 
     ``mps``: the MPS daemons' states (``sources.mps.MpsWatch``; ``None``: enforcement off), so
     that a container over its slice on a GPU whose daemon is up is told apart
-    (``core.slice_enforcement``). ``posted`` counts Events by reason (the agent's Event
+    (``core.slice_enforcement``), and a daemon restarted is said to its GPU's pods.
+    ``action``: ``settings.slice_over_limit_action`` (``evict``: a pod over its slice is
+    evicted once its Event is posted). ``posted`` counts Events by reason (the agent's Event
     counter, shared); ``errors`` counts failed requests by kind (``get-forbidden``,
     ``get-failed``, ``event-failed``); ``over_now``: the containers over their slice at the
-    last round, by ``(GPU index, UUID, enforced "true"|"false")``; ``episodes``: over-use
-    episodes started, by enforced (``"true"|"false"``). The last three feed
+    last round, by ``(GPU index, UUID, enforced "true"|"false", reason)``
+    (``core.slice_enforcement.over_counts``); ``episodes``: over-use episodes started, by
+    ``(enforced, reason)``; ``evictions``: eviction attempts by result (``evicted``,
+    ``blocked``: a PodDisruptionBudget refused it now (429), ``gone``: the pod, or the pod of
+    that UID, no longer exists (404, 409), ``failed``: any other failure, ``skipped``: the pod
+    as read from the API has no UID, counted once per pod). ``blocked`` and ``failed`` are
+    tried again next round while the container is still over. The last four feed
     ``agent.collectors.SliceApiErrors`` and ``SliceOverLimit``."""
 
     def __init__(
@@ -148,14 +180,24 @@ class SliceWatch:
     ) -> None:
         self.sharing = Sharing.of(settings)
         self.resource = settings.shared_resource
+        self.action = settings.slice_over_limit_action
         self.mps = mps
         self.names = PodNames()
         self.posted: Counter[str] = posted if posted is not None else Counter()
         self.errors: Counter[str] = Counter()
-        self.over_now: dict[tuple[str, str, str], int] = {}
-        self.episodes: Counter[str] = Counter()
+        self.over_now: dict[tuple[str, str, str, str], int] = {}
+        self.episodes: Counter[tuple[str, str]] = Counter()
+        self.evictions: Counter[str] = Counter()
         self._reported: frozenset[tuple[str, str, str, str]] = frozenset()
         self._said: SayOnce[str, bool] = SayOnce()  # failures, by kind
+        #: pods evicted (or gone) while over, by ``(namespace, name, UID)``: not asked again
+        self._evicted: set[tuple[str, str, str]] = set()
+        #: pods whose eviction failed, by ``(namespace, name)``: the kind said last (logged once)
+        self._evict_said: SayOnce[tuple[str, str], str] = SayOnce(max_keys=256)
+        #: each shared GPU's daemon as last read (``daemon_generation``), by UUID
+        self._daemons: dict[str, DaemonGeneration] = {}
+        #: restarts not yet said to every pod: UUID -> (the restart, the pods still to tell)
+        self._restarts: dict[str, tuple[DaemonGeneration, set[tuple[str, str]]]] = {}
 
     def round(
         self,
@@ -168,7 +210,8 @@ class SliceWatch:
         node_event: NodeEvent | None = None,
     ) -> None:
         """Read the pods the names lack, then (``post``) the over-use Events due (an
-        ``MpsLimitNotEnforced`` also through ``node_event``, on the Node). Never raises
+        ``MpsLimitNotEnforced`` also through ``node_event``, on the Node), the evictions due
+        (``action`` ``evict``) and the ``MpsDaemonRestarted`` Events due. Never raises
         ``KubeError``."""
         by_gpu = {
             g.uuid: (att, gpu_slices(att, g.uuid, self.sharing.unit_mib))
@@ -187,6 +230,7 @@ class SliceWatch:
             self.names.asked((namespace, name), now_s, found)
         if post:
             self._post(client, snapshot, attribution, node_event)
+            self._post_restarts(client, snapshot, {u: s for u, (_, s) in by_gpu.items()})
 
     def judged(
         self, snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution]
@@ -211,6 +255,11 @@ class SliceWatch:
             s = o.slice
             pod = self.names.known.get((s.namespace, s.pod))
             message = o.message(self.resource)
+            if self.action == "evict":
+                message += (
+                    "; the pod is evicted (OMATICAYA_SLICE_OVER_LIMIT_ACTION=evict; a "
+                    "PodDisruptionBudget may put it off)"
+                )
             try:
                 client.create_pod_event(
                     namespace=s.namespace, name=s.pod, uid=pod.uid if pod else "",
@@ -220,9 +269,9 @@ class SliceWatch:
                 self._fail("event-failed", exc)
                 continue
             self.posted[o.reason] += 1
-            self.episodes["true" if o.enforced else "false"] += 1
+            self.episodes[("true" if o.escaped else "false", o.reason)] += 1
             reported.add(key)
-            if o.enforced and node_event is not None:  # the node's MPS failed: say it there too
+            if o.escaped and node_event is not None:  # the node's MPS failed: say it there too
                 try:
                     node_event(o.reason, f"pod {s.namespace}/{s.pod}: {message}")
                 except KubeError as exc:
@@ -230,8 +279,97 @@ class SliceWatch:
                 else:
                     self.posted[o.reason] += 1
         self._reported = frozenset(reported)
+        if self.action == "evict":
+            self._evict(client, [over[k].slice for k in over if k in reported])
+
+    def _evict(self, client: PodClient, said: list[SliceUse]) -> None:
+        """Evict each pod of ``said`` (slices over whose Event is posted), once per pod (by
+        UID) while it stays over; see the class for the results counted."""
+        pods = dict.fromkeys((s.namespace, s.pod) for s in said)
+        self._evicted = {e for e in self._evicted if (e[0], e[1]) in pods}
+        for key in list(self._evict_said.current):
+            if key not in pods:
+                self._evict_said.end(key)
+        for namespace, name in pods:
+            pod = self.names.known.get((namespace, name))
+            uid = pod.uid if pod is not None else ""
+            if (namespace, name, uid) in self._evicted:
+                continue
+            if not uid:  # the pod as read has no UID: no precondition can be made (untrusted)
+                if self._evict_said.start((namespace, name), "skipped"):
+                    self.evictions["skipped"] += 1
+                    logger.warning("not evicting pod {}/{}: its API object has no UID; skipped",
+                                   namespace, name)  # fmt: skip
+                continue
+            try:
+                client.evict_pod(namespace, name, uid)
+            except (KubeNotFound, KubeConflict):  # gone, or another pod by that name now
+                self.evictions["gone"] += 1
+                self._evicted.add((namespace, name, uid))
+                continue
+            except KubeError as exc:
+                result = "blocked" if isinstance(exc, KubeTooManyRequests) else "failed"
+                self.evictions[result] += 1
+                if self._evict_said.start((namespace, name), result):
+                    logger.warning(
+                        "could not evict pod {}/{} over its GPU slice ({}: {}); retrying next "
+                        "round", namespace, name, result, exc,
+                    )  # fmt: skip
+                continue
+            self.evictions["evicted"] += 1
+            self._evicted.add((namespace, name, uid))
+            self._evict_said.end((namespace, name))
+            logger.warning("evicted pod {}/{}: over its slice of a shared GPU", namespace, name)
+
+    def _post_restarts(
+        self, client: PodClient, snapshot: NodeSnapshot, slices: Mapping[str, tuple[SliceUse, ...]]
+    ) -> None:
+        """``MpsDaemonRestarted`` on each pod holding a slice of a shared GPU whose daemon was
+        restarted since the last round (``core.slice_enforcement.daemon_restarted``), once per
+        restart per pod; a pod whose Event fails is tried again next round while it holds a
+        slice there. Every shared GPU's state is read each round, held or not, so that a
+        restart while none held it is not said to the next pod."""
+        if self.mps is None:
+            return
+        for g in snapshot.gpus:
+            if not (g.uuid and is_shared(g, self.sharing)):
+                continue
+            now = daemon_generation(self.mps.enforcement(g.uuid).state)
+            if now is None:
+                continue  # not read, or not started: compare the next read with the last one
+            if daemon_restarted(self._daemons.get(g.uuid), now):
+                self._restarts[g.uuid] = (now, {(s.namespace, s.pod) for s in slices.get(g.uuid, ())})
+            self._daemons[g.uuid] = now
+        for uuid, (gen, pods) in list(self._restarts.items()):
+            holding = {(s.namespace, s.pod) for s in slices.get(uuid, ())}
+            for namespace, name in sorted(pods):
+                if (namespace, name) not in holding:
+                    pods.discard((namespace, name))
+                    continue
+                known = self.names.known.get((namespace, name))
+                try:
+                    client.create_pod_event(
+                        namespace=namespace, name=name, uid=known.uid if known else "",
+                        reason=DAEMON_RESTARTED, warning=True,
+                        message=f"the MPS control daemon of GPU {_index_of(snapshot, uuid)} "
+                        f"({uuid}) was restarted (pid {gen[0]}, start {gen[1]}): the pod's CUDA "
+                        f"processes running on that GPU lost their MPS server and must be "
+                        f"restarted; new processes reach the restarted daemon",
+                    )  # fmt: skip
+                except KubeError as exc:
+                    self._fail("event-failed", exc)
+                    continue
+                self.posted[DAEMON_RESTARTED] += 1
+                pods.discard((namespace, name))
+            if not pods:
+                del self._restarts[uuid]
 
     def _fail(self, kind: str, exc: KubeError) -> None:
         self.errors[kind] += 1
         if self._said.start(kind, True):  # once per kind: RBAC does not change tick to tick
             logger.warning("shared GPU slices: {} ({}); retrying next round", kind, exc)
+
+
+def _index_of(snapshot: NodeSnapshot, uuid: str) -> str:
+    """The NVML index of GPU ``uuid`` in ``snapshot`` (``?`` when it is not there)."""
+    return next((str(g.index) for g in snapshot.gpus if g.uuid == uuid), "?")

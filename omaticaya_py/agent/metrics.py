@@ -78,6 +78,7 @@ def agent_registry(agent: Agent, registry: CollectorRegistry | None = None) -> C
         SliceOverLimit(
             (lambda: slices.over_now) if slices is not None else dict,
             slices.episodes if slices is not None else {},
+            slices.evictions if slices is not None else {},
         ),
         ApiRequests(node.requests if node is not None else {}),
         AgentCounters(

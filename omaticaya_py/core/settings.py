@@ -367,6 +367,16 @@ class Settings(DevicePluginSettings):
         description="A Node Event when processes in no pod hold this many MiB on one GPU, once "
         "per episode (0: off).",
     )
+    slice_over_limit_action: Literal["event", "evict"] = Field(
+        default="event",
+        description="What the agent does when a container's processes together hold more than "
+        "its slice of a shared GPU: event (a Warning Event on the pod and the "
+        "omaticaya_slice_over_limit metric; nothing is stopped) or evict (then also evicts the "
+        "pod through the Eviction API, which honours PodDisruptionBudgets; the agent needs "
+        "create on pods/eviction). event by default: the agent sees one reading per tick and "
+        "cannot tell a transient peak from lasting overuse, and an eviction ends a training "
+        "job's run.",
+    )
     metrics_port: int = Field(
         default=9402, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0: off)."
     )

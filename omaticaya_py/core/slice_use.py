@@ -3,7 +3,9 @@
 A container's slice on a shared GPU is its units of that GPU (the kubelet's PodResources,
 ``core.attribution.ContainerDevices``) times ``unit_mib``; its use is the memory of its
 processes there, placed through their cgroups and named through the API's pods
-(``core.attribution.GpuAttribution``): ``gpu_slices``; the largest slice a GPU can still take
+(``core.attribution.GpuAttribution``), with each of those processes' own memory where the GPU's
+NVML process list gives it (``SliceUse.processes``: what tells a container with several CUDA
+processes, each held to the slice by MPS, from one process over it): ``gpu_slices``; the largest slice a GPU can still take
 (``slice_room_mib``), the slices over their limit (``over_limit``) and unit IDs naming no GPU
 of this node (``stray_unit_ids``). Pure: no I/O.
 """
@@ -11,11 +13,11 @@ of this node (``stray_unit_ids``). Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .attribution import ContainerDevices, GpuAttribution
 from .sharing import Sharing, gpu_room_mib, is_shared, parse_unit_id, unit_count
-from .snapshot import GpuReading, NodeSnapshot
+from .snapshot import GpuProcess, GpuReading, NodeSnapshot
 
 __all__ = ["SliceUse", "gpu_slices", "over_limit", "slice_room_mib", "stray_unit_ids"]
 
@@ -26,7 +28,10 @@ class SliceUse:
 
     ``units`` (its unit device IDs of that GPU, PodResources) x the unit = ``limit_mib``;
     ``used_mib``: the memory its processes hold on the GPU (``None`` when that cannot be said:
-    processes not placed, or a pod or container the API did not name)."""
+    processes not placed, or a pod or container the API did not name); ``processes``: the
+    processes counted in it, ``(pid, MiB)`` by pid (the MiB from the GPU's NVML process list,
+    ``None`` where NVML gave none or the list was not given); ``()`` when ``used_mib`` is
+    ``None`` or no process list was given (``gpu_slices``). Not compared."""
 
     namespace: str
     pod: str
@@ -34,6 +39,7 @@ class SliceUse:
     units: int
     limit_mib: int
     used_mib: int | None
+    processes: tuple[tuple[int, int | None], ...] = field(default=(), compare=False)
 
     @property
     def over(self) -> bool:
@@ -52,14 +58,21 @@ def _units_on(h: ContainerDevices, gpu_uuid: str) -> int:
     )
 
 
-def gpu_slices(att: GpuAttribution | None, gpu_uuid: str | None, unit_mib: int) -> tuple[SliceUse, ...]:
+def gpu_slices(
+    att: GpuAttribution | None,
+    gpu_uuid: str | None,
+    unit_mib: int,
+    processes: Iterable[GpuProcess] | None = None,
+) -> tuple[SliceUse, ...]:
     """The slices held on the shared GPU ``gpu_uuid``: one per holder with units of it, in the
     kubelet's order. A container's use is the memory of the processes named as its own; the
     processes of its pod whose container is not named count for it when it is the pod's only
     holder of this GPU. Its use is unknown while a process on the GPU is not placed, or while
     its pod is not named (``GpuAttribution.named_pods``; without that, while any process's pod
     is not), and while the GPU could not be read (``GpuAttribution.read``). ``()`` when not
-    attributed."""
+    attributed. ``processes``: the GPU's NVML compute processes (``GpuReading.processes``, the
+    list the attribution was made from): with it, each slice whose use is known has the pids
+    counted in it with their own MiB (``SliceUse.processes``); ``None``: not asked for."""
     if att is None or not gpu_uuid:
         return ()
     held = [(h, n) for h in att.holders if (n := _units_on(h, gpu_uuid)) > 0]
@@ -68,9 +81,11 @@ def gpu_slices(att: GpuAttribution | None, gpu_uuid: str | None, unit_mib: int) 
         per_pod[(h.namespace, h.pod)] = per_pod.get((h.namespace, h.pod), 0) + 1
     placed = att.read and not att.unknown_pids
     every_pod_named = all(p.pod is not None for p in att.pods)
+    mib_of = {p.pid: p.used_memory_mib for p in processes} if processes is not None else None
     out = []
     for h, units in held:
         used: int | None = None
+        counted: list[int] = []
         if att.named_pods is not None:
             named = placed and (h.namespace, h.pod) in att.named_pods
         else:
@@ -79,12 +94,17 @@ def gpu_slices(att: GpuAttribution | None, gpu_uuid: str | None, unit_mib: int) 
             mine = [p for p in att.pods if (p.namespace, p.pod) == (h.namespace, h.pod)]
             own = sum(p.used_memory_mib for p in mine if p.container == h.container)
             loose = [p for p in mine if p.container is None]
+            counted = [pid for p in mine if p.container == h.container for pid in p.pids]
             if not loose:
                 used = own
             elif per_pod[(h.namespace, h.pod)] == 1:
                 used = own + sum(p.used_memory_mib for p in loose)
+                counted += [pid for p in loose for pid in p.pids]
+        per_pid: tuple[tuple[int, int | None], ...] = ()
+        if used is not None and mib_of is not None:
+            per_pid = tuple((pid, mib_of.get(pid)) for pid in sorted(set(counted)))
         out.append(
-            SliceUse(h.namespace, h.pod, h.container, units, units * unit_mib, used)
+            SliceUse(h.namespace, h.pod, h.container, units, units * unit_mib, used, per_pid)
         )
     return tuple(out)
 
@@ -104,15 +124,14 @@ def slice_room_mib(g: GpuReading, att: GpuAttribution | None, unit_mib: int) -> 
 def over_limit(
     snapshot: NodeSnapshot, attribution: Mapping[str, GpuAttribution], sharing: Sharing | None
 ) -> list[tuple[GpuReading, SliceUse]]:
-    """Every slice whose container holds more than its limit, with its GPU, GPU order."""
+    """Every slice whose container holds more than its limit, with its GPU, GPU order; each
+    with its processes' own MiB (``SliceUse.processes``, from ``GpuReading.processes``)."""
     out: list[tuple[GpuReading, SliceUse]] = []
     for g in snapshot.gpus:
         if is_shared(g, sharing) and g.uuid:
             assert sharing is not None
-            out.extend(
-                (g, s) for s in gpu_slices(attribution.get(g.uuid), g.uuid, sharing.unit_mib)
-                if s.over
-            )
+            slices = gpu_slices(attribution.get(g.uuid), g.uuid, sharing.unit_mib, g.processes)
+            out.extend((g, s) for s in slices if s.over)
     return out
 
 

@@ -1,4 +1,4 @@
-"""Single pods read and given Events (``PodClient``), for the agent's shared-GPU slices."""
+"""Single pods read, given Events and evicted (``PodClient``), for the agent's shared-GPU slices."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ __all__ = ["PodClient", "pod_identity"]
 
 
 class PodClient:
-    """Reads single pods and posts Events on them, over an ``ApiSession`` (the agent's:
-    ``NodeClient.session``). RBAC: ``get`` on ``pods`` and ``create`` on ``events`` in the
-    pods' namespaces. Raises ``KubeError`` subclasses (``KubeNotFound``: the pod is gone)."""
+    """Reads single pods, posts Events on them and evicts them, over an ``ApiSession`` (the
+    agent's: ``NodeClient.session``). RBAC: ``get`` on ``pods`` and ``create`` on ``events`` in
+    the pods' namespaces; ``create`` on ``pods/eviction`` to evict (``evict_pod``). Raises
+    ``KubeError`` subclasses (``KubeNotFound``: the pod is gone)."""
 
     def __init__(self, session: ApiSession, reporter: str) -> None:
         """``reporter``: the reporting instance of the Events (the Node's name)."""
@@ -54,6 +55,36 @@ class PodClient:
             reporter=self.reporter,
             what=f"event {reason} on pod {namespace}/{name}",
         )  # fmt: skip
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """POST a ``policy/v1`` Eviction of the pod (its ``eviction`` subresource): the API
+        server deletes it unless a PodDisruptionBudget forbids that now. ``uid`` (its
+        ``metadata.uid``, as read before; required) is a precondition, so that a new pod of the
+        same name (a StatefulSet's next) is never evicted in its place. One attempt, no
+        retries: the caller tries again next tick. Raises ``KubeTooManyRequests`` (429: a
+        PodDisruptionBudget does not allow it now), ``KubeNotFound`` (the pod is gone),
+        ``KubeConflict`` (409: the pod of that name has another UID now), ``KubeForbidden``
+        (the agent lacks ``create`` on ``pods/eviction``), other ``KubeError``s; ``ValueError``
+        for an empty ``uid``."""
+        if not uid:
+            raise ValueError(f"evicting pod {namespace}/{name}: no UID to make it a precondition")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        self.session.call(
+            "create",
+            f"eviction of pod {namespace}/{name}",
+            lambda: self.session.http(
+                "POST", _POD_PATH + "/eviction",
+                path_params={"namespace": namespace, "name": name}, body=body,
+                content_type="application/json",
+            ),  # fmt: skip
+            rbac=f"the agent needs create on pods/eviction in {namespace}",
+            retry=False,
+        )
 
 
 _POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"

@@ -147,11 +147,16 @@ class ApiSession:
 
     # -- requests ------------------------------------------------------------------------
 
-    def call(self, verb: str, what: str, fn: Callable[[], Any], *, rbac: str = "") -> Any:
+    def call(
+        self, verb: str, what: str, fn: Callable[[], Any], *, rbac: str = "", retry: bool = True
+    ) -> Any:
         """``fn()`` (one or more ``http`` requests) with the retries and accounting: counted in
-        ``requests`` by ``(verb, status)``; transient failures retried; a 401 reloads the
-        credentials once. Raises ``KubeError`` subclasses (``what`` names the object; ``rbac``,
-        what the request needs, is said in a 403's message: see ``errors.wrap``)."""
+        ``requests`` by ``(verb, status)``; transient failures retried (``retry`` False: one
+        attempt, for a caller that tries again on its own schedule: an eviction a
+        PodDisruptionBudget refuses with 429 is asked again next tick, not within this call); a
+        401 reloads the credentials once. Raises ``KubeError`` subclasses (``what`` names the
+        object; ``rbac``, what the request needs, is said in a 403's message: see
+        ``errors.wrap``)."""
         reloaded = False
 
         def attempt() -> Any:
@@ -171,7 +176,7 @@ class ApiSession:
             self.requests[(verb, str(response.status))] += 1
             return response
 
-        return self._retrying(attempt)
+        return self._retrying(attempt) if retry else attempt()
 
     def http(
         self,
