@@ -477,6 +477,48 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
         p.stop(0)
 
 
+@pytest.mark.cluster
+def test_a_slice_its_gpu_cannot_hold_is_refused(feed: Feed, dirs: dict[str, Path], session: Any,
+                                                 make_claim: Any) -> None:
+    """A 20 GiB slice of a shared GPU with 30 GiB free is prepared; a second one is refused while
+    the first does not show in the reading (as the device plugin's Allocate refuses it), the
+    first prepared again is not; once the first is unprepared the second fits, and once the
+    reading shows the second in use it no longer counts as pending, but the GPU's 10 GiB free
+    cannot hold a third."""
+    feed.tick(gpu(0, memory_free_mib=30720), gpu(1))
+    p = make(feed, dirs, session, shared_gpus="0", share_enforcement="none")
+    p.start()
+    sock = dirs["plugin"] / "dra.sock"
+
+    def slice_claim() -> tuple[str, str, str]:
+        name, uid = make_claim([{**result("gpu-0"), "shareID": str(uuidlib.uuid4()),
+                                 "consumedCapacity": {"memory": "20Gi"}}])
+        return "default", name, uid
+
+    no_room = ("device gpu-0: GPU 0 {g} has {free} MiB free by its live reading, {pending} MiB of it "
+               "prepared for slices not in use yet: a slice of 20480 MiB does not fit")
+    try:
+        a, b, c = slice_claim(), slice_claim(), slice_claim()
+        first = prepare(sock, a)
+        assert first.claims[a[2]].error == ""
+        assert prepare(sock, b).claims[b[2]].error == no_room.format(g=G0, free=30720, pending=20480)
+        assert not (dirs["cdi"] / cdi_file_name(b[2])).exists()
+        assert prepare(sock, a) == first  # prepared again: from the checkpoint, not refused
+        assert [s.claim_uid for s in p.slices[G0]] == [a[2]]
+
+        assert unprepare(sock, a).claims[a[2]].error == ""
+        assert p.slices == {}
+        assert prepare(sock, b).claims[b[2]].error == ""
+        assert [(s.claim_uid, s.mib, s.baseline_free_mib) for s in p.slices[G0]] == [(b[2], 20480, 30720)]
+
+        feed.tick(gpu(0, memory_free_mib=10240), gpu(1))  # the second slice in use
+        assert prepare(sock, c).claims[c[2]].error == no_room.format(g=G0, free=10240, pending=0)
+        assert p.slices == {}
+        assert (p.counts.prepare["prepared"], p.counts.prepare["refused"]) == (2, 2)
+    finally:
+        p.stop(0)
+
+
 # -- the daemon: `omaticaya run` with OMATICAYA_DRA ------------------------------------------
 
 

@@ -25,11 +25,13 @@ from omaticaya_py.dra.prepare import (
     ClaimRef,
     DevNode,
     NodeFacts,
+    PendingSlice,
     Refused,
     capacity_mib,
     cdi_file_name,
     cdi_spec,
     decide,
+    slices_pending,
 )
 from tests.helpers import gpu, lost, snapshot
 
@@ -267,6 +269,113 @@ def test_decide_does_not_change_the_claim() -> None:
     before = copy.deepcopy(doc)
     decide(doc, REF, DEVICES, facts(**MPS_UP))
     assert doc == before
+
+
+# -- a slice must fit its GPU's live free memory less the slices pending there -----------------
+
+OTHER = "7d3f0c1a-0000-4000-8000-000000000001"
+
+
+def shared(free_mib: int | None) -> tuple[DraDevice, ...]:
+    """The node's devices with gpu-2 (shared, 79 units of 1 GiB) at ``free_mib`` free."""
+    return (*DEVICES[:2], DraDevice("gpu-2", 2, None, G2, G2, None, True, 79 * 1024, free_mib,
+                                    unit_mib=1024), DEVICES[3])  # fmt: skip
+
+
+def pending(*slices: tuple[str, int]) -> dict[str, tuple[PendingSlice, ...]]:
+    """gpu-2's pending slices: (claim UID, MiB) each, prepared at t=0 on 80 GiB free."""
+    return {G2: tuple(PendingSlice(uid, mib, 0.0, 81920) for uid, mib in slices)}
+
+
+NO_ROOM = "device gpu-2: GPU 2 {g} has {free} MiB free by its live reading, {pending} MiB of it prepared for slices not in use yet: a slice of {mib} MiB does not fit"
+
+# (case, free MiB of gpu-2, its pending slices, the slice asked, extra facts, refusal or None)
+LIVE_ROOM = [
+    ("20 GiB on 10 GiB free", 10240, (), "20Gi", {}, NO_ROOM.format(g=G2, free=10240, pending=0, mib=20480)),
+    ("20 GiB on 10 GiB free, under MPS", 10240, (), "20Gi", MPS_UP,
+     NO_ROOM.format(g=G2, free=10240, pending=0, mib=20480)),
+    ("fits exactly", 20480, (), "20Gi", {}, None),
+    ("fits with room to spare", 79872, (), "20Gi", MPS_UP, None),
+    ("one unit short", 19456, (), "20Gi", {},
+     NO_ROOM.format(g=G2, free=19456, pending=0, mib=20480)),
+    ("another claim's pending slice counts", 30720, ((OTHER, 20480),), "20Gi", {},
+     NO_ROOM.format(g=G2, free=30720, pending=20480, mib=20480)),
+    ("pending slices add up", 40960, ((OTHER, 10240), ("third", 20480)), "20Gi", {},
+     NO_ROOM.format(g=G2, free=40960, pending=30720, mib=20480)),
+    ("fits beside the pending", 40960, ((OTHER, 20480),), "20Gi", {}, None),
+    ("the same claim prepared again: its own slice does not count", 20480, ((UID, 20480),), "20Gi",
+     {}, None),
+    ("its own does not count, another's does", 30720, ((UID, 20480), (OTHER, 20480)), "20Gi", {},
+     NO_ROOM.format(g=G2, free=30720, pending=20480, mib=20480)),
+    ("free memory unknown: not refused (as Allocate)", None, ((OTHER, 20480),), "20Gi", {}, None),
+    ("a pending slice on another GPU does not count", 20480, (), "20Gi",
+     {"pending": {G0: (PendingSlice(OTHER, 20480, 0.0, 81920),)}}, None),
+]
+
+
+@pytest.mark.parametrize(("free", "slices", "quantity", "extra", "reason"),
+                         [c[1:] for c in LIVE_ROOM], ids=[c[0] for c in LIVE_ROOM])
+def test_a_slice_fits_the_gpus_live_free_memory_less_the_pending(
+        free: int | None, slices: tuple[tuple[str, int], ...], quantity: str, extra: dict[str, Any],
+        reason: str | None) -> None:
+    doc = claim(result("gpu-2", consumedCapacity={"memory": quantity}))
+    f = facts(**{"pending": pending(*slices), **extra})
+    if reason is None:
+        (d,) = decide(doc, REF, shared(free), f).devices
+        assert d.mib == capacity_mib(quantity)
+    else:
+        with pytest.raises(Refused) as refused:
+            decide(doc, REF, shared(free), f)
+        assert str(refused.value) == reason
+
+
+def test_a_whole_gpu_is_not_judged_by_its_free_memory() -> None:
+    """Only a slice has a size to fit: a whole GPU's free memory says nothing of the claim."""
+    devices = (DraDevice("gpu-0", 0, None, G0, G0, None, False, 81559, 0),)
+    (d,) = decide(claim(result("gpu-0")), REF, devices, facts()).devices
+    assert d.device == "gpu-0"
+
+
+def test_every_slice_of_a_claim_is_judged_on_its_own_gpu() -> None:
+    """Without MPS a claim may hold slices of two shared GPUs: the second one is refused."""
+    g4 = "GPU-00000004-7fda-b7ae-a94e-630097a14ca4"
+    devices = (*shared(79872), DraDevice("gpu-4", 4, None, g4, g4, None, True, 79 * 1024, 8192,
+                                         unit_mib=1024))  # fmt: skip
+    doc = claim(result("gpu-2", consumedCapacity={"memory": "8Gi"}),
+                result("gpu-4", request="b", consumedCapacity={"memory": "10Gi"}))
+    with pytest.raises(Refused, match=r"device gpu-4: GPU 4 .* 8192 MiB free .* 0 MiB .* a slice "
+                       r"of 10240 MiB does not fit"):
+        decide(doc, REF, devices, facts())
+
+
+def slice_at(mib: int, baseline: int | None, at_s: float = 0.0, uid: str = OTHER) -> PendingSlice:
+    return PendingSlice(uid, mib, at_s, baseline)
+
+
+# (case, the book, free MiB now, now_s, the slices still pending); settle_s 60
+STILL_PENDING = [
+    ("not shown yet", [slice_at(20480, 40960)], 40960, 10.0, [slice_at(20480, 40960)]),
+    ("shown: the free memory dropped by it", [slice_at(20480, 40960)], 20480, 10.0, []),
+    ("a drop short of it does not show it", [slice_at(20480, 40960)], 21504, 10.0,
+     [slice_at(20480, 40960)]),
+    ("aged out after settle_s", [slice_at(20480, 40960)], 40960, 60.0, []),
+    ("the first of two shown, the second kept rebased",
+     [slice_at(10240, 40960), slice_at(10240, 40960, 1.0, UID)], 30720, 10.0,
+     [slice_at(10240, 30720, 1.0, UID)]),
+    ("a later one is not shown before an earlier", [slice_at(10240, 40960), slice_at(10240, 30720, 1.0)],
+     35840, 10.0, [slice_at(10240, 40960), slice_at(10240, 30720, 1.0)]),
+    ("free memory unknown: every one counts", [slice_at(20480, 40960)], None, 10.0,
+     [slice_at(20480, 40960)]),
+    ("baseline unknown: counts until settle_s", [slice_at(20480, None)], 0, 10.0,
+     [slice_at(20480, None)]),
+]
+
+
+@pytest.mark.parametrize(("book", "free_now", "now_s", "kept"),
+                         [c[1:] for c in STILL_PENDING], ids=[c[0] for c in STILL_PENDING])
+def test_slices_pending(book: list[PendingSlice], free_now: int | None, now_s: float,
+                        kept: list[PendingSlice]) -> None:
+    assert list(slices_pending(book, free_now, now_s, 60.0)) == kept
 
 
 # -- the devices from a reading: the publisher's rule ----------------------------------------

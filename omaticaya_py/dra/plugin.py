@@ -19,6 +19,11 @@ Sockets (what the kubelet v1.37 expects, from its ``pluginmanager`` and ``cm/dra
 
 Prepared claims: one CDI spec file per claim in ``OMATICAYA_DRA_CDI_DIR``
 (``prepare.cdi_file_name``), recorded in ``<plugin dir>/checkpoint.json`` (``host.Checkpoint``).
+The slices of shared GPUs prepared are also kept in memory per GPU (``prepare.PendingSlice``)
+until the reading shows them, ``OMATICAYA_SHARE_SETTLE_S`` passes, or their claim is
+unprepared: prepare refuses a slice they leave no room for (``prepare.live_room``). After a
+restart, slices prepared before it count only once the reading shows them, as the device
+plugin's do.
 ``stop()`` removes both sockets (registration first) and keeps the checkpoint and CDI specs:
 running containers keep their devices, and a restarted plugin unprepares what it prepared.
 """
@@ -31,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +66,13 @@ from .prepare import (
     CONTROL_NODES,
     ClaimRef,
     NodeFacts,
+    PendingSlice,
     PreparedClaim,
     Refused,
     cdi_file_name,
     cdi_spec,
     decide,
+    slices_pending,
     spec_bytes,
 )
 from .v1 import api_pb2 as dra_pb2
@@ -183,8 +191,8 @@ class DraPlugin:
     - ``settings``: ``dra_plugin_dir``, ``dra_registry_dir``, ``dra_cdi_dir``, ``dra_dev_root``,
       ``node_name`` (the pool; required), ``shared_gpus``, ``share_unit_mib``,
       ``share_enforcement``, ``mps_root``, ``mps_state_dir``, ``mps_stale_s``,
-      ``mps_thread_share``, ``memory_step_mib``, ``hysteresis_pct``, ``proc_root`` and the
-      stuck-reading bound (``stuck_after_s``).
+      ``mps_thread_share``, ``share_settle_s``, ``memory_step_mib``, ``hysteresis_pct``,
+      ``proc_root`` and the stuck-reading bound (``stuck_after_s``).
     - ``session``: the API session that GETs ResourceClaims (``kube.session.ApiSession``; the
       agent's ``node.session``); ``None``: every claim of ours is refused.
     - ``mps``: the agent's watch of the MPS daemons (``agent.mps``); ``None`` while shared GPUs
@@ -230,6 +238,10 @@ class DraPlugin:
         self.registration_errors: list[str] = []
         self.registration_serves = 0
         self._lock = threading.Lock()  # the checkpoint and the CDI files
+        #: GPU UUID -> the slices prepared there the reading does not show yet (oldest first);
+        #: under ``_slices_lock``, held from the look at them to the booking of a new one
+        self.slices: dict[str, tuple[PendingSlice, ...]] = {}
+        self._slices_lock = threading.Lock()
         self._wake = threading.Condition()
         self._ticks = 0
         self._stopping = threading.Event()
@@ -457,7 +469,10 @@ class DraPlugin:
             claim = self._get_claim(ref)
             devices, why = self.devices()
             facts = self._facts(devices or ())
-            prepared = decide(claim, ref, devices, facts, no_reading=why)
+            with self._slices_lock:
+                facts = replace(facts, pending=self._pending(devices or ()))
+                prepared = decide(claim, ref, devices, facts, no_reading=why)
+                self._book(prepared, devices or ())
         except Refused as exc:
             self.counts.prepare["refused"] += 1
             logger.warning("DRA: claim {}/{} ({}) refused: {}", ref.namespace, ref.name, ref.uid, exc)
@@ -472,6 +487,7 @@ class DraPlugin:
                 try:
                     entry = self._record(prepared)
                 except OSError as exc:
+                    self._unbook(ref.uid)
                     self.counts.prepare["failed"] += 1
                     logger.error("DRA: claim {} not prepared: {}", ref.uid, exc)
                     return [], f"cannot record claim {ref.uid}: {exc}"
@@ -481,6 +497,47 @@ class DraPlugin:
             else:
                 self.counts.prepare["repeated"] += 1
             return [dict(d) for d in entry.devices], ""
+
+    def _pending(self, devices: Sequence[DraDevice]) -> dict[str, tuple[PendingSlice, ...]]:
+        """GPU UUID -> the slices prepared there that still count against its free memory
+        (``prepare.slices_pending`` at each shared device's ``free_memory_mib``, on the agent's
+        clock); the book keeps only those. A GPU not in ``devices`` keeps its slices. Called
+        under ``_slices_lock``."""
+        now_s = float(self.feed.clock())
+        for d in devices:
+            gpu = d.gpu_uuid or d.uuid
+            if not d.shared or gpu is None or gpu not in self.slices:
+                continue
+            kept = slices_pending(self.slices[gpu], d.free_memory_mib, now_s,
+                                  self.settings.share_settle_s)  # fmt: skip
+            if kept:
+                self.slices[gpu] = kept
+            else:
+                del self.slices[gpu]
+        return dict(self.slices)
+
+    def _book(self, prepared: PreparedClaim, devices: Sequence[DraDevice]) -> None:
+        """Book the slices of ``prepared`` on their GPUs (at the free memory they were judged
+        by), in place of any of the same claim's. Called under ``_slices_lock``."""
+        known = {d.name: d for d in devices}
+        now_s = float(self.feed.clock())
+        for p in prepared.devices:
+            dev = known.get(p.device)
+            gpu = (dev.gpu_uuid or dev.uuid) if dev is not None else None
+            if p.mib is None or dev is None or gpu is None:
+                continue
+            kept = [s for s in self.slices.get(gpu, ()) if s.claim_uid != prepared.ref.uid]
+            self.slices[gpu] = (*kept, PendingSlice(prepared.ref.uid, p.mib, now_s, dev.free_memory_mib))
+
+    def _unbook(self, claim_uid: str) -> None:
+        """Take the claim's slices out of the book (unprepared, or never recorded)."""
+        with self._slices_lock:
+            for gpu in list(self.slices):
+                kept = tuple(s for s in self.slices[gpu] if s.claim_uid != claim_uid)
+                if kept:
+                    self.slices[gpu] = kept
+                else:
+                    del self.slices[gpu]
 
     def _record(self, prepared: PreparedClaim) -> Entry:
         """Write the claim's CDI file and its checkpoint entry; undo both on failure. Raises
@@ -518,9 +575,9 @@ class DraPlugin:
                 write_atomic(path, spec_bytes(entry.spec))
 
     def unprepare(self, ref: ClaimRef) -> str:
-        """Unprepare one claim: remove its CDI file and checkpoint entry; ``""`` on success (a
-        claim not prepared here too: its CDI file is removed if one was left), else the
-        error."""
+        """Unprepare one claim: remove its CDI file and checkpoint entry, and its slices from the
+        book of those pending; ``""`` on success (a claim not prepared here too: its CDI file is
+        removed if one was left), else the error."""
         with self._lock:
             entry = self.checkpoint.claims.get(ref.uid)
             try:
@@ -531,6 +588,7 @@ class DraPlugin:
                 self.counts.unprepare["failed"] += 1
                 return f"cannot remove the CDI spec of claim {ref.uid}: {exc}"
             if entry is None:
+                self._unbook(ref.uid)
                 self.counts.unprepare["unknown"] += 1
                 return ""
             del self.checkpoint.claims[ref.uid]
@@ -540,6 +598,7 @@ class DraPlugin:
                 self.checkpoint.claims[ref.uid] = entry
                 self.counts.unprepare["failed"] += 1
                 return f"cannot update the checkpoint: {exc}"
+            self._unbook(ref.uid)
             self.counts.unprepare["unprepared"] += 1
             logger.info("DRA: unprepared claim {}/{} ({})", ref.namespace, ref.name, ref.uid)
             return ""

@@ -26,7 +26,10 @@ What a prepared device gives its container (CDI ``containerEdits``):
   container becomes a client of the GPU's MPS daemon with exactly that pinned-memory limit
   (``core.mps.client_spec``: env and mounts), and the claim is refused while the daemon is not
   up (fail closed); the slice must then be its claim's only device (a process is the client of
-  one daemon). Without enforcement: the limit in the environment only.
+  one daemon). Without enforcement: the limit in the environment only. Either way the slice
+  must fit its GPU's live free memory less the slices prepared there that the reading does not
+  show yet (``PendingSlice``, ``slices_pending``), by the device plugin's ``Allocate`` rule
+  (``core.placement.fits_slice``); a claim's own slices never count against it.
 
 Opaque configuration (``status.allocation.devices.config`` entries whose ``opaque.driver`` is
 ours): ``{"apiVersion": "gpu.omaticaya.io/v1alpha1", "kind": "GpuConfig"}`` with an optional
@@ -39,13 +42,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from ..core.dra import DRIVER, DraDevice, parse_device_name
 from ..core.mps import ACTIVE_THREAD_ENV, LIMIT_ENV, MPS_LIMIT_ENV, Layout, Mount, client_spec
+from ..core.placement import fits_slice
+from ..core.schema import GpuInfo
+from ..core.shown import Grant, look
 
 __all__ = [
     "CDI_CLASS",
@@ -59,6 +65,7 @@ __all__ = [
     "DevNode",
     "Edits",
     "NodeFacts",
+    "PendingSlice",
     "PreparedClaim",
     "PreparedDevice",
     "Refused",
@@ -67,6 +74,8 @@ __all__ = [
     "cdi_file_name",
     "cdi_spec",
     "decide",
+    "live_room",
+    "slices_pending",
 ]
 
 #: the CDI spec version written: 0.5.0 allows device names that start with a digit (claim UIDs
@@ -124,6 +133,37 @@ class Edits:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingSlice:
+    """A slice this plugin prepared on a shared GPU, kept (by the plugin, in memory) while the
+    GPU's reading may not show it in use: its claim's UID, ``mib``, ``at_s`` (when it was
+    prepared, on the agent's clock: monotonic seconds) and ``baseline_free_mib`` (the GPU's
+    ``DraDevice.free_memory_mib`` then, less the memory of earlier slices shown since:
+    ``slices_pending``; ``None``: unknown, never shown by a drop)."""
+
+    claim_uid: str
+    mib: int
+    at_s: float
+    baseline_free_mib: int | None
+
+
+def slices_pending(slices: Sequence[PendingSlice], free_now_mib: int | None, now_s: float,
+                   settle_s: float) -> tuple[PendingSlice, ...]:  # fmt: skip
+    """The slices prepared on one GPU (oldest first) that still count against its live free
+    memory ``free_now_mib`` (MiB; ``None``: unknown, all count) at ``now_s``: those under
+    ``settle_s`` old (``OMATICAYA_SHARE_SETTLE_S``) that the device plugin's "counts until
+    shown" rule (``core.shown.look``, as ``deviceplugin.slices.still_pending`` applies it)
+    still counts, rebased by the memory of those shown. The caller keeps the result as the
+    GPU's slices."""
+    live = [s for s in slices if now_s - s.at_s < settle_s]
+    flags, shown = look([Grant(s.mib, s.baseline_free_mib) for s in live], free_now_mib)
+    return tuple(
+        s if not shown or s.baseline_free_mib is None
+        else replace(s, baseline_free_mib=s.baseline_free_mib - shown)
+        for s, still in zip(live, flags, strict=True) if still
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class NodeFacts:
     """What prepare needs besides the claim and the devices, read just before (I/O by the
     plugin):
@@ -136,6 +176,8 @@ class NodeFacts:
     - ``mps``: the MPS layout when slices are enforced by MPS (``None``: enforcement off);
       ``mps_up``: GPU UUID -> ``(up, reason)`` of its daemon (``sources.mps.MpsWatch``) for
       each shared GPU; ``thread_share``: ``OMATICAYA_MPS_THREAD_SHARE``.
+    - ``pending``: GPU UUID -> the slices this plugin prepared there that its reading does not
+      show yet (``slices_pending`` at the devices' free memory; oldest first).
     """
 
     pool: str
@@ -145,6 +187,7 @@ class NodeFacts:
     mps: Layout | None = None
     mps_up: Mapping[str, tuple[bool, str]] = field(default_factory=dict)
     thread_share: bool = False
+    pending: Mapping[str, tuple[PendingSlice, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,8 +333,9 @@ def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice]
     no usable reading, ``no_reading`` says why). Returns the ``PreparedClaim``; raises ``Refused`` with the reason: the
     claim is another one now (UID), not allocated, allocated on another node's pool, a device
     unknown or not in the reading, unhealthy (its reasons), a bad opaque config, a slice that
-    is not a whole number of units, an MPS daemon not up, a device twice in one claim, an MPS
-    slice beside other devices."""
+    is not a whole number of units, an MPS daemon not up, a slice its GPU's live free memory
+    less the other claims' pending slices cannot hold (``live_room``), a device twice in one
+    claim, an MPS slice beside other devices."""
     meta = _obj(claim.get("metadata") or {}, "metadata")
     if meta.get("uid") != ref.uid:
         raise Refused(f"ResourceClaim {ref.namespace}/{ref.name} has UID {meta.get('uid')!r:.64}, "
@@ -359,7 +403,28 @@ def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice]
                 threads, threads_where = value, where
         prepared.append(_device(result, dev, request, by_request[request], threads,
                                 threads_where, ref, facts))  # fmt: skip
+        if prepared[-1].mib is not None:
+            live_room(dev, prepared[-1].mib, ref, facts)
     return PreparedClaim(ref, tuple(prepared))
+
+
+def live_room(dev: DraDevice, mib: int, ref: ClaimRef, facts: NodeFacts) -> None:
+    """Refuse a slice of ``mib`` MiB of the shared GPU ``dev`` for claim ``ref`` that the GPU's
+    live free memory (``DraDevice.free_memory_mib``: the reading's, rounded down to the memory
+    step) less the slices pending there (``facts.pending``, but those of ``ref``'s own claim:
+    a claim prepared again already holds its memory) cannot hold: the rule the device plugin's
+    ``Allocate`` refuses a slice by (``core.placement.fits_slice``). Free memory unknown: not
+    refused (as ``Allocate``). Raises ``Refused`` naming the device, the GPU, its free MiB, the
+    pending MiB and the slice's MiB."""
+    free = dev.free_memory_mib
+    if free is None:
+        return
+    gpu_uuid = dev.gpu_uuid or dev.uuid
+    pending = sum(s.mib for s in facts.pending.get(gpu_uuid or "", ()) if s.claim_uid != ref.uid)
+    if not fits_slice(GpuInfo(dev.gpu_index, free - pending, True), mib, dev.unit_mib or 1):
+        raise Refused(f"device {dev.name}: GPU {dev.gpu_index} {gpu_uuid} has {free} MiB free by "
+                      f"its live reading, {pending} MiB of it prepared for slices not in use "
+                      f"yet: a slice of {mib} MiB does not fit")  # fmt: skip
 
 
 def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequence[str],
