@@ -1,10 +1,13 @@
-"""The device plugin under MPS enforcement (issue 39), over gRPC on the sharing rig: a slice
-container becomes its GPU's MPS client (environment and mounts), and a shared GPU whose daemon
-is not up serves no units (fail closed), back when it is.
+"""The device plugin under MPS enforcement (issues 39, 47), over gRPC on the sharing rig: a
+slice container becomes the client of its slice's own MPS daemon (environment and mounts), a
+shared GPU whose probe daemon is not up serves no units (fail closed), back when it is, and a
+slice whose daemon does not come up is refused.
 
-The daemons' states are written as the supervisor writes them (``core.mps.state_json``); the
-supervisor itself, against the stand-in ``nvidia-cuda-mps-control``, is
-tests/test_mps_supervisor.py, and the two together tests/test_mps_seam.py.
+The probes' states are written here as the supervisor writes them (``core.mps.state_json``),
+and the slices' daemons are answered by ``_SliceAnswerer`` the way the supervisor answers
+(their states ``up`` with the slice's limit): a stand-in beside the real thing. The supervisor
+itself, against the stand-in ``nvidia-cuda-mps-control``, is tests/test_mps_supervisor.py and
+tests/test_mps_slices.py, and the two together tests/test_mps_seam.py.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +28,12 @@ from omaticaya_py.core.mps import (
     UP,
     DaemonState,
     Layout,
-    client_spec,
-    default_limit_mib,
     enforced,
     limit_value,
+    parse_request,
     parse_state,
+    probe_limit_mib,
+    slice_id,
     state_json,
     thread_pct,
 )
@@ -48,29 +53,11 @@ def test_thread_pct_is_the_slice_share_rounded_up(units: int, total: int, pct: i
     assert thread_pct(units, total) == pct
 
 
-def test_the_daemon_default_holds_the_largest_slice() -> None:
-    # a client's own limit can only lower the daemon's default: it must be the whole GPU
-    assert default_limit_mib(79, 1024) == 80896
-    assert default_limit_mib(0, 1024) == 1024
+def test_limits_are_written_as_mps_reads_them() -> None:
+    assert probe_limit_mib(1024) == 1024 and probe_limit_mib(0) == 1
     assert limit_value(8192) == "8192M"
     with pytest.raises(ValueError):
         limit_value(0)
-
-
-def test_client_spec_is_exactly_the_slice() -> None:
-    layout = Layout(Path("/run/omaticaya/mps"), Path("/state"))
-    spec = client_spec(layout, UUID[0], 8, 1024)
-    pipe = f"/run/omaticaya/mps/{UUID[0]}/pipe"
-    assert dict(spec.envs) == {
-        "CUDA_MPS_PIPE_DIRECTORY": pipe,
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M",
-        "OMATICAYA_GPU_MEMORY_LIMIT_MIB": "8192",
-    }
-    assert [(m.container_path, m.host_path, m.read_only) for m in spec.mounts] == [
-        (pipe, pipe, False), ("/dev/shm", "/run/omaticaya/mps/shm", False),
-    ]  # fmt: skip
-    shared = client_spec(layout, UUID[0], 20, 1024, total_units=79)
-    assert shared.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "26"
 
 
 @pytest.mark.parametrize(
@@ -151,6 +138,45 @@ def short() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+class _SliceAnswerer:
+    """Answers the slice requests under ``layout`` as the supervisor does once a slice's daemon
+    is up (its state ``up``, its limit the slice's MiB), every 10 ms in a thread; ``requests``
+    keeps every request seen."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.requests: dict[str, object] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _SliceAnswerer:
+        self.layout.requests_dir.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            for path in self.layout.requests_dir.glob("*.json"):
+                if path.name.endswith(".state.json"):
+                    continue
+                sid = path.name[:-5]
+                try:
+                    req = parse_request(path.read_bytes(), sid)
+                except (OSError, ValueError):
+                    continue
+                self.requests[sid] = req
+                now = time.time()
+                doc = DaemonState(req.gpu_uuid, req.gpu_index, UP, "", 4343, req.mib, 1, now, now,
+                                  sid=sid)  # fmt: skip
+                tmp = self.layout.slice_state(sid).with_suffix(".tmp")
+                tmp.write_text(state_json(doc))
+                os.replace(tmp, self.layout.slice_state(sid))
+
+
 @pytest.fixture
 def mps_rig(folder: Path, short: Path) -> Iterator[tuple[Rig, Layout]]:  # noqa: F811
     layout = Layout(short / "root", short / "state")
@@ -163,7 +189,8 @@ def mps_rig(folder: Path, short: Path) -> Iterator[tuple[Rig, Layout]]:  # noqa:
     rig.kubelet.start()
     rig.set.start()
     assert rig.set.wait_registered(10), "the plugins did not register"
-    yield rig, layout
+    with _SliceAnswerer(layout):
+        yield rig, layout
     for channel in rig.channels:
         channel.close()
     rig.set.stop(0)
@@ -209,7 +236,10 @@ def test_a_slice_container_is_a_client_of_its_gpus_daemon(mps_rig: tuple[Rig, La
     assert health_by_gpu(rig)[1] == {("Unhealthy", ("mps-state-missing",))}
     for units in (8, 16):
         answer = allocate(rig, units_of(0, units))
-        pipe = str(layout.pipe(UUID[0]))
+        sid = slice_id(",".join(sorted(units_of(0, units))))
+        pipe = str(layout.slice_pipe(sid))
+        # the slice's daemon was asked for with exactly the slice as its limit
+        assert parse_request(layout.request(sid).read_bytes(), sid).mib == units * 1024
         assert answer.envs["CUDA_MPS_PIPE_DIRECTORY"] == pipe
         assert answer.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={units * 1024}M"
         assert answer.envs["OMATICAYA_GPU_MEMORY_LIMIT_MIB"] == str(units * 1024)
@@ -217,7 +247,36 @@ def test_a_slice_container_is_a_client_of_its_gpus_daemon(mps_rig: tuple[Rig, La
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in answer.envs  # off by default
         mounts = {m.container_path: (m.host_path, m.read_only) for m in answer.mounts}
         assert mounts[pipe] == (pipe, False)
-        assert mounts["/dev/shm"] == (str(layout.shm), False)
+        assert mounts["/dev/shm"] == (str(layout.slice_shm(sid)), False)
+
+
+def test_a_slice_whose_daemon_does_not_come_up_is_refused(folder: Path, short: Path) -> None:  # noqa: F811
+    """Fail closed: no supervisor answers the slice's request (its daemon never comes up), so
+    ``Allocate`` refuses the slice, and nothing is left asking."""
+    layout = Layout(short / "root", short / "state")
+    rig = Rig(folder, share_enforcement="mps", mps_root=str(layout.root),
+              mps_state_dir=str(layout.state_dir), mps_stale_s=5.0)  # fmt: skip
+    plugin = rig.set.shared_plugin
+    assert plugin is not None and plugin.mps is not None and plugin.slicer is not None
+    assert plugin.slicer.daemons is not None
+    plugin.slicer.daemons.timeout_s = 0.5
+    plugin.mps.min_interval_s = 0.0
+    rig.at(0.0)
+    rig.kubelet.start()
+    rig.set.start()
+    try:
+        assert rig.set.wait_registered(10), "the plugins did not register"
+        write_state(layout, 0)
+        with pytest.raises(grpc.RpcError) as err:
+            allocate(rig, units_of(0, 4))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "MPS daemon of this 4096 MiB slice did not come up" in err.value.details()
+        assert list(layout.requests_dir.glob("*.json")) == []
+    finally:
+        for channel in rig.channels:
+            channel.close()
+        rig.set.stop(0)
+        rig.kubelet.stop()
 
 
 def test_the_units_follow_the_daemon(mps_rig: tuple[Rig, Layout]) -> None:
@@ -265,8 +324,9 @@ def test_thread_share_gives_a_compute_share(folder: Path, short: Path) -> None: 
     assert plugin is not None and plugin.slicer is not None
     rig.at(0.0)
     plugin.devices()  # learns the unit counts
-    assert plugin.slicer.answer(UUID[0], 20).envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "26"
-    assert plugin.slicer.answer(UUID[0], 79).envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    sid = slice_id("x")
+    assert plugin.slicer.answer(UUID[0], 20, sid).envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "26"
+    assert plugin.slicer.answer(UUID[0], 79, sid).envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
 
 
 def test_the_watch_reads_at_most_once_an_interval(short: Path) -> None:

@@ -444,15 +444,26 @@ def test_unwritable_cdi_folder_fails_and_records_nothing(feed: Feed, dirs: dict[
 @pytest.mark.cluster
 def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: Any, make_claim: Any) -> None:
     """A 20 GiB slice of a shared GPU (consumable capacity, written by the API server as the
-    scheduler would) becomes an MPS client with exactly that limit while its daemon is up, and
-    is refused while it is not."""
-    from omaticaya_py.core.mps import DaemonState, state_json
+    scheduler would) is refused while the GPU's MPS probe is not up; with the real supervisor
+    running (the stand-in ``nvidia-cuda-mps-control``) it becomes the client of a daemon of its
+    own whose default limit is the slice (issue 47), and its unprepare lets that daemon go."""
+    import shutil
+    import tempfile
 
-    state_dir = dirs["dev"].parent / "mps-state"
-    state_dir.mkdir()
+    from omaticaya_py.core.mps import Layout
+    from omaticaya_py.dra.prepare import claim_slice_id
+    from omaticaya_py.mps.supervisor import Gpu, Supervisor
+    from tests.test_mps_supervisor import STANDIN
+    from tests.waiting import wait_for
+
+    short = Path(tempfile.mkdtemp(prefix="om-dra-", dir="/tmp"))  # a socket path's 107 bytes
+    layout = Layout(short / "mps", short / "state")
     p = make(feed, dirs, session, shared_gpus="0", share_enforcement="mps",
-             mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir)
+             mps_root=layout.root, mps_state_dir=layout.state_dir)
     p.start()
+    sup = Supervisor(layout, [Gpu(0, G0, 79)], 1024, str(STANDIN), check_s=0.2,
+                     start_timeout_s=10, shm_mib=0)  # fmt: skip
+    stop = threading.Event()
     sock = dirs["plugin"] / "dra.sock"
     share = str(uuidlib.uuid4())
     slice_result = {**result("gpu-0"), "shareID": share, "consumedCapacity": {"memory": "20Gi"}}
@@ -460,21 +471,30 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
         name, uid = make_claim([slice_result])
         down = prepare(sock, ("default", name, uid))
         assert "gpu-0: its MPS daemon is not up (mps-state-missing)" in down.claims[uid].error
-        now = time.time()
-        (state_dir / f"{G0}.json").write_text(state_json(DaemonState(
-            uuid=G0, index=0, state="up", pid=42, limit_mib=79 * 1024, heartbeat_s=now, since_s=now)))
+        sup.start()
+        threading.Thread(target=sup.run_forever, args=(stop,), daemon=True).start()
         p.mps.min_interval_s = 0  # type: ignore[union-attr]
         answer = prepare(sock, ("default", name, uid))
         assert answer.claims[uid].error == ""
         (device,) = answer.claims[uid].devices
         assert device.share_id == share
+        sid = claim_slice_id(uid, "gpu-0")
         spec = json.loads((dirs["cdi"] / cdi_file_name(uid)).read_text())
         check_cdi(spec)
         assert spec["devices"][0]["containerEdits"]["env"] == [
-            f"NVIDIA_VISIBLE_DEVICES={G0}", f"CUDA_MPS_PIPE_DIRECTORY=/run/omaticaya/mps/{G0}/pipe",
+            f"NVIDIA_VISIBLE_DEVICES={G0}", f"CUDA_MPS_PIPE_DIRECTORY={layout.slice_pipe(sid)}",
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M", "OMATICAYA_GPU_MEMORY_LIMIT_MIB=20480"]
+        state = sup.slice_states()[sid]
+        assert (state.state, state.limit_mib, state.uuid) == ("up", 20480, G0)
+        assert (layout.slice_pipe(sid) / "control").is_socket()
+        assert unprepare(sock, ("default", name, uid)).claims[uid].error == ""
+        wait_for("the slice's daemon let go", lambda: sid not in sup.slice_states()
+                 and not layout.slice_dir(sid).exists(), 10)  # fmt: skip
     finally:
         p.stop(0)
+        stop.set()
+        sup.stop()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.mark.cluster

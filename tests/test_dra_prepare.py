@@ -16,7 +16,7 @@ import pytest
 
 from omaticaya_py.core.dra import DraDevice, inventory
 from omaticaya_py.core.health import assess
-from omaticaya_py.core.mps import Layout
+from omaticaya_py.core.mps import Layout, SliceRequest, slice_id
 from omaticaya_py.core.sharing import Sharing, parse_shared_gpus
 from omaticaya_py.dra import healthreport
 from omaticaya_py.dra.prepare import (
@@ -30,6 +30,7 @@ from omaticaya_py.dra.prepare import (
     capacity_mib,
     cdi_file_name,
     cdi_spec,
+    claim_slice_id,
     decide,
     slices_pending,
 )
@@ -146,9 +147,15 @@ def test_devices_of_different_requests_keep_their_own_lists() -> None:
     assert [d.request_names for d in prepared.devices] == [("a",), ("b",)]
 
 
-def test_shared_slice_under_mps_is_a_client_with_exactly_its_limit() -> None:
+def test_shared_slice_under_mps_is_a_client_of_its_own_daemon() -> None:
+    """Issue 47: the slice's container is the client of a daemon of the slice's own (named by
+    the claim and the device), whose default limit is the slice: the request for it goes with
+    the prepared device."""
     (d,) = decide(claim(SLICE), REF, DEVICES, facts(**MPS_UP)).devices
-    pipe = f"/run/omaticaya/mps/{G2}/pipe"
+    sid = claim_slice_id(UID, "gpu-2")
+    assert sid == slice_id(f"claim:{UID}:gpu-2") != claim_slice_id("another-claim", "gpu-2")
+    pipe = f"/run/omaticaya/mps/slices/{sid}/pipe"
+    assert d.daemon == SliceRequest(sid, G2, 2, 20480, "dra", f"claim:{UID}:gpu-2", None)
     assert d.mib == 20480 and d.share_id == "8c6e5a4e-share"
     assert d.edits.env == (
         f"NVIDIA_VISIBLE_DEVICES={G2}",
@@ -157,8 +164,22 @@ def test_shared_slice_under_mps_is_a_client_with_exactly_its_limit() -> None:
         "OMATICAYA_GPU_MEMORY_LIMIT_MIB=20480",
     )
     assert [(m.host_path, m.container_path, m.read_only) for m in d.edits.mounts] == [
-        (pipe, pipe, False), ("/run/omaticaya/mps/shm", "/dev/shm", False)]
+        (pipe, pipe, False), (f"/run/omaticaya/mps/slices/{sid}/shm", "/dev/shm", False)]
     assert list(d.edits.nodes) == [NODES["nvidia2"], *CONTROL]
+
+
+@pytest.mark.parametrize(
+    ("major", "driver_env"),
+    [(None, ()), (580, ()),
+     (615, ("NVIDIA_GPU_MEMORY_REQUEST=20480", "NVIDIA_GPU_MEMORY_LIMIT=20480"))],
+)  # fmt: skip
+def test_from_r615_a_slice_gets_the_drivers_per_container_limit(major, driver_env) -> None:
+    """Issue 47, item 1: on driver r615 and newer the CDI spec also asks the driver's
+    per-container limit (the sum of the container's processes), with or without MPS."""
+    for extra in ({}, MPS_UP):
+        (d,) = decide(claim(SLICE), REF, DEVICES, facts(driver_major=major, **extra)).devices
+        got = tuple(e for e in d.edits.env if e.startswith("NVIDIA_GPU_MEMORY_"))
+        assert got == driver_env
 
 
 def test_thread_share_and_the_opaque_thread_percentage() -> None:
@@ -447,7 +468,8 @@ def test_cdi_spec_is_valid_cdi() -> None:
     assert dev["containerEdits"]["deviceNodes"][0] == {
         "path": "/dev/nvidia2", "hostPath": "/host/dev/nvidia2", "type": "c", "major": 195, "minor": 2}
     assert dev["containerEdits"]["mounts"][1] == {
-        "hostPath": "/run/omaticaya/mps/shm", "containerPath": "/dev/shm",
+        "hostPath": f"/run/omaticaya/mps/slices/{claim_slice_id(UID, 'gpu-2')}/shm",
+        "containerPath": "/dev/shm",
         "options": ["rw", "nosuid", "nodev", "bind"]}
     assert cdi_file_name(UID) == f"gpu.omaticaya.io-claim_{UID}.json"
 

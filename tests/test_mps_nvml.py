@@ -1,42 +1,46 @@
-"""Slices enforced by CUDA MPS, proven on a real GPU (issue 39): the product's supervisor runs the
-real ``nvidia-cuda-mps-control`` for GPU 0, the device plugin over the real NVML reading hands out
-an 8 GiB and a 16 GiB slice over gRPC, and two real CUDA processes started with exactly those
-answers are each held to their slice, at the same time, while a process without an answer is
-not; the daemon killed, the plugin stops serving the GPU's units until the supervisor has it
-back, and a new client is limited again.
+"""Slices enforced by CUDA MPS, proven on a real GPU (issues 39, 47): the product's supervisor
+runs the real ``nvidia-cuda-mps-control`` for GPU 0 (its probe daemon, and one daemon per slice
+whose default pinned-memory limit is the slice), the device plugin over the real NVML reading
+hands out an 8 GiB and a 16 GiB slice over gRPC, and real CUDA processes started with exactly
+those answers are held to their slice, even one that sets its own
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` to the whole GPU, while a process without an answer is not.
 
-Run it on a machine with an NVIDIA GPU (as root; ``nvidia-cuda-mps-control``, ``unshare`` and
-``mount`` on PATH)::
+Run it on a machine with an NVIDIA GPU (as root; ``nvidia-cuda-mps-control``, ``unshare``,
+``nsenter`` and ``mount`` on PATH)::
 
     scripts/test -m nvml tests/test_mps_nvml.py -s
 
 (``-s`` shows the figures it prints for docs: daemon start and restart times, each client's
-allocation results, the MPS server's memory and a fresh context's from NVML). Everywhere else it
+allocation results, the MPS servers' memory and a fresh context's from NVML). Everywhere else it
 is skipped, saying why (no NVML/GPU as in tests/test_nvml.py, not root, a tool missing).
 
 What it does, step by step (``test_slices_are_enforced_by_mps_on_gpu_0``):
 
-1. ``mps.Supervisor`` starts GPU 0's control daemon as on a node: UUID and memory from the
-   project's NVML reader, units = total // 1024, the whole GPU as the daemon's default limit,
-   root and state folder in a temporary folder. Shared memory: nothing is bound over the host's
-   ``/dev/shm``: the supervisor runs with ``shm_mib=0`` and the test binds the host's
-   ``/dev/shm`` at ``<root>/shm``, so the daemon's server (the host's ``/dev/shm``) and the
-   clients (``<root>/shm`` at their ``/dev/shm``) share one tmpfs, as in a pod.
+1. ``mps.Supervisor`` starts GPU 0's probe daemon as on a node (UUID and memory from the
+   project's NVML reader, units = total // 1024, one unit as the probe's limit, root and state
+   folder in a temporary folder, a 64 MiB tmpfs per slice) and its loop.
 2. The device plugin (``DevicePluginSet`` over an ``Agent`` with the NVML reader;
    ``OMATICAYA_SHARED_GPUS=0``, ``OMATICAYA_SHARE_ENFORCEMENT=mps``) registers with a fake
-   kubelet and is asked over gRPC to ``Allocate`` 8 units and 16 units of GPU 0.
+   kubelet and is asked over gRPC to ``Allocate`` 8 units and 16 units of GPU 0: each slice's
+   daemon is up with the slice as its default limit before the answer comes.
 3. Each answer is applied as a container runtime would: its environment (plus
-   ``CUDA_VISIBLE_DEVICES`` from its ``NVIDIA_VISIBLE_DEVICES``) and its mounts, in a mount
-   namespace of the client's own (``unshare --mount``). Both clients hold memory at once (6 GiB
-   and 12 GiB), then try: the 8 GiB client is refused 12 GiB, the 16 GiB one 20 GiB
+   ``CUDA_VISIBLE_DEVICES`` from its ``NVIDIA_VISIBLE_DEVICES``) and its mounts (its daemon's
+   pipe folder, its tmpfs at ``/dev/shm``), in a mount namespace of the client's own
+   (``unshare --mount``). The 8 GiB client is hostile: it sets
+   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` to the whole GPU. Both hold memory at once (6 GiB and 12
+   GiB), then try: the 8 GiB client is refused 12 GiB, the 16 GiB one 20 GiB
    (CUDA_ERROR_OUT_OF_MEMORY, with 40+ GiB free on the GPU); NVML's process lists are recorded.
-4. The same client without an answer (no MPS variables) allocates 20 GiB: the GPU has the room,
+4. Two processes with the 8 GiB answer (one container's torchrun workers) each hold 6 GiB: the
+   limit is per process below driver r615, so both get it (12 GiB in an 8 GiB slice: what the
+   agent's check reports, tests/test_sharing_mps_enforcement.py); the figures are recorded.
+5. The same client without an answer (no MPS variables) allocates 20 GiB: the GPU has the room,
    only the slice's limit refused it.
-5. The daemon is SIGKILLed (its pid from the state file): the supervisor says it is down, the
-   plugin's GPU 0 units are Unhealthy (``mps-daemon-down``) and ``Allocate`` is refused; the
-   supervisor's loop restarts it, the units are Healthy again, and a new 8 GiB client is
-   refused 12 GiB again.
-6. Everything is undone (the supervisor stopped, the bind unmounted) and checked gone.
+6. A running container (a mount namespace that lives on, with the 8 GiB answer's mounts): the
+   slice's daemon is SIGKILLed and restarted by the supervisor in the same pipe folder; a new
+   process in that container (``nsenter``) reaches the new daemon and is held to the slice.
+7. The probe daemon is SIGKILLed: the plugin's GPU 0 units are Unhealthy (``mps-daemon-down``)
+   and ``Allocate`` is refused; the supervisor restarts it and the units are Healthy again.
+8. Everything is undone (the supervisor stopped) and checked gone.
 """
 
 from __future__ import annotations
@@ -89,8 +93,9 @@ pytestmark = [
         reason="no nvidia-cuda-mps-control on PATH (the driver's MPS control program)",
     ),
     pytest.mark.skipif(
-        shutil.which("unshare") is None or shutil.which("mount") is None,
-        reason="no unshare/mount on PATH (util-linux): a client's mounts cannot be applied",
+        any(shutil.which(t) is None for t in ("unshare", "nsenter", "mount")),
+        reason="no unshare/nsenter/mount on PATH (util-linux): a client's mounts cannot be "
+        "applied",
     ),
 ]
 
@@ -213,12 +218,6 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _mounted(path: Path) -> bool:
-    target = str(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == target for line in f)
-
-
 def _base_env() -> dict[str, str]:
     """What every client starts from: no CUDA or OMATICAYA variable of the test run."""
     keep = ("PATH", "HOME", "LD_LIBRARY_PATH", "LANG")
@@ -267,13 +266,25 @@ class Client:
             self.proc.communicate()
 
 
+def _binds(answer: Any) -> list[str]:
+    """Shell commands binding each of ``answer``'s mounts, as a container runtime does."""
+    return [
+        f"mount --bind {shlex.quote(m.host_path)} {shlex.quote(m.container_path)}"
+        + (f" && mount -o remount,bind,ro {shlex.quote(m.container_path)}" if m.read_only else "")
+        for m in answer.mounts
+    ]  # fmt: skip
+
+
 def start_client(what: str, answer: Any | None, uuid: str, args: list[str], *,
-                 ready: Path | None = None) -> Client:  # fmt: skip
+                 ready: Path | None = None, env_over: dict[str, str] | None = None,
+                 inside: int | None = None) -> Client:  # fmt: skip
     """``tests/mps_client.py ARGS`` started with exactly what ``answer`` (an Allocate
     ``ContainerAllocateResponse``) gives: its envs, ``CUDA_VISIBLE_DEVICES`` from its
     ``NVIDIA_VISIBLE_DEVICES`` (the container runtime's job, absent here), and each of its mounts
     bound in a mount namespace of the client's own. ``answer`` ``None``: a process on an
-    unshared GPU (``CUDA_VISIBLE_DEVICES`` ``uuid``, no MPS variable, no mount)."""
+    unshared GPU (``CUDA_VISIBLE_DEVICES`` ``uuid``, no MPS variable, no mount). ``env_over``:
+    what the tenant sets itself, over the answer's. ``inside``: the pid of a running
+    "container" (``Container``) whose mount namespace the process joins instead (``nsenter``)."""
     env = _base_env()
     client = [sys.executable, str(CLIENT), *args]
     if ready is not None:
@@ -287,19 +298,46 @@ def start_client(what: str, answer: Any | None, uuid: str, args: list[str], *,
     else:
         env.update(dict(answer.envs))
         env["CUDA_VISIBLE_DEVICES"] = answer.envs["NVIDIA_VISIBLE_DEVICES"]
-        binds = [
-            f"mount --bind {shlex.quote(m.host_path)} {shlex.quote(m.container_path)}"
-            + (f" && mount -o remount,bind,ro {shlex.quote(m.container_path)}" if m.read_only else "")
-            for m in answer.mounts
-        ]  # fmt: skip
-        script = " && ".join([*binds, "exec " + shlex.join(client)])
-        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+        env.update(env_over or {})
+        if inside is not None:
+            command = ["nsenter", "--target", str(inside), "--mount", "--", *client]
+        else:
+            script = " && ".join([*_binds(answer), "exec " + shlex.join(client)])
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     return Client(what, proc, ready)
 
 
-# -- the node: supervisor, shared memory, device plugin ------------------------------------------
+@dataclass
+class Container:
+    """A running "container": a mount namespace with an answer's mounts that lives on (a
+    sleeping process, ``pid``) while processes are started in it (``start_client(inside=)``)."""
+
+    proc: subprocess.Popen[str]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def start_container(answer: Any) -> Container:
+    """A ``Container`` with ``answer``'s mounts, once they are bound."""
+    script = " && ".join([*_binds(answer), "echo mounted", "exec sleep 600"])
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line == "mounted", f"the container's mounts failed: {proc.stderr.read() if proc.stderr else ''}"
+    return Container(proc)
+
+
+# -- the node: supervisor, device plugin ----------------------------------------------------------
 
 
 @dataclass
@@ -362,11 +400,13 @@ class Node:
             self.stopped["supervisor"] = True
             self.supervisor.stop()
 
-    def daemon_log(self) -> str:
-        """The last lines of the daemon's logs (for failure messages)."""
+    def daemon_log(self, sid: str = "") -> str:
+        """The last lines of a daemon's logs (the probe's, or slice ``sid``'s; for failure
+        messages)."""
         tail = []
+        folder = self.layout.slice_dir(sid) / "log" if sid else self.layout.log(self.uuid)
         for name in ("supervisor-daemon.log", "control.log", "server.log"):
-            path = self.layout.log(self.uuid) / name
+            path = folder / name
             with contextlib.suppress(OSError):
                 tail.append(
                     f"{name}: " + " | ".join(path.read_text(errors="replace").splitlines()[-5:])
@@ -397,8 +437,10 @@ def node() -> Iterator[Node]:
     layout = Layout(scratch / "mps", scratch / "state")
     plugin_dir = scratch / "dp"
     plugin_dir.mkdir()
+    # a 64 MiB tmpfs per slice: its daemon's /dev/shm (a mount namespace of its own) and its
+    # clients' (the answer's mount)
     supervisor = Supervisor(layout, [(0, uuid, units)], UNIT_MIB, control="nvidia-cuda-mps-control",
-                            check_s=0.5, start_timeout_s=30.0, shm_mib=0)  # fmt: skip
+                            check_s=0.5, start_timeout_s=30.0, shm_mib=64)  # fmt: skip
     cleanup: list[tuple[str, Any]] = []
     stopped: dict[str, bool] = {}
     channel = None
@@ -406,12 +448,7 @@ def node() -> Iterator[Node]:
         t0 = time.monotonic()
         supervisor.start()
         cleanup.append(("supervisor.stop", lambda: stopped.get("supervisor") or supervisor.stop()))
-        figures.add("daemon start (supervisor.start, s)", round(time.monotonic() - t0, 3))
-        # one tmpfs for the daemon's server (the host's /dev/shm) and the clients (<root>/shm)
-        done = subprocess.run(["mount", "--bind", "/dev/shm", str(layout.shm)],
-                              capture_output=True, text=True, check=False)  # fmt: skip
-        assert done.returncode == 0, f"mount --bind /dev/shm {layout.shm}: {done.stderr.strip()}"
-        cleanup.append(("umount", lambda: _umount(layout.shm)))
+        figures.add("probe daemon start (supervisor.start, s)", round(time.monotonic() - t0, 3))
 
         s = settings(
             device_plugin_dir=str(plugin_dir), device_plugin_resource="example.com/gpu",
@@ -451,16 +488,6 @@ def node() -> Iterator[Node]:
         assert not problems, f"clean-up failed: {problems}"
 
 
-def _umount(path: Path) -> None:
-    """Unmount ``path`` if it is mounted (lazily when it is busy, and then say so)."""
-    if not _mounted(path):
-        return
-    done = subprocess.run(["umount", str(path)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-        raise AssertionError(f"umount {path}: {done.stderr.strip()} (lazily unmounted)")
-
-
 def _refused(result: Any) -> bool:
     return isinstance(result, dict) and result.get("code") == OUT_OF_MEMORY
 
@@ -468,55 +495,72 @@ def _refused(result: Any) -> bool:
 # -- the test --------------------------------------------------------------------------------------
 
 
+def _slice_state(node: Node, sid: str) -> Any:
+    from omaticaya_py.sources.mps import read_slice_state
+
+    return read_slice_state(node.layout, sid)[0]
+
+
 def test_slices_are_enforced_by_mps_on_gpu_0(node: Node) -> None:
-    from omaticaya_py.core.mps import MPS_LIMIT_ENV, PIPE_ENV
+    from omaticaya_py.core.mps import MPS_LIMIT_ENV, PIPE_ENV, slice_id
+    from omaticaya_py.core.sharing import unit_ids
     from omaticaya_py.deviceplugin.v1beta1 import api_pb2
+    from tests.waiting import wait_for
 
     fig, layout, uuid = node.figures, node.layout, node.uuid
 
-    # 1. the daemon is up, with the whole GPU as its default limit
+    # 1. the probe is up, with one unit as its default limit (no client is ever given it)
     state = node.supervisor.states()[uuid]
-    assert state.state == "up", (f"expected GPU 0's daemon up after start; it is {state.state} "
-                                 f"({state.reason}); {node.daemon_log()}")  # fmt: skip
-    assert state.limit_mib == node.units * UNIT_MIB
-    daemon_pid = state.pid
-    fig.add("daemon", {"pid": daemon_pid, "default_limit_mib": state.limit_mib,
-                       "pipe": str(layout.pipe(uuid))})  # fmt: skip
+    assert state.state == "up", (f"expected GPU 0's probe daemon up after start; it is "
+                                 f"{state.state} ({state.reason}); {node.daemon_log()}")  # fmt: skip
+    assert state.limit_mib == UNIT_MIB
+    probe_pid = state.pid
+    fig.add("probe daemon", {"pid": probe_pid, "default_limit_mib": state.limit_mib})
     node.start_loop()
 
-    # 2. the device plugin serves GPU 0's units, Healthy, and answers two slices
-    from tests.waiting import wait_for
-
+    # 2. the device plugin serves GPU 0's units, Healthy, and answers two slices, each with a
+    # daemon of its own whose default limit is the slice
     wait_for("GPU 0's units Healthy", lambda: node.look() == {("Healthy", ()): node.units}, 20)
     stream = node.stub.ListAndWatch(api_pb2.Empty(), timeout=10)
     listed = next(stream)
     stream.cancel()
     assert len(listed.devices) == node.units and {d.health for d in listed.devices} == {"Healthy"}
-    small, big = node.allocate(0, 8), node.allocate(8, 16)
-    pipe = str(layout.pipe(uuid))
+    ids = unit_ids(uuid, node.units)
+    t0 = time.monotonic()
+    small = node.allocate(0, 8)
+    fig.add("Allocate of an 8 GiB slice, its daemon started (s)", round(time.monotonic() - t0, 3))
+    big = node.allocate(8, 16)
+    sids = {8: slice_id(",".join(sorted(ids[0:8]))), 16: slice_id(",".join(sorted(ids[8:24])))}
     for answer, gib in ((small, 8), (big, 16)):
+        sid = sids[gib]
         envs = dict(answer.envs)
         mounts = {m.container_path: m.host_path for m in answer.mounts}
+        pipe = str(layout.slice_pipe(sid))
         assert envs[PIPE_ENV] == pipe and envs[MPS_LIMIT_ENV] == f"0={gib * GIB}M", envs
         assert envs["NVIDIA_VISIBLE_DEVICES"] == uuid, envs
-        assert mounts == {pipe: pipe, "/dev/shm": str(layout.shm)}, mounts
-        fig.add(f"Allocate {gib} GiB answer", {"envs": envs, "mounts": mounts})
+        assert mounts == {pipe: pipe, "/dev/shm": str(layout.slice_shm(sid))}, mounts
+        st = _slice_state(node, sid)
+        assert st is not None and (st.state, st.limit_mib) == ("up", gib * GIB), st
+        fig.add(f"Allocate {gib} GiB answer", {"envs": envs, "mounts": mounts, "daemon": st.pid})
 
-    # 3. both clients at once: each holds, then tries more than its slice while the other holds
+    # 3. both clients at once, the 8 GiB one hostile (its own limit: the whole GPU): each holds,
+    # then tries more than its slice while the other holds
+    whole = {MPS_LIMIT_ENV: f"0={node.total_mib}M"}
     go = node.scratch / "go"
-    a = start_client("the 8 GiB slice's client", small, uuid,
+    a = start_client("the 8 GiB slice's client asking the whole GPU", small, uuid,
                      ["--hold", str(6 * GIB), "--go", str(go), "--hold-s", "3", str(12 * GIB), str(GIB)],
-                     ready=node.scratch / "ready-a")  # fmt: skip
+                     ready=node.scratch / "ready-a", env_over=whole)  # fmt: skip
     b = start_client("the 16 GiB slice's client", big, uuid,
                      ["--hold", str(12 * GIB), "--go", str(go), "--hold-s", "3", str(20 * GIB), str(2 * GIB)],
                      ready=node.scratch / "ready-b")  # fmt: skip
     try:
         held_a, held_b = a.wait_ready(), b.wait_ready()
-        for held, c, gib in ((held_a, a, 6), (held_b, b, 12)):
+        for held, c, gib, sid in ((held_a, a, 6, sids[8]), (held_b, b, 12, sids[16])):
             assert held["hold"]["result"] == "ok", (
                 f"{c.what}: expected {gib} GiB allocated within its slice; got {held['hold']}; "
-                f"{node.daemon_log()}"
+                f"{node.daemon_log(sid)}"
             )
+        assert held_a["env"][MPS_LIMIT_ENV] == whole[MPS_LIMIT_ENV]  # it did ask for all
         fig.add("NVML while both clients hold (6 + 12 GiB)", _nvml_processes(uuid))
         go.touch()
         got_a, got_b = a.result(), b.result()
@@ -535,10 +579,35 @@ def test_slices_are_enforced_by_mps_on_gpu_0(node: Node) -> None:
         assert got["tries"][str(ok * GIB)] == "ok", (
             f"{c.what}: expected {ok} GiB more to fit its slice; got {got['tries'][str(ok * GIB)]}"
         )
-    server_pids = _children(daemon_pid)
-    fig.add("MPS servers of the daemon", {str(p): _cmdline(p) for p in server_pids})
+    small_daemon = _slice_state(node, sids[8]).pid
+    fig.add("MPS servers of the slices' daemons",
+            {str(g): {str(p): _cmdline(p) for p in _children(_slice_state(node, sids[g]).pid)}
+             for g in (8, 16)})  # fmt: skip
 
-    # 4. no answer, no limit: the same GPU gives a plain process 20 GiB
+    # 4. two processes with one answer (one container's workers): the limit is per process
+    go2 = node.scratch / "go2"
+    w1 = start_client("worker 1 of the 8 GiB slice", small, uuid,
+                      ["--hold", str(6 * GIB), "--go", str(go2), "--hold-s", "1"],
+                      ready=node.scratch / "ready-w1")  # fmt: skip
+    w2 = start_client("worker 2 of the 8 GiB slice", small, uuid,
+                      ["--hold", str(6 * GIB), "--go", str(go2), "--hold-s", "1"],
+                      ready=node.scratch / "ready-w2")  # fmt: skip
+    try:
+        h1, h2 = w1.wait_ready(), w2.wait_ready()
+        fig.add("two workers of one 8 GiB slice, 6 GiB each", {
+            "worker 1": h1["hold"], "worker 2": h2["hold"], "nvml": _nvml_processes(uuid)})  # fmt: skip
+        go2.touch()
+        w1.result()
+        w2.result()
+    finally:
+        w1.kill()
+        w2.kill()
+    assert h1["hold"]["result"] == "ok" and h2["hold"]["result"] == "ok", (
+        "expected each worker held to the slice on its own (the limit is per process below "
+        f"r615): {h1['hold']}, {h2['hold']}"
+    )
+
+    # 5. no answer, no limit: the same GPU gives a plain process 20 GiB
     if node.compute_mode == "EXCLUSIVE_PROCESS":
         fig.add(
             "unlimited client",
@@ -550,9 +619,8 @@ def test_slices_are_enforced_by_mps_on_gpu_0(node: Node) -> None:
                          ["--go", str(go_u), str(20 * GIB)], ready=node.scratch / "ready-u")  # fmt: skip
         try:
             u.wait_ready()
-            fig.add(
-                "NVML with a fresh non-MPS context (and the idle MPS server)", _nvml_processes(uuid)
-            )
+            fig.add("NVML with a fresh non-MPS context (and the idle MPS servers)",
+                    _nvml_processes(uuid))  # fmt: skip
             go_u.touch()
             got_u = u.result()
         finally:
@@ -564,16 +632,39 @@ def test_slices_are_enforced_by_mps_on_gpu_0(node: Node) -> None:
             f"{got_u['tries'][str(20 * GIB)]}"
         )
 
-    # 5. the daemon killed: down, units Unhealthy, Allocate refused; restarted: back and limiting
+    # 6. a running container: its slice's daemon killed and restarted in the same pipe folder;
+    # a new process in the container reaches it and is held to the slice
+    box = start_container(small)
+    try:
+        t_kill = time.monotonic()
+        os.kill(small_daemon, signal.SIGKILL)
+        back = wait_for("the slice's daemon restarted", lambda: (st := _slice_state(node, sids[8]))
+                        is not None and st.state == "up" and st.pid != small_daemon and st, 60, 0.05)  # fmt: skip
+        fig.add("slice daemon restart", {"kill_to_up_s": round(time.monotonic() - t_kill, 3),
+                                         "pid": back.pid, "starts": back.starts})  # fmt: skip
+        late = start_client("a new process in the running 8 GiB container", small, uuid,
+                            ["--hold", str(6 * GIB), str(12 * GIB)], inside=box.pid,
+                            env_over=whole)  # fmt: skip
+        try:
+            got_l = late.result()
+        finally:
+            late.kill()
+    finally:
+        box.stop()
+    fig.add(late.what, {k: got_l.get(k) for k in ("pid", "init_s", "context_s", "hold", "tries")})
+    assert got_l["hold"]["result"] == "ok", f"{late.what}: expected 6 GiB; got {got_l['hold']}"
+    assert _refused(got_l["tries"][str(12 * GIB)]), (
+        f"{late.what}: expected 12 GiB refused (the restarted daemon's limit); got "
+        f"{got_l['tries'][str(12 * GIB)]}"
+    )
+
+    # 7. the probe killed: down, units Unhealthy, Allocate refused; restarted: back
     node.stop_loop()  # one check by hand, so the test sees the down state before the restart
-    t_kill = time.monotonic()
-    os.kill(daemon_pid, signal.SIGKILL)
-    wait_for("the killed daemon reaped", lambda: not _alive(daemon_pid) or None, 10)
+    os.kill(probe_pid, signal.SIGKILL)
+    wait_for("the killed probe reaped", lambda: not _alive(probe_pid) or None, 10)
     node.supervisor.check()
     down = node.supervisor.states()[uuid]
-    assert down.state == "down", f"expected the daemon down after SIGKILL; it is {down.state}"
-    fig.add("after SIGKILL", {"state": down.state, "reason": down.reason,
-                              "servers left": [p for p in server_pids if _alive(p)]})  # fmt: skip
+    assert down.state == "down", f"expected the probe down after SIGKILL; it is {down.state}"
     health = node.look()
     assert set(health) == {("Unhealthy", ("mps-daemon-down",))}, (
         f"expected every GPU 0 unit Unhealthy (mps-daemon-down); got {health}"
@@ -582,38 +673,21 @@ def test_slices_are_enforced_by_mps_on_gpu_0(node: Node) -> None:
         node.allocate(24, 8)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value
     assert "mps-daemon-down" in (err.value.details() or ""), err.value.details()
+    t_kill = time.monotonic()
     node.start_loop()
     wait_for(
         "GPU 0's units Healthy again", lambda: node.look() == {("Healthy", ()): node.units}, 90, 0.1
     )
-    back = node.supervisor.states()[uuid]
-    fig.add("restart", {"kill_to_healthy_s": round(time.monotonic() - t_kill, 3), "pid": back.pid,
-                        "starts": back.starts})  # fmt: skip
-    assert back.pid != daemon_pid and back.starts >= 2
-    again = node.allocate(24, 8)
-    c = start_client("a new 8 GiB client after the restart", again, uuid,
-                     ["--hold", str(6 * GIB), str(12 * GIB)])  # fmt: skip
-    try:
-        got_c = c.result()
-    finally:
-        c.kill()
-    fig.add(c.what, {k: got_c.get(k) for k in ("pid", "init_s", "context_s", "hold", "tries")})
-    assert got_c["hold"]["result"] == "ok", (
-        f"{c.what}: expected 6 GiB allocated; got {got_c['hold']}"
-    )
-    assert _refused(got_c["tries"][str(12 * GIB)]), (
-        f"{c.what}: expected 12 GiB refused (out of memory) again; got {got_c['tries'][str(12 * GIB)]}"
-    )
+    fig.add("probe restart", {"to_healthy_s": round(time.monotonic() - t_kill, 3)})
 
-    # 6. undone: the supervisor's loop stopped, the bind unmounted, the daemon stopped, nothing left
+    # 8. undone: the loop stopped, every daemon stopped, nothing left
     node.stop_loop()
-    last_pid = back.pid
-    last_servers = _children(last_pid) if last_pid else []
-    _umount(layout.shm)
+    pids = [p for p in (node.supervisor.states()[uuid].pid,
+                        *(st.pid for st in node.supervisor.slice_states().values())) if p]  # fmt: skip
+    servers = [c for p in pids for c in _children(p)]
     node.stop_supervisor()
-    assert not _mounted(layout.shm), f"{layout.shm} is still mounted"
-    assert last_pid is None or not _alive(last_pid), f"the daemon (pid {last_pid}) still runs"
-    assert not layout.state(uuid).exists(), "the state file is left"
+    assert not any(_alive(p) for p in pids), f"a daemon still runs: {pids}"
+    assert not layout.state(uuid).exists(), "the probe's state file is left"
     assert not layout.root.exists(), f"left under {layout.root}: {sorted(layout.root.rglob('*'))}"
-    wait_for("no MPS server left", lambda: not [p for p in last_servers if _alive(p)], 10)
+    wait_for("no MPS server left", lambda: not [p for p in servers if _alive(p)], 10)
     fig.add("NVML after stop", _nvml_processes(uuid))

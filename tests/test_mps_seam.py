@@ -1,8 +1,9 @@
-"""The supervisor and the device plugin together (issue 39): the real ``mps.Supervisor`` runs the
-stand-in ``nvidia-cuda-mps-control`` (devtools/mps-standin: real processes and sockets) for the
-rig's shared GPUs 0 and 1 (GPUs 2 and 3 have none), and the device plugin over gRPC serves the
-units of exactly the GPUs whose daemon is up; a killed daemon takes its GPU's units out until
-the supervisor has it up again; the client answer names the pipe folder the daemon listens in.
+"""The supervisor and the device plugin together (issues 39, 47): the real ``mps.Supervisor`` runs
+the stand-in ``nvidia-cuda-mps-control`` (devtools/mps-standin: real processes and sockets) for
+the rig's shared GPUs 0 and 1 (GPUs 2 and 3 have none), and the device plugin over gRPC serves
+the units of exactly the GPUs whose probe daemon is up; a killed probe takes its GPU's units
+out until the supervisor has it up again; the client answer names the pipe folder of the
+slice's own daemon, which listens there with the slice as its default limit.
 On a real GPU the same, with CUDA processes: tests/test_mps_nvml.py."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.core.mps import UP, Layout
+from omaticaya_py.core.mps import UP, Layout, slice_id
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2
 from omaticaya_py.mps.supervisor import Gpu, Supervisor
 from tests.test_device_plugin import folder  # noqa: F401
@@ -69,9 +70,13 @@ def test_units_are_served_while_the_daemon_is_up(seam: tuple[Rig, Supervisor]) -
     assert health[2] == health[3] == {("Unhealthy", ("mps-state-missing",))}
     answer = allocate(rig, units_of(0, 8))
     pipe = Path(answer.envs["CUDA_MPS_PIPE_DIRECTORY"])
-    assert pipe == sup.layout.pipe(UUID[0])
+    sid = slice_id(",".join(sorted(units_of(0, 8))))
+    assert pipe == sup.layout.slice_pipe(sid)
     assert (pipe / "control").is_socket()  # the daemon the client will talk to listens there
     assert answer.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    # the limit is the daemon's: its default is the slice, whatever the client's variable says
+    state = sup.slice_states()[sid]
+    assert (state.state, state.limit_mib, state.uuid) == (UP, 8192, UUID[0])
     units = next(rig.stub().ListAndWatch(api_pb2.Empty(), timeout=10))
     healthy = {d.ID.split("::")[0] for d in units.devices if d.health == "Healthy"}
     assert healthy == {UUID[0], UUID[1]}

@@ -1,9 +1,10 @@
-"""``omaticaya mps`` (issue 39): one CUDA MPS control daemon per shared GPU, supervised, run
-against the stand-in of ``nvidia-cuda-mps-control`` (devtools/mps-standin: real processes,
-real sockets; nothing of ours mocked). The daemons come up with the whole GPU as their default
-limit, their states are what the device plugin reads (``sources.mps.read_state``), a daemon
-killed is said down and restarted, one that cannot start backs off, ``/readyz`` follows them,
-and ``stop`` (SIGTERM for the command) leaves no folder behind."""
+"""``omaticaya mps`` (issues 39, 47): a probe CUDA MPS control daemon per shared GPU and one
+daemon per slice asked for, supervised, run against the stand-in of ``nvidia-cuda-mps-control``
+(devtools/mps-standin: real processes, real sockets; nothing of ours mocked). The probes come
+up with one unit as their default limit, their states are what the device plugin reads
+(``sources.mps.read_state``), a daemon killed is said down and restarted, one that cannot start
+backs off, ``/readyz`` follows them, and ``stop`` (SIGTERM for the command) leaves no folder
+behind. The slices' daemons: tests/test_mps_slices.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from omaticaya_py.core.mps import DOWN, UP, Layout, default_limit_mib
+from omaticaya_py.core.mps import DOWN, UP, Layout, probe_limit_mib
 from omaticaya_py.mps import metrics
 from omaticaya_py.mps.daemon import EXITED, NOT_ANSWERING, SPAWN_FAILED, ControlDaemon
 from omaticaya_py.mps.supervisor import Gpu, MpsError, Supervisor
@@ -86,7 +87,7 @@ class _Running:
         self.sup.stop()
 
 
-def test_daemons_come_up_with_the_whole_gpu_as_limit_and_stop_leaves_nothing(tmp: Path):
+def test_probes_come_up_with_one_unit_as_limit_and_stop_leaves_nothing(tmp: Path):
     before = _tree(tmp)
     layout = _layout(tmp)
     sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
@@ -96,16 +97,17 @@ def test_daemons_come_up_with_the_whole_gpu_as_limit_and_stop_leaves_nothing(tmp
             state, problem = read_state(layout, g.uuid)
             assert problem is None and state is not None
             assert (state.state, state.index, state.starts) == (UP, g.index, 1)
-            assert state.limit_mib == default_limit_mib(g.units, UNIT_MIB) == g.units * UNIT_MIB
+            # a probe's limit is one unit: no client is given it, and one that found it could
+            # hold no more than the least slice
+            assert state.limit_mib == probe_limit_mib(UNIT_MIB) == UNIT_MIB
             assert state.pid is not None and state.reason == ""
             # what the daemon holds, asked as an operator would
             asked = ControlDaemon(layout, g.uuid, g.index, 1, control=str(STANDIN))
-            assert (
-                asked.command("get_default_device_pinned_mem_limit 0") == f"{g.units * UNIT_MIB}M"
-            )
+            assert asked.command("get_default_device_pinned_mem_limit 0") == f"{UNIT_MIB}M"
             assert stat.S_IMODE(os.stat(layout.pipe(g.uuid)).st_mode) == 0o755
             assert (layout.pipe(g.uuid) / "control").exists()
-        assert layout.shm.is_dir() and not os.path.ismount(layout.shm)
+        assert layout.slices_dir.is_dir() and layout.requests_dir.is_dir()
+        assert layout.lock.exists()
         # the device plugin's view: enforced, with fresh heartbeats
         watch = MpsWatch(layout, stale_after_s=5, min_interval_s=0)
         assert all(watch.enforcement(g.uuid).up for g in GPUS)
@@ -202,30 +204,6 @@ def test_a_control_program_that_is_not_there_is_said(tmp: Path):
     assert _tree(tmp) == []
 
 
-def test_the_shared_memory_mount_works_or_says_cap_sys_admin(tmp: Path):
-    """With ``shm_mib`` > 0 the tmpfs is mounted and bound (here over a stand-in /dev/shm):
-    where this test runs with CAP_SYS_ADMIN they are mounted and unmounted at stop; without
-    it, ``start`` says so and leaves nothing."""
-    dev_shm = tmp / "dev-shm"
-    dev_shm.mkdir()
-    layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=8, dev_shm=dev_shm)  # fmt: skip
-    try:
-        sup.start()
-    except MpsError as exc:
-        assert "CAP_SYS_ADMIN" in str(exc) and str(layout.shm) in str(exc)
-    else:
-        try:
-            assert os.path.ismount(layout.shm) and os.path.ismount(dev_shm)
-            (dev_shm / "seen").write_text("x")  # one tmpfs, seen at both places
-            assert (layout.shm / "seen").read_text() == "x"
-        finally:
-            sup.stop()
-        assert not os.path.ismount(dev_shm)
-    assert _tree(tmp) == ["dev-shm"]
-
-
 def _is_mount(path: Path) -> bool:
     """Whether ``path`` is a mount point (``/proc/self/mountinfo``: a bind mount of a folder of
     the same file system is one, which ``os.path.ismount`` cannot tell)."""
@@ -235,17 +213,15 @@ def _is_mount(path: Path) -> bool:
 
 def test_the_host_root_seen_elsewhere_is_bound_at_the_roots_path(tmp: Path):
     """As in the chart: the host's folder is seen at another path (``host_root``, the host's
-    /run at /host/run); the folders and the tmpfs are made there and bound at the root's path,
-    so the daemons' pipe folders have the clients' paths and the tmpfs is the host's; at stop
-    nothing is mounted and no folder is left on either side."""
+    /run at /host/run); the folders are made there and bound at the root's path, so the
+    daemons' pipe folders have the clients' paths; at stop nothing is mounted and no folder is
+    left on either side. Needs CAP_SYS_ADMIN (CI runs as root); without it ``start`` says so."""
     host_root = tmp / "host" / "run" / "omaticaya" / "mps"
     (tmp / "host" / "run").mkdir(parents=True)
     (tmp / "ctr").mkdir()
-    dev_shm = tmp / "dev-shm"
-    dev_shm.mkdir()
     layout = Layout(tmp / "ctr" / "omaticaya" / "mps", tmp / "state")
     sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=8, dev_shm=dev_shm, host_root=host_root)  # fmt: skip
+                     shm_mib=8, host_root=host_root)  # fmt: skip
     try:
         sup.start()
     except MpsError as exc:  # no CAP_SYS_ADMIN here
@@ -253,16 +229,14 @@ def test_the_host_root_seen_elsewhere_is_bound_at_the_roots_path(tmp: Path):
     else:
         try:
             assert sup.states()[UUID0].state == UP
-            assert _is_mount(host_root / "shm") and _is_mount(layout.root)
+            assert _is_mount(layout.root)
             # the daemon listens where a client is told to look, and that is the host's folder
             assert (layout.pipe(UUID0) / "control").is_socket()
             assert (host_root / UUID0 / "pipe" / "control").is_socket()
-            (dev_shm / "seen").write_text("x")  # one tmpfs: the daemons', the root's, the host's
-            assert (host_root / "shm" / "seen").read_text() == "x"
         finally:
             sup.stop()
-        assert not any(_is_mount(p) for p in (dev_shm, layout.root, host_root / "shm"))
-    assert _tree(tmp) == ["ctr", "dev-shm", "host", "host/run"]
+        assert not _is_mount(layout.root)
+    assert _tree(tmp) == ["ctr", "host", "host/run"]
 
 
 def _mps_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -308,10 +282,9 @@ def test_the_command_runs_the_trace_s_shared_gpus_until_sigterm(tmp: Path):
             assert uuid is not None
             state = wait_for(f"GPU {index} up", lambda uuid=uuid: (s := read_state(layout, uuid)[0])
                              is not None and s.state == UP and s, 15)  # fmt: skip
-            total = gpus[index].memory_total_mib
-            assert total is not None and state.limit_mib == total // 1024 * 1024
+            assert state.limit_mib == 1024  # a probe: one unit
         assert sorted(p.name for p in layout.state_dir.iterdir()) == sorted(
-            f"{gpus[i].uuid}.json" for i in (0, 1)
+            [f"{gpus[i].uuid}.json" for i in (0, 1)] + ["slices", "supervisor.lock"]
         )  # GPUs 2-7 are not shared
         assert wait_for("/readyz 200", lambda: _get(port, "/readyz")[0] == 200, 10)
         assert "omaticaya_mps_daemon_up" in _get(port, "/metrics")[1]

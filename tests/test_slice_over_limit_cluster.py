@@ -30,6 +30,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from prometheus_client import CollectorRegistry
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.mps import DaemonState, state_json
+from omaticaya_py.core.mps import DaemonState, slice_id, state_json
 from omaticaya_py.core.settings import load_settings
 from omaticaya_py.core.sharing import unit_ids
 from omaticaya_py.core.slice_enforcement import (
@@ -97,9 +98,14 @@ class _Reader:
 
 
 def _daemon(state_dir: Path, pid: int, starts: int) -> None:
-    """GPU 0's daemon up, as ``omaticaya mps`` writes its state."""
+    """GPU 0's probe daemon and the pod's slice's daemon (its 8 units) up, as ``omaticaya mps``
+    writes their states."""
     state = DaemonState(U0, 0, "up", pid=pid, starts=starts, heartbeat_s=time.time())
     (state_dir / f"{U0}.json").write_text(state_json(state))
+    sid = slice_id(",".join(sorted(unit_ids(U0, 8))))
+    (state_dir / "slices").mkdir(exist_ok=True)
+    (state_dir / "slices" / f"{sid}.state.json").write_text(
+        state_json(replace(state, sid=sid)))  # fmt: skip
 
 
 @pytest.fixture

@@ -27,8 +27,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from omaticaya_py.agent.collectors import SliceOverLimit
 from omaticaya_py.agent.events import SliceWatch
 from omaticaya_py.core.attribution import PodIdentity, PodRef
-from omaticaya_py.core.mps import DaemonState, Layout, state_json
+from omaticaya_py.core.mps import DaemonState, Layout, slice_id, state_json
 from omaticaya_py.core.settings import SettingsError, load_settings
+from omaticaya_py.core.sharing import unit_id
 from omaticaya_py.core.slice_enforcement import (
     DAEMON_RESTARTED,
     NOT_ENFORCED,
@@ -54,7 +55,6 @@ from tests.test_sharing_agent import (
     CONTAINERS,
     NAMES,
     U0,
-    U1,
     UID_A,
     UID_B,
     attributed,
@@ -212,10 +212,16 @@ def _layout(tmp_path: Path) -> Layout:
     return layout
 
 
-def _daemon(layout: Layout, pid: int, starts: int, uuid: str = U0, index: int = 0) -> None:
-    layout.state(uuid).write_text(
-        state_json(DaemonState(uuid, index, "up", pid=pid, starts=starts, heartbeat_s=1000.0))
-    )
+def _sid(i: int, uuid: str = U0) -> str:
+    """The slice ID of ``_holding``'s pod ``i`` (its 8 units of ``uuid`` from ``8 * i``)."""
+    return slice_id(",".join(sorted(unit_id(uuid, k) for k in range(8 * i, 8 * i + 8))))
+
+
+def _daemon(layout: Layout, pid: int, starts: int, sid: str, uuid: str = U0, index: int = 0) -> None:
+    """A slice's daemon up, its state as ``omaticaya mps`` writes it."""
+    layout.requests_dir.mkdir(parents=True, exist_ok=True)
+    layout.slice_state(sid).write_text(state_json(
+        DaemonState(uuid, index, "up", pid=pid, starts=starts, heartbeat_s=1000.0, sid=sid)))  # fmt: skip
 
 
 def _holding(*pods: str):
@@ -227,59 +233,62 @@ def _holding(*pods: str):
                                     for i, p in enumerate(pods)], NAMES, CONTAINERS)  # fmt: skip
 
 
-def test_a_restart_is_said_once_to_each_pod_holding_a_slice_of_its_gpu(tmp_path):
+def test_a_restart_is_said_once_to_each_pod_holding_its_slice(tmp_path):
+    """Each slice has an MPS daemon of its own (``core.mps``): its restart is said to the pod
+    holding that slice, not to the other slices' pods on the same GPU."""
     layout = _layout(tmp_path)
     mps = MpsWatch(layout, 30.0, min_interval_s=0.0, wall=lambda: 1000.0)
     watch = SliceWatch(settings(shared_gpus="all"), mps=mps)
     pods, snap = _Pods(), snapshot(gpu(0), gpu(1))
-    _daemon(layout, 100, 1)
-    _daemon(layout, 300, 1, U1, 1)  # GPU 1's daemon: never restarted, its holders never told
+    _daemon(layout, 100, 1, _sid(0))
+    _daemon(layout, 300, 1, _sid(1))  # infer-b's slice's daemon: never restarted
     watch.round(pods, snap, _holding("infer-a", "infer-b"), 0.0)
     assert pods.events == []  # the first state read: nothing to compare it with
-    _daemon(layout, 200, 2)
+    _daemon(layout, 200, 2, _sid(0))
     pods.refuse_events = True
     watch.round(pods, snap, _holding("infer-a", "infer-b"), 1.0)
-    assert pods.events == [] and watch.errors["event-failed"] == 2
+    assert pods.events == [] and watch.errors["event-failed"] == 1
     pods.refuse_events = False
     watch.round(pods, snap, _holding("infer-a", "infer-b"), 2.0)  # tried again
-    assert pods.reasons() == [(DAEMON_RESTARTED, "infer-a"), (DAEMON_RESTARTED, "infer-b")]
+    assert pods.reasons() == [(DAEMON_RESTARTED, "infer-a")]
     e = pods.events[0]
     assert e["warning"] and e["uid"] == UID_A and e["namespace"] == "ml"
     assert e["message"] == (
-        f"the MPS control daemon of GPU 0 ({U0}) was restarted (pid 200, start 2): the pod's "
-        "CUDA processes running on that GPU lost their MPS server and must be restarted; new "
-        "processes reach the restarted daemon"
+        f"the MPS control daemon of the pod's slice {_sid(0)} of GPU 0 ({U0}) was restarted "
+        "(pid 200, start 2): the pod's CUDA processes running on that slice lost their MPS "
+        "server and must be restarted; new processes reach the restarted daemon"
     )
     for now in (3.0, 4.0):  # once per restart per pod
         watch.round(pods, snap, _holding("infer-a", "infer-b"), now)
-    assert len(pods.events) == 2 and watch.posted[DAEMON_RESTARTED] == 2
-    # the next restart: said again, to the pods holding a slice now; one whose Event fails and
-    # that leaves the GPU is not tried again
-    _daemon(layout, 250, 3)
+    assert len(pods.events) == 1 and watch.posted[DAEMON_RESTARTED] == 1
+    # both restarted: said to both; one whose Event fails and that lets its slice go is not
+    # tried again
+    _daemon(layout, 250, 3, _sid(0))
+    _daemon(layout, 350, 2, _sid(1))
     pods.refuse_events = True
     watch.round(pods, snap, _holding("infer-a", "infer-b"), 5.0)
     pods.refuse_events = False
-    watch.round(pods, snap, _holding("infer-b"), 6.0)
+    watch.round(pods, snap, _holding("infer-a"), 6.0)  # infer-b's slice let go
     watch.round(pods, snap, _holding("infer-a", "infer-b"), 7.0)
-    assert pods.reasons()[2:] == [(DAEMON_RESTARTED, "infer-b")]
+    assert pods.reasons()[1:] == [(DAEMON_RESTARTED, "infer-a")]
 
 
-def test_a_restart_while_no_pod_holds_the_gpu_is_not_said_to_the_next(tmp_path):
+def test_a_restart_while_no_pod_holds_the_slice_is_not_said_to_the_next(tmp_path):
     layout = _layout(tmp_path)
     mps = MpsWatch(layout, 30.0, min_interval_s=0.0, wall=lambda: 1000.0)
     watch = SliceWatch(settings(shared_gpus="0"), mps=mps)
     pods, snap = _Pods(), snapshot(gpu(0), gpu(1))
     idle = attributed({}, {}, [], NAMES, CONTAINERS)
-    _daemon(layout, 100, 1)
+    _daemon(layout, 100, 1, _sid(0))
     watch.round(pods, snap, idle, 0.0)
-    _daemon(layout, 200, 2)
+    _daemon(layout, 200, 2, _sid(0))
     watch.round(pods, snap, idle, 1.0)
     watch.round(pods, snap, _holding("infer-a"), 2.0)
     assert pods.events == []
     # an unreadable state in between is no restart: the next read is compared with the last
-    layout.state(U0).write_text("{not json")
+    layout.slice_state(_sid(0)).write_text("{not json")
     watch.round(pods, snap, _holding("infer-a"), 3.0)
-    _daemon(layout, 200, 2)
+    _daemon(layout, 200, 2, _sid(0))
     watch.round(pods, snap, _holding("infer-a"), 4.0)
     assert pods.events == []
 
@@ -309,7 +318,8 @@ def _over(*pods: str):
 
 def _evicting(tmp_path: Path, action: str = "evict") -> SliceWatch:
     layout = _layout(tmp_path)
-    _daemon(layout, 100, 1)
+    layout.state(U0).write_text(state_json(  # GPU 0's probe up: its slices are enforced
+        DaemonState(U0, 0, "up", pid=100, starts=1, heartbeat_s=1000.0)))  # fmt: skip
     mps = MpsWatch(layout, 30.0, min_interval_s=0.0, wall=lambda: 1000.0)
     return SliceWatch(settings(shared_gpus="0", slice_over_limit_action=action), mps=mps)
 

@@ -22,6 +22,7 @@ from loguru import logger
 
 from ..core.attribution import GpuAttribution, PodIdentity
 from ..core.health import NodeHealth
+from ..core.mps import slice_id
 from ..core.sayonce import SayOnce
 from ..core.settings import Settings
 from ..core.sharing import Sharing, episodes, is_shared
@@ -42,7 +43,7 @@ from ..core.snapshot import NodeSnapshot
 from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
 from ..kube.errors import KubeConflict, KubeTooManyRequests
 from ..kube.pod_client import PodClient
-from ..sources.mps import MpsWatch
+from ..sources.mps import MpsWatch, read_slice_state
 from .attribution import PodNames
 
 __all__ = [
@@ -324,24 +325,30 @@ class SliceWatch:
     def _post_restarts(
         self, client: PodClient, snapshot: NodeSnapshot, slices: Mapping[str, tuple[SliceUse, ...]]
     ) -> None:
-        """``MpsDaemonRestarted`` on each pod holding a slice of a shared GPU whose daemon was
-        restarted since the last round (``core.slice_enforcement.daemon_restarted``), once per
-        restart per pod; a pod whose Event fails is tried again next round while it holds a
-        slice there. Every shared GPU's state is read each round, held or not, so that a
-        restart while none held it is not said to the next pod."""
+        """``MpsDaemonRestarted`` on each pod holding a slice whose own MPS daemon (one per
+        slice: ``core.mps``; its state ``sources.mps.read_slice_state``, named by the slice's
+        unit IDs) was restarted since the last round (``core.slice_enforcement.daemon_restarted``),
+        once per restart per pod; a pod whose Event fails is tried again next round while it
+        holds that slice. A slice no longer held is forgotten."""
         if self.mps is None:
             return
-        for g in snapshot.gpus:
-            if not (g.uuid and is_shared(g, self.sharing)):
-                continue
-            now = daemon_generation(self.mps.enforcement(g.uuid).state)
+        held: dict[str, tuple[str, set[tuple[str, str]]]] = {}  # slice ID -> GPU, its pods
+        for uuid, on_gpu in slices.items():
+            for s in on_gpu:
+                if s.unit_ids:
+                    sid = slice_id(",".join(sorted(s.unit_ids)))
+                    held.setdefault(sid, (uuid, set()))[1].add((s.namespace, s.pod))
+        for sid, (_, pods) in held.items():
+            now = daemon_generation(read_slice_state(self.mps.layout, sid)[0])
             if now is None:
                 continue  # not read, or not started: compare the next read with the last one
-            if daemon_restarted(self._daemons.get(g.uuid), now):
-                self._restarts[g.uuid] = (now, {(s.namespace, s.pod) for s in slices.get(g.uuid, ())})
-            self._daemons[g.uuid] = now
-        for uuid, (gen, pods) in list(self._restarts.items()):
-            holding = {(s.namespace, s.pod) for s in slices.get(uuid, ())}
+            if daemon_restarted(self._daemons.get(sid), now):
+                self._restarts[sid] = (now, set(pods))
+            self._daemons[sid] = now
+        for sid in [sid for sid in self._daemons if sid not in held]:
+            del self._daemons[sid]
+        for sid, (gen, pods) in list(self._restarts.items()):
+            uuid, holding = held.get(sid, ("", set()))
             for namespace, name in sorted(pods):
                 if (namespace, name) not in holding:
                     pods.discard((namespace, name))
@@ -351,10 +358,10 @@ class SliceWatch:
                     client.create_pod_event(
                         namespace=namespace, name=name, uid=known.uid if known else "",
                         reason=DAEMON_RESTARTED, warning=True,
-                        message=f"the MPS control daemon of GPU {_index_of(snapshot, uuid)} "
-                        f"({uuid}) was restarted (pid {gen[0]}, start {gen[1]}): the pod's CUDA "
-                        f"processes running on that GPU lost their MPS server and must be "
-                        f"restarted; new processes reach the restarted daemon",
+                        message=f"the MPS control daemon of the pod's slice {sid} of GPU "
+                        f"{_index_of(snapshot, uuid)} ({uuid}) was restarted (pid {gen[0]}, start "
+                        f"{gen[1]}): the pod's CUDA processes running on that slice lost their MPS "
+                        f"server and must be restarted; new processes reach the restarted daemon",
                     )  # fmt: skip
                 except KubeError as exc:
                     self._fail("event-failed", exc)
@@ -362,7 +369,7 @@ class SliceWatch:
                 self.posted[DAEMON_RESTARTED] += 1
                 pods.discard((namespace, name))
             if not pods:
-                del self._restarts[uuid]
+                del self._restarts[sid]
 
     def _fail(self, kind: str, exc: KubeError) -> None:
         self.errors[kind] += 1

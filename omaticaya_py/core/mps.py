@@ -1,33 +1,55 @@
-"""CUDA MPS enforcement of slices: where each shared GPU's MPS control daemon lives, what a slice
-container is given to become its client, and what the supervisor says of each daemon.
+"""CUDA MPS enforcement of slices: where the MPS control daemons live, what a slice container is
+given to become its client, what the plugins ask for and what the supervisor says of each
+daemon.
 
-One MPS control daemon per shared GPU (``nvidia-cuda-mps-control -f`` with
-``CUDA_VISIBLE_DEVICES`` the GPU's UUID), run by the supervisor (``omaticaya mps``, the chart's
-``mps`` container), under one host root (``OMATICAYA_MPS_ROOT``, ``/run/omaticaya/mps``):
+The daemons (``nvidia-cuda-mps-control -f`` with ``CUDA_VISIBLE_DEVICES`` the GPU's UUID) are
+run by the supervisor (``omaticaya mps``, the chart's ``mps`` pods), under one host root
+(``OMATICAYA_MPS_ROOT``, ``/run/omaticaya/mps``):
 
-- ``<root>/shm``: a tmpfs, the ``/dev/shm`` of every daemon and of every client container (MPS
-  clients and their server talk through shared memory);
-- ``<root>/<GPU UUID>/pipe``: the daemon's ``CUDA_MPS_PIPE_DIRECTORY`` (its control socket and
-  its server's), mounted in each client container at the same path;
-- ``<root>/<GPU UUID>/log``: its ``CUDA_MPS_LOG_DIRECTORY``.
+- ``<root>/slices/<slice id>/pipe``: a slice's daemon's ``CUDA_MPS_PIPE_DIRECTORY`` (its control
+  socket and its server's), mounted in the slice's container at the same path; ``log``: its
+  ``CUDA_MPS_LOG_DIRECTORY``; ``shm``: its tmpfs, the ``/dev/shm`` of the daemon, its server
+  and the slice's container (MPS clients and their server talk through shared memory);
+- ``<root>/<GPU UUID>/pipe`` and ``log``: a shared GPU's probe daemon (below).
 
 The supervisor writes each daemon's state (``DaemonState``, JSON) to ``<state dir>/<GPU
-UUID>.json`` (``OMATICAYA_MPS_STATE_DIR``: a folder the pod's two containers share), with a
-heartbeat each check; the device plugin reads it (``read_state``) and serves a shared GPU's
-units only while its daemon is up and the heartbeat fresh (``enforced``). A state that is
-missing, unreadable, or stale counts as down: fail closed.
+UUID>.json`` (a probe's) and ``<state dir>/slices/<slice id>.state.json`` (a slice's), in
+``OMATICAYA_MPS_STATE_DIR`` (a host folder the agent and the supervisor share), with a
+heartbeat each check; the device plugin reads them (``read_state``) and serves a shared GPU's
+units only while its probe is up and the heartbeat fresh (``enforced``), and a slice only once
+its daemon is up. A state that is missing, unreadable, or stale counts as down: fail closed.
 
-Why the client's limit is in its environment and the daemon's default is the whole GPU: a
-client's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` can only lower the limit the control daemon sets
-(NVIDIA's MPS documentation, "Environment Variables"), so the daemon's default must not be
-below the largest slice (``default_limit_mib``: every unit of the GPU), and each client gets
-exactly its slice (``client_spec``).
+One MPS control daemon per slice (issue 47). A client's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+can only lower the default pinned-memory limit its control daemon sets (NVIDIA's MPS
+documentation, "Environment Variables"; measured on an H200), and the container owns its
+environment: the kubelet puts a device plugin's variables before the pod's own, and a shell
+``export`` beats CDI's. So the limit must come from the daemon's side: each slice gets a
+control daemon of its own, whose default pinned-memory limit IS the slice, with its own folder
+``<root>/slices/<slice id>`` (``pipe``, ``log``, and ``shm``: the shared memory of that daemon
+and its clients alone). A tenant who sets the variable higher is still held to the daemon's
+default; a tenant who removes its own control socket or unsets ``CUDA_MPS_PIPE_DIRECTORY``
+leaves MPS (and its limit) but reaches no other tenant's daemon: the agent sees that process
+outside its slice's daemon and says so (``core.slice_enforcement``). What it costs: clients of
+different slices are in different MPS servers, so their kernels are time-sliced on the GPU, not
+run concurrently (processes of one slice still share a server). The plugins ask for a slice's
+daemon by writing a request (``SliceRequest``, ``<state dir>/slices/<slice id>.json``) and wait
+for its state (``<state dir>/slices/<slice id>.state.json``) to say ``up``; they remove the
+request when the slice ends, and the supervisor then stops the daemon.
+
+Each shared GPU keeps one control daemon of its own too, the GPU's probe: it proves that MPS
+starts on that GPU before any slice asks (its state is what ``enforced`` judges a GPU's units
+by). No client is ever given its pipe folder, and its default limit is one unit.
+
+The supervisor holds an exclusive ``flock`` on ``<state dir>/supervisor.lock`` while it runs
+(``Layout.lock``): a reader that can take the lock knows at once that no supervisor runs, and
+fails closed without waiting for the heartbeats to go stale (``supervisor_gone``).
 
 Pure: no I/O but what the callers pass in (the supervisor writes, the device plugin reads).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -50,15 +72,20 @@ __all__ = [
     "STARTING",
     "UNREADABLE",
     "UP",
+    "SUPERVISOR_GONE",
     "ClientSpec",
     "DaemonState",
     "Layout",
     "Mount",
+    "SliceRequest",
     "client_spec",
-    "default_limit_mib",
     "enforced",
     "limit_value",
+    "parse_request",
     "parse_state",
+    "probe_limit_mib",
+    "request_json",
+    "slice_id",
     "state_json",
     "thread_pct",
 ]
@@ -84,10 +111,15 @@ DOWN = "down"
 MISSING = "mps-state-missing"
 UNREADABLE = "mps-state-unreadable"
 STALE = "mps-state-stale"
+#: and when no supervisor holds its lock (``Layout.lock``): it died or never ran
+SUPERVISOR_GONE = "mps-supervisor-gone"
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}$")
+#: a slice's ID: 16 lower-case hex digits (``slice_id``)
+_SLICE = re.compile(r"^[0-9a-f]{16}$")
 #: the root's longest path, bytes: ``<root>/<40-byte GPU UUID>/pipe/control_privileged`` (the
-#: longest socket name of a daemon's pipe folder) within a unix socket path's 107 bytes
+#: longest socket name of a daemon's pipe folder) within a unix socket path's 107 bytes (a
+#: slice's, ``<root>/slices/<16>/pipe/control_privileged``, is shorter)
 MAX_ROOT_BYTES = 42
 #: at most this many bytes of a state file are read (it is a few hundred)
 MAX_STATE_BYTES = 4096
@@ -118,11 +150,6 @@ class Layout:
                 f"{len(str(self.root).encode())}: {str(self.root)[:96]!r}"
             )
 
-    @property
-    def shm(self) -> Path:
-        """The shared-memory tmpfs: every daemon's and client's ``/dev/shm``."""
-        return self.root / "shm"
-
     def gpu_dir(self, uuid: str) -> Path:
         """One GPU's folder, ``<root>/<GPU UUID>``. Raises ``ValueError`` for a UUID that is no
         GPU or MIG UUID (it becomes a path)."""
@@ -143,6 +170,48 @@ class Layout:
         self.gpu_dir(uuid)  # the same check
         return self.state_dir / f"{uuid}.json"
 
+    @property
+    def lock(self) -> Path:
+        """The file the supervisor holds an exclusive ``flock`` on while it runs."""
+        return self.state_dir / "supervisor.lock"
+
+    @property
+    def slices_dir(self) -> Path:
+        """Where the slices' daemons live: ``<root>/slices``."""
+        return self.root / "slices"
+
+    @property
+    def requests_dir(self) -> Path:
+        """Where the plugins write their slice requests and the supervisor the slices' states:
+        ``<state_dir>/slices``."""
+        return self.state_dir / "slices"
+
+    def slice_dir(self, sid: str) -> Path:
+        """One slice's folder, ``<root>/slices/<slice id>``. Raises ``ValueError`` for an ID
+        that is not ``slice_id``'s form (it becomes a path)."""
+        if not _SLICE.match(sid):
+            raise ValueError(f"not a slice ID (16 hex digits): {sid[:96]!r}")
+        return self.slices_dir / sid
+
+    def slice_pipe(self, sid: str) -> Path:
+        """A slice daemon's ``CUDA_MPS_PIPE_DIRECTORY``."""
+        return self.slice_dir(sid) / "pipe"
+
+    def slice_shm(self, sid: str) -> Path:
+        """A slice's shared memory (a tmpfs of its own when mounted): its daemon's and its
+        clients' ``/dev/shm``."""
+        return self.slice_dir(sid) / "shm"
+
+    def request(self, sid: str) -> Path:
+        """A slice's request file, ``<state_dir>/slices/<slice id>.json``."""
+        self.slice_dir(sid)  # the same check
+        return self.requests_dir / f"{sid}.json"
+
+    def slice_state(self, sid: str) -> Path:
+        """A slice daemon's state file, ``<state_dir>/slices/<slice id>.state.json``."""
+        self.slice_dir(sid)
+        return self.requests_dir / f"{sid}.state.json"
+
 
 @dataclass(frozen=True, slots=True)
 class Mount:
@@ -155,14 +224,22 @@ class Mount:
 
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
-    """What ``Allocate`` adds to a slice container to make it an MPS client of its GPU's daemon:
+    """What ``Allocate`` adds to a slice container to make it an MPS client of its slice's daemon:
     ``envs`` (the pipe folder, the pinned-memory limit of exactly the slice on device 0, the
     slice's MiB for frameworks, and, with the thread share on, its active-thread percentage)
-    and ``mounts`` (the pipe folder at its own path, the shared-memory tmpfs at
+    and ``mounts`` (the pipe folder at its own path, the slice's shared-memory tmpfs at
     ``/dev/shm``)."""
 
     envs: Mapping[str, str]
     mounts: tuple[Mount, ...]
+
+
+def slice_id(key: str) -> str:
+    """A slice's ID from what names it uniquely on the node (the device plugin: its unit IDs,
+    sorted and joined; the DRA driver: ``claim:<claim UID>:<device>``): the first 16 hex digits
+    of its SHA-256. Stable across restarts of either side, so a request written before one is
+    found again after it."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def limit_value(mib: int) -> str:
@@ -172,11 +249,10 @@ def limit_value(mib: int) -> str:
     return f"{mib}M"
 
 
-def default_limit_mib(units: int, unit_mib: int) -> int:
-    """The daemon's default pinned-memory limit per client, MiB: every unit of its GPU (a
-    client's own limit can only lower it, so it must hold the largest slice); at least one
-    unit."""
-    return max(units, 1) * unit_mib
+def probe_limit_mib(unit_mib: int) -> int:
+    """A GPU's probe daemon's default pinned-memory limit: one unit (no client is given its
+    pipe folder; were one to reach it, it would get the least a slice can be)."""
+    return max(unit_mib, 1)
 
 
 def thread_pct(units: int, total_units: int) -> int:
@@ -188,20 +264,85 @@ def thread_pct(units: int, total_units: int) -> int:
     return min(100, max(1, math.ceil(100 * units / total_units)))
 
 
-def client_spec(layout: Layout, gpu_uuid: str, units: int, unit_mib: int, *,
-                total_units: int | None = None) -> ClientSpec:  # fmt: skip
-    """The client answer for a slice of ``units`` x ``unit_mib`` MiB on ``gpu_uuid``: see
-    ``ClientSpec``. ``total_units`` set (the GPU's unit count): the active-thread percentage
-    proportional to the slice too (``thread_pct``; ``OMATICAYA_MPS_THREAD_SHARE``). The
-    container sees only its GPU, as device 0. Raises ``ValueError`` for a bad UUID or an empty
-    slice."""
-    mib = units * unit_mib
-    pipe = str(layout.pipe(gpu_uuid))
+def client_spec(layout: Layout, sid: str, mib: int, *,
+                threads_pct: int | None = None) -> ClientSpec:  # fmt: skip
+    """The client answer for slice ``sid`` of ``mib`` MiB: see ``ClientSpec``; the pipe folder
+    and the shared memory are the slice daemon's own (``Layout.slice_pipe``,
+    ``Layout.slice_shm``). The pinned-memory limit in the environment is exactly the slice, as
+    the daemon's default is (the variable is informative: the daemon holds the client to its
+    default whatever it says). ``threads_pct`` (``thread_pct``; ``OMATICAYA_MPS_THREAD_SHARE``):
+    the active-thread percentage too. The container sees only its GPU, as device 0. Raises
+    ``ValueError`` for a bad slice ID or an empty slice."""
+    pipe = str(layout.slice_pipe(sid))
     envs = {PIPE_ENV: pipe, MPS_LIMIT_ENV: f"0={limit_value(mib)}", LIMIT_ENV: str(mib)}
-    if total_units is not None:
-        envs[ACTIVE_THREAD_ENV] = str(thread_pct(units, total_units))
-    mounts = (Mount(pipe, pipe), Mount("/dev/shm", str(layout.shm)))
+    if threads_pct is not None:
+        envs[ACTIVE_THREAD_ENV] = str(threads_pct)
+    mounts = (Mount(pipe, pipe), Mount("/dev/shm", str(layout.slice_shm(sid))))
     return ClientSpec(envs, mounts)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRequest:
+    """A plugin's request for a slice's MPS daemon (``<state dir>/slices/<sid>.json``): slice
+    ``sid`` (``slice_id``), of ``mib`` MiB (the daemon's default pinned-memory limit) on GPU
+    ``gpu_uuid`` (NVML ``gpu_index`` when it was asked), with ``threads_pct`` (the daemon's
+    default active-thread percentage; ``None``: all), asked by ``owner`` (``device-plugin`` or
+    ``dra``) for ``holder`` (unit IDs or ``claim:<uid>:<device>``: what ``sid`` was made from,
+    at most 4 KiB) at ``at_s`` (wall-clock seconds)."""
+
+    sid: str
+    gpu_uuid: str
+    gpu_index: int
+    mib: int
+    owner: str
+    holder: str = ""
+    threads_pct: int | None = None
+    at_s: float = 0.0
+
+
+def request_json(req: SliceRequest) -> str:
+    """``req`` as its file's JSON (one object, keys sorted)."""
+    return json.dumps(
+        {
+            "sid": req.sid, "gpu_uuid": req.gpu_uuid, "gpu_index": req.gpu_index,
+            "mib": req.mib, "owner": req.owner, "holder": req.holder,
+            "threads_pct": req.threads_pct, "at_s": req.at_s,
+        },
+        sort_keys=True,
+    )  # fmt: skip
+
+
+def parse_request(raw: bytes | str, sid: str) -> SliceRequest:
+    """The request file of slice ``sid``, checked: ``request_json``'s keys, for that slice, a
+    GPU UUID, at least 1 MiB, a thread percentage of 1 to 100 or none. Raises ``ValueError``
+    naming what is wrong (the supervisor skips and counts it)."""
+    if len(raw) > MAX_STATE_BYTES * 2:
+        raise ValueError(f"over {MAX_STATE_BYTES * 2} bytes")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    if doc.get("sid") != sid:
+        raise ValueError(f"the request of {str(doc.get('sid'))[:32]!r}, not of {sid}")
+    uuid = doc.get("gpu_uuid")
+    if not isinstance(uuid, str) or not _UUID.match(uuid) or not uuid.startswith("GPU-"):
+        raise ValueError(f"gpu_uuid: expected a GPU UUID; got {str(uuid)[:64]!r}")
+    mib = _int(doc, "mib") or 0
+    if mib < 1:
+        raise ValueError("mib: expected at least 1")
+    threads = _int(doc, "threads_pct", optional=True)
+    if threads is not None and not 1 <= threads <= 100:
+        raise ValueError(f"threads_pct: expected 1 to 100; got {threads}")
+    owner, holder = doc.get("owner"), doc.get("holder", "")
+    if not isinstance(owner, str) or not isinstance(holder, str):
+        raise ValueError("owner, holder: expected strings")
+    return SliceRequest(
+        sid=sid, gpu_uuid=uuid, gpu_index=_int(doc, "gpu_index") or 0, mib=mib,
+        owner=owner[:32], holder=holder[:4096], threads_pct=threads,
+        at_s=_seconds(doc, "at_s"),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +351,8 @@ class DaemonState:
     (``UP``: it answers its control socket, configured; ``STARTING``; ``DOWN``, with
     ``reason``); its ``pid``; the default pinned-memory ``limit_mib`` it was given; how many
     times it was (re)started (``starts``); ``heartbeat_s`` (wall-clock seconds of the check
-    that wrote it) and ``since_s`` (of the last change of ``state``)."""
+    that wrote it) and ``since_s`` (of the last change of ``state``). ``sid``: the slice
+    whose daemon it is (``""``: the GPU's probe daemon)."""
 
     uuid: str
     index: int
@@ -221,6 +363,7 @@ class DaemonState:
     starts: int = 0
     heartbeat_s: float = 0.0
     since_s: float = 0.0
+    sid: str = ""
 
 
 def state_json(state: DaemonState) -> str:
@@ -230,6 +373,7 @@ def state_json(state: DaemonState) -> str:
             "uuid": state.uuid, "index": state.index, "state": state.state,
             "reason": state.reason, "pid": state.pid, "limit_mib": state.limit_mib,
             "starts": state.starts, "heartbeat_s": state.heartbeat_s, "since_s": state.since_s,
+            "sid": state.sid,
         },
         sort_keys=True,
     )  # fmt: skip
@@ -251,10 +395,11 @@ def _seconds(doc: Mapping[str, Any], key: str) -> float:
     return float(value)
 
 
-def parse_state(raw: bytes | str, uuid: str) -> DaemonState:
-    """The state file of ``uuid``'s daemon, checked: a JSON object with the keys
-    ``state_json`` writes, for that GPU. Raises ``ValueError`` naming what is wrong (too long,
-    not JSON, another GPU's, a bad field): the caller counts it as unreadable."""
+def parse_state(raw: bytes | str, uuid: str, sid: str = "") -> DaemonState:
+    """The state file of ``uuid``'s daemon (``sid``: of that slice's daemon on it; ``uuid``
+    ``""``: any GPU's), checked: a JSON object with the keys ``state_json`` writes, for that GPU
+    and slice. Raises ``ValueError`` naming what is wrong (too long, not JSON, another GPU's or
+    slice's, a bad field): the caller counts it as unreadable."""
     if len(raw) > MAX_STATE_BYTES:
         raise ValueError(f"over {MAX_STATE_BYTES} bytes")
     try:
@@ -263,8 +408,12 @@ def parse_state(raw: bytes | str, uuid: str) -> DaemonState:
         raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
-    if doc.get("uuid") != uuid:
+    if uuid and doc.get("uuid") != uuid:
         raise ValueError(f"the state of {str(doc.get('uuid'))[:64]!r}, not of {uuid}")
+    if not isinstance(doc.get("uuid"), str) or not _UUID.match(doc["uuid"]):
+        raise ValueError(f"uuid: expected a GPU UUID; got {str(doc.get('uuid'))[:64]!r}")
+    if doc.get("sid", "") != sid:
+        raise ValueError(f"the state of slice {str(doc.get('sid'))[:32]!r}, not of {sid!r}")
     state = doc.get("state")
     if state not in (UP, STARTING, DOWN):
         raise ValueError(f"state: expected up, starting or down; got {str(state)[:32]!r}")
@@ -272,20 +421,23 @@ def parse_state(raw: bytes | str, uuid: str) -> DaemonState:
     if not isinstance(reason, str):
         raise ValueError("reason: expected a string")
     return DaemonState(
-        uuid=uuid, index=_int(doc, "index") or 0, state=state, reason=reason[:256],
+        uuid=doc["uuid"], index=_int(doc, "index") or 0, state=state, reason=reason[:256],
         pid=_int(doc, "pid", optional=True), limit_mib=_int(doc, "limit_mib", optional=True),
         starts=_int(doc, "starts") or 0, heartbeat_s=_seconds(doc, "heartbeat_s"),
-        since_s=_seconds(doc, "since_s"),
+        since_s=_seconds(doc, "since_s"), sid=sid,
     )  # fmt: skip
 
 
 def enforced(state: DaemonState | None, now_s: float, stale_after_s: float, *,
-             problem: str | None = None) -> tuple[bool, str]:  # fmt: skip
-    """Whether a shared GPU is enforced now, and if not why (a health reason): its daemon's
-    ``state`` (``None``: no file, or ``problem`` says why it could not be read) says ``UP``
-    with a heartbeat at most ``stale_after_s`` seconds before ``now_s`` (wall clock, the
-    supervisor's and ours: one host). A heartbeat from the future by more than that bound is
-    stale too (a clock stepped back)."""
+             problem: str | None = None, supervisor_gone: bool = False) -> tuple[bool, str]:  # fmt: skip
+    """Whether a shared GPU (or a slice) is enforced now, and if not why (a health reason): no
+    supervisor holds its lock (``supervisor_gone``: ``SUPERVISOR_GONE`` at once, whatever the
+    file says); else its daemon's ``state`` (``None``: no file, or ``problem`` says why it could
+    not be read) says ``UP`` with a heartbeat at most ``stale_after_s`` seconds before
+    ``now_s`` (wall clock, the supervisor's and ours: one host). A heartbeat from the future by
+    more than that bound is stale too (a clock stepped back)."""
+    if supervisor_gone:
+        return False, SUPERVISOR_GONE
     if state is None:
         return False, UNREADABLE if problem else MISSING
     if abs(now_s - state.heartbeat_s) > stale_after_s:

@@ -116,13 +116,15 @@ class DevicePluginSettings(CommonSettings):
     )
     mps_root: Path = Field(
         default=DEFAULT_MPS_ROOT,
-        description="Host folder of the MPS daemons: <root>/shm (the shared-memory tmpfs) and "
-        "<root>/<GPU UUID>/pipe and /log; mounted at the same path in each slice container.",
+        description="Host folder of the MPS daemons: <root>/slices/<slice id>/pipe, /log and "
+        "/shm (a slice's daemon and its tmpfs) and <root>/<GPU UUID>/pipe and /log (a GPU's "
+        "probe daemon); a slice's pipe folder and tmpfs are mounted in its container.",
     )
     mps_state_dir: Path = Field(
         default=DEFAULT_MPS_STATE_DIR,
-        description="Folder where `omaticaya mps` writes each daemon's state and the device "
-        "plugin reads it (a volume the pod's containers share).",
+        description="Folder where `omaticaya mps` writes each daemon's state and holds its lock, "
+        "and the plugins write their slice requests (a host folder the agent and the "
+        "supervisor share).",
     )
     mps_thread_share: bool = Field(
         default=False,

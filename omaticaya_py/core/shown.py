@@ -25,15 +25,19 @@ grants a look shows leave it (``look``), and the ones left are rebased, their ba
 the memory shown, so that what a later grant's drop must cover stays what it was (two slices
 handed out at the same baseline, one in use: the other still counts at every later look).
 ``still_in_book`` replays such a book from the grants alone, each added at its own baseline,
-for the extender, which keeps every grant. Pure.
+for the extender, which keeps every grant. ``still_pending`` is the look both kubelet plugins
+take at their books of slices (the device plugin's ``Allocate``, the DRA driver's prepare):
+one rule, whatever each keeps beside a slice. Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import compress
+from typing import Any, Protocol, TypeVar, cast
 
-__all__ = ["Grant", "look", "still_counting", "still_in_book"]
+__all__ = ["BookedSlice", "Grant", "look", "still_counting", "still_in_book", "still_pending"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +120,44 @@ def still_in_book(grants: Sequence[Grant], free_now_mib: int | None) -> list[boo
     flags, _ = look([g for _, g in book], free_now_mib)
     counting = {k for (k, _), still in zip(book, flags, strict=True) if still}
     return [k in counting for k in range(len(grants))]
+
+
+class BookedSlice(Protocol):
+    """A slice in a plugin's book (a frozen dataclass): its ``mib``, when it was handed out
+    (``at_s``, the plugin's monotonic clock) and its GPU's free MiB then, less the memory of the
+    earlier slices shown since (``baseline_free_mib``; ``None``: unknown)."""
+
+    @property
+    def mib(self) -> int: ...
+
+    @property
+    def at_s(self) -> float: ...
+
+    @property
+    def baseline_free_mib(self) -> int | None: ...
+
+
+S = TypeVar("S", bound=BookedSlice)
+
+
+def still_pending(slices: Sequence[S], free_now_mib: int | None, now_s: float,
+                  settle_s: float) -> tuple[S, ...]:  # fmt: skip
+    """The slices of one GPU (oldest first) that still count against its live free memory
+    ``free_now_mib`` (MiB; ``None``: unknown, all count) at ``now_s``: those under ``settle_s``
+    old (``OMATICAYA_SHARE_SETTLE_S``) that the "counts until shown" rule still counts (each a
+    ``Grant`` read after it was handed out: ``look``). Callers keep the result as the GPU's
+    slices, so that every slice still counting was counting when each later one was handed
+    out: a slice shows only once the drop from its baseline covers it and every earlier one,
+    and none shows after one that does not (memory that cannot be told apart waits). The
+    slices kept are rebased by the memory of those shown (``rebase``): the drop they must show
+    still covers it. Used by ``deviceplugin.slices`` and ``dra.prepare`` alike."""
+    live = [s for s in slices if now_s - s.at_s < settle_s]
+    flags, shown = look([Grant(s.mib, s.baseline_free_mib, read_after=True) for s in live],
+                        free_now_mib)  # fmt: skip
+    return tuple(_rebased(s, shown) for s in compress(live, flags))
+
+
+def _rebased(s: S, shown_mib: int) -> S:
+    if not shown_mib or s.baseline_free_mib is None:
+        return s
+    return cast(S, replace(cast(Any, s), baseline_free_mib=s.baseline_free_mib - shown_mib))

@@ -31,7 +31,9 @@ class SliceUse:
     processes not placed, or a pod or container the API did not name); ``processes``: the
     processes counted in it, ``(pid, MiB)`` by pid (the MiB from the GPU's NVML process list,
     ``None`` where NVML gave none or the list was not given); ``()`` when ``used_mib`` is
-    ``None`` or no process list was given (``gpu_slices``). Not compared."""
+    ``None`` or no process list was given (``gpu_slices``). ``unit_ids``: those unit IDs, in the
+    kubelet's order (what names the slice's MPS daemon: ``core.mps.slice_id`` of them sorted).
+    Neither is compared."""
 
     namespace: str
     pod: str
@@ -40,6 +42,7 @@ class SliceUse:
     limit_mib: int
     used_mib: int | None
     processes: tuple[tuple[int, int | None], ...] = field(default=(), compare=False)
+    unit_ids: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def over(self) -> bool:
@@ -53,8 +56,12 @@ class SliceUse:
 
 
 def _units_on(h: ContainerDevices, gpu_uuid: str) -> int:
-    return sum(
-        1 for d in dict.fromkeys(h.device_ids) if (p := parse_unit_id(d)) and p[0] == gpu_uuid
+    return len(_unit_ids_on(h, gpu_uuid))
+
+
+def _unit_ids_on(h: ContainerDevices, gpu_uuid: str) -> tuple[str, ...]:
+    return tuple(
+        d for d in dict.fromkeys(h.device_ids) if (p := parse_unit_id(d)) and p[0] == gpu_uuid
     )
 
 
@@ -104,7 +111,8 @@ def gpu_slices(
         if used is not None and mib_of is not None:
             per_pid = tuple((pid, mib_of.get(pid)) for pid in sorted(set(counted)))
         out.append(
-            SliceUse(h.namespace, h.pod, h.container, units, units * unit_mib, used, per_pid)
+            SliceUse(h.namespace, h.pod, h.container, units, units * unit_mib, used, per_pid,
+                     _unit_ids_on(h, gpu_uuid))  # fmt: skip
         )
     return tuple(out)
 

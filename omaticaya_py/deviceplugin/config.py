@@ -60,11 +60,14 @@ class MpsConfig:
     """Slices enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``): the daemons' ``layout``
     (``core.mps.Layout``: ``OMATICAYA_MPS_ROOT``, ``OMATICAYA_MPS_STATE_DIR``); a daemon whose
     state is older than ``stale_s`` seconds counts as down (``OMATICAYA_MPS_STALE_S``); with
-    ``thread_share`` a slice also gets a compute share (``OMATICAYA_MPS_THREAD_SHARE``)."""
+    ``thread_share`` a slice also gets a compute share (``OMATICAYA_MPS_THREAD_SHARE``);
+    ``slice_wait_s``: how long ``Allocate`` (and DRA's prepare) waits for a slice's daemon to
+    come up before refusing the slice (the supervisor's start timeout, 10 s, and a margin)."""
 
     layout: Layout = Layout()
     stale_s: float = 15.0
     thread_share: bool = False
+    slice_wait_s: float = 15.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..core.readings import AgentFeed
+from ..core.memory_limit import driver_major
+from ..core.readings import AgentFeed, TickResult
 from ..sources.mps import MpsWatch
 from .allocation import DeviceState, mig_resource_name
 from .config import DEFAULT_CONFIG, MpsConfig, PluginConfig, Scope
@@ -33,9 +34,10 @@ class DevicePlugin:
       profile (``1g.10gb``) its MIG devices, as ``nvidia.com/mig-1g.10gb``.
     - ``units``: serve the shared GPUs' memory units instead (``config.sharing``), as its
       ``resource_name``; the whole-GPU resource leaves those GPUs out. Under MPS
-      (``config.sharing.mps``), ``mps`` watches each shared GPU's daemon: a GPU whose daemon is
-      not up serves no units (Unhealthy, with the reason), and ``Allocate`` makes each slice
-      container a client of its GPU's daemon.
+      (``config.sharing.mps``), ``mps`` watches each shared GPU's probe daemon: a GPU whose
+      probe is not up (or whose supervisor died) serves no units (Unhealthy, with the reason),
+      and ``Allocate`` makes each slice container the client of a daemon of its own slice,
+      let go on the tick that finds its units released.
     - ``devices``: ``(index, uuid)`` (unit IDs for ``units``) known before the first reading;
       ``None``: those of ``config`` for this resource.
 
@@ -51,11 +53,15 @@ class DevicePlugin:
         self.slicer = (
             Slicer(sharing.unit_mib, policy=sharing.policy, settle_s=sharing.settle_s,
                    clock=timing.clock, held=lambda: source.last_listed,
-                   stamp=lambda: float(source.clock()), mps=sharing.mps)
+                   stamp=lambda: float(source.clock()), mps=sharing.mps,
+                   driver_major=lambda: _driver_major(source))
             if units else None
         )  # fmt: skip
         #: the shared GPUs' MPS daemons, as the supervisor last wrote them (units under MPS)
         self.mps = _watch(source, sharing.mps) if units and sharing.mps is not None else None
+        if self.slicer is not None and self.slicer.daemons is not None:
+            # each tick's PodResources list lets go of the daemons of slices that ended
+            source.on_tick.append(self._sweep)
         scope = Scope(profile, sharing.shared, units)
         self.inventory = Inventory(source.cache, scope, devices, timing, self.slicer,
                                    self._enforced if self.mps is not None else None)  # fmt: skip
@@ -70,6 +76,10 @@ class DevicePlugin:
         endpoint = Endpoint(name, config.plugin_dir)
         self.registration = KubeletRegistration(self.service, endpoint, source, timing)
         self._source = source
+
+    def _sweep(self, _result: TickResult) -> None:
+        assert self.slicer is not None
+        self.slicer.sweep()
 
     def _enforced(self, uuid: str) -> tuple[bool, str]:
         assert self.mps is not None
@@ -146,6 +156,12 @@ class DevicePlugin:
     def wait_registered(self, timeout_s: float) -> bool:
         """True once registered with the kubelet, waiting up to ``timeout_s`` seconds."""
         return self.registration.wait_registered(timeout_s)
+
+
+def _driver_major(source: AgentFeed) -> int | None:
+    """The NVIDIA driver's branch in the agent's latest reading (``None``: none yet)."""
+    last = source.cache.last
+    return driver_major(last.snapshot.driver_version) if last is not None else None
 
 
 def _watch(source: AgentFeed, mps: MpsConfig) -> MpsWatch:

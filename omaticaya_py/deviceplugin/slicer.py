@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from ..core.mps import ClientSpec, client_spec
+from ..core.memory_limit import slice_edits
+from ..core.mps import ClientSpec, SliceRequest, client_spec, slice_id, thread_pct
 from ..core.placement import POLICIES, fits_slice
 from ..core.schema import GpuInfo
 from ..core.sharing import parse_unit_id, slice_mib
+from ..sources.mps import SliceDaemons, SliceUnavailable
 from .allocation import DeviceState
 from .config import DEFAULT_SETTLE_S, MpsConfig
 from .slices import (
@@ -42,6 +44,8 @@ __all__ = ["DEFAULT_SETTLE_S", "Booking", "SliceRefused", "Slicer"]
 LIST_MARGIN_S = 1.0
 #: at most this many slices are kept per GPU (the oldest go first)
 MAX_SLICES_PER_GPU = 4096
+#: who the device plugin's slice requests are from (``core.mps.SliceRequest.owner``)
+OWNER = "device-plugin"
 
 
 @dataclass
@@ -63,9 +67,21 @@ class Slicer:
     a slice whose units a list asked for ``LIST_MARGIN_S`` or more after its ``Allocate`` does
     not name is over (``slices.released``); ``None``: not known.
 
-    ``mps``: slices are enforced by each GPU's CUDA MPS daemon (``config.MpsConfig``): the answer
-    makes the container its client (``core.mps.client_spec``); ``None``: the limit is only in
-    the environment (``slices.slice_envs``).
+    ``mps``: slices are enforced by CUDA MPS (``config.MpsConfig``), one control daemon per slice
+    whose default pinned-memory limit is the slice (``core.mps``): ``allocate`` asks for the
+    slice's daemon and waits until it is up (``daemons``: ``sources.mps.SliceDaemons``, made
+    from ``mps`` when not given), the answer makes the container its client
+    (``core.mps.client_spec``), and a slice's daemon is let go once the kubelet's list no longer
+    names its units (``sweep``, on each tick) or a later slice supersedes it; ``None``: the
+    limit is only in the environment (``slices.slice_envs``). The slices' daemons asked for
+    before a restart are found again on file.
+
+    ``driver_major``: the NVIDIA driver's branch (``core.memory_limit.driver_major`` of the
+    latest reading's ``nvmlSystemGetDriverVersion``); from r615 on the answer also carries the
+    driver's per-container limit (``NVIDIA_GPU_MEMORY_LIMIT`` and ``_REQUEST``, the slice's MiB:
+    ``core.memory_limit.slice_edits``), which the NVIDIA container toolkit's
+    ``apply-cuda-memory-limits`` hook applies to the container's cgroup at its creation, for the
+    sum of its processes, with or without MPS.
 
     ``counts`` maps a GPU UUID to its unit count (from its total memory; the servicer keeps it).
     ``slices`` maps a GPU UUID to the slices still counting there (oldest first). Thread-safe.
@@ -81,6 +97,8 @@ class Slicer:
         held: Callable[[], tuple[frozenset[str], float] | None] | None = None,
         stamp: Callable[[], float | None] | None = None,
         mps: MpsConfig | None = None,
+        daemons: SliceDaemons | None = None,
+        driver_major: Callable[[], int | None] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"expected a policy among {', '.join(POLICIES)}; got {policy!r}")
@@ -91,9 +109,19 @@ class Slicer:
         self._held = held
         self._stamp = stamp
         self.mps = mps
+        self._driver_major = driver_major
+        if mps is not None and daemons is None:
+            daemons = SliceDaemons(mps.layout, OWNER, mps.stale_s, timeout_s=mps.slice_wait_s)
+        self.daemons = daemons if mps is not None else None
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
         self.slices: dict[str, tuple[Slice, ...]] = {}
+        #: slice ID -> its units and when a kubelet list can first name them (``clock``
+        #: seconds; 0: any list, for the slices found on file after a restart)
+        self.daemon_book: dict[str, tuple[frozenset[str], float]] = {}
+        if self.daemons is not None:
+            for sid, req in self.daemons.requests().items():
+                self.daemon_book[sid] = (frozenset(req.holder.split(",")), 0.0)
 
     def pending_mib(self, gpus: Iterable[DeviceState], skip: frozenset[str] = frozenset()) -> dict[str, int]:
         """MiB handed out per GPU UUID that its reading does not show yet; slices the reading
@@ -161,6 +189,7 @@ class Slicer:
         gpu = by_id[on[0]]
         units = frozenset(ids)
         mib = slice_mib(len(units), self.unit_mib)
+        sid = slice_id(",".join(sorted(units)))
         pending = self.pending_mib([gpu], skip=units).get(gpu.id, 0)
         # the placement model's rule, on the one GPU the kubelet's units are on (they are
         # its units book: only the live memory less what is pending is asked here)
@@ -172,6 +201,8 @@ class Slicer:
                 f"{pending} MiB of it handed out to slices not in use yet: a slice of {mib} MiB "
                 "does not fit",
             )
+        if self.daemons is not None:
+            self._ask_daemon(sid, units, gpu, mib)
         with self._lock:
             held_now = self.slices.get(gpu.id, ())
             over = superseded(held_now, units)
@@ -184,20 +215,84 @@ class Slicer:
             if booking is not None:
                 booking.added.append(added)
                 booking.superseded.extend(over)
-        return gpu.id, self.answer(gpu.id, len(units))
+        for old in over:  # its container is done: its daemon goes (when it is not this one)
+            self._let_go(slice_id(",".join(sorted(old.units))), keep=sid)
+        return gpu.id, self.answer(gpu.id, len(units), sid)
 
-    def answer(self, gpu_uuid: str, units: int) -> ClientSpec:
-        """What a container given ``units`` units of ``gpu_uuid`` gets besides the GPU: under
-        MPS, the client's environment and mounts (``core.mps.client_spec``: the pipe folder,
-        the shared memory, the pinned-memory limit of exactly the slice, and with the thread
-        share its compute share of the GPU's ``counts``); else the limit in its environment
-        only (``slices.slice_envs``)."""
+    def _ask_daemon(self, sid: str, units: frozenset[str], gpu: DeviceState, mib: int) -> None:
+        """Ask for slice ``sid``'s daemon and wait until it is up (``sources.mps.SliceDaemons``),
+        booking it for ``sweep``. Raises ``SliceRefused`` (``FAILED_PRECONDITION``, with the
+        reason) when it does not come up: fail closed, the container is never started without
+        its daemon."""
+        assert self.daemons is not None and self.mps is not None
+        request = SliceRequest(
+            sid=sid, gpu_uuid=gpu.id, gpu_index=gpu.index, mib=mib, owner=OWNER,
+            holder=",".join(sorted(units)), threads_pct=self._threads(gpu.id, len(units)),
+            at_s=time.time(),
+        )  # fmt: skip
+        try:
+            self.daemons.ask(request)
+        except (SliceUnavailable, OSError) as exc:
+            with self._lock:
+                self.daemon_book.pop(sid, None)
+            raise SliceRefused(
+                "FAILED_PRECONDITION",
+                f"GPU {gpu.index} {gpu.id}: the MPS daemon of this {mib} MiB slice did not come "
+                f"up: {exc}: the slice cannot be enforced",
+            ) from None
+        now = self._stamp() if self._stamp is not None else None
+        with self._lock:
+            self.daemon_book[sid] = (units, 0.0 if now is None else now + LIST_MARGIN_S)
+
+    def _let_go(self, sid: str, keep: str = "") -> None:
+        if self.daemons is None or sid == keep:
+            return
+        with self._lock:
+            self.daemon_book.pop(sid, None)
+        self.daemons.release(sid)
+
+    def sweep(self) -> list[str]:
+        """Let go of the daemons of the slices the kubelet no longer holds: a PodResources list
+        (``held``) asked for at or after a slice could first be named, that names none of its
+        units (the pod or container went). Returns the slice IDs let go; nothing when no list
+        is known (the daemons stay: a slice's enforcement is never dropped on a guess)."""
+        if self.daemons is None or self._held is None:
+            return []
+        listed = self._held()
+        if listed is None:
+            return []
+        held, at_s = listed
+        with self._lock:
+            gone = [sid for sid, (units, after) in self.daemon_book.items()
+                    if at_s >= after and not units & held]  # fmt: skip
+        for sid in gone:
+            self._let_go(sid)
+            logger.info("device plugin: slice {}'s units are no longer held: its MPS daemon "
+                        "is let go", sid)  # fmt: skip
+        return gone
+
+    def _threads(self, gpu_uuid: str, units: int) -> int | None:
+        """The active-thread percentage of a slice of ``units`` units of ``gpu_uuid`` with the
+        thread share on (of the GPU's ``counts``; count unknown: all), else ``None``."""
+        if self.mps is None or not self.mps.thread_share:
+            return None
+        return thread_pct(units, self.counts.get(gpu_uuid) or units)
+
+    def answer(self, gpu_uuid: str, units: int, sid: str) -> ClientSpec:
+        """What a container given ``units`` units of ``gpu_uuid`` (the slice ``sid``) gets
+        besides the GPU: under MPS, the client's environment and mounts
+        (``core.mps.client_spec``: its slice daemon's pipe folder and shared memory, the
+        pinned-memory limit of exactly the slice, and with the thread share its compute share
+        of the GPU's ``counts``); else the limit in its environment only
+        (``slices.slice_envs``); on a driver of r615 or newer, the driver's per-container limit
+        too (see the class)."""
+        mib = units * self.unit_mib
+        major = self._driver_major() if self._driver_major is not None else None
+        driver = dict(slice_edits(gpu_uuid, mib, major, name_hook=False).envs)
         if self.mps is None:
-            return ClientSpec(slice_envs(units, self.unit_mib), ())
-        total = self.counts.get(gpu_uuid) if self.mps.thread_share else None
-        if self.mps.thread_share and not total:
-            total = units  # count unknown: the whole GPU's compute
-        return client_spec(self.mps.layout, gpu_uuid, units, self.unit_mib, total_units=total)
+            return ClientSpec({**slice_envs(units, self.unit_mib), **driver}, ())
+        spec = client_spec(self.mps.layout, sid, mib, threads_pct=self._threads(gpu_uuid, units))
+        return ClientSpec({**spec.envs, **driver}, spec.mounts) if driver else spec
 
     def take_back(self, booking: Booking) -> None:
         """Undo ``booking`` (an ``Allocate`` refused after some of its containers were booked):

@@ -38,14 +38,13 @@ out ``settle_s``; once one slice is not shown, no later one on the GPU is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from itertools import compress
+from dataclasses import dataclass
 
 from ..core.mps import LIMIT_ENV, MPS_LIMIT_ENV
 from ..core.placement import pick_slice, whole_key
 from ..core.schema import GpuInfo
 from ..core.sharing import parse_unit_id, slice_mib, unit_id
-from ..core.shown import Grant, look
+from ..core.shown import still_pending
 from .allocation import DeviceState
 
 __all__ = [
@@ -58,7 +57,6 @@ __all__ = [
     "expand",
     "gpus_of",
     "preferred_units",
-    "rebased",
     "released",
     "rooms",
     "slice_envs",
@@ -137,31 +135,6 @@ def gpus_of(device_ids: Iterable[str]) -> list[str]:
         parsed = parse_unit_id(d)
         found.setdefault(parsed[0] if parsed else d, None)
     return list(found)
-
-
-def still_pending(
-    slices: Sequence[Slice], free_now_mib: int | None, now_s: float, settle_s: float
-) -> tuple[Slice, ...]:
-    """The slices of one GPU (oldest first) that still count against its live free memory
-    ``free_now_mib`` (see the module docstring): those under ``settle_s`` old that the one
-    "counts until shown" rule (``core.shown.still_counting``, each slice a ``Grant`` read
-    after its ``Allocate``) still counts. Callers keep the result as the GPU's slices, so that
-    every slice still counting was counting when each later one was handed out: a slice shows
-    only once the drop from its baseline covers it and every earlier one, and none shows after
-    one that does not (memory that cannot be told apart waits). The slices kept are rebased by
-    the memory of those shown (``core.shown.look``): the drop they must show still covers it."""
-    live = [s for s in slices if now_s - s.at_s < settle_s]
-    grants = [Grant(s.mib, s.baseline_free_mib, read_after=True) for s in live]
-    flags, shown = look(grants, free_now_mib)
-    return tuple(rebased(s, shown) for s in compress(live, flags))
-
-
-def rebased(s: Slice, shown_mib: int) -> Slice:
-    """``s`` kept while slices of ``shown_mib`` left the book as shown: its baseline less
-    their memory (``core.shown.rebase``)."""
-    if not shown_mib or s.baseline_free_mib is None:
-        return s
-    return replace(s, baseline_free_mib=s.baseline_free_mib - shown_mib)
 
 
 def superseded(slices: Iterable[Slice], units: Iterable[str]) -> tuple[Slice, ...]:

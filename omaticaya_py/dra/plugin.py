@@ -34,7 +34,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
@@ -46,13 +46,14 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from ..core.dra import DRIVER, DraDevice, inventory
+from ..core.memory_limit import driver_major
 from ..core.mps import Layout
 from ..core.readings import AgentFeed, ReadingAge, TickResult
 from ..core.settings import Settings, stuck_after_s
 from ..core.sharing import Sharing
 from ..kube.errors import KubeError, KubeNotFound
 from ..kube.session import ApiSession
-from ..sources.mps import MpsWatch
+from ..sources.mps import MpsWatch, SliceDaemons, SliceUnavailable
 from . import healthreport as dra_health
 from .health.v1 import api_pb2 as health_v1_pb2
 from .health.v1 import api_pb2_grpc as health_v1_grpc
@@ -64,6 +65,7 @@ from .pluginregistration import api_pb2 as reg_pb2
 from .pluginregistration import api_pb2_grpc as reg_grpc
 from .prepare import (
     CONTROL_NODES,
+    OWNER,
     ClaimRef,
     NodeFacts,
     PendingSlice,
@@ -71,6 +73,7 @@ from .prepare import (
     Refused,
     cdi_file_name,
     cdi_spec,
+    claim_slice_id,
     decide,
     slices_pending,
     spec_bytes,
@@ -225,6 +228,9 @@ class DraPlugin:
             assert self.layout is not None
             mps = MpsWatch(self.layout, settings.mps_stale_s)
         self.mps = mps if enforced else None
+        #: the slices' own MPS daemons, asked for at prepare and let go at unprepare
+        self.daemons = (SliceDaemons(self.layout, OWNER, settings.mps_stale_s)
+                        if self.layout is not None else None)  # fmt: skip
         self.counts = counts if counts is not None else DraCounts()
         self.stale_after_s = stuck_after_s(settings)
         #: the kubelet shows a device Unknown this long after its last report
@@ -264,6 +270,7 @@ class DraPlugin:
         self._stopping.clear()
         with self._lock:
             self.checkpoint.load()
+            self._sweep_daemons()
         if self._on_tick not in self.feed.on_tick:
             self.feed.on_tick.append(self._on_tick)
         self._serve_dra()
@@ -422,11 +429,13 @@ class DraPlugin:
                 if d.shared and d.gpu_uuid:
                     e = self.mps.enforcement(d.gpu_uuid)
                     mps_up[d.gpu_uuid] = (e.up, e.reason)
+        last = self.feed.cache.last
         return NodeFacts(
             pool=self.pool, dev_root=self.dev_root,
             nodes=device_nodes(self.dev_root, sorted(names) + list(CONTROL_NODES)),
             minors=minors, mps=self.layout, mps_up=mps_up,
             thread_share=self.settings.mps_thread_share,
+            driver_major=driver_major(last.snapshot.driver_version) if last is not None else None,
         )  # fmt: skip
 
     # -- prepare / unprepare -----------------------------------------------------------------
@@ -481,6 +490,12 @@ class DraPlugin:
             self.counts.prepare["failed"] += 1
             logger.warning("DRA: claim {}/{} cannot be read: {}", ref.namespace, ref.name, exc)
             return [], f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+        why = self._ask_daemons(prepared)
+        if why:
+            self._unbook(ref.uid)
+            self.counts.prepare["refused"] += 1
+            logger.warning("DRA: claim {}/{} ({}) refused: {}", ref.namespace, ref.name, ref.uid, why)
+            return [], why
         with self._lock:
             entry = self.checkpoint.claims.get(ref.uid)
             if entry is None:
@@ -488,6 +503,7 @@ class DraPlugin:
                     entry = self._record(prepared)
                 except OSError as exc:
                     self._unbook(ref.uid)
+                    self._let_go(ref.uid, [d.device for d in prepared.devices])
                     self.counts.prepare["failed"] += 1
                     logger.error("DRA: claim {} not prepared: {}", ref.uid, exc)
                     return [], f"cannot record claim {ref.uid}: {exc}"
@@ -497,6 +513,47 @@ class DraPlugin:
             else:
                 self.counts.prepare["repeated"] += 1
             return [dict(d) for d in entry.devices], ""
+
+    def _ask_daemons(self, prepared: PreparedClaim) -> str:
+        """Ask for the MPS daemon of each slice of ``prepared`` and wait until it is up
+        (``sources.mps.SliceDaemons.ask``): ``""``, or why one did not come up (those asked
+        are let go again: fail closed, the container never starts without its daemon)."""
+        if self.daemons is None:
+            return ""
+        asked: list[str] = []
+        for d in prepared.devices:
+            if d.daemon is None:
+                continue
+            try:
+                self.daemons.ask(replace(d.daemon, at_s=time.time()))
+            except (SliceUnavailable, OSError) as exc:
+                for sid in asked:
+                    self.daemons.release(sid)
+                return (f"device {d.device}: the MPS daemon of its {d.mib} MiB slice did not "
+                        f"come up: {exc}: the slice cannot be enforced")  # fmt: skip
+            asked.append(d.daemon.sid)
+        return ""
+
+    def _let_go(self, claim_uid: str, names: Iterable[object]) -> None:
+        """Let go of the MPS daemons of ``claim_uid``'s slices (``names``: its devices' names;
+        a device that is no slice has no request: nothing to do)."""
+        if self.daemons is None:
+            return
+        for name in names:
+            if isinstance(name, str):
+                self.daemons.release(claim_slice_id(claim_uid, name))
+
+    def _sweep_daemons(self) -> None:
+        """Let go of the daemons asked for by claims this plugin no longer holds (unprepared
+        while it was down). Called under ``_lock`` at start."""
+        if self.daemons is None:
+            return
+        for sid, req in self.daemons.requests().items():
+            uid = req.holder.split(":")[1] if req.holder.startswith("claim:") else ""
+            if uid not in self.checkpoint.claims:
+                self.daemons.release(sid)
+                logger.info("DRA: the MPS daemon of slice {} ({}) let go: its claim is not "
+                            "prepared here", sid, req.holder[:80])  # fmt: skip
 
     def _pending(self, devices: Sequence[DraDevice]) -> dict[str, tuple[PendingSlice, ...]]:
         """GPU UUID -> the slices prepared there that still count against its free memory
@@ -591,6 +648,7 @@ class DraPlugin:
                 self._unbook(ref.uid)
                 self.counts.unprepare["unknown"] += 1
                 return ""
+            self._let_go(ref.uid, [d.get("device_name") for d in entry.devices])
             del self.checkpoint.claims[ref.uid]
             try:
                 self.checkpoint.save()

@@ -23,10 +23,14 @@ What a prepared device gives its container (CDI ``containerEdits``):
   NVIDIA runtime, which ``NVIDIA_VISIBLE_DEVICES`` drives.
 - a shared GPU's slice (``DraDevice.shared``): its ``consumedCapacity`` ``memory`` must be a
   whole number of ``unit_mib`` units. Under MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``) the
-  container becomes a client of the GPU's MPS daemon with exactly that pinned-memory limit
-  (``core.mps.client_spec``: env and mounts), and the claim is refused while the daemon is not
-  up (fail closed); the slice must then be its claim's only device (a process is the client of
-  one daemon). Without enforcement: the limit in the environment only. Either way the slice
+  container becomes the client of an MPS daemon of the slice's own, whose default pinned-memory
+  limit is the slice (``core.mps``: a limit the container's environment cannot raise), named
+  by ``claim_slice_id`` (``core.mps.client_spec``: env and mounts; ``PreparedDevice.daemon``:
+  the request the plugin makes and waits for), and the claim is refused while the GPU's probe
+  daemon is not up (fail closed); the slice must then be its claim's only device (a process is
+  the client of one daemon). Without enforcement: the limit in the environment only. From
+  driver r615 on, the driver's per-container limit too (``core.memory_limit``: the toolkit's
+  hook applies it at the container's creation). Either way the slice
   must fit its GPU's live free memory less the slices prepared there that the reading does not
   show yet (``PendingSlice``, ``slices_pending``), by the device plugin's ``Allocate`` rule
   (``core.placement.fits_slice``); a claim's own slices never count against it.
@@ -42,16 +46,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from ..core.dra import DRIVER, DraDevice, parse_device_name
-from ..core.mps import ACTIVE_THREAD_ENV, LIMIT_ENV, MPS_LIMIT_ENV, Layout, Mount, client_spec
+from ..core.memory_limit import slice_edits
+from ..core.mps import (
+    LIMIT_ENV,
+    MPS_LIMIT_ENV,
+    Layout,
+    Mount,
+    SliceRequest,
+    client_spec,
+    slice_id,
+    thread_pct,
+)
 from ..core.placement import fits_slice
 from ..core.schema import GpuInfo
-from ..core.shown import Grant, look
+from ..core.shown import still_pending
 
 __all__ = [
     "CDI_CLASS",
@@ -70,7 +84,9 @@ __all__ = [
     "PreparedDevice",
     "Refused",
     "capacity_mib",
+    "OWNER",
     "cdi_device_name",
+    "claim_slice_id",
     "cdi_file_name",
     "cdi_spec",
     "decide",
@@ -146,21 +162,8 @@ class PendingSlice:
     baseline_free_mib: int | None
 
 
-def slices_pending(slices: Sequence[PendingSlice], free_now_mib: int | None, now_s: float,
-                   settle_s: float) -> tuple[PendingSlice, ...]:  # fmt: skip
-    """The slices prepared on one GPU (oldest first) that still count against its live free
-    memory ``free_now_mib`` (MiB; ``None``: unknown, all count) at ``now_s``: those under
-    ``settle_s`` old (``OMATICAYA_SHARE_SETTLE_S``) that the device plugin's "counts until
-    shown" rule (``core.shown.look``, as ``deviceplugin.slices.still_pending`` applies it)
-    still counts, rebased by the memory of those shown. The caller keeps the result as the
-    GPU's slices."""
-    live = [s for s in slices if now_s - s.at_s < settle_s]
-    flags, shown = look([Grant(s.mib, s.baseline_free_mib) for s in live], free_now_mib)
-    return tuple(
-        s if not shown or s.baseline_free_mib is None
-        else replace(s, baseline_free_mib=s.baseline_free_mib - shown)
-        for s, still in zip(live, flags, strict=True) if still
-    )  # fmt: skip
+#: the one look at a book of slices (``core.shown.still_pending``), as the device plugin's
+slices_pending = still_pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,9 @@ class NodeFacts:
       each shared GPU; ``thread_share``: ``OMATICAYA_MPS_THREAD_SHARE``.
     - ``pending``: GPU UUID -> the slices this plugin prepared there that its reading does not
       show yet (``slices_pending`` at the devices' free memory; oldest first).
+    - ``driver_major``: the NVIDIA driver's branch (``core.memory_limit.driver_major`` of the
+      reading's ``nvmlSystemGetDriverVersion``; ``None``: unknown): from r615 on, a slice also
+      gets the driver's per-container limit in its environment (``core.memory_limit``).
     """
 
     pool: str
@@ -188,13 +194,16 @@ class NodeFacts:
     mps_up: Mapping[str, tuple[bool, str]] = field(default_factory=dict)
     thread_share: bool = False
     pending: Mapping[str, tuple[PendingSlice, ...]] = field(default_factory=dict)
+    driver_major: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedDevice:
     """One allocation result prepared: the kubelet's ``Device`` (``request_names``, ``pool``,
     ``device``, ``share_id``) and its CDI device (``cdi_name``, its ``edits``); ``uuid``: the
-    device's UUID; ``mib``: a slice's memory (``None``: a whole device)."""
+    device's UUID; ``mib``: a slice's memory (``None``: a whole device); ``daemon``: under MPS,
+    the request for the slice's own MPS daemon (``core.mps.SliceRequest``, ``at_s`` 0: the
+    plugin asks for it and waits before the claim counts as prepared)."""
 
     request_names: tuple[str, ...]
     pool: str
@@ -204,6 +213,7 @@ class PreparedDevice:
     edits: Edits
     share_id: str | None = None
     mib: int | None = None
+    daemon: SliceRequest | None = None
 
     @property
     def cdi_id(self) -> str:
@@ -217,6 +227,16 @@ class PreparedClaim:
 
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...]
+
+
+#: who the DRA plugin's slice requests are from (``core.mps.SliceRequest.owner``)
+OWNER = "dra"
+
+
+def claim_slice_id(claim_uid: str, device: str) -> str:
+    """The MPS slice ID of ``device`` prepared for claim ``claim_uid``
+    (``core.mps.slice_id`` of ``claim:<uid>:<device>``): the unprepare finds it again."""
+    return slice_id(f"claim:{claim_uid}:{device}")
 
 
 def cdi_device_name(claim_uid: str, device: str) -> str:
@@ -439,6 +459,7 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
     env = [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids)}"]
     mounts: tuple[Mount, ...] = ()
     mib: int | None = None
+    daemon: SliceRequest | None = None
     if dev.shared:
         consumed = result.get("consumedCapacity")
         amount = consumed.get("memory") if isinstance(consumed, dict) else None
@@ -456,16 +477,18 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
             if not up:
                 raise Refused(f"device {dev.name}: its MPS daemon is not up ({reason}): the "
                               "slice cannot be enforced")  # fmt: skip
-            total = (dev.memory_total_mib or 0) // unit if facts.thread_share else None
-            spec = client_spec(facts.mps, gpu_uuid, units, unit,
-                               total_units=(total or units) if facts.thread_share else None)  # fmt: skip
-            envs = dict(spec.envs)
-            if threads is not None:
-                envs[ACTIVE_THREAD_ENV] = str(threads)
-            env += [f"{k}={v}" for k, v in envs.items()]
+            pct = threads
+            if pct is None and facts.thread_share:
+                pct = thread_pct(units, (dev.memory_total_mib or 0) // unit or units)
+            sid = claim_slice_id(ref.uid, dev.name)
+            spec = client_spec(facts.mps, sid, mib, threads_pct=pct)
+            env += [f"{k}={v}" for k, v in spec.envs.items()]
             mounts = tuple(spec.mounts)
+            daemon = SliceRequest(sid, gpu_uuid, dev.gpu_index, mib, OWNER,
+                                  f"claim:{ref.uid}:{dev.name}", pct)  # fmt: skip
         else:
             env += [f"{MPS_LIMIT_ENV}=0={mib}M", f"{LIMIT_ENV}={mib}"]
+        env += slice_edits(gpu_uuid, mib, facts.driver_major, name_hook=False).env_list()
     if threads is not None and not (dev.shared and facts.mps is not None):
         raise Refused(f"{threads_where}.opaque.parameters.{_THREADS}: only for a shared GPU "
                       f"under MPS; {dev.name} is not one")  # fmt: skip
@@ -475,6 +498,7 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
         pool=facts.pool, device=dev.name, cdi_name=cdi_device_name(ref.uid, dev.name),
         uuid=dev.uuid, edits=Edits(tuple(env), nodes, mounts),
         share_id=share_id if isinstance(share_id, str) and share_id else None, mib=mib,
+        daemon=daemon,
     )  # fmt: skip
 
 

@@ -1,11 +1,21 @@
-"""One shared GPU's CUDA MPS control daemon: started, asked, stopped.
+"""One CUDA MPS control daemon (a slice's, or a shared GPU's probe): started, asked, stopped.
 
 ``ControlDaemon`` runs ``<control> -f`` (NVIDIA's ``nvidia-cuda-mps-control`` in the
 foreground) with ``CUDA_VISIBLE_DEVICES`` the GPU's UUID (the daemon sees it as device 0),
 ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` its folders under the layout's root
-(``core.mps.Layout``), in a session of its own (so that stopping it reaches the MPS servers it
-spawns), its stdout and stderr appended to ``<log>/supervisor-daemon.log``. It is asked through
-the same program's client mode (``<control>`` with the command on stdin), as an operator would.
+(``core.mps.Layout``: ``<root>/slices/<slice id>`` for a slice, ``<root>/<GPU UUID>`` for a
+GPU's probe), in a session of its own (so that stopping it reaches the MPS servers it spawns),
+its stdout and stderr appended to ``<log>/supervisor-daemon.log``. It is asked through the same
+program's client mode (``<control>`` with the command on stdin), as an operator would.
+
+Shared memory of its own: given ``shm`` (the slice's tmpfs, mounted by the supervisor), the
+daemon runs in a mount namespace of its own (``unshare --mount --propagation private``) with
+that tmpfs bound over its ``/dev/shm``, which the MPS servers it spawns inherit; the slice's
+clients get the same tmpfs as their ``/dev/shm``. One tenant can fill only its own.
+
+A restart keeps the folders: ``start`` empties the pipe folder of a dead daemon's sockets but
+never removes the folder itself, so that a client container's bind mount of it (the same
+inode) sees the new daemon's sockets: its next CUDA process reaches the restarted daemon.
 
 Folder modes: ``<root>/<GPU UUID>``, its ``pipe`` and ``log`` are ``0o755`` whatever the umask:
 a client container of any uid must be able to reach the daemon's sockets in ``pipe`` (the
@@ -14,6 +24,7 @@ sockets' own modes are the daemon's); only the supervisor writes there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -74,25 +85,35 @@ def parse_limit_mib(text: str) -> int | None:
 
 
 class ControlDaemon:
-    """The MPS control daemon of GPU ``uuid`` (NVML ``index``) under ``layout``, run from
-    ``control`` (a program path or name on ``PATH``), given the default pinned-memory limit
-    ``limit_mib`` (MiB per client, device 0; ``core.mps.default_limit_mib``: the whole GPU).
-    ``answer_timeout_s``: how long one client command may take. ``env``: the environment its
-    processes get besides the MPS variables (default: this process's ``PATH`` and ``HOME``).
+    """An MPS control daemon on GPU ``uuid`` (NVML ``index``) under ``layout``: slice ``sid``'s
+    (``""``: the GPU's probe), run from ``control`` (a program path or name on ``PATH``), given
+    the default pinned-memory limit ``limit_mib`` (MiB per client, device 0: the slice; the
+    probe's, ``core.mps.probe_limit_mib``) and, with ``threads_pct``, the default active-thread
+    percentage. ``shm``: a tmpfs to bind over the daemon's ``/dev/shm`` in a mount namespace of
+    its own (``None``: the supervisor's ``/dev/shm``). ``answer_timeout_s``: how long one client
+    command may take. ``env``: the environment its processes get besides the MPS variables
+    (default: this process's ``PATH`` and ``HOME``). Raises ``ValueError`` for a bad UUID or
+    slice ID.
 
     Not thread-safe: one owner (the ``Supervisor``) calls it."""
 
     def __init__(self, layout: Layout, uuid: str, index: int, limit_mib: int, *,
                  control: str = "nvidia-cuda-mps-control", answer_timeout_s: float = 2.0,
-                 env: Mapping[str, str] | None = None) -> None:  # fmt: skip
+                 env: Mapping[str, str] | None = None, sid: str = "",
+                 threads_pct: int | None = None, shm: Path | None = None) -> None:  # fmt: skip
         self.layout = layout
         self.uuid = uuid
         self.index = index
         self.limit_mib = limit_mib
         self.control = control
         self.answer_timeout_s = answer_timeout_s
-        self.pipe = layout.pipe(uuid)  # raises ValueError for a bad UUID
-        self.log = layout.log(uuid)
+        self.sid = sid
+        self.threads_pct = threads_pct
+        self.shm = shm
+        layout.gpu_dir(uuid)  # raises ValueError for a bad UUID
+        self.folder = layout.slice_dir(sid) if sid else layout.gpu_dir(uuid)
+        self.pipe = self.folder / "pipe"
+        self.log = self.folder / "log"
         base = env if env is not None else {
             k: v for k, v in os.environ.items() if k in ("PATH", "HOME")
         }  # fmt: skip
@@ -114,20 +135,35 @@ class ControlDaemon:
         """Whether the process started last is still running (not reaped)."""
         return self.proc is not None and self.proc.poll() is None
 
+    def argv(self) -> list[str]:
+        """The daemon's command line: ``<control> -f``, in a mount namespace of its own with
+        ``shm`` bound over ``/dev/shm`` when ``shm`` is set (``unshare`` execs ``sh``, which
+        execs the daemon: one pid)."""
+        if self.shm is None:
+            return [self.control, "-f"]
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                'mount --bind "$0" /dev/shm && exec "$1" -f', str(self.shm), self.control]  # fmt: skip
+
     def start(self) -> None:
-        """Start ``<control> -f``: any earlier process of it killed first, its folders made
-        (``DIR_MODE``; the pipe folder emptied of a dead daemon's sockets). Returns at once
+        """Start the daemon (``argv``): any earlier process of it killed first, its folders made
+        (``DIR_MODE``). The pipe folder is kept, only emptied of a dead daemon's sockets: a
+        client container's bind mount of it sees the new daemon. Returns at once
         (``wait_ready`` waits for it). Raises ``DaemonError`` (``SPAWN_FAILED``) when the
         program cannot be run, ``OSError`` when the folders cannot be made."""
         self.kill()
-        shutil.rmtree(self.pipe, ignore_errors=True)
-        for path in (self.layout.gpu_dir(self.uuid), self.pipe, self.log):
+        for path in (self.folder, self.pipe, self.log):
             path.mkdir(parents=True, exist_ok=True)
             os.chmod(path, DIR_MODE)
+        for entry in os.scandir(self.pipe):  # a dead daemon's sockets and pid file
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
         self._out = open(self.log / "supervisor-daemon.log", "ab")  # noqa: SIM115 (kept open)
         try:
             self.proc = subprocess.Popen(
-                [self.control, "-f"], env=self.env, stdin=subprocess.DEVNULL, stdout=self._out,
+                self.argv(), env=self.env, stdin=subprocess.DEVNULL, stdout=self._out,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             )  # fmt: skip
         except OSError as exc:
@@ -174,9 +210,10 @@ class ControlDaemon:
         return self.problem() is None
 
     def configure(self) -> None:
-        """Set the default pinned-memory limit of device 0 to ``limit_mib`` and read it back.
-        Raises ``DaemonError``: ``LIMIT_NOT_SET`` when the daemon refuses it or reads back
-        another value, ``NOT_ANSWERING`` when it does not answer."""
+        """Set the default pinned-memory limit of device 0 to ``limit_mib`` and read it back;
+        with ``threads_pct``, the default active-thread percentage too. Raises
+        ``DaemonError``: ``LIMIT_NOT_SET`` when the daemon refuses either or reads back another
+        value, ``NOT_ANSWERING`` when it does not answer."""
         value = limit_value(self.limit_mib)
         said = self.command(f"set_default_device_pinned_mem_limit 0 {value}")
         got = self.command("get_default_device_pinned_mem_limit 0")
@@ -184,6 +221,16 @@ class ControlDaemon:
             raise DaemonError(
                 LIMIT_NOT_SET, f"set {value} (answer {said[:60]!r}), read back {got[:60]!r}"
             )
+        if self.threads_pct is not None:
+            said = self.command(f"set_default_active_thread_percentage {self.threads_pct}")
+            got = self.command("get_default_active_thread_percentage")
+            try:
+                read = float((got.splitlines() or [""])[-1])
+            except ValueError:
+                read = -1.0
+            if round(read) != self.threads_pct:
+                raise DaemonError(LIMIT_NOT_SET, f"active threads {self.threads_pct} (answer "
+                                                 f"{said[:60]!r}), read back {got[:60]!r}")  # fmt: skip
 
     def wait_ready(self, timeout_s: float, *, poll_s: float = 0.05) -> None:
         """Wait until the daemon answers (at most ``timeout_s`` seconds), then ``configure``.
@@ -212,8 +259,9 @@ class ControlDaemon:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the daemon to ``quit``, wait for it (at most ``timeout_s`` seconds in all), then
-        SIGTERM and SIGKILL its session (its MPS servers with it); its folders are removed.
-        Never raises for a daemon already gone."""
+        SIGTERM and SIGKILL its session (its MPS servers with it); its folder is removed (but a
+        mount in it: the supervisor unmounts a slice's tmpfs first). Never raises for a daemon
+        already gone."""
         deadline = time.monotonic() + timeout_s
         if self.running():
             try:
@@ -222,7 +270,7 @@ class ControlDaemon:
                 pass
             self._wait(deadline - time.monotonic())
         self.kill(max(0.1, deadline - time.monotonic()))
-        shutil.rmtree(self.layout.gpu_dir(self.uuid), ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def kill(self, grace_s: float = 1.0) -> None:
         """SIGTERM the daemon's session, SIGKILL it after ``grace_s`` seconds if it still runs,

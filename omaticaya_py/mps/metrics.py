@@ -4,7 +4,12 @@
   answers and is configured, else 0), ``omaticaya_mps_daemon_starts_total{gpu,uuid}`` (every
   start, the first included), ``omaticaya_mps_daemon_failures_total{gpu,uuid,reason}``
   (``reason``: one of ``daemon.REASONS``; each failed start and each fall of a daemon that was
-  up counts once);
+  up counts once): each shared GPU's probe daemon;
+- ``omaticaya_mps_slice_daemons{gpu,uuid}`` (the slices' daemons up on the GPU),
+  ``omaticaya_mps_slice_daemon_starts_total{gpu,uuid}``,
+  ``omaticaya_mps_slice_daemon_failures_total{gpu,uuid,reason}`` (the same reasons), and
+  ``omaticaya_mps_slice_requests_skipped_total{reason}`` (a request file that is no request,
+  ``unreadable``, or asks for a GPU that is not shared here, ``unknown-gpu``);
 - ``/healthz``: 200 while the supervisor's checks run; ``/readyz``: 200 iff every daemon is up
   (503 with the reason otherwise).
 
@@ -46,11 +51,30 @@ class MpsMetrics:
             "starts and falls of a daemon that was up, by reason.", ["gpu", "uuid", "reason"],
             registry=self.registry,
         )  # fmt: skip
+        self._slices = Gauge(
+            "omaticaya_mps_slice_daemons", "The slices' MPS control daemons up on the GPU (one "
+            "per slice: its default pinned-memory limit is the slice).", ["gpu", "uuid"],
+            registry=self.registry,
+        )  # fmt: skip
+        self._slice_starts = Counter(
+            "omaticaya_mps_slice_daemon_starts", "Starts of slices' MPS control daemons on the "
+            "GPU (restarts included).", ["gpu", "uuid"], registry=self.registry,
+        )  # fmt: skip
+        self._slice_failures = Counter(
+            "omaticaya_mps_slice_daemon_failures", "Failures of slices' MPS control daemons on "
+            "the GPU, by reason.", ["gpu", "uuid", "reason"], registry=self.registry,
+        )  # fmt: skip
+        self._skipped = Counter(
+            "omaticaya_mps_slice_requests_skipped", "Slice requests skipped: unreadable, or for "
+            "a GPU that is not shared here (unknown-gpu).", ["reason"], registry=self.registry,
+        )  # fmt: skip
 
     def add_gpu(self, index: int, uuid: str) -> None:
         """Create GPU ``index``'s series (up 0, no start yet)."""
         self._up.labels(str(index), uuid).set(0)
         self._starts.labels(str(index), uuid)
+        self._slices.labels(str(index), uuid).set(0)
+        self._slice_starts.labels(str(index), uuid)
 
     def up(self, index: int, uuid: str, is_up: bool) -> None:
         """Set ``omaticaya_mps_daemon_up`` of the GPU."""
@@ -63,6 +87,22 @@ class MpsMetrics:
     def failed(self, index: int, uuid: str, reason: str) -> None:
         """Count one failure of the GPU's daemon, ``reason`` one of ``daemon.REASONS``."""
         self._failures.labels(str(index), uuid, reason).inc()
+
+    def slices_up(self, index: int, uuid: str, count: int) -> None:
+        """Set ``omaticaya_mps_slice_daemons`` of the GPU."""
+        self._slices.labels(str(index), uuid).set(count)
+
+    def slice_started(self, index: int, uuid: str) -> None:
+        """Count one start of a slice's daemon on the GPU."""
+        self._slice_starts.labels(str(index), uuid).inc()
+
+    def slice_failed(self, index: int, uuid: str, reason: str) -> None:
+        """Count one failure of a slice's daemon on the GPU (``daemon.REASONS``)."""
+        self._slice_failures.labels(str(index), uuid, reason).inc()
+
+    def skipped(self, reason: str) -> None:
+        """Count one skipped slice request (``unreadable``, ``unknown-gpu``)."""
+        self._skipped.labels(reason).inc()
 
 
 def make_app(registry: CollectorRegistry, healthz: Probe, readyz: Probe) -> Any:

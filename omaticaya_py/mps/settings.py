@@ -6,7 +6,8 @@ the enforcement, the MPS folders) and the supervisor's own. Environment names ar
   ``PATH`` or a path (the image's test stand-in: ``/opt/omaticaya/standin/nvidia-cuda-mps-control``);
 - ``OMATICAYA_MPS_CHECK_S`` (2): seconds between checks of the daemons;
 - ``OMATICAYA_MPS_START_TIMEOUT_S`` (10): how long a daemon may take to answer;
-- ``OMATICAYA_MPS_SHM_MIB`` (1024): the shared-memory tmpfs, MiB (0: a plain folder, no mount);
+- ``OMATICAYA_MPS_SHM_MIB`` (1024): each slice's shared-memory tmpfs, MiB (0: a plain folder, no
+  mount);
 - ``OMATICAYA_MPS_HOST_ROOT`` (empty): where the host's root is seen in this container, when
   not at its own path (``supervisor.Supervisor``'s ``host_root``);
 - ``OMATICAYA_MPS_METRICS_PORT`` (9403; 0: off) on ``OMATICAYA_METRICS_ADDRESS`` (``0.0.0.0``);
@@ -51,9 +52,9 @@ class MpsSettings(DevicePluginSettings):
         default=1024,
         ge=0,
         le=1 << 20,
-        description="Size of the shared-memory tmpfs the MPS daemons and their clients share, "
-        "MiB (0: a plain folder and no mount, /dev/shm not shared: tests and runs without "
-        "CAP_SYS_ADMIN).",
+        description="Size of each slice's shared-memory tmpfs (its MPS daemon's and its "
+        "container's /dev/shm: one tenant fills only its own), MiB (0: a plain folder and no "
+        "mount, /dev/shm not shared: tests and runs without CAP_SYS_ADMIN).",
     )
     mps_host_root: Path | None = Field(
         default=None,

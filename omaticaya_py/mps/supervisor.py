@@ -1,48 +1,71 @@
-"""The supervisor of one CUDA MPS control daemon per shared GPU (``omaticaya mps``).
+"""The supervisor of the CUDA MPS control daemons (``omaticaya mps``): one per slice, and one
+probe per shared GPU.
 
-``Supervisor.start()`` makes the layout's root (``core.mps.Layout``; it remembers each folder
-it made, parents such as ``/run/omaticaya`` included, to remove them at ``stop``), mounts the
-shared-memory tmpfs, starts every daemon (``daemon.ControlDaemon``) and waits for them (at most
-``start_timeout_s``). ``check()``, every ``check_s`` seconds (``run_forever``), asks each daemon:
+Why one daemon per slice (issue 47): the limit a tenant cannot raise comes from the daemon's
+side. A client's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` can only lower its daemon's default, and
+the container owns its environment; so each slice's daemon is given the slice as its default
+pinned-memory limit (``core.mps``'s module docstring says the rest).
+
+``Supervisor.start()`` takes the supervisor's lock (an exclusive ``flock`` on ``<state
+dir>/supervisor.lock``, held until the process ends: a reader that can take it knows no
+supervisor runs, ``sources.mps``), makes the layout's root (``core.mps.Layout``; it remembers
+each folder it made, parents such as ``/run/omaticaya`` included, to remove them at ``stop``),
+starts every GPU's probe daemon and waits for them (at most ``start_timeout_s``), then starts
+the daemons of the slices already asked for (a restarted supervisor finds its requests again).
+
+The slices: a plugin writes a request (``core.mps.SliceRequest``) to ``<state dir>/slices/<slice
+id>.json``; ``sync()`` (every 0.1 s in ``run_forever``: a folder listing) starts a daemon for
+each new request (its folder ``<root>/slices/<slice id>``, its default pinned-memory limit the
+slice's MiB, its active-thread percentage when asked, and with ``shm_mib > 0`` a tmpfs of that
+size as its and its clients' ``/dev/shm``), and stops the daemon of each request removed (its
+tmpfs unmounted, its folder and state file removed). A request that cannot be read, or that
+names a GPU not shared here, is skipped and counted, its state written ``down`` with the reason
+(so that the plugin waiting for it learns why at once).
+
+``check()``, every ``check_s`` seconds, asks each daemon (probes and slices alike):
 
 - it answers: state ``up``, with a fresh heartbeat;
 - it does not (its process gone, its socket silent): state ``down`` with the reason; it is
   restarted, a daemon that failed ``k`` times in a row waiting ``min(60, check_s * 2**k)``
   seconds first; while it starts (at most ``start_timeout_s``): ``starting``. A daemon whose
   process runs but does not answer is ``down`` at once (fail closed) but killed only after
-  ``SILENT_CHECKS`` checks in a row without an answer (killing it ends its clients' MPS
-  server): one slow answer on a busy node costs no running workload.
+  ``SILENT_CHECKS`` checks in a row without an answer, and only when its control socket is
+  still there: a daemon whose socket was removed (by a tenant, in its own pipe folder) keeps
+  serving the clients it has (killing it would end their MPS server; it answers nobody new,
+  so it stays ``down``) until it has no MPS server left, then it is restarted.
 
-Each check writes every daemon's state (``core.mps.state_json``) to ``<state dir>/<GPU
-UUID>.json`` atomically (a temporary file, then ``os.replace``): the device plugin serves a
-shared GPU's units only while it says ``up`` and is fresh (``core.mps.enforced``). A daemon
-that starts is asked without blocking the others' checks, so that a slow start never lets a
-healthy daemon's heartbeat go stale.
+A restarted daemon keeps its pipe folder (the same inode: a running container's bind mount of
+it sees the new daemon's sockets) and its slice's tmpfs (a restarted supervisor finds a slice's
+tmpfs still mounted, after a crash, and keeps it): a running container's next CUDA process
+reaches it.
 
-Shared memory: MPS clients and the MPS server their daemon spawns talk through ``/dev/shm``, so
-with ``shm_mib > 0`` the supervisor mounts a tmpfs of that size at ``<root>/shm`` (``mount -t
-tmpfs -o size=<N>m,mode=1777``; the client containers get it as their ``/dev/shm``) and binds
-it over its own ``/dev/shm`` (which its daemons and their servers inherit). Mounting needs
-``CAP_SYS_ADMIN`` (the chart's ``mps`` container is privileged); without it ``start`` raises
-``MpsError`` saying so. ``shm_mib == 0``: ``<root>/shm`` is a plain folder and nothing is
-mounted (tests, runs without privilege): ``/dev/shm`` is then NOT shared with the clients, so
-real MPS clients cannot reach their server.
+Each check writes every daemon's state (``core.mps.state_json``) atomically: a probe's to
+``<state dir>/<GPU UUID>.json``, a slice's to ``<state dir>/slices/<slice id>.state.json``. The
+device plugin serves a shared GPU's units only while its probe says ``up`` and is fresh, and
+hands a slice out only once its daemon says ``up`` (``core.mps.enforced``).
+
+Mounting needs ``CAP_SYS_ADMIN`` (the chart's ``mps`` container is privileged); without it a
+slice's daemon cannot start (``spawn-failed``, said once). ``shm_mib == 0``: nothing is mounted
+(tests, runs without privilege): ``<root>/slices/<id>/shm`` is a plain folder, and ``/dev/shm``
+is NOT shared with the clients, so real MPS clients cannot reach their server.
 
 ``host_root``: where the host's root is seen in this container when not at the root's own path
-(the chart mounts the host's ``/run`` at ``/host/run``, Bidirectional, so that the tmpfs reaches
-the host; it does not mount it at ``/run``, where the NVIDIA runtime's own mounts, such as
+(the chart mounts the host's ``/run`` at ``/host/run``, Bidirectional, so that the tmpfs mounts
+reach the host; it does not mount it at ``/run``, where the NVIDIA runtime's own mounts, such as
 nvidia-persistenced's socket, would propagate back to the host and stack there): the folders
-and the tmpfs are made there, and that folder bound (``mount --rbind``) at the root's path, so
-that the daemons' pipe folders have the very paths the clients get.
+and the tmpfs mounts are made there, and that folder bound (``mount --rbind``) at the root's
+path, so that the daemons' pipe folders have the very paths the clients get.
 
-``stop()`` stops every daemon, removes the state files, unmounts (the ``/dev/shm`` bind, the
-root's bind, then the tmpfs) and removes every folder it made: after ``helm uninstall`` no
-directory is left.
+``stop()`` stops every daemon, removes the state files (not the plugins' requests), unmounts
+and removes every folder it made: after ``helm uninstall`` no directory is left.
 Failures are logged once per episode (``core.sayonce.SayOnce``), not every check.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import subprocess
 import threading
@@ -50,11 +73,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from loguru import logger
 
-from ..core.mps import DaemonState, Layout, default_limit_mib, state_json
+from ..core.mps import (
+    DaemonState,
+    Layout,
+    SliceRequest,
+    parse_request,
+    probe_limit_mib,
+    state_json,
+)
 from ..core.sayonce import SayOnce
 from ..sources.files import write_atomic
 from .daemon import DIR_MODE, NOT_ANSWERING, START_TIMEOUT, ControlDaemon, DaemonError
@@ -74,10 +104,17 @@ SILENT_CHECKS = 3
 #: the longest wait before restarting a daemon that keeps failing, seconds
 MAX_BACKOFF_S = 60.0
 
+#: how often ``run_forever`` looks for new and removed slice requests, seconds
+SYNC_S = 0.1
+
+#: the reasons a slice request is skipped (``omaticaya_mps_slice_requests_skipped_total``)
+UNREADABLE = "unreadable"
+UNKNOWN_GPU = "unknown-gpu"
+
 
 class MpsError(Exception):
-    """The supervisor cannot set up (a mount refused, a folder that cannot be made); the
-    message says what and why, in one line."""
+    """The supervisor cannot set up (a mount refused, a folder that cannot be made, another
+    supervisor holding the lock); the message says what and why, in one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,39 +128,49 @@ class Gpu:
 
 
 class _Slot:
-    """One daemon and what the supervisor knows of it."""
+    """One daemon (a GPU's probe, or a slice's: ``request``) and what the supervisor knows of
+    it."""
 
-    def __init__(self, gpu: Gpu, daemon: ControlDaemon, now_s: float) -> None:
+    def __init__(self, gpu: Gpu, daemon: ControlDaemon, now_s: float,
+                 request: SliceRequest | None = None) -> None:  # fmt: skip
         self.gpu = gpu
         self.daemon = daemon
+        self.request = request
+        self.sid = request.sid if request is not None else ""
         self.state = DaemonState(gpu.uuid, gpu.index, DOWN, reason="not started",
-                                 limit_mib=daemon.limit_mib, since_s=now_s)  # fmt: skip
+                                 limit_mib=daemon.limit_mib, since_s=now_s, sid=self.sid)  # fmt: skip
         self.failures_in_row = 0
         self.next_start_s = 0.0  # monotonic
         self.start_deadline_s: float | None = None  # monotonic, while starting
         self.silent_checks = 0  # checks in a row its running process did not answer
 
+    @property
+    def what(self) -> str:
+        """How the logs name it."""
+        if self.sid:
+            return f"MPS daemon of slice {self.sid} ({self.daemon.limit_mib} MiB) on GPU {self.gpu.index}"
+        return f"MPS probe daemon of GPU {self.gpu.index} ({self.gpu.uuid})"
+
 
 class Supervisor:
-    """The MPS control daemons of ``gpus`` (``Gpu`` or ``(index, uuid, units)`` each) under
-    ``layout``, each given the default pinned-memory limit of its whole GPU (``units`` x
-    ``unit_mib`` MiB, ``core.mps.default_limit_mib``), run from ``control``. ``check_s``:
+    """The MPS control daemons of ``gpus`` (``Gpu`` or ``(index, uuid, units)`` each: one probe
+    each, its default limit one unit, ``core.mps.probe_limit_mib``) and of the slices asked for
+    on them, under ``layout``, run from ``control``. ``unit_mib``: MiB per unit. ``check_s``:
     seconds between checks; ``start_timeout_s``: how long a daemon may take to answer;
-    ``shm_mib``: the shared-memory tmpfs's size, MiB (0: a plain folder, no mount: see the
-    module docstring); ``dev_shm``: the ``/dev/shm`` the tmpfs is bound over; ``wall``: the
-    heartbeats' clock (seconds, the device plugin's: ``time.time``); ``monotonic``: the
-    back-off's. ``metrics``: where to count (a new ``MpsMetrics`` by default).
+    ``shm_mib``: each slice's tmpfs, MiB (0: a plain folder, no mount: see the module
+    docstring); ``wall``: the heartbeats' clock (seconds, the device plugin's: ``time.time``);
+    ``monotonic``: the back-off's. ``metrics``: where to count (a new ``MpsMetrics`` by
+    default).
 
-    ``start``, ``check``, ``run_forever`` and ``stop`` are called from one thread; ``states``,
-    ``ready`` and ``healthy`` from any (the probes). Raises ``ValueError`` for a bad UUID or
-    a duplicate GPU."""
+    ``start``, ``sync``, ``check``, ``run_forever`` and ``stop`` are called from one thread;
+    ``states``, ``slice_states``, ``ready`` and ``healthy`` from any (the probes). Raises
+    ``ValueError`` for a bad UUID or a duplicate GPU."""
 
     def __init__(self, layout: Layout, gpus: Sequence[Gpu | tuple[int, str, int]], unit_mib: int,
                  control: str = "nvidia-cuda-mps-control", check_s: float = 2.0,
                  start_timeout_s: float = 10.0, shm_mib: int = 1024, *,
                  wall: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 dev_shm: Path = Path("/dev/shm"),
                  host_root: Path | None = None,
                  metrics: MpsMetrics | None = None) -> None:  # fmt: skip
         self.layout = layout
@@ -136,40 +183,44 @@ class Supervisor:
         self.check_s = check_s
         self.start_timeout_s = start_timeout_s
         self.shm_mib = shm_mib
-        self.dev_shm = dev_shm
         self._wall = wall
         self._monotonic = monotonic
         self.metrics = metrics if metrics is not None else MpsMetrics()
         now = wall()
+        self._by_uuid = {g.uuid: g for g in self.gpus}
         self._slots = [
-            _Slot(
-                g,
-                ControlDaemon(
-                    layout, g.uuid, g.index, default_limit_mib(g.units, unit_mib), control=control
-                ),
-                now,
-            )  # fmt: skip
+            _Slot(g, ControlDaemon(layout, g.uuid, g.index, probe_limit_mib(unit_mib),
+                                   control=control), now)  # fmt: skip
             for g in self.gpus
         ]
+        self._slices: dict[str, _Slot] = {}
+        self._skipped: dict[str, str] = {}  # slice ID -> why its request was skipped
         for g in self.gpus:
             self.metrics.add_gpu(g.index, g.uuid)
         self._lock = threading.Lock()
         self._said: SayOnce[str, str] = SayOnce()
         self._created: list[Path] = []
         self._mounted: list[tuple[Path, bool]] = []  # (mount point, with its submounts)
+        self._lock_file: IO[bytes] | None = None
         self._last_check_s: float | None = None  # monotonic
         self._started = False
 
     # -- what the probes read --------------------------------------------------------------
 
     def states(self) -> dict[str, DaemonState]:
-        """GPU UUID -> its daemon's state as last written."""
+        """GPU UUID -> its probe daemon's state as last written."""
         with self._lock:
             return {s.gpu.uuid: s.state for s in self._slots}
 
+    def slice_states(self) -> dict[str, DaemonState]:
+        """Slice ID -> its daemon's state as last written."""
+        with self._lock:
+            return {sid: s.state for sid, s in self._slices.items()}
+
     def ready(self) -> tuple[bool, str]:
-        """``(True, "ok")`` iff every daemon is up; else ``False`` and the GPUs that are not
-        (``/readyz``)."""
+        """``(True, "ok")`` iff every GPU's probe daemon is up; else ``False`` and the GPUs
+        that are not (``/readyz``). A slice's daemon does not make the pod unready: its
+        slice's container is told, not the node."""
         not_up = [f"gpu {s.index} {s.state}" + (f" ({s.reason})" if s.reason else "")
                   for s in self.states().values() if s.state != UP]  # fmt: skip
         return (False, "; ".join(not_up)) if not_up else (True, "ok")
@@ -187,29 +238,23 @@ class Supervisor:
     # -- life cycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Make the folders, mount the shared memory (``shm_mib > 0``), start every daemon and
-        wait for them (at most ``start_timeout_s``; one that does not come up is ``down`` and
-        will be restarted by ``check``). Raises ``MpsError`` when a folder cannot be made or a
-        mount fails (what was set up so far is undone)."""
+        """Take the lock, make the folders, start every probe daemon and wait for them (at
+        most ``start_timeout_s``; one that does not come up is ``down`` and will be restarted
+        by ``check``), then the daemons of the slices already asked for. Raises ``MpsError``
+        when another supervisor holds the lock, a folder cannot be made or a mount fails (what
+        was set up so far is undone)."""
         self._started = True
         try:
+            self._makedirs(self.layout.state_dir)
+            self._take_lock()
             if self.host_root is not None:  # the host's folder, seen elsewhere in here
-                self._makedirs(self.host_root / "shm")
-                if self.shm_mib > 0:
-                    self._mount_tmpfs(self.host_root / "shm")
+                self._makedirs(self.host_root / "slices")
                 self._makedirs(self.layout.root)
                 self._mount(["--rbind", str(self.host_root), str(self.layout.root)],
                             f"binding {self.host_root} at {self.layout.root}")  # fmt: skip
                 self._mounted.append((self.layout.root, True))
-            else:
-                self._makedirs(self.layout.shm)
-                if self.shm_mib > 0:
-                    self._mount_tmpfs(self.layout.shm)
-            self._makedirs(self.layout.state_dir)
-            if self.shm_mib > 0:
-                self._mount(["--bind", str(self.layout.shm), str(self.dev_shm)],
-                            f"binding {self.layout.shm} over {self.dev_shm}")  # fmt: skip
-                self._mounted.append((self.dev_shm, False))
+            self._makedirs(self.layout.slices_dir)
+            self._makedirs(self.layout.requests_dir)
         except MpsError:
             self.stop()
             raise
@@ -221,49 +266,83 @@ class Supervisor:
             if self._monotonic() > deadline:
                 break
             time.sleep(0.05)
+        self.sync()
         self._write_all()
         self._last_check_s = self._monotonic()
+
+    def sync(self) -> None:
+        """Match the slices' daemons to the requests (see the module docstring): new ones
+        started, removed ones stopped, starting ones looked at; their states written."""
+        wanted = self._requests()
+        for sid in [sid for sid in self._slices if sid not in wanted]:
+            self._drop(self._slices[sid])
+        for sid, request in wanted.items():
+            if sid not in self._slices:
+                self._add(request)
+        changed = False
+        for slot in self._slices.values():
+            if slot.start_deadline_s is not None:
+                before = slot.state.state
+                self._poll_starting(slot)
+                changed |= slot.state.state != before
+        if changed:
+            self._write_all()
 
     def check(self) -> None:
         """One round: each daemon asked (see the module docstring), restarted when due, every
         state written with a fresh heartbeat."""
+        self.sync()
         now = self._monotonic()
-        for slot in self._slots:
-            if slot.start_deadline_s is not None:
-                self._poll_starting(slot)
-                continue
-            if slot.state.state == UP or slot.silent_checks:
-                problem = slot.daemon.problem()
-                if problem is None:
-                    if slot.state.state != UP:  # it answers again: no restart was needed
-                        self._up(slot)
-                    slot.silent_checks = 0
-                    continue
-                silent = problem.kind == NOT_ANSWERING and slot.daemon.running()
-                slot.silent_checks = slot.silent_checks + 1 if silent else 0
-                if slot.state.state == UP:
-                    self._down(slot, problem, kill=not silent)
-                if 0 < slot.silent_checks < SILENT_CHECKS:
-                    continue  # down (fail closed), not killed yet: its clients keep running
-                if slot.silent_checks:
-                    slot.daemon.kill(0.5)
-                    slot.silent_checks = 0
-                    slot.next_start_s = now  # silent long enough: restarted now
-            if now >= slot.next_start_s:
-                self._start(slot)
-                self._poll_starting(slot)
+        for slot in [*self._slots, *self._slices.values()]:
+            self._check(slot, now)
+        for g in self.gpus:
+            up = sum(1 for s in self._slices.values() if s.gpu.uuid == g.uuid and s.state.state == UP)
+            self.metrics.slices_up(g.index, g.uuid, up)
         self._write_all()
         self._last_check_s = self._monotonic()
 
+    def _check(self, slot: _Slot, now: float) -> None:
+        if slot.start_deadline_s is not None:
+            self._poll_starting(slot)
+            return
+        if slot.state.state == UP or slot.silent_checks:
+            problem = slot.daemon.problem()
+            if problem is None:
+                if slot.state.state != UP:  # it answers again: no restart was needed
+                    self._up(slot)
+                slot.silent_checks = 0
+                return
+            silent = problem.kind == NOT_ANSWERING and slot.daemon.running()
+            slot.silent_checks = slot.silent_checks + 1 if silent else 0
+            if slot.state.state == UP:
+                self._down(slot, problem, kill=not silent)
+            if 0 < slot.silent_checks < SILENT_CHECKS:
+                return  # down (fail closed), not killed yet: its clients keep running
+            if slot.silent_checks:
+                if not (slot.daemon.pipe / "control").exists() and _serves(slot.daemon.pid):
+                    # its socket was removed: it answers nobody new, but its MPS server still
+                    # serves the clients it has; it is restarted once that server is gone
+                    slot.silent_checks = SILENT_CHECKS
+                    return
+                slot.daemon.kill(0.5)
+                slot.silent_checks = 0
+                slot.next_start_s = now  # silent long enough: restarted now
+        if now >= slot.next_start_s:
+            self._start(slot)
+            self._poll_starting(slot)
+
     def run_forever(self, stop_event: threading.Event) -> None:
-        """``check()`` every ``check_s`` seconds (every 0.1 s while a daemon starts) until
+        """``sync()`` every ``SYNC_S`` seconds and ``check()`` every ``check_s`` seconds until
         ``stop_event`` is set. Does not call ``stop``."""
-        while not stop_event.is_set():
-            starting = any(s.start_deadline_s is not None for s in self._slots)
-            if stop_event.wait(min(self.check_s, 0.1) if starting else self.check_s):
-                break
+        next_check = self._monotonic() + self.check_s
+        while not stop_event.wait(min(self.check_s, SYNC_S)):
             try:
-                self.check()
+                if self._monotonic() >= next_check or any(
+                        s.start_deadline_s is not None for s in self._slots):  # fmt: skip
+                    next_check = self._monotonic() + self.check_s
+                    self.check()
+                else:
+                    self.sync()
                 self._said.end("")
             except OSError as exc:  # a state file that cannot be written: said, retried
                 if self._said.start("", f"{type(exc).__name__}"):
@@ -271,14 +350,15 @@ class Supervisor:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop every daemon (``quit``, then signals; ``timeout_s`` each at most), remove the
-        state files, unmount, and remove every folder ``start`` made. Never raises: what cannot
-        be undone is logged."""
+        state files (the plugins' requests stay), unmount, remove every folder ``start`` made,
+        and let go of the lock. Never raises: what cannot be undone is logged."""
+        for slot in list(self._slices.values()):
+            self._drop(slot, timeout_s=timeout_s, forget=False)
         for slot in self._slots:
             try:
                 slot.daemon.stop(timeout_s)
             except OSError as exc:
-                logger.warning("MPS daemon of GPU {} ({}): stop: {}", slot.gpu.index,
-                               slot.gpu.uuid, exc)  # fmt: skip
+                logger.warning("{}: stop: {}", slot.what, exc)
             slot.start_deadline_s = None
             self._set(slot, replace(slot.state, state=DOWN, reason="stopped"))
             self.metrics.up(slot.gpu.index, slot.gpu.uuid, False)
@@ -287,21 +367,149 @@ class Supervisor:
             except OSError as exc:
                 logger.warning("MPS state file of GPU {}: {}", slot.gpu.index, exc)
         for path, recursive in reversed(self._mounted):
-            args = ["umount", "--recursive", str(path)] if recursive else ["umount", str(path)]
-            done = subprocess.run(args, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                logger.warning("umount {}: {}", path, done.stderr.strip() or done.returncode)
+            self._umount(path, recursive)
         self._mounted.clear()
+        if self._lock_file is not None:
+            # removed first, while held: a reader finds no lock file (a clean stop), not a
+            # lock nobody holds (a supervisor that died)
+            with contextlib.suppress(OSError):
+                self.layout.lock.unlink()
+            self._lock_file.close()  # the flock goes with it
+            self._lock_file = None
         for path in reversed(self._created):
             try:
                 path.rmdir()
             except FileNotFoundError:
                 pass
             except OSError as exc:
+                if exc.errno == errno.ENOTEMPTY and path in (self.layout.requests_dir,
+                                                             *self.layout.requests_dir.parents):  # fmt: skip
+                    continue  # the plugins' slice requests: theirs to remove
                 logger.warning("MPS supervisor: cannot remove {}: {}", path, exc.strerror or exc)
         self._created.clear()
 
+    # -- the slices ------------------------------------------------------------------------
+
+    def _requests(self) -> dict[str, SliceRequest]:
+        """The slice requests on file, checked; one that is not a request, or names a GPU not
+        shared here, is skipped (said once, counted once, its state written down)."""
+        out: dict[str, SliceRequest] = {}
+        try:
+            names = [e.name for e in os.scandir(self.layout.requests_dir)]
+        except FileNotFoundError:
+            return out
+        seen = set()
+        for name in names:
+            if not name.endswith(".json") or name.endswith(".state.json"):
+                continue
+            sid = name[: -len(".json")]
+            seen.add(sid)
+            try:
+                path = self.layout.request(sid)
+                with open(path, "rb") as f:
+                    request = parse_request(f.read(16 * 1024), sid)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except (OSError, ValueError) as exc:
+                self._skip(sid, UNREADABLE, f"{type(exc).__name__}: {exc}")
+                continue
+            gpu = self._by_uuid.get(request.gpu_uuid)
+            if gpu is None:
+                self._skip(sid, UNKNOWN_GPU, f"GPU {request.gpu_uuid} is not a shared GPU here",
+                           request)  # fmt: skip
+                continue
+            self._skipped.pop(sid, None)
+            out[sid] = request
+        for sid in [sid for sid in self._skipped if sid not in seen]:
+            del self._skipped[sid]
+            with contextlib.suppress(OSError, ValueError):
+                self.layout.slice_state(sid).unlink(missing_ok=True)
+        return out
+
+    def _skip(self, sid: str, reason: str, detail: str,
+              request: SliceRequest | None = None) -> None:  # fmt: skip
+        if self._skipped.get(sid) == reason:
+            return
+        self._skipped[sid] = reason
+        self.metrics.skipped(reason)
+        logger.warning("MPS supervisor: slice request {} skipped ({}): {}", sid[:32], reason,
+                       detail[:200])  # fmt: skip
+        try:
+            uuid = request.gpu_uuid if request is not None else self.gpus[0].uuid if self.gpus else ""
+            if uuid:
+                state = DaemonState(uuid, request.gpu_index if request else 0, DOWN,
+                                    reason=f"{reason}: {detail}"[:256], heartbeat_s=self._wall(),
+                                    since_s=self._wall(), sid=sid)  # fmt: skip
+                write_atomic(self.layout.slice_state(sid), (state_json(state) + "\n").encode(),
+                             fsync=False)  # fmt: skip
+        except (OSError, ValueError):
+            pass
+
+    def _add(self, request: SliceRequest) -> None:
+        """A new slice: its tmpfs mounted (``shm_mib > 0``), its daemon started."""
+        gpu = self._by_uuid[request.gpu_uuid]
+        shm = self._host(self.layout.slice_shm(request.sid))
+        daemon = ControlDaemon(self.layout, gpu.uuid, gpu.index, request.mib, control=self.control,
+                               sid=request.sid, threads_pct=request.threads_pct,
+                               shm=shm if self.shm_mib > 0 else None)  # fmt: skip
+        slot = _Slot(gpu, daemon, self._wall(), request)
+        self._slices[request.sid] = slot
+        logger.info("{}: asked for by {} ({})", slot.what, request.owner, request.holder[:120])
+        if self.shm_mib > 0:
+            try:
+                shm.mkdir(parents=True, exist_ok=True)
+                if not os.path.ismount(shm):  # a restarted supervisor keeps the slice's tmpfs
+                    self._mount(["-t", "tmpfs", "-o", f"size={self.shm_mib}m,mode=1777", "tmpfs",
+                                 str(shm)], f"mounting slice {request.sid}'s tmpfs at {shm}")  # fmt: skip
+            except (MpsError, OSError) as exc:
+                self._down(slot, DaemonError("spawn-failed", str(exc)))
+                return
+        else:
+            self.layout.slice_shm(request.sid).mkdir(parents=True, exist_ok=True)
+        self._start(slot)
+        self._poll_starting(slot)
+
+    def _drop(self, slot: _Slot, *, timeout_s: float = 5.0, forget: bool = True) -> None:
+        """A slice no longer asked for (or the supervisor stopping): its daemon stopped, its
+        tmpfs unmounted, its folder and state file removed."""
+        try:
+            if slot.daemon.running():
+                with contextlib.suppress(DaemonError):
+                    slot.daemon.command("quit", max(0.1, min(2.0, timeout_s / 2)))
+            slot.daemon.kill(max(0.1, timeout_s / 2))
+            shm = self._host(self.layout.slice_shm(slot.sid))
+            if os.path.ismount(shm):
+                self._umount(shm, False)
+            slot.daemon.stop(0.1)
+        except OSError as exc:
+            logger.warning("{}: stop: {}", slot.what, exc)
+        with contextlib.suppress(OSError):
+            self.layout.slice_state(slot.sid).unlink(missing_ok=True)
+        self._slices.pop(slot.sid, None)
+        if forget:
+            logger.info("{}: stopped (its request was removed)", slot.what)
+
+    def _host(self, path: Path) -> Path:
+        """``path`` under the root as made on the host's side (``host_root``), else itself."""
+        if self.host_root is None:
+            return path
+        return self.host_root / path.relative_to(self.layout.root)
+
     # -- the steps -------------------------------------------------------------------------
+
+    def _take_lock(self) -> None:
+        """The exclusive ``flock`` on ``Layout.lock``, held until ``stop`` (or the process
+        ends). Raises ``MpsError`` when another supervisor holds it."""
+        try:
+            f = open(self.layout.lock, "ab")  # noqa: SIM115 (kept open: the lock)
+        except OSError as exc:
+            raise MpsError(f"cannot open {self.layout.lock}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise MpsError(f"another MPS supervisor holds {self.layout.lock}: one per node") from None
+        self._lock_file = f
 
     def _makedirs(self, path: Path) -> None:
         """Make ``path`` and its missing parents (``DIR_MODE``), remembering each one made."""
@@ -334,17 +542,20 @@ class Supervisor:
                 "the clients)"
             )
 
-    def _mount_tmpfs(self, shm: Path) -> None:
-        self._mount(["-t", "tmpfs", "-o", f"size={self.shm_mib}m,mode=1777", "tmpfs", str(shm)],
-                    f"mounting the shared-memory tmpfs at {shm}")  # fmt: skip
-        self._mounted.append((shm, False))
-        logger.info("MPS shared memory: a {} MiB tmpfs at {}, bound over {}", self.shm_mib, shm,
-                    self.dev_shm)  # fmt: skip
+    @staticmethod
+    def _umount(path: Path, recursive: bool) -> None:
+        args = ["umount", "--recursive", str(path)] if recursive else ["umount", str(path)]
+        done = subprocess.run(args, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            logger.warning("umount {}: {}", path, done.stderr.strip() or done.returncode)
 
     def _start(self, slot: _Slot) -> None:
         """Start ``slot``'s daemon (not waiting): state ``starting``, or ``down`` when it
         cannot be run."""
-        self.metrics.started(slot.gpu.index, slot.gpu.uuid)
+        if slot.sid:
+            self.metrics.slice_started(slot.gpu.index, slot.gpu.uuid)
+        else:
+            self.metrics.started(slot.gpu.index, slot.gpu.uuid)
         starts = slot.state.starts + 1
         try:
             slot.daemon.start()
@@ -359,11 +570,10 @@ class Supervisor:
         slot.start_deadline_s = self._monotonic() + self.start_timeout_s
         self._set(slot, replace(slot.state, state=STARTING, reason="", pid=slot.daemon.pid,
                                 starts=starts))  # fmt: skip
-        logger.debug("MPS daemon of GPU {} ({}): started, pid {}", slot.gpu.index, slot.gpu.uuid,
-                     slot.daemon.pid)  # fmt: skip
+        logger.debug("{}: started, pid {}", slot.what, slot.daemon.pid)
 
     def _poll_starting(self, only: _Slot | None = None) -> None:
-        """One look at each starting daemon (or ``only``): up, still starting, or down."""
+        """One look at each starting probe daemon (or ``only``): up, still starting, or down."""
         for slot in (only,) if only is not None else self._slots:
             if slot.start_deadline_s is None:
                 continue
@@ -382,16 +592,18 @@ class Supervisor:
         slot.start_deadline_s = None
         slot.failures_in_row = 0
         self._set(slot, replace(slot.state, state=UP, reason="", pid=slot.daemon.pid))
-        self.metrics.up(slot.gpu.index, slot.gpu.uuid, True)
-        ended = self._said.end(slot.gpu.uuid)
+        if not slot.sid:
+            self.metrics.up(slot.gpu.index, slot.gpu.uuid, True)
+        key = slot.sid or slot.gpu.uuid
+        ended = self._said.end(key)
         if ended is not None:
-            logger.info("MPS daemon of GPU {} ({}) is up again (pid {}, start {}) after: {}",
-                        slot.gpu.index, slot.gpu.uuid, slot.daemon.pid, slot.state.starts,
-                        ended.what)  # fmt: skip
+            logger.info("{} is up again (pid {}, start {}) after: {}", slot.what,
+                        slot.daemon.pid, slot.state.starts, ended.what)  # fmt: skip
         else:
-            logger.info("MPS daemon of GPU {} ({}) is up: pid {}, default pinned-memory limit "
-                        "{} MiB", slot.gpu.index, slot.gpu.uuid, slot.daemon.pid,
-                        slot.daemon.limit_mib)  # fmt: skip
+            logger.info("{} is up: pid {}, default pinned-memory limit {} MiB", slot.what,
+                        slot.daemon.pid, slot.daemon.limit_mib)  # fmt: skip
+        if slot.sid:
+            self._write(slot)  # a plugin waits for it
 
     def _down(self, slot: _Slot, error: DaemonError, *, kill: bool = True) -> None:
         """``slot``'s daemon failed: killed (unless ``kill`` is false: a running daemon that did
@@ -404,12 +616,17 @@ class Supervisor:
         wait_s = min(MAX_BACKOFF_S, self.check_s * 2**slot.failures_in_row)
         slot.next_start_s = self._monotonic() + wait_s
         self._set(slot, replace(slot.state, state=DOWN, reason=str(error)[:256]))
-        self.metrics.up(slot.gpu.index, slot.gpu.uuid, False)
-        self.metrics.failed(slot.gpu.index, slot.gpu.uuid, error.kind)
-        if self._said.start(slot.gpu.uuid, error.kind, self._wall()):
-            logger.warning("MPS daemon of GPU {} ({}) is down: {}; restarting it in {:g}s, then "
-                           "with back-off (said once until it is up)", slot.gpu.index,
-                           slot.gpu.uuid, error, wait_s)  # fmt: skip
+        if slot.sid:
+            self.metrics.slice_failed(slot.gpu.index, slot.gpu.uuid, error.kind)
+        else:
+            self.metrics.up(slot.gpu.index, slot.gpu.uuid, False)
+            self.metrics.failed(slot.gpu.index, slot.gpu.uuid, error.kind)
+        if self._said.start(slot.sid or slot.gpu.uuid, error.kind, self._wall()):
+            logger.warning("{} is down: {}; restarting it in {:g}s, then with back-off (said "
+                           "once until it is up)", slot.what, error, wait_s)  # fmt: skip
+        if slot.sid:
+            with contextlib.suppress(OSError):
+                self._write(slot)
 
     def _set(self, slot: _Slot, state: DaemonState) -> None:
         """Replace ``slot``'s state, ``since_s`` moved when the state changes."""
@@ -418,12 +635,42 @@ class Supervisor:
         with self._lock:
             slot.state = state
 
+    def _write(self, slot: _Slot) -> None:
+        """``slot``'s state, with a fresh heartbeat, written atomically (rewritten every check:
+        not fsynced; a state older than OMATICAYA_MPS_STALE_S is down anyway). Raises
+        ``OSError``."""
+        self._set(slot, replace(slot.state, heartbeat_s=self._wall()))
+        path = self.layout.slice_state(slot.sid) if slot.sid else self.layout.state(slot.gpu.uuid)
+        write_atomic(path, (state_json(slot.state) + "\n").encode(), fsync=False)
+
     def _write_all(self) -> None:
-        """Every state, with a fresh heartbeat, written atomically. Raises ``OSError``."""
-        now = self._wall()
-        for slot in self._slots:
-            self._set(slot, replace(slot.state, heartbeat_s=now))
-            # rewritten every check: not fsynced (a state older than OMATICAYA_MPS_STALE_S is
-            # down anyway)
-            write_atomic(self.layout.state(slot.gpu.uuid), (state_json(slot.state) + "\n").encode(),
-                         fsync=False)  # fmt: skip
+        """Every state, with a fresh heartbeat. Raises ``OSError``."""
+        for slot in [*self._slots, *self._slices.values()]:
+            self._write(slot)
+
+
+def _serves(pid: int | None) -> bool:
+    """Whether the process ``pid`` (a control daemon) has a child still running, not a zombie
+    (its MPS server: the daemon spawns one per user while clients are connected), from
+    ``/proc/<pid>/task/*/children`` and each child's ``/proc/<child>/stat``."""
+    if pid is None:
+        return False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = f.read().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                with open(f"/proc/{child}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                return True
+    return False

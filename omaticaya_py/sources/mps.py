@@ -1,14 +1,25 @@
 """The MPS supervisor's daemon states, read from its state folder (``core.mps``: the file format,
-the layout and the rule that says whether a shared GPU is enforced).
+the layout and the rule that says whether a shared GPU is enforced), and the slices' daemons
+asked for there.
 
 ``MpsWatch`` is what the device plugin and the agent ask: for each shared GPU UUID, whether its
-MPS control daemon is up now (``enforced``), with the reason when not. Files are read at most
+MPS probe daemon is up now (``enforced``), with the reason when not. Files are read at most
 once per ``min_interval_s`` per GPU (a ``ListAndWatch`` stream looks every 0.2 s); an unreadable
-file is logged once per GPU and counted (``errors``), and counts as down.
+file is logged once per GPU and counted (``errors``), and counts as down. A supervisor that
+died is seen at the next read, not once its heartbeats go stale: its lock file is there but no
+process holds its ``flock`` (``supervisor_gone``).
+
+``SliceDaemons`` is how a plugin gets a slice's daemon: ``ask`` writes the request and waits
+(at most its timeout) for the daemon's state to say ``up``; ``release`` removes the request
+(the supervisor then stops the daemon); ``requests`` lists a plugin's own requests on file (to
+find them again after a restart).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -16,10 +27,39 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-from ..core.mps import DaemonState, Layout, enforced, parse_state
+from ..core.mps import (
+    DaemonState,
+    Layout,
+    SliceRequest,
+    enforced,
+    parse_request,
+    parse_state,
+    request_json,
+)
 from ..core.sayonce import SayOnce
+from .files import write_atomic
 
-__all__ = ["Enforcement", "MpsWatch", "read_state"]
+__all__ = ["Enforcement", "MpsWatch", "SliceDaemons", "SliceUnavailable", "read_state",
+           "supervisor_gone"]  # fmt: skip
+
+
+def supervisor_gone(layout: Layout) -> bool:
+    """Whether the supervisor died: its lock file (``Layout.lock``) is there, and nobody holds
+    its ``flock`` (a shared lock can be taken: taken and let go at once). No lock file: ``False``
+    (none ran, or one stopped cleanly and removed its states too: the states say the rest)."""
+    try:
+        fd = os.open(layout.lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: the supervisor runs
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
 
 
 def read_state(layout: Layout, uuid: str) -> tuple[DaemonState | None, str | None]:
@@ -85,7 +125,8 @@ class MpsWatch:
                 state, problem = None, str(exc)
             if problem is not None:
                 self.errors += 1
-            up, reason = enforced(state, self._wall(), self.stale_after_s, problem=problem)
+            up, reason = enforced(state, self._wall(), self.stale_after_s, problem=problem,
+                                  supervisor_gone=supervisor_gone(self.layout))  # fmt: skip
             result = Enforcement(up, reason, state)
             self._cache[uuid] = (now, result)
             self._log(uuid, result, problem)
@@ -107,3 +148,107 @@ class MpsWatch:
                 result.reason,
                 f": {problem}" if problem else "",
             )
+
+
+class SliceUnavailable(Exception):
+    """A slice's daemon did not come up: ``str()`` says why (its state's reason, or the wait
+    that ran out)."""
+
+
+class SliceDaemons:
+    """A plugin's slices' daemons under ``layout``, asked for as ``owner`` (``device-plugin``,
+    ``dra``): ``ask`` waits at most ``timeout_s`` seconds for a daemon, looking every
+    ``poll_s``; a state is fresh within ``stale_after_s`` seconds of ``wall``. Thread-safe (one
+    file per slice)."""
+
+    def __init__(self, layout: Layout, owner: str, stale_after_s: float, *,
+                 timeout_s: float = 10.0, poll_s: float = 0.02,
+                 wall: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.layout = layout
+        self.owner = owner
+        self.stale_after_s = stale_after_s
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._wall = wall
+
+    def ask(self, request: SliceRequest) -> DaemonState:
+        """Write ``request`` (atomically, fsynced: it must outlive a crash of either side) and
+        wait until its daemon's state says ``up`` with a fresh heartbeat (and the supervisor
+        runs): that state. Raises ``SliceUnavailable`` when the supervisor is gone, the daemon
+        is ``down`` after its first start, or ``timeout_s`` runs out (the request is removed
+        then: nothing is left asking), ``OSError`` when the request cannot be written."""
+        path = self.layout.request(request.sid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, (request_json(request) + "\n").encode())
+        deadline = time.monotonic() + self.timeout_s
+        why = "no state yet"
+        while True:
+            state, problem = read_slice_state(self.layout, request.sid)
+            if supervisor_gone(self.layout):
+                why = "the MPS supervisor is not running (mps-supervisor-gone)"
+            elif state is not None:
+                up, reason = enforced(state, self._wall(), self.stale_after_s)
+                if up and state.limit_mib == request.mib:
+                    return state
+                if state.state == "down" and state.starts >= 1 or state.reason.startswith(
+                        ("unknown-gpu", "unreadable")):  # fmt: skip
+                    why = f"{reason}: {state.reason}" if state.reason else reason
+                    self.release(request.sid)
+                    raise SliceUnavailable(why)
+                why = reason if not up else f"limit {state.limit_mib} MiB, not {request.mib}"
+            elif problem:
+                why = problem
+            if time.monotonic() >= deadline:
+                self.release(request.sid)
+                raise SliceUnavailable(f"its MPS daemon is not up after {self.timeout_s:g}s ({why})")
+            time.sleep(self.poll_s)
+
+    def up(self, sid: str) -> tuple[bool, str]:
+        """Whether slice ``sid``'s daemon is up now (fresh, supervisor running), and if not
+        why."""
+        state, problem = read_slice_state(self.layout, sid)
+        return enforced(state, self._wall(), self.stale_after_s, problem=problem,
+                        supervisor_gone=supervisor_gone(self.layout))  # fmt: skip
+
+    def release(self, sid: str) -> None:
+        """Remove slice ``sid``'s request (the supervisor stops its daemon). Never raises for
+        one already gone."""
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            os.unlink(self.layout.request(sid))
+
+    def requests(self) -> dict[str, SliceRequest]:
+        """This owner's requests on file, by slice ID (unreadable ones skipped)."""
+        out: dict[str, SliceRequest] = {}
+        try:
+            names = [e.name for e in os.scandir(self.layout.requests_dir)]
+        except OSError:
+            return out
+        for name in names:
+            if not name.endswith(".json") or name.endswith(".state.json"):
+                continue
+            sid = name[: -len(".json")]
+            try:
+                with open(self.layout.request(sid), "rb") as f:
+                    req = parse_request(f.read(16 * 1024), sid)
+            except (OSError, ValueError):
+                continue
+            if req.owner == self.owner:
+                out[sid] = req
+        return out
+
+
+def read_slice_state(layout: Layout, sid: str) -> tuple[DaemonState | None, str | None]:
+    """Slice ``sid``'s daemon state file, parsed: as ``read_state`` answers."""
+    try:
+        path = layout.slice_state(sid)
+        with open(path, "rb") as f:
+            raw = f.read(64 * 1024)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        return parse_state(raw, "", sid), None
+    except ValueError as exc:
+        return None, str(exc)
+
