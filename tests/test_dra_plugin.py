@@ -490,6 +490,17 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
         assert unprepare(sock, ("default", name, uid)).claims[uid].error == ""
         wait_for("the slice's daemon let go", lambda: sid not in sup.slice_states()
                  and not layout.slice_dir(sid).exists(), 10)  # fmt: skip
+        # a claim unprepared while the plugin was down: a restarted plugin lets its daemon go
+        assert prepare(sock, ("default", name, uid)).claims[uid].error == ""
+        p.stop(0)
+        with p._lock:
+            p.checkpoint.load()
+            del p.checkpoint.claims[uid]
+            p.checkpoint.save()
+        assert layout.request(sid).exists()
+        p.start()
+        assert not layout.request(sid).exists()
+        wait_for("its daemon gone", lambda: sid not in sup.slice_states(), 10)
     finally:
         p.stop(0)
         stop.set()
