@@ -37,7 +37,7 @@ NOT_IN_CHART = {
     "node_name": "always NODE_NAME from the downward API (spec.nodeName)",
     "metrics_address": "the pod has its own IP; 0.0.0.0 is the only useful bind address",
     "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
-    "mps_state_dir": "the emptyDir mps-state both containers mount (rendered; fixed path)",
+    "mps_state_dir": "the host folder mps-state both DaemonSets mount (rendered; fixed path)",
     "mps_stale_s": "derived: max(15, 3 x sharing.mps.checkS + 5) (rendered)",
     # its value is sharing.overLimitAction (values.yaml; evict grants create on pods/eviction in
     # clusterrole.yaml), not rendered into the agent's env yet: daemonset.yaml is being
@@ -173,19 +173,41 @@ def one(docs: list[dict], kind: str) -> dict:
     return found[0]
 
 
+def _component(d: dict) -> str | None:
+    return (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+
+
+def agent_daemonset(docs: list[dict]) -> dict:
+    """The agent's DaemonSet (``<fullname>``; with MPS enforcement the supervisor's DaemonSet
+    ``<fullname>-mps`` is rendered beside it)."""
+    found = [d for d in docs if d["kind"] == "DaemonSet" and _component(d) == "node-agent"]
+    assert len(found) == 1, [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"]
+    return found[0]
+
+
+def mps_daemonset(docs: list[dict]) -> dict | None:
+    """The MPS supervisor's DaemonSet ``<fullname>-mps``, if rendered."""
+    found = [d for d in docs if d["kind"] == "DaemonSet" and _component(d) == "mps"]
+    assert len(found) <= 1, [d["metadata"]["name"] for d in found]
+    return found[0] if found else None
+
+
 def agent_container(docs: list[dict]) -> dict:
-    """The DaemonSet's first container, the agent (the MPS supervisor ``mps`` may follow)."""
-    containers = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
-    assert containers[0]["name"] == "agent"
-    assert [c["name"] for c in containers[1:]] in ([], ["mps"])
+    """The agent's DaemonSet's one container, the agent (the MPS supervisor runs in a
+    DaemonSet of its own)."""
+    containers = agent_daemonset(docs)["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["agent"]
     return containers[0]
 
 
 def mps_container(docs: list[dict]) -> dict | None:
-    """The DaemonSet's MPS supervisor container, if rendered."""
-    containers = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
-    found = [c for c in containers if c["name"] == "mps"]
-    return found[0] if found else None
+    """The MPS supervisor's container ``mps`` (its DaemonSet's one container), if rendered."""
+    ds = mps_daemonset(docs)
+    if ds is None:
+        return None
+    containers = ds["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["mps"]
+    return containers[0]
 
 
 def env_of(docs: list[dict]) -> dict[str, Any]:

@@ -33,9 +33,11 @@ from tests.chart import (
     NOT_CORE,
     RELEASE,
     agent_container,
+    agent_daemonset,
     chart_settings,
     env_of,
     mps_container,
+    mps_daemonset,
     one,
     render,
     run_helm,
@@ -97,7 +99,7 @@ def hooks(helm: dict[str, Any], values: dict[str, Any] | None) -> list[dict]:
 
 
 def pod_spec(docs: list[dict]) -> dict[str, Any]:
-    return one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    return agent_daemonset(docs)["spec"]["template"]["spec"]
 
 
 def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -278,8 +280,8 @@ def test_dra_env_loads_into_settings(helm, monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("enforcement", ["mps", "none"])
 def test_dra_with_shared_gpus_runs_the_mps_container(helm, enforcement):
-    """Shared-GPU claims are MPS clients: the same mps container and sharing env as with the
-    device plugin."""
+    """Shared-GPU claims are MPS clients: the same MPS supervisor DaemonSet (<fullname>-mps)
+    and sharing env as with the device plugin."""
     values = dra(sharing={"gpus": "0-1", "enforcement": enforcement})
     docs = docs_of(helm, values)
     env = env_of(docs)
@@ -292,10 +294,14 @@ def test_dra_with_shared_gpus_runs_the_mps_container(helm, enforcement):
         assert mps is None and "mps-state" not in mounts(agent_container(docs))
         return
     assert mps is not None and mps["args"] == ["mps"]
-    assert mounts(agent_container(docs))["mps-state"]["readOnly"] is True
-    # the same container as the device plugin's
-    plugin = mps_container(docs_of(helm, {"devicePlugin": True, "sharing": {"gpus": "0-1"}}))
-    assert mps == plugin
+    # the agent's DRA driver writes its slices' requests there (core.mps.SliceRequest)
+    assert mounts(agent_container(docs))["mps-state"] == {
+        "name": "mps-state", "mountPath": "/var/lib/omaticaya/mps-state"}  # fmt: skip
+    # the same DaemonSet as the device plugin's, byte for byte: switching from the device
+    # plugin to DRA leaves the running daemons alone (its updateStrategy is OnDelete)
+    plugin = docs_of(helm, {"devicePlugin": True, "sharing": {"gpus": "0-1"}})
+    assert mps_daemonset(docs) == mps_daemonset(plugin)
+    assert mps_daemonset(docs)["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 
 # --------------------------------------------------------------------------------------------

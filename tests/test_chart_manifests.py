@@ -16,6 +16,7 @@ from tests.chart import (
     NOT_CORE,
     RELEASE,
     agent_container,
+    agent_daemonset,
     env_of,
     one,
     render,
@@ -29,7 +30,11 @@ from tests.chart import (
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
+#: ALL_ON with MPS enforcement: the MPS supervisor's DaemonSet, its Service, the monitors of both
+MPS_ON = {**ALL_ON, "devicePlugin": True, "sharing": {"gpus": "0-1"}}
+
+
+@pytest.mark.parametrize("values", [None, ALL_ON, MPS_ON], ids=["default", "all-on", "mps-on"])
 def test_helm_lint_strict(helm, values):
     proc = run_helm(helm, "lint", "--strict", str(CHART), *values_args(helm, values), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -47,6 +52,22 @@ RENDER_CASES = {
     ),
     "all-on": (
         ALL_ON,
+        {
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "DaemonSet",
+            "Service",
+            "ServiceMonitor",
+            "PodMonitor",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        },
+    ),
+    "mps-on": (
+        MPS_ON,
         {
             "ServiceAccount",
             "ClusterRole",
@@ -335,19 +356,50 @@ def test_service_and_monitors_select_the_agent(helm):
     assert ep["relabelings"] == [{"action": "labeldrop", "regex": "pod"}]
 
 
+def _selects(selector: dict, labels: dict) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions In) selects ``labels``."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In", e
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
 def test_monitors_scrape_the_mps_supervisor_where_it_runs(helm):
-    """With the MPS supervisor in the pod, its port is scraped too (OmaticayaMpsDaemonDown
-    needs omaticaya_mps_daemon_up); with enforcement off, only the agent's."""
+    """With the MPS supervisor (its DaemonSet <fullname>-mps), its port is scraped too
+    (OmaticayaMpsDaemonDown needs omaticaya_mps_daemon_up): its own headless Service, which the
+    ServiceMonitor selects beside the agent's, and the PodMonitor selects its pods beside the
+    agent's; with enforcement off, only the agent's."""
     values = {**ALL_ON, "devicePlugin": True, "sharing": {"gpus": "0-1"}}
     docs = render(helm, values)
-    ports = {c["name"]: {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-             for c in one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]}
-    assert ports["mps"] == {"mps-metrics": 9403}
-    svc = one(docs, "Service")
+    mps_ds = next(d for d in docs if d["kind"] == "DaemonSet" and d is not agent_daemonset(docs))
+    (c,) = mps_ds["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"mps-metrics": 9403}
+    agent_pod = agent_daemonset(docs)["spec"]["template"]["metadata"]["labels"]
+    mps_pod = mps_ds["spec"]["template"]["metadata"]["labels"]
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert set(services) == {f"{RELEASE}-metrics", f"{RELEASE}-mps-metrics"}
+    svc, mps_svc = services[f"{RELEASE}-metrics"], services[f"{RELEASE}-mps-metrics"]
     assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
-        ("metrics", 9402, "metrics"), ("mps-metrics", 9403, "mps-metrics"),
-    ]
+        ("metrics", 9402, "metrics")]  # fmt: skip
+    assert [(p["name"], p["port"], p["targetPort"]) for p in mps_svc["spec"]["ports"]] == [
+        ("mps-metrics", 9403, "mps-metrics")]  # fmt: skip
+    assert mps_svc["spec"]["clusterIP"] == "None"
+    # each Service selects its own DaemonSet's pods only
+    assert svc["spec"]["selector"].items() <= agent_pod.items()
+    assert not svc["spec"]["selector"].items() <= mps_pod.items()
+    assert mps_svc["spec"]["selector"].items() <= mps_pod.items()
+    assert not mps_svc["spec"]["selector"].items() <= agent_pod.items()
     sm, pm = one(docs, "ServiceMonitor"), one(docs, "PodMonitor")
+    for s in (svc, mps_svc):  # the ServiceMonitor selects both Services
+        assert _selects(sm["spec"]["selector"], s["metadata"]["labels"]), s["metadata"]["name"]
+    for labels in (agent_pod, mps_pod):  # the PodMonitor both DaemonSets' pods
+        assert _selects(pm["spec"]["selector"], labels), labels
+    # not the uninstall hook's pods
+    hook_pod = {**agent_pod, "app.kubernetes.io/name": "omaticaya-uninstall"}
+    assert not _selects(pm["spec"]["selector"], hook_pod)
     for endpoints in (sm["spec"]["endpoints"], pm["spec"]["podMetricsEndpoints"]):
         assert [(e["port"], e["path"]) for e in endpoints] == [
             ("metrics", "/metrics"), ("mps-metrics", "/metrics"),
@@ -356,6 +408,7 @@ def test_monitors_scrape_the_mps_supervisor_where_it_runs(helm):
     off = render(helm, {**values, "sharing": {"gpus": "0-1", "enforcement": "none"}})
     assert [e["port"] for e in one(off, "PodMonitor")["spec"]["podMetricsEndpoints"]] == ["metrics"]
     assert [p["name"] for p in one(off, "Service")["spec"]["ports"]] == ["metrics"]
+    assert one(off, "PodMonitor")["spec"]["selector"] == {"matchLabels": svc["spec"]["selector"]}
 
 
 def test_service_monitor_alone_creates_the_service(helm):
@@ -475,7 +528,7 @@ def test_every_goal_renders_with_every_layer(helm, goal, layer):
     by tests/test_product_install.py, the other selects nodes by node-feature-discovery."""
     docs = render(helm, None, "-f", str(INSTALL / goal), "-f", str(INSTALL / layer),
                   "--kube-version", "1.37.2")
-    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    spec = agent_daemonset(docs)["spec"]["template"]["spec"]
     goals = yaml.safe_load((INSTALL / goal).read_text())
     assert ("Deployment" in {d["kind"] for d in docs}) is goals["scheduler"]["enabled"]
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
@@ -491,6 +544,14 @@ def test_every_goal_renders_with_every_layer(helm, goal, layer):
     else:
         assert "runtimeClassName" not in spec
         assert spec["nodeSelector"] == {"feature.node.kubernetes.io/pci-10de.present": "true"}
+    # shared GPUs (whole-stack.yaml): the MPS supervisor's DaemonSet runs where the agent does,
+    # under the same runtime
+    (mps,) = [d["spec"]["template"]["spec"] for d in docs
+              if d["kind"] == "DaemonSet" and d["metadata"]["name"] == f"{RELEASE}-mps"] or [None]  # fmt: skip
+    assert (mps is not None) is (goals.get("sharing", {}).get("gpus", "none") != "none")
+    if mps is not None:
+        for key in ("runtimeClassName", "nodeSelector", "tolerations", "affinity"):
+            assert mps.get(key) == spec.get(key), key
 
 
 def test_an_offline_render_says_which_kubernetes_version_it_assumed(helm):

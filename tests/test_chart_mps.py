@@ -1,11 +1,15 @@
-"""The chart's MPS supervisor (issue 39): with the device plugin on, some GPUs shared and
-``sharing.enforcement: mps`` the DaemonSet gets a second container ``mps`` (``omaticaya mps``):
-privileged, the host folder two levels above ``sharing.mps.root`` mounted at ``/host<folder>``
-with Bidirectional propagation (``OMATICAYA_MPS_HOST_ROOT``; the supervisor binds the root at its
-own path in the container's /run, an emptyDir), the
-``mps-state`` emptyDir shared with the agent (read-only there), its readiness probe on /readyz,
-the NVIDIA runtime's compute capability unless a trace is replayed. The agent gets the
-enforcement settings in every case. Helpers: tests/chart.py; the same on a real kubelet:
+"""The chart's MPS supervisor (issue 39; a DaemonSet of its own since issue 47): with the device
+plugin (or DRA) on, some GPUs shared and ``sharing.enforcement: mps`` the chart renders a second
+DaemonSet, ``<fullname>-mps`` (``omaticaya mps``, container ``mps``): ``updateStrategy: OnDelete``
+on the agent's nodes (the same nodeSelector, affinity and tolerations), privileged, the host folder
+two levels above ``sharing.mps.root`` mounted at ``/host<folder>`` with Bidirectional propagation
+(``OMATICAYA_MPS_HOST_ROOT``; the supervisor binds the root at its own path in the container's
+/run, an emptyDir), the ``mps-state`` host folder ``/run/omaticaya-mps-state`` shared with the
+agent's pod (where its plugins write their slice requests), its readiness probe on /readyz, the NVIDIA runtime's compute
+capability unless a trace is replayed. The agent's pod has no ``mps`` container, and its settings
+never reach the mps pod's template: ``helm upgrade`` with a new agent setting leaves it byte for
+byte as it was, so no MPS daemon restarts. The agent gets the enforcement settings in every case.
+Helpers: tests/chart.py; the same on a real kubelet, ``helm upgrade`` included:
 tests/test_mps_cluster.py.
 """
 
@@ -22,10 +26,11 @@ from tests.chart import (
     NAMESPACE,
     RELEASE,
     agent_container,
+    agent_daemonset,
     chart_settings,
     env_of,
     mps_container,
-    one,
+    mps_daemonset,
     render,
     run_helm,
     template,
@@ -34,6 +39,9 @@ from tests.chart import (
 
 SHARED = {"devicePlugin": True, "sharing": {"gpus": "0-1"}}
 STATE_DIR = "/var/lib/omaticaya/mps-state"
+#: the host folder of the daemons' states, shared by the agent's pod and the mps pod
+STATE_HOST_DIR = "/run/omaticaya-mps-state"
+MPS_DS = f"{RELEASE}-mps"
 
 
 def _env(container: dict[str, Any]) -> dict[str, Any]:
@@ -44,9 +52,18 @@ def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in container.get("volumeMounts") or []}
 
 
-def _volumes(docs: list[dict]) -> dict[str, dict[str, Any]]:
-    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
-    return {v["name"]: v for v in spec["volumes"]}
+def _volumes(ds: dict | None) -> dict[str, dict[str, Any]]:
+    """A DaemonSet's pod volumes by name (none for no DaemonSet)."""
+    return {} if ds is None else {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+
+
+def _pod(ds: dict) -> dict[str, Any]:
+    return ds["spec"]["template"]["spec"]
+
+
+def _mps_text(helm, values: dict[str, Any] | None) -> str:
+    """The MPS DaemonSet exactly as helm renders it (text: byte for byte)."""
+    return template(helm, values, "--show-only", "templates/mps-daemonset.yaml").stdout
 
 
 def _with(**extra: Any) -> dict[str, Any]:
@@ -69,11 +86,131 @@ def _with(**extra: Any) -> dict[str, Any]:
     ],
     ids=["default", "plugin-no-sharing", "sharing-no-plugin", "enforcement-none"],
 )
-def test_no_mps_container_unless_plugin_sharing_and_mps(helm, values):
+def test_no_mps_daemonset_unless_plugin_sharing_and_mps(helm, values):
     docs = render(helm, values)
-    assert mps_container(docs) is None
-    assert not {"mps-state", "mps-host", "mps-run"} & set(_volumes(docs))
+    assert mps_daemonset(docs) is None and mps_container(docs) is None
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"] == [RELEASE]
+    assert not {"mps-state", "mps-host", "mps-run"} & set(_volumes(agent_daemonset(docs)))
     assert "mps-state" not in _mounts(agent_container(docs))
+
+
+def test_the_supervisor_is_a_daemonset_of_its_own_on_delete(helm):
+    """Issue 47: not a container of the agent's pod, which any agent setting replaces (its
+    RollingUpdate), taking every daemon with it; OnDelete: a change of its own template (a new
+    image) replaces no pod either."""
+    docs = render(helm, SHARED)
+    agent, mps = agent_daemonset(docs), mps_daemonset(docs)
+    assert mps is not None and mps["metadata"]["name"] == MPS_DS
+    assert mps["metadata"]["namespace"] == NAMESPACE
+    assert mps["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert agent["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    # the agent's pod has the agent alone; the mps pod the supervisor alone
+    assert [c["name"] for c in _pod(agent)["containers"]] == ["agent"]
+    assert [c["name"] for c in _pod(mps)["containers"]] == ["mps"]
+    assert not {"mps-host", "mps-run"} & set(_volumes(agent))
+    # neither DaemonSet selects the other's pods (an orphaned pod would be adopted, replaced)
+    agent_sel = agent["spec"]["selector"]["matchLabels"]
+    mps_sel = mps["spec"]["selector"]["matchLabels"]
+    agent_pod = agent["spec"]["template"]["metadata"]["labels"]
+    mps_pod = mps["spec"]["template"]["metadata"]["labels"]
+    assert agent_sel.items() <= agent_pod.items() and mps_sel.items() <= mps_pod.items()
+    assert not agent_sel.items() <= mps_pod.items()
+    assert not mps_sel.items() <= agent_pod.items()
+    assert mps_pod["app.kubernetes.io/component"] == "mps"
+    assert mps_pod["app.kubernetes.io/instance"] == RELEASE
+    # no token: `omaticaya mps` asks nothing of the API server
+    assert _pod(mps)["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in _pod(mps)
+
+
+def test_the_mps_pods_run_on_the_agents_nodes_as_the_agents_do(helm):
+    """The same nodeSelector, affinity, tolerations (the device plugin there reads its states),
+    the runtime class (the NVIDIA runtime injects the MPS binaries), the priority (the kubelet
+    must not evict what enforces the slices), the pull secrets."""
+    values = {**SHARED,
+              "nodeSelector": {"nvidia.com/gpu.present": None, "pool": "shared"},
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [{"matchExpressions": [
+                      {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+              "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+              "runtimeClassName": "nvidia",
+              "imagePullSecrets": [{"name": "regcred"}]}  # fmt: skip
+    docs = render(helm, values)
+    agent, mps = _pod(agent_daemonset(docs)), _pod(mps_daemonset(docs))
+    for key in ("nodeSelector", "affinity", "tolerations", "runtimeClassName",
+                "imagePullSecrets", "priorityClassName"):  # fmt: skip
+        assert mps[key] == agent[key], key
+    assert mps["nodeSelector"] == {"pool": "shared"}
+    assert mps["priorityClassName"] == "system-node-critical"
+    mine = _pod(mps_daemonset(render(helm, {**values, "priorityClassName": "gpu-high"})))
+    assert mine["priorityClassName"] == "gpu-high"
+    assert _pod(mps_daemonset(render(helm, SHARED)))["terminationGracePeriodSeconds"] == 30
+    grace = _with(sharing={"mps": {"terminationGracePeriodSeconds": 90}})
+    assert _pod(mps_daemonset(render(helm, grace)))["terminationGracePeriodSeconds"] == 90
+
+
+#: agent settings, each changed from its default: none may reach the mps pod's template
+AGENT_CHANGES = {
+    "schedule": {"schedule": "@every 3s"},
+    "logLevel": {"logLevel": "DEBUG"},
+    "logJson": {"logJson": False},
+    "resources": {"resources": {"limits": {"memory": "512Mi"}}},
+    "podAnnotations": {"podAnnotations": {"example.com/rev": "2"}},
+    "podLabels": {"podLabels": {"team": "gpu"}},
+    "extraEnv": {"extraEnv": [{"name": "TZ", "value": "UTC"}]},
+    "terminationGracePeriodSeconds": {"terminationGracePeriodSeconds": 60},
+    "probes": {"readinessProbe": {"periodSeconds": 2}, "livenessProbe": {"periodSeconds": 5}},
+    "updateStrategy": {"updateStrategy": {"type": "RollingUpdate",
+                                          "rollingUpdate": {"maxUnavailable": "20%"}}},  # fmt: skip
+    "metricsPort": {"metricsPort": 9500},
+    "tmpSizeLimit": {"tmpSizeLimit": "32Mi"},
+    "hostPID": {"hostPID": True},
+    "podSecurityContext": {"podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1000}},
+    "xid": {"xidIgnore": [13], "xidAllFatal": True},
+    "labels": {"perGpuLabels": False, "temperatureLabels": True, "prefix": "gpu.example.com"},
+    "podResourcesSocket": {"podResourcesSocket": "off"},
+    "placement": {"placement": {"policy": "spread"}},
+    "sharing.settleS": {"sharing": {"gpus": "0-1", "settleS": 5}},
+    "sharing.mps.threadShare": {"sharing": {"gpus": "0-1", "mps": {"threadShare": True}}},
+    "scheduler": {"scheduler": {"enabled": True}},
+    "vap": {"validatingAdmissionPolicy": {"enabled": False}},
+}
+
+
+@pytest.mark.parametrize("change", list(AGENT_CHANGES.values()), ids=list(AGENT_CHANGES))
+def test_an_agent_setting_leaves_the_mps_daemonset_byte_for_byte(helm, change):
+    """`helm upgrade` with this change alone replaces the agent's pods (their template changes)
+    and leaves the MPS DaemonSet as it was: no daemon restarts, no slice loses its GPU context.
+    (threadShare is the device plugin's: it hands each slice its share; the daemons do not read
+    it.)"""
+    values = {**SHARED, **change}
+    if "sharing" in change:
+        values["sharing"] = {**SHARED["sharing"], **change["sharing"]}
+    before, after = _mps_text(helm, SHARED), _mps_text(helm, values)
+    assert "kind: DaemonSet" in before
+    assert after == before
+    # the change is real: the agent's DaemonSet differs (other objects for the last two)
+    if change is not AGENT_CHANGES["scheduler"] and change is not AGENT_CHANGES["vap"]:
+        assert agent_daemonset(render(helm, values)) != agent_daemonset(render(helm, SHARED))
+
+
+@pytest.mark.parametrize("change", [
+    {"image": {"tag": "0.2.0"}},
+    {"image": {"pullPolicy": "Always"}},
+    {"sharing": {"gpus": "0-3"}},
+    {"sharing": {"gpus": "0-1", "unitMib": 2048}},
+    {"sharing": {"gpus": "0-1", "mps": {"checkS": 5}}},
+    {"sharing": {"gpus": "0-1", "mps": {"logLevel": "DEBUG"}}},
+    {"trace": "multi-gpu-trace.json"},
+], ids=["image.tag", "image.pullPolicy", "sharing.gpus", "sharing.unitMib", "sharing.mps.checkS",
+        "sharing.mps.logLevel", "trace"])  # fmt: skip
+def test_what_the_daemons_need_does_change_the_mps_template(helm, change):
+    """The other side: the image and the MPS settings are in the template (OnDelete then waits
+    for each pod's deletion to apply them: docs/chart.md)."""
+    values = {**SHARED, **change}
+    before = mps_daemonset(render(helm, SHARED))["spec"]["template"]
+    after = mps_daemonset(render(helm, values))["spec"]["template"]
+    assert after != before
 
 
 def test_agent_gets_the_enforcement_settings_even_without_mps(helm, monkeypatch, tmp_path):
@@ -108,6 +245,7 @@ def test_mps_container_with_a_gpu(helm):
     agent, mps = agent_container(docs), mps_container(docs)
     assert mps is not None
     assert mps["args"] == ["mps"]
+    assert "command" not in mps
     assert mps["image"] == agent["image"] and mps["imagePullPolicy"] == agent["imagePullPolicy"]
     env = _env(mps)
     assert env == {
@@ -134,9 +272,24 @@ def test_mps_container_with_a_gpu(helm):
         assert env[name] == agent_env[name], name
     assert mps["ports"] == [{"name": "mps-metrics", "containerPort": 9403, "protocol": "TCP"}]
     probe = mps["readinessProbe"]
-    assert probe["httpGet"] == {"path": "/readyz", "port": "mps-metrics"}
+    assert probe == {"httpGet": {"path": "/readyz", "port": "mps-metrics"},
+                     "initialDelaySeconds": 5, "periodSeconds": 10, "timeoutSeconds": 5,
+                     "failureThreshold": 3}  # fmt: skip
     assert "livenessProbe" not in mps  # a restart would kill every client's GPU context
     assert "resources" not in mps
+
+
+def test_the_mps_probe_and_log_are_its_own(helm):
+    """sharing.mps.readinessProbe, logLevel and logJson, not the agent's values."""
+    values = _with(logLevel="DEBUG", logJson=False, readinessProbe={"periodSeconds": 2},
+                   sharing={"mps": {"logLevel": "WARNING", "logJson": False,
+                                    "readinessProbe": {"periodSeconds": 3,
+                                                       "failureThreshold": 6}}})  # fmt: skip
+    mps = mps_container(render(helm, values))
+    env = _env(mps)
+    assert (env["OMATICAYA_LOG_LEVEL"], env["OMATICAYA_LOG_JSON"]) == ("WARNING", "false")
+    assert (mps["readinessProbe"]["periodSeconds"], mps["readinessProbe"]["failureThreshold"]) == (
+        3, 6)  # fmt: skip
 
 
 def test_mps_container_replaying_a_trace_uses_the_stand_in(helm):
@@ -174,7 +327,7 @@ def test_the_host_folder_two_levels_up_is_mounted_under_host(helm, root, host_di
     emptyDir, which keeps the ServiceAccount token, /var/run, in the pod), so the daemons' pipe
     folders have the clients' paths."""
     docs = render(helm, _with(sharing={"mps": {"root": root}}))
-    mounts, volumes = _mounts(mps_container(docs)), _volumes(docs)
+    mounts, volumes = _mounts(mps_container(docs)), _volumes(mps_daemonset(docs))
     assert mounts["mps-host"] == {"name": "mps-host", "mountPath": "/host" + host_dir,
                                   "mountPropagation": "Bidirectional"}  # fmt: skip
     assert volumes["mps-host"]["hostPath"] == {"path": host_dir, "type": "Directory"}
@@ -186,14 +339,25 @@ def test_the_host_folder_two_levels_up_is_mounted_under_host(helm, root, host_di
     assert [n for n, m in mounts.items() if m.get("mountPropagation")] == ["mps-host"]
 
 
-def test_state_volume_is_shared_read_only_in_the_agent(helm):
-    docs = render(helm, SHARED)
-    agent, mps = _mounts(agent_container(docs)), _mounts(mps_container(docs))
-    assert agent["mps-state"] == {"name": "mps-state", "mountPath": STATE_DIR, "readOnly": True}
-    assert mps["mps-state"]["mountPath"] == STATE_DIR and not mps["mps-state"].get("readOnly")
-    assert "emptyDir" in _volumes(docs)["mps-state"]
-    # the agent mounts no host folder of MPS: it only hands the paths out
-    assert not {"mps-host", "mps-run"} & set(agent)
+def test_state_folder_is_a_host_folder_in_both_pods(helm):
+    """Two pods now: the daemons' states and the plugins' slice requests go through a host
+    folder (no emptyDir spans pods), at OMATICAYA_MPS_STATE_DIR in both, writable in both (the
+    agent's plugins write the requests); under /run (nothing outlives a reboot), beside the
+    root's parent /run/omaticaya, which the supervisor must still be able to remove."""
+    for values in (SHARED, _with(sharing={"mps": {"root": "/srv/gpu/omaticaya/mps"}})):
+        docs = render(helm, values)
+        agent, mps = _mounts(agent_container(docs)), _mounts(mps_container(docs))
+        assert agent["mps-state"] == {"name": "mps-state", "mountPath": STATE_DIR}
+        assert mps["mps-state"] == {"name": "mps-state", "mountPath": STATE_DIR}
+        want = {"path": STATE_HOST_DIR, "type": "DirectoryOrCreate"}
+        for ds in (agent_daemonset(docs), mps_daemonset(docs)):
+            assert _volumes(ds)["mps-state"] == {"name": "mps-state", "hostPath": want}
+        assert _env(agent_container(docs))["OMATICAYA_MPS_STATE_DIR"] == STATE_DIR
+        assert _env(mps_container(docs))["OMATICAYA_MPS_STATE_DIR"] == STATE_DIR
+        # the agent mounts no host folder of MPS but the states: it only hands the paths out
+        assert not {"mps-host", "mps-run"} & set(agent)
+    # not inside the supervisor's root or the parent it makes and removes
+    assert not STATE_HOST_DIR.startswith("/run/omaticaya/")
 
 
 def test_mps_values_reach_the_container(helm):
@@ -207,11 +371,12 @@ def test_mps_values_reach_the_container(helm):
     assert mps["resources"] == {"limits": {"memory": "256Mi"}}
 
 
-def test_rendered_daemonset_validates(helm):
+def test_rendered_daemonsets_validate(helm):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     for values in (SHARED, _with(trace="multi-gpu-trace.json")):
-        kubernetes_validate.validate(one(render(helm, values), "DaemonSet"), K8S_VERSION,
-                                     strict=True)  # fmt: skip
+        docs = render(helm, values)
+        for ds in (agent_daemonset(docs), mps_daemonset(docs)):
+            kubernetes_validate.validate(ds, K8S_VERSION, strict=True)
 
 
 BAD = [
@@ -228,6 +393,23 @@ BAD = [
         "/sharing/mps/threadShare",
     ),
     ("unknown-key", {"sharing": {"mps": {"pipe": "/tmp"}}}, "pipe"),
+    ("logLevel-unknown", {"sharing": {"mps": {"logLevel": "VERBOSE"}}}, "/sharing/mps/logLevel"),
+    ("logJson-string", {"sharing": {"mps": {"logJson": "yes"}}}, "/sharing/mps/logJson"),
+    (
+        "grace-negative",
+        {"sharing": {"mps": {"terminationGracePeriodSeconds": -1}}},
+        "/sharing/mps/terminationGracePeriodSeconds",
+    ),
+    (
+        "probe-enabled",  # always on: a readiness probe is what tells that every daemon is up
+        {"sharing": {"mps": {"readinessProbe": {"enabled": False}}}},
+        "enabled",
+    ),
+    (
+        "probe-period-zero",
+        {"sharing": {"mps": {"readinessProbe": {"periodSeconds": 0}}}},
+        "/sharing/mps/readinessProbe/periodSeconds",
+    ),
 ]
 
 
@@ -243,7 +425,9 @@ def test_schema_rejects_bad_mps_values(helm, values, where):
     ("values", "says"),
     [
         (_with(trace="multi-gpu-trace.json"),
-         ["GPUs 0-1", "enforced by CUDA MPS", "container mps", "omaticaya top"]),
+         ["GPUs 0-1", "enforced by CUDA MPS", f"DaemonSet {MPS_DS} (container mps)",
+          "omaticaya top", "OnDelete", "restarts no MPS daemon",
+          f"A second one then stops {MPS_DS}"]),
         (_with(sharing={"enforcement": "none"}), ["GPUs 0-1", "NOT enforced"]),
     ],
     ids=["mps", "none"],

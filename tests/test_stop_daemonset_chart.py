@@ -1,8 +1,9 @@
 """The chart's uninstall hook (templates/uninstall-hook.yaml), rendered by the real helm.
 
-A ``pre-delete`` Job runs ``omaticaya stop-daemonset`` for the release's DaemonSet, as its own
-ServiceAccount bound to a Role in the release namespace that may only get/delete that
-DaemonSet and list pods; the three RBAC objects are hooks too, created before the Job (lower
+A ``pre-delete`` Job runs ``omaticaya stop-daemonset`` for the release's DaemonSet (and with MPS
+enforcement a second one, after it, for the MPS supervisor's DaemonSet ``<fullname>-mps``), as
+its own ServiceAccount bound to a Role in the release namespace that may only get/delete those
+DaemonSets and list pods; the three RBAC objects are hooks too, created before the Job (lower
 weight) and deleted with it once it succeeded. tests/test_chart_manifests.py checks the release's other
 objects (its ``render`` leaves hooks out); tests/test_helm_install.py runs the hook for real.
 """
@@ -146,3 +147,39 @@ def test_hook_objects_validate_against_k8s_schemas(helm, values):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     for doc in hooks(helm, values):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_with_mps_a_second_job_stops_the_mps_daemonset_after_the_agents(helm):
+    """The MPS supervisor's DaemonSet (<fullname>-mps): a second Job, weight 1, so that helm
+    starts it once the agents have stopped (each agent's cleanup first), and `helm uninstall`
+    returns once every supervisor has stopped its daemons and removed its folders. The Role
+    names both DaemonSets and nothing else."""
+    values = {"devicePlugin": True, "sharing": {"gpus": "0-1", "mps": {
+        "terminationGracePeriodSeconds": 50}}, "terminationGracePeriodSeconds": 45}  # fmt: skip
+    docs = hooks(helm, values)
+    assert [d["kind"] for d in docs] == [*HOOK_KINDS, "Job"]
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert role["rules"][0]["resourceNames"] == [RELEASE, f"{RELEASE}-mps"]
+    jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
+    assert set(jobs) == {f"{RELEASE}-uninstall", f"{RELEASE}-uninstall-mps"}
+    agent, mps = jobs[f"{RELEASE}-uninstall"], jobs[f"{RELEASE}-uninstall-mps"]
+    assert agent["metadata"]["annotations"]["helm.sh/hook-weight"] == "0"
+    assert mps["metadata"]["annotations"]["helm.sh/hook-weight"] == "1"
+    assert mps["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert mps["spec"]["activeDeadlineSeconds"] == 50 + 90 + 60
+    (c,) = mps["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["stop-daemonset", f"--namespace={NAMESPACE}", f"--name={RELEASE}-mps",
+                         "--timeout-s=140"]  # fmt: skip
+    args = build_parser().parse_args(c["args"])
+    assert (args.name, args.timeout_s) == (f"{RELEASE}-mps", 140.0)
+    # the same pod as the first Job's, but for what it stops
+    a_pod, m_pod = agent["spec"]["template"]["spec"], mps["spec"]["template"]["spec"]
+    assert a_pod["containers"][0]["args"][2] == f"--name={RELEASE}"
+    assert {**m_pod, "containers": None} == {**a_pod, "containers": None}
+    # without MPS enforcement: one Job, the Role names the agent's DaemonSet alone
+    off = hooks(helm, {**values, "sharing": {"gpus": "0-1", "enforcement": "none"}})
+    assert [d["kind"] for d in off] == HOOK_KINDS
+    long = hooks(helm, {**values, "fullnameOverride": "x" * 63})
+    assert all(len(d["metadata"]["name"]) <= 63 for d in long)
+    (role,) = [d for d in long if d["kind"] == "Role"]
+    assert role["rules"][0]["resourceNames"] == ["x" * 63, "x" * 59 + "-mps"]

@@ -213,24 +213,63 @@ the extender reserve a GPU the plugin would not hand out: either one set fails t
 {{- end }}
 
 {{/*
-"true" when the DaemonSet runs the MPS supervisor (its container `mps`, `omaticaya mps`): the pod
-is the node's device plugin or DRA driver (a shared-GPU claim's container becomes an MPS client
-the same way), some GPUs are shared and MPS enforces their slices; else "".
+"true" when the chart runs the MPS supervisor (the DaemonSet <fullname>-mps, its container `mps`,
+`omaticaya mps`): the agent is the node's device plugin or DRA driver (a shared-GPU claim's
+container becomes an MPS client the same way), some GPUs are shared and MPS enforces their
+slices; else "".
 */}}
 {{- define "omaticaya.mps" -}}
 {{- if and (or .Values.devicePlugin (include "omaticaya.dra" .)) (ne (toString .Values.sharing.gpus) "none") (eq (toString .Values.sharing.enforcement) "mps") }}true{{ end }}
 {{- end }}
 
 {{/*
-Where the supervisor writes each daemon's state and the device plugin reads it
-(OMATICAYA_MPS_STATE_DIR, the emptyDir mps-state in both containers). Not the code's default
-(/run/omaticaya-mps-state): the mps container's /run is the host's (omaticaya.mpsHostDir), and a
+Where the supervisor writes each daemon's state and the plugins read it and write their slice
+requests (OMATICAYA_MPS_STATE_DIR), in both pods: the volume mps-state, the host folder
+omaticaya.mpsStateHostDir. Not the code's default (/run/omaticaya-mps-state) inside the
+containers: the mps container's /run is an emptyDir the supervisor binds the root into, and a
 volume mounted there would leave its mount point on the host.
 */}}
 {{- define "omaticaya.mpsStateDir" -}}/var/lib/omaticaya/mps-state{{- end }}
 
 {{/*
-The host folder the mps container mounts, at the same path: two levels above sharing.mps.root
+The host folder of the daemons' states (the hostPath mps-state, DirectoryOrCreate, in the agent's
+pod and the mps pod: two pods since the supervisor left the agent's, so an emptyDir cannot be
+shared). Under /run (a tmpfs: no state outlives a reboot) and beside the supervisor's root, not in
+its parent: the kubelet creates a hostPath folder and never removes it, and the supervisor must
+still be able to remove the root's parent (/run/omaticaya) it made. The supervisor removes its
+state files when it stops (the plugins' requests stay, for the next supervisor); the folder
+stays until the node reboots.
+*/}}
+{{- define "omaticaya.mpsStateHostDir" -}}/run/omaticaya-mps-state{{- end }}
+
+{{/* The MPS supervisor's DaemonSet: <fullname>-mps (63 characters at most). */}}
+{{- define "omaticaya.mpsName" -}}
+{{- printf "%s-mps" (include "omaticaya.fullname" . | trunc 59 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+Selector labels of the MPS supervisor's pods (immutable on its DaemonSet). Its own name, not the
+agent's: the agent's DaemonSet selects name and instance, and a pod of the other DaemonSet that
+it matched could be adopted and replaced by it once orphaned (kubectl delete --cascade=orphan).
+*/}}
+{{- define "omaticaya.mpsSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-mps" (include "omaticaya.name" . | trunc 59 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels of the MPS supervisor's pods: no helm.sh/chart, so that a new chart version alone does not
+change its pod template (its DaemonSet's own labels have it).
+*/}}
+{{- define "omaticaya.mpsPodLabels" -}}
+{{ include "omaticaya.mpsSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: mps
+{{- end }}
+
+{{/*
+The host folder the mps container mounts at /host<folder>: two levels above sharing.mps.root
 (/run for /run/omaticaya/mps), so that the supervisor creates the root and its parent itself and
 removes both on SIGTERM (a hostPath of the root or its parent would be created by the kubelet and
 left on the host). Refuses "/" (a root less than three levels deep).
