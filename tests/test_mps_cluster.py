@@ -86,8 +86,10 @@ def allocatable(kube: Kube, node: str) -> int | None:
 
 
 def standins(pipe: Path | None = None) -> dict[int, str]:
-    """Host pid -> pipe folder of every stand-in control daemon running (of ``pipe`` only, if
-    given), read from /proc: its command line names the stand-in, its environment the pipe."""
+    """Host pid -> pipe folder of every stand-in control daemon running under the chart's root
+    (of ``pipe`` only, if given), read from /proc: its command line names the stand-in, its
+    environment the pipe. Not the stand-ins other tests run on this machine meanwhile, under
+    folders of their own."""
     out: dict[int, str] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -104,6 +106,8 @@ def standins(pipe: Path | None = None) -> dict[int, str]:
         except OSError:  # gone meanwhile
             continue
         where = env.get(b"CUDA_MPS_PIPE_DIRECTORY", b"").decode()
+        if not Path(where).is_relative_to(ROOT):
+            continue
         if pipe is None or where == str(pipe):
             out[int(proc.name)] = where
     return out
