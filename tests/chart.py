@@ -39,11 +39,6 @@ NOT_IN_CHART = {
     "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
     "mps_state_dir": "the host folder mps-state both DaemonSets mount (rendered; fixed path)",
     "mps_stale_s": "derived: max(15, 3 x sharing.mps.checkS + 5) (rendered)",
-    # its value is sharing.overLimitAction (values.yaml; evict grants create on pods/eviction in
-    # clusterrole.yaml), not rendered into the agent's env yet: daemonset.yaml is being
-    # restructured elsewhere. Once it renders OMATICAYA_SLICE_OVER_LIMIT_ACTION from that value,
-    # move this entry to NESTED_VALUE ("sharing.overLimitAction").
-    "slice_over_limit_action": "sharing.overLimitAction, not yet rendered (daemonset.yaml)",
 }
 #: Settings whose chart value is nested (a group of values), by dotted path.
 NESTED_VALUE = {
@@ -54,6 +49,8 @@ NESTED_VALUE = {
     "share_policy": "placement.policy",
     "share_settle_s": "sharing.settleS",
     "share_enforcement": "sharing.enforcement",
+    # evict also grants create on pods/eviction (clusterrole.yaml)
+    "slice_over_limit_action": "sharing.overLimitAction",
     "mps_root": "sharing.mps.root",
     "mps_thread_share": "sharing.mps.threadShare",
     # the DRA driver (issue 41): OMATICAYA_DRA_PLUGIN_DIR is <kubeletPluginsDir>/gpu.omaticaya.io,
