@@ -200,6 +200,9 @@ class SliceDaemons:
                 why = problem
             if time.monotonic() >= deadline:
                 self.release(request.sid)
+                if state is None and problem is None:  # nobody answered the request at all
+                    why += ("; is the MPS supervisor older than the agent? one from before "
+                            "per-slice daemons answers no request: roll its pods (docs/chart.md)")
                 raise SliceUnavailable(f"its MPS daemon is not up after {self.timeout_s:g}s ({why})")
             time.sleep(self.poll_s)
 
