@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,11 +52,9 @@ from omaticaya_py.sources.mps import (
     supervisor_gone,
 )
 from tests.helpers import MULTI_TRACE
+from tests.mps_rig import STANDIN, Running
 from tests.waiting import wait_for
 
-STANDIN = (
-    Path(__file__).resolve().parent.parent / "devtools" / "mps-standin" / "nvidia-cuda-mps-control"
-)
 UUID0 = "GPU-00000000-0000-0000-0000-000000000001"
 UUID1 = "GPU-00000000-0000-0000-0000-000000000002"
 GPUS = (Gpu(0, UUID0, 79), Gpu(1, UUID1, 40))
@@ -78,25 +75,6 @@ def _layout(tmp: Path) -> Layout:
 
 def _tree(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
-
-
-class _Running:
-    """A supervisor started, syncing and checking in a thread, stopped at exit."""
-
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=sup.run_forever, args=(self.stop_event,), daemon=True)
-
-    def __enter__(self) -> Supervisor:
-        self.sup.start()
-        self.thread.start()
-        return self.sup
-
-    def __exit__(self, *_: object) -> None:
-        self.stop_event.set()
-        self.thread.join(10)
-        self.sup.stop()
 
 
 def _request(units: int, gpu: Gpu = GPUS[0], *, threads: int | None = None,
@@ -178,7 +156,7 @@ def test_a_slice_gets_a_daemon_whose_default_limit_is_the_slice(tmp: Path) -> No
     removed, the daemon and its folder go."""
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
-    with _Running(Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2,
+    with Running(Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2,
                              start_timeout_s=5, shm_mib=0)) as sup:  # fmt: skip
         small, large = _request(8, threads=11), _request(16)
         got = daemons.ask(small)
@@ -211,7 +189,7 @@ def test_a_restarted_daemon_serves_the_same_pipe_folder(tmp: Path) -> None:
     running container's bind mount holds), so the container's next process reaches it."""
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
-    with _Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
                              start_timeout_s=5, shm_mib=0)):  # fmt: skip
         req = _request(4)
         first = daemons.ask(req)
@@ -239,7 +217,7 @@ def test_a_removed_control_socket_does_not_end_a_serving_daemon(tmp: Path) -> No
     ``SILENT_CHECKS`` checks); once its server is gone it is restarted, its socket back."""
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
-    with _Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.1,
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.1,
                              start_timeout_s=5, shm_mib=0)):  # fmt: skip
         req = _request(4)
         state = daemons.ask(req)
@@ -315,7 +293,7 @@ def test_a_dead_supervisor_fails_closed_at_once(tmp: Path) -> None:
 def test_bad_and_foreign_requests_are_skipped_counted_and_answered(tmp: Path) -> None:
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=5)
-    with _Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
                              start_timeout_s=5, shm_mib=0)) as sup:  # fmt: skip
         foreign = _request(4, GPUS[1])  # GPU 1 is not shared by this supervisor
         with pytest.raises(SliceUnavailable, match="unknown-gpu"):
@@ -358,7 +336,7 @@ def test_each_slice_has_shared_memory_of_its_own(tmp: Path) -> None:
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
     sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
                      shm_mib=8)  # fmt: skip
-    running = _Running(sup)
+    running = Running(sup)
     running.__enter__()
     crashed = False
     try:
@@ -418,7 +396,7 @@ def test_the_device_plugin_lets_go_of_a_slice_the_kubelet_released(tmp: Path) ->
     mps = MpsConfig(layout, 5.0, slice_wait_s=10)
     gpu = DeviceState(UUID0, 0, True, free_mib=79 * UNIT_MIB)
     units = [f"{UUID0}::{k}" for k in range(8)]
-    with _Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
                              start_timeout_s=5, shm_mib=0)):  # fmt: skip
         slicer = Slicer(UNIT_MIB, held=lambda: listed[-1], stamp=lambda: t[0], mps=mps)
         _, spec = slicer.allocate(units[:4], [gpu])

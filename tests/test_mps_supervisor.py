@@ -15,7 +15,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,11 +30,9 @@ from omaticaya_py.mps.daemon import EXITED, NOT_ANSWERING, SPAWN_FAILED, Control
 from omaticaya_py.mps.supervisor import Gpu, MpsError, Supervisor
 from omaticaya_py.sources.mps import MpsWatch, read_state
 from tests.helpers import MULTI_TRACE, free_port, run_cli
+from tests.mps_rig import STANDIN, Running
 from tests.waiting import wait_for
 
-STANDIN = (
-    Path(__file__).resolve().parent.parent / "devtools" / "mps-standin" / "nvidia-cuda-mps-control"
-)
 UUID0 = "GPU-00000000-0000-0000-0000-000000000001"
 UUID1 = "GPU-00000000-0000-0000-0000-000000000002"
 GPUS = (Gpu(0, UUID0, 79), Gpu(1, UUID1, 40))
@@ -68,31 +65,12 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-class _Running:
-    """A supervisor started, checking in a thread, stopped at exit."""
-
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=sup.run_forever, args=(self.stop_event,), daemon=True)
-
-    def __enter__(self) -> Supervisor:
-        self.sup.start()
-        self.thread.start()
-        return self.sup
-
-    def __exit__(self, *_: object) -> None:
-        self.stop_event.set()
-        self.thread.join(10)
-        self.sup.stop()
-
-
 def test_probes_come_up_with_one_unit_as_limit_and_stop_leaves_nothing(tmp: Path):
     before = _tree(tmp)
     layout = _layout(tmp)
     sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
                      shm_mib=0)  # fmt: skip
-    with _Running(sup):
+    with Running(sup):
         for g in GPUS:
             state, problem = read_state(layout, g.uuid)
             assert problem is None and state is not None
@@ -137,7 +115,7 @@ def test_a_killed_daemon_is_said_down_restarted_and_readyz_follows(tmp: Path):
                      shm_mib=0)  # fmt: skip
     server = metrics.serve(sup.metrics.registry, sup.healthy, sup.ready, "127.0.0.1", 0)
     try:
-        with _Running(sup):
+        with Running(sup):
             assert _get(server.port, "/readyz")[0] == 200
             assert _get(server.port, "/healthz")[0] == 200
             before = sup.states()
@@ -175,7 +153,7 @@ def test_a_daemon_that_cannot_start_stays_down_and_backs_off(tmp: Path):
     layout = _layout(tmp)
     sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(failing), check_s=0.05, start_timeout_s=2,
                      shm_mib=0)  # fmt: skip
-    running = _Running(sup)
+    running = Running(sup)
     with running:
         state = read_state(layout, UUID0)[0]
         assert state is not None and state.state == DOWN
@@ -343,7 +321,7 @@ def test_a_stopped_daemon_is_down_at_once_and_kept_when_it_answers_again(tmp: Pa
     layout = _layout(tmp)
     sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
                      shm_mib=0)  # fmt: skip
-    with _Running(sup):
+    with Running(sup):
         pid = sup.states()[UUID0].pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
