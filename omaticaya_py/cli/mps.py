@@ -1,4 +1,5 @@
-"""``omaticaya mps``: one CUDA MPS control daemon per shared GPU, supervised until SIGTERM
+"""``omaticaya mps``: the CUDA MPS control daemons (one per slice, a probe per shared GPU),
+supervised until SIGTERM
 (``mps.Supervisor``), with ``/metrics``, ``/healthz`` and ``/readyz`` on
 ``OMATICAYA_MPS_METRICS_PORT``.
 

@@ -187,11 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "mps",
-        help="run and watch one CUDA MPS control daemon per shared GPU until SIGTERM",
-        description="Supervise one CUDA MPS control daemon per shared GPU "
-        "(OMATICAYA_SHARED_GPUS), each with the default pinned-memory limit of its whole GPU, "
-        "and write their states for the device plugin (OMATICAYA_MPS_STATE_DIR): a slice "
-        "container becomes its GPU's MPS client with exactly its limit.",
+        help="run and watch the CUDA MPS control daemons of the slices until SIGTERM",
+        description="Supervise one CUDA MPS control daemon per slice the plugins ask for, its "
+        "default pinned-memory limit the slice (a client's own limit can only lower it), and a "
+        "probe daemon per shared GPU (OMATICAYA_SHARED_GPUS), and write their states for the "
+        "plugins (OMATICAYA_MPS_STATE_DIR): a slice container becomes its slice's MPS client.",
         add_flags=lambda p: mps_settings_flags().add_to(p),
     )
     add(

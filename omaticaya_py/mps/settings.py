@@ -38,7 +38,8 @@ class MpsSettings(DevicePluginSettings):
     mps_control: str = Field(
         default="nvidia-cuda-mps-control",
         min_length=1,
-        description="The MPS control program `omaticaya mps` runs, one daemon per shared GPU: "
+        description="The MPS control program `omaticaya mps` runs, one daemon per slice and a "
+        "probe per shared GPU: "
         "a name on PATH or a path (the image's test stand-in, for nodes without a GPU: "
         "/opt/omaticaya/standin/nvidia-cuda-mps-control).",
     )
