@@ -68,6 +68,7 @@ import yaml
 
 from devtools.devcluster.cluster import K8S_VERSION, minor
 from devtools.devcluster.files import FAKE_GPU_DEVICES, fake_gpu_devices
+from omaticaya_py.dra.prepare import claim_slice_id
 from tests.kubelet import IMAGE
 from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixtures
     CHART,
@@ -715,10 +716,14 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     assert gpu in SHARED, allocs
     assert [a.get("consumedCapacity", {}).get("memory") for a in allocs] == ["20Gi", "20Gi"], allocs
     assert allocs[0].get("shareID") and allocs[0].get("shareID") != allocs[1].get("shareID"), allocs
-    for got in shares:
+    for k, got in zip((1, 2), shares, strict=True):
         assert got["VISIBLE"] == uuid(gpu), got
         assert got["MPS_LIMIT"].rsplit("=", 1)[-1] == "20480M", got
-        assert got["PIPE"] == str(MPS_ROOT / uuid(gpu) / "pipe"), got
+        # each claim the client of an MPS daemon of its own (issue 47), named by claim and device
+        claim_uid = (get(kube, "-n", WORK, "resourceclaim", pod_claim(kube, f"share-{k}") or "")
+                     or {})["metadata"]["uid"]  # fmt: skip
+        sid = claim_slice_id(claim_uid, dev)
+        assert got["PIPE"] == str(MPS_ROOT / "slices" / sid / "pipe"), got
     print(f"[dra] c: both on {dev}; MPS limits {[g['MPS_LIMIT'] for g in shares]}")
     # what is left: on that GPU its capacity less 40 GiB; on the other its whole capacity
     caps = {i: devs[f"gpu-{i}"]["capacity"]["memory"]["value"] for i in SHARED}
