@@ -42,6 +42,13 @@ P = "omaticaya.io/"
 
 
 def test_the_agent_sees_the_kubelets_slices(admin_api, dev_cluster, kubelet, plugin, pods):  # noqa: F811
+    # this module's kubelet is a new one on the Node an earlier module's kubelet served: the
+    # Node's status may still show that one's units, and a pod admitted before this kubelet has
+    # the plugin's devices gets none ("no devices found allocated in local cache"). Wait for
+    # the plugin's registration with this kubelet and for the units it reports itself.
+    wait_for("the plugin registered", lambda: "registered omaticaya.io/gpu-memory" in plugin.log(), 60)
+    admin_api.patch_node_status(kubelet, {"status": {
+        "capacity": {MEM: None}, "allocatable": {MEM: None}}})  # fmt: skip
     wait_for("the units on the Node", lambda: resources(admin_api, kubelet)[MEM] == (316, 316), 60)
     index, mib = slice_of(run(admin_api, pods, "agent-slice", MEM, 20))
     assert mib == 20480
