@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from loguru import logger
 
@@ -66,7 +67,12 @@ def read_state(layout: Layout, uuid: str) -> tuple[DaemonState | None, str | Non
     """The state file of ``uuid``'s daemon (``core.mps.Layout.state``), parsed: ``(state,
     None)``; ``(None, None)`` when there is no file; ``(None, problem)`` when it cannot be read
     or is not a state of that GPU (``core.mps.parse_state``)."""
-    path = layout.state(uuid)
+    return _read(layout.state(uuid), uuid, "")
+
+
+def _read(path: Path, uuid: str, sid: str) -> tuple[DaemonState | None, str | None]:
+    """The state file at ``path`` parsed for GPU ``uuid`` (``""``: any) and slice ``sid``, as
+    ``read_state`` answers."""
     try:
         with open(path, "rb") as f:
             raw = f.read(64 * 1024)
@@ -75,7 +81,7 @@ def read_state(layout: Layout, uuid: str) -> tuple[DaemonState | None, str | Non
     except OSError as exc:
         return None, f"{type(exc).__name__}: {exc.strerror or exc}"
     try:
-        return parse_state(raw, uuid), None
+        return parse_state(raw, uuid, sid), None
     except ValueError as exc:
         return None, str(exc)
 
@@ -241,17 +247,11 @@ class SliceDaemons:
 
 
 def read_slice_state(layout: Layout, sid: str) -> tuple[DaemonState | None, str | None]:
-    """Slice ``sid``'s daemon state file, parsed: as ``read_state`` answers."""
+    """Slice ``sid``'s daemon state file, parsed: as ``read_state`` answers (an ID that names no
+    file: ``(None, problem)``)."""
     try:
         path = layout.slice_state(sid)
-        with open(path, "rb") as f:
-            raw = f.read(64 * 1024)
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    try:
-        return parse_state(raw, "", sid), None
     except ValueError as exc:
-        return None, str(exc)
+        return None, f"ValueError: {exc}"
+    return _read(path, "", sid)
 
