@@ -381,8 +381,11 @@ class Stack:
         start = time.monotonic()
         self.kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
         self.installed = False
-        wait_for("the agent pods gone", lambda: not self.kube.pods(), timeout=90)
-        self.timer.took("uninstall until the agent pod is gone", start)
+        # the mps pods too: their supervisor removes the MPS root (and its parent) as it stops,
+        # and the next module's install expects neither (seen in CI: /run/omaticaya still there)
+        wait_for("the agent and mps pods gone",
+                 lambda: not self.kube.pods() and not self.kube.pods("mps"), timeout=90)  # fmt: skip
+        self.timer.took("uninstall until the agent and mps pods are gone", start)
 
     def leftovers(self) -> dict[str, Any]:
         """What of ours is still there after the uninstall (item g: all empty)."""
@@ -395,6 +398,7 @@ class Stack:
             "deviceclasses": ours,
             "cdi specs": [str(p) for p in our_cdi_specs(self.kube.cluster.cdi_dir)],
             "sockets": [s for s in sockets(self.plugins, self.registry) if DRIVER in s],
+            "mps root": [str(p) for p in (MPS_ROOT, MPS_ROOT.parent) if p.exists()],
         }
 
     def teardown(self) -> None:
@@ -404,6 +408,8 @@ class Stack:
             self.kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s",
                            check=False)  # fmt: skip
             self.installed = False
+            wait_for("the agent and mps pods gone",
+                     lambda: not self.kube.pods() and not self.kube.pods("mps"), timeout=90)  # fmt: skip
 
 
 @pytest.fixture
@@ -795,7 +801,8 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     timer.took("g: namespace deleted to no CDI spec", start)
     st.uninstall()
     left = st.leftovers()
-    assert left == {"resourceslices": [], "deviceclasses": [], "cdi specs": [], "sockets": []}, left
+    assert left == {"resourceslices": [], "deviceclasses": [], "cdi specs": [], "sockets": [],
+                    "mps root": []}, left  # fmt: skip
 
 
 def mib_of(quantity: str) -> int:
