@@ -30,6 +30,16 @@ Traces: the recorded H100 load looped (idle, 30 GiB allocated, busy, released, e
 a worst case, a real node is idle or steady most of the hour), its idle phase alone (a quiet
 node, with the recording's noise), and the 8-GPU trace (a steady mixed load).
 
+The calm window per key (issue 48): the last table replays the agent's rule now (each label's
+own calm clock, ``core.budget.held_keys``) beside the node-wide clock it replaced
+(``NodeSide(per_key=False)``, the rule of 7078aa3), on the traces above and on churning
+neighbours built from the recording's idle sample (``neighbour_traces``): the issue's node (GPU
+0's free memory dips for a tick every 20 s, GPU 1's rows pending for 300 s of every 600 s), and
+8 GPUs each dipping once every 120 s, 15 s apart (the rule's worst case: each GPU calm for an
+interval between its dips, the node never). Per row: Node patches per hour under each rule, and
+the longest a GPU's health label stayed worse on the Node than the reading (seconds; a hold
+still running at the end counts to the end).
+
     .venv/bin/python bench/label_churn.py            # 1 h of each trace, budgets 0 and 30: ~5 s
     .venv/bin/python bench/label_churn.py --quick    # 6 min of trace time
 """
@@ -37,6 +47,7 @@ node, with the recording's noise), and the 8-GPU trace (a steady mixed load).
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 import sys
 from collections import Counter
@@ -55,17 +66,24 @@ from bench.common import (  # noqa: E402
     header,
     load_raw,
     phase_samples,
+    replicate,
     table,
     write_trace,
 )
 from omaticaya_py.core.budget import (  # noqa: E402
     BETTER,
+    HEALTH_RANK,
     WORSE,
+    held_keys,
     hold_back,
+    label_changes,
     name_of,
+    note_changes,
     safe_part,
     telemetry_change,
+    unit_changes,
     urgent,
+    worse,
 )
 from omaticaya_py.core.health import NodeHealth, XidLedger, XidPolicy, assess  # noqa: E402
 from omaticaya_py.core.render import render  # noqa: E402
@@ -143,10 +161,19 @@ class NodeSide:
     """What a Node watcher sees under one write budget: the labels on the Node, its patches
     (after the start-up one), the urgent ones among them, held-back ticks, per label family
     the value changes, and the patches that carry the telemetry alone (``telemetry_only``:
-    free memory moved by more than ``drop_mib`` with no label; ``drop_mib`` 0: not followed)."""
+    free memory moved by more than ``drop_mib`` with no label; ``drop_mib`` 0: not followed).
+    ``per_key``: the agent's rule now, each label and telemetry unit on its own calm clock
+    (issue 48); ``False``: the one node-wide clock of 7078aa3, for the before column.
+    ``health_held_s``: the longest a ``gpu-N.health`` label stayed worse on the Node than in
+    the reading (s)."""
 
     budget_s: float
     drop_mib: int = 256
+    per_key: bool = True
+    label_calm: dict = field(default_factory=dict)
+    unit_calm: dict = field(default_factory=dict)
+    health_since: dict = field(default_factory=dict)
+    health_held_s: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
     published: dict | None = None
     marks: dict | None = None
@@ -163,6 +190,63 @@ class NodeSide:
         """``agent/node_writer.py``'s rule: a label change is patched unless the budget holds it;
         the telemetry alone when its free memory is behind (``core.budget.telemetry_change``)."""
         marks = marks or {}
+        if self.per_key:
+            self._tick_per_key(now_s, desired, marks)
+        else:
+            self._tick_node_wide(now_s, desired, marks)
+        self._follow_health(now_s, desired)
+
+    def _follow_health(self, now_s: float, desired: dict[str, str]) -> None:
+        """How long each GPU's health label has been worse on the Node than in the reading."""
+        for key, value in desired.items():
+            if not name_of(key).endswith(".health") or name_of(key).startswith("gpu."):
+                continue
+            on_node = self.labels.get(key)
+            if on_node is not None and HEALTH_RANK.get(on_node, 9) > HEALTH_RANK.get(value, 9):
+                since = self.health_since.setdefault(key, now_s)
+                self.health_held_s = max(self.health_held_s, now_s - since)
+            else:
+                self.health_since.pop(key, None)
+
+    def _tick_per_key(self, now_s: float, desired: dict[str, str], marks: dict) -> None:
+        """``agent/node_writer.py``'s rule now: each label and each GPU's telemetry on its own
+        calm clock; a calm change for the better rides on a write that goes anyway, or goes
+        alone once the last patch is an interval old (``core.budget.held_keys``)."""
+        interval = self.budget_s
+        if self.previous is not None:
+            got_worse, got_better = label_changes(self.previous, desired)
+            self.label_calm = note_changes(self.label_calm, got_worse, got_better, now_s, interval)
+        if self.marks is not None:
+            got_worse, got_better = unit_changes(self.marks, marks, self.drop_mib)
+            self.unit_calm = note_changes(self.unit_calm, got_worse, got_better, now_s, interval)
+        self.previous, self.marks = dict(desired), marks
+        behind = False
+        if self.published is not None:
+            change = telemetry_change(self.published, marks, self.drop_mib)
+            rose = unit_changes(self.published, marks, self.drop_mib)[1]
+            behind = change == WORSE or bool(rose) and not held_keys(
+                rose, now_s, self.last_patch_s, interval, self.unit_calm, False
+            )
+        going = behind
+        pending = []
+        for key in self.labels.keys() | desired.keys():
+            if self.labels.get(key) == desired.get(key):
+                continue
+            if worse(name_of(key), self.labels.get(key), desired.get(key)):
+                going = True
+            else:
+                pending.append(key)
+        held = held_keys(pending, now_s, self.last_patch_s, interval, self.label_calm, going)
+        if held:
+            safe = safe_part(self.labels, desired, ready=set(pending) - held)
+            self.held += safe != desired
+            desired = safe
+        if desired == self.labels and not behind:
+            return
+        self._patch(now_s, desired, marks)
+
+    def _tick_node_wide(self, now_s: float, desired: dict[str, str], marks: dict) -> None:
+        """The rule of 7078aa3 (before issue 48): one calm clock for the whole Node."""
         if self.previous is not None and urgent(self.previous, desired):
             self.calm_since_s = now_s  # the reading got worse: a rise waits for calm
         elif self.marks is not None and telemetry_change(self.marks, marks, self.drop_mib) == WORSE:
@@ -180,6 +264,10 @@ class NodeSide:
             )
         if desired == self.labels and not behind:
             return
+        self._patch(now_s, desired, marks)
+
+    def _patch(self, now_s: float, desired: dict[str, str], marks: dict) -> None:
+        """One Node patch: ``desired`` labels with the telemetry of ``marks``."""
         self.published = marks
         is_urgent = urgent(self.labels, desired)
         if self.last_patch_s is not None:  # the start-up patch is not churn
@@ -194,14 +282,14 @@ class NodeSide:
 
 def replay(
     path: Path, budgets: Sequence[float], duration_s: float, drop_mib: int | None = None,
-    gpm: bool = False, **overrides: Any,
+    gpm: bool = False, per_key: bool = True, **overrides: Any,
 ) -> list:  # fmt: skip
     """One ``NodeSide`` per budget after ``duration_s`` of the trace at ``path``
     (``drop_mib``: the telemetry's free-memory threshold; ``None``: the setting's default;
     ``gpm``: the readings as a GPM reader gives them)."""
     settings = bench_settings(node_name="churn", **overrides)
     drop = settings.telemetry_free_drop_mib if drop_mib is None else drop_mib
-    sides = [NodeSide(b, drop) for b in budgets]
+    sides = [NodeSide(b, drop, per_key) for b in budgets]
     for now_s, labels, marks in rendered_labels(path, settings, duration_s, gpm):
         for side in sides:
             side.tick(now_s, labels, marks)
@@ -213,6 +301,69 @@ def traces() -> dict[str, Path]:
     alone (a quiet node, with the recording's noise) and the steady 8-GPU trace."""
     idle = write_trace(phase_samples(load_raw(H100), "idle"), "churn-h100-idle")
     return {"h100": H100, "h100-idle": idle, "8-gpu": MULTI}
+
+
+def neighbour_trace(
+    name: str, n_gpus: int, dip_every_s: float, stagger_s: float, loop_s: float,
+    sick_gpu: int | None = None, sick_s: float = 0.0,
+) -> Path:  # fmt: skip
+    """The recording's idle sample on ``n_gpus`` GPUs, a sample every 10 s over ``loop_s``:
+    GPU i's free memory 40 GiB lower for one sample every ``dip_every_s``, starting at
+    ``i * stagger_s``; GPU ``sick_gpu`` (if any) untouched by the dips, with remapped rows
+    pending for the first ``sick_s`` of the loop."""
+    raw = replicate(phase_samples(load_raw(H100), "idle"), n_gpus)
+    first = raw["samples"][0]
+    mib = 1024 * 1024
+    samples = []
+    for k in range(int(loop_s // 10)):
+        t = k * 10.0
+        sample = {**copy.deepcopy(first), "t": t}
+        for i, g in enumerate(sample["gpus"]):
+            g.pop("memory_v2_bytes", None)
+            total, free = g["memory_bytes"]["total"], g["memory_bytes"]["free"]
+            if i != sick_gpu and t >= i * stagger_s and (t - i * stagger_s) % dip_every_s == 0:
+                free -= 40 * 1024 * mib
+            g["memory_bytes"] = {"total": total, "used": total - free, "free": free}
+            if i == sick_gpu:
+                pending = int(t < sick_s)
+                g["remapped_rows"] = {"correctable": 0, "uncorrectable": pending,
+                                      "pending": pending, "failure": 0}  # fmt: skip
+        samples.append(sample)
+    raw.update(samples=samples, phases=[], interval_s=10.0)
+    return write_trace(raw, name)
+
+
+def neighbour_traces() -> dict[str, Path]:
+    """Issue 48's churning neighbours: the issue's node (GPU 0 dips every 20 s, GPU 1's rows
+    pending 300 s of every 600 s) and 8 GPUs dipping every 120 s, 15 s apart."""
+    return {
+        "neighbour-2gpu": neighbour_trace("neighbour-2gpu", 2, 20.0, 0.0, 600.0, 1, 300.0),
+        "stagger-8gpu": neighbour_trace("stagger-8gpu", 8, 120.0, 15.0, 120.0),
+    }
+
+
+def calm_table(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) -> str:
+    """Node patches per hour and the longest a GPU's health stayed held, with the calm window
+    node-wide (7078aa3, before) and per key (after), side by side."""
+
+    def per_hour(count: float) -> float | int:
+        return whole(round(count * HOUR_S / duration_s, 1))
+
+    rows = []
+    for name, path in traces.items():
+        before = replay(path, budgets, duration_s, per_key=False)
+        after = replay(path, budgets, duration_s, per_key=True)
+        for old, new in zip(before, after, strict=True):
+            rows.append([
+                name, whole(new.budget_s), per_hour(old.patches), per_hour(new.patches),
+                per_hour(old.urgent_patches), per_hour(new.urgent_patches),
+                whole(old.health_held_s), whole(new.health_held_s),
+            ])  # fmt: skip
+    return table(
+        ["trace", "budget s", "Node patches/h node-wide (before)", "per key (after)",
+         "urgent/h before", "after", "GPU health held s before", "after"],
+        rows,
+    )  # fmt: skip
 
 
 def run(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) -> str:
@@ -289,7 +440,8 @@ def run(traces: dict[str, Path], budgets: Sequence[float], duration_s: float) ->
         "labels not listed (hardware facts, health, healthy-count) did not change; urgent: a\n"
         "patch with a less attractive change, which the budget never holds"
     )
-    return "\n\n".join([labels_table, patches_table, notes, cost_table])
+    calm = calm_table({**traces, **neighbour_traces()}, budgets, duration_s)
+    return "\n\n".join([labels_table, patches_table, notes, cost_table, calm])
 
 
 def main(argv: list[str] | None = None) -> int:

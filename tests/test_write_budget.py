@@ -196,3 +196,139 @@ def test_setting_default_and_bounds(monkeypatch, tmp_path):
 def test_safe_part_sends_only_the_worse(node, desired, now):
     full = lambda m: {P + k: v for k, v in m.items()}  # noqa: E731
     assert safe_part(full(node), full(desired)) == full(now)
+
+
+# -- issue 48: the calm window per label, per GPU ------------------------------------------------
+
+from omaticaya_py.core.budget import (  # noqa: E402
+    CALM_MAX_INTERVALS,
+    Calm,
+    held_keys,
+    label_changes,
+    note_changes,
+)
+
+F0, F1, H1 = P + "gpu-0.memory.free-mib", P + "gpu-1.memory.free-mib", P + "gpu-1.health"
+
+
+def calm(**worse_at_s: float) -> dict[str, Calm]:
+    """Calm clocks of one interval (30 s): ``f0=95.0`` -> GPU 0's free memory got worse at 95 s."""
+    keys = {"f0": F0, "f1": F1, "h1": H1}
+    return {keys[k]: Calm(t, 30.0) for k, t in worse_at_s.items()}
+
+
+@pytest.mark.parametrize(
+    ("pending", "now_s", "last_s", "interval_s", "clocks", "going", "held"),
+    [
+        # the issue: GPU 0 dips every 20 s (its dip written 5 s ago, going again now); GPU 1
+        # recovered 60 s ago: only GPU 0's own rise waits
+        ({F0, H1}, 100.0, 95.0, 30.0, calm(f0=95.0), True, {F0}),
+        # GPU 0 dipped 5 s ago, nothing goes now and the last write is 5 s old: all wait
+        ({F0, H1}, 100.0, 95.0, 30.0, calm(f0=95.0), False, {F0, H1}),
+        # the last write an interval old: GPU 1's recovery goes alone, GPU 0's rise still waits
+        ({F0, H1}, 125.0, 95.0, 30.0, calm(f0=115.0), False, {F0}),
+        # GPU 1 itself got worse 10 s ago: its own calm window holds it, whatever goes
+        ({H1}, 100.0, 10.0, 30.0, calm(h1=90.0), True, {H1}),
+        # calm for exactly its window: it goes
+        ({H1}, 120.0, 10.0, 30.0, calm(h1=90.0), False, set()),
+        # a flapping key's window, doubled: still held after one interval
+        ({H1}, 150.0, 10.0, 30.0, {H1: Calm(90.0, 120.0)}, True, {H1}),
+        # the budget off, or no write yet: nothing held
+        ({F0, H1}, 100.0, 95.0, 0.0, calm(f0=99.0), False, set()),
+        ({F0, H1}, 100.0, None, 30.0, calm(f0=99.0), False, set()),
+        (set(), 100.0, 95.0, 30.0, calm(f0=99.0), True, set()),
+    ],
+    ids=["neighbour-churns", "nothing-goes", "alone-after-interval", "own-churn", "calm-exactly",
+         "flapping", "budget-off", "first-write", "nothing-pending"],
+)
+def test_held_keys_judges_each_key_by_its_own_calm(
+    pending, now_s, last_s, interval_s, clocks, going, held
+):
+    assert held_keys(pending, now_s, last_s, interval_s, clocks, going) == held
+
+
+@pytest.mark.parametrize(
+    ("clocks", "worse", "better", "now_s", "expected"),
+    [
+        # a first change for the worse: one interval
+        ({}, {F0}, set(), 10.0, {F0: Calm(10.0, 30.0)}),
+        # it rose, then fell again (a flap): the window doubles
+        ({F0: Calm(10.0, 30.0)}, set(), {F0}, 20.0, {F0: Calm(10.0, 30.0, rose=True)}),
+        ({F0: Calm(10.0, 30.0, rose=True)}, {F0}, set(), 30.0, {F0: Calm(30.0, 60.0)}),
+        # ... up to CALM_MAX_INTERVALS intervals
+        ({F0: Calm(10.0, 240.0, rose=True)}, {F0}, set(), 30.0, {F0: Calm(30.0, 240.0)}),
+        # falling over a few ticks (memory allocated): no flap, the window kept
+        ({F0: Calm(10.0, 30.0)}, {F0}, set(), 20.0, {F0: Calm(20.0, 30.0)}),
+        # a key calm for CALM_MAX_INTERVALS intervals is forgotten; the others stay
+        ({F0: Calm(0.0, 60.0), H1: Calm(10.0, 30.0)}, set(), set(), 240.0, {H1: Calm(10.0, 30.0)}),
+        # a key that rises with no clock: nothing to note
+        ({}, set(), {H1}, 10.0, {}),
+    ],
+    ids=["first", "rose", "flap", "capped", "falling", "forgotten", "better-only"],
+)
+def test_note_changes_doubles_a_flapping_keys_window(clocks, worse, better, now_s, expected):
+    assert CALM_MAX_INTERVALS * 30.0 == 240.0
+    assert note_changes(clocks, worse, better, now_s, 30.0) == expected
+
+
+def test_label_changes_names_each_key_that_got_worse_or_better():
+    before = c({"gpu-1.health": "Unhealthy"})
+    after = c({"gpu-0.memory.free-mib": "1024", "gpu-1.health": "Healthy",
+               "gpu-1.utilization-pct": None})  # fmt: skip
+    assert label_changes(before, after) == ({F0, P + "gpu-1.utilization-pct"}, {H1})
+    assert label_changes(BASE, BASE) == (set(), set())
+    # temperature has no direction: each move counts as a flap, so it settles before it goes
+    temp = P + "gpu-0.temperature-c"
+    assert label_changes(BASE, c({"gpu-0.temperature-c": "60"})) == ({temp}, {temp})
+
+
+def test_safe_part_lets_the_ready_keys_go():
+    node = c({"gpu-1.health": "Unhealthy", "gpu-0.memory.free-mib": "1024"})
+    desired = c({"gpu-1.memory.free-mib": "0"})  # GPU 1 healthy again, GPU 0 risen, GPU 1 down
+    out = safe_part(node, desired, ready={H1})
+    assert out[H1] == "Healthy"  # ready: goes
+    assert out[F0] == "1024"  # not ready: the Node's value
+    assert out[F1] == "0"  # worse: always
+
+
+def churn_labels(t: float, recovered_at_s: float) -> dict[str, str]:
+    """The issue's node at trace second ``t``: GPU 0's free memory dips for one 10 s tick every
+    20 s; GPU 1 is unhealthy (remap pending) until ``recovered_at_s``."""
+    healthy = t >= recovered_at_s
+    return c({
+        "gpu-0.memory.free-mib": "40960" if t % 20 == 0 else "81920",
+        "gpu-1.health": "Healthy" if healthy else "Unhealthy",
+        "gpu.health": "Healthy" if healthy else "Degraded",
+        "gpu.healthy-count": "2" if healthy else "1",
+    })  # fmt: skip
+
+
+def test_a_churning_neighbour_does_not_hold_a_recovered_gpus_label():
+    """The issue's fault on the pure rule as the Node writer applies it each tick: a change for
+    the worse goes at once, a change for the better when ``held_keys`` lets it. GPU 1's
+    recovery (and the node's health and healthy count) reaches the Node within two intervals
+    and a tick (it stayed Unhealthy 1,790 s and counting with one node-wide calm clock); GPU 0's
+    churn costs no write after its first dip (its rises wait for its own calm, never come)."""
+    interval_s, tick_s, recovered_at_s = 30.0, 10.0, 100.0
+    node = churn_labels(0.0, 1e9)
+    last_write, clocks, previous = 0.0, {}, node
+    writes, healthy_at = 0, None
+    t = tick_s
+    while t <= 1800.0:
+        desired = churn_labels(t, recovered_at_s)
+        clocks = note_changes(clocks, *label_changes(previous, desired), t, interval_s)
+        previous = desired
+        pending = {k for k in node.keys() | desired.keys()
+                   if node.get(k) != desired.get(k) and not worse(k, node.get(k), desired.get(k))}
+        held = held_keys(pending, t, last_write, interval_s, clocks, urgent(node, desired))
+        target = safe_part(node, desired, ready=pending - held)
+        if target != node:
+            node, last_write, writes = target, t, writes + 1
+        if healthy_at is None and node[H1] == "Healthy":
+            healthy_at = t
+        t += tick_s
+    assert healthy_at is not None
+    assert healthy_at - recovered_at_s <= 2 * interval_s + tick_s
+    assert node[P + "gpu.health"] == "Healthy" and node[P + "gpu.healthy-count"] == "2"
+    assert node[F0] == "40960"  # GPU 0's rises still wait: its label stays at the dip
+    assert writes <= 2  # the first dip, the recovery: no churn

@@ -5,11 +5,14 @@ value changed sends no request at all. The telemetry annotation goes with any la
 (``core.patch.volatile_due``), and with the heartbeat where no Lease carries liveness. Each
 patch response is checked against the desired state, so a Node that was re-created or edited by
 hand is put right at once. The write budget (``min_patch_interval_s``, ``core.budget``) holds
-back a change that makes the Node more attractive until the interval since the last patch has
-passed; one that makes it less attractive goes at once. The telemetry also follows what no
-label shows (``core.budget.telemetry_change``): a GPU's exact free memory down by more than
-``telemetry_free_drop_mib`` or a new pod holding it rewrites it at once, the same rise or a
-holder leaving once the budget lets a change for the better go.
+back a change that makes the Node more attractive until that label has been calm (not got
+worse) for an interval, and the last patch is an interval old or a patch goes anyway
+(``core.budget.held_keys``, each label on its own clock: a neighbour GPU's churn never holds a
+recovered GPU's labels); one that makes it less attractive goes at once. The telemetry also
+follows what no label shows (``core.budget.telemetry_change``): a GPU's exact free memory down
+by more than ``telemetry_free_drop_mib`` or a new pod holding it rewrites it at once, the same
+rise or a holder leaving once each unit that rose has been calm for an interval (per GPU or MIG
+device) and the budget lets a change for the better go.
 """
 
 from __future__ import annotations
@@ -21,7 +24,19 @@ from dataclasses import replace
 from loguru import logger
 
 from ..core.attribution import GpuAttribution
-from ..core.budget import BETTER, WORSE, UnitMark, hold_back, safe_part, telemetry_change, urgent
+from ..core.budget import (
+    WORSE,
+    Calm,
+    UnitMark,
+    held_keys,
+    label_changes,
+    name_of,
+    note_changes,
+    safe_part,
+    telemetry_change,
+    unit_changes,
+    worse,
+)
 from ..core.health import NodeHealth
 from ..core.patch import (
     MergePatch,
@@ -75,8 +90,11 @@ class NodeWriter:
         self.telemetry_key = f"{settings.prefix}/{TELEMETRY}"
         self.meta: NodeMeta | None = None
         self.last_patch_s: float | None = None
-        #: the last tick whose desired labels were worse than the tick's before (``None``: never)
-        self.calm_since_s: float | None = None
+        #: each label key's calm clock (``core.budget.note_changes``: when it last got worse
+        #: than the tick's before; only the keys that did lately)
+        self.label_calm: dict[str, Calm] = {}
+        #: the same per telemetry unit (a GPU or MIG device): free memory down, a new holder
+        self.unit_calm: dict[UnitKey, Calm] = {}
         self._last_desired: dict[str, str] | None = None
         #: the last tick's telemetry marks, and the Node's annotation with its marks (parsed
         #: once per value)
@@ -113,19 +131,22 @@ class NodeWriter:
             if self.mps is not None else None
         )  # fmt: skip
         marks = telemetry_marks(snapshot, attribution, sharing, mps)
-        if self._last_desired is not None and urgent(self._last_desired, desired.labels):
-            self.calm_since_s = now_s
-        elif self._last_marks is not None and (
-            telemetry_change(self._last_marks, marks, drop_mib) == WORSE
-        ):
-            self.calm_since_s = now_s  # a rise of free memory or holders waits for calm too
+        interval_s = self.settings.min_patch_interval_s
+        if self._last_desired is not None:
+            got_worse, got_better = label_changes(self._last_desired, desired.labels)
+            self.label_calm = note_changes(self.label_calm, got_worse, got_better, now_s,
+                                           interval_s)  # fmt: skip
+        if self._last_marks is not None:
+            units_worse, units_better = unit_changes(self._last_marks, marks, drop_mib)
+            self.unit_calm = note_changes(self.unit_calm, units_worse, units_better, now_s,
+                                          interval_s)  # fmt: skip
         self._last_desired, self._last_marks = dict(desired.labels), marks
         current = self.current()
-        desired = self._within_budget(desired, current, now_s)
         on_node = current.annotations.get(self.telemetry_key)
         refresh = self.heartbeat.refresh(now_s, on_node) or self._telemetry_behind(
             on_node, marks, now_s
         )
+        desired = self._within_budget(desired, current, now_s, going=refresh)
         desired = self._with_telemetry(
             desired, snapshot, health, current, refresh, attribution, mps
         )
@@ -176,19 +197,22 @@ class NodeWriter:
         """Whether the telemetry on the Node (``on_node``) must be rewritten though no label
         changed: a change for the worse in what no label shows (free memory down by more than
         ``telemetry_free_drop_mib``, a new holder) at once; one for the better (the same rise,
-        a holder gone) when the write budget lets it go (``core.budget.hold_back``). A value on
-        the Node that cannot be read counts as publishing nothing."""
+        a holder gone) when the write budget lets every unit that rose go
+        (``core.budget.held_keys``: each unit calm for an interval, the last patch an interval
+        old). A value on the Node that cannot be read counts as publishing nothing."""
         if on_node is None:
             return False  # missing: written anyway (core.patch.volatile_due)
         if self._published is None or self._published[0] != on_node:
             doc, _ = Telemetry.parse(on_node)
             self._published = (on_node, published_marks(doc) if doc is not None else {})
-        change = telemetry_change(self._published[1], marks, self.settings.telemetry_free_drop_mib)
-        if change == WORSE:
+        drop_mib = self.settings.telemetry_free_drop_mib
+        if telemetry_change(self._published[1], marks, drop_mib) == WORSE:
             return True
-        return change == BETTER and not hold_back(
-            now_s, self.last_patch_s, self.settings.min_patch_interval_s, False, self.calm_since_s
-        )
+        rose = unit_changes(self._published[1], marks, drop_mib)[1]
+        return bool(rose) and not held_keys(
+            rose, now_s, self.last_patch_s, self.settings.min_patch_interval_s,
+            self.unit_calm, going=False,
+        )  # fmt: skip
 
     def _diff(self, desired: Desired, current: NodeMeta, refresh: bool) -> MergePatch | None:
         return diff(
@@ -213,20 +237,33 @@ class NodeWriter:
         if before is not None and before.uid and self.meta.uid != before.uid:
             logger.warning("Node {} was re-created (uid changed): relabelling", self.meta.name)
 
-    def _within_budget(self, desired: Desired, current: NodeMeta, now_s: float) -> Desired:
+    def _within_budget(
+        self, desired: Desired, current: NodeMeta, now_s: float, going: bool = False
+    ) -> Desired:
         """The write budget: ``desired`` with its changes for the better held back (the Node's
-        values kept, ``core.budget.safe_part``) while the last patch is under
-        ``min_patch_interval_s`` old or the reading got worse within it; changes for the worse
-        always go. Never held: with the budget off, at an annotation heartbeat, the first
-        patch."""
+        values kept, ``core.budget.safe_part``) per label (``core.budget.held_keys``): while
+        that label got worse within ``min_patch_interval_s``, or while the last patch is under
+        an interval old and nothing goes anyway (a change for the worse, or ``going``: the
+        telemetry is rewritten this tick). Changes for the worse always go. Never held: with
+        the budget off, at an annotation heartbeat, the first patch."""
         interval_s = self.settings.min_patch_interval_s
         if interval_s <= 0 or self.heartbeat.annotation_due(now_s):
             return desired
-        if not hold_back(now_s, self.last_patch_s, interval_s, False, self.calm_since_s):
-            return desired
         mine = self.settings.prefix + "/"
         before = {k: v for k, v in current.labels.items() if k.startswith(mine)}
-        labels = safe_part(before, desired.labels)
+        pending = []
+        for key in before.keys() | desired.labels.keys():
+            old, new = before.get(key), desired.labels.get(key)
+            if old == new:
+                continue
+            if worse(name_of(key), old, new):
+                going = True
+            else:
+                pending.append(key)
+        held = held_keys(pending, now_s, self.last_patch_s, interval_s, self.label_calm, going)
+        if not held:
+            return desired
+        labels = safe_part(before, desired.labels, ready=set(pending) - held)
         if labels == desired.labels:
             return desired
         self.cache.patches_held += 1

@@ -4,9 +4,11 @@ readings change-only, under the labels' write budget.
 Each tick's devices come from ``core.dra.inventory`` (the reading, the health rules, the
 damped free memory) and ``core.dra.render_devices``. A write goes out when they differ from
 what was published: at once when the change is for the worse (``core.dra.worse_devices``: free
-memory down, a taint added, a device gone), else once ``OMATICAYA_MIN_PATCH_INTERVAL_S`` has
-passed since the last write and since the last change for the worse (``core.budget.hold_back``,
-the labels' rule), changes for the better held back until then (``core.dra.held_devices``).
+memory down, a taint added, a device gone); a change for the better of a device once that
+device has not got worse for ``OMATICAYA_MIN_PATCH_INTERVAL_S`` (its own calm window: a
+neighbour's churn does not hold a recovered GPU's taint) and the last write is an interval old
+or a write goes anyway (``core.budget.held_keys``, the labels' rule), held back until then
+(``core.dra.held_devices``).
 The slice as stored is read back at each heartbeat (re-created when deleted behind our back).
 """
 
@@ -20,7 +22,7 @@ from typing import Any
 
 from loguru import logger
 
-from ..core.budget import hold_back
+from ..core.budget import Calm, held_keys, note_changes
 from ..core.dra import (
     DraDevice,
     held_devices,
@@ -73,7 +75,10 @@ class SliceWriter:
         self.wall = wall
         self.published: list[dict[str, Any]] | None = None
         self.last_write_s: float | None = None
-        self.calm_since_s: float | None = None
+        #: the calm clock of each part of each device (``(name, "free" or "taints")`` ->
+        #: ``core.budget.Calm``: when it last got worse than the tick's before;
+        #: ``core.budget.note_changes``)
+        self.calm: dict[tuple[Any, str], Calm] = {}
         self._last_desired: list[dict[str, Any]] | None = None
         self._devices: list[DraDevice] = []
         self._taint_times: dict[tuple[str, str], str] = {}
@@ -127,8 +132,7 @@ class SliceWriter:
         if node_uid:
             self._node_uid = node_uid
         desired = self.desired(snapshot, health)
-        if self._last_desired is not None and worse_devices(self._last_desired, desired):
-            self.calm_since_s = now_s
+        self.note(desired, now_s)
         self._last_desired = desired
         try:
             if self.published is None and self.client is not None:
@@ -138,11 +142,8 @@ class SliceWriter:
                 )
             before = self.published
             target = desired
-            interval_s = self.settings.min_patch_interval_s
-            if before is not None and not worse_devices(before, desired) and hold_back(
-                now_s, self.last_write_s, interval_s, False, self.calm_since_s
-            ):
-                target = held_devices(before, desired)
+            if before is not None:
+                target = self.within_budget(before, desired, now_s)
                 if target != desired:
                     self.cache.slice_held += 1
             if before is not None and _same(before, target):
@@ -158,6 +159,22 @@ class SliceWriter:
             self.published = None  # read it back next time
             raise
 
+    def note(self, desired: list[dict[str, Any]], now_s: float) -> None:
+        """Move the calm clocks by this tick's devices (``desired``) against the last tick's:
+        each part of each device that got worse or better (``core.budget.note_changes``)."""
+        if self._last_desired is not None:
+            got_worse, got_better = _device_changes(self._last_desired, desired)
+            self.calm = note_changes(self.calm, got_worse, got_better, now_s,
+                                     self.settings.min_patch_interval_s)  # fmt: skip
+
+    def within_budget(
+        self, before: list[dict[str, Any]], desired: list[dict[str, Any]], now_s: float
+    ) -> list[dict[str, Any]]:
+        """The devices to write now: ``desired`` with the changes for the better the budget
+        holds kept as published (``before``); see ``_within_budget``."""
+        return _within_budget(before, desired, now_s, self.last_write_s,
+                              self.settings.min_patch_interval_s, self.calm)  # fmt: skip
+
     def delete(self) -> None:
         """Delete the slice (the agent's exit); a failure is logged, never raised."""
         if self.client is None:
@@ -168,6 +185,89 @@ class SliceWriter:
         except KubeError as exc:
             logger.error("could not delete ResourceSlice {}: {}", self.client.name, exc)
         self.published = None
+
+
+def _by_name(devices: list[dict[str, Any]] | None) -> dict[Any, dict[str, Any]]:
+    return {d.get("name"): d for d in devices or []}
+
+
+#: the parts of a device the budget judges on their own calm clocks: a GPU's memory churn never
+#: holds back its taint's removal
+FREE, TAINTS = "free", "taints"
+
+
+def _parts(
+    before: dict[str, Any] | None, after: dict[str, Any] | None
+) -> dict[str, tuple[list[Any], list[Any]]]:
+    """One device on both sides (``None``: absent there), seen one part at a time for
+    ``core.dra.worse_devices``: its free memory (and what else it says) without its taints,
+    and its taints with the same attributes on both sides."""
+    attributes = (after or before or {}).get("attributes")
+
+    def view(device: dict[str, Any] | None, part: str) -> list[Any]:
+        if device is None:
+            return []
+        if part == FREE:
+            return [{k: v for k, v in device.items() if k != "taints"}]
+        return [{**device, "attributes": attributes}]
+
+    return {part: (view(before, part), view(after, part)) for part in (FREE, TAINTS)}
+
+
+def _device_changes(
+    before: list[dict[str, Any]] | None, after: list[dict[str, Any]]
+) -> tuple[set[tuple[Any, str]], set[tuple[Any, str]]]:
+    """``(worse, better)``: the parts ``(device name, FREE or TAINTS)`` that changed for the
+    worse from ``before`` to ``after`` (``core.dra.worse_devices`` of that part alone: free
+    memory down, a taint added, the device gone or changed otherwise), and the others that
+    changed (free memory up, a taint gone, a new device)."""
+    old, new = _by_name(before), _by_name(after)
+    worse: set[tuple[Any, str]] = set()
+    better: set[tuple[Any, str]] = set()
+    for name in old.keys() | new.keys():
+        for part, (b, a) in _parts(old.get(name), new.get(name)).items():
+            if _same(b, a):
+                continue
+            (worse if worse_devices(b, a) else better).add((name, part))
+    return worse, better
+
+
+def _within_budget(
+    before: list[dict[str, Any]], desired: list[dict[str, Any]], now_s: float,
+    last_write_s: float | None, interval_s: float, calm: Mapping[tuple[Any, str], Calm],
+) -> list[dict[str, Any]]:
+    """The devices to publish: ``desired`` with each change for the better (more free memory,
+    a taint gone, a new device) held at ``before`` (the published slice;
+    ``core.dra.held_devices``) while the budget holds that part of that device
+    (``core.budget.held_keys``: it got worse itself within its calm window (``calm``), or
+    nothing goes this time and the last write is under an interval old). Changes for the worse
+    always go, and carry the calm parts' changes for the better with them."""
+    old = _by_name(before)
+    worse, better = _device_changes(before, desired)
+    held = held_keys(better, now_s, last_write_s, interval_s, calm, going=bool(worse))
+    if not held:
+        return desired
+    out: list[dict[str, Any]] = []
+    for d in desired:
+        name = d.get("name")
+        hold_free, hold_taints = (name, FREE) in held, (name, TAINTS) in held
+        b = old.get(name)
+        if b is None:
+            if not (hold_free or hold_taints):
+                out.append(d)  # a new device, let go
+            continue
+        if not (hold_free or hold_taints):
+            out.append(d)
+            continue
+        kept = held_devices([b], [d])[0]
+        if not hold_taints:
+            kept = {k: v for k, v in kept.items() if k != "taints"}
+            if "taints" in d:
+                kept["taints"] = d["taints"]
+        if not hold_free:
+            kept["attributes"] = d["attributes"]
+        out.append(kept)
+    return out
 
 
 def _canon(devices: list[dict[str, Any]]) -> list[Any]:

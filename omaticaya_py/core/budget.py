@@ -8,33 +8,52 @@ gone. Those go at once, so that a label is only ever stale on the safe side (it 
 node, never oversell it); a change for the better goes once the reading has not got worse for
 one interval. Pure functions, no I/O.
 
-The telemetry annotation follows the same rule for what no label shows (``telemetry_change``):
-a GPU's or MIG device's exact free memory down by more than ``OMATICAYA_TELEMETRY_FREE_DROP_MIB``
-(labels move in 1,024 MiB steps, so a drop within a step changes none), or a pod that starts
-holding it, is a change for the worse and rewrites the telemetry at once; the same rise, or a
-holder leaving, waits like any change for the better.
+The calm window is judged per key (issue 48): a label, a GPU's telemetry, each part (free
+memory, taints) of a ResourceSlice device have their own calm clock (``Calm``, kept by
+``note_changes``), so a neighbour GPU whose memory dips every few seconds holds back only its
+own rises, never a recovered GPU's health or taint. A key that flaps (worse, better, worse again
+within ``CALM_MAX_INTERVALS`` intervals) has its calm window doubled, up to that many intervals:
+a key that keeps flapping more slowly than one interval still costs no writes once its window
+has grown, as under the node-wide clock this replaced. A
+change for the better of a calm key goes with the next write that goes anyway (a change for the
+worse, the telemetry), or on its own once the last write is an interval old (``held_keys``). So
+a recovered GPU's change for the better waits at most two intervals (plus a tick) after its own
+last change for the worse, ``CALM_MAX_INTERVALS`` + 1 if it flapped; its neighbours' churn
+never counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .schema.names import Worse, by_worse
 
 __all__ = [
     "BETTER",
+    "Calm",
     "HEALTH_RANK",
+    "CALM_MAX_INTERVALS",
     "WORSE",
     "UnitMark",
+    "held_keys",
     "hold_back",
+    "label_changes",
     "name_of",
+    "note_changes",
     "safe_part",
     "telemetry_change",
+    "unit_changes",
     "urgent",
     "worse",
 ]
+
+K = TypeVar("K", bound=Hashable)
+
+#: the longest calm window of a key that keeps flapping, in write budget intervals: its change
+#: for the better then waits at most this many intervals plus one (the last write's), plus a tick
+CALM_MAX_INTERVALS = 8
 
 #: node and per-GPU health, best first; a value not listed ranks as the worst
 HEALTH_RANK = {"Healthy": 0, "Degraded": 1, "Unhealthy": 2, "Unknown": 3}
@@ -124,7 +143,11 @@ def hold_back(
     or the reading got worse less than ``interval_s`` ago (``calm_since_s``: the last tick whose
     desired labels were worse than the tick's before; ``None``: never). So a rise is published
     only once it has held for an interval: free memory that dips and comes back every few
-    seconds keeps its label at the dip (stale only on the safe side) and costs no write."""
+    seconds keeps its label at the dip (stale only on the safe side) and costs no write.
+
+    One clock for the whole Node: the rule of 7078aa3, which let a neighbour's churn hold a
+    recovered GPU's labels and taint for good. The agent now judges each key on its own clock
+    (``note_changes``, ``held_keys``); this stays for the benches' before columns."""
     if interval_s <= 0 or is_urgent or last_patch_s is None:
         return False
     if calm_since_s is not None and now_s - calm_since_s < interval_s:
@@ -132,15 +155,118 @@ def hold_back(
     return now_s - last_patch_s < interval_s
 
 
-def safe_part(before_labels: Mapping[str, str], after_labels: Mapping[str, str]) -> dict[str, str]:
+def label_changes(
+    before_labels: Mapping[str, str], after_labels: Mapping[str, str]
+) -> tuple[set[str], set[str]]:
+    """``(worse, better)`` for the calm clocks (``note_changes``): the keys (full or bare, as
+    given) whose change from ``before_labels`` to ``after_labels`` makes the Node less
+    attractive (``worse``; a key gone counts), and those whose change makes it more attractive.
+    A key with no direction (temperature, ``neutral`` in the label table) that moved is in
+    both: each move is a flap, so a label that keeps moving is held until it settles, as the
+    node-wide clock held it. Both empty when nothing changed."""
+    worse_set: set[str] = set()
+    better: set[str] = set()
+    for key in before_labels.keys() | after_labels.keys():
+        before, after = before_labels.get(key), after_labels.get(key)
+        if before == after:
+            continue
+        name = name_of(key)
+        if name in _NEUTRAL_NODE or name.endswith(_NEUTRAL_SUFFIX):
+            worse_set.add(key)
+            better.add(key)
+        else:
+            (worse_set if worse(name, before, after) else better).add(key)
+    return worse_set, better
+
+
+@dataclass(frozen=True, slots=True)
+class Calm:
+    """One key's calm clock: the tick it last got worse (``worse_at_s``, the agent's monotonic
+    seconds), how long it must then stay calm before a change for the better goes (``hold_s``:
+    one write budget interval, doubled at each flap up to ``CALM_MAX_INTERVALS``), and whether
+    it got better since (``rose``: the next change for the worse is a flap)."""
+
+    worse_at_s: float
+    hold_s: float
+    rose: bool = False
+
+
+def note_changes(
+    clocks: Mapping[K, Calm],
+    worse: Iterable[K],
+    better: Iterable[K],
+    now_s: float,
+    interval_s: float,
+) -> dict[K, Calm]:
+    """The calm clocks after a tick in which the keys ``worse`` got worse and the keys
+    ``better`` got better (than the tick before; label keys, device names, telemetry units).
+
+    A key that got worse again after it rose (a flap) doubles its window, up to
+    ``CALM_MAX_INTERVALS`` intervals; one that keeps falling (memory allocated over a few ticks)
+    keeps it; one that did not get worse for ``CALM_MAX_INTERVALS`` intervals is forgotten (its
+    next change for the worse starts again at one interval). So a key that flaps more often
+    than that is held at its worse side and costs no writes (as the node-wide clock held every
+    key of a churning node); the map holds only the keys that got worse lately."""
+    forget_s = CALM_MAX_INTERVALS * interval_s
+    out = {k: c for k, c in clocks.items() if now_s - c.worse_at_s < forget_s}
+    for k in better:
+        if k in out:
+            out[k] = Calm(out[k].worse_at_s, out[k].hold_s, rose=True)
+    for k in worse:
+        c = out.get(k)
+        if c is None:
+            hold_s = interval_s
+        elif c.rose:
+            hold_s = min(2 * c.hold_s, CALM_MAX_INTERVALS * interval_s)
+        else:
+            hold_s = c.hold_s
+        out[k] = Calm(now_s, hold_s)
+    return out
+
+
+def held_keys(
+    pending: Iterable[K],
+    now_s: float,
+    last_write_s: float | None,
+    interval_s: float,
+    clocks: Mapping[K, Calm],
+    going: bool,
+) -> set[K]:
+    """Which of the ``pending`` changes for the better (label keys, device names, telemetry
+    units) the write budget holds back this tick; the one rule of the Node's labels, its
+    telemetry and the ResourceSlice.
+
+    None with the budget off (``interval_s`` <= 0) or before the first write
+    (``last_write_s`` ``None``). Else a key is held while it got worse itself less than its
+    calm window ago (``clocks``, from ``note_changes``; a neighbour's churn does not count),
+    and every pending key is held while nothing else is written this tick (``going`` false:
+    no change for the worse, no telemetry rewrite) and the last write is less than
+    ``interval_s`` old. So a calm key rides on the next write that goes anyway, or goes alone
+    an interval after the last write."""
+    if interval_s <= 0 or last_write_s is None:
+        return set()
+    keys = set(pending)
+    if not going and now_s - last_write_s < interval_s:
+        return keys
+    return {k for k in keys if k in clocks and now_s - clocks[k].worse_at_s < clocks[k].hold_s}
+
+
+def safe_part(
+    before_labels: Mapping[str, str],
+    after_labels: Mapping[str, str],
+    ready: Iterable[str] = (),
+) -> dict[str, str]:
     """The labels to write while changes for the better are held: each key as in
     ``after_labels`` where it got worse (see ``worse``: free memory down, health worse, a key
-    gone), as in ``before_labels`` (the Node's) where it got better or does not matter. A patch
-    that must go at once thus carries only the safe-direction changes; the rest wait."""
+    gone) or is ``ready`` (a change for the better the budget lets go, ``held_keys``), as in
+    ``before_labels`` (the Node's) where it got better or does not matter. A patch that must go
+    at once thus carries only the safe-direction changes and the ready ones; the rest wait."""
+    ready = set(ready)
     out: dict[str, str] = {}
     for key in before_labels.keys() | after_labels.keys():
         before, after = before_labels.get(key), after_labels.get(key)
-        value = after if before == after or worse(name_of(key), before, after) else before
+        go = before == after or key in ready or worse(name_of(key), before, after)
+        value = after if go else before
         if value is not None:
             out[key] = value
     return out
@@ -201,3 +327,24 @@ def telemetry_change(
         elif drop_mib > 0 and a_free is not None and (b_free is None or a_free - b_free > drop_mib):
             better = True
     return BETTER if better else None
+
+
+def unit_changes(
+    published: Mapping[K, UnitMark], now: Mapping[K, UnitMark], drop_mib: int
+) -> tuple[set[K], set[K]]:
+    """``(worse, better)``: the units (GPUs, MIG devices: the keys of both maps) whose
+    telemetry alone changed for the worse from ``published`` to ``now`` (``telemetry_change``
+    of that unit is ``WORSE``: free memory down by more than ``drop_mib``, a new holder, MPS
+    down, the unit gone), and those whose changed only for the better (``BETTER``: what a
+    rewrite for the better would publish, each waiting for its own calm, ``held_keys``)."""
+    worse_set: set[K] = set()
+    better: set[K] = set()
+    for key in published.keys() | now.keys():
+        before = {key: published[key]} if key in published else {}
+        after = {key: now[key]} if key in now else {}
+        change = telemetry_change(before, after, drop_mib)
+        if change == WORSE:
+            worse_set.add(key)
+        elif change == BETTER:
+            better.add(key)
+    return worse_set, better
