@@ -5,7 +5,7 @@ Rendered by the real helm (``tests/chart.py``): the agent's OMATICAYA_DRA_* env 
 folders it mounts (the plugin's own folder, the kubelet's registration folder, the CDI folder,
 the host's /dev read-only at /host/dev), uid 0 and system-node-critical as for the device plugin,
 the MPS supervisor with shared GPUs, the DeviceClasses with their exact CEL selectors and the
-extended resource mapping (KEP-5004), the agent's resource.k8s.io RBAC, the uninstall hook's
+extended resource mapping (KEP-5004), the agent's resource.k8s.io RBAC (only what its code calls), the uninstall hook's
 second Job that deletes every ResourceSlice of the driver, NOTES; the render failing with
 ``devicePlugin`` also on or below Kubernetes 1.34, the schema refusing bad values; strict
 validation against each version's schemas, ``helm lint --strict``. Against the real 1.37
@@ -57,13 +57,12 @@ SELECTORS = {
     f"shared.{DRIVER}": f'{OURS} && {ATTRS}.type == "gpu" && {ATTRS}.shared',
     f"mig.{DRIVER}": f'{OURS} && {ATTRS}.type == "mig"',
 }
+#: what the agent's DRA code calls (tests/test_chart_rbac_code.py derives it from the code):
+#: its slice by name (get, server-side apply: patch and create, delete), a claim by name
 AGENT_RULES = {
-    ("resource.k8s.io", "resourceslices"): [
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ],
-    ("resource.k8s.io", "resourceclaims"): ["get", "list", "watch"],
-    ("resource.k8s.io", "deviceclasses"): ["get", "list", "watch"],
-}  # fmt: skip
+    ("resource.k8s.io", "resourceslices"): ["get", "create", "patch", "delete"],
+    ("resource.k8s.io", "resourceclaims"): ["get"],
+}
 #: what a dev cluster's kubelet and containerd use instead of the host's folders
 DEV = {
     "kubeletPluginsDir": "/tmp/dev/kubelet/root/plugins",
@@ -679,9 +678,21 @@ def test_device_classes_on_the_real_api_server(helm, admin_client, resource_api)
 
 
 @pytest.mark.cluster
-def test_agent_token_can_do_what_the_driver_needs(helm, dev_cluster, admin_client, resource_api):
+def test_agent_token_can_do_what_the_driver_needs(
+    helm, dev_cluster, admin_client, resource_api, make_node, tmp_path
+):
+    """The agent's own requests (``ResourceSliceClient``: get, server-side apply that creates
+    then updates, delete; the DRA plugin's GET of a claim by name) succeed with the chart's
+    ClusterRole alone; what the code never calls (a list or watch of slices or claims, a PUT of
+    a slice, DeviceClasses, a delete-collection, claim writes) is 403. Which rules the code needs:
+    tests/test_chart_rbac_code.py."""
     from kubernetes import client
 
+    from omaticaya_py.core.dra import slice_body
+    from omaticaya_py.dra.plugin import _CLAIM_PATH
+    from omaticaya_py.kube import ApiSession
+    from omaticaya_py.kube.node_client import NodeClient
+    from omaticaya_py.kube.resourceslice import ResourceSliceClient
     from tests.conftest import ensure_namespace
 
     ensure_namespace(client.CoreV1Api(admin_client), NAMESPACE)
@@ -691,49 +702,85 @@ def test_agent_token_can_do_what_the_driver_needs(helm, dev_cluster, admin_clien
         if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
     _create(admin_client, docs)
+    node = make_node()
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "dra-chart-claim"},
+        "spec": {"devices": {}},
+    }
+    resource_api.create_namespaced_resource_claim(NAMESPACE, claim)
     sa = one(docs, "ServiceAccount")["metadata"]["name"]
-    api_client, _ = _token_client(dev_cluster, admin_client, NAMESPACE, sa)
+    api_client, token = _token_client(dev_cluster, admin_client, NAMESPACE, sa)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+        "clusters": [{"name": "dev", "cluster": {"server": dev_cluster.server, "certificate-authority": str(dev_cluster.ca_file)}}],
+        "users": [{"name": "agent", "user": {"token": token}}],
+        "contexts": [{"name": "agent", "context": {"cluster": "dev", "user": "agent"}}],
+    }))  # fmt: skip
+    session = ApiSession(kubeconfig=str(kubeconfig), attempts=1)
+    slices = ResourceSliceClient(session, node)
     try:
+        uid = NodeClient(node, session=session).get_node().uid
+        device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
+        # the apply that creates the slice: patch, and create (checked when it is missing)
+        _wait_allowed_kube(lambda: slices.apply(slice_body(node, uid, [device])))
+        assert slices.get() is not None
+        stored = slices.apply(slice_body(node, uid, [device], generation=2))  # an update
+        assert stored["spec"]["pool"]["generation"] == 2
+        got = session.call("get", "claim", lambda: session.http(
+            "GET", _CLAIM_PATH, path_params={"namespace": NAMESPACE, "name": "dra-chart-claim"}))  # fmt: skip
+        assert yaml.safe_load(got.data)["metadata"]["name"] == "dra-chart-claim"
+        assert slices.delete() is True and slices.get() is None
+        # nothing more: the code never lists, watches or PUTs slices, reads claims otherwise,
+        # reads or writes DeviceClasses, deletes by collection or writes claims
         agent = client.ResourceV1Api(api_client)
-        body = _slice("dra-chart-agent", "dra-node-1")
-        _wait_allowed(lambda: agent.create_resource_slice(body))
-        assert (
-            _status(lambda: agent.list_resource_slice(field_selector=f"spec.driver={DRIVER}"))
-            == 200
-        )
-        assert (
-            _status(
-                lambda: agent.patch_resource_slice(
-                    "dra-chart-agent", {"metadata": {"labels": {"a": "b"}}}
-                )
-            )
-            == 200
-        )
-        assert _status(lambda: agent.list_resource_claim_for_all_namespaces()) == 200
-        assert _status(lambda: agent.list_device_class()) == 200
-        assert _status(lambda: agent.delete_resource_slice("dra-chart-agent")) == 200
-        # nothing more: no DeviceClass writes, no claim writes, no deletecollection
-        dc = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "x.example.com"},
-            "spec": {},
-        }
-        assert _status(lambda: agent.create_device_class(dc)) == 403
-        assert _status(lambda: agent.delete_collection_resource_slice()) == 403
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "c"},
-            "spec": {"devices": {}},
-        }
-        assert _status(lambda: agent.create_namespaced_resource_claim(NAMESPACE, claim)) == 403
+        body = _slice("dra-chart-agent", node)
+        dc = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+              "metadata": {"name": "x.example.com"}, "spec": {}}  # fmt: skip
+        refused = {
+            "list slices": lambda: agent.list_resource_slice(field_selector=f"spec.driver={DRIVER}"),
+            "watch slices": lambda: agent.list_resource_slice(
+                watch=True, timeout_seconds=1, _preload_content=False
+            ),
+            "put slice": lambda: agent.replace_resource_slice(body["metadata"]["name"], body),
+            "list claims": lambda: agent.list_resource_claim_for_all_namespaces(),
+            "list claims in a namespace": lambda: agent.list_namespaced_resource_claim(NAMESPACE),
+            "get device class": lambda: agent.read_device_class(DRIVER),
+            "list device classes": lambda: agent.list_device_class(),
+            "create device class": lambda: agent.create_device_class(dc),
+            "delete slices by collection": lambda: agent.delete_collection_resource_slice(),
+            "create claim": lambda: agent.create_namespaced_resource_claim(NAMESPACE, claim),
+            "delete claim": lambda: agent.delete_namespaced_resource_claim("dra-chart-claim", NAMESPACE),
+        }  # fmt: skip
+        statuses = {what: _status(call) for what, call in refused.items()}
+        assert statuses == dict.fromkeys(refused, 403)
     finally:
+        session.close()
         api_client.close()
+        resource_api.delete_namespaced_resource_claim("dra-chart-claim", NAMESPACE)
         rbac = client.RbacAuthorizationV1Api(admin_client)
         name = one(docs, "ClusterRole")["metadata"]["name"]
         rbac.delete_cluster_role_binding(name)
         rbac.delete_cluster_role(name)
+
+
+def _wait_allowed_kube(fn, timeout_s: float = 20.0) -> None:
+    """As ``_wait_allowed``, for the agent's own clients (``KubeForbidden``)."""
+    import time
+
+    from omaticaya_py.kube import KubeForbidden
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fn()
+            return
+        except KubeForbidden:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.mark.cluster

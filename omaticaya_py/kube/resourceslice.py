@@ -24,7 +24,7 @@ FIELD_MANAGER = "omaticaya-agent"
 _PATH = "/apis/resource.k8s.io/v1/resourceslices/{name}"
 _COLLECTION = "/apis/resource.k8s.io/v1/resourceslices"
 _APPLY = "application/apply-patch+yaml"
-_RBAC = "the agent needs get, patch and delete on resourceslices.resource.k8s.io"
+_RBAC = "the agent needs get, create, patch and delete on resourceslices.resource.k8s.io"
 
 
 class ResourceSliceClient:
