@@ -235,11 +235,13 @@ def calm(**worse_at_s: float) -> dict[str, Calm]:
         ({H1}, 150.0, 10.0, 30.0, {H1: Calm(90.0, 120.0)}, True, {H1}),
         # the budget off, or no write yet: nothing held
         ({F0, H1}, 100.0, 95.0, 0.0, calm(f0=99.0), False, set()),
+        # a budget under a second is still a budget
+        ({H1}, 100.0, 99.8, 0.5, {}, False, {H1}),
         ({F0, H1}, 100.0, None, 30.0, calm(f0=99.0), False, set()),
         (set(), 100.0, 95.0, 30.0, calm(f0=99.0), True, set()),
     ],
     ids=["neighbour-churns", "nothing-goes", "alone-after-interval", "own-churn", "calm-exactly",
-         "flapping", "budget-off", "first-write", "nothing-pending"],
+         "flapping", "budget-off", "budget-under-a-second", "first-write", "nothing-pending"],
 )
 def test_held_keys_judges_each_key_by_its_own_calm(
     pending, now_s, last_s, interval_s, clocks, going, held
@@ -280,6 +282,31 @@ def test_label_changes_names_each_key_that_got_worse_or_better():
     # temperature has no direction: each move counts as a flap, so it settles before it goes
     temp = P + "gpu-0.temperature-c"
     assert label_changes(BASE, c({"gpu-0.temperature-c": "60"})) == ({temp}, {temp})
+
+
+def _mark(free_mib: int, *pods: str):
+    from omaticaya_py.core.budget import UnitMark
+
+    return UnitMark(free_mib, frozenset(("ml", p, "main") for p in pods))
+
+
+@pytest.mark.parametrize(
+    ("published", "now", "expected"),
+    [
+        # GPU 0 down 600 MiB, GPU 1 up 8,900: each unit judged alone
+        ({0: _mark(10900), 1: _mark(100)}, {0: _mark(10300), 1: _mark(9000)}, ({0}, {1})),
+        ({0: _mark(10900), 1: _mark(100)}, {0: _mark(10900)}, ({1}, set())),  # a unit gone
+        ({0: _mark(10900)}, {0: _mark(10900), 2: _mark(5000)}, (set(), {2})),  # a new unit
+        ({0: _mark(10900, "a")}, {0: _mark(10900)}, (set(), {0})),  # a holder left
+        ({0: _mark(10900)}, {0: _mark(10800, "a")}, ({0}, set())),  # a new holder
+        ({0: _mark(10900)}, {0: _mark(10800)}, (set(), set())),  # within the threshold
+    ],
+    ids=["down-and-up", "gone", "new", "holder-left", "new-holder", "within-threshold"],
+)
+def test_unit_changes_judges_each_unit_alone(published, now, expected):
+    from omaticaya_py.core.budget import unit_changes
+
+    assert unit_changes(published, now, 256) == expected
 
 
 def test_safe_part_lets_the_ready_keys_go():
