@@ -199,6 +199,14 @@ VICTIM_CASES = [
      [room(0, 70_000)], pods(("a/x", 2000)), {"named": ["uid-x"]}, None),
     ("a named victim not on the node at all: dropped",
      [room(0, 70_000)], [], {"named": ["uid-gone"]}, None),
+    ("a holder no longer bound to the node (an earlier victim, not read since): its GPU is on "
+     "its way, nobody else goes",
+     [room(0, 2_000, ("a/gone", 75_000)), room(1, 1_000, ("a/x", 80_000))], pods(("a/x", LOW)),
+     {}, ()),
+    ("a holder no longer bound frees a GPU of two: one more victim, not two",
+     [room(0, 2_000, ("a/gone", 75_000)), room(1, 1_000, ("a/x", 80_000)),
+      room(2, 1_000, ("a/y", 80_000))], pods(("a/x", LOW), ("a/y", LOW)),
+     {"need": Need(60 * GIB, 2)}, ("uid-y",)),
 ]
 
 

@@ -34,10 +34,19 @@ once the "agent" republishes fits without it, the pod binds there, its reservati
 (kube-scheduler's own victims stay victims: were its pick on fits batch-small, both would go.)
 A ``gpu-training`` pod of 79000 MiB, which no eviction makes room for, evicts nothing and stays
 Pending with the extender's reason.
+
+Issue 48 item 6, nodes kube-scheduler cannot offer: a fourth Node, made by its test, is the
+multi-GPU trace's case (``COUNTED``): four priority-0 30 GiB pods on GPUs 1, 2, 5 and 6, GPUs 3
+and 7 free by count with 9 and 3 GiB free, GPUs 0 and 4 held by ``gpu-serving`` pods. Its count
+fits a one-GPU pod, so kube-scheduler's dry run names no victim there and drops it ("expected at
+least one victim pod on node"); the extender adds it, since its filter failed it for room
+alone, and names the one pod whose GPU then holds 60 GiB (the extender before this kept only the
+nodes offered: on this cluster none, and the pod stayed Pending).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import urllib.request
@@ -101,22 +110,27 @@ def write_node(
 
 def make_node(core: Any, node: str, ns: str, role: str) -> None:
     """A schedulable Node as its agent and device plugin leave it, and the pods bound to it."""
+    on_node = {pod: rest for pod, (where, *rest) in PODS.items() if where == role}
+    add_node(core, node, ns, LAYOUT[role], on_node)
+
+
+def add_node(core: Any, node: str, ns: str, gpus: list[tuple[int, tuple[str, int] | None]],
+             pods: dict[str, Any]) -> None:  # fmt: skip
+    """``node`` with ``gpus`` (as ``LAYOUT``'s) and ``pods`` bound to it: name ->
+    (PriorityClass or ``None``: priority 0, minutes after the first started, holds a GPU)."""
     core.create_node({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}})
     schedulable(core, node)
-    count = {GPU: str(len(LAYOUT[role]))}
+    count = {GPU: str(len(gpus))}
     core.patch_node_status(node, {"status": {"capacity": count, "allocatable": count}})
-    write_node(core, node, ns, LAYOUT[role])
+    write_node(core, node, ns, gpus)
     first = datetime.now(timezone.utc) - timedelta(hours=1)
-    for pod, (where, klass, minutes, holds) in PODS.items():
-        if where != role:
-            continue
+    for pod, (klass, minutes, holds) in pods.items():
         resources = {"limits": {GPU: "1"}} if holds else {}
-        core.create_namespaced_pod(ns, {
-            "metadata": {"name": pod},
-            "spec": {"nodeName": node, "priorityClassName": klass,
-                     "terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "main", "image": "busybox", "resources": resources}]},
-        })  # fmt: skip
+        spec = {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "main", "image": "busybox", "resources": resources}]}
+        if klass is not None:
+            spec["priorityClassName"] = klass
+        core.create_namespaced_pod(ns, {"metadata": {"name": pod}, "spec": spec})  # fmt: skip
         started = (first + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
         core.patch_namespaced_pod_status(pod, ns, {"status": {"startTime": started}})
 
@@ -247,3 +261,71 @@ def test_where_no_eviction_makes_room_nothing_is_evicted(api, full):  # noqa: F8
         assert not training.spec.node_name and not training.status.nominated_node_name
     finally:
         api.delete_namespaced_pod("training", ns, grace_period_seconds=0)
+
+
+#: the multi-GPU trace's node (issue 48 item 6): per GPU (free MiB, holder and its MiB)
+COUNTED: list[tuple[int, tuple[str, int] | None]] = [
+    (40_000, ("resident-0", 40_000)), (50_000, ("low-1", 30_720)), (50_000, ("low-2", 30_720)),
+    (9_216, None), (40_000, ("resident-4", 40_000)), (50_000, ("low-5", 30_720)),
+    (50_000, ("low-6", 30_720)), (3_072, None),
+]  # fmt: skip
+#: its pods: name -> (PriorityClass, None: priority 0; minutes after the first; holds a GPU)
+COUNTED_PODS = {
+    "resident-0": ("gpu-serving", 0, True), "resident-4": ("gpu-serving", 0, True),
+    "low-1": (None, 1, True), "low-2": (None, 2, True), "low-5": (None, 5, True),
+    "low-6": (None, 6, True),
+}  # fmt: skip
+
+
+def _filter_reason(url: str, node: str) -> str:
+    """The extender's filter reason for ``node`` and a pod without a uid asking 60 GiB."""
+    body = json.dumps({"Pod": {"metadata": {"name": "probe", "namespace": "x", "annotations": {
+        "omaticaya.io/gpu-memory-mib": "61440"}}}, "NodeNames": [node]}).encode()  # fmt: skip
+    req = urllib.request.Request(url + "/filter", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return str(json.loads(r.read())["FailedNodes"].get(node, ""))
+
+
+def test_a_node_whose_count_fits_gets_the_victim_its_gpu_memory_needs(api, full):  # noqa: F811
+    """kube-scheduler offers the full nodes only (each too little); the extender adds the
+    trace's node, and exactly the newest 30 GiB pod there is evicted for the 60 GiB pod."""
+    ns, sched = full["ns"], full["sched"]
+    node = f"preempt-counted-{os.getpid()}"
+    try:
+        add_node(api, node, ns, COUNTED, COUNTED_PODS)
+        wait_for("the extender to judge the new node by its room",
+                 lambda: "no room" in _filter_reason(sched.url, node), 30)  # fmt: skip
+        decided = _preempt_decisions(sched.url)
+        api.create_namespaced_pod(ns, _preemptor("serving-counted", "gpu-serving", "60Gi"))
+        wait_for("serving-counted to be nominated", lambda: api.read_namespaced_pod(
+            "serving-counted", ns).status.nominated_node_name, 60)  # fmt: skip
+        assert api.read_namespaced_pod("serving-counted", ns).status.nominated_node_name == node
+        asked = _preempt_decisions(sched.url) - decided
+        assert asked[("kept", "added")] >= 1, asked
+        wait_for("low-6 to be evicted", lambda: "low-6" not in _pods(api, ns), 30)
+        preempted = wait_for("the Preempted event", lambda: {
+            e.involved_object.name for e in api.list_namespaced_event(ns).items
+            if e.reason == "Preempted" and e.involved_object.name in COUNTED_PODS}, 30)  # fmt: skip
+        assert preempted == {"low-6"}
+        left = _pods(api, ns)
+        assert set(COUNTED_PODS) - set(left) == {"low-6"}, sorted(left)
+
+        # the agent reads GPU 6 again: low-6's memory free, its holder gone
+        write_node(api, node, ns, [*COUNTED[:6], (80_720, None), COUNTED[7]])
+
+        def bound() -> str | None:
+            return api.read_namespaced_pod("serving-counted", ns).spec.node_name
+
+        assert wait_for("serving-counted to bind", bound, 60) == node
+        placed = full["ledger"].get(api.read_namespaced_pod("serving-counted", ns).metadata.uid)
+        assert placed is not None and placed.node == node and placed.gpus == (6,), placed
+        # low-6 gone, its GPU not yet read again: a later cycle charged nobody else
+        left = _pods(api, ns)
+        assert set(COUNTED_PODS) - set(left) == {"low-6"}, sorted(left)
+        assert not any(left[p].metadata.deletion_timestamp for p in set(COUNTED_PODS) & set(left))
+    finally:
+        for pod in ("serving-counted", *COUNTED_PODS):
+            with suppress(Exception):
+                api.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+        with suppress(Exception):
+            api.delete_node(node)

@@ -3,9 +3,21 @@
 kube-scheduler sends the preemptor ``Pod`` and its candidates: ``NodeNameToMetaVictims`` (node
 -> ``{"Pods": [{"UID"}], "NumPDBViolations"}``) when the extender is ``nodeCacheCapable``, else
 ``NodeNameToVictims`` (the same with whole v1.Pods). The answer is always
-``{"NodeNameToMetaVictims": {...}}``, a subset of the candidate nodes, each with at least one
-victim to evict (kube-scheduler looks each UID up among the pods on that node; one it cannot
-find fails the preemption). A node where the pod fits with nothing evicted is left out.
+``{"NodeNameToMetaVictims": {...}}``, each node with at least one victim to evict
+(kube-scheduler looks each node up in its snapshot and each UID up among the pods on that
+node; one it cannot find fails the preemption; a node without victims fails it too,
+"expected at least one victim pod on node"). A node where the pod fits with nothing evicted is
+left out.
+
+The nodes: the candidates kube-scheduler offers, and those it cannot offer: where its own
+count fits (``nvidia.com/gpu`` free, the GPU memory not) its dry run names no victim and drops
+the node. Those are the nodes this pod's filter, in the same cycle, failed for room alone
+(``victims.RoomSought``, recorded by ``protocol.Extender.filter``): they passed its in-tree
+filters, so evicting GPU holders there is all the pod needs. They are added after its own,
+with no victim named and ``NumPDBViolations`` 0 (PodDisruptionBudgets are not read), and
+counted ``kept``/``added`` when kept. kube-scheduler calls ``preemptVerb`` only when its dry
+run found at least one candidate: where every node's count fits (one node, say), it is not
+called and the pod stays Pending (docs/scheduling.md, Preemption).
 
 Which kube-scheduler asks (docs/scheduling.md, "Preemption"): 1.20.0 up to the fix of
 kubernetes#102971 never calls an extender's ``preemptVerb``; from 1.22 (kubernetes#101560)
@@ -210,6 +222,12 @@ def preempt(
     if need.error:
         count("dropped", "bad-pod", len(candidates))
         return {"NodeNameToMetaVictims": {}}
+    # the nodes its filter failed for room alone: kube-scheduler's dry run names no victim
+    # where its own count fits, so it never offers them; victims chosen here alone
+    added = {n: None for n in ext.room_sought.nodes(pod_uid(pod), ext.monotonic())
+             if n not in candidates}  # fmt: skip
+    for n in added:
+        candidates[n], pdb[n] = [], 0
     states = {n: ext.lookup(n) for n in candidates}
     inflight = ext.inflight_of(pod)
     ctx = replace(ext.context(), stale_policy="reject", unknown_policy="reject", fail_open=False)
@@ -227,11 +245,11 @@ def preempt(
                 log.info("preempt {}: node {} dropped: {}", pod_name(pod), node, choice.reason)
             count("dropped", why)
             continue
-        count("kept", "")
+        count("kept", "added" if node in added else "")
         out[node] = _meta(choice.victims, pdb[node])  # type: ignore[arg-type]  # not None here
     log.info(
-        "preempt {}: {} of {} candidate node(s) kept: {}", pod_name(pod), len(out),
-        len(candidates), {n: len(v["Pods"]) for n, v in list(out.items())[:8]},
+        "preempt {}: {} of {} candidate node(s) kept ({} added): {}", pod_name(pod), len(out),
+        len(candidates), len(added), {n: len(v["Pods"]) for n, v in list(out.items())[:8]},
     )  # fmt: skip
     return {"NodeNameToMetaVictims": out}
 

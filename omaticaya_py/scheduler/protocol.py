@@ -47,7 +47,7 @@ from .need import Need, parse_need
 from .nodeview import view_from_object
 from .records import ages_s
 from .settings import ExtenderSettings
-from .victims import unresolvable
+from .victims import RoomSought, unresolvable
 
 # ------------------------------------------------------------------- protocol handlers ----
 
@@ -253,6 +253,9 @@ class Extender:
     #: the reservation ledger (``scheduler.ledger``): with it (and ``settle_s`` > 0) the
     #: filter narrows each pod to one node and reserves its need there (``Narrowing``)
     ledger: Ledger | None = None
+    #: the nodes each pod's filter failed for GPU room alone, which ``/preempt`` adds to
+    #: kube-scheduler's candidates (``victims.RoomSought``)
+    room_sought: RoomSought = field(default_factory=RoomSought)
     _narrowing: Narrowing | None = field(default=None, repr=False)
 
     def narrowing(self) -> Narrowing | None:
@@ -331,6 +334,9 @@ class Extender:
         result: dict[str, Any] = {"FailedNodes": failed, "Error": ""}
         if hopeless := unresolvable(need, failed, self.lookup):  # read from 1.21; 1.20 ignores it
             result["FailedAndUnresolvableNodes"] = hopeless
+        if need is not None and not (need.slices or need.profile):  # preempt's own victims
+            self.room_sought.record(pod_uid(pod), {} if passed else failed, hopeless,
+                                    self.monotonic())  # fmt: skip
         if by_name:
             return {**result, "NodeNames": passed, "Nodes": None}
         keep = set(passed)

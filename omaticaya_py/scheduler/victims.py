@@ -14,7 +14,10 @@ rules can evict pods whose GPUs are not the ones that would make room. The exten
   which stays holds is still taken, whatever its memory shows (the filter's rule:
   ``GpuInfo.assigned``); a GPU whose every holder goes is free, with its live free memory plus
   the memory the telemetry attributes to them there (a holder whose memory is unknown adds
-  nothing: never more than the truth); the evicted pods' reservations stop counting, the
+  nothing: never more than the truth); a holder the telemetry names that is no longer bound
+  to the node (an earlier victim, deleted before the agent's next reading) counts as gone, so
+  a node whose room is on its way is left out (fits already), never charged a second victim;
+  the evicted pods' reservations stop counting, the
   others' are taken off as the filter takes them (``inflight.adjust``: an exclusive one takes
   its GPU whole);
 - the pod fits there by the filter's own rule (``fit.room_on``: ``need.count`` healthy GPUs
@@ -25,6 +28,14 @@ rules can evict pods whose GPUs are not the ones that would make room. The exten
   it fit. Every pod left is needed; pods whose GPUs the preemptor cannot use are never victims.
 - the victims kube-scheduler named stay victims: its in-tree filters need them gone (CPU,
   memory, ports), which the extender cannot judge; their GPUs and memory count as freed.
+
+Nodes kube-scheduler does not offer (``RoomSought``): its dry run names victims only where its
+in-tree filters fail, so a node where its own count fits (``nvidia.com/gpu`` free, the memory
+not) is never a candidate (1.22+: "expected at least one victim pod on node"). The nodes this
+pod's filter failed for room alone were exactly those its in-tree filters passed in this
+cycle (kube-scheduler sends the extender only those); ``scheduler.preempt`` adds them to the
+candidates, with no victim named, and ``choose_victims`` chooses theirs as above (the protocol
+lets the extender answer any node of kube-scheduler's snapshot, with any pod on it).
 
 The time a ``/preempt`` call may take (``Deadline``): kube-scheduler waits its ``httpTimeout``
 for the answer and fails that preemption without it. The call gets ``preempt_budget_s`` of it
@@ -37,10 +48,11 @@ Nothing here reads the cluster: ``scheduler.preempt`` gathers each node's view a
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, islice
 from typing import Any
 
 from ..core.schema import GpuInfo, NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
@@ -52,12 +64,15 @@ __all__ = [
     "MARGIN_S",
     "READS_PER_NODE",
     "READ_TIMEOUT_S",
+    "ROOM_KEEP_S",
+    "ROOM_REASONS",
     "UNRESOLVABLE",
     "Choice",
     "Deadline",
     "GpuRoom",
     "PodOnNode",
     "Preemptor",
+    "RoomSought",
     "choose_victims",
     "node_after",
     "pod_on_node",
@@ -70,6 +85,15 @@ UNRESOLVABLE = frozenset(
     {Reason.STALE, Reason.UNHEALTHY, Reason.NO_TELEMETRY, Reason.UNUSABLE_TELEMETRY,
      Reason.NOT_IN_CACHE, Reason.BAD_POD, Reason.JUDGING_FAILED}
 )  # fmt: skip
+
+#: filter reasons where evicting pods on the node may make room (the node passed
+#: kube-scheduler's in-tree filters, then the extender's for GPU room only)
+ROOM_REASONS = frozenset({Reason.NO_ROOM, Reason.IN_FLIGHT})
+#: how long a pod's filter's room failures stand for its preemption, seconds (monotonic):
+#: kube-scheduler runs PostFilter right after the extenders' filter, in the same cycle and
+#: on the same snapshot; a later cycle whose in-tree filters pass no node never calls the
+#: filter, so an older record must not outlive the one cycle by much
+ROOM_KEEP_S = 5.0
 
 
 #: requests that read one candidate node (``preempt.NodeReader``): a LIST of the Node, one of
@@ -213,11 +237,12 @@ def node_after(gpus: Sequence[GpuRoom], gone: Container[str] = ()) -> NodeGpuSta
 
 
 def _fits(need: Need, gpus: Sequence[GpuRoom], reserved: Sequence[Placement],
-          gone: frozenset[str], keys: Mapping[str, str]) -> bool:  # fmt: skip
+          gone: frozenset[str], keys: Mapping[str, str], absent: frozenset[str]) -> bool:  # fmt: skip
     """Whether ``need`` fits by the filter's rule (``fit.room_on``) on the node once the pods
     ``gone`` (uids; ``keys``: namespace/name -> uid) are evicted: their GPUs given back
-    (``node_after``), their reservations no longer counting, the others' still taken off."""
-    state = node_after(gpus, {key for key, uid in keys.items() if uid in gone})
+    (``node_after``, with those of the holders ``absent``, already gone from the node), their
+    reservations no longer counting, the others' still taken off."""
+    state = node_after(gpus, {key for key, uid in keys.items() if uid in gone} | absent)
     return room_on(state, [p for p in reserved if p.uid not in gone], need).ok
 
 
@@ -262,7 +287,11 @@ def choose_victims(
     big = [g for g in gpus if g.healthy and (g.total_mib is None or g.total_mib >= need.memory_mib)]
     if len(big) < need.count:
         return Choice(None, f"fewer than {need.count} healthy GPU(s) of {need.memory_mib} MiB")
-    if _fits(need, gpus, reserved, frozenset(forced), keys):
+    # holders the telemetry names that are no longer bound to the node (a victim deleted
+    # before the agent's next reading): their GPUs are being freed, never a reason to evict
+    # another pod
+    absent = frozenset(k for g in gpus for k, _ in g.holders if k and k not in keys)
+    if _fits(need, gpus, reserved, frozenset(forced), keys, absent):
         return Choice(tuple(forced))
     # a pod that holds a whole GPU or a reservation: the only ones whose eviction can help
     holds = {p.uid for p in reserved} | {keys[k] for g in gpus for k, _ in g.holders if k in keys}
@@ -272,13 +301,60 @@ def choose_victims(
         and p.uid != preemptor_uid
     ]  # fmt: skip
     gone = set(forced) | {p.uid for p in pool}
-    if not _fits(need, gpus, reserved, frozenset(gone), keys):
+    if not _fits(need, gpus, reserved, frozenset(gone), keys, absent):
         return Choice(None, "evicting every lower-priority pod frees too little GPU memory")
     order = {p.uid: i for i, p in enumerate(pool)}
     for p in sorted(pool, key=lambda p: (-p.priority, order[p.uid])):
-        if _fits(need, gpus, reserved, frozenset(gone - {p.uid}), keys):
+        if _fits(need, gpus, reserved, frozenset(gone - {p.uid}), keys, absent):
             gone.discard(p.uid)  # spared: the rest still make room
     return Choice((*forced, *(p.uid for p in pool if p.uid in gone)))
+
+
+class RoomSought:
+    """Per preemptor (pod uid): the nodes its latest filter failed for GPU room alone
+    (``ROOM_REASONS``, less the nodes eviction cannot help), which ``scheduler.preempt`` adds
+    to kube-scheduler's candidates. Those nodes passed kube-scheduler's in-tree filters in
+    that cycle (it sends the extender only those), so its dry run named no victim there and
+    never offers them. Holds at most ``max_pods`` pods (the oldest record goes first), each
+    with its first ``max_nodes`` such nodes (``/preempt`` reads 32 nodes at most), for
+    ``keep_s`` seconds on the caller's monotonic clock. Thread-safe: the filter and
+    ``/preempt`` run on different threads. Raises ``ValueError`` for a negative ``keep_s``
+    or a bound under 1."""
+
+    def __init__(self, keep_s: float = ROOM_KEEP_S, max_pods: int = 1024,
+                 max_nodes: int = 64) -> None:  # fmt: skip
+        if keep_s < 0 or max_pods < 1 or max_nodes < 1:
+            raise ValueError(f"RoomSought: keep_s {keep_s} must be >= 0, max_pods {max_pods} "
+                             f"and max_nodes {max_nodes} >= 1")  # fmt: skip
+        self.keep_s, self.max_pods, self.max_nodes = keep_s, max_pods, max_nodes
+        self._by_uid: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def record(self, uid: str, failed: Mapping[str, ReasonText], hopeless: Container[str],
+               now_s: float) -> None:  # fmt: skip
+        """A filter's answer for pod ``uid``: ``failed`` (name -> reason, the
+        ``FailedNodes``), ``hopeless`` (its ``FailedAndUnresolvableNodes``). Empty
+        ``failed`` (the pod passed somewhere) forgets the pod; no uid records nothing."""
+        if not uid:
+            return
+        names = tuple(islice((n for n, r in failed.items()
+                              if r.code in ROOM_REASONS and n not in hopeless), self.max_nodes))
+        with self._lock:
+            self._by_uid.pop(uid, None)
+            if not names:
+                return
+            while len(self._by_uid) >= self.max_pods:
+                del self._by_uid[next(iter(self._by_uid))]  # the oldest record
+            self._by_uid[uid] = (now_s, names)
+
+    def nodes(self, uid: str, now_s: float) -> tuple[str, ...]:
+        """The nodes pod ``uid``'s filter failed for room alone, in its order, if that filter
+        was at most ``keep_s`` ago (else, or unknown: none)."""
+        with self._lock:
+            got = self._by_uid.get(uid)
+        if got is None or not 0 <= now_s - got[0] <= self.keep_s:
+            return ()
+        return got[1]
 
 
 def _smaller(gpu: GpuInfo, mib: int) -> bool:

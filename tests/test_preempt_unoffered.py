@@ -1,0 +1,160 @@
+"""Preemption on nodes kube-scheduler does not offer (issue 48 item 6): where its own count fits
+(``nvidia.com/gpu`` free, the GPU memory not) its dry run names no victim and drops the node
+("expected at least one victim pod on node"), so ``/preempt`` adds the nodes the pod's filter
+failed for room alone (``victims.RoomSought``) and chooses their victims itself.
+
+The node ``counted`` is the multi-GPU trace's case: four low-priority 30 GiB pods on GPUs 1, 2,
+5 and 6, GPUs 3 and 7 free by count with 9 and 3 GiB free, GPUs 0 and 4 held by pods of the
+preemptor's priority (never victims)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from omaticaya_py.core.schema import parse_node
+from omaticaya_py.scheduler import Extender, ExtenderSettings
+from omaticaya_py.scheduler.fit import Reason, reason_text
+from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
+from omaticaya_py.scheduler.victims import ROOM_KEEP_S, RoomSought
+from tests.helpers import PREFIX
+from tests.test_preemption import NOW, gpu_node, gpu_pod, kept, meta_args, pod_doc
+
+GIB = 1024
+LOWS = ("low/p1", "low/p2", "low/p5", "low/p6")
+#: the trace's node: per GPU (free MiB, holders)
+COUNTED = [
+    (40_000, [("hi/r0", 40_000)]),
+    (50_000, [(LOWS[0], 30 * GIB)]),
+    (50_000, [(LOWS[1], 30 * GIB)]),
+    (9 * GIB, []),
+    (40_000, [("hi/r4", 40_000)]),
+    (50_000, [(LOWS[2], 30 * GIB)]),
+    (50_000, [(LOWS[3], 30 * GIB)]),
+    (3 * GIB, []),
+]
+NODES = {
+    "counted": gpu_node("counted", COUNTED),
+    # full by count, as kube-scheduler offers it: its one low pod's GPU frees too little
+    "full": gpu_node("full", [(1_000, [("low/f", 10_000)])]),
+    # no lower-priority pod holds anything: nothing to evict
+    "bare": gpu_node("bare", [(1_000, [])]),
+    # an unhealthy GPU: eviction cannot help (unresolvable, never recorded)
+    "sick": gpu_node("sick", [(1_000, [("low/s", 80_000)])], unhealthy=[0]),
+}
+ON_NODE = {
+    "counted": [pod_doc("hi/r0", 1000, node="counted"), pod_doc("hi/r4", 1000, node="counted"),
+                *(pod_doc(k, 0, node="counted", started=i) for i, k in enumerate(LOWS))],
+    "full": [pod_doc("low/f", 0, node="full")],
+    "bare": [],
+    "sick": [pod_doc("low/s", 0, node="sick")],
+}  # fmt: skip
+
+
+def extender() -> Extender:
+    cache = {
+        n: parse_node(n, d["metadata"]["labels"], d["metadata"]["annotations"], PREFIX)
+        for n, d in NODES.items()
+    }
+    s = ExtenderSettings(_env_file=None)  # type: ignore[call-arg]
+    ext = Extender(s, cache.get, clock=lambda: NOW)
+    ext.monotonic = lambda: 100.0
+    return ext
+
+
+def reader(read: list[str]) -> Any:
+    def read_node(node: str, deadline: Any = None) -> Candidate:
+        read.append(node)
+        return node_view(NODES[node], {"items": ON_NODE[node]}, PREFIX)
+
+    return read_node
+
+
+def preempt_after_filter(names: list[str], offered: dict[str, list[str]],
+                         filtered: bool = True) -> tuple[dict[str, list[str]], Extender, list[str]]:  # fmt: skip
+    """kube-scheduler's cycle: the filter over ``names`` (the nodes its in-tree filters
+    passed), then ``/preempt`` with the candidates its dry run ``offered``."""
+    ext, read = extender(), []
+    if filtered:
+        result = ext.filter({"Pod": gpu_pod(), "NodeNames": names})
+        assert result["NodeNames"] == [], result
+    return kept(preempt(ext, meta_args(gpu_pod(), **offered), reader(read))), ext, read
+
+
+def test_a_node_whose_count_fits_gets_the_victim_its_gpu_memory_needs():
+    got, ext, read = preempt_after_filter(["counted", "bare", "sick"], {"full": []})
+    # one 30 GiB pod's GPU then holds 60 GiB; of four equal ones, the newest goes (p6)
+    assert got == {"counted": ["uid-p6"]}
+    assert read == ["full", "counted", "bare"], "the offered first; the unhealthy never read"
+    counts = {k[1:]: n for k, n in ext.decisions.counts.items() if k[0] == "preempt"}
+    assert counts == {("kept", "added"): 1, ("dropped", "too-little"): 2}
+
+
+def test_without_the_filter_of_this_pod_nothing_is_added():
+    got, _, read = preempt_after_filter([], {"full": []}, filtered=False)
+    assert got == {} and read == ["full"]
+
+
+def test_the_offered_nodes_victims_stay_and_an_added_node_is_read_once():
+    """A node kube-scheduler offers is never added again: its named victims stand."""
+    got, _, read = preempt_after_filter(["counted"], {"counted": ["uid-p1"]})
+    assert got == {"counted": ["uid-p1"]} and read == ["counted"]
+
+
+def test_a_pod_that_fits_somewhere_forgets_its_earlier_filter():
+    NODES["roomy"], ON_NODE["roomy"] = gpu_node("roomy", [(70_000, [])]), []
+    try:
+        ext = extender()
+        assert ext.filter({"Pod": gpu_pod(), "NodeNames": ["counted"]})["NodeNames"] == []
+        assert ext.room_sought.nodes("uid-preemptor", 100.0) == ("counted",)
+        assert ext.filter({"Pod": gpu_pod(), "NodeNames": ["counted", "roomy"]})["NodeNames"]
+        assert ext.room_sought.nodes("uid-preemptor", 100.0) == ()
+    finally:
+        del NODES["roomy"], ON_NODE["roomy"]
+
+
+NO_ROOM = reason_text(Reason.NO_ROOM, wanted="pod needs a GPU with 61440 MiB free", prefix=PREFIX)
+IN_FLIGHT = reason_text(Reason.IN_FLIGHT, wanted="pod needs a GPU with 61440 MiB free",
+                        prefix=PREFIX)  # fmt: skip
+STALE = reason_text(Reason.STALE, why="read 600 s ago", prefix=PREFIX)
+OTHER = reason_text(Reason.OTHER_NODE, prefix=PREFIX)
+
+SOUGHT_CASES = [
+    # (id, failed, hopeless, read at (s after the record), expected nodes)
+    ("no room and room in flight: in the filter's order",
+     {"b": NO_ROOM, "a": IN_FLIGHT}, (), 0.0, ("b", "a")),
+    ("stale, another node chosen: not for room", {"a": STALE, "b": OTHER}, (), 0.0, ()),
+    ("no room on GPUs too small (unresolvable): left out", {"a": NO_ROOM, "b": NO_ROOM}, ("a",),
+     0.0, ("b",)),
+    ("within the keep", {"a": NO_ROOM}, (), ROOM_KEEP_S, ("a",)),
+    ("past the keep: a later cycle's", {"a": NO_ROOM}, (), ROOM_KEEP_S + 0.1, ()),
+    ("a clock behind the record", {"a": NO_ROOM}, (), -1.0, ()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("failed,hopeless,after_s,expected", [c[1:] for c in SOUGHT_CASES],
+                         ids=[c[0] for c in SOUGHT_CASES])  # fmt: skip
+def test_room_sought(failed, hopeless, after_s, expected):
+    book = RoomSought()
+    book.record("u", failed, hopeless, 10.0)
+    assert book.nodes("u", 10.0 + after_s) == expected
+    assert book.nodes("other", 10.0) == ()
+
+
+def test_room_sought_forgets_a_pod_that_passed_and_the_oldest_pod_past_its_bound():
+    book = RoomSought(max_pods=2)
+    book.record("", {"a": NO_ROOM}, (), 0.0)  # no uid: nothing to key on
+    for uid in ("u1", "u2", "u3"):
+        book.record(uid, {"a": NO_ROOM}, (), 0.0)
+    assert [book.nodes(u, 0.0) for u in ("u1", "u2", "u3")] == [(), ("a",), ("a",)]
+    book.record("u2", {}, (), 1.0)  # its next filter passed a node
+    assert book.nodes("u2", 1.0) == ()
+    with pytest.raises(ValueError, match="max_pods"):
+        RoomSought(max_pods=0)
+
+
+def test_room_sought_keeps_the_first_nodes_of_a_filter_only():
+    book = RoomSought(max_nodes=2)
+    book.record("u", {"a": NO_ROOM, "b": STALE, "c": NO_ROOM, "d": NO_ROOM}, (), 0.0)
+    assert book.nodes("u", 0.0) == ("a", "c")
