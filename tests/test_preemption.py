@@ -23,6 +23,7 @@ from omaticaya_py.scheduler.inflight import Placement
 from omaticaya_py.scheduler.need import Need
 from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
 from omaticaya_py.scheduler.victims import (
+    EXACT_POOL,
     GpuRoom,
     PodOnNode,
     Preemptor,
@@ -207,6 +208,15 @@ VICTIM_CASES = [
      [room(0, 2_000, ("a/gone", 75_000)), room(1, 1_000, ("a/x", 80_000)),
       room(2, 1_000, ("a/y", 80_000))], pods(("a/x", LOW), ("a/y", LOW)),
      {"need": Need(60 * GIB, 2)}, ("uid-y",)),
+    # the fewest victims (issue 48): the reprieve kube-scheduler uses would spare the
+    # priority-500 holder first and evict both priority-100 pods sharing GPU 0
+    ("one pod of priority 500 goes rather than two of priority 100",
+     [room(0, 10_000, ("a/lo1", 35_000), ("a/lo2", 35_000)), room(1, 1_000, ("a/mid", 79_000))],
+     pods(("a/lo1", 100), ("a/lo2", 100), ("a/mid", 500)), {}, ("uid-mid",)),
+    ("of two single pods that would do, the lower priority goes",
+     [room(0, 1_000, ("a/b", 79_000)), room(1, 1_000, ("a/a", 79_000)),
+      room(2, 10_000, ("a/c", 35_000), ("a/d", 35_000))],
+     pods(("a/a", 200), ("a/b", 100), ("a/c", 10), ("a/d", 10)), {}, ("uid-b",)),
 ]
 
 
@@ -505,3 +515,15 @@ def test_a_victims_reservation_in_the_ledger_frees_its_gpu():
         assert kept(preempt(ext, meta_args(gpu_pod(), held=[]), reader())) == {"held": ["uid-r"]}
     finally:
         del NODES["held"], ON_NODE["held"]
+
+
+def test_a_pool_larger_than_the_exact_search_is_trimmed_as_kube_scheduler_trims():
+    """Over ``EXACT_POOL`` pods the fewest are not searched (2^n checks): the reprieve spares
+    the most important first, so both priority-100 pods on GPU 0 go, not the priority-500 one."""
+    filler = [room(2 + i, 1_000, (f"a/f{i}", 10_000)) for i in range(EXACT_POOL)]
+    gpus = [room(0, 10_000, ("a/lo1", 35_000), ("a/lo2", 35_000)),
+            room(1, 1_000, ("a/mid", 79_000)), *filler]  # fmt: skip
+    on_node = pods(("a/lo1", 100), ("a/lo2", 100), ("a/mid", 500),
+                   *((f"a/f{i}", 10) for i in range(EXACT_POOL)))  # fmt: skip
+    choice = choose_victims(Preemptor(NEED, 1000, "uid-preemptor"), gpus, on_node)
+    assert choice.victims == ("uid-lo1", "uid-lo2"), choice.reason

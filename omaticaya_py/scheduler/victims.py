@@ -23,9 +23,14 @@ rules can evict pods whose GPUs are not the ones that would make room. The exten
 - the pod fits there by the filter's own rule (``fit.room_on``: ``need.count`` healthy GPUs
   each with ``need.memory_mib`` free), never a copy of it. The node is kept only if evicting
   the whole pool lets the pod fit;
-- then the set is trimmed as kube-scheduler trims its own: from the most important pod (highest
-  priority, then the earlier in the node's order) down, a pod is spared when the rest still make
-  it fit. Every pod left is needed; pods whose GPUs the preemptor cannot use are never victims.
+- then the fewest pods of the pool whose eviction lets it fit (issue 48: a node's GPU pods are
+  few, so every set is tried, smallest first, while the pool has at most ``EXACT_POOL`` pods);
+  among sets of one size, the one whose most important pod matters least, then the lowest
+  priority sum, then the younger pods. So one priority-500 pod goes rather than two of
+  priority 100: fewer workloads restarted. A larger pool is trimmed as kube-scheduler trims
+  its own: from the most important pod (highest priority, then the earlier in the node's order)
+  down, a pod is spared when the rest still make it fit. Either way every pod left is needed;
+  pods whose GPUs the preemptor cannot use are never victims.
 - the victims kube-scheduler named stay victims: its in-tree filters need them gone (CPU,
   memory, ports), which the extender cannot judge; their GPUs and memory count as freed.
 
@@ -52,7 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, islice
+from itertools import combinations, compress, islice
 from typing import Any
 
 from ..core.schema import GpuInfo, NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
@@ -61,6 +66,7 @@ from .inflight import Placement
 from .need import Need
 
 __all__ = [
+    "EXACT_POOL",
     "MARGIN_S",
     "READS_PER_NODE",
     "READ_TIMEOUT_S",
@@ -79,6 +85,10 @@ __all__ = [
     "preempt_budget_s",
     "unresolvable",
 ]
+
+#: the largest pool whose every subset ``choose_victims`` may try for the fewest victims (2^10
+#: fit checks at most, a few ms); a larger pool is trimmed as kube-scheduler trims its own
+EXACT_POOL = 10
 
 #: filter reasons that evicting pods cannot change
 UNRESOLVABLE = frozenset(
@@ -303,11 +313,36 @@ def choose_victims(
     gone = set(forced) | {p.uid for p in pool}
     if not _fits(need, gpus, reserved, frozenset(gone), keys, absent):
         return Choice(None, "evicting every lower-priority pod frees too little GPU memory")
+    fewest = _fewest(pool, lambda uids: _fits(need, gpus, reserved, frozenset(forced) | uids,
+                                               keys, absent))  # fmt: skip
+    if fewest is not None:
+        return Choice((*forced, *(p.uid for p in pool if p.uid in fewest)))
     order = {p.uid: i for i, p in enumerate(pool)}
     for p in sorted(pool, key=lambda p: (-p.priority, order[p.uid])):
         if _fits(need, gpus, reserved, frozenset(gone - {p.uid}), keys, absent):
             gone.discard(p.uid)  # spared: the rest still make room
     return Choice((*forced, *(p.uid for p in pool if p.uid in gone)))
+
+
+def _fewest(pool: Sequence[PodOnNode], fits: Callable[[frozenset[str]], bool]) -> frozenset[str] | None:
+    """The smallest set of ``pool``'s uids whose eviction ``fits`` (module docstring: the fewest
+    victims), searched by size; among sets of one size the one whose most important pod matters
+    least (lowest highest priority), then the lowest priority sum, then the later pods in the
+    node's order (the younger go first, as kube-scheduler spares the older). ``None`` when the
+    pool is larger than ``EXACT_POOL`` (the search would cost 2^n fit checks: the caller trims
+    instead) or when no set fits (the caller has checked the whole pool does)."""
+    if len(pool) > EXACT_POOL:
+        return None
+    n = len(pool)
+    for size in range(1, n + 1):
+        fitting = [c for c in combinations(range(n), size)
+                   if fits(frozenset(pool[i].uid for i in c))]  # fmt: skip
+        if fitting:
+            best = min(fitting, key=lambda c: (max(pool[i].priority for i in c),
+                                               sum(pool[i].priority for i in c),
+                                               [-i for i in reversed(c)]))  # fmt: skip
+            return frozenset(pool[i].uid for i in best)
+    return None
 
 
 class RoomSought:
