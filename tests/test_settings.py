@@ -430,7 +430,7 @@ BAD_ENV = [
     ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "gpu", "extended resource name"),
     ("OMATICAYA_DEVICE_PLUGIN_RESOURCE", "kubernetes.io/gpu", "outside kubernetes.io"),
     ("OMATICAYA_DEVICE_PLUGIN_DIR", "device-plugins", "absolute folder path"),
-    ("OMATICAYA_SHARED_GPUS", "gpu0", "'all', or GPU indices"),
+    ("OMATICAYA_SHARED_GPUS", "gpu0", "GPU UUIDs like 'GPU-4a1b2c3d-...'"),
     ("OMATICAYA_SHARE_UNIT_MIB", "0", "greater than or equal to 1"),
     ("OMATICAYA_SHARED_RESOURCE", "vram", "extended resource name"),
     ("OMATICAYA_SHARE_POLICY", "pack", "binpack"),

@@ -31,19 +31,42 @@ from omaticaya_py.core.sharing import (
 )
 def test_shared_gpus_forms(value, shared, not_shared):
     got = parse_shared_gpus(value)
-    assert all(i in got for i in shared)
-    assert not any(i in got for i in not_shared)
-    assert "0" not in got  # only GPU indices (ints) are members
+    assert all(got.shares(i, None) for i in shared)
+    assert not any(got.shares(i, None) for i in not_shared)
 
 
-@pytest.mark.parametrize("value", ["x", "-1", "3-1", "0-1024", "gpu0", "1.5", "0,,a"])
+A = "GPU-4a1b2c3d-1111-2222-3333-444455556666"
+B = "GPU-9c8d7e6f-aaaa-bbbb-cccc-ddddeeeeffff"
+
+
+# (value, (index, UUID) of GPUs shared, of GPUs not shared): a GPU named by UUID is shared at
+# any index (a reboot that lost a GPU renumbers it), one named by index at that index only
+@pytest.mark.parametrize(
+    ("value", "shared", "not_shared"),
+    [
+        (A, [(0, A), (3, A), (None, A), (3, A.lower())], [(0, B), (0, None)]),
+        (A.lower(), [(5, A)], [(5, B)]),
+        (f"{A},{B}", [(0, A), (1, B)], [(0, "GPU-other")]),
+        (f"{A} 2", [(7, A), (2, B), (2, None)], [(3, B), (0, None)]),
+        ("all", [(0, A), (9, None)], []),
+        ("1", [(1, B)], [(0, A)]),
+    ],
+)  # fmt: skip
+def test_shared_gpus_by_uuid(value, shared, not_shared):
+    got = parse_shared_gpus(value)
+    assert all(got.shares(i, u) for i, u in shared), shared
+    assert not any(got.shares(i, u) for i, u in not_shared), not_shared
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "3-1", "0-1024", "gpu0", "1.5", "0,,a", "GPU-xyz",
+                                   "GPU-", "GPU-1a2b/3", "GPU-" + "a" * 80])  # fmt: skip
 def test_shared_gpus_bad_forms_name_the_form(value):
-    with pytest.raises(ValueError, match="'all', or GPU indices"):
+    with pytest.raises(ValueError, match=r"'all', GPU UUIDs like .* or GPU indices"):
         parse_shared_gpus(value)
 
 
 def test_shared_gpus_str_round_trips():
-    for value in ("none", "all", "0,1,6"):
+    for value in ("none", "all", "0,1,6", f"0,{A},{B}"):
         assert str(parse_shared_gpus(value)) == value
     assert not SharedGpus() and SharedGpus(all=True)
 
@@ -112,5 +135,5 @@ def test_sharing_settings_defaults_and_forms(monkeypatch):
     monkeypatch.setenv("OMATICAYA_SHARED_GPUS", "0-3")
     monkeypatch.setenv("OMATICAYA_DEVICE_LIST_STRATEGY", "cdi-cri, envvar,cdi-cri")
     s = load_settings()
-    assert [i in s.shared_gpus for i in range(5)] == [True] * 4 + [False]
+    assert [s.shared_gpus.shares(i, None) for i in range(5)] == [True] * 4 + [False]
     assert s.device_list_strategy == ("cdi-cri", "envvar")

@@ -83,7 +83,10 @@ class DevicePluginSettings(CommonSettings):
     # -- GPU sharing by memory (core/sharing.py) -----------------------------------------
     shared_gpus: Annotated[SharedGpus, NoDecode] = Field(
         default=SharedGpus(),
-        description="GPUs served as memory units instead of whole: none, all, or indices (0-3).",
+        description="GPUs served as memory units instead of whole: none, all, GPU UUIDs "
+        "(GPU-4a1b...: the safe form; a reboot that loses a GPU renumbers the others' indices, "
+        "never their UUIDs), or indices (0-3; an index that names another GPU than at the last "
+        "start is reported).",
     )
     share_unit_mib: int = Field(
         default=DEFAULT_UNIT_MIB, ge=1, le=1 << 20, description="MiB per unit of a shared GPU."

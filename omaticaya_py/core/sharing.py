@@ -20,7 +20,7 @@ Pure: the agent (render, attribution), the device plugin and the extender use th
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -31,12 +31,14 @@ __all__ = [
     "DEFAULT_UNIT_MIB",
     "SHARED_GPUS_FORM",
     "UNIT_SEPARATOR",
+    "IndexMoved",
     "SharedGpus",
     "Sharing",
     "device_order",
     "episodes",
     "gpu_room_mib",
     "is_shared",
+    "moved_indices",
     "parse_shared_gpus",
     "parse_unit_id",
     "slice_mib",
@@ -53,31 +55,47 @@ DEFAULT_UNIT_MIB = 1024
 #: between the GPU UUID and the unit number in a unit device ID
 UNIT_SEPARATOR = "::"
 #: the forms ``OMATICAYA_SHARED_GPUS`` takes, for error messages
-SHARED_GPUS_FORM = "'none' (the default), 'all', or GPU indices like '0,1,2,3' or '0-3'"
+SHARED_GPUS_FORM = (
+    "'none' (the default), 'all', GPU UUIDs like 'GPU-4a1b2c3d-...' (the safe form: a reboot "
+    "that loses a GPU renumbers the others' indices, never their UUIDs), or GPU indices like "
+    "'0,1,2,3' or '0-3'"
+)
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+#: a GPU UUID as NVML gives it (``nvmlDeviceGetUUID``: ``GPU-`` and hex groups), lower-cased
+_GPU_UUID = re.compile(r"^gpu-[0-9a-f]+(?:-[0-9a-f]+){0,7}$")
 _UNIT_ID = re.compile(r"^(?P<uuid>.+)::(?P<k>0|[1-9]\d{0,6})$")
 
 
 @dataclass(frozen=True, slots=True)
 class SharedGpus:
-    """Which GPUs (by NVML index, ``nvmlDeviceGetIndex``) are shared: none, ``all`` or the
-    ``indices`` given. MIG-enabled GPUs are never shared this way (their MIG devices are a
-    resource of their own); callers check ``mig_enabled`` themselves."""
+    """Which GPUs are shared: none, ``all``, the ``uuids`` given (``nvmlDeviceGetUUID``,
+    lower-cased: the GPU's own identity, which no reboot renumbers) and the ``indices`` given
+    (``nvmlDeviceGetIndex``: PCI order, which shifts when a GPU is gone at boot). MIG-enabled
+    GPUs are never shared this way (their MIG devices are a resource of their own); callers
+    check ``mig_enabled`` themselves."""
 
     all: bool = False
     indices: frozenset[int] = frozenset()
+    uuids: frozenset[str] = frozenset()
 
-    def __contains__(self, index: object) -> bool:
-        return isinstance(index, int) and (self.all or index in self.indices)
+    def shares(self, index: int | None, uuid: str | None) -> bool:
+        """Whether the GPU at NVML ``index`` whose UUID is ``uuid`` (``None``: unknown) is one
+        of these: ``all``, its index listed, or its UUID listed (compared without case)."""
+        if self.all:
+            return True
+        if index is not None and index in self.indices:
+            return True
+        return uuid is not None and uuid.lower() in self.uuids
 
     def __bool__(self) -> bool:
-        return self.all or bool(self.indices)
+        return self.all or bool(self.indices) or bool(self.uuids)
 
     def __str__(self) -> str:
         if self.all:
             return "all"
-        return ",".join(str(i) for i in sorted(self.indices)) or "none"
+        parts = [str(i) for i in sorted(self.indices)] + [u.upper()[:4] + u[4:] for u in sorted(self.uuids)]
+        return ",".join(parts) or "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +116,19 @@ class Sharing:
 
 
 def is_shared(g: GpuReading, sharing: Sharing | None) -> bool:
-    """Whether GPU ``g`` is served as memory units: its index is shared and MIG is not on
-    (a GPU with MIG on is given out as MIG devices, never in units)."""
-    return sharing is not None and g.index in sharing.gpus and not g.mig_enabled
+    """Whether GPU ``g`` is served as memory units: its UUID or index is shared
+    (``SharedGpus.shares``) and MIG is not on (a GPU with MIG on is given out as MIG devices,
+    never in units)."""
+    return sharing is not None and sharing.gpus.shares(g.index, g.uuid) and not g.mig_enabled
 
 
 def parse_shared_gpus(value: str | Iterable[int] | SharedGpus | None) -> SharedGpus:
-    """``OMATICAYA_SHARED_GPUS``: ``''``/``none`` -> no GPU shared, ``all``, or indices and
-    ranges separated by commas or spaces (``0,1,2,3``, ``0-3``, ``0-1 6``).
+    """``OMATICAYA_SHARED_GPUS``: ``''``/``none`` -> no GPU shared, ``all``, or GPU UUIDs,
+    indices and ranges separated by commas or spaces (``GPU-4a1b...,GPU-9c8d...``,
+    ``0,1,2,3``, ``0-3``, ``0-1 6``; both kinds may be mixed).
 
     Raises ``ValueError`` naming the expected form (``SHARED_GPUS_FORM``) on anything else
-    (a negative or reversed range, a name, more than 1,024 indices)."""
+    (a negative or reversed range, a name that is no GPU UUID, more than 1,024 indices)."""
     if isinstance(value, SharedGpus):
         return value
     if value is None:
@@ -124,7 +144,13 @@ def parse_shared_gpus(value: str | Iterable[int] | SharedGpus | None) -> SharedG
     if text == "all":
         return SharedGpus(all=True)
     found: set[int] = set()
+    uuids: set[str] = set()
     for part in (p for p in re.split(r"[,\s]+", text) if p):
+        if part.startswith("gpu-"):
+            if len(part) > 80 or not _GPU_UUID.match(part):
+                raise ValueError(f"expected {SHARED_GPUS_FORM}; got {part[:48]!r}, not a GPU UUID")
+            uuids.add(part)
+            continue
         m = _RANGE.match(part)
         if m is None:
             raise ValueError(f"expected {SHARED_GPUS_FORM}; got {part[:32]!r}")
@@ -133,7 +159,44 @@ def parse_shared_gpus(value: str | Iterable[int] | SharedGpus | None) -> SharedG
         if hi < lo or hi >= 1024:
             raise ValueError(f"expected {SHARED_GPUS_FORM}; got the range {part[:32]!r}")
         found.update(range(lo, hi + 1))
-    return SharedGpus(indices=frozenset(found))
+    return SharedGpus(indices=frozenset(found), uuids=frozenset(uuids))
+
+
+@dataclass(frozen=True, slots=True)
+class IndexMoved:
+    """A shared GPU index (``OMATICAYA_SHARED_GPUS`` by index) that names another GPU than it
+    did at the last start: ``index``, the UUID it named then (``before``) and now (``now``,
+    ``None``: no GPU at that index now)."""
+
+    index: int
+    before: str
+    now: str | None
+
+    def message(self) -> str:
+        """The text of the log line and the Event: what moved, and the safe form."""
+        now = f"GPU {self.now}" if self.now else "no GPU"
+        return (f"OMATICAYA_SHARED_GPUS names GPU index {self.index}, which was GPU {self.before} "
+                f"at the last start and is {now} now (a GPU lost or added renumbered the "
+                f"indices): sharing follows the index; name GPUs by UUID to keep sharing on "
+                f"the same GPU")  # fmt: skip
+
+
+def moved_indices(shared: SharedGpus, before: Mapping[int, str], now: Mapping[int, str]
+                  ) -> list[IndexMoved]:  # fmt: skip
+    """The shared indices (``shared.indices``: those named by index, not ``all``, not a UUID)
+    whose GPU changed since the last start: ``before`` and ``now`` are NVML index -> GPU UUID
+    (``nvmlDeviceGetIndex``/``nvmlDeviceGetUUID``) at the last start (as persisted) and now. An
+    index not in ``before`` (never seen) is not reported; one gone from ``now`` is. In index
+    order."""
+    out = []
+    for index in sorted(shared.indices):
+        was = before.get(index)
+        if was is None:
+            continue
+        is_now = now.get(index)
+        if is_now is None or is_now.lower() != was.lower():
+            out.append(IndexMoved(index, was, is_now))
+    return out
 
 
 def unit_count(memory_total_mib: int | None, unit_mib: int) -> int:

@@ -172,7 +172,7 @@ def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:
 
 def trace_slices(path: Path | str, shared: SharedGpus, unit_mib: int) -> list[tuple[int, str]]:
     """``(GPU index, unit ID)`` of every unit of the shared GPUs a trace describes (MIG off in
-    a frame that reads it, index in ``shared``), ``unit_count(total, unit_mib)`` per GPU
+    a frame that reads it, its index or UUID in ``shared``), ``unit_count(total, unit_mib)`` per GPU
     (``core.sharing``), in GPU index order, then unit order."""
     from ..sources.replay import TraceReader
 
@@ -181,7 +181,7 @@ def trace_slices(path: Path | str, shared: SharedGpus, unit_mib: int) -> list[tu
         for gpu in frame.gpus:
             if gpu.uuid and gpu.memory_total_mib and gpu.uuid not in found:
                 n = unit_count(gpu.memory_total_mib, unit_mib)
-                if gpu.index in shared and not gpu.mig_enabled and n:
+                if shared.shares(gpu.index, gpu.uuid) and not gpu.mig_enabled and n:
                     found[gpu.uuid] = (gpu.index, n)
     ordered = sorted(found.items(), key=lambda kv: (kv[1][0], kv[0]))
     return [(index, d) for uuid, (index, n) in ordered for d in unit_ids(uuid, n)]

@@ -138,7 +138,7 @@ def plugin_config(settings: Settings) -> PluginConfig:
     shared_units: list[tuple[int, str]] = []
     if settings.trace is not None:
         units = trace_units(settings.trace)
-        units[None] = [d for d in units.get(None, []) if d[0] not in sharing.shared]
+        units[None] = [d for d in units.get(None, []) if not sharing.shared.shares(d[0], d[1])]
         shared_units = trace_slices(settings.trace, sharing.shared, sharing.unit_mib)
     return PluginConfig(
         resource_name=settings.device_plugin_resource,

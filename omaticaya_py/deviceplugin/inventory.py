@@ -117,18 +117,19 @@ class Inventory:
         scope = self.scope
         if unit.profile != scope.profile or unit.is_mig != (scope.profile is not None):
             return False
-        return unit.is_mig or (unit.gpu_index in scope.shared) == scope.units
+        return unit.is_mig or scope.shared.shares(unit.gpu_index, unit.uuid) == scope.units
 
     def _read(self, snapshot: NodeSnapshot, assessed: Iterable[Unit]) -> dict[str, Unit]:
         """This resource's units of the reading by UUID, learnt as known (with their unit
         counts and MIG parents); the devices that left the reading forgotten. Under ``_lock``."""
-        by_index = {index: uuid for uuid, index in self._known.items()}
+        assessed = list(assessed)
+        read = {u.uuid for u in assessed if u.uuid}
         gpu_uuid = {g.index: g.uuid for g in snapshot.gpus if g.uuid}
         units: dict[str, Unit] = {}
         for unit in assessed:
             if not self._mine(unit):
                 continue  # another plugin's resource
-            uuid = unit.uuid or (None if unit.is_mig else by_index.get(unit.gpu_index))
+            uuid = unit.uuid or (None if unit.is_mig else self._by_index(unit.gpu_index, read))
             if uuid is None:
                 continue  # never read its UUID: nothing to advertise
             if self.slicer is not None:
@@ -144,6 +145,15 @@ class Inventory:
             self._parents.pop(uuid, None)
             self._logged.end(uuid)
         return units
+
+    def _by_index(self, index: int, read: set[str]) -> str | None:
+        """The known GPU a unit NVML gave no UUID for is taken to be: the one known GPU last
+        seen at ``index`` that the reading does not show under its UUID elsewhere; ``None``
+        when there is no such GPU or more than one (indices shift when a GPU is lost at boot:
+        a device ID is a UUID, never guessed from an index that two GPUs held). Under
+        ``_lock``."""
+        found = [uuid for uuid, i in self._known.items() if i == index and uuid not in read]
+        return found[0] if len(found) == 1 else None
 
     def _states(self, snapshot: NodeSnapshot, units: dict[str, Unit], stale: bool
                 ) -> list[DeviceState]:  # fmt: skip
