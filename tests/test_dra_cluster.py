@@ -42,6 +42,10 @@ e. a pod asking ``nvidia.com/gpu: 1`` and no claim gets a DRA device (the schedu
 f. a kubelet restart: the plugin registers again (a new pod with a claim runs) and the running
    pods keep their devices (same containers, never restarted, the same environment; their CDI
    specs stay);
+h. a reboot that lost a GPU (issue 48): ``helm upgrade`` to ``multi-gpu-lost-trace.json`` (GPU 3
+   gone, GPUs 4-7 renumbered 3-6) restarts the agent; the devices keep their names (by UUID),
+   the claim on GPU 4 keeps its UUID in the plugin's checkpoint and its pod runs on, and a new
+   claim of index 3 or 4 gets GPU 5, not GPU 4 (index 3 now, still allocated);
 g. the pods and claims deleted (their CDI specs go), ``helm uninstall`` leaves no
    ResourceSlice of the driver, no DeviceClass of ours, no CDI spec of ours, no socket in the
    plugin and registration folders.
@@ -68,6 +72,7 @@ import yaml
 
 from devtools.devcluster.cluster import K8S_VERSION, minor
 from devtools.devcluster.files import FAKE_GPU_DEVICES, fake_gpu_devices
+from omaticaya_py.core.dra import device_name
 from omaticaya_py.dra.prepare import claim_slice_id
 from tests.kubelet import IMAGE
 from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixtures
@@ -97,6 +102,8 @@ DRIVER = "gpu.omaticaya.io"
 WHOLE, SHARED_CLASS, MIG_CLASS = DRIVER, f"shared.{DRIVER}", f"mig.{DRIVER}"
 TAINT = f"{DRIVER}/unhealthy"
 MULTI, FAULTS = "multi-gpu-trace.json", "faults-trace.json"
+#: the multi-GPU node after a reboot that lost GPU 3: GPUs 4-7 renumbered 3-6, same UUIDs
+LOST = "multi-gpu-lost-trace.json"
 #: docs/install.md's DRA goal: the multi-GPU install passes it first, as the page says
 DRA_GOAL = CHART.parent.parent / "examples" / "install" / "dra.yaml"
 #: multi-gpu-trace.json's free memory per GPU, as the slice publishes it (steps of 1 GiB)
@@ -302,10 +309,16 @@ def telemetry_holders(kube: Kube, node: str) -> dict[tuple[str, str], set[int]]:
     return out
 
 
+def named(index: int) -> str:
+    """The device name of the traces' GPU ``index`` (named by its UUID, issue 48)."""
+    return device_name(uuid(index))
+
+
 def index_of(device: str) -> int:
-    m = re.fullmatch(r"gpu-(\d+)", device)
-    assert m, f"not a whole GPU's device: {device!r}"
-    return int(m.group(1))
+    """The traces' GPU (its index in multi-gpu-trace.json) a whole GPU's device name is."""
+    by_name = {named(i): i for i in range(8)}
+    assert device in by_name, f"not a whole GPU's device: {device!r}"
+    return by_name[device]
 
 
 def dra_values(tmp: Path, kube: Kube, node: str, trace: str, *, taint_effect: str = "NoSchedule",
@@ -474,7 +487,7 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     kube, node, effect = st.kube, st.node, "NoExecute"
     st.install(dra_values(tmp, kube, node, FAULTS, taint_effect=effect, xidQuietS=8,
                           minPatchIntervalS=0))  # fmt: skip
-    names = {f"gpu-{i}" for i in range(4)}
+    names = {named(i) for i in range(4)}
     st.timer.wait("the slice's four devices", lambda: set(devices(kube, node)) == names)
     kube.kubectl("create", "namespace", WORK)
     tolerate = [{"key": TAINT, "operator": "Exists", "effect": effect}]
@@ -490,7 +503,7 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     #: the GPU 1 pod: when its claim was first seen allocated, it first ran, it was deleted
     gpu1: dict[str, float] = {}
     start = time.monotonic()
-    faults = {"gpu-1": "remap-pending", "gpu-2": "xid-79"}
+    faults = {named(1): "remap-pending", named(2): "xid-79"}
 
     def when(dev: str, value: str) -> tuple[float | None, float | None]:
         """When the taint was first seen, and when the device was first clean after that."""
@@ -530,7 +543,7 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
              for s in c.get("allocatedResourcesStatus") or [] for r in s.get("resources") or []]
         if h and (not health or health[-1][1] != h):
             health.append((t, h))
-        if "allocated" not in gpu1 and device_of(kube, "gpu-1") == "gpu-1":
+        if "allocated" not in gpu1 and device_of(kube, "gpu-1") == named(1):
             gpu1["allocated"] = t
         p1 = get(kube, "-n", WORK, "pod", "on-gpu-1") or {}
         if "ran" not in gpu1 and running(p1):
@@ -553,7 +566,7 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     for t, h in health:
         print(f"[dra faults] +{t:5.1f} s the GPU 2 pod's device: {h}")
     print("[dra faults] the GPU 1 pod: " + ", ".join(f"{k} at +{v:.1f} s" for k, v in gpu1.items()))
-    gpu0 = {v for _, s in seen for _, v, _ in s.get("gpu-0", set())}
+    gpu0 = {v for _, s in seen for _, v, _ in s.get(named(0), set())}
     assert gpu0 <= {"nvml-unreadable"}, seen
     # the health rules' taints evict (NoExecute); NVML unreadable (the trace's driver-gone
     # phase) says nothing of the GPUs: NoSchedule only, no pod evicted for it
@@ -562,7 +575,7 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
 
     # the tolerating side: GPU 2's pod ran through its taint, never restarted
     (res2,) = results(kube, "gpu-2")
-    assert res2["device"] == "gpu-2", res2
+    assert res2["device"] == named(2), res2
     assert [(x.get("key"), x.get("operator"), x.get("effect")) for x in res2.get("tolerations") or []] == [
         (TAINT, "Exists", effect)], res2  # fmt: skip
     assert [(c[1], c[2]) for c in containers(kube, "on-gpu-2")] == [(0, True)]  # not evicted
@@ -570,10 +583,10 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     # the other side: GPU 1's pod, deleted by the eviction controller while GPU 1 was tainted
     deleted = gpu1["deleted"]
     assert "allocated" in gpu1 and gpu1["allocated"] <= deleted, gpu1
-    spans = tainted_spans("gpu-1")
+    spans = tainted_spans(named(1))
     # the poll reads the slice before the pod: an eviction may be seen a poll before its taint
     assert any(on - 1.5 <= deleted <= off for on, off in spans), (gpu1, spans, seen)
-    assert {v for _, s in seen for _, v, _ in s.get("gpu-1", set())} <= {"remap-pending", "nvml-unreadable"}, seen
+    assert {v for _, s in seen for _, v, _ in s.get(named(1), set())} <= {"remap-pending", "nvml-unreadable"}, seen
     p1 = get(kube, "-n", WORK, "pod", "on-gpu-1")
     assert p1 is not None and p1["metadata"].get("deletionTimestamp"), p1
     cond = [c for c in p1["status"].get("conditions") or [] if c["type"] == "DisruptionTarget"]
@@ -612,22 +625,22 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     st.install(dra_values(tmp, kube, node, MULTI, sharing={"gpus": "0-1"}), goal=DRA_GOAL)
 
     # --- the slice: eight GPUs, 0 and 1 shared by 1 GiB units, free memory as the trace's
-    names = {f"gpu-{i}" for i in range(8)}
+    names = {named(i) for i in range(8)}
     timer.wait("the slice's eight devices", lambda: set(devices(kube, node)) == names)
     # a shared GPU is tainted until its MPS daemon is up (nothing would enforce a slice)
     devs = timer.wait("no device tainted (the MPS daemons up)", lambda: (
         (d := devices(kube, node)) and not any(taints(x) for x in d.values()) and d))  # fmt: skip
     assert timer.wait("the plugin's registration socket", st.reg_sock.is_socket)
     for i in range(8):
-        d = devs[f"gpu-{i}"]
+        d = devs[named(i)]
         assert attr(d, "index") == i and attr(d, "uuid") == uuid(i) and attr(d, "type") == "gpu", d
         assert attr(d, "shared") is (i in SHARED), d
         assert bool(d.get("allowMultipleAllocations")) is (i in SHARED), d
-    free = {i: attr(devs[f"gpu-{i}"], "freeMemoryMiB") for i in range(8)}
+    free = {i: attr(devs[named(i)], "freeMemoryMiB") for i in range(8)}
     print(f"[dra] freeMemoryMiB: {free}")
     assert {i: free[i] for i in range(8) if i not in SHARED} == {
         i: m for i, m in FREE_MIB.items() if i not in SHARED}, free
-    policy = devs["gpu-0"]["capacity"]["memory"].get("requestPolicy") or {}
+    policy = devs[named(0)]["capacity"]["memory"].get("requestPolicy") or {}
     assert policy.get("validRange", {}).get("step") in ("1Gi", "1024Mi"), policy
     kube.kubectl("create", "namespace", WORK)
 
@@ -637,7 +650,7 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
           pod("whole", claim_name="gpu-4"))
     got = timer.wait("a: the GPU 4 pod running and printed", lambda: printed(kube, "whole"))
     timer.took("a: claim + pod applied to printed", start)
-    assert device_of(kube, "gpu-4") == "gpu-4"
+    assert device_of(kube, "gpu-4") == named(4)
     assert got["VISIBLE"] == uuid(4), got
     chr_nodes = got["CHR"].split()
     assert "nvidia4" in chr_nodes and "nvidiactl" in chr_nodes, got
@@ -665,7 +678,7 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     assert re.search(r"NodePrepareResources failed for ResourceClaim bogus: status\.allocation\.devices"
                      r"\.config\[\d+\]\.opaque\.parameters\.kind: expected GpuConfig; got 'Bogus'",
                      event["message"]), event  # fmt: skip
-    assert device_of(kube, "bogus") == "gpu-7"  # the scheduler allocated it
+    assert device_of(kube, "bogus") == named(7)  # the scheduler allocated it
     bogus = get(kube, "-n", WORK, "pod", "bogus")
     assert bogus["spec"].get("nodeName") == node and not running(bogus), bogus
     assert not any(c[0] for c in containers(kube, "bogus")), containers(kube, "bogus")  # none made
@@ -700,7 +713,7 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     ran, reason, left = timer.wait("b: two roomy pods running, one Unschedulable", two_run_one_waits)
     timer.took("b: applied to two running and one pending", start)
     placed = {k: device_of(kube, pod_claim(kube, f"roomy-{k}") or "") for k in ran}
-    assert sorted(placed.values()) == ["gpu-2", "gpu-6"], placed
+    assert sorted(placed.values()) == sorted([named(2), named(6)]), placed
     for k, got in ran.items():
         assert got["VISIBLE"] == uuid(index_of(placed[k])), (k, got)
     print(f"[dra] b: roomy-{left} pending: {reason}")
@@ -732,7 +745,7 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
         assert got["PIPE"] == str(MPS_ROOT / "slices" / sid / "pipe"), got
     print(f"[dra] c: both on {dev}; MPS limits {[g['MPS_LIMIT'] for g in shares]}")
     # what is left: on that GPU its capacity less 40 GiB; on the other its whole capacity
-    caps = {i: devs[f"gpu-{i}"]["capacity"]["memory"]["value"] for i in SHARED}
+    caps = {i: devs[named(i)]["capacity"]["memory"]["value"] for i in SHARED}
     cap_gib = {i: mib_of(v) // GIB for i, v in caps.items()}
     left_gib = {i: cap_gib[i] - (40 if i == gpu else 0) for i in SHARED}
     pinned = claim_spec(SHARED_CLASS, f'device.attributes["{DRIVER}"].uuid == "{uuid(gpu)}"',
@@ -792,6 +805,42 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
         assert printed(kube, p) == env_before[p], p
     assert specs_before <= {p.name for p in our_cdi_specs(kube.cluster.cdi_dir)}
     assert whole == env_before["whole"]
+
+    # --- h. a reboot that lost a GPU (issue 48): the agent restarted on LOST (GPU 3 gone, GPUs
+    # 4-7 renumbered 3-6). The claim on GPU 4 keeps its device and its UUID; a new claim of
+    # index 3 or 4 gets GPU 5 (index 4 now): GPU 4 (index 3 now) keeps its name, allocated.
+    # Before the fix (names gpu-<index>) gpu-3 was free and named GPU 4: the new claim was
+    # prepared on the GPU the running pod holds. First the legacy and after pods go, so that
+    # GPUs 3, 5 and 7 are free.
+    start = time.monotonic()
+    kube.kubectl("-n", WORK, "delete", "pod", "legacy", "after", "--wait=true", "--timeout=60s")
+    kube.kubectl("-n", WORK, "delete", "resourceclaim", "after", "--wait=true", "--timeout=60s")
+    timer.wait("h: the legacy and after claims' CDI specs gone", lambda: len(
+        our_cdi_specs(kube.cluster.cdi_dir)) == len(holders) - 1, timeout=60)  # fmt: skip
+    agent = kube.pods()
+    kube.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--set",
+              f"trace={LOST}", "--wait", "--timeout", "180s")  # fmt: skip
+    timer.took("h: helm upgrade to the lost-GPU trace", start)
+    renamed = {named(i) for i in (0, 1, 2, 4, 5, 6, 7)}
+    devs = timer.wait("h: the slice without GPU 3, GPU 4 at index 3", lambda: (
+        (d := devices(kube, node)) and set(d) == renamed and attr(d[named(4)], "index") == 3
+        and attr(d[named(5)], "index") == 4 and d), timeout=120)  # fmt: skip
+    assert [p["metadata"]["uid"] for p in kube.pods()] != [p["metadata"]["uid"] for p in agent]
+    assert {attr(devs[named(i)], "uuid") for i in (4, 5)} == {uuid(4), uuid(5)}
+    whole_claim = get(kube, "-n", WORK, "resourceclaim", "gpu-4")
+    assert device_of(kube, "gpu-4") == named(4)
+    assert [d.get("uuid") for d in checkpointed(st.plugins)[whole_claim["metadata"]["uid"]]["devices"]] == [uuid(4)]
+    start = time.monotonic()
+    apply(kube, claim("reboot", claim_spec(WHOLE, f'device.attributes["{DRIVER}"].index == 3 || '
+                                                  f'device.attributes["{DRIVER}"].index == 4')),
+          pod("reboot", claim_name="reboot"))  # fmt: skip
+    rebooted = timer.wait("h: the new claim's pod running after the reboot", lambda: printed(kube, "reboot"))
+    timer.took("h: applied to printed", start)
+    print(f"[dra] h: after the reboot: whole on {device_of(kube, 'gpu-4')}, the new claim on "
+          f"{device_of(kube, 'reboot')} ({rebooted['VISIBLE']})")
+    assert device_of(kube, "reboot") == named(5), results(kube, "reboot")
+    assert rebooted["VISIBLE"] == uuid(5) != uuid(4), rebooted
+    assert containers(kube, "whole") == before["whole"] and printed(kube, "whole") == whole
 
     # --- g. pods and claims deleted, then helm uninstall: nothing of ours left
     start = time.monotonic()

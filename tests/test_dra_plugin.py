@@ -20,12 +20,21 @@ from typing import Any
 import grpc
 import pytest
 
+from omaticaya_py.core.dra import device_name
 from omaticaya_py.core.readings import TickListener, TickResult
+from omaticaya_py.core.sharing import IndexMoved
 from omaticaya_py.dra.health.v1 import api_pb2 as h1
 from omaticaya_py.dra.health.v1 import api_pb2_grpc as h1_grpc
 from omaticaya_py.dra.health.v1alpha1 import api_pb2 as h0
 from omaticaya_py.dra.health.v1alpha1 import api_pb2_grpc as h0_grpc
-from omaticaya_py.dra.host import CHECKPOINT_FILE
+from omaticaya_py.dra.host import (
+    CHECKPOINT_FILE,
+    INDICES_FILE,
+    Checkpoint,
+    Entry,
+    load_indices,
+    save_indices,
+)
 from omaticaya_py.dra.metrics import DraCounters
 from omaticaya_py.dra.plugin import DraPlugin
 from omaticaya_py.dra.pluginregistration import api_pb2 as reg
@@ -37,7 +46,12 @@ from tests.helpers import evaluate, gpu, settings, snapshot, xid
 from tests.test_dra_prepare import check_cdi
 
 NODE = "dra-node-1"
+#: h100-trace.json's one GPU
+H100_UUID = "GPU-178dd196-7fda-b7ae-a94e-630097a14ca4"
 G0 = "GPU-00000000-7fda-b7ae-a94e-630097a14ca4"
+G1 = "GPU-00000001-7fda-b7ae-a94e-630097a14ca4"
+#: the devices of GPUs 0 and 1 (tests.helpers.gpu's UUIDs), named by UUID
+D0, D1 = device_name(G0), device_name(G1)
 
 
 @dataclass
@@ -59,8 +73,8 @@ class Feed:
     def clock(self) -> Any:
         return lambda: self.now
 
-    def tick(self, *gpus: Any, xids: Any = ()) -> None:
-        snap = snapshot(*gpus, xid_events=xids)
+    def tick(self, *gpus: Any, xids: Any = (), error: str | None = None) -> None:
+        snap = snapshot(*gpus, xid_events=xids, error=error)
         health, desired = evaluate(snap)
         self.cache.last = TickResult(snap, health, desired, None, False)
         for listener in list(self.on_tick):
@@ -210,13 +224,13 @@ def test_health_stream_sends_every_device_then_a_change(
         stream = grpc_mod.DRAResourceHealthStub(ch).NodeWatchResources(pb2.NodeWatchResourcesRequest(), timeout=10)
         first = next(stream)
         assert [(d.device.pool_name, d.device.device_name, d.health, d.message) for d in first.devices] == [
-            (NODE, "gpu-0", pb2.HEALTHY, ""), (NODE, "gpu-1", pb2.HEALTHY, "")]
+            (NODE, D0, pb2.HEALTHY, ""), (NODE, D1, pb2.HEALTHY, "")]
         assert all(d.health_check_timeout_seconds == plugin.health_timeout_s for d in first.devices)
         assert abs(first.devices[0].last_updated_time - time.time()) < 5
         feed.tick(gpu(0), gpu(1), xids=[xid(1, 79, at_s=99.0)])  # a fatal Xid on GPU 1
         second = next(stream)
         assert [(d.device.device_name, d.health, d.message) for d in second.devices] == [
-            ("gpu-0", pb2.HEALTHY, ""), ("gpu-1", pb2.UNHEALTHY, "xid-79")]
+            (D0, pb2.HEALTHY, ""), (D1, pb2.UNHEALTHY, "xid-79")]
         feed.tick(gpu(0), gpu(1))  # recovered
         third = next(stream)
         assert [d.health for d in third.devices] == [pb2.HEALTHY, pb2.HEALTHY]
@@ -347,14 +361,14 @@ def test_prepare_twice_unprepare_and_restart(feed: Feed, dirs: dict[str, Path], 
     p = make(feed, dirs, session)
     p.start()
     sock = dirs["plugin"] / "dra.sock"
-    name, uid = make_claim([result("gpu-0")])
+    name, uid = make_claim([result(D0)])
     ref = ("default", name, uid)
     try:
         first = prepare(sock, ref)
         assert first.claims[uid].error == ""
         (device,) = first.claims[uid].devices
         assert (list(device.request_names), device.pool_name, device.device_name, list(device.cdi_device_ids)) == (
-            ["gpu"], NODE, "gpu-0", [f"gpu.omaticaya.io/claim={uid}-gpu-0"])
+            ["gpu"], NODE, D0, [f"gpu.omaticaya.io/claim={uid}-{D0}"])
         spec_file = dirs["cdi"] / f"gpu.omaticaya.io-claim_{uid}.json"
         spec = json.loads(spec_file.read_text())
         check_cdi(spec)
@@ -401,17 +415,17 @@ def test_failed_claims_leave_nothing(feed: Feed, dirs: dict[str, Path], session:
     p.start()
     sock = dirs["plugin"] / "dra.sock"
     try:
-        unhealthy, u1 = make_claim([result("gpu-1")])
+        unhealthy, u1 = make_claim([result(D1)])
         unknown, u2 = make_claim([result("gpu-7")])
-        bad_config, u3 = make_claim([result("gpu-0")], config=[{"source": "FromClaim", "opaque": {
+        bad_config, u3 = make_claim([result(D0)], config=[{"source": "FromClaim", "opaque": {
             "driver": "gpu.omaticaya.io",
             "parameters": {"apiVersion": "gpu.omaticaya.io/v1alpha1", "kind": "GpuConfig", "timeSlice": 1}}}])
-        good, u4 = make_claim([result("gpu-0")])
+        good, u4 = make_claim([result(D0)])
         answer = prepare(sock, ("default", unhealthy, u1), ("default", unknown, u2),
                          ("default", bad_config, u3), ("default", "no-such-claim", "u5"),
                          ("default", good, "not-its-uid"), ("default", good, u4))
         errors = {u: answer.claims[u].error for u in (u1, u2, u3, "u5", "not-its-uid", u4)}
-        assert "gpu-1 is unhealthy: xid-79" in errors[u1]
+        assert f"{D1} is unhealthy: xid-79" in errors[u1]
         assert "gpu-7: not in the node's reading" in errors[u2]
         assert "opaque.parameters.timeSlice: unknown field" in errors[u3]
         assert errors["u5"] == "ResourceClaim default/no-such-claim not found"
@@ -430,7 +444,7 @@ def test_unwritable_cdi_folder_fails_and_records_nothing(feed: Feed, dirs: dict[
     p = make(feed, dirs, session)
     p.start()
     try:
-        name, uid = make_claim([result("gpu-0")])
+        name, uid = make_claim([result(D0)])
         shutil.rmtree(dirs["cdi"])
         dirs["cdi"].write_text("not a folder")
         answer = prepare(dirs["plugin"] / "dra.sock", ("default", name, uid))
@@ -466,11 +480,11 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
     stop = threading.Event()
     sock = dirs["plugin"] / "dra.sock"
     share = str(uuidlib.uuid4())
-    slice_result = {**result("gpu-0"), "shareID": share, "consumedCapacity": {"memory": "20Gi"}}
+    slice_result = {**result(D0), "shareID": share, "consumedCapacity": {"memory": "20Gi"}}
     try:
         name, uid = make_claim([slice_result])
         down = prepare(sock, ("default", name, uid))
-        assert "gpu-0: its MPS daemon is not up (mps-state-missing)" in down.claims[uid].error
+        assert f"{D0}: its MPS daemon is not up (mps-state-missing)" in down.claims[uid].error
         sup.start()
         threading.Thread(target=sup.run_forever, args=(stop,), daemon=True).start()
         p.mps.min_interval_s = 0  # type: ignore[union-attr]
@@ -478,7 +492,7 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
         assert answer.claims[uid].error == ""
         (device,) = answer.claims[uid].devices
         assert device.share_id == share
-        sid = claim_slice_id(uid, "gpu-0")
+        sid = claim_slice_id(uid, D0)
         spec = json.loads((dirs["cdi"] / cdi_file_name(uid)).read_text())
         check_cdi(spec)
         assert spec["devices"][0]["containerEdits"]["env"] == [
@@ -522,11 +536,11 @@ def test_a_slice_its_gpu_cannot_hold_is_refused(feed: Feed, dirs: dict[str, Path
     sock = dirs["plugin"] / "dra.sock"
 
     def slice_claim() -> tuple[str, str, str]:
-        name, uid = make_claim([{**result("gpu-0"), "shareID": str(uuidlib.uuid4()),
+        name, uid = make_claim([{**result(D0), "shareID": str(uuidlib.uuid4()),
                                  "consumedCapacity": {"memory": "20Gi"}}])
         return "default", name, uid
 
-    no_room = ("device gpu-0: GPU 0 {g} has {free} MiB free by its live reading, {pending} MiB of it "
+    no_room = ("device " + D0 + ": GPU 0 {g} has {free} MiB free by its live reading, {pending} MiB of it "
                "prepared for slices not in use yet: a slice of 20480 MiB does not fit")
     try:
         a, b, c = slice_claim(), slice_claim(), slice_claim()
@@ -548,6 +562,108 @@ def test_a_slice_its_gpu_cannot_hold_is_refused(feed: Feed, dirs: dict[str, Path
         assert (p.counts.prepare["prepared"], p.counts.prepare["refused"]) == (2, 2)
     finally:
         p.stop(0)
+
+
+# -- issue 48: identity across a reboot that loses a GPU --------------------------------------
+
+
+def checkpoint_claim(folder: Path, cdi: Path, uid: str, name: str, uuid: str) -> Path:
+    """A claim prepared before the reboot on device ``name`` (GPU ``uuid``): its checkpoint
+    entry and CDI spec as ``DraPlugin._record`` writes them; the spec's path."""
+    cp = Checkpoint(folder)
+    cp.load()
+    spec = {"cdiVersion": "0.6.0", "kind": "gpu.omaticaya.io/claim", "devices": [
+        {"name": f"{uid}-{name}", "containerEdits": {"env": [f"NVIDIA_VISIBLE_DEVICES={uuid}"]}}]}
+    cp.claims[uid] = Entry("default", f"claim-{uid}", ({
+        "request_names": ["gpu"], "pool_name": NODE, "device_name": name,
+        "cdi_device_ids": [f"gpu.omaticaya.io/claim={uid}-{name}"], "uuid": uuid},), spec,
+        cdi_file_name(uid))  # fmt: skip
+    cp.save()
+    cdi.mkdir(parents=True, exist_ok=True)
+    path = cdi / cdi_file_name(uid)
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_after_a_reboot_a_claim_whose_gpu_is_gone_fails_alone(dirs: dict[str, Path]) -> None:
+    """Two claims prepared before a reboot, on GPU 0 (G0) and GPU 1 (G1); the node comes back
+    without G0, G1 renumbered 0. Prepared again in one call, G1's claim is answered (its name
+    is G1's, whatever its index) and G0's fails with the reason: its CDI spec, gone, is not
+    written again (before the fix, names were gpu-<index>: gpu-0 was answered from the
+    checkpoint with G0's spec while kube-scheduler could give the new gpu-0, G1, to another
+    claim)."""
+    dirs["plugin"].mkdir(parents=True)
+    checkpoint_claim(dirs["plugin"], dirs["cdi"], "u1", D1, G1)
+    gone = checkpoint_claim(dirs["plugin"], dirs["cdi"], "u0", D0, G0)
+    gone.unlink()
+    feed = Feed()
+    feed.tick(gpu(0, uuid=G1))  # G0 lost at boot: G1 is index 0 now
+    p = make(feed, dirs)
+    p.start()
+    try:
+        answer = prepare(dirs["plugin"] / "dra.sock", ("default", "claim-u1", "u1"),
+                         ("default", "claim-u0", "u0"))  # fmt: skip
+        assert answer.claims["u1"].error == ""
+        assert [d.device_name for d in answer.claims["u1"].devices] == [D1]
+        assert answer.claims["u0"].error == (
+            f"device {D0!r} (GPU {G0}) prepared for this claim is no longer on this node (lost at "
+            "a reboot, or repartitioned): not prepared again on another GPU")
+        assert not gone.exists()
+        assert (p.counts.prepare["repeated"], p.counts.prepare["refused"]) == (1, 1)
+        feed.tick(gpu(0, uuid=G1), error="NVMLError_DriverNotLoaded")
+        why = prepare(dirs["plugin"] / "dra.sock", ("default", "claim-u1", "u1")).claims["u1"].error
+        assert why.startswith("cannot check the prepared claim's GPUs against the node's: NVML cannot be read")
+    finally:
+        p.stop(0)
+
+
+def test_a_shared_index_that_names_another_gpu_is_reported(dirs: dict[str, Path]) -> None:
+    """OMATICAYA_SHARED_GPUS=0 by index; at the last start index 0 was G0, now (G0 lost) it is
+    G1: the gauge says so, the map of this start is written beside the checkpoint, and the next
+    start reports nothing."""
+    dirs["plugin"].mkdir(parents=True)
+    save_indices(dirs["plugin"], {0: G0, 1: G1})
+    feed = Feed()
+    feed.tick(gpu(0, uuid=G1))
+    p = make(feed, dirs, shared_gpus="0", share_enforcement="none")
+    p.start()
+    try:
+        assert wait_for(lambda: p.indices_checked)
+        assert p.counts.moved == (IndexMoved(0, G0, G1),)
+        (gauge,) = [f for f in DraCounters(p.counts).collect() if f.name == "omaticaya_shared_gpu_index_moved"]
+        assert [(s.labels, s.value) for s in gauge.samples] == [({"index": "0", "before": G0, "now": G1}, 1.0)]
+        assert load_indices(dirs["plugin"]) == {0: G1}
+        assert json.loads((dirs["plugin"] / INDICES_FILE).read_text()) == {"version": 1, "gpus": {"0": G1}}
+    finally:
+        p.stop(0)
+    again = make(feed, dirs, shared_gpus="0", share_enforcement="none")
+    assert again.check_indices() == ()
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"version": 2, "gpus": {}}', '{"version": 1, "gpus": []}', "[]"])
+def test_an_unreadable_index_map_compares_nothing(dirs: dict[str, Path], text: str) -> None:
+    dirs["plugin"].mkdir(parents=True)
+    (dirs["plugin"] / INDICES_FILE).write_text(text)
+    feed = Feed()
+    feed.tick(gpu(0, uuid=G1))
+    p = make(feed, dirs, shared_gpus="0", share_enforcement="none")
+    assert p.check_indices() == () and p.check_indices() is None  # once per start
+    assert load_indices(dirs["plugin"]) == {0: G1}
+
+
+@pytest.mark.cluster
+def test_a_moved_shared_index_is_an_event_on_the_node(feed: Feed, dirs: dict[str, Path], session: Any,
+                                                       admin_client: Any) -> None:  # fmt: skip
+    dirs["plugin"].mkdir(parents=True)
+    save_indices(dirs["plugin"], {1: G0})
+    p = make(feed, dirs, session, shared_gpus="1", share_enforcement="none")
+    assert p.check_indices() == (IndexMoved(1, G0, G1),)
+    events = api(admin_client, "GET", f"/api/v1/namespaces/default/events?fieldSelector="
+                 f"involvedObject.kind%3DNode,involvedObject.name%3D{NODE},reason%3DSharedGpuIndexMoved")["items"]  # fmt: skip
+    assert events, "no SharedGpuIndexMoved Event"
+    ev = events[-1]
+    assert ev["type"] == "Warning" and G0 in ev["message"] and G1 in ev["message"], ev
+    assert "name GPUs by UUID" in ev["message"], ev
 
 
 # -- the daemon: `omaticaya run` with OMATICAYA_DRA ------------------------------------------
@@ -581,7 +697,8 @@ def test_run_serves_the_dra_plugin_and_its_counters(dev_cluster: Any, make_node:
             stream = h1_grpc.DRAResourceHealthStub(ch).NodeWatchResources(h1.NodeWatchResourcesRequest(), timeout=10)
             first = next(stream)
             stream.cancel()
-        assert {d.device.device_name for d in first.devices} <= {"gpu-0"}
+        # h100-trace.json's one GPU, named by its UUID
+        assert {d.device.device_name for d in first.devices} <= {device_name(H100_UUID)}
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert 'omaticaya_dra_prepare_total{result="prepared"} 0.0' in text
         assert 'omaticaya_dra_unprepare_total{result="unknown"} 0.0' in text

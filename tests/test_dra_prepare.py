@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.dra import DraDevice, inventory
+from omaticaya_py.core.dra import DraDevice, device_name, inventory
 from omaticaya_py.core.health import assess
 from omaticaya_py.core.mps import Layout, SliceRequest, slice_id
 from omaticaya_py.core.sharing import Sharing, parse_shared_gpus
@@ -405,11 +405,12 @@ def test_slices_pending(book: list[PendingSlice], free_now: int | None, now_s: f
 def test_devices_from_a_real_reading() -> None:
     snap = snapshot(gpu(0), lost(1), gpu(2))
     devices = inventory(snap, assess(snap), Sharing(parse_shared_gpus("2"), 1024), 1024, 0.0)
-    (d,) = decide(claim(result("gpu-0")), REF, devices, facts()).devices
+    assert [d.name for d in devices] == [device_name(G0), device_name(G1), device_name(G2)]
+    (d,) = decide(claim(result(device_name(G0))), REF, devices, facts()).devices
     assert d.uuid == G0
-    with pytest.raises(Refused, match="gpu-1 is unhealthy: lost"):
-        decide(claim(result("gpu-1")), REF, devices, facts())
-    (s,) = decide(claim(SLICE), REF, devices, facts(**MPS_UP)).devices
+    with pytest.raises(Refused, match=f"{device_name(G1)} is unhealthy: lost"):
+        decide(claim(result(device_name(G1))), REF, devices, facts())
+    (s,) = decide(claim({**SLICE, "device": device_name(G2)}), REF, devices, facts(**MPS_UP)).devices
     assert s.mib == 20480
 
 
@@ -496,10 +497,14 @@ def test_health_report() -> None:
 
 
 def test_health_report_without_a_reading_is_unknown() -> None:
-    report = healthreport.report(None, known={"gpu-10", "gpu-2"}, why_unknown="NVML cannot be read")
+    a, b = device_name("GPU-0000000a-7fda"), device_name("GPU-0000000b-7fda")
+    report = healthreport.report(None, known={f"{b}-mig-1", b, f"{a}-mig-10", f"{a}-mig-2"},
+                                 why_unknown="NVML cannot be read")  # fmt: skip
     assert [(h.device, h.status, h.message) for h in report] == [
-        ("gpu-2", healthreport.UNKNOWN, "NVML cannot be read"),
-        ("gpu-10", healthreport.UNKNOWN, "NVML cannot be read"),
+        (f"{a}-mig-2", healthreport.UNKNOWN, "NVML cannot be read"),  # by GPU, then MIG index
+        (f"{a}-mig-10", healthreport.UNKNOWN, "NVML cannot be read"),
+        (b, healthreport.UNKNOWN, "NVML cannot be read"),
+        (f"{b}-mig-1", healthreport.UNKNOWN, "NVML cannot be read"),
     ]
 
 

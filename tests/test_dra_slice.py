@@ -33,6 +33,14 @@ MULTI = "tests/data/multi-gpu-trace.json"
 MIG = "tests/data/mig-mixed-trace.json"
 FAULTS = "tests/data/faults-trace.json"
 SHARE_01 = Sharing(parse_shared_gpus("0,1"), 1024)
+#: mig-mixed-trace.json's GPUs
+MIG_GPUS = ("GPU-178dd196-7fda-b7ae-a94e-630097a14ca4", "GPU-e26e8cb2-ee20-51d1-b6bb-da4b063db955")
+
+
+def named(index: int, mig: int | None = None) -> str:
+    """The device name of GPU ``index`` of the multi-GPU and faults traces (and of
+    ``tests.helpers.gpu``): its UUID ``GPU-<index, 8 digits>-7fda-...`` made a name."""
+    return device_name(f"GPU-{index:08d}-7fda-b7ae-a94e-630097a14ca4", mig)
 
 
 def read(trace: str, at_s: float = 0.0):
@@ -52,10 +60,11 @@ def devices_of(trace: str, sharing: Sharing = SHARE_01, at_s: float = 0.0, previ
 @pytest.mark.parametrize(
     ("name", "parsed"),
     [
-        ("gpu-0", (0, None)),
-        ("gpu-7", (7, None)),
-        ("gpu-12-mig-3", (12, 3)),
-        ("gpu-01", None),
+        (named(0), (named(0), None)),
+        (named(12, 3), (named(12), 3)),
+        ("gpu-0", ("gpu-0", None)),  # the GPU's part: gpu- and DNS label characters
+        ("gpu-12-mig-3", ("gpu-12", 3)),
+        ("gpu-01-mig-01", None),
         ("gpu--1", None),
         ("gpu-0-mig-", None),
         ("GPU-0", None),
@@ -68,8 +77,6 @@ def devices_of(trace: str, sharing: Sharing = SHARE_01, at_s: float = 0.0, previ
 )
 def test_device_names_round_trip_and_refuse_anything_else(name, parsed):
     assert parse_device_name(name) == parsed
-    if parsed is not None:
-        assert device_name(*parsed) == name
 
 
 # -- devices from the traces -----------------------------------------------------------------
@@ -77,14 +84,14 @@ def test_device_names_round_trip_and_refuse_anything_else(name, parsed):
 
 def test_multi_gpu_trace_one_device_per_gpu_with_live_free_memory():
     snapshot, devices = devices_of(MULTI)
-    assert [d.name for d in devices] == [f"gpu-{i}" for i in range(8)]
+    assert [d.name for d in devices] == [named(i) for i in range(8)]
     free = {d.name: d.free_memory_mib for d in devices}
     # rounded down to 1 GiB steps: a selector never gets more than the GPU has
     assert all(v % 1024 == 0 for v in free.values())
     at_least_60 = sorted(n for n, v in free.items() if v >= 61440)
-    assert at_least_60 == ["gpu-0", "gpu-2", "gpu-4", "gpu-6"]
+    assert at_least_60 == [named(0), named(2), named(4), named(6)]
     shared = [d.name for d in devices if d.shared]
-    assert shared == ["gpu-0", "gpu-1"]
+    assert shared == [named(0), named(1)]
     g0 = devices[0]
     assert g0.memory_total_mib == 79 * 1024 and g0.unit_mib == 1024  # whole units only
     assert devices[2].memory_total_mib == snapshot.gpus[2].memory_total_mib
@@ -93,7 +100,8 @@ def test_multi_gpu_trace_one_device_per_gpu_with_live_free_memory():
 def test_mig_gpu_is_published_as_its_mig_devices_only():
     _, devices = devices_of(MIG, Sharing(parse_shared_gpus("all"), 1024))
     names = [d.name for d in devices]
-    assert names[:7] == [f"gpu-0-mig-{k}" for k in range(7)] and names[7:] == ["gpu-1"]
+    assert names[:7] == [device_name(MIG_GPUS[0], k) for k in range(7)]
+    assert names[7:] == [device_name(MIG_GPUS[1])]
     mig = devices[0]
     assert mig.uuid.startswith("MIG-") and mig.gpu_uuid.startswith("GPU-")
     assert mig.profile == "1g.10gb" and not mig.shared  # a MIG GPU is never shared
@@ -102,14 +110,14 @@ def test_mig_gpu_is_published_as_its_mig_devices_only():
 
 def test_hysteresis_free_memory_rises_only_past_the_margin():
     _, first = devices_of(MULTI)
-    g1 = next(d for d in first if d.name == "gpu-1")
+    g1 = next(d for d in first if d.name == named(1))
     # published lower before: a rise within the margin (10 % of a step) keeps it
-    _, again = devices_of(MULTI, previous={"gpu-1": g1.free_memory_mib - 1024})
-    assert next(d for d in again if d.name == "gpu-1").free_memory_mib in (
+    _, again = devices_of(MULTI, previous={named(1): g1.free_memory_mib - 1024})
+    assert next(d for d in again if d.name == named(1)).free_memory_mib in (
         g1.free_memory_mib - 1024, g1.free_memory_mib)
     # published higher before: a drop goes at once
-    _, dropped = devices_of(MULTI, previous={"gpu-1": g1.free_memory_mib + 4096})
-    assert next(d for d in dropped if d.name == "gpu-1").free_memory_mib == g1.free_memory_mib
+    _, dropped = devices_of(MULTI, previous={named(1): g1.free_memory_mib + 4096})
+    assert next(d for d in dropped if d.name == named(1)).free_memory_mib == g1.free_memory_mib
 
 
 def test_render_attributes_capacity_and_sharing():
@@ -145,9 +153,9 @@ def test_render_mig_attributes():
     [
         (0.0, {}),
         (5.0, {}),  # Xid 13: an application fault, not the GPU's
-        (10.0, {"gpu-1": "remap-pending"}),
+        (10.0, {named(1): "remap-pending"}),
         (15.0, {}),  # the remap done: cleared
-        (24.0, {"gpu-3": "lost"}),
+        (24.0, {named(3): "lost"}),
         (28.0, {}),  # back
     ],
 )
@@ -159,7 +167,7 @@ def test_unhealthy_gpu_is_tainted_with_its_reason_and_cleared_when_healthy(at_s,
     assert {n: t[0]["value"] for n, t in got.items()} == tainted
     assert all(t[0]["key"] == TAINT_UNHEALTHY and t[0]["effect"] == "NoExecute"
                for t in got.values())
-    assert [d["name"] for d in rendered] == [f"gpu-{i}" for i in range(4)]  # a lost GPU stays
+    assert [d["name"] for d in rendered] == [named(i) for i in range(4)]  # a lost GPU stays
 
 
 def test_driver_gone_keeps_the_devices_tainted(tmp_path):
@@ -197,7 +205,7 @@ def test_mps_down_taints_a_shared_gpu_not_an_unshared_one():
 def test_taint_time_is_kept():
     snapshot, devices = devices_of(MULTI)
     rendered = render_devices(devices, snapshot, mps_down={devices[0].gpu_uuid: "down"},
-                              taint_times={("gpu-0", TAINT_MPS): "2026-11-28T05:00:00Z"})
+                              taint_times={(named(0), TAINT_MPS): "2026-11-28T05:00:00Z"})
     assert rendered[0]["taints"][0]["timeAdded"] == "2026-11-28T05:00:00Z"
 
 
@@ -284,13 +292,13 @@ def test_writer_publishes_change_only_and_the_server_keeps_every_field(
     assert spec["driver"] == DRIVER and spec["node_name"] == node
     assert obj["metadata"]["owner_references"][0]["uid"] == uid
     devices = {d["name"]: d for d in spec["devices"]}
-    assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
-    g0 = devices["gpu-0"]
+    assert sorted(devices) == [named(i) for i in range(8)]
+    g0 = devices[named(0)]
     # consumable capacity (DRAConsumableCapacity, beta and on in 1.37) is kept as written
     assert g0["allow_multiple_allocations"] is True
     policy = g0["capacity"]["memory"]["request_policy"]
     assert policy["default"] in ("1024Mi", "1Gi") and policy["valid_range"]["step"] in ("1024Mi", "1Gi")
-    assert devices["gpu-2"]["attributes"]["freeMemoryMiB"]["int"] == 70656
+    assert devices[named(2)]["attributes"]["freeMemoryMiB"]["int"] == 70656
     # the same reading again: no write (the server's canonical quantities compare equal)
     writer.forget()
     assert writer.write(snapshot, health, uid, 1.0) is False
@@ -424,9 +432,9 @@ def test_claim_holders_turn_our_devices_into_uuids_and_skip_the_rest():
     snapshot, _ = read(MULTI)
     uuid = {g.index: g.uuid for g in snapshot.gpus}
     listed = [
-        ContainerDevices("ns", "a", "c", DRIVER, ("n1/gpu-3", "n1/gpu-4")),
-        ContainerDevices("ns", "b", "c", DRIVER, ("n1/gpu-0",)),  # a slice of shared GPU 0
-        ContainerDevices("ns", "x", "c", DRIVER, ("n2/gpu-5", "n1/gpu-9", "n1/nvidia0", "n1")),
+        ContainerDevices("ns", "a", "c", DRIVER, (f"n1/{named(3)}", f"n1/{named(4)}")),
+        ContainerDevices("ns", "b", "c", DRIVER, (f"n1/{named(0)}",)),  # a slice of shared GPU 0
+        ContainerDevices("ns", "x", "c", DRIVER, (f"n2/{named(5)}", f"n1/{named(9)}", "n1/nvidia0", "n1")),
         ContainerDevices("ns", "y", "c", "nvidia.com/gpu", (uuid[6],)),  # not ours: not returned
     ]
     holders, skipped = claim_holders(listed, "n1", snapshot, SHARE_01)
@@ -434,6 +442,7 @@ def test_claim_holders_turn_our_devices_into_uuids_and_skip_the_rest():
     assert skipped == 4  # another node's pool, no GPU 9, not a device name, no name at all
 
     mig_snapshot, _ = read(MIG)
-    mig = ContainerDevices("ns", "m", "c", DRIVER, ("n1/gpu-0-mig-2", "n1/gpu-0-mig-9"))
+    mig = ContainerDevices("ns", "m", "c", DRIVER, (f"n1/{device_name(MIG_GPUS[0], 2)}",
+                                                    f"n1/{device_name(MIG_GPUS[0], 9)}"))
     holders, skipped = claim_holders([mig], "n1", mig_snapshot, Sharing())
     assert holders[0].device_ids == (mig_snapshot.gpus[0].mig_devices[2].uuid,) and skipped == 1

@@ -7,8 +7,11 @@ ResourceClaim; the driver's kubelet plugin then prepares exactly that device. Bo
 driver work from ``inventory``: the publisher (``render_slice``) and the plugin
 (``omaticaya_py.dra``), so the device a claim names is the device the plugin prepares.
 
-One device per whole GPU (``gpu-<index>``) and, on a GPU with MIG on, one per MIG device
-(``gpu-<index>-mig-<MIG index>``) instead of the GPU. A shared GPU (``OMATICAYA_SHARED_GPUS``)
+One device per whole GPU, named by its UUID (``gpu-<uuid>``: ``GPU-4a1b...`` lower-cased) and,
+on a GPU with MIG on, one per MIG device (``gpu-<uuid>-mig-<MIG index>``) instead of the GPU.
+Names never come from the NVML index: a node that boots with a GPU missing renumbers the
+others' indices (PCI order), and a claim allocated or checkpointed by name would then name
+another physical GPU (``device_name``). A shared GPU (``OMATICAYA_SHARED_GPUS``)
 is published with ``allowMultipleAllocations`` and a ``memory`` capacity whose request policy
 is the sharing unit: claims take slices of it by amount (consumable capacity, KEP-5075).
 
@@ -37,6 +40,7 @@ __all__ = [
     "by_name",
     "claim_holders",
     "device_name",
+    "gpu_part",
     "held_devices",
     "inventory",
     "parse_device_name",
@@ -58,34 +62,58 @@ TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"
 #: enforce a new claim's slice, so no new claim gets it (fail closed, as the device plugin)
 TAINT_MPS = f"{DRIVER}/mps-not-enforced"
 
-_NAME = re.compile(r"gpu-(0|[1-9][0-9]{0,3})(?:-mig-(0|[1-9][0-9]{0,3}))?")
+#: a GPU's part of a device name: ``gpu-`` then letters, digits and ``-`` (a DNS label's
+#: characters), at most 54 characters so that a MIG suffix (``-mig-NNNN``) still fits 63
+_GPU_PART = re.compile(r"gpu-[a-z0-9]([a-z0-9-]{0,48}[a-z0-9])?")
+_MIG_SUFFIX = re.compile(r"-mig-(0|[1-9][0-9]{0,3})$")
+_NOT_DNS = re.compile(r"[^a-z0-9-]+")
+#: the most characters of a GPU's part of a name
+_GPU_PART_MAX = 54
 
 
-def device_name(gpu_index: int, mig_index: int | None = None) -> str:
-    """The device's name in the ResourceSlice (a DNS label): ``gpu-<index>`` for a whole GPU,
-    ``gpu-<index>-mig-<MIG index>`` for a MIG device (NVML indices)."""
-    if mig_index is None:
-        return f"gpu-{gpu_index}"
-    return f"gpu-{gpu_index}-mig-{mig_index}"
+def gpu_part(gpu_uuid: str | None, gpu_index: int) -> str:
+    """A GPU's part of its devices' names: its UUID (``nvmlDeviceGetUUID``) lower-cased, any
+    character a DNS label cannot hold made ``-``, ``gpu-`` put first when it is not there,
+    cut at 54 characters (a real UUID, ``GPU-`` and 36, is 40). A GPU whose UUID NVML could not
+    give (lost before it was ever read) is ``gpu-index-<index>``: such a device is tainted and
+    never prepared (``prepare.decide`` needs its UUID)."""
+    if not gpu_uuid:
+        return f"gpu-index-{gpu_index}"
+    text = _NOT_DNS.sub("-", gpu_uuid.lower()).strip("-")
+    if not text.startswith("gpu-"):
+        text = f"gpu-{text}"
+    return text[:_GPU_PART_MAX].rstrip("-") or f"gpu-index-{gpu_index}"
 
 
-def parse_device_name(name: object) -> tuple[int, int | None] | None:
-    """``(GPU index, MIG index or None)`` from a device name ``device_name`` made; ``None`` for
-    anything else (the name comes from a ResourceClaim: untrusted)."""
-    if not isinstance(name, str):
+def device_name(gpu_uuid: str | None, mig_index: int | None = None, *, gpu_index: int = 0) -> str:
+    """The device's name in the ResourceSlice (a DNS label, at most 63 characters):
+    ``gpu_part(gpu_uuid, gpu_index)`` for a whole GPU (``gpu-4a1b2c3d-...``), then
+    ``-mig-<MIG index>`` for a MIG device (its index on that GPU). Keyed by the GPU's UUID, not
+    its NVML index: a reboot that loses a GPU renumbers indices, never UUIDs, so a claim
+    allocated (or checkpointed) by name keeps naming the same physical GPU."""
+    base = gpu_part(gpu_uuid, gpu_index)
+    return base if mig_index is None else f"{base}-mig-{mig_index}"
+
+
+def parse_device_name(name: object) -> tuple[str, int | None] | None:
+    """``(the GPU's part, MIG index or None)`` of a device name ``device_name`` made; ``None``
+    for anything else (the name comes from a ResourceClaim or the kubelet: untrusted)."""
+    if not isinstance(name, str) or len(name) > 63:
         return None
-    m = _NAME.fullmatch(name)
-    if m is None:
-        return None
-    return int(m.group(1)), (int(m.group(2)) if m.group(2) is not None else None)
+    mig = _MIG_SUFFIX.search(name)
+    base = name[: mig.start()] if mig else name
+    if _GPU_PART.fullmatch(base) is None or "-mig-" in base:
+        return None  # a UUID has no "-mig-": a MIG suffix of another form is not ours
+    return base, (int(mig.group(1)) if mig else None)
 
 
 @dataclass(frozen=True, slots=True)
 class DraDevice:
     """One device of the Node's ResourceSlice, from one reading.
 
-    - ``name``: ``device_name``; ``gpu_index`` (``nvmlDeviceGetIndex``), ``mig_index`` (the
-      MIG device's index on its GPU, ``None`` for a whole GPU).
+    - ``name``: ``device_name`` (from the GPU's UUID); ``gpu_index`` (``nvmlDeviceGetIndex``:
+      published as the ``index`` attribute, renumbered when a GPU is lost at boot),
+      ``mig_index`` (the MIG device's index on its GPU, ``None`` for a whole GPU).
     - ``uuid``: the device's own UUID (``GPU-...`` or ``MIG-...``, ``nvmlDeviceGetUUID``);
       ``gpu_uuid``: its GPU's (the same for a whole GPU). ``None`` when NVML could not say
       (a lost GPU).
@@ -150,7 +178,7 @@ def inventory(
         gpu_reasons = health.gpus[g.index].reasons if g.index in health.gpus else ("unknown",)
         if g.error is None and g.mig_enabled:
             for mig in sorted(g.mig_devices, key=lambda m: m.index):
-                name = device_name(g.index, mig.index)
+                name = device_name(g.uuid, mig.index, gpu_index=g.index)
                 unit = mig_units.get((g.index, mig.index))
                 reasons = unit.reasons if unit is not None else (*gpu_reasons, "mig-unread")
                 if mig.error is not None and not reasons:
@@ -162,7 +190,7 @@ def inventory(
                     free_memory_mib=free(name, mig.memory_free_mib), reasons=tuple(reasons),
                 ))
             continue
-        name = device_name(g.index)
+        name = device_name(g.uuid, gpu_index=g.index)
         shared = g.error is None and is_shared(g, sharing)
         total = g.memory_total_mib
         if shared and total is not None:
@@ -394,7 +422,14 @@ def claim_holders(
     as skipped): its size is the claim's, which PodResources does not carry, and the
     attribution would take its holder for the whole GPU's. Entries of other resources are
     not returned."""
-    gpus = {g.index: g for g in snapshot.gpus if g.error is None}
+    names: dict[str, str | None] = {}  # device name -> its UUID; None: a slice, left out
+    for g in snapshot.gpus:
+        if g.error is not None or not g.uuid:
+            continue
+        names[device_name(g.uuid, gpu_index=g.index)] = None if is_shared(g, sharing) else g.uuid
+        for m in g.mig_devices:
+            if m.uuid:
+                names[device_name(g.uuid, m.index, gpu_index=g.index)] = m.uuid
     out: list[ContainerDevices] = []
     skipped = 0
     for a in listed:
@@ -403,21 +438,12 @@ def claim_holders(
         uuids: list[str] = []
         for device_id in a.device_ids:
             pool, _, name = device_id.partition("/")
-            parsed = parse_device_name(name) if pool == node_name else None
-            g = gpus.get(parsed[0]) if parsed is not None else None
-            if parsed is None or g is None:
+            if pool != node_name or name not in names:
                 skipped += 1
                 continue
-            if parsed[1] is None:
-                if is_shared(g, sharing):
-                    continue
-                uuid = g.uuid
-            else:
-                uuid = next((m.uuid for m in g.mig_devices if m.index == parsed[1]), None)
-            if uuid is None:
-                skipped += 1
-                continue
-            uuids.append(uuid)
+            uuid = names[name]
+            if uuid is not None:
+                uuids.append(uuid)
         if uuids:
             out.append(ContainerDevices(a.namespace, a.pod, a.container, DRIVER, tuple(uuids)))
     return out, skipped

@@ -49,8 +49,10 @@ def report(devices: Sequence[DraDevice] | None, known: Iterable[str],
     return tuple(out[name] for name in sorted(out, key=_order))
 
 
-def _order(name: str) -> tuple[int, int, int, str]:
+def _order(name: str) -> tuple[int, str, int, str]:
+    """Our devices first, by GPU then MIG index (the GPU's own device before its MIG devices),
+    then any other name."""
     parsed = parse_device_name(name)
     if parsed is None:
-        return (1, 0, 0, name)
+        return (1, "", 0, name)
     return (0, parsed[0], -1 if parsed[1] is None else parsed[1], name)

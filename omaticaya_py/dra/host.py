@@ -12,7 +12,11 @@ files it writes, and its checkpoint of prepared claims.
 - ``Checkpoint``: ``<plugin dir>/checkpoint.json``, claim UID -> what was prepared (the
   kubelet's answer and the CDI spec written), so that preparing again answers the same and a
   restarted plugin can unprepare what it prepared before. A corrupt file is logged and moved
-  aside (``checkpoint.json.corrupt-<time>``), not fatal.
+  aside (``checkpoint.json.corrupt-<time>``), not fatal. Each device records the UUID it was
+  prepared on, which every later prepare of the claim checks (``prepare.check_checkpointed``).
+- ``load_indices`` / ``save_indices``: ``<plugin dir>/gpu-indices.json``, each GPU's NVML index
+  -> UUID at the plugin's last start, beside the checkpoint: an ``OMATICAYA_SHARED_GPUS``
+  index that names another GPU than it did then is reported (``core.sharing.moved_indices``).
 """
 
 from __future__ import annotations
@@ -32,9 +36,21 @@ from loguru import logger
 from ..sources.files import write_atomic
 from .prepare import DevNode
 
-__all__ = ["CHECKPOINT_FILE", "Checkpoint", "Entry", "device_nodes", "gpu_minors", "write_atomic"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "INDICES_FILE",
+    "Checkpoint",
+    "Entry",
+    "device_nodes",
+    "gpu_minors",
+    "load_indices",
+    "save_indices",
+    "write_atomic",
+]
 
 CHECKPOINT_FILE = "checkpoint.json"
+#: each GPU's NVML index -> UUID at the last start, beside the checkpoint
+INDICES_FILE = "gpu-indices.json"
 #: the checkpoint's format version
 CHECKPOINT_VERSION = 1
 
@@ -89,8 +105,9 @@ def remove(path: Path) -> None:
 class Entry:
     """One prepared claim in the checkpoint: ``namespace``, ``name``, the kubelet's answer
     (``devices``: ``request_names``, ``pool_name``, ``device_name``, ``cdi_device_ids``,
-    ``share_id`` each), the CDI ``spec`` written and its ``cdi_file`` (a file name in the CDI
-    folder; ``None``: no device of ours, no file)."""
+    ``share_id`` each, and ``uuid``: the device's UUID when prepared, ``nvmlDeviceGetUUID``;
+    absent in entries written before it was recorded), the CDI ``spec`` written and its
+    ``cdi_file`` (a file name in the CDI folder; ``None``: no device of ours, no file)."""
 
     namespace: str
     name: str
@@ -161,3 +178,30 @@ class Checkpoint:
         doc = {"version": CHECKPOINT_VERSION,
                "claims": {uid: e.to_json() for uid, e in sorted(self.claims.items())}}  # fmt: skip
         write_atomic(self.path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(), mode=0o600)
+
+
+def load_indices(folder: Path) -> dict[int, str]:
+    """``<folder>/gpu-indices.json`` (``{"version": 1, "gpus": {"<index>": "<UUID>"}}``): each
+    GPU's NVML index -> UUID at the last start; empty when there is none. A file that cannot be
+    read or parsed is logged and taken as empty (nothing to compare with: nothing reported)."""
+    path = Path(folder) / INDICES_FILE
+    try:
+        doc = json.loads(path.read_bytes())
+        gpus = doc.get("gpus") if isinstance(doc, dict) and doc.get("version") == 1 else None
+        if not isinstance(gpus, dict):
+            raise ValueError("not a version 1 file of GPU indices")
+        return {int(k): v for k, v in gpus.items()
+                if isinstance(v, str) and str(k).isdigit() and len(str(k)) <= 4}  # fmt: skip
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        logger.warning("DRA plugin: {} unreadable ({}): no GPU index compared with the last "
+                       "start", path, exc)  # fmt: skip
+        return {}
+
+
+def save_indices(folder: Path, gpus: Mapping[int, str]) -> None:
+    """Write ``<folder>/gpu-indices.json`` whole (``write_atomic``) with ``gpus`` (NVML index ->
+    UUID). Raises ``OSError``."""
+    doc = {"version": 1, "gpus": {str(i): u for i, u in sorted(gpus.items())}}
+    write_atomic(Path(folder) / INDICES_FILE, (json.dumps(doc, indent=1) + "\n").encode(), mode=0o644)

@@ -5,6 +5,10 @@ Prepare results: ``prepared`` (a claim prepared now), ``repeated`` (prepared bef
 from the checkpoint), ``refused`` (the claim cannot be prepared: its reason is in the pod's
 events), ``failed`` (the API server or a file could not be reached: the kubelet tries again).
 Unprepare results: ``unprepared``, ``unknown`` (not prepared here: success), ``failed``.
+
+``omaticaya_shared_gpu_index_moved{index,before,now}``: 1 for each ``OMATICAYA_SHARED_GPUS``
+index that names another GPU (UUID ``now``; empty: none) than at the plugin's last start
+(``before``), until the next start; no series when none moved.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from ..core.sharing import IndexMoved
 
 __all__ = ["DraCounters", "DraCounts", "PREPARE_RESULTS", "UNPREPARE_RESULTS"]
 
@@ -22,11 +28,14 @@ UNPREPARE_RESULTS = ("unprepared", "unknown", "failed")
 
 
 class DraCounts:
-    """The plugin's live counts: ``prepare[result]`` and ``unprepare[result]`` (claims)."""
+    """The plugin's live counts: ``prepare[result]`` and ``unprepare[result]`` (claims), and
+    ``moved``: the shared GPU indices that name another GPU than at the last start
+    (``core.sharing.IndexMoved``, set once a start's first reading is compared)."""
 
     def __init__(self) -> None:
         self.prepare: Counter[str] = Counter()
         self.unprepare: Counter[str] = Counter()
+        self.moved: tuple[IndexMoved, ...] = ()
 
 
 class DraCounters(Collector):
@@ -50,3 +59,11 @@ class DraCounters(Collector):
             for result in results:
                 family.add_metric([result], counts.get(result, 0))
             yield family
+        moved = GaugeMetricFamily(
+            "omaticaya_shared_gpu_index_moved", "1 for each OMATICAYA_SHARED_GPUS index that names "
+            "another GPU than at the last start (before, now: the GPU UUIDs; now empty: no GPU "
+            "there): sharing followed the index; name shared GPUs by UUID.",
+            labels=["index", "before", "now"])  # fmt: skip
+        for m in self._counts.moved:
+            moved.add_metric([str(m.index), m.before, m.now or ""], 1)
+        yield moved

@@ -26,6 +26,14 @@ restart, slices prepared before it count only once the reading shows them, as th
 plugin's do.
 ``stop()`` removes both sockets (registration first) and keeps the checkpoint and CDI specs:
 running containers keep their devices, and a restarted plugin unprepares what it prepared.
+
+Device identity: devices are named by their GPU's UUID (``core.dra.device_name``), every
+checkpointed device records the UUID it was prepared on and is checked against the reading at
+each prepare (``prepare.check_checkpointed``). At the first reading after each start the plugin
+compares each GPU's NVML index -> UUID with the last start's (``<plugin dir>/gpu-indices.json``,
+``host.load_indices``): an ``OMATICAYA_SHARED_GPUS`` index that now names another GPU is
+reported by a log line, a Warning Event ``SharedGpuIndexMoved`` on the Node and the gauge
+``omaticaya_shared_gpu_index_moved`` (``check_indices``).
 """
 
 from __future__ import annotations
@@ -50,8 +58,9 @@ from ..core.memory_limit import driver_major
 from ..core.mps import Layout
 from ..core.readings import AgentFeed, ReadingAge, TickResult
 from ..core.settings import Settings, stuck_after_s
-from ..core.sharing import Sharing
+from ..core.sharing import IndexMoved, Sharing, moved_indices
 from ..kube.errors import KubeError, KubeNotFound
+from ..kube.events import post_event
 from ..kube.session import ApiSession
 from ..sources.mps import MpsWatch, SliceDaemons, SliceUnavailable
 from . import healthreport as dra_health
@@ -59,7 +68,17 @@ from .health.v1 import api_pb2 as health_v1_pb2
 from .health.v1 import api_pb2_grpc as health_v1_grpc
 from .health.v1alpha1 import api_pb2 as health_v1alpha1_pb2
 from .health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from .host import Checkpoint, Entry, device_nodes, gpu_minors, remove, write_atomic
+from .host import (
+    INDICES_FILE,
+    Checkpoint,
+    Entry,
+    device_nodes,
+    gpu_minors,
+    load_indices,
+    remove,
+    save_indices,
+    write_atomic,
+)
 from .metrics import DraCounts
 from .pluginregistration import api_pb2 as reg_pb2
 from .pluginregistration import api_pb2_grpc as reg_grpc
@@ -73,6 +92,7 @@ from .prepare import (
     Refused,
     cdi_file_name,
     cdi_spec,
+    check_checkpointed,
     claim_slice_id,
     decide,
     slices_pending,
@@ -258,6 +278,10 @@ class DraPlugin:
         self._thread: threading.Thread | None = None
         self._observer: Any = None
         self._reregister_at: float | None = None
+        #: whether this start's first reading was compared with the last start's GPU indices
+        #: (set once done, under ``_indices_lock``)
+        self.indices_checked = False
+        self._indices_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -377,6 +401,7 @@ class DraPlugin:
             self._kick.clear()
             if self._stopping.is_set():
                 return
+            self.check_indices()
             try:
                 if not self.dra_socket.is_socket():
                     logger.warning("DRA plugin socket {} removed: serving again", self.dra_socket)
@@ -397,6 +422,52 @@ class DraPlugin:
         with self._wake:
             self._ticks += 1
             self._wake.notify_all()
+        if not self.indices_checked:
+            self._kick.set()  # the managing thread compares the GPU indices (API work: not here)
+
+    def check_indices(self) -> tuple[IndexMoved, ...] | None:
+        """Once per start, at the first readable reading: compare each GPU's NVML index -> UUID
+        (``nvmlDeviceGetIndex``/``nvmlDeviceGetUUID`` of ``feed.cache.last``) with the last
+        start's (``<plugin dir>/gpu-indices.json``), report each ``OMATICAYA_SHARED_GPUS``
+        index that names another GPU now (``core.sharing.moved_indices``: a warning log line, a
+        Warning Event ``SharedGpuIndexMoved`` on the Node, ``counts.moved`` for the gauge
+        ``omaticaya_shared_gpu_index_moved``), then write this start's map. Returns what moved,
+        or ``None`` before a readable reading (and once done). Never raises: a file or API
+        error is logged."""
+        with self._indices_lock:
+            if self.indices_checked:
+                return None
+            last = self.feed.cache.last
+            if last is None or last.snapshot.error is not None:
+                return None
+            now = {g.index: g.uuid for g in last.snapshot.gpus if g.uuid}
+            before = load_indices(self.plugin_dir)
+            moved = tuple(moved_indices(self.settings.shared_gpus, before, now))
+            self.counts.moved = moved
+            for m in moved:
+                logger.warning("DRA plugin: {}", m.message())
+                self._post_moved(m)
+            try:
+                save_indices(self.plugin_dir, now)
+            except OSError as exc:
+                logger.warning("DRA plugin: cannot write {}: {} (the next start compares nothing)",
+                               self.plugin_dir / INDICES_FILE, exc)  # fmt: skip
+            self.indices_checked = True
+            return moved
+
+    def _post_moved(self, moved: IndexMoved) -> None:
+        """The Warning Event ``SharedGpuIndexMoved`` on the Node (core/v1, namespace
+        ``default``, as the kubelet's); a failure is logged."""
+        if self.session is None:
+            return
+        try:
+            post_event(self.session, namespace="default",
+                       involved={"apiVersion": "v1", "kind": "Node", "name": self.pool,
+                                 "uid": self.pool},
+                       reason="SharedGpuIndexMoved", message=moved.message(), warning=True,
+                       reporter=self.pool, what=f"event SharedGpuIndexMoved on node {self.pool}")  # fmt: skip
+        except KubeError as exc:
+            logger.warning("DRA plugin: could not post the Event SharedGpuIndexMoved: {}", exc)
 
     def _notify(self) -> None:
         with self._wake:
@@ -460,13 +531,34 @@ class DraPlugin:
         return doc
 
     def prepare(self, ref: ClaimRef) -> tuple[list[dict[str, Any]], str]:
-        """Prepare one claim: ``(devices, "")`` (the kubelet's ``Device`` fields each) or
-        ``([], error)``. A claim in the checkpoint is answered from it (its CDI file written
-        again if it went); else the claim is read, decided (``prepare.decide``), its CDI spec
-        written and the checkpoint saved. A failure leaves no file and no entry."""
+        """Prepare one claim: ``(devices, "")`` (the kubelet's ``Device`` fields each, and the
+        ``uuid`` prepared) or ``([], error)``. A claim in the checkpoint is answered from it
+        once its devices are checked to be the same GPUs now (``prepare.check_checkpointed``:
+        a GPU gone or another one under the name fails the claim with that reason and rewrites
+        no CDI spec; its CDI file is written again if it went); else the claim is read, decided
+        (``prepare.decide``), its CDI spec written and the checkpoint saved. A failure leaves no
+        file and no entry. Never raises: an unexpected error fails this claim alone (counted
+        ``failed``, logged with its traceback), never the kubelet's whole call."""
+        try:
+            return self._prepare(ref)
+        except Exception as exc:  # one claim's surprise must not fail the others of the call
+            self.counts.prepare["failed"] += 1
+            logger.exception("DRA: claim {}/{} ({}) failed", ref.namespace, ref.name, ref.uid)
+            return [], f"internal error preparing claim {ref.namespace}/{ref.name}: {exc!r:.200}"
+
+    def _prepare(self, ref: ClaimRef) -> tuple[list[dict[str, Any]], str]:
         with self._lock:
             entry = self.checkpoint.claims.get(ref.uid)
             if entry is not None:
+                if entry.devices:
+                    now, why = self.devices()
+                    try:
+                        check_checkpointed(entry.devices, now, why)
+                    except Refused as exc:
+                        self.counts.prepare["refused"] += 1
+                        logger.warning("DRA: prepared claim {}/{} ({}) refused: {}", ref.namespace,
+                                       ref.name, ref.uid, exc)  # fmt: skip
+                        return [], str(exc)
                 try:
                     self._ensure_file(entry)
                 except OSError as exc:
@@ -602,7 +694,8 @@ class DraPlugin:
         ref = prepared.ref
         devices = tuple(
             {"request_names": list(d.request_names), "pool_name": d.pool, "device_name": d.device,
-             "cdi_device_ids": [d.cdi_id], **({"share_id": d.share_id} if d.share_id else {})}
+             "cdi_device_ids": [d.cdi_id], "uuid": d.uuid,
+             **({"share_id": d.share_id} if d.share_id else {})}
             for d in prepared.devices
         )  # fmt: skip
         spec = cdi_spec(prepared) if prepared.devices else None
@@ -634,7 +727,15 @@ class DraPlugin:
     def unprepare(self, ref: ClaimRef) -> str:
         """Unprepare one claim: remove its CDI file and checkpoint entry, and its slices from the
         book of those pending; ``""`` on success (a claim not prepared here too: its CDI file is
-        removed if one was left), else the error."""
+        removed if one was left), else the error. Never raises (as ``prepare``)."""
+        try:
+            return self._unprepare(ref)
+        except Exception as exc:
+            self.counts.unprepare["failed"] += 1
+            logger.exception("DRA: claim {}/{} ({}) not unprepared", ref.namespace, ref.name, ref.uid)
+            return f"internal error unpreparing claim {ref.namespace}/{ref.name}: {exc!r:.200}"
+
+    def _unprepare(self, ref: ClaimRef) -> str:
         with self._lock:
             entry = self.checkpoint.claims.get(ref.uid)
             try:

@@ -75,6 +75,7 @@ __all__ = [
     "CONFIG_API_VERSION",
     "CONFIG_KIND",
     "CONTROL_NODES",
+    "MAX_SLICE_MIB",
     "ClaimRef",
     "DevNode",
     "Edits",
@@ -84,6 +85,7 @@ __all__ = [
     "PreparedDevice",
     "Refused",
     "capacity_mib",
+    "check_checkpointed",
     "OWNER",
     "cdi_device_name",
     "claim_slice_id",
@@ -112,6 +114,9 @@ _THREADS = "mpsActiveThreadPercentage"
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 
 _MIB = Decimal(1 << 20)
+#: the largest slice ``capacity_mib`` takes, MiB (1 PiB: more than any GPU has; a bound so that
+#: an absurd quantity such as ``1e400`` is refused, not carried into the arithmetic)
+MAX_SLICE_MIB = 1 << 30
 
 
 class Refused(Exception):
@@ -250,19 +255,26 @@ def cdi_file_name(claim_uid: str) -> str:
 
 
 def capacity_mib(quantity: object) -> int:
-    """A ``consumedCapacity`` ``memory`` (a Kubernetes quantity: ``20Gi``, ``20480Mi``) in MiB.
-    Raises ``Refused`` when it is no quantity or not a whole number of MiB."""
+    """A ``consumedCapacity`` ``memory`` (a Kubernetes quantity: ``20Gi``, ``20480Mi``) in MiB,
+    from 1 to ``MAX_SLICE_MIB``. Raises ``Refused`` when it is no quantity (``NaN``, a list), not
+    a whole positive number of MiB (``-1``, ``1000k``) or out of range (``1e400``)."""
     from ..kube.quantity import parse_quantity
 
     if not isinstance(quantity, str):
         raise Refused(f"consumedCapacity memory: expected a quantity like '20Gi'; got {quantity!r:.64}")
     try:
         amount = Decimal(parse_quantity(quantity))
-    except ValueError:
+        if not amount.is_finite():
+            raise ValueError("not finite")
+        mib = amount / _MIB
+        whole = amount > 0 and mib == mib.to_integral_value()
+    except (ValueError, ArithmeticError):
         raise Refused(f"consumedCapacity memory: not a quantity: {quantity!r:.64}") from None
-    mib = amount / _MIB
-    if amount <= 0 or mib != mib.to_integral_value():
-        raise Refused(f"consumedCapacity memory {quantity}: not a whole positive number of MiB")
+    if not whole:
+        raise Refused(f"consumedCapacity memory {quantity:.64}: not a whole positive number of MiB")
+    if mib > MAX_SLICE_MIB:
+        raise Refused(f"consumedCapacity memory {quantity:.64}: more than {MAX_SLICE_MIB} MiB, "
+                      "larger than any GPU")  # fmt: skip
     return int(mib)
 
 
@@ -381,13 +393,15 @@ def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice]
     picked: list[tuple[dict[str, Any], DraDevice]] = []
     seen: dict[str, str] = {}
     for result in ours:
-        name, pool, request = result.get("device"), result.get("pool"), str(result.get("request", ""))
+        name, pool, request = result.get("device"), result.get("pool"), result.get("request", "")
+        if not isinstance(request, str):
+            raise Refused(f"the allocation result of device {name!r:.64}: request: expected a "
+                          f"string; got {request!r:.64}")  # fmt: skip
         if pool != facts.pool:
             raise Refused(f"device {name!r:.64} is allocated from pool {pool!r:.64}, not this "
                           f"node's ({facts.pool})")  # fmt: skip
-        if parse_device_name(name) is None:
+        if not isinstance(name, str) or parse_device_name(name) is None:
             raise Refused(f"device {name!r:.64}: unknown (not a device of {DRIVER})")
-        assert isinstance(name, str)
         dev = known.get(name)
         if dev is None:
             raise Refused(f"device {name}: not in the node's reading (the GPU is gone, or was "
@@ -500,6 +514,36 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
         share_id=share_id if isinstance(share_id, str) and share_id else None, mib=mib,
         daemon=daemon,
     )  # fmt: skip
+
+
+def check_checkpointed(entries: Sequence[Mapping[str, Any]], devices: Sequence[DraDevice] | None,
+                       no_reading: str = "") -> None:  # fmt: skip
+    """Check a claim answered from the checkpoint against the node's devices now: each of its
+    ``entries`` (the checkpoint's devices: ``device_name`` and the ``uuid`` prepared) must be a
+    device of ``devices`` (``core.dra.inventory`` of the latest reading; ``None``: no usable
+    reading, ``no_reading`` says why) whose UUID is still the one prepared. Raises ``Refused``
+    naming the device and both UUIDs otherwise: the GPU is gone (a reboot that lost it), the
+    name now stands for another device, an entry without a UUID (written before UUIDs were
+    recorded), or no reading to check by; the caller then answers the error and writes no CDI
+    spec (a claim is never moved onto another GPU)."""
+    if devices is None:
+        raise Refused("cannot check the prepared claim's GPUs against the node's: "
+                      + (no_reading or "no reading of the GPUs yet"))  # fmt: skip
+    known = {d.name: d for d in devices}
+    for e in entries:
+        name, uuid = e.get("device_name"), e.get("uuid")
+        if not isinstance(uuid, str) or not uuid:
+            raise Refused(f"device {name!r:.64} of the prepared claim has no UUID in the "
+                          "checkpoint (prepared by an older version): unprepare it and prepare "
+                          "it again")  # fmt: skip
+        dev = known.get(name) if isinstance(name, str) else None
+        if dev is None:
+            raise Refused(f"device {name!r:.64} (GPU {uuid:.64}) prepared for this claim is no "
+                          "longer on this node (lost at a reboot, or repartitioned): not "
+                          "prepared again on another GPU")  # fmt: skip
+        if dev.uuid != uuid:
+            raise Refused(f"device {name:.64} was {uuid:.64} when prepared and is {dev.uuid} now: "
+                          "not prepared again on another GPU")  # fmt: skip
 
 
 # -- the CDI spec ----------------------------------------------------------------------------
