@@ -95,6 +95,35 @@ def test_second_read_is_the_mean_of_the_samples_since_the_first(reader, monkeypa
     assert reader.call_s > 0
 
 
+def test_the_mig_mode_is_asked_on_every_read_and_never_set(reader, monkeypatch):
+    """MIG mode at runtime (issue 48, item 4): every read asks each GPU's mode once
+    (``nvmlDeviceGetMigMode``) and reads it as NVML's current mode. Read-only: the setter is
+    replaced by one that fails the test, so the reader never changes a GPU's MIG mode (that
+    resets the GPU)."""
+    import pynvml
+
+    def never(*args: object) -> None:
+        pytest.fail(f"nvmlDeviceSetMigMode{args}: the reader must never set a MIG mode")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceSetMigMode", never)
+
+    def asked() -> int:
+        return reader.calls_by_name().get("nvmlDeviceGetMigMode", (0, 0.0))[0]
+
+    reader.read()
+    before = asked()
+    snap = reader.read()
+    assert asked() - before == sum(1 for g in snap.gpus if g.error is None)
+    for g in snap.gpus:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(g.uuid)
+            current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        except pynvml.NVMLError_NotSupported:  # no MIG on this GPU
+            assert g.mig_enabled is None, g
+            continue
+        assert g.mig_enabled is bool(current), g
+
+
 def test_render_of_a_real_reading_is_valid():
     reader = NvmlReader(watch_xid=False)
     try:

@@ -366,9 +366,28 @@ static const cJSON *find_index(const cJSON *array, int index)
 
 static const cJSON *device_facts(int gpu) { return find_index(get(g_root, "devices"), gpu); }
 
+static const cJSON *sample_at(long long pos);
+
+/*
+ * A GPU's MIG mode [current, pending] while the sample at g_pos is current: that sample's
+ * reading's `mig_mode` when it is one (a mode changed at runtime), else the device's static
+ * `mig_mode` (also while the reading's is an error: nvmlDeviceGetMigMode fails, the GPU's MIG
+ * devices stay as they were). g_pos is set by enter(), under the lock.
+ */
+static long long g_pos;
+
+static const cJSON *mig_mode_now(int gpu)
+{
+    const cJSON *reading = find_index(get(sample_at(g_pos), "gpus"), gpu);
+    const cJSON *mode = get(reading, "mig_mode");
+    return cJSON_IsArray(mode) ? mode : get(device_facts(gpu), "mig_mode");
+}
+
+/* MIG devices exist while the current mode is 1 (nvml.h: the pending mode is the mode after
+ * the next activation trigger, a GPU reset; it changes nothing until then). */
 static int mig_enabled(int gpu)
 {
-    const cJSON *mode = get(device_facts(gpu), "mig_mode");
+    const cJSON *mode = mig_mode_now(gpu);
     const cJSON *cur = cJSON_IsArray(mode) ? cJSON_GetArrayItem(mode, 0) : NULL;
     return cJSON_IsNumber(cur) && cur->valueint == 1;
 }
@@ -556,6 +575,7 @@ static nvmlReturn_t enter(long long *pos)
     if (g_refcount == 0 || g_root == NULL)
         return NVML_ERROR_UNINITIALIZED;
     p = current_pos();
+    g_pos = p;
     if (pos)
         *pos = p;
     return recorded_error(sample_at(p));
@@ -1214,7 +1234,9 @@ DECLDIR nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur
     GPU_ONLY(c)
     NEED(currentMode)
     NEED(pendingMode)
-    if ((ret = field(c.facts, "mig_mode", &v)) == NVML_SUCCESS) {
+    /* the reading's mode when this sample has one (changed at runtime), else the device's */
+    if ((ret = field(get(c.reading, "mig_mode") != NULL ? c.reading : c.facts, "mig_mode", &v)) ==
+        NVML_SUCCESS) {
         if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < 2) {
             ret = NVML_ERROR_NOT_SUPPORTED;
         } else {

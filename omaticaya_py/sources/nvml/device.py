@@ -2,7 +2,9 @@
 
 Static facts: name, UUID, architecture, compute capability, total memory and MIG mode
 (``nvmlDeviceGetMigMode``). A GPU lost at start has no handle; ``attach`` tries again on every
-read, so a GPU back on the bus is read again without a restart.
+read, so a GPU back on the bus is read again without a restart. The MIG mode alone is also
+asked again on every read (``mig.follow_mode``): it can be turned on or off at runtime, and
+the facts are read again when it changed.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import pynvml
 from ...core.snapshot import ARCHITECTURES
 from .library import LOST, MIB, Calls, decode
 
-__all__ = ["Device", "attach", "read_facts"]
+__all__ = ["Device", "attach", "read_facts", "read_mig_mode"]
 
 
 class Device:
     """A GPU handle with its static facts, read once per ``nvmlInit``.
 
     ``facts`` is what ``read_facts`` returns (a missing key is an unknown fact: ``None``);
-    ``total_mib``/``total_bytes`` are the GPU's total memory; ``mig_facts`` holds each MIG
+    ``total_mib``/``total_bytes`` are the GPU's total memory; ``mig_enabled`` and
+    ``mig_pending`` are ``nvmlDeviceGetMigMode``'s current and pending mode (``None``: NVML
+    could not say; kept up to date by ``mig.follow_mode``); ``mig_facts`` holds each MIG
     device's static facts by MIG UUID; ``last_ts`` is the NVML timestamp (µs) of the newest
     utilisation sample seen (the cursor of ``nvmlDeviceGetSamples``). GPM (``gpm.py``):
     ``gpm_supported`` (``None`` until ``nvmlGpmQueryDeviceSupport`` is asked, once per
@@ -40,6 +44,7 @@ class Device:
         "total_mib",
         "total_bytes",
         "mig_enabled",
+        "mig_pending",
         "mig_facts",
         "last_ts",
         "gpm_supported",
@@ -59,6 +64,7 @@ class Device:
         self.total_mib = facts.get("total_mib")
         self.total_bytes = facts.get("total_bytes")
         self.mig_enabled: bool | None = facts.get("mig_enabled")
+        self.mig_pending: bool | None = facts.get("mig_pending")
         self.mig_facts: dict[str, dict[str, Any]] = {}  # MIG UUID -> static facts
         self.last_ts = 0  # NVML sample timestamp (µs) of the newest utilisation sample seen
         self.gpm_supported: bool | None = None
@@ -71,7 +77,7 @@ class Device:
 def read_facts(calls: Calls, handle: Any) -> dict[str, Any]:
     """A GPU's static facts from NVML: ``product``, ``uuid``, ``architecture`` (a name from
     ``ARCHITECTURES``), ``cc`` (major, minor), ``total_mib``, ``total_bytes``,
-    ``mig_enabled``; a fact NVML cannot give is ``None``, and the facts stop at a GPU that is
+    ``mig_enabled``, ``mig_pending`` (``read_mig_mode``); a fact NVML cannot give is ``None``, and the facts stop at a GPU that is
     lost on the way (its reads will say so). Never raises an NVML error."""
     facts: dict[str, Any] = {}
     try:
@@ -89,11 +95,23 @@ def read_facts(calls: Calls, handle: Any) -> dict[str, Any]:
         mem = calls.field("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle)
         facts["total_mib"] = mem.total // MIB if mem is not None else None
         facts["total_bytes"] = mem.total if mem is not None else None
-        mig = calls.field("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle)
-        facts["mig_enabled"] = bool(mig[0]) if mig is not None else None
+        mode = read_mig_mode(calls, handle)
+        facts["mig_enabled"], facts["mig_pending"] = mode if mode is not None else (None, None)
     except pynvml.NVMLError:
         pass  # a GPU lost at start: its reads will say so
     return facts
+
+
+def read_mig_mode(calls: Calls, handle: Any) -> tuple[bool, bool] | None:
+    """A GPU's MIG mode from ``nvmlDeviceGetMigMode``: ``(current, pending)``, True for
+    ``NVML_DEVICE_MIG_ENABLE``. The current mode is the one in force (MIG devices exist only
+    with it on); the pending one is what the next activation trigger (a GPU reset) will make
+    current (nvml.h). ``None`` where NVML cannot say: NotSupported (a GPU without MIG) or
+    another error of this call (counted). Raises ``LOST`` and ``LIBRARY_GONE``."""
+    mode = calls.field("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle)
+    if mode is None:
+        return None
+    return bool(mode[0]), bool(mode[1])
 
 
 def attach(calls: Calls, device: Device) -> bool:

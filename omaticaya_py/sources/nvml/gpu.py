@@ -1,5 +1,6 @@
 """One read of one GPU: memory, utilisation, temperature, power, ECC, remapped rows, processes,
-performance state and its MIG devices, as a ``GpuReading``.
+performance state, its MIG mode (asked on every read: ``mig.follow_mode``) and its MIG devices,
+as a ``GpuReading``.
 
 Where GPM is supported (``gpm.py``), utilisation is the SM activity between the previous read's
 GPM sample and this read's (``sm_active_pct``, with ``tensor_active_pct`` and ``dram_bw_pct``)
@@ -21,7 +22,7 @@ from ...core.snapshot import GpuReading
 from .device import Device, attach
 from .gpm import GPM_FIELDS, free, read_gpm
 from .library import LIBRARY_GONE, LOST, MIB, Calls, error_name, processes
-from .mig import read_migs
+from .mig import follow_mode, read_migs
 
 __all__ = ["read_gpu"]
 
@@ -76,14 +77,9 @@ def _sampled(calls: Calls, device: Device, rates: Any) -> float | None:
     return float(rates.gpu) if rates is not None else None
 
 
-def read_gpu(calls: Calls, device: Device) -> GpuReading:
-    """One read of ``device``: a field NVML does not support is ``None``; the GPU's own NVML
-    error (lost, Unknown, ...) is ``GpuReading.error`` with its static facts kept. Raises
-    ``LIBRARY_GONE`` (the whole node's error)."""
-    if device.handle is None and not attach(calls, device):
-        return GpuReading(index=device.index, error=pynvml.NVMLError_GpuIsLost.__name__)
-    h = device.handle
-    static: dict[str, Any] = {
+def _static(device: Device) -> dict[str, Any]:
+    """The ``GpuReading`` fields that come from the GPU's static facts (``device``)."""
+    return {
         "index": device.index,
         "uuid": device.uuid,
         "product": device.product,
@@ -92,6 +88,23 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
         "compute_minor": device.cc[1] if device.cc else None,
         "mig_enabled": device.mig_enabled,
     }
+
+
+def read_gpu(calls: Calls, device: Device) -> GpuReading:
+    """One read of ``device``: a field NVML does not support is ``None``; the GPU's own NVML
+    error (lost, Unknown, ...) is ``GpuReading.error`` with its static facts kept. Raises
+    ``LIBRARY_GONE`` (the whole node's error)."""
+    if device.handle is None and not attach(calls, device):
+        return GpuReading(index=device.index, error=pynvml.NVMLError_GpuIsLost.__name__)
+    try:
+        follow_mode(calls, device)
+    except LIBRARY_GONE:
+        raise
+    except pynvml.NVMLError as exc:  # lost, or no handle to read its facts again
+        free(calls, device)
+        return GpuReading(error=error_name(exc), **_static(device))
+    h = device.handle
+    static = _static(device)
     try:
         mem = calls.call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, h)
         util, mem_util, gpm = _utilization(calls, device)

@@ -1,4 +1,11 @@
-"""The MIG devices of one GPU with MIG on, read on every read.
+"""The MIG mode of every GPU and the MIG devices of one GPU with MIG on, read on every read.
+
+``follow_mode``: every read asks ``nvmlDeviceGetMigMode`` again (one call per GPU), so a GPU
+whose MIG mode is turned on or off at runtime is read as such from the first read after NVML
+reports the change (a bound of one tick); its static facts are then read again (nvml.h: a MIG
+mode change may reset the GPU, and callers are to query its attributes again), its MIG facts
+and GPM buffers dropped. The pending mode (in force after the next GPU reset) changes nothing
+read; it is logged once.
 
 Every read enumerates the GPU's MIG devices (``nvmlDeviceGetMaxMigDeviceCount``,
 ``nvmlDeviceGetMigDeviceHandleByIndex``; an empty slot is NotFound, not an error) and reads each
@@ -12,12 +19,47 @@ from __future__ import annotations
 from typing import Any
 
 import pynvml
+from loguru import logger
 
 from ...core.snapshot import MigReading, mig_profile_name
-from .device import Device
+from .device import Device, attach, read_mig_mode
+from .gpm import free
 from .library import LIBRARY_GONE, MIB, Calls, decode, error_name, processes
 
-__all__ = ["read_migs"]
+__all__ = ["follow_mode", "read_migs"]
+
+
+def _word(mode: bool | None) -> str:
+    return {True: "on", False: "off", None: "unknown"}[mode]
+
+
+def follow_mode(calls: Calls, device: Device) -> bool:
+    """Ask a GPU (with a handle) its MIG mode again (``read_mig_mode``); True when the current
+    mode differs from ``device.mig_enabled``, in which case the GPU's GPM buffers are freed and
+    its handle and static facts read again (``attach``; a GPU lost meanwhile keeps its facts,
+    and the next read asks again). A mode NVML cannot give now (``None``) keeps the one
+    known. A new pending mode is logged once. Raises ``LOST`` and ``LIBRARY_GONE``, and the
+    NVML error of ``nvmlDeviceGetHandleByIndex`` (``attach``) on a change."""
+    mode = read_mig_mode(calls, device.handle)
+    if mode is None:
+        return False
+    current, pending = mode
+    if current == device.mig_enabled:
+        if pending != device.mig_pending:
+            device.mig_pending = pending
+            if pending != current:
+                logger.info(
+                    "NVML: GPU {} MIG mode {} pending (after its next reset); read as {} until then",
+                    device.index, _word(pending), _word(current),
+                )  # fmt: skip
+        return False
+    logger.info(
+        "NVML: GPU {} MIG mode now {} (was {}): its facts read again",
+        device.index, _word(current), _word(device.mig_enabled),
+    )  # fmt: skip
+    free(calls, device)  # its GPM state was of the other mode (none is read with MIG on)
+    attach(calls, device)
+    return True
 
 
 def _static(calls: Calls, device: Device, uuid: str, handle: Any) -> dict[str, Any]:

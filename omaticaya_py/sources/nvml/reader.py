@@ -8,8 +8,10 @@
   (absent).
 Every error other than NotSupported is counted in ``errors`` by ``(call, error name)``.
 
-Static facts (``device``) are read once per ``nvmlInit``; each read then costs one GPU read
-(``gpu``, with its MIG devices from ``mig`` and GPM from ``gpm``) per GPU. A re-init (or
+Static facts (``device``) are read once per ``nvmlInit``, and again for a GPU whose MIG mode
+changed (asked on every read, ``mig.follow_mode``: the change is in the first read after NVML
+reports it); each read then costs one GPU read (``gpu``, with its MIG mode and MIG devices from
+``mig`` and GPM from ``gpm``) per GPU. A re-init (or
 ``close()``) frees the GPM sample buffers and stops the Xid watcher (``events``) before ``nvmlShutdown``.
 """
 
