@@ -254,6 +254,26 @@ def test_every_surface_follows_a_mig_mode_turned_on_and_off(testlib, tmp_path: P
         assert tick["resource_slice"] == expected["resource_slice"]
 
 
+def test_the_bench_prints_before_and_after_side_by_side(testlib) -> None:
+    """``bench/mig_mode.py --testlib --quick`` (the figures are docs/benchmarks.md's, never
+    asserted): both cases, the ratio, and one ``nvmlDeviceGetMigMode`` per GPU per tick after."""
+    proc = subprocess.run(
+        [sys.executable, "bench/mig_mode.py", "--testlib", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines()
+            if line.split()[:1] == ["8"] and line.split()[1] in ("before", "after")}  # fmt: skip
+    assert set(rows) == {"before", "after"}
+    # (8 GPUs: multi-gpu-trace.json's)
+    assert (rows["before"][-2], rows["after"][-2]) == ("0.00", "8.00")  # calls per tick
+    assert "ratio after / before: CPU " in proc.stdout
+
+
 if __name__ == "__main__":  # the runner of the test above, in a process with the test library
     from loguru import logger
 
