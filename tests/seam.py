@@ -38,12 +38,13 @@ SLICES = "omaticaya.io/gpu-memory"
 SHARED = frozenset({0, 1, 2, 3})
 
 
-def whole_pod(name: str, mib: int, count: int = 1) -> dict[str, Any]:
+def whole_pod(name: str, mib: int | None, count: int = 1) -> dict[str, Any]:
     """A pod asking for ``count`` whole GPUs with ``mib`` MiB free each (annotation and
-    ``nvidia.com/gpu``, as the chart's examples)."""
-    return {"metadata": {"name": name, "namespace": "ns", "uid": name,
-                         "annotations": {"omaticaya.io/gpu-memory-mib": str(mib),
-                                         "omaticaya.io/gpu-count": str(count)}},
+    ``nvidia.com/gpu``, as the chart's examples); ``mib`` ``None``: ``nvidia.com/gpu`` alone,
+    no annotation."""
+    ann = ({} if mib is None else
+           {"omaticaya.io/gpu-memory-mib": str(mib), "omaticaya.io/gpu-count": str(count)})  # fmt: skip
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name, "annotations": ann},
             "spec": {"schedulerName": "omaticaya-scheduler",
                      "containers": [{"name": "c", "resources": {"limits": {GPU: str(count)}}}]}}  # fmt: skip
 
@@ -129,7 +130,7 @@ class Seam:
         """The plugin's preferred GPUs; ``None`` when one of them lacks the pod's memory."""
         states = {g.uuid: DeviceState(g.uuid, g.index, True, (), g.memory_free_mib) for g in free}
         chosen = preferred(states, list(states), [], count)
-        need = int(pod["metadata"]["annotations"]["omaticaya.io/gpu-memory-mib"])
+        need = int(pod["metadata"]["annotations"].get("omaticaya.io/gpu-memory-mib", 0))
         if len(chosen) < count or any((states[u].free_mib or 0) < need for u in chosen):
             return None
         return [(u, ContainerDevices("ns", name, "c", GPU, (u,))) for u in chosen]

@@ -23,7 +23,7 @@ from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.deviceplugin.slices import Room, choose
 from omaticaya_py.scheduler.fit import choose_gpus
 from omaticaya_py.scheduler.inflight import Placement, adjust, pending
-from omaticaya_py.scheduler.need import Need, parse_need
+from omaticaya_py.scheduler.need import Need, parse_need, pod_need
 from tests import seam
 from tests.extender import judge_state
 from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
@@ -174,6 +174,69 @@ def test_parse_need_whole_devices() -> None:
         assert got is not None and got.error and GPU in got.error
 
 
+def gpu_pod(limits: dict[str, str], ann: dict[str, str] | None = None,
+            requests: bool = False, sidecar: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A pod of one app container asking ``limits`` (as ``requests`` when ``requests``), and
+    a sidecar asking ``sidecar``."""
+    res = {"requests" if requests else "limits": limits}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": res}]}
+    if sidecar is not None:
+        spec["initContainers"] = [{"name": "s", "restartPolicy": "Always",
+                                   "resources": {"limits": sidecar}}]  # fmt: skip
+    return {"metadata": {"name": "p", "namespace": "ns", "annotations": ann or {}}, "spec": spec}
+
+
+MIG = "nvidia.com/mig-1g.10gb"
+POD_NEEDS = [
+    # (case, pod, gpu resource, pod_need, parse_need)
+    ("nvidia.com/gpu alone: its GPUs, no memory", gpu_pod({GPU: "1"}), GPU,
+     Need(0, 1, exclusive=True), None),
+    ("by requests too", gpu_pod({GPU: "2"}, requests=True), GPU, Need(0, 2, exclusive=True), None),
+    ("a sidecar's GPU beside the app's", gpu_pod({GPU: "1"}, sidecar={GPU: "2"}), GPU,
+     Need(0, 3, exclusive=True), None),
+    ("the renamed resource", gpu_pod({"example.com/gpu": "1"}), "example.com/gpu",
+     Need(0, 1, exclusive=True), None),
+    ("another resource's GPUs are not ours", gpu_pod({"example.com/gpu": "1"}), GPU, None, None),
+    ("MIG devices of one profile alone", gpu_pod({MIG: "2"}), GPU,
+     Need(0, 2, exclusive=True, profile="1g.10gb"), None),
+    ("two MIG profiles: kube-scheduler's count decides", gpu_pod({MIG: "1", "nvidia.com/mig-2g.20gb": "1"}),
+     GPU, None, None),
+    ("no GPU asked", gpu_pod({"cpu": "1"}), GPU, None, None),
+    ("the annotation: parse_need's need", gpu_pod({GPU: "1"}, {"omaticaya.io/gpu-memory-mib": "30Gi"}),
+     GPU, Need(30720, 1, exclusive=True), Need(30720, 1, exclusive=True)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("pod", "resource", "want", "annotated"), [c[1:] for c in POD_NEEDS],
+                         ids=[c[0] for c in POD_NEEDS])  # fmt: skip
+def test_every_gpu_pod_has_a_need(pod: dict[str, Any], resource: str, want: Need | None,
+                                  annotated: Need | None) -> None:  # fmt: skip
+    """Issue 48 item 2: a pod asking for whole devices without the memory annotation is judged
+    and counted in flight for its devices (``pod_need``); ``parse_need`` (the annotation's
+    need, which preemption reads) is unchanged."""
+    assert pod_need(pod, gpu_resource=resource) == want
+    assert parse_need(pod, gpu_resource=resource) == annotated
+
+
+def test_a_malformed_device_count_without_the_annotation_names_the_container() -> None:
+    got = pod_need(gpu_pod({GPU: "1.5"}))
+    assert got is not None and got.error == (
+        "pod container 'c' asks for nvidia.com/gpu='1.5': expected a whole number of GPUs")
+
+
+def test_a_whole_gpu_given_with_no_memory_asked_is_shown_by_its_holder_alone() -> None:
+    """A pod of ``nvidia.com/gpu`` alone holds GPU 0 and uses no memory: a reading taken after
+    it started with no holder published does not show it (a drop of nothing shows nothing;
+    before the fix it stopped counting, and the next pod was predicted on GPU 0); the reading
+    naming it the holder does."""
+    p = Placement("ns/a", "u", "n", 0, 1, placed_at=NOW - 2, started_at=NOW - 15, gpus=(0,),
+                  exclusive=True, baselines=(F,))  # fmt: skip
+    assert pending([p], node([F, F]), now=NOW, settle_s=60) == [p]
+    assert [g.free_mib for g in adjust(node([F, F]), [p]).gpus] == [0, F]
+    assert pending([p], node([F, F], held={0: [holder("a", GPU, uuid(0))]}), now=NOW,
+                   settle_s=60) == []  # fmt: skip
+
+
 def test_the_extender_reserves_the_gpu_the_plugin_hands_out() -> None:
     """A 10 GiB whole-device pod on GPUs with 80 and 40 GiB free: the plugin hands out GPU 0
     (most free); the extender reserves GPU 0 (binpack would pick GPU 1) and takes it whole."""
@@ -222,6 +285,7 @@ def test_a_slice_shown_as_a_holder_stops_counting_once() -> None:
 
 POD = st.one_of(
     st.tuples(st.just("whole"), st.integers(1, 80), st.integers(1, 2)),
+    st.tuples(st.just("whole"), st.none(), st.integers(1, 2)),  # nvidia.com/gpu alone
     st.tuples(st.just("slice"), st.lists(st.integers(1, 80), min_size=1, max_size=3)),
 )
 
@@ -230,7 +294,7 @@ def pods_of(kinds: list[Any]) -> list[dict[str, Any]]:
     out = []
     for i, k in enumerate(kinds):
         if k[0] == "whole":
-            out.append(seam.whole_pod(f"w{i}", k[1] * 1024, k[2]))
+            out.append(seam.whole_pod(f"w{i}", None if k[1] is None else k[1] * 1024, k[2]))
         else:
             out.append(seam.slice_pod(f"s{i}", *k[1]))
     return out

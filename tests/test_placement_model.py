@@ -21,6 +21,7 @@ import pytest
 from omaticaya_py.core.placement import (
     Need,
     Taken,
+    first_whole,
     pick_memory,
     pick_slice,
     pick_whole,
@@ -29,6 +30,7 @@ from omaticaya_py.core.placement import (
 )
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState, parse_node
 from omaticaya_py.core.snapshot import MigReading
+from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.inflight import Placement, adjust, pending
 from omaticaya_py.scheduler.ledger import Ledger
@@ -87,6 +89,35 @@ def test_pick_whole(case, devices, count, mib, chosen):
     else:
         keys = tuple((g.index, g.mig_index) if g.mig_index is not None else g.index for g in got)
         assert keys == chosen, case
+
+
+FIRST_WHOLE_CASES = [
+    # (case, free MiB per GPU index (None: unknown), count, chosen, distance between indices)
+    ("most free first, the lower index on a tie", [50, 80, 80, None], 3, [1, 2, 0], None),
+    ("unknown free memory last", [None, 10], 2, [1, 0], None),
+    ("a tie of free memory: the closest to those chosen", [80, 80, 80], 2, [0, 2],
+     lambda a, b: 0 if {a, b} == {0, 2} else 3),
+    ("closeness never beats more free memory", [80, 79, 80], 2, [0, 2],
+     lambda a, b: 0 if {a, b} == {0, 1} else 3),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "frees", "count", "chosen", "distance"), FIRST_WHOLE_CASES,
+                         ids=[c[0] for c in FIRST_WHOLE_CASES])  # fmt: skip
+def test_first_whole_is_the_plugins_and_the_extenders_rule(case, frees, count, chosen, distance):
+    """One rule of which whole devices a container gets (issue 48 item 2): ``first_whole``
+    picks them; the device plugin's ``preferred`` (device IDs, the kubelet's available list,
+    topology on real NVML) and the extender's ``pick_whole`` (without topology) both call it."""
+    infos = [GpuInfo(i, f if f is not None else -1, True) for i, f in enumerate(frees)]
+    got = first_whole(list(range(len(frees))), count, infos.__getitem__, distance=distance)
+    assert got == chosen, case
+    ids = {i: f"GPU-{i}" for i in range(len(frees))}
+    states = {ids[i]: DeviceState(ids[i], i, True, (), f) for i, f in enumerate(frees)}
+    by_id = None if distance is None else (lambda a, b: distance(int(a[4:]), int(b[4:])))
+    assert preferred(states, list(reversed(states)), [], count, by_id) == [ids[i] for i in chosen]
+    if distance is None and None not in frees:  # unknown free memory (-1) fits nothing there
+        picked = pick_whole(infos, count)
+        assert picked is not None and [g.index for g in picked] == chosen, case
 
 
 def test_pick_memory_by_policy():

@@ -7,11 +7,19 @@ The node: 2-5 H100s, each with a random live free memory (whole GiB: the labels'
 shared (``omaticaya.io/gpu-memory`` units of 1 GiB) or whole (``nvidia.com/gpu``), at least one
 of each, any of them possibly Unhealthy (remapped-rows failure: the agent says so, the plugin
 advertises it Unhealthy, the kubelet never hands it out). The pods: whole GPUs
-(``gpu-memory-mib`` + ``gpu-count`` annotations and 1-2 ``nvidia.com/gpu``), 1-3 app containers
-of slices, a plain init container of a slice before them (as large as they are together), a
-sidecar (``restartPolicy: Always``) of a slice before them, and slices beside one
-``nvidia.com/gpu`` with the memory annotation. Once admitted, a pod's running containers (app
-and sidecar) use their slices' memory, and the next reading shows it.
+(``gpu-memory-mib`` + ``gpu-count`` annotations and 1-3 ``nvidia.com/gpu``), whole GPUs
+without the annotation (1-3 ``nvidia.com/gpu`` alone: the device plugin hands them out as it
+would any pod's, issue 48 item 2), 1-3 app containers of slices, a plain init container of a
+slice before them (as large as they are together), a sidecar (``restartPolicy: Always``) of a
+slice before them, and slices beside one ``nvidia.com/gpu``, with the memory annotation or
+without. Once admitted, a pod's running containers (app and sidecar) use their slices' memory,
+and the next reading shows it.
+
+Readings lag: after each pod a reading follows or not (drawn), so several pods are filtered and
+admitted in one window, judged on a reading that shows none of them (each pod starts after the
+last reading; the next reading, after it started, shows its holders and its memory in use). In
+that window only the extender's in-flight book keeps a pod off the GPUs the plugin just handed
+out.
 
 The kubelet is modelled as its device manager hands devices out (``devicemanager``'s
 ``devicesToAllocate``): containers one at a time, init containers first; a container takes the
@@ -32,13 +40,17 @@ It fails when a fix of issue 38 is reverted: with ``Need.whole_count`` returning
 of slices (fault 5) it finds a pod of slices and one ``nvidia.com/gpu`` whose whole GPU the
 extender does not reserve while the plugin hands one out; with ``need.held_slices`` ignoring
 init containers (fault 1) it finds a plain init container whose slice the app containers reuse
-predicted as separate slices.
+predicted as separate slices. With the extender reading pods by ``need.parse_need`` (the
+annotation) instead of ``need.pod_need`` (issue 48 item 2), it finds an unannotated
+``nvidia.com/gpu`` pod passed with no reservation, and, in one window, the annotated pod after
+it refused (the GPU the extender reserved for it went to the unannotated one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from hypothesis import event, given, note
@@ -73,23 +85,24 @@ COUNT = "omaticaya.io/gpu-count"
 class PodSpec:
     """A pod as the test draws it: its init containers ``(units, sidecar)``, its app
     containers' units (0: none), and whole GPUs (``gpus`` on app container ``gpu_on``, with
-    ``mib`` free each by annotation)."""
+    ``mib`` free each by annotation; ``mib`` ``None``: no annotation, the GPUs alone)."""
 
     name: str
     init: tuple[tuple[int, bool], ...] = ()
     app: tuple[int, ...] = ()
     gpus: int = 0
-    mib: int = 0
+    mib: int | None = 0
     gpu_on: int = 0
 
     @property
     def kind(self) -> str:
         if self.init:
             return "sidecar" if self.init[0][1] else "init"
-        return ("mixed" if self.app else "whole") if self.gpus else "slices"
+        bare = " bare" if self.mib is None else ""
+        return ("mixed" if self.app else "whole") + bare if self.gpus else "slices"
 
     def doc(self) -> dict[str, Any]:
-        ann = {MEM: str(self.mib), COUNT: str(self.gpus)} if self.gpus else {}
+        ann = {MEM: str(self.mib), COUNT: str(self.gpus)} if self.gpus and self.mib is not None else {}
         inits = [{"name": f"i{k}", "resources": {"limits": {SLICES: str(n)}},
                   **({"restartPolicy": "Always"} if sidecar else {})}
                  for k, (n, sidecar) in enumerate(self.init)]  # fmt: skip
@@ -112,9 +125,11 @@ APPS = st.lists(UNIT, min_size=1, max_size=3).map(tuple)
 
 @st.composite
 def pods(draw: st.DrawFn, name: str) -> PodSpec:
-    kind = draw(st.sampled_from(["whole", "slices", "init", "sidecar", "mixed"]))
+    kind = draw(st.sampled_from(["whole", "bare", "slices", "init", "sidecar", "mixed"]))
     if kind == "whole":
-        return PodSpec(name, gpus=draw(st.integers(1, 2)), mib=draw(st.integers(1, 80)) * U)
+        return PodSpec(name, gpus=draw(st.integers(1, 3)), mib=draw(st.integers(1, 80)) * U)
+    if kind == "bare":  # nvidia.com/gpu alone, no memory annotation
+        return PodSpec(name, gpus=draw(st.integers(1, 3)), mib=None)
     apps = draw(APPS)
     if kind == "slices":
         return PodSpec(name, app=apps)
@@ -122,7 +137,8 @@ def pods(draw: st.DrawFn, name: str) -> PodSpec:
         return PodSpec(name, init=((draw(UNIT), True),), app=apps)
     if kind == "init":  # smaller, as large or larger than its app containers together
         return PodSpec(name, init=((draw(st.integers(1, sum(apps) + 20)), False),), app=apps)
-    return PodSpec(name, app=apps, gpus=1, mib=draw(st.integers(1, 40)) * U,
+    mib = draw(st.one_of(st.none(), st.integers(1, 40).map(lambda k: k * U)))
+    return PodSpec(name, app=apps, gpus=1, mib=mib,
                    gpu_on=draw(st.integers(0, len(apps) - 1)))  # fmt: skip
 
 
@@ -138,7 +154,7 @@ class GpuSpec:
 
 @st.composite
 def nodes(draw: st.DrawFn) -> tuple[GpuSpec, ...]:
-    n = draw(st.integers(2, 5))
+    n = draw(st.integers(2, 6))
     shared = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     shared[0], shared[1] = True, False  # at least one of each (then shuffled)
     shared = draw(st.permutations(shared))
@@ -181,8 +197,12 @@ class Node:
     def __post_init__(self) -> None:
         s = ExtenderSettings(_env_file=None)
         self.ledger = Ledger(s.settle_s, s.assume_s)
+        #: when the last reading was taken (epoch s): the first at ``READ_AT``, each next one
+        #: 2 s later; a pod admitted in between starts 1 s after the last
+        self.read_s = READ_AT.timestamp() - 2
         self.ext = Extender(s, lambda name: self.state if name == "n" else None,
-                            clock=lambda: NOW, monotonic=lambda: 0.0, ledger=self.ledger)  # fmt: skip
+                            clock=lambda: self.read_s + 5, monotonic=lambda: 0.0,
+                            ledger=self.ledger)  # fmt: skip
         self.slicer = Slicer(U, policy=s.strategy, clock=lambda: 0.0)
         self.free = [g.free_mib for g in self.specs]
         shared = [i for i, g in enumerate(self.specs) if g.shared]
@@ -206,10 +226,11 @@ class Node:
         self.shared_states = [d for d in states if self.specs[d.index].shared]
 
     def publish(self) -> None:
-        """The agent's render with the kubelet's PodResources list, parsed as the extender's
-        Node cache parses it."""
+        """A new reading (2 s after the last): the agent's render with the kubelet's
+        PodResources list, parsed as the extender's Node cache parses it."""
+        self.read_s += 2
         self.read()
-        snap = snapshot(*self.readings, read_at=READ_AT)
+        snap = snapshot(*self.readings, read_at=datetime.fromtimestamp(self.read_s, timezone.utc))
         by_gpu: dict[str, list[ContainerDevices]] = {}
         for h in self.listed:
             for d in h.device_ids:
@@ -324,7 +345,7 @@ class Node:
         for u in chosen:
             s = self.whole_states[u]
             assert s.healthy and u in available
-            if (s.free_mib or 0) < pod.mib:
+            if (s.free_mib or 0) < (pod.mib or 0):
                 raise Refused(
                     f"whole GPU {s.index} has {s.free_mib} MiB free, the pod needs {pod.mib}"
                 )
@@ -332,9 +353,16 @@ class Node:
 
     # --------------------------------------------------------------------- one pod ----
 
-    def arrive(self, pod: PodSpec) -> str:
+    def arrive(self, pod: PodSpec, reading: bool = True) -> str:
         """``pending`` (NodeResourcesFit or the extender), else admitted or an AssertionError
-        naming the disagreement."""
+        naming the disagreement; ``reading``: a new reading follows (else the next pod is
+        judged on the same one)."""
+        outcome = self._arrive(pod)
+        if reading:
+            self.publish()
+        return outcome
+
+    def _arrive(self, pod: PodSpec) -> str:
         if not self.fits_node(pod):
             return "pending"
         doc = pod.doc()
@@ -356,48 +384,67 @@ class Node:
             f"{pod}: the extender predicted whole GPUs {tuple(sorted(want_whole))}, slices "
             f"(GPU, units) {want_groups}; the plugin handed out {got.whole}, {got.groups}"
         )
+        started = datetime.fromtimestamp(self.read_s + 1, timezone.utc)
         bound = {
             **doc,
             "spec": {**doc["spec"], "nodeName": "n"},
-            "status": {"phase": "Running", "startTime": "2025-03-04T05:00:00Z"},
+            "status": {"phase": "Running", "startTime": started.strftime("%Y-%m-%dT%H:%M:%SZ")},
         }
         new = placement_from_pod(bound, predicted, now=NOW)
         self.ledger.pod_changed(f"ns/{pod.name}", None, new)
-        self.publish()
         return "admitted"
 
 
+Scenario = tuple[tuple[GpuSpec, ...], list[PodSpec], list[bool]]
+
+
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[tuple[GpuSpec, ...], list[PodSpec]]:
+def scenarios(draw: st.DrawFn) -> Scenario:
     node = draw(nodes())
     count = draw(st.integers(1, 8))
-    return node, [draw(pods(f"p{k}")) for k in range(count)]
+    # a reading after a third of the pods: most windows hold several
+    readings = draw(st.lists(st.sampled_from([True, False, False]), min_size=count, max_size=count))
+    return node, [draw(pods(f"p{k}")) for k in range(count)], readings
 
 
-def run(node: Sequence[GpuSpec], arriving: Sequence[PodSpec]) -> list[str]:
-    """Each pod of ``arriving`` on a fresh node of ``node``, noted for hypothesis."""
+def run(node: Sequence[GpuSpec], arriving: Sequence[PodSpec],
+        readings: Sequence[bool] = ()) -> list[str]:  # fmt: skip
+    """Each pod of ``arriving`` on a fresh node of ``node``, a reading after it where
+    ``readings`` says so (all when empty), noted for hypothesis."""
     seam = Node(tuple(node))
     out = []
-    for pod in arriving:
-        note(f"{pod.name} arrives: {pod}")
-        out.append(seam.arrive(pod))
+    for k, pod in enumerate(arriving):
+        reading = readings[k] if k < len(readings) else True
+        note(f"{pod.name} arrives: {pod}" + ("" if reading else " (no reading after it)"))
+        out.append(seam.arrive(pod, reading))
         event(f"{pod.kind}: {out[-1]}")
+    event(f"pods in one window: {max(_windows(readings or [True] * len(arriving)))}")
     return out
 
 
-def run_on(seam: Node, arriving: Sequence[PodSpec]) -> list[str]:
-    return [seam.arrive(pod) for pod in arriving]
+def _windows(readings: Sequence[bool]) -> list[int]:
+    """The pods judged on each reading (the lengths of the runs between readings)."""
+    sizes, n = [], 0
+    for reading in readings:
+        n += 1
+        if reading:
+            sizes.append(n)
+            n = 0
+    return [*sizes, n]
 
 
-@hsettings(max_examples=200, deadline=None)
+def run_on(seam: Node, arriving: Sequence[PodSpec], readings: Sequence[bool] = ()) -> list[str]:
+    return [seam.arrive(pod, readings[k] if k < len(readings) else True)
+            for k, pod in enumerate(arriving)]  # fmt: skip
+
+
+@hsettings(max_examples=300, deadline=None)
 @given(scenarios())
-def test_the_extender_predicts_what_the_device_plugin_hands_out(
-    scenario: tuple[tuple[GpuSpec, ...], list[PodSpec]],
-) -> None:
+def test_the_extender_predicts_what_the_device_plugin_hands_out(scenario: Scenario) -> None:
     """Every pod the extender passes gets from the kubelet and the device plugin exactly the
-    GPUs the extender reserved for it, and is admitted there."""
-    node, arriving = scenario
-    run(node, arriving)
+    GPUs the extender reserved for it, and is admitted there, with readings after each pod or
+    several pods in one window."""
+    run(*scenario)
 
 
 # --------------------------------------- disagreements the property found, each fixed ----
@@ -433,3 +480,33 @@ def test_a_plain_init_container_larger_than_its_app() -> None:
     ``settle_s``."""
     run_on(Node((GpuSpec(41 * U, True), GpuSpec(0, False), GpuSpec(0, True))),
            [PodSpec("p0", init=((40, False),), app=(1,)), PodSpec("p1", app=(40,))])  # fmt: skip
+
+
+# ------------------------------------------- every GPU pod counts in flight (issue 48) ----
+
+
+def test_an_unannotated_gpu_pod_keeps_the_60gib_pod_after_it_off_its_gpu() -> None:
+    """Whole GPUs 0 (79 GiB free) and 1 (12 GiB), shared GPU 2: a pod asking ``nvidia.com/gpu``
+    alone, then a 60 GiB pod, in one window (no reading between). The plugin hands the first
+    GPU 0 (the most free); the extender predicts it, so the 60 GiB pod is judged without GPU 0
+    and stays Pending (before the fix the first passed unrecorded, the second was reserved on
+    GPU 0 and the plugin then gave it GPU 1, 12 GiB free). Once a reading names the first pod
+    the holder of GPU 0, the second still fits nowhere."""
+    node = Node((GpuSpec(79 * U, False), GpuSpec(12 * U, False), GpuSpec(0, True)))
+    first = PodSpec("bare", gpus=1, mib=None)
+    assert run_on(node, [first, PodSpec("p60", gpus=1, mib=60 * U)], [False, True]) == [
+        "admitted", "pending"]  # fmt: skip
+    assert node.ledger.get("bare") is not None and node.ledger.get("bare").gpus == (0,)  # type: ignore[union-attr]
+    assert run_on(node, [PodSpec("p60b", gpus=1, mib=60 * U)]) == ["pending"]
+
+
+def test_unannotated_pods_of_several_gpus_and_annotated_ones_in_one_window() -> None:
+    """Whole GPUs of 79 / 70 / 60 / 30 / 10 GiB free, shared GPU 5: a pod of two
+    ``nvidia.com/gpu`` alone takes GPUs 0 and 1 (the most free), a 50 GiB pod then gets GPU 2,
+    a third unannotated pod GPU 3, and a 20 GiB pod fits nowhere (GPU 4 has 10 GiB): all in
+    one window, each predicted as the plugin hands it out."""
+    node = Node((*(GpuSpec(f * U, False) for f in (79, 70, 60, 30, 10)), GpuSpec(0, True)))
+    arriving = [PodSpec("two", gpus=2, mib=None), PodSpec("p50", gpus=1, mib=50 * U),
+                PodSpec("one", gpus=1, mib=None), PodSpec("p20", gpus=1, mib=20 * U)]  # fmt: skip
+    assert run_on(node, arriving, [False] * 4) == ["admitted"] * 3 + ["pending"]
+    assert [node.ledger.get(n).gpus for n in ("two", "p50", "one")] == [(0, 1), (2,), (3,)]  # type: ignore[union-attr]

@@ -31,8 +31,9 @@ sides. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from .schema import GpuInfo, NodeGpuState
 from .sharing import DEFAULT_SHARED_RESOURCE, device_order
@@ -44,6 +45,7 @@ __all__ = [
     "Placed",
     "Taken",
     "choose_gpus",
+    "first_whole",
     "fits_slice",
     "need_devices",
     "pick_memory",
@@ -161,16 +163,57 @@ def pick_slice(gpus: Iterable[GpuInfo], mib: int, unit_mib: int, policy: str) ->
     return min(fit, key=lambda g: slice_key(g, unit_mib, policy)) if fit else None
 
 
+T = TypeVar("T")
+
+
+def first_whole(devices: Sequence[T], count: int, info: Callable[[T], GpuInfo],
+                chosen: Sequence[T] = (),
+                distance: Callable[[T, T], int | None] | None = None) -> list[T]:  # fmt: skip
+    """The next ``count`` whole devices handed out of ``devices`` (fewer when there are fewer),
+    one at a time, first handed out first: THE rule of which whole device a container gets,
+    called by the device plugin's ``GetPreferredAllocation`` (``deviceplugin.allocation.preferred``:
+    device IDs, the kubelet's available list) and by the extender's prediction (``pick_whole``:
+    the node's devices no container holds), so both choose alike.
+
+    Each pick is the device first by ``whole_key`` (``info(device)``: its ``GpuInfo``; healthy
+    first, most free MiB first, lowest index, then MIG index), except that between devices of
+    equal health and free memory the one closest to those chosen so far (``chosen``, then the
+    ones picked here) goes first: ``distance(a, b)`` (NVML's common-ancestor level, lower is
+    closer, ``None``: 0; given only by the plugin on real NVML, where the extender cannot see
+    it). A tie of everything goes to the device earlier in ``devices``."""
+    picked: list[T] = []
+    rest = list(devices)
+    near = list(chosen)
+
+    def key(d: T) -> tuple[tuple[bool, int], int, tuple[bool, int, int, int]]:
+        order = whole_key(info(d))
+        far = max((distance(d, c) or 0 for c in near), default=0) if distance else 0
+        return order[:2], far, order
+
+    while rest and len(picked) < count:
+        best = min(rest, key=key)
+        picked.append(best)
+        near.append(best)
+        rest.remove(best)
+    return picked
+
+
 def pick_whole(devices: Iterable[GpuInfo], count: int, memory_mib: int = 0
                ) -> tuple[GpuInfo, ...] | None:  # fmt: skip
     """The ``count`` whole devices a pod of the device plugin's resource gets: the first
-    ``count`` of the healthy ones no container holds, by ``whole_key``; ``None`` when there are
-    fewer, or when one of them has less than ``memory_mib`` free (the plugin would hand it out
-    all the same)."""
-    free = sorted((g for g in devices if g.healthy and not g.assigned), key=whole_key)[:count]
-    if len(free) < count or any(g.free_mib < memory_mib for g in free):
+    ``count`` of the healthy ones no container holds, as the plugin hands them out
+    (``first_whole``); ``None`` when there are fewer, or when one of them has less than
+    ``memory_mib`` free (the plugin would hand it out all the same). A pod that asks for the
+    devices alone (no memory annotation: ``memory_mib`` 0) fits wherever ``count`` are free."""
+    free = [g for g in devices if g.healthy and not g.assigned]
+    got = first_whole(free, count, _same)
+    if len(got) < count or any(g.free_mib < memory_mib for g in got):
         return None
-    return tuple(free)
+    return tuple(got)
+
+
+def _same(g: GpuInfo) -> GpuInfo:
+    return g
 
 
 def pick_memory(gpus: Iterable[GpuInfo], count: int, memory_mib: int, policy: str

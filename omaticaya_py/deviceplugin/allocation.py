@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.placement import whole_key
+from ..core.placement import first_whole
 from ..core.schema import GpuInfo
 from ..core.sharing import SharedGpus, unit_count, unit_ids
 from ..core.snapshot import NodeSnapshot
@@ -81,30 +81,20 @@ def preferred(
     distance: Callable[[str, str], int | None] | None = None,
 ) -> list[str]:
     """The preferred ``size`` devices (IDs) out of ``available`` (the kubelet's list), given
-    ``states`` (device ID -> ``DeviceState``): every must-include device first, then, one at a
-    time, in the placement model's order of whole devices (``core.placement.whole_key``:
-    healthy first, most free memory by the live reading first, the order the extender
-    predicts), between devices of equal health and free memory the closest in topology to
-    those already chosen (``distance(a, b)``: NVML's common-ancestor level, lower is closer;
-    on real NVML), then ``whole_key``'s lowest index. Devices the plugin does not know come
-    last."""
+    ``states`` (device ID -> ``DeviceState``): every must-include device first, then the
+    placement model's rule of which whole device a container gets (``core.placement.first_whole``,
+    the rule the extender predicts by): one at a time, healthy first, most free memory by the
+    live reading first, between devices of equal health and free memory the closest in topology
+    to those already chosen (``distance(a, b)``: NVML's common-ancestor level, lower is closer;
+    on real NVML), then the lowest index, then the ID. Devices the plugin does not know come
+    last, by ID."""
     chosen = list(dict.fromkeys(must_include))
-    rest = [d for d in dict.fromkeys(available) if d not in chosen]
-
-    def key(device_id: str) -> tuple[bool, tuple[bool, int], int, tuple[bool, int, int, int], str]:
-        s = states.get(device_id)
-        far = 0
-        if distance is not None and chosen:
-            far = max((distance(device_id, c) or 0) for c in chosen)
-        if s is None:
-            return (True, (True, 0), far, (True, 0, 0, 0), device_id)
-        order = whole_key(s.info())
-        return (False, order[:2], far, order, device_id)
-
-    while rest and len(chosen) < size:
-        best = min(rest, key=key)
-        chosen.append(best)
-        rest.remove(best)
+    rest = sorted(d for d in dict.fromkeys(available) if d not in chosen)
+    known = [d for d in rest if d in states]
+    infos = {d: states[d].info() for d in known}
+    chosen += first_whole(known, size - len(chosen), infos.__getitem__,
+                          chosen=chosen, distance=distance)  # fmt: skip
+    chosen += [d for d in rest if d not in states][: max(0, size - len(chosen))]
     return chosen
 
 

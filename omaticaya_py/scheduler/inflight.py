@@ -19,8 +19,9 @@ leaves it out) when
   (``started_at``: the pod's ``status.startTime``), dropped since the extender first counted
   it there (``baselines``) by at least its memory there plus every earlier grant still in the
   book of that device, as the device plugin keeps its slices (``core.shown.still_in_book``;
-  judged only on devices healthy then and now; a placement whose devices are not known is
-  shown only by the kubelet's books), or
+  judged only on devices healthy then and now; a placement whose devices are not known, and
+  a whole device given with no memory asked (a pod without the memory annotation,
+  ``need.pod_need``), are shown only by the kubelet's books), or
 - the node's telemetry, read after the pod started, names the pod among the holders of its
   GPUs (``NodeGpuState.holders``, the kubelet's PodResources): an assigned whole GPU has no
   room whatever its memory shows; a slice's units are held (its memory still counts until a
@@ -244,6 +245,8 @@ def _counting(live: list[Placement], state: NodeGpuState) -> set[int]:
             continue
         for k, (device, mib) in enumerate(parts):
             base = p.baselines[k] if k < len(p.baselines) else None
+            if not mib and not p.slices:  # a drop of nothing shows nothing: a whole device
+                base = None  # given with no memory asked is shown by its holder alone
             on.setdefault(device, []).append((id(p), Grant(mib, base, read_after=after, held=held)))
     for device, grants in on.items():
         free_now = live_free_mib(state, device)

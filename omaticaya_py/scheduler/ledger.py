@@ -58,7 +58,7 @@ from loguru import logger as log
 from ..core.sayonce import SayOnce
 from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
 from .inflight import ASSUME_S, Placement, expiry, pending
-from .need import Need, parse_need
+from .need import Need, pod_need
 
 __all__ = ["DONE_PHASES", "Ledger", "Phase", "PodProblems", "placement_from_pod"]
 
@@ -245,13 +245,13 @@ def placement_from_pod(
     previous: Placement | None,
     *,
     now: float,
-    read_need: Callable[[Any], Need | None] = parse_need,
+    read_need: Callable[[Any], Need | None] = pod_need,
 ) -> Placement | None:
     """The placement a pod document stands for, or ``None``. Raises ``ValueError`` for a pod
     whose fields have the wrong shape (the caller skips it and counts it).
 
-    ``read_need``: the pod's need (``need.need_reader`` of the settings; default: the default
-    prefix and resources). ``previous`` (the placement stored for this pod before) keeps the
+    ``read_need``: the pod's need (``need.need_reader`` of the settings; default:
+    ``need.pod_need`` with the default prefix and resources: every GPU pod, annotated or not). ``previous`` (the placement stored for this pod before) keeps the
     first ``placed_at``; a new placement's ``placed_at`` is ``now``: the extender's monotonic
     clock when it first saw the pod, never a time the API server wrote
     (PodScheduled's ``lastTransitionTime`` is on the server's clock: 90 s behind, it aged a

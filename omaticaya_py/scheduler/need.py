@@ -2,7 +2,9 @@
 
 Whole GPUs by annotation (``<prefix>/gpu-memory-mib``, ``<prefix>/gpu-count``), or memory
 slices of shared GPUs by resource (``resources.limits`` or ``requests`` of the shared resource,
-``omaticaya.io/gpu-memory`` by default, in units: ``core.sharing``).
+``omaticaya.io/gpu-memory`` by default, in units: ``core.sharing``); ``pod_need`` adds the pods
+that ask for whole devices (``nvidia.com/gpu``, a MIG profile) without the memory annotation:
+every GPU pod counts in flight.
 
 A pod's containers are counted as Kubernetes counts them (``container_asks``): its app
 containers (``spec.containers``) and its init containers (``spec.initContainers``), of which a
@@ -29,7 +31,8 @@ DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 __all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Asks",
            "Need", "container_asks", "effective_request", "held_groups", "held_slices",
-           "mig_resource_prefix", "need_reader", "parse_need", "parse_slices"]  # fmt: skip
+           "mig_resource_prefix", "need_reader", "parse_need", "parse_slices",
+           "pod_need"]  # fmt: skip
 
 
 #: a plain whole number: MiB (the annotation's unit)
@@ -381,11 +384,52 @@ def _whole_need(pod: Any, prefix: str, gpu_resource: str) -> Need | None:
     return Need(memory, count, exclusive=devices > 0, profile=profile if devices else None)
 
 
+def _devices_alone(pod: Any, gpu_resource: str) -> Need | None:
+    """The need of a pod without the memory annotation: ``effective_request`` whole devices of
+    ``gpu_resource`` (else of the one MIG profile it asks for), each taken whole with no memory
+    asked (``Need(0, n, exclusive=True)``); ``None`` when it asks for none, or for two MIG
+    profiles; a malformed count is the ``Need``'s ``error``."""
+    resource, profile = gpu_resource, None
+    asks = container_asks(pod, resource)
+    if asks.error is None and not effective_request(asks.app, asks.init):
+        profiles = _mig_profiles(pod, gpu_resource)
+        if len(profiles) != 1:
+            return None
+        profile = profiles[0]
+        resource = mig_resource_prefix(gpu_resource) + profile
+        asks = container_asks(pod, resource)
+    if asks.error is not None:
+        what = "MIG devices" if profile else "GPUs"
+        return Need(0, 1, f"{asks.error}: expected a whole number of {what}")
+    devices = effective_request(asks.app, asks.init)
+    if not devices:
+        return None
+    return Need(0, devices, exclusive=True, profile=profile)
+
+
+def pod_need(
+    pod: Any,
+    prefix: str = "omaticaya.io",
+    shared_resource: str = DEFAULT_SHARED_RESOURCE,
+    gpu_resource: str = DEFAULT_GPU_RESOURCE,
+) -> Need | None:
+    """Every GPU pod's need, what the filter narrows, reserves and the ledger counts in flight:
+    ``parse_need``'s, and for a pod without the ``<prefix>/gpu-memory-mib`` annotation that
+    asks for whole devices of ``gpu_resource`` (``nvidia.com/gpu``: ``effective_request`` of
+    its containers), or of one MIG profile, those devices with no memory asked
+    (``Need(0, n, exclusive=True)``, ``profile`` for MIG): the device plugin hands it the
+    devices first in its order (``core.placement.first_whole``) as it would any pod, so the
+    next pod must be judged without them. ``None`` for a pod that asks for no GPU at all (or
+    for two MIG profiles). A malformed device count (``1.5``) is the ``Need``'s ``error``."""
+    need = parse_need(pod, prefix, shared_resource, gpu_resource)
+    return need if need is not None else _devices_alone(pod, gpu_resource)
+
+
 def need_reader(settings: Any) -> Callable[[Any], Need | None]:
-    """``parse_need`` with the prefix and resources of ``settings`` (``ExtenderSettings``:
+    """``pod_need`` with the prefix and resources of ``settings`` (``ExtenderSettings``:
     ``prefix``, ``shared_resource``, ``device_plugin_resource``)."""
     prefix, shared, gpu = settings.prefix, settings.shared_resource, settings.device_plugin_resource
-    return lambda pod: parse_need(pod, prefix, shared, gpu)
+    return lambda pod: pod_need(pod, prefix, shared, gpu)
 
 
 def _shown(raw: str) -> str:

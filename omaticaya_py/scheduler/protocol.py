@@ -43,7 +43,7 @@ from .fit import (
 from .inflight import ASSUME_S, Placement, baselines, pending
 from .ledger import Ledger
 from .metrics import Decisions
-from .need import Need, parse_need
+from .need import Need, pod_need
 from .nodeview import view_from_object
 from .records import ages_s
 from .settings import ExtenderSettings
@@ -310,7 +310,7 @@ class Extender:
 
     def _need(self, args: Mapping[str, Any]) -> Need | None:
         s = self.settings
-        return parse_need(args.get("Pod"), s.prefix, s.shared_resource, s.device_plugin_resource)
+        return pod_need(args.get("Pod"), s.prefix, s.shared_resource, s.device_plugin_resource)
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""
