@@ -21,7 +21,12 @@ What a new user saw before the fixes (issue 38), in the shapes used here:
   applied after it was given a GPU with 9 GiB free: the first must get both, on a whole GPU with
   its 40 GiB, and the next exclusive pod neither of them.
 
-One install (module-scoped) serves the three cases; each case runs in a namespace of its own,
+And issue 48 (items 2 and 8): (d) a pod asking ``example.com/gpu`` alone (no memory annotation)
+passed the extender unrecorded, so a 60 GiB pod filtered in the same window was reserved on the
+GPU the device plugin then gave the first, and got one without 60 GiB: every GPU pod must count
+in flight, and each pod be admitted on a GPU that holds it.
+
+One install (module-scoped) serves the four cases; each case runs in a namespace of its own,
 deleted at its end, and starts once the telemetry shows no pod holding a GPU. The GPU a
 container got is read three ways, as the other full-stack tests do: what it printed
 (``NVIDIA_VISIBLE_DEVICES`` and its device mounts, the device plugin's answer to ``Allocate``)
@@ -71,7 +76,8 @@ GPU = "example.com/gpu"
 UNITS = "omaticaya.io/gpu-memory"
 MEMORY = "omaticaya.io/gpu-memory-mib"
 SHARED = {0, 1, 2, 3}
-#: whole GPUs with at least 40 GiB free in the trace (GPU 5 has 34,999 MiB, GPU 7 3,255)
+#: whole GPUs with at least 40 GiB free in the trace (GPU 5 has 34,999 MiB, GPU 7 3,255): the
+#: two with the most free, 81,079 and 75,959 MiB, so with 60 GiB free too
 ROOM_40GIB = {4, 6}
 
 
@@ -357,4 +363,37 @@ def test_c_a_pod_of_a_slice_and_a_whole_gpu_gets_both_and_the_next_exclusive_pod
     waits_with_the_extenders_reason(kube, ns, "next")
     never_bound(kube, ns, "next")
     assert (ns, "next") not in holders(kube, stack.node)
+    assert admission_failures(kube, ns) == []
+
+
+# --- (d) ----------------------------------------------------------------------------------------
+
+
+def test_d_pods_of_the_gpu_resource_alone_count_in_flight(stack: Stack, ns: str) -> None:
+    """Two pods asking ``example.com/gpu`` alone (no memory annotation) and a 60 GiB pod, in one
+    apply. The device plugin hands the two the GPUs with the most free memory, 4 and 6 (the
+    only ones with 60 GiB free), and the extender predicts it: the 60 GiB pod, filtered before
+    the kubelet admits them, stays Pending with the extender's reason (before the fix the two
+    passed unrecorded, the 60 GiB pod was reserved on GPU 4, bound, and given GPU 5, 34,999 MiB
+    free). Once one of the two is deleted, the 60 GiB pod is admitted on the GPU it held, which
+    holds 60 GiB: each pod on a GPU that holds it."""
+    kube = stack.kube
+    bare = ["bare-1", "bare-2"]
+    # one apply, the two first: kube-scheduler filters the 60 GiB pod right after them, before
+    # the telemetry can show either (only the extender's in-flight book can keep it off)
+    apply(stack, *(pod(ns, n, limits={GPU: "1"}) for n in bare), whole(ns, "big", "60Gi"))
+    wait_for("the two pods of the GPU resource alone Running", lambda: all(
+        running(pods_in(kube, ns)[n]) for n in bare))  # fmt: skip
+    seen = {n: wait_for(f"{n}'s devices printed", lambda n=n: printed(kube, ns, n)) for n in bare}
+    given = {n: gpu_of(s["VISIBLE"]) for n, s in seen.items()}
+    assert set(given.values()) == ROOM_40GIB, seen  # the two most free: the plugin's order
+    waits_with_the_extenders_reason(kube, ns, "big")
+    never_bound(kube, ns, "big")
+
+    kube.kubectl("-n", ns, "delete", "pod", "bare-2", "--wait=true", "--timeout=120s")
+    wait_for("the 60 GiB pod Running", lambda: running(pods_in(kube, ns)["big"]))
+    got = wait_for("its devices printed", lambda: printed(kube, ns, "big"))
+    assert gpu_of(got["VISIBLE"]) == given["bare-2"], (got, given)  # 81,079 or 75,959 MiB free
+    wait_for("the telemetry naming the 60 GiB pod's GPU", lambda: (
+        holders(kube, stack.node).get((ns, "big")) == {given["bare-2"]}))  # fmt: skip
     assert admission_failures(kube, ns) == []
