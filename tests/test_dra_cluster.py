@@ -818,8 +818,9 @@ def test_claims_get_the_gpus_they_select_share_by_memory_and_survive_a_kubelet_r
     timer.wait("h: the legacy and after claims' CDI specs gone", lambda: len(
         our_cdi_specs(kube.cluster.cdi_dir)) == len(holders) - 1, timeout=60)  # fmt: skip
     agent = kube.pods()
+    # --wait=legacy: the mps DaemonSet (OnDelete) keeps its pod, which kstatus never calls ready
     kube.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--set",
-              f"trace={LOST}", "--wait", "--timeout", "180s")  # fmt: skip
+              f"trace={LOST}", "--wait=legacy", "--timeout", "180s")  # fmt: skip
     timer.took("h: helm upgrade to the lost-GPU trace", start)
     renamed = {named(i) for i in (0, 1, 2, 4, 5, 6, 7)}
     devs = timer.wait("h: the slice without GPU 3, GPU 4 at index 3", lambda: (
