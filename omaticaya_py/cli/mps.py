@@ -70,7 +70,7 @@ def mps_command(args: argparse.Namespace) -> int:
 
 
 def shared_gpus(settings: MpsSettings) -> list[Gpu]:
-    """The shared GPUs (``settings.shared_gpus``, by index, MIG off: ``core.sharing.is_shared``)
+    """The shared GPUs (``settings.shared_gpus``, by UUID or index, MIG off: ``core.sharing``)
     with a UUID and at least one unit, in index order: from ``settings.trace`` (its first
     sample) when set, else from NVML. Raises ``TraceError`` for a bad trace, ``_GpusUnreadable``
     when NVML cannot be read."""
