@@ -165,6 +165,8 @@ USES: dict[str, list[Use]] = {
     "kube.node_client.NodeClient.patch_node": [("agent", always, None)],
     # Events about its Node, in default as the kubelet posts them
     "kube.node_client.NodeClient.create_node_event": [("agent", always, "default")],
+    # shared GPUs by index: the Event SharedGpuIndexMoved on its Node (DRA and device plugins)
+    "kube.index_moved.post_index_moved": [("agent", sharing, "default")],
     # its liveness Lease omaticaya-node-<node> in the release namespace (POD_NAMESPACE); renew
     # reads its Node for the Lease's ownerReference
     "kube.heartbeat_lease.LeaseClient.renew": [("agent", always, "release")],

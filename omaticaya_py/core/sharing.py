@@ -31,14 +31,17 @@ __all__ = [
     "DEFAULT_UNIT_MIB",
     "SHARED_GPUS_FORM",
     "UNIT_SEPARATOR",
+    "INDICES_FORM",
     "IndexMoved",
     "SharedGpus",
     "Sharing",
     "device_order",
     "episodes",
+    "gpu_indices",
     "gpu_room_mib",
     "is_shared",
     "moved_indices",
+    "parse_indices",
     "parse_shared_gpus",
     "parse_unit_id",
     "slice_mib",
@@ -60,6 +63,9 @@ SHARED_GPUS_FORM = (
     "that loses a GPU renumbers the others' indices, never their UUIDs), or GPU indices like "
     "'0,1,2,3' or '0-3'"
 )
+
+#: the form of a persisted index map (``parse_indices``), for error messages
+INDICES_FORM = '{"version": 1, "gpus": {"<NVML index>": "<GPU UUID>", ...}}'
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 #: a GPU UUID as NVML gives it (``nvmlDeviceGetUUID``: ``GPU-`` and hex groups), lower-cased
@@ -197,6 +203,26 @@ def moved_indices(shared: SharedGpus, before: Mapping[int, str], now: Mapping[in
         if is_now is None or is_now.lower() != was.lower():
             out.append(IndexMoved(index, was, is_now))
     return out
+
+
+def gpu_indices(gpus: Iterable[GpuReading]) -> dict[int, str]:
+    """NVML index -> GPU UUID (``nvmlDeviceGetIndex``/``nvmlDeviceGetUUID``) of the GPUs of
+    one reading; a GPU whose UUID could not be read is left out. The map a start persists and
+    the next start compares (``moved_indices``): the DRA plugin's and the device plugin's."""
+    return {g.index: g.uuid for g in gpus if g.uuid}
+
+
+def parse_indices(doc: object) -> dict[int, str]:
+    """A persisted index map, already decoded from JSON (``INDICES_FORM``:
+    ``{"version": 1, "gpus": {"<index>": "<UUID>"}}``) -> NVML index -> GPU UUID. Entries whose
+    index is not a number of at most 4 digits or whose UUID is not a string are left out.
+    Raises ``ValueError`` naming ``INDICES_FORM`` for anything else (another version, no
+    ``gpus`` object)."""
+    gpus = doc.get("gpus") if isinstance(doc, dict) and doc.get("version") == 1 else None
+    if not isinstance(gpus, dict):
+        raise ValueError(f"not a version 1 file of GPU indices: expected {INDICES_FORM}")
+    return {int(k): v for k, v in gpus.items()
+            if isinstance(v, str) and str(k).isdigit() and len(str(k)) <= 4}  # fmt: skip
 
 
 def unit_count(memory_total_mib: int | None, unit_mib: int) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 
 from loguru import logger
 
+from ..sources import gpu_indices
 from ..sources.files import write_atomic
 from .prepare import DevNode
 
@@ -181,27 +182,13 @@ class Checkpoint:
 
 
 def load_indices(folder: Path) -> dict[int, str]:
-    """``<folder>/gpu-indices.json`` (``{"version": 1, "gpus": {"<index>": "<UUID>"}}``): each
-    GPU's NVML index -> UUID at the last start; empty when there is none. A file that cannot be
-    read or parsed is logged and taken as empty (nothing to compare with: nothing reported)."""
-    path = Path(folder) / INDICES_FILE
-    try:
-        doc = json.loads(path.read_bytes())
-        gpus = doc.get("gpus") if isinstance(doc, dict) and doc.get("version") == 1 else None
-        if not isinstance(gpus, dict):
-            raise ValueError("not a version 1 file of GPU indices")
-        return {int(k): v for k, v in gpus.items()
-                if isinstance(v, str) and str(k).isdigit() and len(str(k)) <= 4}  # fmt: skip
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        logger.warning("DRA plugin: {} unreadable ({}): no GPU index compared with the last "
-                       "start", path, exc)  # fmt: skip
-        return {}
+    """``<folder>/gpu-indices.json`` (``core.sharing.INDICES_FORM``): each GPU's NVML index ->
+    UUID at the last start; empty when there is none or it is unreadable
+    (``sources.gpu_indices.load_indices``, the device plugin's too)."""
+    return gpu_indices.load_indices(Path(folder) / INDICES_FILE)
 
 
 def save_indices(folder: Path, gpus: Mapping[int, str]) -> None:
-    """Write ``<folder>/gpu-indices.json`` whole (``write_atomic``) with ``gpus`` (NVML index ->
-    UUID). Raises ``OSError``."""
-    doc = {"version": 1, "gpus": {str(i): u for i, u in sorted(gpus.items())}}
-    write_atomic(Path(folder) / INDICES_FILE, (json.dumps(doc, indent=1) + "\n").encode(), mode=0o644)
+    """Write ``<folder>/gpu-indices.json`` whole with ``gpus`` (NVML index -> UUID;
+    ``sources.gpu_indices.save_indices``). Raises ``OSError``."""
+    gpu_indices.save_indices(Path(folder) / INDICES_FILE, gpus)

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..core.sharing import IndexMoved
+from ..kube.index_moved import moved_family
 
 __all__ = ["DraCounters", "DraCounts", "PREPARE_RESULTS", "UNPREPARE_RESULTS"]
 
@@ -59,11 +60,4 @@ class DraCounters(Collector):
             for result in results:
                 family.add_metric([result], counts.get(result, 0))
             yield family
-        moved = GaugeMetricFamily(
-            "omaticaya_shared_gpu_index_moved", "1 for each OMATICAYA_SHARED_GPUS index that names "
-            "another GPU than at the last start (before, now: the GPU UUIDs; now empty: no GPU "
-            "there): sharing followed the index; name shared GPUs by UUID.",
-            labels=["index", "before", "now"])  # fmt: skip
-        for m in self._counts.moved:
-            moved.add_metric([str(m.index), m.before, m.now or ""], 1)
-        yield moved
+        yield moved_family(self._counts.moved)

@@ -31,7 +31,7 @@ Device identity: devices are named by their GPU's UUID (``core.dra.device_name``
 checkpointed device records the UUID it was prepared on and is checked against the reading at
 each prepare (``prepare.check_checkpointed``). At the first reading after each start the plugin
 compares each GPU's NVML index -> UUID with the last start's (``<plugin dir>/gpu-indices.json``,
-``host.load_indices``): an ``OMATICAYA_SHARED_GPUS`` index that now names another GPU is
+``sources.gpu_indices``): an ``OMATICAYA_SHARED_GPUS`` index that now names another GPU is
 reported by a log line, a Warning Event ``SharedGpuIndexMoved`` on the Node and the gauge
 ``omaticaya_shared_gpu_index_moved`` (``check_indices``).
 """
@@ -58,10 +58,11 @@ from ..core.memory_limit import driver_major
 from ..core.mps import Layout
 from ..core.readings import AgentFeed, ReadingAge, TickResult
 from ..core.settings import Settings, stuck_after_s
-from ..core.sharing import IndexMoved, Sharing, moved_indices
+from ..core.sharing import IndexMoved, Sharing, gpu_indices
 from ..kube.errors import KubeError, KubeNotFound
-from ..kube.events import post_event
+from ..kube.index_moved import post_index_moved
 from ..kube.session import ApiSession
+from ..sources.gpu_indices import check_indices
 from ..sources.mps import MpsWatch, SliceDaemons, SliceUnavailable
 from . import healthreport as dra_health
 from .health.v1 import api_pb2 as health_v1_pb2
@@ -74,9 +75,7 @@ from .host import (
     Entry,
     device_nodes,
     gpu_minors,
-    load_indices,
     remove,
-    save_indices,
     write_atomic,
 )
 from .metrics import DraCounts
@@ -440,34 +439,20 @@ class DraPlugin:
             last = self.feed.cache.last
             if last is None or last.snapshot.error is not None:
                 return None
-            now = {g.index: g.uuid for g in last.snapshot.gpus if g.uuid}
-            before = load_indices(self.plugin_dir)
-            moved = tuple(moved_indices(self.settings.shared_gpus, before, now))
+            now = gpu_indices(last.snapshot.gpus)
+            moved = check_indices(self.plugin_dir / INDICES_FILE, self.settings.shared_gpus, now,
+                                  "DRA plugin")  # fmt: skip
             self.counts.moved = moved
             for m in moved:
-                logger.warning("DRA plugin: {}", m.message())
                 self._post_moved(m)
-            try:
-                save_indices(self.plugin_dir, now)
-            except OSError as exc:
-                logger.warning("DRA plugin: cannot write {}: {} (the next start compares nothing)",
-                               self.plugin_dir / INDICES_FILE, exc)  # fmt: skip
             self.indices_checked = True
             return moved
 
     def _post_moved(self, moved: IndexMoved) -> None:
-        """The Warning Event ``SharedGpuIndexMoved`` on the Node (core/v1, namespace
-        ``default``, as the kubelet's); a failure is logged."""
-        if self.session is None:
-            return
-        try:
-            post_event(self.session, namespace="default",
-                       involved={"apiVersion": "v1", "kind": "Node", "name": self.pool,
-                                 "uid": self.pool},
-                       reason="SharedGpuIndexMoved", message=moved.message(), warning=True,
-                       reporter=self.pool, what=f"event SharedGpuIndexMoved on node {self.pool}")  # fmt: skip
-        except KubeError as exc:
-            logger.warning("DRA plugin: could not post the Event SharedGpuIndexMoved: {}", exc)
+        """The Warning Event ``SharedGpuIndexMoved`` on the Node
+        (``kube.index_moved.post_index_moved``); a failure is logged."""
+        if self.session is not None:
+            post_index_moved(self.session, self.pool, moved, "DRA plugin")
 
     def _notify(self) -> None:
         with self._wake:

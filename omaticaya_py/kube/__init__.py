@@ -7,7 +7,9 @@ One module per thing held, named by it:
   package sees library types.
 - ``node_client``: ``NodeClient``, the agent's own Node (GET, merge patch) and its Events;
   ``heartbeat_lease``: ``LeaseClient``, the agent's own liveness Lease;
-  ``pod_client``: ``PodClient``, single pods read and given Events (shared-GPU slices).
+  ``pod_client``: ``PodClient``, single pods read and given Events (shared-GPU slices);
+  ``index_moved``: a shared GPU index that moved since the last start, as the Node's Event and
+  a gauge (the DRA plugin's and the device plugin's report).
 - ``informer``: ``Informer``, the one list+watch loop (``listwatch``: its requests), and the
   caches over it: ``node_cache`` (``NodeCache``, every Node: the extender, ``omaticaya top``),
   ``lease_cache`` (``LeaseCache``, the agents' Leases), ``pod_cache`` (``PodCache``).
