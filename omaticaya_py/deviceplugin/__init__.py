@@ -35,6 +35,11 @@ cannot hold, and sets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``OMATICAYA_GPU_M
   A kubelet that restarts deletes every socket in the folder and creates a new
   ``kubelet.sock``; the folder is watched (``watchdog``, inotify) and the plugin re-serves and
   re-registers at once, with a periodic check as a backstop.
+- GPU indices across starts: at the first readable reading after a start each GPU's NVML index
+  -> UUID is compared with the last start's (``<dir>/omaticaya-gpu-indices.json``); a shared
+  index (``OMATICAYA_SHARED_GPUS`` by index) that names another GPU now is reported (log line,
+  Event ``SharedGpuIndexMoved``, gauge ``omaticaya_shared_gpu_index_moved``), as the DRA
+  plugin reports it; sharing follows the index (``DevicePluginSet.check_indices``).
 
 This module imports neither ``pynvml`` nor ``kubernetes``.
 

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_SETTLE_S",
     "DEFAULT_TIMING",
+    "INDICES_FILE",
     "MpsConfig",
     "PluginConfig",
     "Scope",
@@ -34,6 +35,9 @@ __all__ = [
 
 #: the whole-GPU resource by default (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``)
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+#: each GPU's NVML index -> UUID at the plugins' last start, in ``PluginConfig.plugin_dir``
+#: (the kubelet's device-plugins folder: a kubelet that restarts removes only its sockets)
+INDICES_FILE = "omaticaya-gpu-indices.json"
 #: how long a slice counts against its GPU's live free memory when the reading never shows it
 DEFAULT_SETTLE_S = 60.0
 
@@ -118,6 +122,13 @@ class PluginConfig:
     timing: Timing = Timing()
     units: Mapping[str | None, Sequence[tuple[int, str]]] = field(default_factory=dict)
     shared_units: Sequence[tuple[int, str]] = ()
+
+    @property
+    def indices_file(self) -> Path:
+        """``<plugin_dir>/omaticaya-gpu-indices.json``: each GPU's NVML index -> UUID at the
+        last start (``sources.gpu_indices``), compared at each start to report a shared index
+        that names another GPU now."""
+        return Path(self.plugin_dir) / INDICES_FILE
 
 
 def plugin_config(settings: Settings) -> PluginConfig:

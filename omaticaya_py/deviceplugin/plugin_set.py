@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from loguru import logger
 
 from ..core.readings import AgentFeed, TickResult
 from ..core.settings import Settings
+from ..core.sharing import IndexMoved, gpu_indices
+from ..kube.index_moved import post_index_moved
+from ..kube.session import ApiSession
+from ..sources.gpu_indices import check_indices
 from .config import DEFAULT_CONFIG, PluginConfig, plugin_config
 from .plugin import DevicePlugin
 
@@ -31,11 +36,29 @@ class DevicePluginSet:
     (``omaticaya.io/gpu-memory``; ``slicer.Slicer``); the whole-GPU plugin leaves those GPUs out,
     so no GPU is served both whole and in units. MIG-enabled GPUs are never shared (their MIG
     devices are served by profile).
+
+    GPU indices across starts: at the first readable reading after ``start()`` (on the tick
+    that brings it, before any plugin's listener sees it) each GPU's NVML index -> UUID is
+    compared with the last start's (``config.indices_file``,
+    ``<plugin_dir>/omaticaya-gpu-indices.json``; ``check_indices``, the DRA plugin's step): an
+    ``OMATICAYA_SHARED_GPUS`` index that names another GPU now is a warning log line, ``moved``
+    (the gauge ``omaticaya_shared_gpu_index_moved``, ``kube.index_moved.MovedGauge``) and, with
+    ``report`` (``from_settings``: the Warning Event ``SharedGpuIndexMoved`` on the Node),
+    ``report(moved)`` for each, called on a thread of its own (no API request on the tick's
+    thread). Sharing follows the index, as configured (the DRA plugin's rule): the GPU now at
+    that index is served in units, the one that was there is served whole.
     """
 
-    def __init__(self, source: AgentFeed, config: PluginConfig = DEFAULT_CONFIG) -> None:
+    def __init__(self, source: AgentFeed, config: PluginConfig = DEFAULT_CONFIG, *,
+                 report: Callable[[IndexMoved], object] | None = None) -> None:  # fmt: skip
         self._source = source
         self.config = config
+        self._report = report
+        #: the shared indices that name another GPU than at the last start (``check_indices``)
+        self.moved: tuple[IndexMoved, ...] = ()
+        self.indices_checked = False
+        self._indices_lock = threading.Lock()
+        self._reporter: threading.Thread | None = None
         self.resource_name = config.resource_name
         self.plugin_dir = config.plugin_dir
         self._lock = threading.Lock()
@@ -51,12 +74,50 @@ class DevicePluginSet:
         )
 
     @classmethod
-    def from_settings(cls, source: AgentFeed, settings: Settings) -> DevicePluginSet:
+    def from_settings(cls, source: AgentFeed, settings: Settings,
+                      session: ApiSession | None = None) -> DevicePluginSet:  # fmt: skip
         """The plugins the settings configure (``config.plugin_config``: the device-plugin
         section, ``OMATICAYA_DEVICE_PLUGIN_*`` and sharing; with a trace, its devices known
         from the start; devices Unhealthy once the reading is older than
-        ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound)."""
-        return cls(source, plugin_config(settings))
+        ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound).
+
+        A moved shared index is posted as the Event ``SharedGpuIndexMoved`` on Node
+        ``settings.node_name`` through ``session`` (by default the session of ``source.node``,
+        the ``agent.Agent``'s Node client under ``omaticaya run``); with no session or no node
+        name (``omaticaya device-plugin``) it is a log line and the gauge only."""
+        if session is None:
+            session = getattr(getattr(source, "node", None), "session", None)
+        report = None
+        if session is not None and settings.node_name:
+            report = functools.partial(_post, session, settings.node_name)
+        return cls(source, plugin_config(settings), report=report)
+
+    def check_indices(self) -> tuple[IndexMoved, ...] | None:
+        """Once per start, at the first readable reading (``cache.last``, NVML readable):
+        compare each GPU's NVML index -> UUID (``core.sharing.gpu_indices``:
+        ``nvmlDeviceGetIndex``/``nvmlDeviceGetUUID``) with the last start's
+        (``config.indices_file``) by ``sources.gpu_indices.check_indices`` (a warning log line
+        for each shared index that names another GPU; this start's map written), set ``moved``
+        and hand each to ``report`` on a thread of its own. Returns what moved, or ``None``
+        before a readable reading (and once done). Never raises."""
+        with self._indices_lock:
+            if self.indices_checked:
+                return None
+            last = self._source.cache.last
+            if last is None or last.snapshot.error is not None:
+                return None
+            moved = check_indices(self.config.indices_file, self.config.sharing.shared,
+                                  gpu_indices(last.snapshot.gpus), "device plugin")  # fmt: skip
+            self.moved = moved
+            self.indices_checked = True
+        if moved and self._report is not None:
+            report = self._report
+            self._reporter = threading.Thread(
+                target=lambda: [report(m) for m in moved], name="device-plugin-index-moved",
+                daemon=True,
+            )  # fmt: skip
+            self._reporter.start()
+        return moved
 
     def _add(self, profile: str | None, devices: Iterable[tuple[int, str]] | None = ()
              ) -> DevicePlugin:  # fmt: skip
@@ -67,8 +128,11 @@ class DevicePluginSet:
         return plugin
 
     def _on_tick(self, result: TickResult) -> None:
-        """Start a plugin for each MIG profile the tick shows for the first time; stop each
-        profile plugin that has no device left."""
+        """Compare the GPU indices (``check_indices``) at the first readable reading; start a
+        plugin for each MIG profile the tick shows for the first time; stop each profile plugin
+        that has no device left."""
+        if not self.indices_checked:
+            self.check_indices()
         profiles = {p for u in result.health.units if u.is_mig and (p := u.profile)}
         with self._lock:
             if not self._started:
@@ -92,14 +156,17 @@ class DevicePluginSet:
         return plugins + [self.shared_plugin] if self.shared_plugin is not None else plugins
 
     def start(self) -> None:
-        """Start every plugin; follow the ticks for new MIG profiles."""
+        """Compare the GPU indices with the last start's when a reading is there
+        (``check_indices``; else on the first readable tick, before the plugins' own listeners),
+        start every plugin; follow the ticks for new MIG profiles."""
+        listeners = self._source.on_tick
+        if self._on_tick not in listeners:
+            listeners.append(self._on_tick)  # before the plugins' own: it compares first
+        self.check_indices()
         with self._lock:
             self._started = True
             for plugin in self._every():
                 plugin.start()
-        listeners = self._source.on_tick
-        if self._on_tick not in listeners:
-            listeners.append(self._on_tick)
         last = self._source.cache.last
         if last is not None:
             self._on_tick(last)
@@ -124,3 +191,8 @@ class DevicePluginSet:
             p.wait_registered(max(deadline - time.monotonic(), 0.0))
             for p in self._every()
         )
+
+
+def _post(session: ApiSession, node: str, moved: IndexMoved) -> bool:
+    """``kube.index_moved.post_index_moved`` for the device plugin."""
+    return post_index_moved(session, node, moved, "device plugin")
