@@ -16,7 +16,7 @@ from .flags import say_unknown_variables
 from .inputs import node_client, reader
 from .parser import AGENT_SETTINGS_FLAGS
 
-__all__ = ["agent_command", "show_text"]
+__all__ = ["agent_command", "cleanup_text", "show_text"]
 
 
 def agent_command(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def agent_command(args: argparse.Namespace) -> int:
 
     flags = AGENT_SETTINGS_FLAGS[args.command]
     try:
-        settings = load_settings(flags.flag_names(), **flags.overrides(args))
+        settings = load_settings(flags.flag_names(args), **flags.overrides(args))
         setup_logging(settings.log_level, settings.log_json)
         say_unknown_variables(
             f"omaticaya {args.command}", Settings, others=("OMATICAYA_EXTENDER_",)
@@ -63,20 +63,49 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cleanup(args: argparse.Namespace, settings: Settings) -> int:
     """Remove every key under the prefix from the Node, and the agent's Lease, whoever holds
-    it, where the agent's namespace is known (``POD_NAMESPACE``). Raises ``KubeError``."""
+    it, where the agent's namespace is known (``POD_NAMESPACE``); with ``--dry-run``, read the
+    Node and the Lease (GET only) and print what would go. Raises ``KubeError``."""
     import os
 
     from ..agent.heartbeat import make_lease
     from ..agent.node_writer import remove_keys
 
     node = node_client(settings, args)
-    patch, _ = remove_keys(node, settings.prefix, keep_static=False)
-    removed = sum(len(v) for v in (patch or {}).get("metadata", {}).values())
+    patch, _ = remove_keys(node, settings.prefix, keep_static=False, dry_run=args.dry_run)
     lease = make_lease(settings, node, os.environ, settings.heartbeat_s, dry_run=False)
+    if args.dry_run:
+        there = lease.ref if lease is not None and lease.get() is not None else None
+        print(cleanup_text(settings.node_name or "", settings.prefix, patch, there, dry_run=True))
+        return 0
     deleted = lease.ref if lease is not None and lease.delete() else None
-    print(f"removed {removed} keys under {settings.prefix}/ from Node {settings.node_name}"
-          + (f" and Lease {deleted}" if deleted else ""))
+    print(cleanup_text(settings.node_name or "", settings.prefix, patch, deleted, dry_run=False))
     return 0
+
+
+def cleanup_text(
+    node: str, prefix: str, patch: dict[str, Any] | None, lease: str | None, *, dry_run: bool
+) -> str:
+    """What ``omaticaya cleanup`` says. ``patch``: the removal merge patch
+    (``core.patch.removal_patch``: ``{"metadata": {"labels"|"annotations": {key: None}}}``,
+    ``None`` when nothing is under the prefix); ``lease``: ``namespace/name`` of the agent's
+    Lease deleted (or, in a dry run, there to delete), ``None`` for none. Done: one line, the
+    count of keys removed. ``dry_run``: a line saying nothing was changed, then one line per
+    key (``label KEY`` / ``annotation KEY``, sorted) and one for the Lease."""
+    meta = (patch or {}).get("metadata", {})
+    keys = [
+        (kind[:-1], key) for kind in ("labels", "annotations") for key in sorted(meta.get(kind, {}))
+    ]
+    if not dry_run:
+        return (f"removed {len(keys)} keys under {prefix}/ from Node {node}"
+                + (f" and Lease {lease}" if lease else ""))  # fmt: skip
+    lines = [
+        f"dry run, nothing changed: would remove {len(keys)} keys under {prefix}/ from Node "
+        f"{node}" + (f" and delete Lease {lease}" if lease else "")
+    ]
+    lines += [f"  {kind} {key}" for kind, key in keys]
+    if lease:
+        lines.append(f"  lease {lease}")
+    return "\n".join(lines)
 
 
 def _once(args: argparse.Namespace, settings: Settings) -> int:

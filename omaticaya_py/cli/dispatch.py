@@ -26,10 +26,12 @@ def console_main() -> int:
     return main()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "omaticaya") -> int:
     """Entry point of the ``omaticaya`` console script: ``argv`` (default ``sys.argv[1:]``)
-    parsed, then run. Returns the exit status (argparse exits 2 itself on unknown flags)."""
-    args = build_parser().parse_args(argv)
+    parsed, then run. Returns the exit status (argparse exits 2 itself on unknown flags).
+    ``prog``: the program's name in usage lines and argparse's errors (``kubectl
+    omaticaya`` for the kubectl plugin)."""
+    args = build_parser(prog).parse_args(argv)
     if args.command == "extender":  # a separate service with its own settings
         from .extender import extender_command
 

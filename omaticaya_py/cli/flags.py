@@ -29,11 +29,15 @@ class SettingsFlags:
     ``names`` gives a field another name, which comes first (``{"node_name": "--node"}``: the
     flags ``--node`` and ``--node-name``; errors name ``--node``). The flag's destination in the
     parsed ``Namespace`` is the field's name; a flag not given is ``None`` there (the settings
-    class then takes the environment, ``.env`` or its default)."""
+    class then takes the environment, ``.env`` or its default). A field in ``deprecated`` (one
+    that ``names`` renames) keeps its generated flag as a deprecated alias, left out of the
+    help: given, it warns in one line on stderr and sets the field as the new flag does
+    (``{"share_policy": "--placement-policy"}``: ``--share-policy`` warns)."""
 
     model: type[BaseSettings]
     skip: frozenset[str] = frozenset()
     names: Mapping[str, str] = field(default_factory=dict)
+    deprecated: frozenset[str] = frozenset()
 
     def fields(self) -> list[str]:
         """The fields that have a flag, in the model's order."""
@@ -43,21 +47,45 @@ class SettingsFlags:
         """The flags of field ``name``: its name in ``names`` (if any), then ``--<name>``."""
         generated = "--" + name.replace("_", "-")
         given = self.names.get(name)
-        return [generated] if given in (None, generated) else [given, generated]
+        if given in (None, generated):
+            return [generated]
+        return [given] if name in self.deprecated else [given, generated]
 
-    def flag_names(self) -> dict[str, str]:
-        """Field -> the flag that sets it (the first one): how errors name a flag's value."""
-        return {name: self.option_strings(name)[0] for name in self.fields()}
+    def deprecated_flag(self, name: str) -> str | None:
+        """The deprecated alias of field ``name`` (its generated flag), or ``None``."""
+        if name not in self.deprecated or self.names.get(name) is None:
+            return None
+        return "--" + name.replace("_", "-")
+
+    def flag_names(self, args: argparse.Namespace | None = None) -> dict[str, str]:
+        """Field -> the flag that sets it (the first one; with ``args``, the deprecated alias
+        where that was the one given): how errors name a flag's value."""
+        used = getattr(args, _ALIAS_USED, {}) if args is not None else {}
+        return {name: used.get(name, self.option_strings(name)[0]) for name in self.fields()}
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         """Add the flags to ``parser``: a ``bool`` field as ``--x``/``--no-x``, any other as a
-        flag taking one value, handed to the settings class as text."""
+        flag taking one value, handed to the settings class as text; a deprecated alias as a
+        hidden flag that warns (``_DeprecatedAlias``). Raises ``ValueError`` for a ``bool``
+        field with an alias (not supported)."""
         for name in self.fields():
             info = self.model.model_fields[name]
             kwargs: dict[str, Any] = {"dest": name, "default": None, "help": self._help(name, info)}
             if info.annotation is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
+            elif name in self.names:  # the value named as the flag is: --node NODE
+                kwargs["metavar"] = self.names[name].lstrip("-").replace("-", "_").upper()
             parser.add_argument(*self.option_strings(name), **kwargs)
+            alias = self.deprecated_flag(name)
+            if alias is None:
+                continue
+            if info.annotation is bool:
+                raise ValueError(f"{alias}: a bool setting cannot have a deprecated alias")
+            parser.add_argument(
+                alias, dest=name, default=None, help=argparse.SUPPRESS,
+                action=_DeprecatedAlias, new=self.option_strings(name)[0],
+                env=env_name(self.model, name),
+            )  # fmt: skip
 
     def overrides(self, args: argparse.Namespace) -> dict[str, Any]:
         """Field -> the value its flag was given in ``args`` (``None``: not given)."""
@@ -66,8 +94,40 @@ class SettingsFlags:
     def _help(self, name: str, info: FieldInfo) -> str:
         default = _shown(info.get_default(call_default_factory=True))
         where = env_name(self.model, name) + (f"; default {default}" if default else "")
+        alias = self.deprecated_flag(name)
+        if alias is not None:
+            where += f"; {alias}, its old flag, is deprecated"
         text = f"{info.description or ''} [{where}]".strip()
         return text.replace("%", "%%")  # argparse formats help with %
+
+
+#: the ``Namespace`` attribute where ``_DeprecatedAlias`` notes field -> the alias given
+_ALIAS_USED = "deprecated_flags_given"
+
+
+class _DeprecatedAlias(argparse.Action):
+    """A deprecated flag: stores its value as the new flag ``new`` does, notes which flag was
+    given (errors name it), and says once, on stderr, in one line, which flag to use."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, env: str,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+        self.env = env
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        import sys
+
+        used = getattr(namespace, _ALIAS_USED, None)
+        if used is None:
+            used = {}
+            setattr(namespace, _ALIAS_USED, used)
+        if self.dest not in used:
+            print(f"{parser.prog}: warning: {option_string} is deprecated: use {self.new} "
+                  f"(it sets {self.env})", file=sys.stderr)  # fmt: skip
+        used[self.dest] = option_string or self.new
+        setattr(namespace, self.dest, values)
 
 
 def env_name(model: type[BaseSettings], name: str) -> str:

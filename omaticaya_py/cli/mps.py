@@ -44,7 +44,7 @@ def mps_command(args: argparse.Namespace) -> int:
 
     flags = mps_settings_flags()
     try:
-        settings = load(MpsSettings, flags.flag_names(), **flags.overrides(args))
+        settings = load(MpsSettings, flags.flag_names(args), **flags.overrides(args))
     except SettingsError as exc:
         print_lines(f"{_PROGRAM}: ", exc)
         return 2

@@ -34,7 +34,12 @@ _DEVICE_PLUGIN_USES = frozenset({
     "device_plugin_resource", "device_plugin_dir", "device_list_strategy",
     "shared_gpus", "share_unit_mib", "shared_resource", "share_policy", "share_settle_s",
 })  # fmt: skip
+#: the settings ``cleanup`` uses: the Node, its prefix, the API and logging (it reads no GPU)
+_CLEANUP_USES = frozenset({"prefix", "log_json", "log_level", "node_name", "kube_timeout_s"})
 _NODE_FLAG = {"node_name": "--node"}
+#: the placement policy's flag, named for what it sets (``OMATICAYA_PLACEMENT_POLICY``); the
+#: field's own flag (``--share-policy``, the extender's ``--strategy``) is a deprecated alias
+_POLICY_FLAG = "--placement-policy"
 
 
 @cache
@@ -43,15 +48,24 @@ def _agent_settings_flags() -> dict[str, SettingsFlags]:
     from ..core.settings import Settings
     from .flags import SettingsFlags
 
+    agent_names = {**_NODE_FLAG, "share_policy": _POLICY_FLAG}
+    policy_alias = frozenset({"share_policy"})
     return {
-        "run": SettingsFlags(Settings, names=_NODE_FLAG),
-        "once": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
-        "show": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
-        "cleanup": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG),
+        "run": SettingsFlags(Settings, names=agent_names, deprecated=policy_alias),
+        "once": SettingsFlags(Settings, _DAEMON_ONLY, agent_names, policy_alias),
+        "show": SettingsFlags(Settings, _DAEMON_ONLY, agent_names, policy_alias),
+        "cleanup": SettingsFlags(
+            Settings, frozenset(Settings.model_fields) - _CLEANUP_USES, _NODE_FLAG
+        ),
         "device-plugin": SettingsFlags(
             Settings,
             frozenset(Settings.model_fields) - _DEVICE_PLUGIN_USES,
-            {"device_plugin_resource": "--resource", "device_plugin_dir": "--plugin-dir"},
+            {
+                "device_plugin_resource": "--resource",
+                "device_plugin_dir": "--plugin-dir",
+                "share_policy": _POLICY_FLAG,
+            },
+            policy_alias,
         ),
     }
 
@@ -93,7 +107,9 @@ def extender_settings_flags() -> SettingsFlags:
     from ..scheduler.settings import ExtenderSettings
     from .flags import SettingsFlags
 
-    return SettingsFlags(ExtenderSettings)
+    return SettingsFlags(
+        ExtenderSettings, names={"strategy": _POLICY_FLAG}, deprecated=frozenset({"strategy"})
+    )
 
 
 class _SubParser(argparse.ArgumentParser):
@@ -128,6 +144,18 @@ class _SubParser(argparse.ArgumentParser):
         return super().format_help()
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's ``ArgumentDefaultsHelpFormatter``, less the defaults that say nothing: a
+    flag whose default is ``None`` (a settings flag: its help names the variable and the
+    default already) or ``False`` (a switch), or whose help names its default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class _Version(argparse.Action):
     """``--version``: argparse's own, with the version read only when asked for (it reads the
     installed package's metadata: ``importlib.metadata``)."""
@@ -139,12 +167,14 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "omaticaya") -> argparse.ArgumentParser:
     """The argument parser (sub-commands and their flags). ``parse_args`` gives a ``Namespace``
-    with ``command`` (the sub-command's name) and one attribute per flag of it."""
+    with ``command`` (the sub-command's name) and one attribute per flag of it. ``prog``: the
+    name usage lines and errors give the program (``kubectl omaticaya`` for the plugin)."""
     parser = argparse.ArgumentParser(
-        prog="omaticaya",
+        prog=prog,
         description="Publish live NVIDIA GPU state (NVML) as Kubernetes Node labels.",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument(
         "--version", action=_Version, nargs=0, help="show program's version number and exit"
@@ -152,30 +182,49 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_SubParser
     )
-    add = sub.add_parser
+
+    def add(name: str, **kwargs: Any) -> None:
+        sub.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
+
     add(
         "run",
         help="the agent: tick on the schedule until SIGTERM",
+        description="The node agent: read the GPUs (NVML, or --trace) on the schedule and "
+        "patch this Node's labels and telemetry annotation (NODE_NAME or --node) when a value "
+        "changes, until SIGTERM/SIGINT, then remove its live labels. Every setting is a flag "
+        "here and an OMATICAYA_* variable; flags win.",
         add_flags=_agent_flags("run", _kubeconfig, _trace_speed),
     )
     add(
         "once",
         help="one tick, then exit",
+        description="One tick of the agent: read the GPUs, patch the Node (NODE_NAME or "
+        "--node) if a label changed, print one line and exit; --dry-run prints the merge "
+        "patch instead of sending it.",
         add_flags=_agent_flags("once", _kubeconfig, _trace_at, _dry_run),
     )
     add(
         "show",
         help="print the snapshot and labels (no API call)",
+        description="Read the GPUs once (NVML, or --trace) and print them and the labels the "
+        "agent would publish, as a table (--json: the labels and annotations). No API call.",
         add_flags=_agent_flags("show", _kubeconfig, _trace_at, _json),
     )
     add(
         "cleanup",
         help="remove every key under the prefix from the Node",
-        add_flags=_agent_flags("cleanup", _kubeconfig),
+        description="Remove every label and annotation under the prefix from the Node "
+        "(NODE_NAME or --node), hardware facts too, and delete the agent's Lease where its "
+        "namespace is known (POD_NAMESPACE). --dry-run reads them and prints what would go. "
+        "Run it where the agent no longer runs: a running agent writes its keys back.",
+        add_flags=_agent_flags("cleanup", _kubeconfig, _cleanup_dry_run),
     )
     add(
         "extender",
         help="kube-scheduler extender: filter/prioritize pods by live GPU state",
+        description="The kube-scheduler extender: an HTTP server answering /filter, "
+        "/prioritize and /preempt from the Nodes' live GPU state (list/watch of Nodes, pods "
+        "and Leases), until SIGTERM.",
         add_flags=lambda p: extender_settings_flags().add_to(p),
     )
     add(
@@ -197,11 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "record",
         help="write a trace of this node's GPUs from NVML (replay it with --trace)",
+        description="Sample this machine's GPUs through NVML every --interval for --duration "
+        "and write the raw answers, errors included, as a trace file (JSON, the project's "
+        "trace format): replay it with --trace, or attach it to a bug report.",
         add_flags=_record_flags,
     )
     add(
         "top",
         help="the fleet's GPUs: a table of every node's live GPU state (list/watch nodes)",
+        description="List the Nodes (and, with --watch, watch them) and print a table of "
+        "their GPUs from Omaticaya's labels and telemetry: health, free memory, utilisation, "
+        "how stale each reading is. Needs only get/list/watch on nodes (and leases).",
         add_flags=_top_flags,
     )
     add(
@@ -254,6 +309,13 @@ def _dry_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the patch, do not send it")
 
 
+def _cleanup_dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dry-run", action="store_true",
+        help="print the keys and the Lease it would remove (reads only), change nothing",
+    )  # fmt: skip
+
+
 def _json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -265,7 +327,11 @@ def _record_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", default="60s", help="how long to record (Go duration: 60s, 2m)")
     p.add_argument("--interval", default="250ms", help="time between samples (at least 100ms)")
     p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
-    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR")
+    p.add_argument(
+        "--log-level", default="INFO", type=str.upper,
+        choices=("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"),
+        help="the lowest level of the log lines written to stderr",
+    )  # fmt: skip
 
 
 def _top_flags(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,10 @@ def record_command(args: argparse.Namespace) -> int:
     read or the file cannot be written."""
     from pathlib import Path
 
+    from ..logs import setup_logging
     from ..sources.record import RecordError, record
+
+    setup_logging(args.log_level)
 
     try:
         duration_s = _duration_s("--duration", args.duration)
