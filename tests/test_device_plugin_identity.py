@@ -259,3 +259,50 @@ def test_from_settings_reports_through_the_agents_node_session(tmp_path: Path) -
     assert isinstance(report, functools.partial) and report.args == (session, "gpu-node-1")
     assert DevicePluginSet.from_settings(Feed(Cache()), s)._report is None
     assert with_node.config.indices_file == tmp_path / "omaticaya-gpu-indices.json"
+
+
+#: the multi-GPU trace's GPU 0, and a GPU this node no longer has
+TRACE_GPU0 = "GPU-00000000-7fda-b7ae-a94e-630097a14ca4"
+GONE = "GPU-0000000f-7fda-b7ae-a94e-630097a14ca4"
+
+
+@pytest.mark.slow
+def test_the_daemons_metrics_show_a_moved_index(tmp_path: Path) -> None:
+    """``omaticaya device-plugin`` on the multi-GPU trace, ``--shared-gpus 0``, after a start at
+    which index 0 was another GPU: its ``/metrics`` carries the gauge (the collector is wired in
+    ``cli.daemon``, before the plugin set exists) and its log the warning. No kubelet: the
+    plugins retry their registration meanwhile."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.helpers import free_port
+
+    (tmp_path / INDICES_FILE).write_text(json.dumps({"version": 1, "gpus": {"0": GONE}}))
+    port = free_port()
+    trace = Path(__file__).parent / "data" / "multi-gpu-trace.json"
+    log = tmp_path / "daemon.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "omaticaya_py", "device-plugin", "--trace", str(trace),
+             "--plugin-dir", str(tmp_path), "--shared-gpus", "0", "--metrics-port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+
+        def gauge() -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                return None
+            lines = [x for x in text.splitlines() if x.startswith("omaticaya_shared_gpu_index_moved{")]
+            return lines[0] if lines else None
+
+        line = wait_for("the gauge on /metrics", gauge, 30)
+        assert f'before="{GONE}"' in line and 'index="0"' in line and f'now="{TRACE_GPU0}"' in line
+        assert line.endswith(" 1.0"), line
+        assert json.loads((tmp_path / INDICES_FILE).read_text())["gpus"]["0"] == TRACE_GPU0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert f"which was GPU {GONE}" in log.read_text()

@@ -4,6 +4,7 @@ each with /metrics, until SIGTERM."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..core.settings import Settings
 from .errors import UsageError
@@ -37,6 +38,7 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
     daemon = Daemon(agent)
     daemon.install_signal_handlers()  # before any server starts: a SIGTERM must find them
     dra_counts = None
+    plugins: list[Any] = []  # the device plugin set, once made (for its gauge on /metrics)
     if settings.dra:
         from ..dra.metrics import DraCounts
 
@@ -44,11 +46,17 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
     if settings.metrics_port:
         from ..agent.metrics import serve
 
-        extra = []
+        extra: list[Any] = []
         if dra_counts is not None:
             from ..dra.metrics import DraCounters
 
             extra.append(DraCounters(dra_counts))
+        elif settings.device_plugin:
+            # the device plugin's moved shared indices (the DRA plugin's counters carry the same
+            # gauge when it runs: one family of that name on /metrics)
+            from ..kube.index_moved import MovedGauge
+
+            extra.append(MovedGauge(lambda: plugins[0].moved if plugins else ()))
         try:
             server = serve(agent, settings.metrics_address, settings.metrics_port, collectors=extra)
         except OSError as exc:  # port in use, address not on this host, no IPv6
@@ -65,6 +73,7 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
         from ..deviceplugin import DevicePluginSet
 
         plugin = DevicePluginSet.from_settings(agent, settings)
+        plugins.append(plugin)
         daemon.serve(plugin.start, plugin.stop)
     if settings.dra and not agent.stopping:
         if agent.node is None:
