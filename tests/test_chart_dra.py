@@ -166,7 +166,7 @@ def test_default_values():
         "kubeletPluginsDir": "/var/lib/kubelet/plugins",
         "kubeletRegistryDir": "/var/lib/kubelet/plugins_registry",
         "cdiDir": "/var/run/cdi",
-        "devRoot": "/dev",
+        "devRoot": "",  # <driverRoot>/dev: /dev with the default driverRoot /
         "taintEffect": "NoSchedule",
         "deviceClasses": {"create": True},
         "extendedResourceName": "nvidia.com/gpu",
@@ -428,8 +428,8 @@ def test_hook_job_name_fits_a_label(helm):
 
 def test_dra_and_device_plugin_fail_the_render(helm):
     err = fails(helm, dra(devicePlugin=True))
-    assert "dra.enabled and devicePlugin are both true" in err, err
-    assert "set devicePlugin=false" in err
+    assert "dra.enabled and devicePlugin.enabled are both true" in err, err
+    assert "set devicePlugin.enabled=false" in err
 
 
 @pytest.mark.parametrize("kube", ["1.31.0", "1.33.4-eks-a737599"])

@@ -259,7 +259,8 @@ def test_events_only_create_in_default(helm):
 
 @pytest.mark.parametrize("gpus", ["all", "0-3", 2])
 def test_sharing_adds_pod_get_and_events_create_only(helm, gpus):
-    docs = docs_with(helm, {"sharing": {"gpus": gpus}}, "--kube-version", "1.31.0")
+    values = {"devicePlugin": {"enabled": True}, "sharing": {"gpus": gpus}}
+    docs = docs_with(helm, values, "--kube-version", "1.31.0")
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},

@@ -455,7 +455,8 @@ VALUES = [
     ("defaults", None, ()),
     *[(f"goal-{g}", None, ("-f", str(INSTALL / g)))
       for g in ("labels.yaml", "scheduler.yaml", "device-plugin.yaml", "whole-stack.yaml", "dra.yaml")],
-    ("sharing-evict", {"sharing": {"gpus": "all", "overLimitAction": "evict"}}, ()),
+    ("sharing-evict", {"devicePlugin": {"enabled": True},
+                       "sharing": {"gpus": "all", "overLimitAction": "evict"}}, ()),
     ("dra-sharing-evict", {"dra": {"enabled": True}, "scheduler": {"enabled": True},
                            "sharing": {"gpus": "all", "overLimitAction": "evict"}}, ()),
     ("dra-no-uninstall-hook", {"dra": {"enabled": True}, "cleanupOnUninstall": False}, ()),

@@ -84,8 +84,8 @@ ENV_CASES = [
         "http://proxy:3128",
     ),
     ("sharing-gpus-default", None, "OMATICAYA_SHARED_GPUS", "none"),
-    ("sharing-gpus-range", {"sharing": {"gpus": "0-3"}}, "OMATICAYA_SHARED_GPUS", "0-3"),
-    ("sharing-gpus-one-index", {"sharing": {"gpus": 2}}, "OMATICAYA_SHARED_GPUS", "2"),
+    ("sharing-gpus-range", {"devicePlugin": {"enabled": True}, "sharing": {"gpus": "0-3"}}, "OMATICAYA_SHARED_GPUS", "0-3"),
+    ("sharing-gpus-one-index", {"devicePlugin": {"enabled": True}, "sharing": {"gpus": 2}}, "OMATICAYA_SHARED_GPUS", "2"),
     ("sharing-unitMib", {"sharing": {"unitMib": 2048}}, "OMATICAYA_SHARE_UNIT_MIB", "2048"),
     ("placement-policy-default", None, "OMATICAYA_PLACEMENT_POLICY", "binpack"),
     (

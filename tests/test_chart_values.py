@@ -127,6 +127,7 @@ STRUCTURED = (
     "prometheusRule",
     "validatingAdmissionPolicy",
     "placement",
+    "devicePlugin",
     "sharing",
     "dra",
 )

@@ -55,7 +55,8 @@ app.kubernetes.io/component: uninstall-hook
 {{- if .Values.serviceAccount.create }}
 {{- default (include "omaticaya.fullname" .) .Values.serviceAccount.name }}
 {{- else }}
-{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- if not .Values.serviceAccount.name }}{{ include "omaticaya.fail" "serviceAccount.name is required when serviceAccount.create is false" }}{{ end }}
+{{- .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
 
@@ -90,7 +91,7 @@ The cluster's version as vMAJOR.MINOR.PATCH: a vendor suffix ("+k3s1", "-eks-a73
 {{- define "omaticaya.kubeVersion" -}}
 {{- $v := regexFind "^v?[0-9]+\\.[0-9]+(\\.[0-9]+)?" .Capabilities.KubeVersion.Version | trimPrefix "v" }}
 {{- if not $v }}
-{{- fail (printf "cannot read a Kubernetes version from %q" .Capabilities.KubeVersion.Version) }}
+{{- include "omaticaya.fail" (printf "cannot read a Kubernetes version from %q" .Capabilities.KubeVersion.Version) }}
 {{- end }}
 {{- if eq (len (splitList "." $v)) 2 }}{{ $v = printf "%s.0" $v }}{{ end }}
 {{- printf "v%s" $v }}
@@ -107,7 +108,7 @@ any other version fails the render, as no supported kube-scheduler reads it.
 {{- $v1 := "kubescheduler.config.k8s.io/v1" }}
 {{- $api := .Values.scheduler.configApiVersion | default $v1 }}
 {{- if ne $api $v1 }}
-{{- fail (printf "scheduler.configApiVersion %s is not read by kube-scheduler %s: every supported Kubernetes (1.31 and later) reads %s only; leave it empty" $api (include "omaticaya.kubeVersion" .) $v1) }}
+{{- include "omaticaya.fail" (printf "scheduler.configApiVersion %s is not read by kube-scheduler %s: every supported Kubernetes (1.31 and later) reads %s only; leave it empty" $api (include "omaticaya.kubeVersion" .) $v1) }}
 {{- end }}
 {{- $api }}
 {{- end }}
@@ -132,10 +133,11 @@ extender's preemptVerb): scheduler.preemption "auto" (the default) or "on". "aut
 off below kube-scheduler 1.22 (1.20/1.21 releases without the fix of kubernetes#102971 never call
 the extender on preemption and can panic, kubernetes#101548); every supported kube-scheduler
 (1.31 and later) has the fix, so "auto" is "on". "off": the profile's PostFilter plugins disabled
-and no preemptVerb.
+and no preemptVerb. An unquoted `off` in a values file is YAML's false (and `on` true): false
+is read as "off", true as "on".
 */}}
 {{- define "omaticaya.schedulerPreemption" -}}
-{{- if ne (toString .Values.scheduler.preemption) "off" }}true{{ end }}
+{{- if not (has (toString .Values.scheduler.preemption) (list "off" "false")) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -143,7 +145,7 @@ The pods' PriorityClass: priorityClassName, else system-node-critical when the p
 device plugin or DRA driver (the kubelet must not evict what serves its GPUs), else none.
 */}}
 {{- define "omaticaya.priorityClassName" -}}
-{{- .Values.priorityClassName | default (ternary "system-node-critical" "" (or (eq (toString .Values.devicePlugin) "true") (eq (include "omaticaya.dra" .) "true"))) }}
+{{- .Values.priorityClassName | default (ternary "system-node-critical" "" (or (eq (include "omaticaya.devicePlugin" .) "true") (eq (include "omaticaya.dra" .) "true"))) }}
 {{- end }}
 
 {{/*
@@ -171,13 +173,13 @@ podResourcesSocket, else the kubelet's default path when the pod is the node's d
 or DRA driver (the telemetry then names the pod holding each GPU, DRA devices included; the
 extender sees which GPUs and units the kubelet has handed out: without it a whole GPU
 given to a pod that has not loaded its model yet looks free, and a shared GPU's units are not
-counted); "off" turns it off.
+counted); "off" turns it off (and false: an unquoted `off` in a values file is YAML's false).
 */}}
 {{- define "omaticaya.podResourcesSocket" -}}
 {{- $v := toString .Values.podResourcesSocket }}
-{{- if eq $v "off" }}
+{{- if or (eq $v "off") (eq $v "false") }}
 {{- else if $v }}{{ $v }}
-{{- else if or .Values.devicePlugin .Values.dra.enabled }}/var/lib/kubelet/pod-resources/kubelet.sock
+{{- else if or (include "omaticaya.devicePlugin" .) .Values.dra.enabled }}/var/lib/kubelet/pod-resources/kubelet.sock
 {{- end }}
 {{- end }}
 
@@ -207,7 +209,7 @@ the extender reserve a GPU the plugin would not hand out: either one set fails t
 {{- $removed = append $removed (printf "scheduler.extender.strategy (%v)" .Values.scheduler.extender.strategy) }}
 {{- end }}
 {{- if $removed }}
-{{- fail (printf "%s: removed, use placement.policy (binpack or spread) instead: one policy that both the device plugin and the scheduler extender read (OMATICAYA_PLACEMENT_POLICY)" (join " and " $removed)) }}
+{{- include "omaticaya.fail" (printf "%s: removed, use placement.policy (binpack or spread) instead: one policy that both the device plugin and the scheduler extender read (OMATICAYA_PLACEMENT_POLICY)" (join " and " $removed)) }}
 {{- end }}
 {{- .Values.placement.policy }}
 {{- end }}
@@ -219,7 +221,7 @@ container becomes an MPS client the same way), some GPUs are shared and MPS enfo
 slices; else "".
 */}}
 {{- define "omaticaya.mps" -}}
-{{- if and (or .Values.devicePlugin (include "omaticaya.dra" .)) (ne (toString .Values.sharing.gpus) "none") (eq (toString .Values.sharing.enforcement) "mps") }}true{{ end }}
+{{- if and (or (include "omaticaya.devicePlugin" .) (include "omaticaya.dra" .)) (ne (toString .Values.sharing.gpus) "none") (eq (toString .Values.sharing.enforcement) "mps") }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -278,7 +280,7 @@ left on the host). Refuses "/" (a root less than three levels deep).
 {{- $root := clean (toString .Values.sharing.mps.root) }}
 {{- $dir := dir (dir $root) }}
 {{- if or (not (isAbs $root)) (eq $dir "/") }}
-{{- fail (printf "sharing.mps.root %s: expected an absolute folder at least three levels deep (like /run/omaticaya/mps): the mps container mounts the host folder two levels up" $root) }}
+{{- include "omaticaya.fail" (printf "sharing.mps.root %s: expected an absolute folder at least three levels deep (like /run/omaticaya/mps): the mps container mounts the host folder two levels up" $root) }}
 {{- end }}
 {{- $dir }}
 {{- end }}
@@ -307,12 +309,12 @@ to start with both) and below Kubernetes 1.34 (no resource.k8s.io/v1).
 */}}
 {{- define "omaticaya.dra" -}}
 {{- if .Values.dra.enabled }}
-{{- if .Values.devicePlugin }}
-{{- fail "dra.enabled and devicePlugin are both true: a node's GPUs are served by one of the two (the kubelet would hand each GPU out twice, and the agent refuses OMATICAYA_DRA with OMATICAYA_DEVICE_PLUGIN); set devicePlugin=false to use DRA, or dra.enabled=false to keep the device plugin" }}
+{{- if include "omaticaya.devicePlugin" . }}
+{{- include "omaticaya.fail" "dra.enabled and devicePlugin.enabled are both true: a node's GPUs are served by one of the two (the kubelet would hand each GPU out twice, and the agent refuses OMATICAYA_DRA with OMATICAYA_DEVICE_PLUGIN); set devicePlugin.enabled=false to use DRA, or dra.enabled=false to keep the device plugin" }}
 {{- end }}
 {{- $kube := include "omaticaya.kubeVersion" . }}
 {{- if semverCompare "<1.34.0-0" $kube }}
-{{- fail (printf "dra.enabled needs resource.k8s.io/v1 (DRA, GA in Kubernetes 1.34): Kubernetes %s does not serve it; use devicePlugin=true there (with helm template, pass --kube-version)" $kube) }}
+{{- include "omaticaya.fail" (printf "dra.enabled needs resource.k8s.io/v1 (DRA, GA in Kubernetes 1.34): Kubernetes %s does not serve it; use devicePlugin.enabled=true there (with helm template, pass --kube-version)" $kube) }}
 {{- end -}}
 true
 {{- end }}
@@ -327,9 +329,121 @@ true
 {{- end }}
 
 {{/*
-OMATICAYA_DRA_DEV_ROOT: the host's dra.devRoot as the agent sees it (mounted read-only at
-/host<devRoot>) with DRA on; else the code's default /dev (nothing mounted, nothing reads it).
+The host's device folder the DRA plugin reads: dra.devRoot, else <driverRoot>/dev (/dev for a
+driver installed on the host, /run/nvidia/driver/dev for the GPU Operator's driver container).
+*/}}
+{{- define "omaticaya.draHostDevRoot" -}}
+{{- clean (toString .Values.dra.devRoot | default (printf "%s/dev" (toString .Values.driverRoot))) }}
+{{- end }}
+
+{{/*
+OMATICAYA_DRA_DEV_ROOT: the host's device folder (omaticaya.draHostDevRoot) as the agent sees it
+(mounted read-only at /host<folder>) with DRA on; else the code's default /dev (nothing mounted,
+nothing reads it).
 */}}
 {{- define "omaticaya.draDevRoot" -}}
-{{- if include "omaticaya.dra" . }}{{ printf "/host%s" (clean (toString .Values.dra.devRoot)) }}{{ else }}/dev{{ end }}
+{{- if include "omaticaya.dra" . }}{{ printf "/host%s" (include "omaticaya.draHostDevRoot" .) }}{{ else }}/dev{{ end }}
+{{- end }}
+
+{{/*
+Fail the render with msg (a string): helm template and helm install stop with it. helm lint runs
+the templates with a fail that only logs (its lint mode), so the include below, reached only
+there, makes lint refuse the same values, naming msg in its error.
+*/}}
+{{- define "omaticaya.fail" -}}
+{{- fail . -}}
+{{- include (printf "omaticaya: %s" .) dict -}}
+{{- end }}
+
+{{/*
+"true" when the agent is the node's device plugin: devicePlugin.enabled (the GPU Operator's
+spelling), or devicePlugin as a boolean (the old form, still read; NOTES.txt says it is
+deprecated); else "".
+*/}}
+{{- define "omaticaya.devicePlugin" -}}
+{{- $v := .Values.devicePlugin }}
+{{- if kindIs "map" $v }}{{ if $v.enabled }}true{{ end }}
+{{- else if $v }}true
+{{- end }}
+{{- end }}
+
+{{/*
+The schedule (OMATICAYA_SCHEDULE), checked as the agent parses it: the pattern mirrors
+omaticaya_py/core/schedule.py's parse_schedule (the @hourly-style macros; '@every' and a Go
+duration of h, m, s, ms parts, 100ms to 366 days; a 5-field crontab or 6 fields with seconds
+first, '?' as '*', each field's numbers within APScheduler's CronTrigger ranges, steps above 0,
+month and weekday names, weekdays 0-7, day 'last'). What it does not check, the agent still
+refuses at start: a reversed range (5-3) and a step longer than its range (10-20/15).
+tests/test_chart_values_mistakes.py holds the two to one table of examples.
+*/}}
+{{- define "omaticaya.schedule" -}}
+{{- $s := toString .Values.schedule }}
+{{- $form := "a 5-field crontab ('*/5 * * * *'), 6 fields with seconds first ('*/5 * * * * ?'), '@every 30s' (h, m, s, ms) or @hourly/@daily" }}
+{{- if not (regexMatch `^\s*(?:(?i:@yearly|@annually|@monthly|@weekly|@daily|@midnight|@hourly)|(?i:@every)\s*(?:[0-9]+(?:\.[0-9]+)?(?:ms|h|m|s))+|(?:(?:(?:[*?]|0*(?:[0-5]?[0-9])(?:-0*(?:[0-5]?[0-9]))?)(?:/0*(?:[1-9]|[1-5][0-9]))?)(?:,(?:(?:[*?]|0*(?:[0-5]?[0-9])(?:-0*(?:[0-5]?[0-9]))?)(?:/0*(?:[1-9]|[1-5][0-9]))?))*\s+)?(?:(?:[*?]|0*(?:[0-5]?[0-9])(?:-0*(?:[0-5]?[0-9]))?)(?:/0*(?:[1-9]|[1-5][0-9]))?)(?:,(?:(?:[*?]|0*(?:[0-5]?[0-9])(?:-0*(?:[0-5]?[0-9]))?)(?:/0*(?:[1-9]|[1-5][0-9]))?))*\s+(?:(?:[*?]|0*(?:1?[0-9]|2[0-3])(?:-0*(?:1?[0-9]|2[0-3]))?)(?:/0*(?:[1-9]|1[0-9]|2[0-3]))?)(?:,(?:(?:[*?]|0*(?:1?[0-9]|2[0-3])(?:-0*(?:1?[0-9]|2[0-3]))?)(?:/0*(?:[1-9]|1[0-9]|2[0-3]))?))*\s+(?:(?:[*?]|0*(?:[1-9]|[12][0-9]|3[01])(?:-0*(?:[1-9]|[12][0-9]|3[01]))?)(?:/0*(?:[1-9]|[12][0-9]|30))?|(?i:last))(?:,(?:(?:[*?]|0*(?:[1-9]|[12][0-9]|3[01])(?:-0*(?:[1-9]|[12][0-9]|3[01]))?)(?:/0*(?:[1-9]|[12][0-9]|30))?|(?i:last)))*\s+(?:(?:[*?]|0*(?:[1-9]|1[0-2])(?:-0*(?:[1-9]|1[0-2]))?)(?:/0*(?:[1-9]|1[01]))?|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)(?:-(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))?)(?:,(?:(?:[*?]|0*(?:[1-9]|1[0-2])(?:-0*(?:[1-9]|1[0-2]))?)(?:/0*(?:[1-9]|1[01]))?|(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)(?:-(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))?))*\s+(?:(?:[*?]|(?:0*[0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)[A-Za-z]*)(?:-(?:0*[0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)[A-Za-z]*))?)(?:/0*[1-9][0-9]*)?)(?:,(?:(?:[*?]|(?:0*[0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)[A-Za-z]*)(?:-(?:0*[0-7]|(?i:sun|mon|tue|wed|thu|fri|sat)[A-Za-z]*))?)(?:/0*[1-9][0-9]*)?))*)\s*$` $s) }}
+{{- include "omaticaya.fail" (printf "schedule '%s': expected %s (the agent exits on any other form)" $s $form) }}
+{{- end }}
+{{- if regexMatch `(?i)^\s*@every` $s }}
+{{- $units := dict "h" 3600.0 "m" 60.0 "s" 1.0 "ms" 0.001 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll `[0-9]+(\.[0-9]+)?(ms|h|m|s)` (regexReplaceAll `(?i)^\s*@every` $s "") -1 }}
+{{- $n := regexFind `^[0-9.]+` . }}
+{{- $total = addf $total (mulf (float64 $n) (get $units (trimPrefix $n .))) }}
+{{- end }}
+{{- if or (lt $total 0.1) (gt $total 31622400.0) }}
+{{- include "omaticaya.fail" (printf "schedule '%s': @every takes 100ms to 366 days (the agent exits on any other interval)" $s) }}
+{{- end }}
+{{- end }}
+{{- $s }}
+{{- end }}
+
+{{/*
+The chart's own checks of values that render but fail or misbehave on the cluster, each failing
+the render (and helm lint) with the reason and what to set:
+- sharing.gpus without devicePlugin.enabled or dra.enabled: nothing serves the shared GPUs' units,
+  and the agent leaves those GPUs out of the whole-GPU labels (gpu.memory.free-mib 0,
+  gpu.healthy-count 0 when all are shared): every nodeAffinity on them stops matching;
+- sharing.resource equal to devicePluginResource: the agent refuses it at start (core/settings.py,
+  DevicePluginSettings._two_resources), whether the device plugin is on or not.
+*/}}
+{{- define "omaticaya.checks" -}}
+{{- $shared := ne (toString .Values.sharing.gpus) "none" }}
+{{- if and $shared (not (include "omaticaya.devicePlugin" .)) (not .Values.dra.enabled) }}
+{{- include "omaticaya.fail" (printf "sharing.gpus %v shares GPUs by memory, which only the device plugin or the DRA driver serves: with neither on, nothing hands out their units and the agent leaves them out of the whole-GPU labels (gpu.memory.free-mib and gpu.healthy-count drop to 0 when every GPU is shared); set devicePlugin.enabled=true (Kubernetes 1.31+) or dra.enabled=true (1.34+), or sharing.gpus=none for labels only" .Values.sharing.gpus) }}
+{{- end }}
+{{- if eq (toString .Values.sharing.resource) (toString .Values.devicePluginResource) }}
+{{- include "omaticaya.fail" (printf "sharing.resource %s is also devicePluginResource: the units of shared GPUs need a resource name of their own (a GPU is served whole or in units, never both; the agent exits on it); keep the default omaticaya.io/gpu-memory or pick another <domain>/<name>" .Values.sharing.resource) }}
+{{- end }}
+{{- end }}
+
+{{/*
+With dra.enabled on Kubernetes 1.34 to 1.36, which DRA features the driver uses need which
+feature gate (docs/dra.md, "Which path for which cluster"): on 1.34 and 1.35 device taints
+(KEP-5055), consumable capacity (KEP-5075, with sharing.gpus) and DRA-backed extended resources
+(KEP-5004, with dra.extendedResourceName) are alpha, off; on 1.36 beta, on by default. "" on 1.37
+and later, or without DRA. NOTES.txt prints it; the DaemonSet carries it as a comment for
+helm template.
+*/}}
+{{- define "omaticaya.draGates" -}}
+{{- if include "omaticaya.dra" . }}
+{{- $kube := include "omaticaya.kubeVersion" . }}
+{{- if semverCompare "<1.36.0-0" $kube }}
+Kubernetes {{ $kube }}: DRA is GA, but these features the driver uses are alpha, off unless their
+feature gate is on (--feature-gates on kube-apiserver, kube-scheduler, kube-controller-manager and
+every kubelet; docs/dra.md, "Which path for which cluster"):
+  - DRADeviceTaints: the taint on an unhealthy GPU's device (without it the API server drops the
+    taint, and new claims can get an unhealthy GPU);
+{{- if ne (toString .Values.sharing.gpus) "none" }}
+  - DRAConsumableCapacity: sharing by memory (sharing.gpus {{ .Values.sharing.gpus }}: the shared GPUs' memory capacity;
+    without it no claim of shared.{{ include "omaticaya.draDriver" . }} is allocated);
+{{- end }}
+{{- with .Values.dra.extendedResourceName }}
+  - DRAExtendedResource: pods asking {{ . }} get a device of {{ include "omaticaya.draDriver" . }} (without it they wait
+    for a device plugin);
+{{- end }}
+{{- else if semverCompare "<1.37.0-0" $kube }}
+Kubernetes {{ $kube }}: device taints (DRADeviceTaints){{ if ne (toString .Values.sharing.gpus) "none" }}, sharing by memory (DRAConsumableCapacity){{ end }}{{ with .Values.dra.extendedResourceName }} and
+the extended resource {{ . }} (DRAExtendedResource){{ end }} are beta, on by default: check that
+your cluster does not turn those feature gates off (docs/dra.md, "Which path for which cluster").
+{{- end }}
+{{- end }}
 {{- end }}
