@@ -532,7 +532,7 @@ def test_every_goal_renders_with_every_layer(helm, goal, layer):
     goals = yaml.safe_load((INSTALL / goal).read_text())
     assert ("Deployment" in {d["kind"] for d in docs}) is goals["scheduler"]["enabled"]
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
-    assert env.get("OMATICAYA_DEVICE_PLUGIN") == str(goals["devicePlugin"]).lower()
+    assert env.get("OMATICAYA_DEVICE_PLUGIN") == str(goals["devicePlugin"]["enabled"]).lower()
     dra = goals.get("dra", {}).get("enabled", False)
     assert env.get("OMATICAYA_DRA") == str(dra).lower()
     classes = {d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"}
