@@ -116,8 +116,10 @@ def agent(dev_cluster, admin_client) -> Iterator[Agent]:
 
 @pytest.fixture(scope="module")
 def sharing_agent(dev_cluster, admin_client) -> Iterator[Agent]:
-    """The agent's token of a release with GPU sharing on (``sharing.gpus=all``)."""
-    yield from _agent_of(dev_cluster, admin_client, render_rbac(f"{RELEASE}-sharing", "sharing.gpus=all"))
+    """The agent's token of a release with GPU sharing on (``sharing.gpus=all``, served by the
+    device plugin: the chart refuses sharing with neither it nor DRA on)."""
+    yield from _agent_of(dev_cluster, admin_client, render_rbac(f"{RELEASE}-sharing", "sharing.gpus=all",
+                                                            "devicePlugin.enabled=true"))
 
 
 def _agent_of(dev_cluster: Any, admin_client: Any, docs: list[dict]) -> Iterator[Agent]:
