@@ -73,6 +73,7 @@ __all__ = [
     "UNREADABLE",
     "UP",
     "SUPERVISOR_GONE",
+    "SLICE_ID_RE",
     "ClientSpec",
     "DaemonState",
     "Layout",
@@ -116,7 +117,7 @@ SUPERVISOR_GONE = "mps-supervisor-gone"
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}$")
 #: a slice's ID: 16 lower-case hex digits (``slice_id``)
-_SLICE = re.compile(r"^[0-9a-f]{16}$")
+SLICE_ID_RE = re.compile(r"^[0-9a-f]{16}$")
 #: the root's longest path, bytes: ``<root>/<40-byte GPU UUID>/pipe/control_privileged`` (the
 #: longest socket name of a daemon's pipe folder) within a unix socket path's 107 bytes (a
 #: slice's, ``<root>/slices/<16>/pipe/control_privileged``, is shorter)
@@ -189,7 +190,7 @@ class Layout:
     def slice_dir(self, sid: str) -> Path:
         """One slice's folder, ``<root>/slices/<slice id>``. Raises ``ValueError`` for an ID
         that is not ``slice_id``'s form (it becomes a path)."""
-        if not _SLICE.match(sid):
+        if not SLICE_ID_RE.match(sid):
             raise ValueError(f"not a slice ID (16 hex digits): {sid[:96]!r}")
         return self.slices_dir / sid
 

@@ -67,6 +67,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -76,8 +77,10 @@ from pathlib import Path
 from typing import IO, Literal
 
 from loguru import logger
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from ..core.mps import (
+    SLICE_ID_RE,
     DaemonState,
     Layout,
     SliceRequest,
@@ -366,6 +369,7 @@ class Supervisor:
                 self.layout.state(slot.gpu.uuid).unlink(missing_ok=True)
             except OSError as exc:
                 logger.warning("MPS state file of GPU {}: {}", slot.gpu.index, exc)
+        self._sweep_slices()
         for path, recursive in reversed(self._mounted):
             self._umount(path, recursive)
         self._mounted.clear()
@@ -483,11 +487,41 @@ class Supervisor:
             slot.daemon.stop(0.1)
         except OSError as exc:
             logger.warning("{}: stop: {}", slot.what, exc)
+        self._remove_slice_folder(slot.sid)
         with contextlib.suppress(OSError):
             self.layout.slice_state(slot.sid).unlink(missing_ok=True)
         self._slices.pop(slot.sid, None)
         if forget:
             logger.info("{}: stopped (its request was removed)", slot.what)
+
+    def _remove_slice_folder(self, sid: str) -> bool:
+        """Remove slice ``sid``'s folder (``<root>/slices/<sid>``, seen from the host's side):
+        its tmpfs (and any mount left on its pipe folder) unmounted first, lazily when busy, the
+        whole tree then removed, tried ``_REMOVE_TRIES`` times ``_REMOVE_WAIT_S`` apart (a dying
+        MPS server can still write in it). Returns ``True`` when nothing is left; a folder that
+        stays is logged with the reason (``ControlDaemon.stop`` removes it quietly, and a
+        leftover seen after ``helm uninstall`` had no trace in the logs). Never raises."""
+        folder = self._host(self.layout.slice_dir(sid))
+        try:
+            _remove_tree(folder)
+        except OSError as exc:
+            logger.warning("MPS supervisor: cannot remove slice {}'s folder {}: {}", sid, folder,
+                           exc.strerror or exc)  # fmt: skip
+            return False
+        return True
+
+    def _sweep_slices(self) -> None:
+        """At ``stop``: remove every slice folder still under ``<root>/slices`` (one whose
+        daemon's removal failed, or one a dead supervisor left and no request names now), so
+        that ``stop`` leaves no directory. Entries that are not slice IDs are left (not ours)."""
+        where = self._host(self.layout.slices_dir)
+        try:
+            names = [e.name for e in os.scandir(where) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return
+        for name in names:
+            if SLICE_ID_RE.match(name):
+                self._remove_slice_folder(name)
 
     def _host(self, path: Path) -> Path:
         """``path`` under the root as made on the host's side (``host_root``), else itself."""
@@ -674,3 +708,27 @@ def _serves(pid: int | None) -> bool:
             if state not in ("Z", "X"):
                 return True
     return False
+
+
+#: tries and the wait between them of ``_remove_tree``
+_REMOVE_TRIES = 5
+_REMOVE_WAIT_S = 0.2
+
+
+@retry(stop=stop_after_attempt(_REMOVE_TRIES), wait=wait_fixed(_REMOVE_WAIT_S),
+       retry=retry_if_exception_type(OSError), reraise=True)  # fmt: skip
+def _remove_tree(folder: Path) -> None:
+    """Unmount what is mounted on ``folder``'s ``shm`` and ``pipe`` (``umount``, then ``umount
+    --lazy`` when busy) and remove the tree. A folder already gone is done. Raises ``OSError``
+    (the first failure of ``shutil.rmtree``) when something stays."""
+    if not folder.exists():
+        return
+    for sub in (folder / "shm", folder / "pipe"):
+        if os.path.ismount(sub):
+            done = subprocess.run(["umount", str(sub)], capture_output=True, check=False)
+            if done.returncode != 0:
+                subprocess.run(["umount", "--lazy", str(sub)], capture_output=True, check=False)
+    try:
+        shutil.rmtree(folder)
+    except FileNotFoundError:
+        return
