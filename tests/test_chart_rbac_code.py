@@ -133,6 +133,16 @@ def extender_preempts(r: Rendered) -> bool:
     return extender(r) and "preemptVerb:" in r.scheduler_config
 
 
+def extender_unasked(r: Rendered) -> bool:
+    """``OMATICAYA_EXTENDER_PREEMPT_UNASKED=true``: the extender preempts where kube-scheduler
+    does not ask: it reads the pod and the candidate Node and its pods, evicts, posts Events."""
+    return extender(r) and r.extender_env.get("OMATICAYA_EXTENDER_PREEMPT_UNASKED") == "true"
+
+
+def extender_reads_candidates(r: Rendered) -> bool:
+    return extender_preempts(r) or extender_unasked(r)
+
+
 def extender_leases(r: Rendered) -> bool:
     """The Lease cache of ``OMATICAYA_EXTENDER_LEASE_NAMESPACE`` (the release namespace)."""
     namespace = r.extender_env.get("OMATICAYA_EXTENDER_LEASE_NAMESPACE", "")
@@ -173,9 +183,14 @@ USES: dict[str, list[Use]] = {
     "kube.heartbeat_lease.LeaseClient.release": [("agent", always, "release")],
     "kube.heartbeat_lease.LeaseClient.delete": [("agent", always, "release")],
     # shared GPUs: each slice's pod by name, Events on it, eviction (in the pod's namespace)
-    "kube.pod_client.PodClient.get_pod": [("agent", sharing, "any")],
-    "kube.pod_client.PodClient.create_pod_event": [("agent", sharing, "any")],
-    "kube.pod_client.PodClient.evict_pod": [("agent", evict, "any")],
+    # the extender with preemptUnasked: the preemptor read fresh, its victims evicted, Events
+    # (read_pod's GET, scanned as get_pod's)
+    "kube.pod_client.PodClient.get_pod": [("agent", sharing, "any"),
+                                          ("extender", extender_unasked, "any")],
+    "kube.pod_client.PodClient.create_pod_event": [("agent", sharing, "any"),
+                                                   ("extender", extender_unasked, "any")],
+    "kube.pod_client.PodClient.evict_pod": [("agent", evict, "any"),
+                                            ("extender", extender_unasked, "any")],
     # DRA: its Node's ResourceSlice (read back, server-side applied, deleted on exit), and the
     # claim the kubelet asks it to prepare (by namespace and name)
     "kube.resourceslice.ResourceSliceClient.get": [("agent", dra, None)],
@@ -186,7 +201,7 @@ USES: dict[str, list[Use]] = {
     "kube.node_cache.NodeCache": [("extender", extender, None)],
     "kube.pod_cache.PodCache": [("extender", extender_pods, None)],
     "kube.lease_cache.LeaseCache": [("extender", extender_leases, "release")],
-    "scheduler.preempt.NodeReader.__call__": [("extender", extender_preempts, None)],
+    "scheduler.preempt.NodeReader.__call__": [("extender", extender_reads_candidates, None)],
     # the uninstall hook: stop the DaemonSets, delete every ResourceSlice of the driver
     "kube.workloads.stop_daemonset": [("uninstall", hook_runs("stop-daemonset"), "release")],
     "kube.resourceslice.delete_driver_slices": [
@@ -461,6 +476,10 @@ VALUES = [
                            "sharing": {"gpus": "all", "overLimitAction": "evict"}}, ()),
     ("dra-no-uninstall-hook", {"dra": {"enabled": True}, "cleanupOnUninstall": False}, ()),
     ("scheduler-no-preemption", {"scheduler": {"enabled": True, "preemption": "off"}}, ()),
+    ("scheduler-preempt-unasked", {"scheduler": {"enabled": True,
+                                                 "extender": {"preemptUnasked": True}}}, ()),
+    ("scheduler-off-preempt-unasked", {"scheduler": {"enabled": True, "preemption": "off",
+                                                     "extender": {"preemptUnasked": True}}}, ()),
 ]  # fmt: skip
 
 

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from omaticaya_py.core.schema import parse_node
+from omaticaya_py.kube import KubeTooManyRequests
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.fit import Reason, reason_text
 from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
+from omaticaya_py.scheduler.unasked import ASK_WAIT_S, UnaskedPreemption, not_eligible, pick_node
 from omaticaya_py.scheduler.victims import ROOM_KEEP_S, RoomSought
 from tests.helpers import PREFIX
 from tests.test_preemption import NOW, gpu_node, gpu_pod, kept, meta_args, pod_doc
@@ -158,3 +160,159 @@ def test_room_sought_keeps_the_first_nodes_of_a_filter_only():
     book = RoomSought(max_nodes=2)
     book.record("u", {"a": NO_ROOM, "b": STALE, "c": NO_ROOM, "d": NO_ROOM}, (), 0.0)
     assert book.nodes("u", 0.0) == ("a", "c")
+
+
+# -- preemption kube-scheduler never asks for (omaticaya_py.scheduler.unasked) -------------
+#
+# The single-node case of issue 48 item 6: where every node's count fits, kube-scheduler's dry
+# run has no candidate and never calls /preempt; with OMATICAYA_EXTENDER_PREEMPT_UNASKED the
+# extender evicts the victims /preempt would have named, itself.
+
+
+class Unasked:
+    """An ``UnaskedPreemption`` on ``extender()`` whose edges are the trace node's documents:
+    ``preempt_over`` is the real ``preempt`` (the one rule), the pod read and the evictions
+    recorded here."""
+
+    def __init__(self, fresh: dict | None = None, refuse: Exception | None = None) -> None:
+        self.ext, self.now = extender(), 100.0
+        self.ext.monotonic = lambda: self.now
+        self.fresh = gpu_pod() if fresh is None else fresh
+        self.refuse = refuse
+        self.on_node = {p["metadata"]["uid"]: f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                        for p in ON_NODE["counted"]}  # fmt: skip
+        self.evicted: list[tuple[str, str, str]] = []
+        self.told: list[tuple[str, str]] = []
+        self.unasked = UnaskedPreemption(
+            lambda pod, nodes: preempt(self.ext, {"Pod": pod, "NodeNameToMetaVictims": {}},
+                                       reader([]), room_nodes=nodes),
+            lambda ns, name: self.fresh if self.fresh else None,
+            lambda node: dict(self.on_node),
+            self.evict,
+            lambda ns, name, uid, reason, message: self.told.append((f"{ns}/{name}", reason)),
+            self.ext.decisions.unasked,
+            clock=lambda: self.now,
+        )  # fmt: skip
+        self.ext.unasked = self.unasked
+
+    def evict(self, ns: str, name: str, uid: str) -> None:
+        if self.refuse is not None:
+            raise self.refuse
+        self.evicted.append((ns, name, uid))
+
+    def filter(self) -> None:
+        assert self.ext.filter({"Pod": gpu_pod(), "NodeNames": ["counted"]})["NodeNames"] == []
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        return {k[1:]: n for k, n in self.ext.decisions.counts.items() if k[0] == "preempt-unasked"}
+
+
+def test_unasked_the_trace_node_alone_gets_its_one_victim_once_kube_scheduler_does_not_ask():
+    u = Unasked()
+    u.filter()
+    assert u.unasked.waiting() == ["uid-preemptor"]
+    u.now += ASK_WAIT_S - 0.1
+    u.filter()  # kube-scheduler's retry: the wait runs from the first failure
+    assert u.unasked.run_once() == 0 and u.evicted == []
+    u.now += 0.1
+    assert u.unasked.run_once() == 1
+    # the fewest victims by /preempt's rule: one 30 GiB pod, the newest of four equal ones
+    assert u.evicted == [("low", "p6", "uid-p6")]
+    assert u.told == [("low/p6", "PreemptedForGpuMemory"), ("ml/preemptor", "GpuPreemption")]
+    assert u.counts() == {("evicted", ""): 1}
+    assert u.unasked.waiting() == []
+
+
+def test_unasked_a_pod_kube_scheduler_asks_for_or_that_fits_is_left_to_it():
+    u = Unasked()
+    u.filter()
+    u.unasked.asked("uid-preemptor")  # /preempt came: kube-scheduler's own preemption runs
+    u.now += ASK_WAIT_S
+    assert u.unasked.run_once() == 0 and u.unasked.waiting() == []
+    u.unasked.filtered(gpu_pod(), ("counted",), u.now)
+    u.unasked.filtered(gpu_pod(), (), u.now + 1)  # its next filter passed a node
+    u.now += 2 * ASK_WAIT_S
+    assert u.unasked.run_once() == 0 and u.evicted == [] and u.counts() == {}
+
+
+UNASKED_SKIPS = [
+    # (id, the pod as read fresh, counted reason)
+    ("bound meanwhile", {**gpu_pod(), "spec": {"priority": 1000, "nodeName": "counted"}}, "bound"),
+    ("being deleted", {**gpu_pod(), "metadata": {**gpu_pod()["metadata"],
+                                                 "deletionTimestamp": "2026-12-07T10:00:00Z"}},
+     "going"),
+    ("preemptionPolicy Never", {**gpu_pod(), "spec": {"priority": 1000,
+                                                      "preemptionPolicy": "Never"}}, "never"),
+    ("deleted", {}, "gone"),
+    ("another pod of that name", {**gpu_pod(), "metadata": {**gpu_pod()["metadata"],
+                                                            "uid": "uid-next"}}, "gone"),
+    ("no lower-priority pod to evict", gpu_pod(priority=0), "no-victims"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fresh,why", [c[1:] for c in UNASKED_SKIPS],
+                         ids=[c[0] for c in UNASKED_SKIPS])  # fmt: skip
+def test_unasked_skips(fresh, why):
+    u = Unasked(fresh=fresh)
+    u.filter()
+    u.now += ASK_WAIT_S
+    assert u.unasked.run_once() == 0
+    assert u.evicted == [] and u.told == []
+    assert u.counts() == {("skipped", why): 1}
+
+
+def test_unasked_nothing_more_is_evicted_while_the_victims_are_leaving():
+    """The victim terminating is never a victim again, but its GPU still reads as held: a
+    second round must not charge the node another pod."""
+    u = Unasked()
+    u.filter()
+    u.now += ASK_WAIT_S
+    assert u.unasked.run_once() == 1
+    u.filter()
+    u.now += ASK_WAIT_S
+    assert u.unasked.run_once() == 0
+    assert u.counts() == {("evicted", ""): 1, ("skipped", "holding"): 1}
+    # gone from the node: the telemetry still names it on GPU 6, so its room is on its way
+    del u.on_node["uid-p6"]
+    ON_NODE["counted"] = [p for p in ON_NODE["counted"] if p["metadata"]["uid"] != "uid-p6"]
+    try:
+        u.filter()
+        u.now += ASK_WAIT_S
+        assert u.unasked.run_once() == 0
+    finally:
+        ON_NODE["counted"].append(pod_doc(LOWS[3], 0, node="counted", started=3))
+    assert u.evicted == [("low", "p6", "uid-p6")]
+    assert u.counts()[("skipped", "no-victims")] == 1
+
+
+def test_unasked_a_disruption_budget_that_refuses_is_obeyed():
+    u = Unasked(refuse=KubeTooManyRequests("Cannot evict pod as it would violate the pod's "
+                                           "disruption budget.", status=429))  # fmt: skip
+    u.filter()
+    u.now += ASK_WAIT_S
+    assert u.unasked.run_once() == 0
+    assert u.told == [] and u.counts() == {("refused", "pdb"): 1}
+    # not held: its next failed filter tries again
+    u.filter()
+    u.now += ASK_WAIT_S
+    u.refuse = None
+    assert u.unasked.run_once() == 1
+
+
+PICKS = [
+    ("fewest victims", {"a": ["1", "2"], "b": ["3"]}, ("b", ("3",))),
+    ("a tie: the answer's order", {"a": ["1"], "b": ["2"]}, ("a", ("1",))),
+    ("none", {}, None),
+    ("a node without victims is no pick", {"a": []}, None),
+]
+
+
+@pytest.mark.parametrize("victims,expected", [c[1:] for c in PICKS], ids=[c[0] for c in PICKS])
+def test_pick_node(victims, expected):
+    assert pick_node(meta_args({}, **victims)) == expected
+    assert pick_node({"NodeNameToMetaVictims": "bad"}) is None
+
+
+def test_not_eligible_reads_untrusted_documents():
+    assert not_eligible(None) == "" and not_eligible({"spec": []}) == ""
+    assert not_eligible({"spec": {"nodeName": "n"}}) == "bound"

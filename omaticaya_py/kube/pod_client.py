@@ -19,22 +19,29 @@ class PodClient:
     the pods' namespaces; ``create`` on ``pods/eviction`` to evict (``evict_pod``). Raises
     ``KubeError`` subclasses (``KubeNotFound``: the pod is gone)."""
 
-    def __init__(self, session: ApiSession, reporter: str) -> None:
-        """``reporter``: the reporting instance of the Events (the Node's name)."""
+    def __init__(self, session: ApiSession, reporter: str, who: str = "the agent") -> None:
+        """``reporter``: the reporting instance of the Events (the Node's name); ``who``: the
+        program, as a 403's message names it (``the agent``, ``the extender``)."""
         self.session = session
         self.reporter = reporter
+        self.who = who
 
-    def get_pod(self, namespace: str, name: str) -> PodIdentity:
-        """GET one pod: its UID and its containers' IDs and names."""
+    def read_pod(self, namespace: str, name: str) -> Any:
+        """GET one pod: its v1.Pod document as the API server answered it (untrusted: the
+        caller reads it field by field)."""
         response = self.session.call(
             "get",
             f"pod {namespace}/{name}",
             lambda: self.session.http(
                 "GET", _POD_PATH, path_params={"namespace": namespace, "name": name}
             ),
-            rbac=f"the agent needs get on pods in {namespace}",
+            rbac=f"{self.who} needs get on pods in {namespace}",
         )
-        return pod_identity(json.loads(response.data), namespace, name)
+        return json.loads(response.data)
+
+    def get_pod(self, namespace: str, name: str) -> PodIdentity:
+        """GET one pod (``read_pod``): its UID and its containers' IDs and names."""
+        return pod_identity(self.read_pod(namespace, name), namespace, name)
 
     def create_pod_event(
         self, *, namespace: str, name: str, uid: str, reason: str, message: str, warning: bool
@@ -82,7 +89,7 @@ class PodClient:
                 path_params={"namespace": namespace, "name": name}, body=body,
                 content_type="application/json",
             ),  # fmt: skip
-            rbac=f"the agent needs create on pods/eviction in {namespace}",
+            rbac=f"{self.who} needs create on pods/eviction in {namespace}",
             retry=False,
         )
 

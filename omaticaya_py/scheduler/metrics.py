@@ -216,6 +216,12 @@ class Decisions:
         with self._lock:
             self.counts[("preempt", result, reason)] += n
 
+    def unasked(self, result: str, reason: str, n: int = 1) -> None:
+        """Count ``n`` outcomes of preemption kube-scheduler did not ask for
+        (``unasked.UnaskedPreemption``): pods evicted, evictions refused, pods skipped."""
+        with self._lock:
+            self.counts[("preempt-unasked", result, reason)] += n
+
 
 class DecisionMetrics:
     """``omaticaya_extender_decisions_total{verb,result,reason}``: per-node decisions

@@ -196,6 +196,7 @@ def preempt(
     reserved_on: Callable[[str], Sequence[Placement]] | None = None,
     max_nodes: int = MAX_NODES,
     budget_s: float | None = None,
+    room_nodes: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """ExtenderPreemptionArgs -> ExtenderPreemptionResult for the extender ``ext``
     (``protocol.Extender``: settings, the Node cache, clocks, in-flight placements, decision
@@ -205,7 +206,9 @@ def preempt(
     ``max_nodes`` nodes are read, within ``budget_s`` seconds from the call (``None``:
     ``preempt_budget_s`` of the settings' ``http_timeout_s``, kube-scheduler's
     ``httpTimeout``) on the extender's monotonic clock (``ext.monotonic``); a node whose worst
-    case no longer fits is not started (``victims.Deadline``)."""
+    case no longer fits is not started (``victims.Deadline``). ``room_nodes``: the nodes to add
+    (``None``: those of the pod's latest filter, ``ext.room_sought``; ``unasked`` passes the
+    ones it recorded)."""
     if budget_s is None:
         budget_s = preempt_budget_s(ext.settings.http_timeout_s)
     deadline = Deadline.start(budget_s, ext.monotonic)
@@ -224,8 +227,9 @@ def preempt(
         return {"NodeNameToMetaVictims": {}}
     # the nodes its filter failed for room alone: kube-scheduler's dry run names no victim
     # where its own count fits, so it never offers them; victims chosen here alone
-    added = {n: None for n in ext.room_sought.nodes(pod_uid(pod), ext.monotonic())
-             if n not in candidates}  # fmt: skip
+    if room_nodes is None:
+        room_nodes = ext.room_sought.nodes(pod_uid(pod), ext.monotonic())
+    added = {n: None for n in room_nodes if n not in candidates}
     for n in added:
         candidates[n], pdb[n] = [], 0
     states = {n: ext.lookup(n) for n in candidates}
@@ -310,4 +314,10 @@ def preemptor(ext: Any, kubeconfig: str | None = None) -> Callable[[Any], Any] |
         log.error("preemption off: {}", err)
         return None
     reader = NodeReader(session, ext.settings.prefix)
-    return lambda args: preempt(ext, args, reader)
+
+    def handle(args: Any) -> Any:
+        if ext.unasked is not None:  # kube-scheduler's own preemption runs for this pod
+            ext.unasked.asked(pod_uid(json_mapping(args).get("Pod")))
+        return preempt(ext, args, reader)
+
+    return handle

@@ -256,6 +256,9 @@ class Extender:
     #: the nodes each pod's filter failed for GPU room alone, which ``/preempt`` adds to
     #: kube-scheduler's candidates (``victims.RoomSought``)
     room_sought: RoomSought = field(default_factory=RoomSought)
+    #: preemption kube-scheduler never asks for (``unasked.UnaskedPreemption``), told of each
+    #: GPU pod's room failures; ``None``: off (``OMATICAYA_EXTENDER_PREEMPT_UNASKED``)
+    unasked: Any = None
     _narrowing: Narrowing | None = field(default=None, repr=False)
 
     def narrowing(self) -> Narrowing | None:
@@ -335,8 +338,10 @@ class Extender:
         if hopeless := unresolvable(need, failed, self.lookup):  # read from 1.21; 1.20 ignores it
             result["FailedAndUnresolvableNodes"] = hopeless
         if need is not None and not (need.slices or need.profile):  # preempt's own victims
-            self.room_sought.record(pod_uid(pod), {} if passed else failed, hopeless,
-                                    self.monotonic())  # fmt: skip
+            now = self.monotonic()
+            self.room_sought.record(pod_uid(pod), {} if passed else failed, hopeless, now)
+            if self.unasked is not None:
+                self.unasked.filtered(pod, self.room_sought.nodes(pod_uid(pod), now), now)
         if by_name:
             return {**result, "NodeNames": passed, "Nodes": None}
         keep = set(passed)

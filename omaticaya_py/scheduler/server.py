@@ -20,6 +20,7 @@ from .nodeview import LeaseState, lease_from_object, seen_of, with_policy, with_
 from .preempt import preemptor
 from .protocol import Extender
 from .settings import ExtenderSettings
+from .unasked import unasked_preemption
 
 
 def serve(
@@ -53,6 +54,12 @@ def serve(
     registry = metrics_registry(MetricSources(cache, problems, pods, pod_problems, ext.decisions,
                                               leases, ledger, cache.requests))  # fmt: skip
     app = create_app(ext, registry, preempt=preemptor(ext, settings.kubeconfig))
+    unasked_stop = threading.Event()
+    if settings.preempt_unasked:
+        ext.unasked = unasked_preemption(ext, settings.kubeconfig)
+        if ext.unasked is not None:
+            threading.Thread(target=ext.unasked.run, args=(unasked_stop,),
+                             name="preempt-unasked", daemon=True).start()  # fmt: skip
     try:
         server = HttpServer(app, settings.address, settings.port, log_level=settings.log_level,
                             access_log=settings.log_level == "DEBUG")  # fmt: skip
@@ -64,12 +71,14 @@ def serve(
     s = settings
     log.info(
         "extender on {}:{} strategy={} signal={} ttl={:g}s+{:g}s max_clock_skew={:g}s "
-        "fail_open={} prefix={} leases={}", s.address, s.port, s.strategy, s.signal, s.ttl_s,
-        s.grace_s, s.max_clock_skew_s, s.fail_open, s.prefix, s.lease_namespace or "-",
+        "fail_open={} prefix={} leases={} preempt_unasked={}", s.address, s.port, s.strategy,
+        s.signal, s.ttl_s, s.grace_s, s.max_clock_skew_s, s.fail_open, s.prefix,
+        s.lease_namespace or "-", s.preempt_unasked,
     )  # fmt: skip
     try:
         served = server.run()
     finally:
+        unasked_stop.set()
         _stop_caches(cache, pods, leases)
     return 0 if served else 1
 

@@ -138,6 +138,16 @@ class ExtenderSettings(CommonSettings):
         "this less 1 s (a fifth when that is less) and starts no node whose reads could run "
         "past that. Seconds, or a Go duration as the configuration writes it (5s, 1m30s, 500ms).",
     )
+    preempt_unasked: bool = Field(
+        default=False,
+        description="Preempt where kube-scheduler does not ask: when a pod's filter failed "
+        "for GPU memory alone and no /preempt call came for it within 5 s (kube-scheduler's "
+        "dry run names no victim where its own GPU count fits, so it never asks), evict the "
+        "fewest lower-priority pods whose GPUs then hold it, by /preempt's rule, through the "
+        "Eviction API (PodDisruptionBudgets obeyed), with Events on both. Off by default: "
+        "kube-scheduler does not nominate the pod, and it needs create on pods/eviction "
+        "cluster-wide (the chart grants it with scheduler.extender.preemptUnasked).",
+    )
     kubeconfig: str | None = Field(
         default=None, description="kubeconfig path (unset: in-cluster, then $KUBECONFIG)."
     )
