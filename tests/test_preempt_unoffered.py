@@ -184,8 +184,7 @@ class Unasked:
         self.evicted: list[tuple[str, str, str]] = []
         self.told: list[tuple[str, str]] = []
         self.unasked = UnaskedPreemption(
-            lambda pod, nodes: preempt(self.ext, {"Pod": pod, "NodeNameToMetaVictims": {}},
-                                       reader([]), room_nodes=nodes),
+            self.preempt_over,
             lambda ns, name: self.fresh if self.fresh else None,
             lambda node: dict(self.on_node),
             self.evict,
@@ -195,6 +194,17 @@ class Unasked:
         )  # fmt: skip
         self.ext.unasked = self.unasked
 
+    def preempt_over(self, pod: Any, nodes: Any) -> tuple[dict, dict]:
+        seen: dict = {}
+
+        def read(node: str, deadline: Any = None) -> Candidate:
+            view = reader([])(node, deadline)
+            seen.update((p.uid, p) for p in view.pods)
+            return view
+
+        return preempt(self.ext, {"Pod": pod, "NodeNameToMetaVictims": {}}, read,
+                       room_nodes=nodes, count=self.ext.decisions.unasked), seen  # fmt: skip
+
     def evict(self, ns: str, name: str, uid: str) -> None:
         if self.refuse is not None:
             raise self.refuse
@@ -203,8 +213,12 @@ class Unasked:
     def filter(self) -> None:
         assert self.ext.filter({"Pod": gpu_pod(), "NodeNames": ["counted"]})["NodeNames"] == []
 
-    def counts(self) -> dict[tuple[str, str], int]:
-        return {k[1:]: n for k, n in self.ext.decisions.counts.items() if k[0] == "preempt-unasked"}
+    def counts(self, per_node: bool = False) -> dict[tuple[str, str], int]:
+        """The pods' outcomes (``per_node``: the nodes' too, as /preempt counts them); nothing
+        ever under the ``preempt`` verb, which kube-scheduler's calls alone count."""
+        assert not any(k[0] == "preempt" for k in self.ext.decisions.counts)
+        return {k[1:]: n for k, n in self.ext.decisions.counts.items() if k[0] == "preempt-unasked"
+                and (per_node or k[1] not in ("kept", "dropped"))}
 
 
 def test_unasked_the_trace_node_alone_gets_its_one_victim_once_kube_scheduler_does_not_ask():
@@ -219,7 +233,7 @@ def test_unasked_the_trace_node_alone_gets_its_one_victim_once_kube_scheduler_do
     # the fewest victims by /preempt's rule: one 30 GiB pod, the newest of four equal ones
     assert u.evicted == [("low", "p6", "uid-p6")]
     assert u.told == [("low/p6", "PreemptedForGpuMemory"), ("ml/preemptor", "GpuPreemption")]
-    assert u.counts() == {("evicted", ""): 1}
+    assert u.counts(per_node=True) == {("evicted", ""): 1, ("kept", "added"): 1}
     assert u.unasked.waiting() == []
 
 
@@ -243,6 +257,8 @@ UNASKED_SKIPS = [
      "going"),
     ("preemptionPolicy Never", {**gpu_pod(), "spec": {"priority": 1000,
                                                       "preemptionPolicy": "Never"}}, "never"),
+    ("nominated by kube-scheduler's own preemption (its victims leaving: it does not ask)",
+     {**gpu_pod(), "status": {"nominatedNodeName": "counted"}}, "nominated"),
     ("deleted", {}, "gone"),
     ("another pod of that name", {**gpu_pod(), "metadata": {**gpu_pod()["metadata"],
                                                             "uid": "uid-next"}}, "gone"),
@@ -299,17 +315,25 @@ def test_unasked_a_disruption_budget_that_refuses_is_obeyed():
     assert u.unasked.run_once() == 1
 
 
+#: victim uid -> priority, for PICKS
+PRIO = {"hi": 500, "lo": 100, "lo2": 100, "zero": 0, "zero2": 0}
 PICKS = [
-    ("fewest victims", {"a": ["1", "2"], "b": ["3"]}, ("b", ("3",))),
-    ("a tie: the answer's order", {"a": ["1"], "b": ["2"]}, ("a", ("1",))),
+    # (id, victims per node, in the answer's order; the pick), as kube-scheduler picks
+    ("the least important most important victim", {"a": ["hi"], "b": ["lo", "lo2"]},
+     ("b", ("lo", "lo2"))),
+    ("then the lowest priority sum", {"a": ["lo", "lo2"], "b": ["lo", "zero"]},
+     ("b", ("lo", "zero"))),
+    ("then the fewest victims", {"a": ["zero", "zero2"], "b": ["zero"]}, ("b", ("zero",))),
+    ("a tie: the answer's order", {"a": ["zero"], "b": ["zero2"]}, ("a", ("zero",))),
+    ("an unknown priority reads 0", {"a": ["lo"], "b": ["unknown"]}, ("b", ("unknown",))),
     ("none", {}, None),
     ("a node without victims is no pick", {"a": []}, None),
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("victims,expected", [c[1:] for c in PICKS], ids=[c[0] for c in PICKS])
 def test_pick_node(victims, expected):
-    assert pick_node(meta_args({}, **victims)) == expected
+    assert pick_node(meta_args({}, **victims), PRIO) == expected
     assert pick_node({"NodeNameToMetaVictims": "bad"}) is None
 
 

@@ -157,11 +157,18 @@ def full(api, scheduling_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]:
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
-        setup = ledger_scheduler(api, scheduling_cluster, tmp_path_factory.mktemp("preempt"), ns,
-                                 SCHEDULER, names,
-                                 lambda node, role: make_node(api, node, ns, role))  # fmt: skip
+        # preemption kube-scheduler does not ask for (the single-node case) is on: where it asks,
+        # as in every other test here, the extender leaves the pod to it
+        os.environ["OMATICAYA_EXTENDER_PREEMPT_UNASKED"] = "true"
         try:
-            yield next(setup) | {"roles": {role: n for n, role in names.items()}}
+            setup = ledger_scheduler(api, scheduling_cluster, tmp_path_factory.mktemp("preempt"),
+                                     ns, SCHEDULER, names,
+                                     lambda node, role: make_node(api, node, ns, role))  # fmt: skip
+            first = next(setup)
+        finally:
+            os.environ.pop("OMATICAYA_EXTENDER_PREEMPT_UNASKED", None)
+        try:
+            yield first | {"roles": {role: n for n, role in names.items()}}
         finally:
             with suppress(client.ApiException):  # no kubelet: nothing else deletes them
                 api.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
@@ -175,14 +182,15 @@ def _pods(core: Any, ns: str) -> dict[str, Any]:
     return {p.metadata.name: p for p in core.list_namespaced_pod(ns).items}
 
 
-def _preempt_decisions(url: str) -> Counter[tuple[str, str]]:
-    """The extender's ``/preempt`` outcomes so far, per node: (result, reason) -> count."""
+def _preempt_decisions(url: str, verb: str = "preempt") -> Counter[tuple[str, str]]:
+    """The extender's ``/preempt`` outcomes so far, per node (``verb`` preempt-unasked: its
+    own preemption's, per pod): (result, reason) -> count."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     out: Counter[tuple[str, str]] = Counter()
     for m in re.finditer(r"^omaticaya_extender_decisions_total\{([^}]*)\} (\S+)$", text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if labels.get("verb") == "preempt":
+        if labels.get("verb") == verb:
             out[(labels["result"], labels["reason"])] += int(float(m.group(2)))
     return out
 
@@ -327,5 +335,69 @@ def test_a_node_whose_count_fits_gets_the_victim_its_gpu_memory_needs(api, full)
         for pod in ("serving-counted", *COUNTED_PODS):
             with suppress(Exception):
                 api.delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+        with suppress(Exception):
+            api.delete_node(node)
+
+
+#: the trace's node again, its pods named alone-*: the only node the preemptor may go to
+ALONE = [(free, (f"alone-{h[0]}", h[1]) if h else None) for free, h in COUNTED]
+ALONE_PODS = {f"alone-{name}": rest for name, rest in COUNTED_PODS.items()}
+
+
+def test_where_every_count_fits_the_extender_evicts_though_kube_scheduler_does_not_ask(api, full):  # noqa: F811
+    """Issue 48 item 6, where kube-scheduler offers no node at all: a pod that asks its GPU
+    memory by annotation alone passes every node's in-tree filters (as a one-GPU-node cluster's
+    pod does), so kube-scheduler's dry run names no victim anywhere and never calls /preempt
+    ("expected at least one victim pod on node"; before, the pod stayed Pending). With
+    ``preemptUnasked`` the extender evicts what /preempt would have named, on the node
+    kube-scheduler would pick: the trace's node, whose newest priority-0 30 GiB pod frees a GPU
+    of 60 GiB (fits offers a gpu-batch victim when run alone: the least important goes), with
+    its Events, and the pod binds there once the agent reads GPU 6 again. (Pinned by a
+    nodeSelector instead, kube-scheduler would retry it after the Node's update only within
+    5 minutes: NodeAffinity's queueing hint skips a Node that matched before.)"""
+    ns, sched = full["ns"], full["sched"]
+    node = f"preempt-alone-{os.getpid()}"
+    pod = "serving-alone"
+    try:
+        add_node(api, node, ns, ALONE, ALONE_PODS)
+        wait_for("the extender to judge the new node by its room",
+                 lambda: "no room" in _filter_reason(sched.url, node), 30)  # fmt: skip
+        asked, done = _preempt_decisions(sched.url), _preempt_decisions(sched.url, "preempt-unasked")
+        doc = _preemptor(pod, "gpu-serving", "60Gi")
+        del doc["spec"]["containers"][0]["resources"]  # by annotation alone: every count fits
+        api.create_namespaced_pod(ns, doc)
+        wait_for("alone-low-6 to be evicted", lambda: "alone-low-6" not in _pods(api, ns), 60)
+        left = _pods(api, ns)
+        assert set(ALONE_PODS) - set(left) == {"alone-low-6"}, sorted(left)
+        # kube-scheduler's preemption failed before asking, and nominated nothing
+        message = unschedulable_message(api, ns, pod)
+        print(f"[preempt] alone: kube-scheduler said: {message[:300]}")
+        assert "expected at least one victim pod" in message, message
+        assert api.read_namespaced_pod(pod, ns).status.nominated_node_name is None
+        own = _preempt_decisions(sched.url, "preempt-unasked") - done
+        # one pod evicted; the node kept as /preempt would have (counted apart from its calls)
+        assert own[("evicted", "")] == 1 and own[("kept", "added")] >= 1, own
+        assert not own[("refused", "pdb")], own
+        assert not (_preempt_decisions(sched.url) - asked)[("kept", "added")], "asked after all"
+        told = wait_for("the Events on both pods", lambda: {
+            (e.involved_object.name, e.reason) for e in api.list_namespaced_event(ns).items
+            if e.reason in ("PreemptedForGpuMemory", "GpuPreemption")} or None, 30)  # fmt: skip
+        assert told == {("alone-low-6", "PreemptedForGpuMemory"), (pod, "GpuPreemption")}, told
+
+        # the agent reads GPU 6 again: low-6's memory free, its holder gone
+        write_node(api, node, ns, [*ALONE[:6], (80_720, None), ALONE[7]])
+
+        def bound() -> str | None:
+            return api.read_namespaced_pod(pod, ns).spec.node_name
+
+        assert wait_for(f"{pod} to bind", bound, 90) == node
+        placed = full["ledger"].get(api.read_namespaced_pod(pod, ns).metadata.uid)
+        assert placed is not None and placed.node == node and placed.gpus == (6,), placed
+        left = _pods(api, ns)
+        assert set(ALONE_PODS) - set(left) == {"alone-low-6"}, sorted(left)
+    finally:
+        for name in (pod, *ALONE_PODS):
+            with suppress(Exception):
+                api.delete_namespaced_pod(name, ns, grace_period_seconds=0)
         with suppress(Exception):
             api.delete_node(node)

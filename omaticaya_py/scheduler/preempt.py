@@ -197,6 +197,7 @@ def preempt(
     max_nodes: int = MAX_NODES,
     budget_s: float | None = None,
     room_nodes: Sequence[str] | None = None,
+    count: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
     """ExtenderPreemptionArgs -> ExtenderPreemptionResult for the extender ``ext``
     (``protocol.Extender``: settings, the Node cache, clocks, in-flight placements, decision
@@ -208,14 +209,15 @@ def preempt(
     ``httpTimeout``) on the extender's monotonic clock (``ext.monotonic``); a node whose worst
     case no longer fits is not started (``victims.Deadline``). ``room_nodes``: the nodes to add
     (``None``: those of the pod's latest filter, ``ext.room_sought``; ``unasked`` passes the
-    ones it recorded)."""
+    ones it recorded); ``count(result, reason, n=1)``: where each node's outcome is counted
+    (``None``: ``ext.decisions.preempted``, the ``preempt`` verb's)."""
     if budget_s is None:
         budget_s = preempt_budget_s(ext.settings.http_timeout_s)
     deadline = Deadline.start(budget_s, ext.monotonic)
     s, pod = ext.settings, args.get("Pod")
     need = parse_need(pod, s.prefix, s.shared_resource, s.device_plugin_resource)
     candidates, pdb, bad = _candidates(args)
-    count = ext.decisions.preempted
+    count = ext.decisions.preempted if count is None else count
     if bad:
         count("dropped", "bad-victim", bad)
     if need is None or need.slices:

@@ -15,8 +15,8 @@ for ever. No extender answer can change that; this component acts on its own ins
   failed filter (``ASK_WAIT_S``) is one kube-scheduler will not preempt for;
 - then, read fresh (``read_pod``), a pod still unbound, not being deleted, whose
   ``preemptionPolicy`` is not ``Never``, gets the victims ``/preempt`` would give it, by the same
-  rule (``preempt.preempt`` over the nodes its filter failed, ``victims.choose_victims``): the
-  node with the fewest (``pick_node``), each evicted through the Eviction API (``policy/v1``, its
+  rule (``preempt.preempt`` over the nodes its filter failed, ``victims.choose_victims``), on
+  the node kube-scheduler would pick among them (``pick_node``), each evicted through the Eviction API (``policy/v1``, its
   UID a precondition: a PodDisruptionBudget that forbids it is obeyed, 429, and the rest of
   that set is left alone), with a Normal Event on each victim (``PreemptedForGpuMemory``) and
   on the preemptor (``GpuPreemption``);
@@ -24,9 +24,10 @@ for ever. No extender answer can change that; this component acts on its own ins
   evicted for it (at most ``hold_s``, ``HOLD_S``): a victim that is going is never a victim
   again, but its GPU still reads as held, and choosing again would charge the node twice.
 
-Counted in ``omaticaya_extender_decisions_total{verb="preempt-unasked"}``: ``result`` evicted
-(pods), refused (an eviction the API refused: ``pdb``, ``gone``, ``forbidden``, ``failed``),
-skipped (a pod not acted for: ``bound``, ``going``, ``never``, ``gone``, ``holding``,
+Counted in ``omaticaya_extender_decisions_total{verb="preempt-unasked"}``: per node, kept or
+dropped as ``/preempt`` counts them (never under ``verb="preempt"``: kube-scheduler did not
+ask); per pod, ``result`` evicted (pods), refused (an eviction the API refused: ``pdb``, ``gone``, ``forbidden``, ``failed``),
+skipped (a pod not acted for: ``bound``, ``going``, ``never``, ``nominated``, ``gone``, ``holding``,
 ``no-victims``, ``read-failed``). Off by default: it evicts outside kube-scheduler's own
 preemption, so kube-scheduler does not nominate the pod to the node (another pending pod that
 fits there may take the room first) and it needs ``create`` on ``pods/eviction`` cluster-wide.
@@ -44,6 +45,7 @@ from loguru import logger as log
 
 from ..core.schema import json_mapping, json_str
 from .protocol import pod_name, pod_uid
+from .victims import PodOnNode
 
 __all__ = [
     "ASK_WAIT_S",
@@ -84,9 +86,12 @@ class Waiting:
 def not_eligible(pod: Any) -> str:
     """Why a pod (a v1.Pod document, read fresh) is not preempted for: ``bound``
     (``spec.nodeName`` set), ``going`` (``metadata.deletionTimestamp``), ``never``
-    (``spec.preemptionPolicy`` ``Never``, as kube-scheduler honours it); ``""``: eligible."""
-    meta, spec = json_mapping(json_mapping(pod).get("metadata")), json_mapping(
-        json_mapping(pod).get("spec")
+    (``spec.preemptionPolicy`` ``Never``, as kube-scheduler honours it), ``nominated``
+    (``status.nominatedNodeName``: kube-scheduler's own preemption runs for it); ``""``:
+    eligible."""
+    meta, spec = (
+        json_mapping(json_mapping(pod).get("metadata")),
+        json_mapping(json_mapping(pod).get("spec")),
     )
     if json_str(spec.get("nodeName")):
         return "bound"
@@ -94,34 +99,51 @@ def not_eligible(pod: Any) -> str:
         return "going"
     if spec.get("preemptionPolicy") == "Never":
         return "never"
+    if json_str(json_mapping(json_mapping(pod).get("status")).get("nominatedNodeName")):
+        # kube-scheduler's own preemption chose a node for it: it waits for those victims
+        # (and does not call /preempt meanwhile); evicting more would charge a node twice
+        return "nominated"
     return ""
 
 
-def pick_node(result: Any) -> tuple[str, tuple[str, ...]] | None:
+def pick_node(
+    result: Any, priority: Mapping[str, int] | None = None
+) -> tuple[str, tuple[str, ...]] | None:
     """The node to preempt on from an ExtenderPreemptionResult (``NodeNameToMetaVictims``:
-    node -> ``{"Pods": [{"UID"}]}``): the one with the fewest victims, the earlier in the
-    answer's order on a tie (the filter's order); ``(node, victim UIDs)``, or ``None`` when no
-    node has a victim."""
-    best: tuple[str, tuple[str, ...]] | None = None
+    node -> ``{"Pods": [{"UID"}]}``), as kube-scheduler picks among its candidates: the one
+    whose most important victim matters least (``priority``: victim uid -> ``spec.priority``,
+    0 when unknown), then the lowest sum of the victims' priorities, then the fewest victims,
+    then the earlier in the answer's order (the filter's). ``(node, victim UIDs)``, or
+    ``None`` when no node has a victim."""
+    rank = priority or {}
+    best: tuple[tuple[int, int, int], str, tuple[str, ...]] | None = None
     for node, meta in json_mapping(json_mapping(result).get("NodeNameToMetaVictims")).items():
         pods = json_mapping(meta).get("Pods")
         uids = tuple(
             u for p in (pods if isinstance(pods, list) else ())
             if (u := json_str(json_mapping(p).get("UID")))
         )  # fmt: skip
-        if uids and (best is None or len(uids) < len(best[1])):
-            best = (node, uids)
-    return best
+        if not uids:
+            continue
+        prios = [rank.get(u, 0) for u in uids]
+        key = (max(prios), sum(prios), len(uids))
+        if best is None or key < best[0]:
+            best = (key, node, uids)
+    return None if best is None else (best[1], best[2])
 
 
-#: ``(pod, nodes) -> ExtenderPreemptionResult``: ``preempt.preempt`` over those nodes
-PreemptOver = Callable[[Mapping[str, Any], Sequence[str]], Mapping[str, Any]]
+#: ``(pod, nodes) -> (ExtenderPreemptionResult, {uid: PodOnNode} of the pods read on them)``:
+#: ``preempt.preempt`` over those nodes
+PreemptOver = Callable[
+    [Mapping[str, Any], Sequence[str]], tuple[Mapping[str, Any], Mapping[str, PodOnNode]]
+]
 
 
 class UnaskedPreemption:
     """The waiting pods and the evictions made for them (module docstring).
 
-    ``preempt_over(pod, nodes)``: the victims ``/preempt`` would give ``pod`` on ``nodes``;
+    ``preempt_over(pod, nodes)``: the victims ``/preempt`` would give ``pod`` on ``nodes``, and
+    the pods it read there (their keys and priorities: ``pick_node``, the evictions);
     ``read_pod(namespace, name)``: the pod read fresh (``None``: gone); ``pods_on(node)``: the
     pods bound to ``node`` as ``{uid: "namespace/name"}``; ``evict(namespace, name, uid)``: one
     Eviction (raises ``kube.KubeError``: ``KubeTooManyRequests`` when a PodDisruptionBudget
@@ -226,13 +248,14 @@ class UnaskedPreemption:
             if still:
                 return self._skip(fresh, "holding", f"{len(still)} victim(s) still on {held[0]}")
         try:
-            picked = pick_node(self._preempt_over(fresh, w.nodes))
-            on_node = self._pods_on(picked[0]) if picked is not None else {}
+            result, seen = self._preempt_over(fresh, w.nodes)
         except Exception as exc:  # noqa: BLE001
             return self._skip(fresh, "read-failed", str(exc)[:200])
+        picked = pick_node(result, {uid: p.priority for uid, p in seen.items()})
         if picked is None:
             return self._skip(fresh, "no-victims")
         node, victims = picked
+        on_node = {uid: p.key for uid, p in seen.items()}
         evicted = self._evict_all(fresh, node, victims, on_node)
         if evicted:
             self._evicted[uid] = (node, frozenset(evicted), now)
@@ -312,9 +335,18 @@ def unasked_preemption(ext: Any, kubeconfig: str | None = None) -> UnaskedPreemp
     reader = NodeReader(session, ext.settings.prefix)
     pods = PodClient(session, "omaticaya-extender", who="the extender")
 
-    def preempt_over(pod: Mapping[str, Any], nodes: Sequence[str]) -> Mapping[str, Any]:
-        return preempt(ext, {"Pod": pod, "NodeNameToMetaVictims": {}}, reader,
-                       budget_s=READ_BUDGET_S, room_nodes=nodes)  # fmt: skip
+    def preempt_over(pod: Mapping[str, Any], nodes: Sequence[str]
+                     ) -> tuple[Mapping[str, Any], Mapping[str, PodOnNode]]:  # fmt: skip
+        seen: dict[str, PodOnNode] = {}
+
+        def read(node: str, deadline: Deadline) -> Any:
+            view = reader(node, deadline)
+            seen.update((p.uid, p) for p in view.pods)
+            return view
+
+        result = preempt(ext, {"Pod": pod, "NodeNameToMetaVictims": {}}, read,
+                         budget_s=READ_BUDGET_S, room_nodes=nodes, count=ext.decisions.unasked)  # fmt: skip
+        return result, seen
 
     def read_pod(namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
