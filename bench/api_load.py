@@ -101,9 +101,9 @@ class GfdStyleWriter:
     (unquantised) map differs from the Node's."""
 
     def __init__(self, api: Any, node: str, reader: Any) -> None:
-        from omaticaya_py.core.health import assess
-        from omaticaya_py.core.patch import diff_section
-        from omaticaya_py.core.render import render
+        from omaticaya_py.core.publish.patch import diff_section
+        from omaticaya_py.core.publish.render import render
+        from omaticaya_py.core.rules.health import assess
 
         self.api, self.node, self.reader = api, node, reader
         self.count = count_api_client(api.api_client)
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n".join(notes),
         table(["scenario", "label (agent-fleet)", "patches changing it/h", "of which worse/h"],
               label_rows),  # fmt: skip
-        "worse: the change makes the Node less attractive (core.budget.worse): such a patch goes "
+        "worse: the change makes the Node less attractive (core.publish.budget.worse): such a patch goes "
         "at once, past the write budget; the last line of each scenario counts patches",
     )
     return 0

@@ -6,7 +6,7 @@ and after a change.
 The cluster (``bench/burst_data.py``): ``--nodes`` Nodes x ``--gpus`` H100s, each GPU's free
 memory drawn from the per-GPU free memory recorded in ``tests/data/h100-trace.json`` and
 ``multi-gpu-trace.json`` (seeded: the same cluster for every variant and run), written as the
-agent would write them (``core.render`` labels and the telemetry annotation, read now, fresh
+agent would write them (``core.publish.render`` labels and the telemetry annotation, read now, fresh
 for an hour); no agent and no kubelet run, so nothing the pods do shows in the telemetry: what
 the extender holds for bound pods (``--settle-s`` 3600) is all that stops overcommit.
 

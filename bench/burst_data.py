@@ -1,5 +1,5 @@
 """The burst bench's cluster and its judge: per-GPU free memory drawn from recorded traces,
-Nodes as the agent writes them (``core.render`` labels and the telemetry annotation), and the
+Nodes as the agent writes them (``core.publish.render`` labels and the telemetry annotation), and the
 exact packing check that says whether the pods bound to a node fit on its GPUs.
 
 Pure apart from reading the trace files; nothing here talks to an API server.
@@ -51,13 +51,13 @@ def node_frees(nodes: int, gpus: int, pool: Sequence[int], seed: int = 24) -> li
 
 def node_docs(names: Sequence[str], frees: Sequence[Sequence[int]], group: str,
               refresh_s: float = 3600) -> list[dict[str, Any]]:  # fmt: skip
-    """v1.Node bodies as the agent would write them: labels from ``core.render`` and the
+    """v1.Node bodies as the agent would write them: labels from ``core.publish.render`` and the
     telemetry annotation (read now, promising a rewrite within ``refresh_s``, so that nothing
     goes stale during a run) of an 8-H100 snapshot (the recorded trace's first sample) whose
     GPUs have ``frees`` MiB free; labelled ``bench=<group>``."""
-    from omaticaya_py.core.health import assess
-    from omaticaya_py.core.render import render
-    from omaticaya_py.core.render_telemetry import telemetry_annotation
+    from omaticaya_py.core.publish.render import render
+    from omaticaya_py.core.publish.render_telemetry import telemetry_annotation
+    from omaticaya_py.core.rules.health import assess
     from omaticaya_py.sources.replay import TraceReader
 
     width = max(len(f) for f in frees)

@@ -192,7 +192,7 @@ class FakeClock:
 def bench_settings(**overrides: Any) -> Any:
     """Agent settings from defaults plus ``overrides``, ignoring any ``.env`` and environment
     (the bench must not depend on the caller's shell)."""
-    from omaticaya_py.core.settings import Settings
+    from omaticaya_py.core.config.settings import Settings
 
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("OMATICAYA_")}
     try:

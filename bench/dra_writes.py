@@ -17,7 +17,7 @@ churning neighbours (``bench.label_churn.neighbour_traces``: GPU 0's memory dipp
 beside GPU 1 with rows pending 300 s of every 600 s; 8 GPUs dipping every 120 s, 15 s apart).
 
 Issue 48: each row runs the rule twice, the agent's now (each part of each device on its own
-calm clock, ``core.budget.held_keys``) and the node-wide calm clock of 7078aa3
+calm clock, ``core.publish.budget.held_keys``) and the node-wide calm clock of 7078aa3
 (``NodeWideSliceWriter``, the before column), with the longest a device's taint stayed on the
 slice after the reading cleared it.
 
@@ -40,10 +40,10 @@ from bench.label_churn import HOUR_S, NodeSide, neighbour_traces, readings, whol
 from bench.label_churn import traces as churn_traces  # noqa: E402
 from omaticaya_py.agent.slice_writer import SliceWriter  # noqa: E402
 from omaticaya_py.agent.state import SnapshotCache  # noqa: E402
-from omaticaya_py.core.budget import hold_back  # noqa: E402
-from omaticaya_py.core.dra import held_devices, worse_devices  # noqa: E402
-from omaticaya_py.core.render import render  # noqa: E402
-from omaticaya_py.core.render_telemetry import telemetry_marks  # noqa: E402
+from omaticaya_py.core.publish.budget import hold_back  # noqa: E402
+from omaticaya_py.core.publish.dra import held_devices, worse_devices  # noqa: E402
+from omaticaya_py.core.publish.render import render  # noqa: E402
+from omaticaya_py.core.publish.render_telemetry import telemetry_marks  # noqa: E402
 
 FAULTS = ROOT / "tests" / "data" / "faults-trace.json"
 

@@ -10,7 +10,7 @@ once: one body of every Node for ``before`` (its informer's single LIST), pages 
 ``--page-size`` Nodes for ``after`` (``limit`` + ``continue``: each page decoded, transformed
 and freed before the next, as ``kube.Informer._list`` does); the pods in flight; and the
 Starlette app behind ``serving.HttpServer`` (uvicorn) on 127.0.0.1. The Nodes carry what the
-agent renders (``core.render`` and the telemetry annotation, 8 H100s each, random free memory).
+agent renders (``core.publish.render`` and the telemetry annotation, 8 H100s each, random free memory).
 The extender's clock is frozen when its cache is built, so nothing settles or goes stale.
 
 Pods in flight (30 GiB each, none yet in its node's telemetry): ``in flight`` pods bound,

@@ -1,4 +1,4 @@
-"""The extender bench's synthetic cluster: Nodes as the agent labels them (``core.render`` and
+"""The extender bench's synthetic cluster: Nodes as the agent labels them (``core.publish.render`` and
 its telemetry annotation), the pod kube-scheduler sends, and a pod cache stand-in for
 ``scheduler.placements.InFlight``."""
 
@@ -21,9 +21,9 @@ def node_docs(n: int, now: float, seed: int = 7) -> list[dict[str, Any]]:
     """``n`` Nodes as the agent labels them: 8 H100s each (the recorded trace's first sample),
     random free memory per GPU, 1 in 20 nodes with a failed GPU 0, read 0-60 s before ``now``,
     telemetry promising a rewrite within 330 s (heartbeat 300 s + schedule)."""
-    from omaticaya_py.core.health import assess
-    from omaticaya_py.core.render import render
-    from omaticaya_py.core.render_telemetry import telemetry_annotation
+    from omaticaya_py.core.publish.render import render
+    from omaticaya_py.core.publish.render_telemetry import telemetry_annotation
+    from omaticaya_py.core.rules.health import assess
     from omaticaya_py.sources.replay import TraceReader
 
     base = TraceReader(write_trace(replicate(load_raw(), 8), "extender-8gpu"), loop=True).read()

@@ -172,8 +172,8 @@ def run_one(
 
 def reached(label: str, value: str | None, new: str | None, safe: bool) -> bool:
     """Whether the Node's ``value`` of ``label`` shows a change to ``new``: that value, or (a
-    safe change) one less attractive still (``core.budget.worse``)."""
-    from omaticaya_py.core.budget import worse
+    safe change) one less attractive still (``core.publish.budget.worse``)."""
+    from omaticaya_py.core.publish.budget import worse
 
     return value == new or (safe and worse(label.rpartition("/")[2], new, value))
 
@@ -182,8 +182,8 @@ def state_labels(path: Path, hold: float, changes: int, settings: Any) -> list[d
     """The labels the agent renders for the trace's state after each change (index k: after
     the k-th; 0: the start), from the pure stages (read at a pinned time, assess, render with
     the previous state's labels for hysteresis, as the agent's ticks do)."""
-    from omaticaya_py.core.health import assess
-    from omaticaya_py.core.render import render
+    from omaticaya_py.core.publish.render import render
+    from omaticaya_py.core.rules.health import assess
     from omaticaya_py.sources.replay import TraceReader
 
     out: list[dict[str, str]] = []
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "seen: the Node shows the new value (a safe change: or one less attractive still); "
         "already safe: it did at the change (a held-back change for the better left it there); "
         "delays over the others. Attractive changes wait for the budget: the last patch and the "
-        "last change for the worse both budget seconds old (core.budget.hold_back).\n"
+        "last change for the worse both budget seconds old (core.publish.budget.hold_back).\n"
         + "\n".join(notes),
     )
     return 0

@@ -23,7 +23,7 @@ Per round and release, from a fresh state dir (``OMATICAYA_DEV_DIR``, a new temp
   every 100 ms: +-0.1 s);
 - ``patch``: on that running cluster, the agent's own client (``omaticaya_py.kube.NodeClient``,
   ``patch_node``: a JSON merge patch, as the agent sends it) on one Node made to look like an
-  agent's 8-GPU H100 Node (the labels and the telemetry annotation ``core.render`` gives for the
+  agent's 8-GPU H100 Node (the labels and the telemetry annotation ``core.publish.render`` gives for the
   recorded trace, set once untimed); each timed patch changes one label
   (``gpu-0.memory.free-mib``) and the telemetry annotation (~4 KB), so every one is a real
   write; ``--patches`` of them after 10 warm-up patches and a 2 s settle; median and p95 ms of
@@ -222,8 +222,8 @@ class Payloads:
 
 
 def payloads(n: int) -> Payloads:
-    from omaticaya_py.core.health import assess
-    from omaticaya_py.core.render import render
+    from omaticaya_py.core.publish.render import render
+    from omaticaya_py.core.rules.health import assess
     from omaticaya_py.sources.replay import TraceReader
 
     settings = bench_settings(node_name=NODE)

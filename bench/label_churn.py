@@ -2,18 +2,18 @@
 
 Replays recorded traces (looped, so that an hour of trace time is covered) through the agent's
 pure stages at the default settings, with no API server: ``TraceReader`` on a hand-driven
-clock that advances one schedule period per tick, ``core.health.assess`` (with the Xid
-ledger), ``core.render.render`` with the previous tick's labels (hysteresis, as the agent
+clock that advances one schedule period per tick, ``core.rules.health.assess`` (with the Xid
+ledger), ``core.publish.render.render`` with the previous tick's labels (hysteresis, as the agent
 passes them). Per label name (``gpu-N.*``: every GPU together), the value changes per hour of
 trace time after start-up, as a Node watcher would see them, for each write budget
 (``min_patch_interval_s``): a patch is held back the way ``agent/node_writer.py`` does it
-(``core.budget.urgent`` on the Node's labels and the desired ones, ``core.budget.hold_back``),
+(``core.publish.budget.urgent`` on the Node's labels and the desired ones, ``core.publish.budget.hold_back``),
 so a change that is undone before the interval has passed never reaches the Node. Budget 0
 is the rendered churn itself.
 
 The telemetry annotation is followed too (issue 24): a GPU's exact free memory down by more than
 ``telemetry_free_drop_mib`` (256 MiB) rewrites it at once though no label changed, the same rise
-once the budget lets a change for the better go (``core.budget.telemetry_change``, as
+once the budget lets a change for the better go (``core.publish.budget.telemetry_change``, as
 ``agent/node_writer.py`` applies it). The last table sets the Node patches per hour side by side with
 that rule off (``OMATICAYA_TELEMETRY_FREE_DROP_MIB=0``: the telemetry moved only with a label,
 as before) and on at its default; the traces hold no pods, so a change of holders costs nothing
@@ -31,7 +31,7 @@ a worst case, a real node is idle or steady most of the hour), its idle phase al
 node, with the recording's noise), and the 8-GPU trace (a steady mixed load).
 
 The calm window per key (issue 48): the last table replays the agent's rule now (each label's
-own calm clock, ``core.budget.held_keys``) beside the node-wide clock it replaced
+own calm clock, ``core.publish.budget.held_keys``) beside the node-wide clock it replaced
 (``NodeSide(per_key=False)``, the rule of 7078aa3), on the traces above and on churning
 neighbours built from the recording's idle sample (``neighbour_traces``): the issue's node (GPU
 0's free memory dips for a tick every 20 s, GPU 1's rows pending for 300 s of every 600 s), and
@@ -70,7 +70,8 @@ from bench.common import (  # noqa: E402
     table,
     write_trace,
 )
-from omaticaya_py.core.budget import (  # noqa: E402
+from omaticaya_py.core.model.snapshot import NodeSnapshot  # noqa: E402
+from omaticaya_py.core.publish.budget import (  # noqa: E402
     BETTER,
     HEALTH_RANK,
     WORSE,
@@ -85,10 +86,9 @@ from omaticaya_py.core.budget import (  # noqa: E402
     urgent,
     worse,
 )
-from omaticaya_py.core.health import NodeHealth, XidLedger, XidPolicy, assess  # noqa: E402
-from omaticaya_py.core.render import render  # noqa: E402
-from omaticaya_py.core.render_telemetry import telemetry_marks  # noqa: E402
-from omaticaya_py.core.snapshot import NodeSnapshot  # noqa: E402
+from omaticaya_py.core.publish.render import render  # noqa: E402
+from omaticaya_py.core.publish.render_telemetry import telemetry_marks  # noqa: E402
+from omaticaya_py.core.rules.health import NodeHealth, XidLedger, XidPolicy, assess  # noqa: E402
 from omaticaya_py.sources.replay import TraceReader  # noqa: E402
 
 H100 = ROOT / "tests" / "data" / "h100-trace.json"
@@ -110,7 +110,7 @@ def family(key: str) -> str:
 def with_gpm(snapshot: NodeSnapshot) -> NodeSnapshot:
     """``snapshot`` as a GPM reader gives it: each whole GPU without ``sm_active_pct`` gets its
     ``utilization_pct`` there (where GPM is, ``utilization_pct`` is ``sm_active_pct``:
-    ``core.snapshot.GpuReading``), for traces recorded before GPM."""
+    ``core.model.snapshot.GpuReading``), for traces recorded before GPM."""
     gpus = tuple(
         replace(g, sm_active_pct=g.utilization_pct)
         if g.sm_active_pct is None and g.error is None and not g.mig_enabled
@@ -188,7 +188,7 @@ class NodeSide:
 
     def tick(self, now_s: float, desired: dict[str, str], marks: dict | None = None) -> None:
         """``agent/node_writer.py``'s rule: a label change is patched unless the budget holds it;
-        the telemetry alone when its free memory is behind (``core.budget.telemetry_change``)."""
+        the telemetry alone when its free memory is behind (``core.publish.budget.telemetry_change``)."""
         marks = marks or {}
         if self.per_key:
             self._tick_per_key(now_s, desired, marks)
@@ -211,7 +211,7 @@ class NodeSide:
     def _tick_per_key(self, now_s: float, desired: dict[str, str], marks: dict) -> None:
         """``agent/node_writer.py``'s rule now: each label and each GPU's telemetry on its own
         calm clock; a calm change for the better rides on a write that goes anyway, or goes
-        alone once the last patch is an interval old (``core.budget.held_keys``)."""
+        alone once the last patch is an interval old (``core.publish.budget.held_keys``)."""
         interval = self.budget_s
         if self.previous is not None:
             got_worse, got_better = label_changes(self.previous, desired)

@@ -17,7 +17,7 @@ Figures per variant (polled every second from the API and the agent's telemetry)
   the kubelet failed (``UnexpectedAdmissionError``: the device plugin refused what the scheduler
   promised);
 - ``pending with room``: pods Pending at the end of the variant whose need fits now by the
-  device plugin's rules (``core.sharing``) on the kubelet's books (the telemetry's holders) and
+  device plugin's rules (``core.model.sharing``) on the kubelet's books (the telemetry's holders) and
   the live reading less the slices of running pods younger than ``settleS`` (which the plugin
   counts until the reading shows them), i.e. pods a scheduler left waiting needlessly;
 - ``promised above live, MiB``: the most, over the polls, of the GPU memory promised to running
@@ -108,7 +108,7 @@ def fits_now(kind: tuple[Any, ...], telemetry: dict[str, Any], young: dict[int, 
     """The pod's need by the device plugin's rules: the kubelet's books (the telemetry's
     holders) and the live reading less the slices handed out in the last ``settleS`` that the
     reading does not show (``young``: GPU index -> MiB; the pods use no memory)."""
-    from omaticaya_py.core.sharing import gpu_room_mib
+    from omaticaya_py.core.model.sharing import gpu_room_mib
 
     gpus = {g["index"]: g for g in telemetry["gpus"]}
     if kind[0] == "whole":

@@ -106,7 +106,7 @@ def mix(n: int, seed: int) -> list[int]:
 
 
 def place(pods_gib: list[int], rule: str, unit_mib: int = 1024) -> dict[str, object]:
-    from omaticaya_py.core.sharing import unit_count, unit_ids
+    from omaticaya_py.core.model.sharing import unit_count, unit_ids
     from omaticaya_py.deviceplugin.allocation import DeviceState
     from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 

@@ -48,7 +48,7 @@ from bench.common import (  # noqa: E402
     table,
     write_trace,
 )
-from omaticaya_py.core.patch import MergePatch, NodeMeta, apply_patch  # noqa: E402
+from omaticaya_py.core.publish.patch import MergePatch, NodeMeta, apply_patch  # noqa: E402
 
 TARGET_8_GPU_MS = 0.2
 TARGET_8_GPU_NVML_MS = 0.5
@@ -129,9 +129,9 @@ def replay_agent(n_gpus: int, mode: str, interval_s: float = 10.0) -> tuple[Any,
 
 def floor_fns(n_gpus: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(project render + diff on a fixed reading, minimal plain-Python render + diff)."""
-    from omaticaya_py.core.health import assess
-    from omaticaya_py.core.patch import diff
-    from omaticaya_py.core.render import render
+    from omaticaya_py.core.publish.patch import diff
+    from omaticaya_py.core.publish.render import render
+    from omaticaya_py.core.rules.health import assess
     from omaticaya_py.sources.replay import TraceReader
 
     path = write_trace(replicate(phase_samples(load_raw(), "idle"), n_gpus), f"idle-{n_gpus}")

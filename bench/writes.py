@@ -1,5 +1,5 @@
 """Where an agent's Node writes come from: which labels each patch changes, and which of them
-made it urgent (a change that makes the Node less attractive, ``core.budget.worse``: it goes at
+made it urgent (a change that makes the Node less attractive, ``core.publish.budget.worse``: it goes at
 once, past the write budget).
 
 ``WriteTally.wrap(agent, client)`` counts every ``patch_node`` call of ``client`` against the
@@ -36,7 +36,7 @@ class WriteTally:
     def wrap(self, agent: Any, client: Any) -> None:
         """Count each patch ``client`` sends for ``agent`` (its writer's cached Node is the
         state before the patch)."""
-        from omaticaya_py.core.budget import worse
+        from omaticaya_py.core.publish.budget import worse
 
         send = client.patch_node
 

@@ -1,7 +1,7 @@
 """docs/commands.md's settings tables, generated from the settings models.
 
 Each table sits between ``<!-- settings:NAME -->`` and ``<!-- /settings:NAME -->`` in
-docs/commands.md: ``agent`` from ``core.settings.Settings`` (every command but the extender),
+docs/commands.md: ``agent`` from ``core.config.settings.Settings`` (every command but the extender),
 ``extender`` from ``scheduler.settings.ExtenderSettings``. A row per field, in declaration
 order: the environment variables (``field_env_names``), the default as the environment writes
 it, and the field's description. tests/test_settings_doc.py fails when the file and the models
@@ -24,7 +24,7 @@ COMMANDS_MD = ROOT / "docs" / "commands.md"
 
 
 def _models() -> dict[str, type[BaseSettings]]:
-    from omaticaya_py.core.settings import Settings
+    from omaticaya_py.core.config.settings import Settings
     from omaticaya_py.mps.settings import MpsSettings
     from omaticaya_py.scheduler.settings import ExtenderSettings
 
@@ -36,7 +36,7 @@ def own_fields(key: str, cls: type[BaseSettings]) -> list[str]:
     whose table lists only what the agent's does not (it reads the agent's too)."""
     if key != "mps":
         return list(cls.model_fields)
-    from omaticaya_py.core.settings import Settings
+    from omaticaya_py.core.config.settings import Settings
 
     return [f for f in cls.model_fields if f not in Settings.model_fields]
 
@@ -65,7 +65,7 @@ def _cell(text: str) -> str:
 def table(cls: type[BaseSettings], fields: list[str] | None = None) -> str:
     """The markdown table of one settings class (of ``fields`` of it; all by default):
     variable, default, meaning."""
-    from omaticaya_py.core.settings_base import field_env_names
+    from omaticaya_py.core.config.settings_base import field_env_names
 
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     for name, field in cls.model_fields.items():

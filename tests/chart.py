@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.core.settings import Settings, load_settings
+from omaticaya_py.core.config.settings import Settings, load_settings
 from tests.tools import ToolUnavailable, helm_path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,10 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from omaticaya_py.core.health import NodeHealth, XidPolicy, assess
-from omaticaya_py.core.render import Desired, render
-from omaticaya_py.core.settings import Settings
-from omaticaya_py.core.snapshot import GpuReading, NodeSnapshot, XidEvent
+from omaticaya_py.core.config.settings import Settings
+from omaticaya_py.core.model.snapshot import GpuReading, NodeSnapshot, XidEvent
+from omaticaya_py.core.publish.render import Desired, render
+from omaticaya_py.core.rules.health import NodeHealth, XidPolicy, assess
 
 DATA = Path(__file__).parent / "data"
 H100_TRACE = DATA / "h100-trace.json"

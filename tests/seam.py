@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
-from omaticaya_py.core.render import render
+from omaticaya_py.core.model.sharing import unit_ids
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.schema import parse_node
-from omaticaya_py.core.sharing import unit_ids
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 from omaticaya_py.scheduler import Extender, ExtenderSettings

@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.core.dra import DRIVER, slice_body, slice_name
+from omaticaya_py.core.publish.dra import DRIVER, slice_body, slice_name
 from omaticaya_py.kube import ApiSession, KubeError, LeaseClient, NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.kube.resourceslice import ResourceSliceClient
@@ -517,7 +517,7 @@ def slice_client(kubeconfig: Path, node: str) -> Iterator[ResourceSliceClient]:
 
 
 def own_slice(setup: Setup, node: str, generation: int = 1, driver: str = DRIVER) -> dict:
-    """``node``'s ResourceSlice as the agent renders it (``core.dra.slice_body``: owned by the
+    """``node``'s ResourceSlice as the agent renders it (``core.publish.dra.slice_body``: owned by the
     Node), of ``driver``."""
     uid = setup.admin.read_node(node).metadata.uid
     body = slice_body(node, uid, [{"name": "gpu-0"}], generation)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from omaticaya_py.agent import Agent
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.schema import STATIC_NAMES
-from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import KubeForbidden, KubeNotFound, KubeUnavailable, NodeClient
 from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_count

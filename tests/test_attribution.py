@@ -1,4 +1,4 @@
-"""Who uses each GPU: the cgroup rules (``core.attribution.pod_from_cgroup``) on
+"""Who uses each GPU: the cgroup rules (``core.rules.attribution.pod_from_cgroup``) on
 ``/proc/<pid>/cgroup`` as each runtime, driver and cgroup version writes it, the join of NVML
 processes, cgroups and PodResources (``attribute``), and the /proc edge
 (``sources.procs.read_pod_refs``) on this machine's own /proc."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.core.attribution import (
+from omaticaya_py.core.rules.attribution import (
     ContainerDevices,
     GpuAttribution,
     GpuProcess,

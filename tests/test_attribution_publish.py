@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.budget import urgent
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.publish.budget import urgent
 from omaticaya_py.deviceplugin.allocation import preferred
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc

@@ -11,14 +11,14 @@ the slices of a GPU whose free memory it does not know whatever the list says.
 from __future__ import annotations
 
 from omaticaya_py.agent.attribution import Attribution, unread_devices
-from omaticaya_py.core.attribution import (
+from omaticaya_py.core.allocation.slice_use import SliceUse, gpu_slices
+from omaticaya_py.core.model.snapshot import GpuProcess
+from omaticaya_py.core.rules.attribution import (
     ContainerDevices,
     attribute,
     holder_memory_mib,
     out_of_band_mib,
 )
-from omaticaya_py.core.slice_use import SliceUse, gpu_slices
-from omaticaya_py.core.snapshot import GpuProcess
 from omaticaya_py.deviceplugin.allocation import DeviceState
 from omaticaya_py.deviceplugin.slicer import Slicer
 from tests.helpers import gpu, snapshot

@@ -1,4 +1,4 @@
-"""``core.budget`` cases that mutation testing (``scripts/mutation``) found no test pinned:
+"""``core.publish.budget`` cases that mutation testing (``scripts/mutation``) found no test pinned:
 ``worse`` for health values that cannot be ranked, numbers spelt two ways and versions that go
 down; ``hold_back`` with the budget off or under a second; ``safe_part`` for a key that appears;
 ``telemetry_change`` at its thresholds and for containers over their slice."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.budget import (
+from omaticaya_py.core.publish.budget import (
     BETTER,
     WORSE,
     UnitMark,

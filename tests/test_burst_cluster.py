@@ -2,7 +2,7 @@
 cluster's release) with the extender's exact reservation rule (the filter narrows each pod to
 one node and reserves its GPU memory there: ``scheduler.protocol``, ``scheduler.ledger``).
 
-Nodes are written as an agent would write them (labels and telemetry from ``core.render`` over
+Nodes are written as an agent would write them (labels and telemetry from ``core.publish.render`` over
 synthetic snapshots, valid for 600 s), made schedulable by hand; no kubelet runs, so bound pods
 stay Pending and their memory never shows in the telemetry: each counts on its node until it is
 deleted (settle time 600 s). Per GPU, what bound pods hold is computed from where they bound and
@@ -39,11 +39,11 @@ IN_FLIGHT = "room taken by in-flight pods"
 
 
 def write_node(core: Any, name: str, free_mib: list[int]) -> None:
-    """A Node labelled as the agent labels it: ``core.render`` + the telemetry annotation of a
+    """A Node labelled as the agent labels it: ``core.publish.render`` + the telemetry annotation of a
     snapshot of ``len(free_mib)`` H100s read now, promising its next rewrite in 600 s."""
-    from omaticaya_py.core.health import assess
-    from omaticaya_py.core.render import render
-    from omaticaya_py.core.render_telemetry import telemetry_annotation
+    from omaticaya_py.core.publish.render import render
+    from omaticaya_py.core.publish.render_telemetry import telemetry_annotation
+    from omaticaya_py.core.rules.health import assess
 
     snap = snapshot(*(gpu(i, memory_free_mib=f) for i, f in enumerate(free_mib)),
                     read_at=datetime.now(timezone.utc))  # fmt: skip

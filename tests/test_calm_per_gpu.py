@@ -18,8 +18,8 @@ import pytest
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.slice_writer import SliceWriter
 from omaticaya_py.agent.state import SnapshotCache
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.rules.health import assess
 from tests.conftest import node_metadata
 from tests.helpers import Clock, gpu, snapshot
 from tests.test_lease_cluster import namespace  # noqa: F401  (fixture)
@@ -126,7 +126,7 @@ def test_a_churning_neighbour_does_not_hold_a_recovered_gpus_label(
 # -- the ResourceSlice's budget, part by part -------------------------------------------------
 
 from omaticaya_py.agent.slice_writer import _within_budget  # noqa: E402
-from omaticaya_py.core.budget import Calm  # noqa: E402
+from omaticaya_py.core.publish.budget import Calm  # noqa: E402
 
 
 def dev(name: str, free: int, *taints: str) -> dict:

@@ -210,9 +210,9 @@ class StringsVap(Vap):
 
 def slice_of(node: str, driver: str = DRIVER, name: str | None = None, pool: str | None = None,
              node_name: str | None = "") -> dict:  # fmt: skip
-    """A ResourceSlice as the agent writes it (``core.dra.slice_body``), then ``driver``,
+    """A ResourceSlice as the agent writes it (``core.publish.dra.slice_body``), then ``driver``,
     ``name``, ``pool`` or ``node_name`` (None: unset, as with nodeSelector/allNodes) changed."""
-    from omaticaya_py.core.dra import slice_body
+    from omaticaya_py.core.publish.dra import slice_body
 
     body = slice_body(node, "uid-" + node, [{"name": "gpu-0"}])
     body["spec"]["driver"] = driver
@@ -228,7 +228,7 @@ def slice_of(node: str, driver: str = DRIVER, name: str | None = None, pool: str
     return body
 
 
-LONG = "n" * 250  # a Node name of 250 characters: its slice name is cut (core.dra.slice_name)
+LONG = "n" * 250  # a Node name of 250 characters: its slice name is cut (core.publish.dra.slice_name)
 NO_CLAIM = "carries no authentication.kubernetes.io/node-name claim"
 OTHER_NODE = "may write only the ResourceSlice gpu-1-gpu.omaticaya.io with spec.nodeName and spec.pool.name gpu-1, not"
 OTHER_DRIVER = "may write only ResourceSlices of driver gpu.omaticaya.io, not ResourceSlice"
@@ -305,7 +305,7 @@ def test_resourceslice_policy_shape(helm):
         v["expression"] for v in node_policy["spec"]["variables"] if v["name"] == "nodeClaim"
     )
     assert variables["slice"] == "object != null ? object : oldObject"
-    # core.dra.slice_name: the Node name cut at 253 - len("-gpu.omaticaya.io")
+    # core.publish.dra.slice_name: the Node name cut at 253 - len("-gpu.omaticaya.io")
     assert "substring(0, 236)" in variables["own"] and f"'-{DRIVER}'" in variables["own"]
     assert all(v["reason"] == "Forbidden" for v in spec["validations"])
 
@@ -339,7 +339,7 @@ def test_resourceslice_policy_follows_service_account_and_failure_policy(helm):
 
 
 def test_agent_slice_name_is_what_the_policy_allows():
-    from omaticaya_py.core.dra import slice_name
+    from omaticaya_py.core.publish.dra import slice_name
 
     assert slice_of("gpu-1")["metadata"]["name"] == slice_name("gpu-1") == "gpu-1-gpu.omaticaya.io"
     assert len(slice_name(LONG)) == 253 and slice_of(LONG)["metadata"]["name"] == slice_name(LONG)

@@ -51,7 +51,7 @@ KUBE = "1.37.0"
 DRA = {"dra": {"enabled": True}}
 ATTRS = f'device.attributes["{DRIVER}"]'
 OURS = f'device.driver == "{DRIVER}"'
-#: DeviceClass name -> its one CEL selector (the attributes of omaticaya_py/core/dra.py)
+#: DeviceClass name -> its one CEL selector (the attributes of omaticaya_py/core/publish/dra.py)
 SELECTORS = {
     DRIVER: f'{OURS} && {ATTRS}.type == "gpu" && !{ATTRS}.shared',
     f"shared.{DRIVER}": f'{OURS} && {ATTRS}.type == "gpu" && {ATTRS}.shared',
@@ -293,7 +293,7 @@ def test_dra_with_shared_gpus_runs_the_mps_container(helm, enforcement):
         assert mps is None and "mps-state" not in mounts(agent_container(docs))
         return
     assert mps is not None and mps["args"] == ["mps"]
-    # the agent's DRA driver writes its slices' requests there (core.mps.SliceRequest)
+    # the agent's DRA driver writes its slices' requests there (core.allocation.mps.SliceRequest)
     assert mounts(agent_container(docs))["mps-state"] == {
         "name": "mps-state", "mountPath": "/var/lib/omaticaya/mps-state"}  # fmt: skip
     # the same DaemonSet as the device plugin's, byte for byte: switching from the device
@@ -688,7 +688,7 @@ def test_agent_token_can_do_what_the_driver_needs(
     tests/test_chart_rbac_code.py."""
     from kubernetes import client
 
-    from omaticaya_py.core.dra import slice_body
+    from omaticaya_py.core.publish.dra import slice_body
     from omaticaya_py.dra.plugin import _CLAIM_PATH
     from omaticaya_py.kube import ApiSession
     from omaticaya_py.kube.node_client import NodeClient

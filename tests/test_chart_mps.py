@@ -454,8 +454,8 @@ def test_every_omaticaya_variable_of_the_mps_container_is_a_supervisor_setting(h
                                                                                tmp_path):  # fmt: skip
     """What the chart renders into the mps container, ``omaticaya mps`` reads (MpsSettings), and
     its defaults load there as the code's."""
-    from omaticaya_py.core.settings import load
-    from omaticaya_py.core.settings_base import env_names
+    from omaticaya_py.core.config.settings import load
+    from omaticaya_py.core.config.settings_base import env_names
     from omaticaya_py.mps.settings import MpsSettings
 
     env = _env(mps_container(render(helm, SHARED)))

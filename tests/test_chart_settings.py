@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.settings import Settings, load_settings
-from omaticaya_py.core.settings_base import env_names, field_env_names
+from omaticaya_py.core.config.settings import Settings, load_settings
+from omaticaya_py.core.config.settings_base import env_names, field_env_names
 from tests.chart import (
     ALL_ON,
     ENV_EXAMPLE,

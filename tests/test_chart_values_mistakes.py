@@ -8,7 +8,7 @@ with the reason, or accepted in the spelling the user typed. Rendered by the rea
   ``sharing.resource`` that is the device plugin's resource (the agent exits on it); and every
   refusal the chart already had (helm lint runs the templates with a ``fail`` that only logs:
   ``omaticaya.fail`` makes lint refuse them too).
-- The schedule check mirrors ``omaticaya_py/core/schedule.py``: one table of examples, each
+- The schedule check mirrors ``omaticaya_py/core/config/schedule.py``: one table of examples, each
   judged by the agent's ``parse_schedule`` and by the chart.
 - The GPU Operator's conventions: ``devicePlugin.enabled`` (the old boolean still read, with a
   deprecation line in NOTES), ``driverRoot`` (/run/nvidia/driver: the DRA plugin's device
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omaticaya_py.core.schedule import parse_schedule
+from omaticaya_py.core.config.schedule import parse_schedule
 from tests import chart
 from tests.chart import NAMESPACE, RELEASE, agent_daemonset, env_of, render, run_helm, values_args
 

@@ -2,7 +2,7 @@
 
 APScheduler 3 plans runs on the wall clock: stepped back an hour, the plain scheduler sleeps an
 hour; stepped forward years, it lists every missed fire time. The pure rules
-(``core.schedule.clock_step``, ``run_after_step``, ``SteadyTrigger``) are tested as tables; then
+(``core.config.schedule.clock_step``, ``run_after_step``, ``SteadyTrigger``) are tested as tables; then
 a real ``BackgroundScheduler`` wired as the daemon wires it (``agent.daemon.Daemon.schedule_ticks``)
 runs while its wall clock steps: APScheduler's own ``datetime.now`` and the watchdog's wall
 clock are moved together by a hand-set offset (no LD_PRELOAD, no faketime)."""
@@ -18,7 +18,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.watchdog import SteadyTrigger
-from omaticaya_py.core.schedule import STEP_TOLERANCE_S, clock_step, parse_schedule, run_after_step
+from omaticaya_py.core.config.schedule import (
+    STEP_TOLERANCE_S,
+    clock_step,
+    parse_schedule,
+    run_after_step,
+)
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import H100_TRACE, Clock, settings
 from tests.waiting import wait_for

@@ -23,7 +23,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.deviceplugin.config import plugin_config
 from omaticaya_py.deviceplugin.plugin_set import DevicePluginSet
 from omaticaya_py.deviceplugin.strategies import (

@@ -19,7 +19,7 @@ from loguru import logger
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.state import SnapshotCache
-from omaticaya_py.core.settings import Settings, SettingsError, load_settings
+from omaticaya_py.core.config.settings import Settings, SettingsError, load_settings
 from omaticaya_py.deviceplugin.allocation import (
     DeviceState,
     preferred,

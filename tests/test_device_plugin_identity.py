@@ -6,7 +6,7 @@ The "reboot": GPUs A and B known at indices 3 and 4 (a trace's, or an earlier re
 node comes back without A, B renumbered 3.
 
 And the report of a shared index that names another GPU than at the last start (the DRA
-plugin's, made by the device plugin too): the persisted map's form (``core.sharing``), the step
+plugin's, made by the device plugin too): the persisted map's form (``core.model.sharing``), the step
 (``sources.gpu_indices.check_indices``) as a table, and ``DevicePluginSet``'s start in-process."""
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from omaticaya_py.core.readings import TickResult
-from omaticaya_py.core.sharing import (
+from omaticaya_py.core.model.sharing import (
     INDICES_FORM,
     IndexMoved,
     gpu_indices,
@@ -30,6 +29,7 @@ from omaticaya_py.core.sharing import (
     parse_shared_gpus,
     unit_gpu,
 )
+from omaticaya_py.core.publish.readings import TickResult
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.config import INDICES_FILE, PluginConfig, Scope, SharingConfig
 from omaticaya_py.deviceplugin.inventory import Inventory

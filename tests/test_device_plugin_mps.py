@@ -3,7 +3,7 @@ slice container becomes the client of its slice's own MPS daemon (environment an
 shared GPU whose probe daemon is not up serves no units (fail closed), back when it is, and a
 slice whose daemon does not come up is refused.
 
-The probes' states are written here as the supervisor writes them (``core.mps.state_json``),
+The probes' states are written here as the supervisor writes them (``core.allocation.mps.state_json``),
 and the slices' daemons are answered by ``_SliceAnswerer`` the way the supervisor answers
 (their states ``up`` with the slice's limit): a stand-in beside the real thing. The supervisor
 itself, against the stand-in ``nvidia-cuda-mps-control``, is tests/test_mps_supervisor.py and
@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.core.mps import (
+from omaticaya_py.core.allocation.mps import (
     DOWN,
     UP,
     DaemonState,
@@ -131,7 +131,7 @@ def write_state(layout: Layout, gpu: int, state: str = UP, *, age_s: float = 0.0
 
 @pytest.fixture
 def short() -> Iterator[Path]:
-    """A short folder: the MPS root is at most ``core.mps.MAX_ROOT_BYTES`` (pytest's
+    """A short folder: the MPS root is at most ``core.allocation.mps.MAX_ROOT_BYTES`` (pytest's
     ``tmp_path`` is longer)."""
     path = Path(tempfile.mkdtemp(prefix="om-dp-", dir="/tmp"))
     yield path

@@ -26,8 +26,8 @@ import pytest
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.state import SnapshotCache
-from omaticaya_py.core.mps import ClientSpec
-from omaticaya_py.core.sharing import SharedGpus, unit_ids
+from omaticaya_py.core.allocation.mps import ClientSpec
+from omaticaya_py.core.model.sharing import SharedGpus, unit_ids
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
 from omaticaya_py.deviceplugin.config import Timing, plugin_config
@@ -167,7 +167,7 @@ def s(mib: int, at_s: float, baseline: int | None, gpu: int = 1) -> Slice:
                      id="both-shown"),
         pytest.param([s(10240, 0, 70839), s(20480, 1, 70839)], 70839 - 20480, 10, [1],
                      id="a-drop-the-size-of-the-second-alone-is-taken-as-the-first"),
-        # core.shown.still_counting (the extender's rule too): once one slice is not shown
+        # core.allocation.shown.still_counting (the extender's rule too): once one slice is not shown
         # (no baseline), no later one is, though the drop from its baseline covers both
         pytest.param([s(10240, 0, None), s(10240, 1, 70839)], 70839 - 20480, 10, [0, 1],
                      id="no-later-slice-shows-after-one-without-baseline"),

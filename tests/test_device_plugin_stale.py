@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.core.settings import stuck_after_s
-from omaticaya_py.core.snapshot import NodeSnapshot
+from omaticaya_py.core.config.settings import stuck_after_s
+from omaticaya_py.core.model.snapshot import NodeSnapshot
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING
 from omaticaya_py.deviceplugin.config import PluginConfig, Timing, plugin_config

@@ -72,7 +72,7 @@ import yaml
 
 from devtools.devcluster.cluster import K8S_VERSION, minor
 from devtools.devcluster.files import FAKE_GPU_DEVICES, fake_gpu_devices
-from omaticaya_py.core.dra import device_name
+from omaticaya_py.core.publish.dra import device_name
 from omaticaya_py.dra.prepare import claim_slice_id
 from tests.kubelet import IMAGE
 from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixtures

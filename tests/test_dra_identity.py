@@ -1,6 +1,6 @@
 """Issue 48, items 1 and 7: the DRA driver's device identity survives a reboot that loses a GPU,
-and one claim's bad input fails that claim only (pure parts: omaticaya_py/core/dra.py,
-dra/prepare.py, core/sharing.py).
+and one claim's bad input fails that claim only (pure parts: omaticaya_py/core/publish/dra.py,
+dra/prepare.py, core/model/sharing.py).
 
 A "reboot" here is two readings of one node: before, GPUs A B C D at NVML indices 0-3; after,
 B is gone and C and D are renumbered 1 and 2 (NVML indices are PCI order). A device name, a
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.attribution import ContainerDevices
-from omaticaya_py.core.dra import (
+from omaticaya_py.core.model.sharing import IndexMoved, Sharing, moved_indices, parse_shared_gpus
+from omaticaya_py.core.model.snapshot import MigReading
+from omaticaya_py.core.publish.dra import (
     DRIVER,
     DraDevice,
     by_name,
@@ -26,9 +27,8 @@ from omaticaya_py.core.dra import (
     inventory,
     parse_device_name,
 )
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.sharing import IndexMoved, Sharing, moved_indices, parse_shared_gpus
-from omaticaya_py.core.snapshot import MigReading
+from omaticaya_py.core.rules.attribution import ContainerDevices
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.dra.prepare import (
     MAX_SLICE_MIB,
     ClaimRef,

@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 import pytest
 
-from omaticaya_py.core.dra import device_name
-from omaticaya_py.core.readings import TickListener, TickResult
-from omaticaya_py.core.sharing import IndexMoved
+from omaticaya_py.core.model.sharing import IndexMoved
+from omaticaya_py.core.publish.dra import device_name
+from omaticaya_py.core.publish.readings import TickListener, TickResult
 from omaticaya_py.dra.health.v1 import api_pb2 as h1
 from omaticaya_py.dra.health.v1 import api_pb2_grpc as h1_grpc
 from omaticaya_py.dra.health.v1alpha1 import api_pb2 as h0
@@ -61,7 +61,7 @@ class Cache:
 
 @dataclass
 class Feed:
-    """The agent as the plugin reads it (``core.readings.AgentFeed``), ticked by the test."""
+    """The agent as the plugin reads it (``core.publish.readings.AgentFeed``), ticked by the test."""
 
     cache: Cache = field(default_factory=Cache)
     now: float = 1000.0
@@ -464,7 +464,7 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
     import shutil
     import tempfile
 
-    from omaticaya_py.core.mps import Layout
+    from omaticaya_py.core.allocation.mps import Layout
     from omaticaya_py.dra.prepare import claim_slice_id
     from omaticaya_py.mps.supervisor import Gpu, Supervisor
     from tests.test_mps_supervisor import STANDIN

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.dra import DraDevice, device_name, inventory
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.mps import Layout, SliceRequest, slice_id
-from omaticaya_py.core.sharing import Sharing, parse_shared_gpus
+from omaticaya_py.core.allocation.mps import Layout, SliceRequest, slice_id
+from omaticaya_py.core.model.sharing import Sharing, parse_shared_gpus
+from omaticaya_py.core.publish.dra import DraDevice, device_name, inventory
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.dra import healthreport
 from omaticaya_py.dra.prepare import (
     CDI_KIND,

@@ -1,4 +1,4 @@
-"""Issue 41: the Node's DRA ResourceSlice: the devices (``core.dra``) from the recorded traces,
+"""Issue 41: the Node's DRA ResourceSlice: the devices (``core.publish.dra``) from the recorded traces,
 the write budget's rules, and the agent's ``SliceWriter`` against the real kube-apiserver
 (``resource.k8s.io/v1``, v1.37: what it keeps of consumable capacity and taints)."""
 
@@ -8,7 +8,9 @@ import pytest
 
 from omaticaya_py.agent.slice_writer import SliceWriter
 from omaticaya_py.agent.state import SnapshotCache
-from omaticaya_py.core.dra import (
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.model.sharing import Sharing, parse_shared_gpus
+from omaticaya_py.core.publish.dra import (
     DRIVER,
     TAINT_MPS,
     TAINT_UNHEALTHY,
@@ -21,9 +23,7 @@ from omaticaya_py.core.dra import (
     slice_name,
     worse_devices,
 )
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.settings import load_settings
-from omaticaya_py.core.sharing import Sharing, parse_shared_gpus
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.resourceslice import ResourceSliceClient
 from omaticaya_py.sources.replay import TraceReader
@@ -426,8 +426,8 @@ def test_without_rbac_on_resourceslices_the_labels_still_go(
 
 
 def test_claim_holders_turn_our_devices_into_uuids_and_skip_the_rest():
-    from omaticaya_py.core.attribution import ContainerDevices
-    from omaticaya_py.core.dra import claim_holders
+    from omaticaya_py.core.publish.dra import claim_holders
+    from omaticaya_py.core.rules.attribution import ContainerDevices
 
     snapshot, _ = read(MULTI)
     uuid = {g.index: g.uuid for g in snapshot.gpus}

@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.core.settings import load_settings
-from omaticaya_py.core.snapshot import NodeSnapshot
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.model.snapshot import NodeSnapshot
 from omaticaya_py.kube import NodeClient
 from tests.helpers import gpu
 

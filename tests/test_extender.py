@@ -11,8 +11,8 @@ import pytest
 import yaml
 from starlette.testclient import TestClient
 
-from omaticaya_py.core.settings import SettingsError
-from omaticaya_py.core.settings_base import env_names
+from omaticaya_py.core.config.settings import SettingsError
+from omaticaya_py.core.config.settings_base import env_names
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
 from omaticaya_py.scheduler.fit import MAX_PRIORITY
 from omaticaya_py.scheduler.need import Need, parse_need

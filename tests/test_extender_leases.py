@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from omaticaya_py.core.liveness import FRESH, node_liveness
+from omaticaya_py.core.rules.liveness import FRESH, node_liveness
 from omaticaya_py.kube import LeaseCache
 from omaticaya_py.scheduler import ExtenderSettings, parse_node
 from omaticaya_py.scheduler.nodeview import LeaseState, lease_from_object

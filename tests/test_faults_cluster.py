@@ -19,8 +19,8 @@ from datetime import datetime, timezone
 import pytest
 
 from omaticaya_py.agent import Agent
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.schema import STATIC_NAMES
-from omaticaya_py.core.settings import load_settings
 from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient
 from omaticaya_py.sources.nvml import NvmlReader, nvml_available
 from omaticaya_py.sources.replay import TraceReader

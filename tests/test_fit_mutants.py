@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.liveness import LeaseState, Seen, node_liveness
+from omaticaya_py.core.rules.liveness import LeaseState, Seen, node_liveness
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler.fit import (
     INF,

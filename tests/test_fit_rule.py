@@ -7,7 +7,7 @@
   judge: random Nodes (fresh, stale, ahead, unhealthy, without telemetry, judged by a Lease,
   with a policy override), random reservations (reserved, bound, shown, expired; whole GPUs and
   slices) and random pods, judged by the cache and by the rule without it (``fit.judge_each``:
-  a record made per request, ``core.liveness.node_liveness`` itself), give the same answer,
+  a record made per request, ``core.rules.liveness.node_liveness`` itself), give the same answer,
   for the filter and for prioritize, before and after the world moves on.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from omaticaya_py.core.liveness import LeaseState, Seen
+from omaticaya_py.core.rules.liveness import LeaseState, Seen
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.cache import NodeIndex, Verdicts

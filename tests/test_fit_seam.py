@@ -4,7 +4,7 @@ The agent renders a node with its PodResources attribution (``render(..., attrib
 the kubelet's holders of each whole GPU and of each shared GPU's units); the extender parses it
 (``parse_node``) and judges (``rules.judge``); the device plugin's rules (``deviceplugin.slices``,
 ``deviceplugin.allocation.preferred``) decide on the same GPUs. The rules are
-``core.sharing.gpu_room_mib`` and ``core.sharing.device_order``.
+``core.model.sharing.gpu_room_mib`` and ``core.model.sharing.device_order``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
+from omaticaya_py.core.model.sharing import device_order, gpu_room_mib, unit_ids
+from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.schema import parse_node
-from omaticaya_py.core.sharing import device_order, gpu_room_mib, unit_ids
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.deviceplugin.slices import Room, choose
 from omaticaya_py.scheduler.fit import choose_gpus
@@ -56,7 +56,7 @@ def node(free_mib: list[int], *, shared: str = "none",
     }
     snap = snapshot(*readings, read_at=READ_AT)
     health, _ = evaluate(snap, settings(shared_gpus=shared))
-    from omaticaya_py.core.render import render
+    from omaticaya_py.core.publish.render import render
 
     desired = render(snap, health, settings(shared_gpus=shared), attribution=attribution)
     return parse_node("n", desired.labels, desired.annotations)

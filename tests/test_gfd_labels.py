@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.core.budget import urgent
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.patch import NodeMeta, apply_patch, diff
-from omaticaya_py.core.render import driver_version_parts, render
-from omaticaya_py.core.snapshot import ARCHITECTURES
+from omaticaya_py.core.model.snapshot import ARCHITECTURES
+from omaticaya_py.core.publish.budget import urgent
+from omaticaya_py.core.publish.patch import NodeMeta, apply_patch, diff
+from omaticaya_py.core.publish.render import driver_version_parts, render
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import H100_TRACE, VERSIONS, gpu, prefixed, rendered_labels, settings, snapshot
 

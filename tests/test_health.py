@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.health import (
+from omaticaya_py.core.rules.health import (
     GpuHealth,
     Health,
     NodeHealth,

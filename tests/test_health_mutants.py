@@ -1,4 +1,4 @@
-"""``core.health`` cases that mutation testing (``scripts/mutation``) found no test pinned:
+"""``core.rules.health`` cases that mutation testing (``scripts/mutation``) found no test pinned:
 ``mig-lost`` against ``mig-read-error``, an Xid for a UUID no GPU has, the quiet window's edge,
 units' fields and reasons, the node summary with MIG devices, and the Xid ledger's
 bookkeeping (ties, the window's edge, seeding counts)."""
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.health import (
+from omaticaya_py.core.model.snapshot import GpuReading, MigReading, XidEvent
+from omaticaya_py.core.rules.health import (
     GpuHealth,
     Health,
     Unit,
@@ -19,7 +20,6 @@ from omaticaya_py.core.health import (
     assess_gpu,
     schedulable_units,
 )
-from omaticaya_py.core.snapshot import GpuReading, MigReading, XidEvent
 from tests.helpers import gpu, lost, snapshot
 
 UUID0 = "GPU-00000000-7fda-b7ae-a94e-630097a14ca4"  # tests.helpers.gpu(0)'s

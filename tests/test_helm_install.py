@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from devtools.devcluster.cluster import K8S_VERSION
-from omaticaya_py.core.render import is_static
+from omaticaya_py.core.publish.render import is_static
 from tests import waiting
 from tests.audit import audit_events
 from tests.devcluster import DevCluster, _run_script, start_dev_cluster

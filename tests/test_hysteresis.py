@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import render, stable_down, stable_nearest
+from omaticaya_py.core.publish.render import render, stable_down, stable_nearest
+from omaticaya_py.core.rules.health import assess
 from tests.helpers import gpu, settings, snapshot
 
 P = "omaticaya.io/"

@@ -422,7 +422,7 @@ def slice_request(operation: str, node: str, driver: str = SLICE_DRIVER, claim: 
     """The AdmissionRequest of the agent's ResourceSlice write, as the API server builds it:
     apply (PATCH) is a CREATE or an UPDATE with the slice as ``object``; DELETE has only
     ``oldObject`` (the stored slice; a DeleteCollection is admitted as one DELETE per slice)."""
-    from omaticaya_py.core.dra import slice_body
+    from omaticaya_py.core.publish.dra import slice_body
 
     body = slice_body(node, "0c6d9f6e-0000-4000-8000-000000000001", [{"name": "gpu-0"}])
     body["spec"]["driver"] = driver

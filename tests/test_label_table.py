@@ -1,5 +1,5 @@
 """The label table (``core.schema.names.LABELS``) is the one place a label is declared: what
-``core.render`` writes, which way ``core.budget`` calls worse, what is kept on exit, and the
+``core.publish.render`` writes, which way ``core.publish.budget`` calls worse, what is kept on exit, and the
 README's (and docs') label tables all agree with it."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.core.attribution import GpuAttribution
-from omaticaya_py.core.budget import name_of, worse
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import is_static, render
+from omaticaya_py.core.model.snapshot import MigReading
+from omaticaya_py.core.publish.budget import name_of, worse
+from omaticaya_py.core.publish.render import is_static, render
+from omaticaya_py.core.rules.attribution import GpuAttribution
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.core.schema import LABELS, STATIC_NAMES, Label
-from omaticaya_py.core.snapshot import MigReading
 from tests.helpers import PREFIX, gpu, settings, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent

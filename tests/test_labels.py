@@ -8,7 +8,7 @@ import re
 import pytest
 
 from omaticaya_py import __version__
-from omaticaya_py.core.render import (
+from omaticaya_py.core.publish.render import (
     TELEMETRY,
     is_static,
     is_valid_key,

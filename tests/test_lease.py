@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.render import is_valid_key  # a DNS subdomain check is part of it
+from omaticaya_py.core.publish.render import is_valid_key  # a DNS subdomain check is part of it
 from omaticaya_py.kube.heartbeat_lease import lease_name, lease_namespace
 
 
@@ -50,7 +50,7 @@ class FakeLease:
 
 def _agent(lease):
     from omaticaya_py.agent import Agent
-    from omaticaya_py.core.settings import load_settings
+    from omaticaya_py.core.config.settings import load_settings
     from omaticaya_py.sources.replay import TraceReader
     from tests.helpers import H100_TRACE
 

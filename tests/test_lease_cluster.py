@@ -16,7 +16,7 @@ from loguru import logger
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.sources.replay import TraceReader

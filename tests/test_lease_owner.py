@@ -20,7 +20,7 @@ import pytest
 from devtools.devcluster.cluster import bin_dir
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
 from omaticaya_py.sources.replay import TraceReader

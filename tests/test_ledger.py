@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.liveness import LeaseState, Seen
+from omaticaya_py.core.rules.liveness import LeaseState, Seen
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.cache import NodeIndex
@@ -200,7 +200,7 @@ def test_record_is_rebuilt_on_change_only():
     ],
 )  # fmt: skip
 def test_the_freshness_window_is_the_liveness_rule(seen, now, mono, fresh):
-    from omaticaya_py.core.liveness import node_liveness
+    from omaticaya_py.core.rules.liveness import node_liveness
 
     state = node("a", 70000)
     w = window(state.read_at, 330, seen, 60, 300)

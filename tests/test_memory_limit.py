@@ -1,4 +1,4 @@
-"""The driver-enforced per-container GPU memory limit (``core.memory_limit``): the driver branch
+"""The driver-enforced per-container GPU memory limit (``core.allocation.memory_limit``): the driver branch
 from NVML's version, the r615 gate, the toolkit floor, the two variables the toolkit's
 ``apply-cuda-memory-limits`` hook reads, the hook entry a CDI spec of ours names, and the edits
 for one slice. Pure, so table-driven."""
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core import memory_limit as ml
-from omaticaya_py.core.memory_limit import (
+from omaticaya_py.core.allocation import memory_limit as ml
+from omaticaya_py.core.allocation.memory_limit import (
     LIMIT_ENV,
     MAX_MIB,
     NO_EDITS,

@@ -20,9 +20,9 @@ from omaticaya_py.agent.collectors import (
     SliceApiErrors,
 )
 from omaticaya_py.agent.state import SnapshotCache
-from omaticaya_py.core.health import XidLedger
-from omaticaya_py.core.settings import load_settings
-from omaticaya_py.core.sharing import Sharing
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.model.sharing import Sharing
+from omaticaya_py.core.rules.health import XidLedger
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import H100_TRACE, policy_of, settings
 

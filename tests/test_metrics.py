@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.metrics import agent_registry, readiness, serve
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import FAULTS_TRACE, H100_TRACE, free_port, settings
 from tests.helpers import run_cli as _cli

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.core.health import Health, XidPolicy, assess, schedulable_units
-from omaticaya_py.core.render import render, telemetry
-from omaticaya_py.core.snapshot import MigReading, XidEvent, mig_profile_name
+from omaticaya_py.core.model.snapshot import MigReading, XidEvent, mig_profile_name
+from omaticaya_py.core.publish.render import render, telemetry
+from omaticaya_py.core.rules.health import Health, XidPolicy, assess, schedulable_units
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import mig_resource_name, preferred, trace_units
 from omaticaya_py.deviceplugin.config import PluginConfig, Timing

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.core.snapshot import MigReading, NodeSnapshot
+from omaticaya_py.core.model.snapshot import MigReading, NodeSnapshot
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import departed
 from omaticaya_py.deviceplugin.config import PluginConfig, Timing

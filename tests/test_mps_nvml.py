@@ -384,7 +384,7 @@ class Node:
         return out
 
     def allocate(self, first: int, n: int) -> Any:
-        from omaticaya_py.core.sharing import unit_ids
+        from omaticaya_py.core.model.sharing import unit_ids
         from omaticaya_py.deviceplugin.v1beta1 import api_pb2
 
         self.agent.tick()
@@ -417,8 +417,8 @@ class Node:
 @pytest.fixture
 def node() -> Iterator[Node]:
     from omaticaya_py.agent import Agent
-    from omaticaya_py.core.mps import Layout
-    from omaticaya_py.core.sharing import unit_count
+    from omaticaya_py.core.allocation.mps import Layout
+    from omaticaya_py.core.model.sharing import unit_count
     from omaticaya_py.deviceplugin import DevicePluginSet
     from omaticaya_py.deviceplugin.v1beta1 import api_pb2_grpc
     from omaticaya_py.mps import Supervisor
@@ -502,8 +502,8 @@ def _slice_state(node: Node, sid: str) -> Any:
 
 
 def test_slices_are_enforced_by_mps_on_gpu_0(node: Node) -> None:
-    from omaticaya_py.core.mps import MPS_LIMIT_ENV, PIPE_ENV, slice_id
-    from omaticaya_py.core.sharing import unit_ids
+    from omaticaya_py.core.allocation.mps import MPS_LIMIT_ENV, PIPE_ENV, slice_id
+    from omaticaya_py.core.model.sharing import unit_ids
     from omaticaya_py.deviceplugin.v1beta1 import api_pb2
     from tests.waiting import wait_for
 

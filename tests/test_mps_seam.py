@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.core.mps import UP, Layout, slice_id
+from omaticaya_py.core.allocation.mps import UP, Layout, slice_id
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2
 from omaticaya_py.mps.supervisor import Gpu, Supervisor
 from tests.test_device_plugin import folder  # noqa: F401

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from omaticaya_py.core.mps import (
+from omaticaya_py.core.allocation.mps import (
     DOWN,
     SUPERVISOR_GONE,
     UP,

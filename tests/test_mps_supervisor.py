@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from omaticaya_py.core.mps import DOWN, UP, Layout, probe_limit_mib
+from omaticaya_py.core.allocation.mps import DOWN, UP, Layout, probe_limit_mib
 from omaticaya_py.mps import metrics
 from omaticaya_py.mps.daemon import EXITED, NOT_ANSWERING, SPAWN_FAILED, ControlDaemon
 from omaticaya_py.mps.supervisor import Gpu, MpsError, Supervisor

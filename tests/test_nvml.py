@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import render
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.sources.nvml import NvmlReader, nvml_available
 
 pytestmark = [

@@ -17,7 +17,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from omaticaya_py.core.snapshot import ARCHITECTURES
+from omaticaya_py.core.model.snapshot import ARCHITECTURES
 from tests.helpers import DATA
 from tests.helpers import FAULTS_TRACE as FAULTS
 from tests.helpers import H100_TRACE as H100

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.patch import NodeMeta, apply_patch, diff, diff_section, owned, removal_patch
+from omaticaya_py.core.publish.patch import (
+    NodeMeta,
+    apply_patch,
+    diff,
+    diff_section,
+    owned,
+    removal_patch,
+)
 
 P = "omaticaya.io"
 TEL = f"{P}/telemetry"

@@ -1,4 +1,4 @@
-"""The one placement model (``core.placement``) and the seam faults of issue 38 it fixes.
+"""The one placement model (``core.allocation.placement``) and the seam faults of issue 38 it fixes.
 
 - The model's rules, table driven: a slice to the fitting shared GPU by the policy, whole
   devices in the plugin's order, memory alone by the policy, a pod's whole need placed group by
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.placement import (
+from omaticaya_py.core.allocation.placement import (
     Need,
     Taken,
     first_whole,
@@ -28,8 +28,8 @@ from omaticaya_py.core.placement import (
     place,
     take,
 )
+from omaticaya_py.core.model.snapshot import MigReading
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState, parse_node
-from omaticaya_py.core.snapshot import MigReading
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.inflight import Placement, adjust, pending

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.attribution import ContainerDevices, PodRef
+from omaticaya_py.core.rules.attribution import ContainerDevices, PodRef
 from omaticaya_py.kube.podresources import (
     DEFAULT_SOCKET,
     PodResourcesAbsent,
@@ -271,7 +271,7 @@ def test_container_pid_resolves_to_its_pod(gpu_pod: RunningPod) -> None:
 def agent(pod_resources: PodResourcesClient) -> Iterator[Agent]:
     """An agent over the plugin's trace that asks this kubelet who holds its GPUs (no host
     /proc here: holders only)."""
-    from omaticaya_py.core.settings import load_settings
+    from omaticaya_py.core.config.settings import load_settings
 
     edge = Attribution(pod_resources.socket_path, None)
     settings = load_settings(node_name="n", min_patch_interval_s=0)

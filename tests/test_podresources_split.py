@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.core.attribution import ContainerDevices
+from omaticaya_py.core.rules.attribution import ContainerDevices
 from omaticaya_py.kube.podresources.client import PodResourcesClient
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 

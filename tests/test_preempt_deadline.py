@@ -186,7 +186,7 @@ def test_a_node_starts_only_while_its_worst_case_fits_and_each_read_is_cut_to_th
 
 
 def test_the_budget_follows_the_http_timeout_setting(monkeypatch):
-    from omaticaya_py.core.settings import SettingsError
+    from omaticaya_py.core.config.settings import SettingsError
     from omaticaya_py.scheduler.settings import load_extender_settings
 
     assert ExtenderSettings(_env_file=None).http_timeout_s == 5.0  # type: ignore[call-arg]

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import render
-from omaticaya_py.core.render_telemetry import telemetry_annotation
+from omaticaya_py.core.model.sharing import Sharing, unit_id
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.publish.render_telemetry import telemetry_annotation
+from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.core.schema import parse_node
-from omaticaya_py.core.sharing import Sharing, unit_id
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.inflight import Placement
 from omaticaya_py.scheduler.ledger import Ledger

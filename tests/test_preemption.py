@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from starlette.testclient import TestClient
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution, PodMemory
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import render
-from omaticaya_py.core.render_telemetry import telemetry_annotation
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.publish.render_telemetry import telemetry_annotation
+from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution, PodMemory
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.core.schema import parse_node
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app
 from omaticaya_py.scheduler.fit import Reason, ReasonText, reason_text

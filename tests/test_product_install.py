@@ -243,7 +243,7 @@ def _the_whole_stack_places_every_pod_on_a_gpu_that_holds_it(kube: Kube, node: s
         wait_for("the whole-GPU pod Running", lambda: running(work_pods(kube)["whole"]))
         got = wait_for("its devices printed", lambda: devices(kube, "whole").get("MOUNTS"))
         seen = devices(kube, "whole")
-        # the most free of GPUs 4-7 (core.sharing.device_order): what the extender reserved
+        # the most free of GPUs 4-7 (core.model.sharing.device_order): what the extender reserved
         assert seen["VISIBLE"] == uuid(4), seen
         assert got.split() == [uuid(4)], seen
 

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from omaticaya_py.core.health import XidPolicy, assess
-from omaticaya_py.core.patch import NodeMeta, apply_patch, diff
-from omaticaya_py.core.render import TELEMETRY, is_valid_key, is_valid_value, render
-from omaticaya_py.core.settings import Settings
-from omaticaya_py.core.snapshot import ARCHITECTURES, GpuReading, NodeSnapshot, XidEvent
+from omaticaya_py.core.config.settings import Settings
+from omaticaya_py.core.model.snapshot import ARCHITECTURES, GpuReading, NodeSnapshot, XidEvent
+from omaticaya_py.core.publish.patch import NodeMeta, apply_patch, diff
+from omaticaya_py.core.publish.render import TELEMETRY, is_valid_key, is_valid_value, render
+from omaticaya_py.core.rules.health import XidPolicy, assess
 
 PROFILE = hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,4 +1,4 @@
-"""``core.render`` cases that mutation testing (``scripts/mutation``) found no test pinned:
+"""``core.publish.render`` cases that mutation testing (``scripts/mutation``) found no test pinned:
 hysteresis of every rounded label, at the edge of its band; the utilisation cap at 100; the
 out-of-band and temperature labels at their thresholds; the shared GPUs' room; MIG devices
 without a profile; the driver version's parts; the telemetry render hands on. Tables over the
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import driver_version_parts, render
-from omaticaya_py.core.sharing import unit_id
-from omaticaya_py.core.snapshot import GpuReading, MigReading, NodeSnapshot
+from omaticaya_py.core.model.sharing import unit_id
+from omaticaya_py.core.model.snapshot import GpuReading, MigReading, NodeSnapshot
+from omaticaya_py.core.publish.render import driver_version_parts, render
+from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution
+from omaticaya_py.core.rules.health import assess
 from tests.helpers import PREFIX, gpu, settings, snapshot
 
 UUID0 = "GPU-00000000-7fda-b7ae-a94e-630097a14ca4"  # tests.helpers.gpu(0)'s

@@ -14,9 +14,9 @@ from statistics import fmean
 
 import pytest
 
-from omaticaya_py.core.health import Health, XidLedger, assess
-from omaticaya_py.core.render import render
-from omaticaya_py.core.snapshot import XidEvent
+from omaticaya_py.core.model.snapshot import XidEvent
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.rules.health import Health, XidLedger, assess
 from omaticaya_py.sources.replay import TraceError, TraceReader, load_trace
 from tests.helpers import (
     FAULTS_TRACE,

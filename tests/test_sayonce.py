@@ -1,4 +1,4 @@
-"""Say it once, say when it is over (``core.sayonce.SayOnce``), and the agent's refusal pacing
+"""Say it once, say when it is over (``core.model.sayonce.SayOnce``), and the agent's refusal pacing
 driven by tenacity's own retry loop (``agent.outage.Refusals``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from omaticaya_py.agent.outage import MAX_PAUSE_S, ApiOutage, Refusals
 from omaticaya_py.agent.state import SnapshotCache
-from omaticaya_py.core.sayonce import Episode, SayOnce
+from omaticaya_py.core.model.sayonce import Episode, SayOnce
 from omaticaya_py.kube import KubeError, KubeForbidden
 from tests.test_stuck_tick import log_lines  # noqa: F401  (fixture)
 

@@ -57,10 +57,10 @@ from hypothesis import event, given, note
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
-from omaticaya_py.core.render import render
+from omaticaya_py.core.model.sharing import parse_unit_id, unit_ids
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.schema import parse_node
-from omaticaya_py.core.sharing import parse_unit_id, unit_ids
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 from omaticaya_py.scheduler import Extender, ExtenderSettings

@@ -12,14 +12,14 @@ import pytest
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from omaticaya_py.core.settings import (
+from omaticaya_py.core.config.settings import (
     Schedule,
     Settings,
     SettingsError,
     load_settings,
     parse_schedule,
 )
-from omaticaya_py.core.sharing import SharedGpus
+from omaticaya_py.core.model.sharing import SharedGpus
 from tests.helpers import H100_TRACE
 
 REPO = Path(__file__).resolve().parent.parent

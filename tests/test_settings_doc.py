@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 from devtools.settings_doc import COMMANDS_MD, default_text, own_fields, render
-from omaticaya_py.core.settings import Settings
-from omaticaya_py.core.settings_base import env_names, field_env_names
+from omaticaya_py.core.config.settings import Settings
+from omaticaya_py.core.config.settings_base import env_names, field_env_names
 from omaticaya_py.mps.settings import MpsSettings
 from omaticaya_py.scheduler.settings import ExtenderSettings
 

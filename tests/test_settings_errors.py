@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.settings import SettingsError, load_settings
+from omaticaya_py.core.config.settings import SettingsError, load_settings
 from omaticaya_py.scheduler.settings import load_extender_settings
 from tests.conftest import node_metadata
 from tests.helpers import H100_TRACE

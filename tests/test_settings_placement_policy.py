@@ -8,7 +8,12 @@ import os
 
 import pytest
 
-from omaticaya_py.core.settings import DevicePluginSettings, Settings, SettingsError, load_settings
+from omaticaya_py.core.config.settings import (
+    DevicePluginSettings,
+    Settings,
+    SettingsError,
+    load_settings,
+)
 from omaticaya_py.deviceplugin.config import plugin_config
 
 NEW, OLD = "OMATICAYA_PLACEMENT_POLICY", "OMATICAYA_SHARE_POLICY"

@@ -18,25 +18,25 @@ import json
 
 import pytest
 
-from omaticaya_py.core.attribution import (
-    ContainerDevices,
-    PodRef,
-    attribute,
-)
-from omaticaya_py.core.budget import safe_part, urgent
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import render
-from omaticaya_py.core.render_telemetry import telemetry_document
-from omaticaya_py.core.schema import Telemetry
-from omaticaya_py.core.sharing import Sharing, episodes, is_shared, unit_id, unit_ids
-from omaticaya_py.core.slice_use import (
+from omaticaya_py.core.allocation.slice_use import (
     SliceUse,
     gpu_slices,
     over_limit,
     slice_room_mib,
     stray_unit_ids,
 )
-from omaticaya_py.core.snapshot import GpuProcess
+from omaticaya_py.core.model.sharing import Sharing, episodes, is_shared, unit_id, unit_ids
+from omaticaya_py.core.model.snapshot import GpuProcess
+from omaticaya_py.core.publish.budget import safe_part, urgent
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.publish.render_telemetry import telemetry_document
+from omaticaya_py.core.rules.attribution import (
+    ContainerDevices,
+    PodRef,
+    attribute,
+)
+from omaticaya_py.core.rules.health import assess
+from omaticaya_py.core.schema import Telemetry
 from omaticaya_py.kube.pod_client import pod_identity
 from tests.helpers import gpu, h100_static, prefixed, settings, snapshot
 
@@ -473,7 +473,7 @@ MARK_CASES = [
     ("before", "after", "change"), [c[1:] for c in MARK_CASES], ids=[c[0] for c in MARK_CASES]
 )
 def test_a_slice_going_over_rewrites_the_telemetry_at_once(before, after, change):
-    from omaticaya_py.core.budget import UnitMark, telemetry_change
+    from omaticaya_py.core.publish.budget import UnitMark, telemetry_change
 
     holders = frozenset({OVER})
     published = {(0, -1): UnitMark(50000, holders, before)}
@@ -482,7 +482,7 @@ def test_a_slice_going_over_rewrites_the_telemetry_at_once(before, after, change
 
 
 def test_marks_of_shared_gpus_read_back_equal():
-    from omaticaya_py.core.render_telemetry import published_marks, telemetry_marks
+    from omaticaya_py.core.publish.render_telemetry import published_marks, telemetry_marks
 
     procs = {U0: [GpuProcess(10, 25000)]}
     att = attributed(procs, {10: PodRef(UID_A, CID_A)}, [holder("ml", "infer-a", "server", U0, 20)],
@@ -540,7 +540,7 @@ def test_refused_pod_reads_and_events_are_counted_and_retried():
 
 def _names_after_one_read(found=True):
     from omaticaya_py.agent.attribution import PodNames
-    from omaticaya_py.core.attribution import PodIdentity
+    from omaticaya_py.core.rules.attribution import PodIdentity
 
     names = PodNames()
     key = ("ml", "infer-a")

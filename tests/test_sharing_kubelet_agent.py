@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
 from tests.test_device_plugin_sharing import UUID, write_sharing_trace
 from tests.test_device_plugin_sharing_kubelet import (  # noqa: F401  (fixtures)

@@ -3,7 +3,7 @@
 - a container over its slice on a GPU whose MPS daemon is up is the enforcement's fault:
   ``MpsLimitNotEnforced`` on the pod and on the Node, saying the limit should have held; with
   enforcement off or the daemon not up, ``GpuMemoryOverLimit`` as before
-  (``core.slice_enforcement.judge``, table-tested); both counted in
+  (``core.allocation.slice_enforcement.judge``, table-tested); both counted in
   ``omaticaya_slice_over_limit{gpu,uuid,enforced,reason}`` and
   ``..._episodes_total{enforced,reason}`` (the multi-process case, issue 47, is
   ``tests/test_slice_over_limit_processes.py``'s);
@@ -30,14 +30,8 @@ from rich.console import Console
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.collectors import SliceOverLimit
 from omaticaya_py.agent.events import SliceWatch, mps_enforcement
-from omaticaya_py.core.attribution import PodRef
-from omaticaya_py.core.budget import UnitMark, telemetry_change
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.mps import DaemonState, Layout, state_json
-from omaticaya_py.core.render_telemetry import published_marks, telemetry_document, telemetry_marks
-from omaticaya_py.core.schema import Telemetry
-from omaticaya_py.core.sharing import Sharing
-from omaticaya_py.core.slice_enforcement import (
+from omaticaya_py.core.allocation.mps import DaemonState, Layout, state_json
+from omaticaya_py.core.allocation.slice_enforcement import (
     NOT_ENFORCED,
     OVER_LIMIT,
     OverLimit,
@@ -45,8 +39,18 @@ from omaticaya_py.core.slice_enforcement import (
     mps_status,
     over_counts,
 )
-from omaticaya_py.core.slice_use import SliceUse
-from omaticaya_py.core.snapshot import GpuProcess, NodeSnapshot
+from omaticaya_py.core.allocation.slice_use import SliceUse
+from omaticaya_py.core.model.sharing import Sharing
+from omaticaya_py.core.model.snapshot import GpuProcess, NodeSnapshot
+from omaticaya_py.core.publish.budget import UnitMark, telemetry_change
+from omaticaya_py.core.publish.render_telemetry import (
+    published_marks,
+    telemetry_document,
+    telemetry_marks,
+)
+from omaticaya_py.core.rules.attribution import PodRef
+from omaticaya_py.core.rules.health import assess
+from omaticaya_py.core.schema import Telemetry
 from omaticaya_py.kube import KubeForbidden
 from omaticaya_py.sources.mps import MpsWatch
 from omaticaya_py.views import fleet

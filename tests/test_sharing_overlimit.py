@@ -31,8 +31,8 @@ from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
 from omaticaya_py.agent.events import OVER_LIMIT
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.settings import load_settings
-from omaticaya_py.core.sharing import unit_ids
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.model.sharing import unit_ids
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader

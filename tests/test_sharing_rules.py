@@ -1,11 +1,11 @@
-"""GPU sharing by memory: the pure rules (core/sharing.py) and their settings."""
+"""GPU sharing by memory: the pure rules (core/model/sharing.py) and their settings."""
 
 from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.settings import SettingsError, load_settings
-from omaticaya_py.core.sharing import (
+from omaticaya_py.core.config.settings import SettingsError, load_settings
+from omaticaya_py.core.model.sharing import (
     SharedGpus,
     parse_shared_gpus,
     parse_unit_id,

@@ -1,11 +1,11 @@
-"""``core.shown``: the one "counts until a reading shows it" rule of the extender and the device
+"""``core.allocation.shown``: the one "counts until a reading shows it" rule of the extender and the device
 plugin, table-driven (``still_counting``), and the device plugin's ``still_pending`` through it."""
 
 from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.shown import Grant, look, rebase, still_counting, still_in_book
+from omaticaya_py.core.allocation.shown import Grant, look, rebase, still_counting, still_in_book
 from omaticaya_py.deviceplugin.slices import Slice, still_pending
 
 G = 1024  # MiB
@@ -58,7 +58,7 @@ def test_still_counting(grants: list[Grant], free_now: int | None, expected: lis
 
 def _old_still_pending(slices: list[Slice], free_now: int | None, now_s: float, settle_s: float
                        ) -> tuple[Slice, ...]:  # fmt: skip
-    """The device plugin's rule before ``core.shown`` (its own book), kept to compare with."""
+    """The device plugin's rule before ``core.allocation.shown`` (its own book), kept to compare with."""
     live = [s for s in slices if now_s - s.at_s < settle_s]
     if free_now is None:
         return tuple(live)

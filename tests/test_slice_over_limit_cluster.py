@@ -43,15 +43,15 @@ from prometheus_client import CollectorRegistry
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.mps import DaemonState, slice_id, state_json
-from omaticaya_py.core.settings import load_settings
-from omaticaya_py.core.sharing import unit_ids
-from omaticaya_py.core.slice_enforcement import (
+from omaticaya_py.core.allocation.mps import DaemonState, slice_id, state_json
+from omaticaya_py.core.allocation.slice_enforcement import (
     DAEMON_RESTARTED,
     NOT_ENFORCED,
     OVER_LIMIT_PROCESSES,
 )
-from omaticaya_py.core.snapshot import GpuProcess, NodeSnapshot
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.model.sharing import unit_ids
+from omaticaya_py.core.model.snapshot import GpuProcess, NodeSnapshot
 from omaticaya_py.kube import KubeNotFound, NodeClient
 from omaticaya_py.kube.errors import KubeConflict, KubeTooManyRequests
 from omaticaya_py.kube.pod_client import PodClient

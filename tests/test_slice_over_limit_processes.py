@@ -1,11 +1,11 @@
 """A container's total over its slice, told apart by its processes; evictions; MPS daemon
 restarts (issue 47, items 2 and 3's Event), pure and with stand-in API clients.
 
-- the decision (``core.slice_enforcement.over_reason``, table-tested): with the GPU's MPS daemon
+- the decision (``core.allocation.slice_enforcement.over_reason``, table-tested): with the GPU's MPS daemon
   up, several processes each within the slice -> ``SliceOverLimitProcesses`` (MPS's limit is
   per process: the sum is over), one process over alone (or what each holds unknown) ->
   ``MpsLimitNotEnforced``; nothing enforcing -> ``GpuMemoryOverLimit``;
-- each slice's processes with their own MiB (``core.slice_use.gpu_slices``), and the message;
+- each slice's processes with their own MiB (``core.allocation.slice_use.gpu_slices``), and the message;
 - a daemon restarted (``daemon_generation``, ``daemon_restarted``, table-tested), said once per
   restart per pod holding a slice of its GPU (``SliceWatch``);
 - ``OMATICAYA_SLICE_OVER_LIMIT_ACTION=evict``: the pod evicted after its Event, once per pod,
@@ -26,11 +26,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from omaticaya_py.agent.collectors import SliceOverLimit
 from omaticaya_py.agent.events import SliceWatch
-from omaticaya_py.core.attribution import PodIdentity, PodRef
-from omaticaya_py.core.mps import DaemonState, Layout, slice_id, state_json
-from omaticaya_py.core.settings import SettingsError, load_settings
-from omaticaya_py.core.sharing import unit_id
-from omaticaya_py.core.slice_enforcement import (
+from omaticaya_py.core.allocation.mps import DaemonState, Layout, slice_id, state_json
+from omaticaya_py.core.allocation.slice_enforcement import (
     DAEMON_RESTARTED,
     NOT_ENFORCED,
     OVER_LIMIT,
@@ -43,8 +40,11 @@ from omaticaya_py.core.slice_enforcement import (
     over_counts,
     over_reason,
 )
-from omaticaya_py.core.slice_use import SliceUse, gpu_slices, over_limit
-from omaticaya_py.core.snapshot import GpuProcess
+from omaticaya_py.core.allocation.slice_use import SliceUse, gpu_slices, over_limit
+from omaticaya_py.core.config.settings import SettingsError, load_settings
+from omaticaya_py.core.model.sharing import unit_id
+from omaticaya_py.core.model.snapshot import GpuProcess
+from omaticaya_py.core.rules.attribution import PodIdentity, PodRef
 from omaticaya_py.kube import KubeForbidden, KubeNotFound
 from omaticaya_py.kube.errors import KubeConflict, KubeTooManyRequests
 from omaticaya_py.sources.mps import MpsWatch
@@ -234,7 +234,7 @@ def _holding(*pods: str):
 
 
 def test_a_restart_is_said_once_to_each_pod_holding_its_slice(tmp_path):
-    """Each slice has an MPS daemon of its own (``core.mps``): its restart is said to the pod
+    """Each slice has an MPS daemon of its own (``core.allocation.mps``): its restart is said to the pod
     holding that slice, not to the other slices' pods on the same GPU."""
     layout = _layout(tmp_path)
     mps = MpsWatch(layout, 30.0, min_interval_s=0.0, wall=lambda: 1000.0)

@@ -1,7 +1,7 @@
 """End to end (issue 25 item 3): a burst of memory-slice pods on a real kube-apiserver +
 kube-scheduler (the dev cluster's release) through the extender.
 
-Nodes are written as an agent sharing all its GPUs writes them (``core.render`` and the
+Nodes are written as an agent sharing all its GPUs writes them (``core.publish.render`` and the
 telemetry of synthetic snapshots with ``OMATICAYA_SHARED_GPUS=all``: GPUs marked ``shared``,
 ``share_unit_mib`` 1,024; valid for 600 s), with ``omaticaya.io/gpu-memory`` in the Node's
 capacity and allocatable as the device plugin would advertise it (79 units per H100, or fewer
@@ -51,10 +51,10 @@ BURST = 12
 def write_shared_node(core: Any, name: str, free_mib: list[int], units: int) -> None:
     """A Node as an agent sharing every GPU writes it (labels + telemetry), schedulable, with
     ``units`` of the shared resource in its capacity and allocatable."""
-    from omaticaya_py.core.health import assess
-    from omaticaya_py.core.render import render
-    from omaticaya_py.core.render_telemetry import telemetry_annotation
-    from omaticaya_py.core.sharing import Sharing
+    from omaticaya_py.core.model.sharing import Sharing
+    from omaticaya_py.core.publish.render import render
+    from omaticaya_py.core.publish.render_telemetry import telemetry_annotation
+    from omaticaya_py.core.rules.health import assess
 
     snap = snapshot(*(gpu(i, memory_free_mib=f) for i, f in enumerate(free_mib)),
                     read_at=datetime.now(timezone.utc))  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.sharing import unit_id
+from omaticaya_py.core.model.sharing import unit_id
 from omaticaya_py.deviceplugin.allocation import DeviceState
 from omaticaya_py.deviceplugin.slices import Room, choose, preferred_units, rooms
 

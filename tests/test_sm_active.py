@@ -13,14 +13,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent.collectors import GpuReadings
-from omaticaya_py.core.budget import telemetry_change, urgent
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.readings import TickResult
-from omaticaya_py.core.render import render
-from omaticaya_py.core.render_telemetry import telemetry_marks
+from omaticaya_py.core.model.sharing import Sharing
+from omaticaya_py.core.model.snapshot import MigReading, NodeSnapshot
+from omaticaya_py.core.publish.budget import telemetry_change, urgent
+from omaticaya_py.core.publish.readings import TickResult
+from omaticaya_py.core.publish.render import render
+from omaticaya_py.core.publish.render_telemetry import telemetry_marks
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.core.schema.telemetry import Telemetry
-from omaticaya_py.core.sharing import Sharing
-from omaticaya_py.core.snapshot import MigReading, NodeSnapshot
 from tests.helpers import PREFIX, gpu, settings, snapshot
 
 NODE = f"{PREFIX}/gpu.sm-active-pct"

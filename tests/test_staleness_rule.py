@@ -1,4 +1,4 @@
-"""The one liveness rule (``core.liveness``), as tables: the extender and ``omaticaya top`` both
+"""The one liveness rule (``core.rules.liveness``), as tables: the extender and ``omaticaya top`` both
 judge an agent by it. Times an agent publishes are untrusted: its clock may be off, anyone who
 can write the Node or the Lease can write them. What counts is when the reader saw the value
 change, on its own monotonic clock, with the publisher's times as a bound.
@@ -15,7 +15,7 @@ from datetime import datetime
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.core.liveness import (
+from omaticaya_py.core.rules.liveness import (
     AHEAD,
     FRESH,
     READ_AT_AHEAD,

@@ -2,7 +2,7 @@
 
 Labels move in 1,024 MiB steps and, in Lease mode, the telemetry annotation used to be
 rewritten only with a label change: NVML free 10,900 -> 10,300 MiB left it at 10,900 for good,
-and a pod that started on a GPU never reached it. Now (``core.budget.telemetry_change``, applied
+and a pod that started on a GPU never reached it. Now (``core.publish.budget.telemetry_change``, applied
 by ``agent/node_writer.py``) free memory down by more than ``OMATICAYA_TELEMETRY_FREE_DROP_MIB`` (256)
 or a new holder rewrites it at once; the same rise or a holder leaving waits like any change for
 the better (the write budget's interval, and calm).
@@ -27,12 +27,16 @@ import pytest
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution import Attribution
 from omaticaya_py.agent.daemon import Daemon
-from omaticaya_py.core.attribution import ContainerDevices, GpuAttribution
-from omaticaya_py.core.budget import BETTER, WORSE, UnitMark, telemetry_change
-from omaticaya_py.core.render_telemetry import published_marks, telemetry_document, telemetry_marks
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.model.snapshot import MigReading
+from omaticaya_py.core.publish.budget import BETTER, WORSE, UnitMark, telemetry_change
+from omaticaya_py.core.publish.render_telemetry import (
+    published_marks,
+    telemetry_document,
+    telemetry_marks,
+)
+from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.schema import Telemetry
-from omaticaya_py.core.settings import load_settings
-from omaticaya_py.core.snapshot import MigReading
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader

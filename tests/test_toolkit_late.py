@@ -15,7 +15,7 @@ from omaticaya_py.agent import Agent
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import LIBRARY_MISSING_RESTART_S, liveness
 from omaticaya_py.agent.state import LIBRARY_NOT_FOUND
-from omaticaya_py.core.snapshot import NodeSnapshot
+from omaticaya_py.core.model.snapshot import NodeSnapshot
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import H100_TRACE, Clock, settings
 

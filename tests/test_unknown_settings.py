@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.settings import Settings
-from omaticaya_py.core.settings_base import (
+from omaticaya_py.core.config.settings import Settings
+from omaticaya_py.core.config.settings_base import (
     NOT_SETTINGS,
     env_names,
     unknown_variable_lines,
@@ -80,7 +80,7 @@ def test_a_mixed_case_spelling_is_said_as_applied_not_ignored():
 
 def test_a_mixed_case_spelling_is_applied(monkeypatch, tmp_path):
     """What the report says is what the settings do: the mixed-case spelling is applied."""
-    from omaticaya_py.core.settings import load_settings
+    from omaticaya_py.core.config.settings import load_settings
 
     monkeypatch.chdir(tmp_path)  # no .env
     monkeypatch.setenv("OMATICAYA_Memory_Step_MIB", "2048")

@@ -14,7 +14,7 @@ import pytest
 from loguru import logger
 from starlette.testclient import TestClient
 
-from omaticaya_py.core.liveness import READ_AT_AHEAD, Seen
+from omaticaya_py.core.rules.liveness import READ_AT_AHEAD, Seen
 from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app, parse_node
 from omaticaya_py.scheduler.app import NodeProblems
 from omaticaya_py.scheduler.metrics import MetricSources, metrics_registry

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.liveness import LeaseState
+from omaticaya_py.core.rules.liveness import LeaseState
 from omaticaya_py.core.schema import NodeGpuState
 from omaticaya_py.scheduler.cache import NodeIndex, Verdicts, VerdictsByNeed
 from omaticaya_py.scheduler.fit import JudgingContext, judge_each

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omaticaya_py.core import schema
-from omaticaya_py.core.liveness import LeaseState, Seen
-from omaticaya_py.core.patch import NodeMeta
+from omaticaya_py.core.publish.patch import NodeMeta
+from omaticaya_py.core.rules.liveness import LeaseState, Seen
 from omaticaya_py.views import fleet
 from omaticaya_py.views.top import TopOptions, render, select_rows, top_options
 

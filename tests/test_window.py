@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from omaticaya_py.core.health import assess
-from omaticaya_py.core.render import telemetry
+from omaticaya_py.core.model.window import PeakWindow, WindowSummary, p95
+from omaticaya_py.core.publish.render import telemetry
+from omaticaya_py.core.rules.health import assess
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState, parse_node
-from omaticaya_py.core.window import PeakWindow, WindowSummary, p95
 from omaticaya_py.scheduler import ExtenderSettings
 from omaticaya_py.scheduler.nodeview import with_signal
 from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize

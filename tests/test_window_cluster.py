@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import node_metadata

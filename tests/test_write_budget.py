@@ -1,4 +1,4 @@
-"""The write budget's pure decision (``core.budget``): which label changes go at once (the Node
+"""The write budget's pure decision (``core.publish.budget``): which label changes go at once (the Node
 gets less attractive) and which wait for ``min_patch_interval_s`` (it gets more attractive, or
 nothing a scheduler reads changed)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.budget import hold_back, safe_part, urgent, worse
-from omaticaya_py.core.settings import load_settings
+from omaticaya_py.core.config.settings import load_settings
+from omaticaya_py.core.publish.budget import hold_back, safe_part, urgent, worse
 
 P = "omaticaya.io/"
 
@@ -166,7 +166,7 @@ def test_setting_default_and_bounds(monkeypatch, tmp_path):
     assert load_settings().min_patch_interval_s == 30
     monkeypatch.setenv("OMATICAYA_MIN_PATCH_INTERVAL_S", "0")  # the budget off
     assert load_settings().min_patch_interval_s == 0
-    from omaticaya_py.core.settings import SettingsError
+    from omaticaya_py.core.config.settings import SettingsError
 
     monkeypatch.setenv("OMATICAYA_MIN_PATCH_INTERVAL_S", "-1")
     with pytest.raises(SettingsError, match="OMATICAYA_MIN_PATCH_INTERVAL_S"):
@@ -200,7 +200,7 @@ def test_safe_part_sends_only_the_worse(node, desired, now):
 
 # -- issue 48: the calm window per label, per GPU ------------------------------------------------
 
-from omaticaya_py.core.budget import (  # noqa: E402
+from omaticaya_py.core.publish.budget import (  # noqa: E402
     CALM_MAX_INTERVALS,
     Calm,
     held_keys,
@@ -285,7 +285,7 @@ def test_label_changes_names_each_key_that_got_worse_or_better():
 
 
 def _mark(free_mib: int, *pods: str):
-    from omaticaya_py.core.budget import UnitMark
+    from omaticaya_py.core.publish.budget import UnitMark
 
     return UnitMark(free_mib, frozenset(("ml", p, "main") for p in pods))
 
@@ -304,7 +304,7 @@ def _mark(free_mib: int, *pods: str):
     ids=["down-and-up", "gone", "new", "holder-left", "new-holder", "within-threshold"],
 )
 def test_unit_changes_judges_each_unit_alone(published, now, expected):
-    from omaticaya_py.core.budget import unit_changes
+    from omaticaya_py.core.publish.budget import unit_changes
 
     assert unit_changes(published, now, 256) == expected
 

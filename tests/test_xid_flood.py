@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from omaticaya_py.core.snapshot import XidEvent
+from omaticaya_py.core.model.snapshot import XidEvent
 from omaticaya_py.sources.nvml.events import XidWatcher, bound_events
 
 

@@ -1,5 +1,5 @@
 """Xid health carried over a restart (issue 23, item 6): NVML does not replay old events, so a
-new agent seeds its Xid window from the Node's own telemetry (``core.xid_seed``).
+new agent seeds its Xid window from the Node's own telemetry (``core.rules.xid_seed``).
 
 The pure seeding is table-tested on telemetry written by the real renderer and on hand-forged
 documents; one test runs two agents one after the other on the real kube-apiserver.
@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.health import XidLedger, XidPolicy, assess
-from omaticaya_py.core.render import telemetry
-from omaticaya_py.core.snapshot import NodeSnapshot, XidEvent
-from omaticaya_py.core.xid_seed import MAX_AHEAD_S, seed_events
+from omaticaya_py.core.model.snapshot import NodeSnapshot, XidEvent
+from omaticaya_py.core.publish.render import telemetry
+from omaticaya_py.core.rules.health import XidLedger, XidPolicy, assess
+from omaticaya_py.core.rules.xid_seed import MAX_AHEAD_S, seed_events
 from omaticaya_py.kube import NodeClient
 from tests.conftest import node_metadata
 from tests.helpers import READ_AT, gpu, lost, settings, snapshot

@@ -22,16 +22,16 @@ from collections.abc import Callable, Mapping
 
 from loguru import logger
 
-from ..core.attribution import GpuAttribution
-from ..core.health import NodeHealth, XidLedger, XidPolicy, assess
-from ..core.mps import Layout
-from ..core.patch import MergePatch
-from ..core.readings import TickListener, TickResult, Topology, TopologyReader
-from ..core.render import Desired, render
-from ..core.sayonce import SayOnce
-from ..core.settings import Settings, stuck_after_s
-from ..core.snapshot import NodeSnapshot, Reader
-from ..core.window import PeakWindow
+from ..core.allocation.mps import Layout
+from ..core.config.settings import Settings, stuck_after_s
+from ..core.model.sayonce import SayOnce
+from ..core.model.snapshot import NodeSnapshot, Reader
+from ..core.model.window import PeakWindow
+from ..core.publish.patch import MergePatch
+from ..core.publish.readings import TickListener, TickResult, Topology, TopologyReader
+from ..core.publish.render import Desired, render
+from ..core.rules.attribution import GpuAttribution
+from ..core.rules.health import NodeHealth, XidLedger, XidPolicy, assess
 from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
 from ..kube.pod_client import PodClient
 from ..kube.resourceslice import ResourceSliceClient

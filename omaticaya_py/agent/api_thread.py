@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from ..core.readings import TickResult
+from ..core.publish.readings import TickResult
 from ..kube import KubeError
 from .state import AgentStopping, SnapshotCache
 

@@ -2,7 +2,7 @@
 
 ``Attribution.observe(snapshot)`` asks the kubelet which container holds which GPU or MIG device
 (``kube.podresources``), reads the cgroup of every compute process NVML listed
-(``sources.procs``) and joins the two (``core.attribution.attribute``): per device, the pods
+(``sources.procs``) and joins the two (``core.rules.attribution.attribute``): per device, the pods
 holding it and the memory of processes in no pod (out-of-band). Either half may be missing and
 the other still counts: no PodResources socket (said once) leaves the holders empty; PIDs not
 visible from here (no ``hostPID``) are unknown, never out-of-band. Nothing here raises.
@@ -25,18 +25,18 @@ from typing import Any
 
 from loguru import logger
 
-from ..core.attribution import (
+from ..core.allocation.slice_use import stray_unit_ids
+from ..core.config.settings import Settings
+from ..core.model.sayonce import SayOnce
+from ..core.model.sharing import DEFAULT_SHARED_RESOURCE, Sharing
+from ..core.model.snapshot import GpuProcess, NodeSnapshot
+from ..core.publish.dra import DRIVER, claim_holders
+from ..core.rules.attribution import (
     ContainerDevices,
     GpuAttribution,
     PodIdentity,
     attribute,
 )
-from ..core.dra import DRIVER, claim_holders
-from ..core.sayonce import SayOnce
-from ..core.settings import Settings
-from ..core.sharing import DEFAULT_SHARED_RESOURCE, Sharing
-from ..core.slice_use import stray_unit_ids
-from ..core.snapshot import GpuProcess, NodeSnapshot
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
 from ..sources.procs import read_pod_refs
 
@@ -70,7 +70,7 @@ def device_processes(snapshot: NodeSnapshot) -> dict[str, tuple[GpuProcess, ...]
 def unread_devices(snapshot: NodeSnapshot) -> list[str]:
     """The device IDs (GPU UUIDs; with MIG on, MIG device UUIDs) of the GPUs and MIG devices
     read with an error this tick whose UUID is known (from an earlier read): their holders are
-    kept (``core.attribution.attribute``'s ``unread``), not taken as gone."""
+    kept (``core.rules.attribution.attribute``'s ``unread``), not taken as gone."""
     out: list[str] = []
     for g in snapshot.gpus:
         if g.error is not None and g.uuid and not g.mig_enabled:
@@ -87,7 +87,7 @@ class Attribution:
       whose holders are reported with those of ``nvidia.com/*``.
     - ``proc_root``: where the host's ``/proc`` is seen (``/proc`` on the host or with
       ``hostPID``; ``None``: processes are not placed, all unknown).
-    - ``node_name`` and ``sharing``: for the DRA driver's devices (``core.dra.claim_holders``:
+    - ``node_name`` and ``sharing``: for the DRA driver's devices (``core.publish.dra.claim_holders``:
       this Node's pool only; slices of shared GPUs left out); ``node_name`` ``None``: DRA
       devices are not read.
     - ``errors``: PodResources failures by gRPC code (``absent`` for no socket), for

@@ -18,14 +18,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..core.attribution import GpuAttribution, gpu_out_of_band_mib
-from ..core.sharing import Sharing, is_shared
-from ..core.slice_use import gpu_slices
-from ..core.snapshot import GpuReading, NodeSnapshot
+from ..core.allocation.slice_use import gpu_slices
+from ..core.model.sharing import Sharing, is_shared
+from ..core.model.snapshot import GpuReading, NodeSnapshot
+from ..core.rules.attribution import GpuAttribution, gpu_out_of_band_mib
 
 if TYPE_CHECKING:
-    from ..core.health import XidLedger
-    from ..core.readings import TickResult
+    from ..core.publish.readings import TickResult
+    from ..core.rules.health import XidLedger
     from .state import SnapshotCache
 
 __all__ = [
@@ -262,7 +262,7 @@ class MpsStateErrors(Collector):
 
 class SliceOverLimit(Collector):
     """Containers over their slice of a shared GPU (``agent.events.SliceWatch``'s live values;
-    empty without sharing), told apart by the Event reason (``core.slice_enforcement``):
+    empty without sharing), told apart by the Event reason (``core.allocation.slice_enforcement``):
     ``omaticaya_slice_over_limit{gpu,uuid,enforced,reason}`` (``over_now()``: how many are over
     at the last API round, by ``(GPU index, UUID, enforced, reason)``; ``enforced="true"``
     only for ``MpsLimitNotEnforced``, the limit should have held; no series for a GPU none is

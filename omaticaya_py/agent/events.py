@@ -1,7 +1,7 @@
 """The agent's Events. On the Node: GPU health changes (``GpuUnhealthy``, ``GpuRecovered``, by
 GPU UUID) and out-of-band memory (``GpuOutOfBandMemory``, once per episode). On a pod holding a
-slice of a shared GPU (``SliceWatch``), once per episode (``core.sharing.episodes``) when its
-container's processes together hold more than its slice (``core.slice_enforcement``):
+slice of a shared GPU (``SliceWatch``), once per episode (``core.model.sharing.episodes``) when its
+container's processes together hold more than its slice (``core.allocation.slice_enforcement``):
 ``GpuMemoryOverLimit`` where nothing enforces it, ``SliceOverLimitProcesses`` when its GPU's MPS
 daemon is up and it runs several processes each within the slice (MPS's limit is per process),
 ``MpsLimitNotEnforced`` (on the pod and on the Node) when one process escaped the daemon; with
@@ -9,7 +9,7 @@ daemon is up and it runs several processes each within the slice (MPS's limit is
 ``MpsDaemonRestarted`` on the pods holding slices of a GPU whose MPS daemon was restarted (once
 per restart per pod). ``SliceWatch`` also reads the holders' pods from the API first
 (``attribution.PodNames``), so that the next tick's attribution tells each slice's own use
-(``core.slice_use.gpu_slices``). Runs in the API round (``agent.api_thread``), never on the read
+(``core.allocation.slice_use.gpu_slices``). Runs in the API round (``agent.api_thread``), never on the read
 path; a failure is logged once per kind and counted (``errors``), and the next round tries
 again."""
 
@@ -20,13 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from loguru import logger
 
-from ..core.attribution import GpuAttribution, PodIdentity
-from ..core.health import NodeHealth
-from ..core.mps import slice_id
-from ..core.sayonce import SayOnce
-from ..core.settings import Settings
-from ..core.sharing import Sharing, episodes, is_shared
-from ..core.slice_enforcement import (
+from ..core.allocation.mps import slice_id
+from ..core.allocation.slice_enforcement import (
     DAEMON_RESTARTED,
     NOT_ENFORCED,
     OVER_LIMIT,
@@ -38,8 +33,13 @@ from ..core.slice_enforcement import (
     judge,
     over_counts,
 )
-from ..core.slice_use import SliceUse, gpu_slices, over_limit
-from ..core.snapshot import NodeSnapshot
+from ..core.allocation.slice_use import SliceUse, gpu_slices, over_limit
+from ..core.config.settings import Settings
+from ..core.model.sayonce import SayOnce
+from ..core.model.sharing import Sharing, episodes, is_shared
+from ..core.model.snapshot import NodeSnapshot
+from ..core.rules.attribution import GpuAttribution, PodIdentity
+from ..core.rules.health import NodeHealth
 from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
 from ..kube.errors import KubeConflict, KubeTooManyRequests
 from ..kube.pod_client import PodClient
@@ -63,7 +63,7 @@ NodeEvent = Callable[[str, str], None]
 def mps_enforcement(watch: MpsWatch | None, uuids: Iterable[str]) -> dict[str, str] | None:
     """Each of ``uuids`` (shared GPUs) -> ``"up"`` while its MPS daemon is up
     (``watch.enforcement``), else the reason it is not; ``None`` without a watch (enforcement
-    off): the shape ``core.slice_enforcement.judge`` and the telemetry's ``mps`` fields take."""
+    off): the shape ``core.allocation.slice_enforcement.judge`` and the telemetry's ``mps`` fields take."""
     if watch is None:
         return None
     return {u: "up" if e.up else e.reason for u, e in watch.all(uuids).items()}
@@ -162,13 +162,13 @@ class SliceWatch:
 
     ``mps``: the MPS daemons' states (``sources.mps.MpsWatch``; ``None``: enforcement off), so
     that a container over its slice on a GPU whose daemon is up is told apart
-    (``core.slice_enforcement``), and a daemon restarted is said to its GPU's pods.
+    (``core.allocation.slice_enforcement``), and a daemon restarted is said to its GPU's pods.
     ``action``: ``settings.slice_over_limit_action`` (``evict``: a pod over its slice is
     evicted once its Event is posted). ``posted`` counts Events by reason (the agent's Event
     counter, shared); ``errors`` counts failed requests by kind (``get-forbidden``,
     ``get-failed``, ``event-failed``); ``over_now``: the containers over their slice at the
     last round, by ``(GPU index, UUID, enforced "true"|"false", reason)``
-    (``core.slice_enforcement.over_counts``); ``episodes``: over-use episodes started, by
+    (``core.allocation.slice_enforcement.over_counts``); ``episodes``: over-use episodes started, by
     ``(enforced, reason)``; ``evictions``: eviction attempts by result (``evicted``,
     ``blocked``: a PodDisruptionBudget refused it now (429), ``gone``: the pod, or the pod of
     that UID, no longer exists (404, 409), ``failed``: any other failure, ``skipped``: the pod
@@ -326,8 +326,8 @@ class SliceWatch:
         self, client: PodClient, snapshot: NodeSnapshot, slices: Mapping[str, tuple[SliceUse, ...]]
     ) -> None:
         """``MpsDaemonRestarted`` on each pod holding a slice whose own MPS daemon (one per
-        slice: ``core.mps``; its state ``sources.mps.read_slice_state``, named by the slice's
-        unit IDs) was restarted since the last round (``core.slice_enforcement.daemon_restarted``),
+        slice: ``core.allocation.mps``; its state ``sources.mps.read_slice_state``, named by the slice's
+        unit IDs) was restarted since the last round (``core.allocation.slice_enforcement.daemon_restarted``),
         once per restart per pod; a pod whose Event fails is tried again next round while it
         holds that slice. A slice no longer held is forgotten."""
         if self.mps is None:

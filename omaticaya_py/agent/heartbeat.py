@@ -12,9 +12,9 @@ from collections.abc import Mapping
 
 from loguru import logger
 
-from ..core.sayonce import SayOnce
+from ..core.config.settings import Settings
+from ..core.model.sayonce import SayOnce
 from ..core.schema import Telemetry
-from ..core.settings import Settings
 from ..kube import KubeError, KubeForbidden, LeaseClient, NodeClient
 from ..kube.heartbeat_lease import lease_name, lease_namespace
 from .state import SnapshotCache
@@ -52,7 +52,7 @@ def make_lease(
 
 
 class Heartbeat:
-    """The agent's heartbeat (what readers judge its liveness by, ``core.liveness``): when it is due, and where it goes. ``lease`` is ``None`` in annotation
+    """The agent's heartbeat (what readers judge its liveness by, ``core.rules.liveness``): when it is due, and where it goes. ``lease`` is ``None`` in annotation
     mode; times are the agent's monotonic seconds."""
 
     def __init__(self, lease: LeaseClient | None, heartbeat_s: float, cache: SnapshotCache):
@@ -82,7 +82,7 @@ class Heartbeat:
 
     def refresh(self, now_s: float, on_node: str | None) -> bool:
         """Whether this tick must rewrite the telemetry even without a label change (the
-        ``refresh`` of ``core.patch.volatile_due``)."""
+        ``refresh`` of ``core.publish.patch.volatile_due``)."""
         return self.annotation_due(now_s) or self.points_elsewhere(on_node)
 
     def lease_due(self, now_s: float) -> bool:

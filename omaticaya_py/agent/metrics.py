@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
-from ..core.sharing import Sharing
+from ..core.model.sharing import Sharing
 from ..serving import HttpServer, probe_app
 from .collectors import (
     AgentCounters,

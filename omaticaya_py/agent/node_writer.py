@@ -2,14 +2,14 @@
 
 The Node's metadata is cached from the last GET or merge-patch response, so a tick in which no
 value changed sends no request at all. The telemetry annotation goes with any label change
-(``core.patch.volatile_due``), and with the heartbeat where no Lease carries liveness. Each
+(``core.publish.patch.volatile_due``), and with the heartbeat where no Lease carries liveness. Each
 patch response is checked against the desired state, so a Node that was re-created or edited by
-hand is put right at once. The write budget (``min_patch_interval_s``, ``core.budget``) holds
+hand is put right at once. The write budget (``min_patch_interval_s``, ``core.publish.budget``) holds
 back a change that makes the Node more attractive until that label has been calm (not got
 worse) for an interval, and the last patch is an interval old or a patch goes anyway
-(``core.budget.held_keys``, each label on its own clock: a neighbour GPU's churn never holds a
+(``core.publish.budget.held_keys``, each label on its own clock: a neighbour GPU's churn never holds a
 recovered GPU's labels); one that makes it less attractive goes at once. The telemetry also
-follows what no label shows (``core.budget.telemetry_change``): a GPU's exact free memory down
+follows what no label shows (``core.publish.budget.telemetry_change``): a GPU's exact free memory down
 by more than ``telemetry_free_drop_mib`` or a new pod holding it rewrites it at once, the same
 rise or a holder leaving once each unit that rose has been calm for an interval (per GPU or MIG
 device) and the budget lets a change for the better go.
@@ -23,8 +23,11 @@ from dataclasses import replace
 
 from loguru import logger
 
-from ..core.attribution import GpuAttribution
-from ..core.budget import (
+from ..core.config.settings import Settings
+from ..core.model.sharing import Sharing, is_shared
+from ..core.model.snapshot import NodeSnapshot
+from ..core.model.window import PeakWindow
+from ..core.publish.budget import (
     WORSE,
     Calm,
     UnitMark,
@@ -37,8 +40,7 @@ from ..core.budget import (
     unit_changes,
     worse,
 )
-from ..core.health import NodeHealth
-from ..core.patch import (
+from ..core.publish.patch import (
     MergePatch,
     NodeMeta,
     apply_patch,
@@ -47,13 +49,11 @@ from ..core.patch import (
     removal_patch,
     volatile_due,
 )
-from ..core.render import Desired, is_static, telemetry_annotation
-from ..core.render_telemetry import UnitKey, published_marks, telemetry_marks
+from ..core.publish.render import Desired, is_static, telemetry_annotation
+from ..core.publish.render_telemetry import UnitKey, published_marks, telemetry_marks
+from ..core.rules.attribution import GpuAttribution
+from ..core.rules.health import NodeHealth
 from ..core.schema import TELEMETRY, Telemetry
-from ..core.settings import Settings
-from ..core.sharing import Sharing, is_shared
-from ..core.snapshot import NodeSnapshot
-from ..core.window import PeakWindow
 from ..kube import NodeClient
 from .heartbeat import Heartbeat
 from .state import SnapshotCache
@@ -90,7 +90,7 @@ class NodeWriter:
         self.telemetry_key = f"{settings.prefix}/{TELEMETRY}"
         self.meta: NodeMeta | None = None
         self.last_patch_s: float | None = None
-        #: each label key's calm clock (``core.budget.note_changes``: when it last got worse
+        #: each label key's calm clock (``core.publish.budget.note_changes``: when it last got worse
         #: than the tick's before; only the keys that did lately)
         self.label_calm: dict[str, Calm] = {}
         #: the same per telemetry unit (a GPU or MIG device): free memory down, a new holder
@@ -168,7 +168,7 @@ class NodeWriter:
         mps: Mapping[str, str] | None = None,
     ) -> Desired:
         """``desired`` with the telemetry annotation: built afresh only when the patch will
-        carry it (``core.patch.volatile_due``), else the Node's own value, so that a quiet tick
+        carry it (``core.publish.patch.volatile_due``), else the Node's own value, so that a quiet tick
         costs no JSON encoding."""
         key, prefix = self.telemetry_key, self.settings.prefix
         label_changes = bool(diff_section(desired.labels, current.labels, prefix))
@@ -198,10 +198,10 @@ class NodeWriter:
         changed: a change for the worse in what no label shows (free memory down by more than
         ``telemetry_free_drop_mib``, a new holder) at once; one for the better (the same rise,
         a holder gone) when the write budget lets every unit that rose go
-        (``core.budget.held_keys``: each unit calm for an interval, the last patch an interval
+        (``core.publish.budget.held_keys``: each unit calm for an interval, the last patch an interval
         old). A value on the Node that cannot be read counts as publishing nothing."""
         if on_node is None:
-            return False  # missing: written anyway (core.patch.volatile_due)
+            return False  # missing: written anyway (core.publish.patch.volatile_due)
         if self._published is None or self._published[0] != on_node:
             doc, _ = Telemetry.parse(on_node)
             self._published = (on_node, published_marks(doc) if doc is not None else {})
@@ -241,7 +241,7 @@ class NodeWriter:
         self, desired: Desired, current: NodeMeta, now_s: float, going: bool = False
     ) -> Desired:
         """The write budget: ``desired`` with its changes for the better held back (the Node's
-        values kept, ``core.budget.safe_part``) per label (``core.budget.held_keys``): while
+        values kept, ``core.publish.budget.safe_part``) per label (``core.publish.budget.held_keys``): while
         that label got worse within ``min_patch_interval_s``, or while the last patch is under
         an interval old and nothing goes anyway (a change for the worse, or ``going``: the
         telemetry is rewritten this tick). Changes for the worse always go. Never held: with

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tenacity
 from loguru import logger
 
-from ..core.sayonce import SayOnce
+from ..core.model.sayonce import SayOnce
 from ..kube import KubeError, KubeForbidden
 from .state import SnapshotCache
 

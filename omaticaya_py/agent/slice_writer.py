@@ -1,14 +1,14 @@
 """The Node's ResourceSlice (the DRA driver ``gpu.omaticaya.io``), kept in step with the
 readings change-only, under the labels' write budget.
 
-Each tick's devices come from ``core.dra.inventory`` (the reading, the health rules, the
-damped free memory) and ``core.dra.render_devices``. A write goes out when they differ from
-what was published: at once when the change is for the worse (``core.dra.worse_devices``: free
+Each tick's devices come from ``core.publish.dra.inventory`` (the reading, the health rules, the
+damped free memory) and ``core.publish.dra.render_devices``. A write goes out when they differ from
+what was published: at once when the change is for the worse (``core.publish.dra.worse_devices``: free
 memory down, a taint added, a device gone); a change for the better of a device once that
 device has not got worse for ``OMATICAYA_MIN_PATCH_INTERVAL_S`` (its own calm window: a
 neighbour's churn does not hold a recovered GPU's taint) and the last write is an interval old
-or a write goes anyway (``core.budget.held_keys``, the labels' rule), held back until then
-(``core.dra.held_devices``).
+or a write goes anyway (``core.publish.budget.held_keys``, the labels' rule), held back until then
+(``core.publish.dra.held_devices``).
 The slice as stored is read back at each heartbeat (re-created when deleted behind our back).
 """
 
@@ -22,8 +22,11 @@ from typing import Any
 
 from loguru import logger
 
-from ..core.budget import Calm, held_keys, note_changes
-from ..core.dra import (
+from ..core.config.settings import Settings
+from ..core.model.sharing import Sharing
+from ..core.model.snapshot import NodeSnapshot
+from ..core.publish.budget import Calm, held_keys, note_changes
+from ..core.publish.dra import (
     DraDevice,
     held_devices,
     inventory,
@@ -32,10 +35,7 @@ from ..core.dra import (
     strip_server_fields,
     worse_devices,
 )
-from ..core.health import NodeHealth
-from ..core.settings import Settings
-from ..core.sharing import Sharing
-from ..core.snapshot import NodeSnapshot
+from ..core.rules.health import NodeHealth
 from ..kube import KubeError
 from ..kube.quantity import parse_quantity
 from ..kube.resourceslice import ResourceSliceClient
@@ -76,8 +76,8 @@ class SliceWriter:
         self.published: list[dict[str, Any]] | None = None
         self.last_write_s: float | None = None
         #: the calm clock of each part of each device (``(name, "free" or "taints")`` ->
-        #: ``core.budget.Calm``: when it last got worse than the tick's before;
-        #: ``core.budget.note_changes``)
+        #: ``core.publish.budget.Calm``: when it last got worse than the tick's before;
+        #: ``core.publish.budget.note_changes``)
         self.calm: dict[tuple[Any, str], Calm] = {}
         self._last_desired: list[dict[str, Any]] | None = None
         self._devices: list[DraDevice] = []
@@ -161,7 +161,7 @@ class SliceWriter:
 
     def note(self, desired: list[dict[str, Any]], now_s: float) -> None:
         """Move the calm clocks by this tick's devices (``desired``) against the last tick's:
-        each part of each device that got worse or better (``core.budget.note_changes``)."""
+        each part of each device that got worse or better (``core.publish.budget.note_changes``)."""
         if self._last_desired is not None:
             got_worse, got_better = _device_changes(self._last_desired, desired)
             self.calm = note_changes(self.calm, got_worse, got_better, now_s,
@@ -200,7 +200,7 @@ def _parts(
     before: dict[str, Any] | None, after: dict[str, Any] | None
 ) -> dict[str, tuple[list[Any], list[Any]]]:
     """One device on both sides (``None``: absent there), seen one part at a time for
-    ``core.dra.worse_devices``: its free memory (and what else it says) without its taints,
+    ``core.publish.dra.worse_devices``: its free memory (and what else it says) without its taints,
     and its taints with the same attributes on both sides."""
     attributes = (after or before or {}).get("attributes")
 
@@ -218,7 +218,7 @@ def _device_changes(
     before: list[dict[str, Any]] | None, after: list[dict[str, Any]]
 ) -> tuple[set[tuple[Any, str]], set[tuple[Any, str]]]:
     """``(worse, better)``: the parts ``(device name, FREE or TAINTS)`` that changed for the
-    worse from ``before`` to ``after`` (``core.dra.worse_devices`` of that part alone: free
+    worse from ``before`` to ``after`` (``core.publish.dra.worse_devices`` of that part alone: free
     memory down, a taint added, the device gone or changed otherwise), and the others that
     changed (free memory up, a taint gone, a new device)."""
     old, new = _by_name(before), _by_name(after)
@@ -238,8 +238,8 @@ def _within_budget(
 ) -> list[dict[str, Any]]:
     """The devices to publish: ``desired`` with each change for the better (more free memory,
     a taint gone, a new device) held at ``before`` (the published slice;
-    ``core.dra.held_devices``) while the budget holds that part of that device
-    (``core.budget.held_keys``: it got worse itself within its calm window (``calm``), or
+    ``core.publish.dra.held_devices``) while the budget holds that part of that device
+    (``core.publish.budget.held_keys``: it got worse itself within its calm window (``calm``), or
     nothing goes this time and the last write is under an interval old). Changes for the worse
     always go, and carry the calm parts' changes for the better with them."""
     old = _by_name(before)

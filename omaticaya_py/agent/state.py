@@ -1,4 +1,4 @@
-"""The agent's shared state: the last tick's result (``core.readings.TickResult``), where the tick in flight is, and the
+"""The agent's shared state: the last tick's result (``core.publish.readings.TickResult``), where the tick in flight is, and the
 counters ``/metrics`` reads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Histogram
 
-from ..core.readings import TickResult
+from ..core.publish.readings import TickResult
 
 __all__ = ["AgentStopping", "Runner", "SnapshotCache"]
 

@@ -7,7 +7,7 @@ sleeps an hour ("the scheduler relies on the system time being correct": agronho
 hangs the process (#35, #526, #1066). ``SteadyTrigger`` wraps the schedule's trigger and skips a
 long run of missed fire times at once; ``Watchdog`` looks at the wall clock against the
 monotonic clock every second (every period, if shorter) and, when it stepped, moves the planned
-run so that the tick keeps its period in elapsed time (``core.schedule.run_after_step``; a cron
+run so that the tick keeps its period in elapsed time (``core.config.schedule.run_after_step``; a cron
 schedule, which is wall-clock by nature, gets its next fire time on the new clock).
 
 A tick that never returns (a hung NVML or kubelet call) fails ``/healthz`` once no tick
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from apscheduler.triggers.base import BaseTrigger
 from loguru import logger
 
-from ..core.sayonce import SayOnce
-from ..core.schedule import clock_step, run_after_step
+from ..core.config.schedule import clock_step, run_after_step
+from ..core.model.sayonce import SayOnce
 
 if TYPE_CHECKING:
     from .agent import Agent

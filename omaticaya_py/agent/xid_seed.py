@@ -1,4 +1,4 @@
-"""At start, seed the Xid ledger from the Node's own telemetry (``core.xid_seed``): a GPU that
+"""At start, seed the Xid ledger from the Node's own telemetry (``core.rules.xid_seed``): a GPU that
 was Unhealthy for a fatal Xid stays so across a restart until its quiet window ends.
 
 The Node is read once, on a thread of its own, when the first reading comes; the first tick
@@ -14,11 +14,11 @@ from typing import Any
 
 from loguru import logger
 
-from ..core.health import XidLedger
-from ..core.patch import NodeMeta
+from ..core.model.snapshot import NodeSnapshot
+from ..core.publish.patch import NodeMeta
+from ..core.rules.health import XidLedger
+from ..core.rules.xid_seed import seed_events
 from ..core.schema import TELEMETRY
-from ..core.snapshot import NodeSnapshot
-from ..core.xid_seed import seed_events
 from ..kube import KubeError, NodeClient
 
 __all__ = ["XidSeeder"]

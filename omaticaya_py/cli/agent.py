@@ -9,8 +9,8 @@ import json
 import sys
 from typing import Any
 
+from ..core.config.settings import Settings, SettingsError, load_settings
 from ..core.schema import TELEMETRY, parse_gpu_readings
-from ..core.settings import Settings, SettingsError, load_settings
 from .errors import UsageError, print_lines
 from .flags import say_unknown_variables
 from .inputs import node_client, reader
@@ -86,7 +86,7 @@ def cleanup_text(
     node: str, prefix: str, patch: dict[str, Any] | None, lease: str | None, *, dry_run: bool
 ) -> str:
     """What ``omaticaya cleanup`` says. ``patch``: the removal merge patch
-    (``core.patch.removal_patch``: ``{"metadata": {"labels"|"annotations": {key: None}}}``,
+    (``core.publish.patch.removal_patch``: ``{"metadata": {"labels"|"annotations": {key: None}}}``,
     ``None`` when nothing is under the prefix); ``lease``: ``namespace/name`` of the agent's
     Lease deleted (or, in a dry run, there to delete), ``None`` for none. Done: one line, the
     count of keys removed. ``dry_run``: a line saying nothing was changed, then one line per

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.settings import Settings
+from ..core.config.settings import Settings
 from .errors import UsageError
 from .inputs import node_client, reader
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.settings import SettingsError
+from ..core.config.settings import SettingsError
 from .errors import print_lines
 from .parser import extender_settings_flags
 
@@ -26,7 +26,7 @@ def extender_command(args: argparse.Namespace) -> int:
     from ..logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_json)
-    from ..core.settings import Settings
+    from ..core.config.settings import Settings
     from ..scheduler.settings import ExtenderSettings
     from .flags import say_unknown_variables
 

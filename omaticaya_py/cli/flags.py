@@ -16,7 +16,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-from ..core.settings_base import field_env_names
+from ..core.config.settings_base import field_env_names
 
 __all__ = ["SettingsFlags", "env_name", "say_unknown_variables"]
 
@@ -131,7 +131,7 @@ class _DeprecatedAlias(argparse.Action):
 
 
 def env_name(model: type[BaseSettings], name: str) -> str:
-    """The environment variable of field ``name`` (``core.settings_base.field_env_names``'
+    """The environment variable of field ``name`` (``core.config.settings_base.field_env_names``'
     first: ``NODE_NAME``, else the model's ``env_prefix`` and the name in upper case)."""
     return field_env_names(model, name)[0]
 
@@ -141,13 +141,13 @@ def say_unknown_variables(
 ) -> None:
     """Log one warning per ``OMATICAYA_*`` environment variable that no field of ``models``
     reads (a misspelt one does nothing otherwise), with the closest known name
-    (``core.settings_base.unknown_variables``); ``others``: prefixes another program reads
+    (``core.config.settings_base.unknown_variables``); ``others``: prefixes another program reads
     (the agent leaves ``OMATICAYA_EXTENDER_`` to the extender)."""
     import os
 
     from loguru import logger
 
-    from ..core.settings_base import env_names, unknown_variable_lines, unknown_variables
+    from ..core.config.settings_base import env_names, unknown_variable_lines, unknown_variables
 
     known = frozenset().union(*(env_names(m) for m in models))
     for line in unknown_variable_lines(unknown_variables(os.environ, known, others=others), program):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.settings import Settings
+from ..core.config.settings import Settings
 from .errors import UsageError
 
 __all__ = ["node_client", "reader"]

@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..core.settings import SettingsError, load
+from ..core.config.settings import SettingsError, load
 from .errors import print_lines
 from .parser import mps_settings_flags
 
@@ -48,7 +48,7 @@ def mps_command(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print_lines(f"{_PROGRAM}: ", exc)
         return 2
-    from ..core.settings import Settings
+    from ..core.config.settings import Settings
     from ..logs import setup_logging
     from .flags import say_unknown_variables
 
@@ -70,13 +70,13 @@ def mps_command(args: argparse.Namespace) -> int:
 
 
 def shared_gpus(settings: MpsSettings) -> list[Gpu]:
-    """The shared GPUs (``settings.shared_gpus``, by UUID or index, MIG off: ``core.sharing``)
+    """The shared GPUs (``settings.shared_gpus``, by UUID or index, MIG off: ``core.model.sharing``)
     with a UUID and at least one unit, in index order: from ``settings.trace`` (its first
     sample) when set, else from NVML. Raises ``TraceError`` for a bad trace, ``_GpusUnreadable``
     when NVML cannot be read."""
     from loguru import logger
 
-    from ..core.sharing import Sharing, is_shared, unit_count
+    from ..core.model.sharing import Sharing, is_shared, unit_count
     from ..mps.supervisor import Gpu
 
     reader: Any
@@ -111,7 +111,7 @@ def shared_gpus(settings: MpsSettings) -> list[Gpu]:
 def _run(settings: MpsSettings, gpus: list[Gpu], stop: threading.Event) -> int:
     from loguru import logger
 
-    from ..core.mps import Layout
+    from ..core.allocation.mps import Layout
     from ..mps import metrics
     from ..mps.supervisor import MpsError, Supervisor
 

@@ -45,7 +45,7 @@ _POLICY_FLAG = "--placement-policy"
 @cache
 def _agent_settings_flags() -> dict[str, SettingsFlags]:
     """Sub-command -> its flags for ``Settings`` (the agent's settings), built on first use."""
-    from ..core.settings import Settings
+    from ..core.config.settings import Settings
     from .flags import SettingsFlags
 
     agent_names = {**_NODE_FLAG, "share_policy": _POLICY_FLAG}

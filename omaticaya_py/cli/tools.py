@@ -46,7 +46,7 @@ def record_command(args: argparse.Namespace) -> int:
 
 def _duration_s(flag: str, text: str) -> float:
     """A Go duration (``60s``, ``1m30s``, ``250ms``) in seconds; ``UsageError`` naming ``flag``."""
-    from ..core.settings import parse_schedule
+    from ..core.config.settings import parse_schedule
 
     try:
         return parse_schedule(f"@every {text}").interval_s or 0.0

@@ -1,3 +1,3 @@
-"""The shared core: models of a reading (``snapshot``), settings, the health rules, the label
-and telemetry contract (``schema``), rendering it (``render``) and the diff into a merge patch
-(``patch``). Pure: no I/O library is imported here (import-linter holds it)."""
+"""The shared core, pure (no I/O library), in floors that import only downwards (the layers
+contract in ``pyproject.toml``, checked by ``lint-imports``): ``config`` > ``publish`` >
+``allocation`` > ``rules`` > ``schema`` (the label and telemetry contract) > ``model``."""

@@ -14,11 +14,11 @@ and preferred allocation by live free memory per MIG device. A profile that firs
 start (the GPU was repartitioned) gets its plugin on the next tick; MIG devices that left the
 reading (a re-created layout has new UUIDs) leave the list, and a profile plugin with none left
 stops (``allocation.departed``). While the reading is older than the agent's stuck-tick bound
-(``core.settings.stuck_after_s``), every device is Unhealthy (``stale-reading``).
+(``core.config.settings.stuck_after_s``), every device is Unhealthy (``stale-reading``).
 
 Sharing by memory: GPUs listed in ``OMATICAYA_SHARED_GPUS`` (MIG-enabled ones never) are served
 instead as ``omaticaya.io/gpu-memory``, one unit device per ``OMATICAYA_SHARE_UNIT_MIB`` of their
-total memory (IDs ``<GPU UUID>::<k>``, ``core.sharing``), with their GPU's health, by one more
+total memory (IDs ``<GPU UUID>::<k>``, ``core.model.sharing``), with their GPU's health, by one more
 plugin of the set. Its preferred allocation takes every unit of a slice from one healthy GPU
 that has both the units and the live free memory less the slices handed out and not yet in use
 (``slices``, ``slicer``); ``Allocate`` refuses units across GPUs and a slice the GPU's live memory
@@ -44,8 +44,8 @@ cannot hold, and sets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``OMATICAYA_GPU_M
 This module imports neither ``pynvml`` nor ``kubernetes``.
 
 Modules, each composing the ones before it: ``allocation`` (pure: device state, names, the
-options served, the preferred allocation of whole devices by ``core.placement``), ``slices``
-(pure: units, a slice's GPU by ``core.placement.pick_slice``, slices pending), ``strategies``
+options served, the preferred allocation of whole devices by ``core.allocation.placement``), ``slices``
+(pure: units, a slice's GPU by ``core.allocation.placement.pick_slice``, slices pending), ``strategies``
 (NVIDIA's device list strategies), ``config`` (``PluginConfig``: the settings' device-plugin
 section, read once by ``plugin_config``), ``slicer`` (the book of slices), ``inventory`` (one
 resource's devices and health from the agent's cache), ``service`` (the gRPC servicer of one

@@ -1,5 +1,5 @@
 """Pure device-plugin rules: advertised device state, resource and socket names, the options
-served, the preferred allocation of whole devices (``core.placement``'s order), the devices that
+served, the preferred allocation of whole devices (``core.allocation.placement``'s order), the devices that
 left the reading, and the devices a trace describes."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.placement import first_whole
+from ..core.allocation.placement import first_whole
+from ..core.model.sharing import SharedGpus, unit_count, unit_ids
+from ..core.model.snapshot import NodeSnapshot
 from ..core.schema import GpuInfo
-from ..core.sharing import SharedGpus, unit_count, unit_ids
-from ..core.snapshot import NodeSnapshot
 from .v1beta1 import api_pb2
 
 API_VERSION = "v1beta1"
@@ -82,7 +82,7 @@ def preferred(
 ) -> list[str]:
     """The preferred ``size`` devices (IDs) out of ``available`` (the kubelet's list), given
     ``states`` (device ID -> ``DeviceState``): every must-include device first, then the
-    placement model's rule of which whole device a container gets (``core.placement.first_whole``,
+    placement model's rule of which whole device a container gets (``core.allocation.placement.first_whole``,
     the rule the extender predicts by): one at a time, healthy first, most free memory by the
     live reading first, between devices of equal health and free memory the closest in topology
     to those already chosen (``distance(a, b)``: NVML's common-ancestor level, lower is closer;
@@ -163,7 +163,7 @@ def trace_units(path: Path | str) -> dict[str | None, list[tuple[int, str]]]:
 def trace_slices(path: Path | str, shared: SharedGpus, unit_mib: int) -> list[tuple[int, str]]:
     """``(GPU index, unit ID)`` of every unit of the shared GPUs a trace describes (MIG off in
     a frame that reads it, its index or UUID in ``shared``), ``unit_count(total, unit_mib)`` per GPU
-    (``core.sharing``), in GPU index order, then unit order."""
+    (``core.model.sharing``), in GPU index order, then unit order."""
     from ..sources.replay import TraceReader
 
     found: dict[str, tuple[int, int]] = {}

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.mps import Layout
-from ..core.placement import DEFAULT_POLICY
-from ..core.settings import Settings, stuck_after_s
-from ..core.sharing import DEFAULT_SHARED_RESOURCE, DEFAULT_UNIT_MIB, SharedGpus
+from ..core.allocation.mps import Layout
+from ..core.allocation.placement import DEFAULT_POLICY
+from ..core.config.settings import Settings, stuck_after_s
+from ..core.model.sharing import DEFAULT_SHARED_RESOURCE, DEFAULT_UNIT_MIB, SharedGpus
 from .allocation import DEFAULT_PLUGIN_DIR, trace_slices, trace_units
 from .strategies import DEFAULT_STRATEGIES
 
@@ -49,7 +49,7 @@ class Timing:
     besides the folder's events; ``first_read_timeout_s``, how long serving waits for the agent's
     first reading; ``stale_after_s``, every device is Unhealthy (``stale-reading``) while the
     reading served is older than this (``None``: off; ``plugin_config``:
-    ``core.settings.stuck_after_s``), on ``clock`` (monotonic seconds; slices are timed on it
+    ``core.config.settings.stuck_after_s``), on ``clock`` (monotonic seconds; slices are timed on it
     too)."""
 
     poll_s: float = 0.2
@@ -62,7 +62,7 @@ class Timing:
 @dataclass(frozen=True, slots=True)
 class MpsConfig:
     """Slices enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``): the daemons' ``layout``
-    (``core.mps.Layout``: ``OMATICAYA_MPS_ROOT``, ``OMATICAYA_MPS_STATE_DIR``); a daemon whose
+    (``core.allocation.mps.Layout``: ``OMATICAYA_MPS_ROOT``, ``OMATICAYA_MPS_STATE_DIR``); a daemon whose
     state is older than ``stale_s`` seconds counts as down (``OMATICAYA_MPS_STALE_S``); with
     ``thread_share`` a slice also gets a compute share (``OMATICAYA_MPS_THREAD_SHARE``);
     ``slice_wait_s``: how long ``Allocate`` (and DRA's prepare) waits for a slice's daemon to
@@ -79,7 +79,7 @@ class SharingConfig:
     """GPU sharing by memory: the ``shared`` GPUs (``OMATICAYA_SHARED_GPUS``; none by default)
     are served as ``resource_name`` (``OMATICAYA_SHARED_RESOURCE``), one unit device per
     ``unit_mib`` MiB (``OMATICAYA_SHARE_UNIT_MIB``); a slice's GPU is chosen by ``policy``
-    (``OMATICAYA_PLACEMENT_POLICY``: ``binpack`` or ``spread``, ``core.placement``), and a slice
+    (``OMATICAYA_PLACEMENT_POLICY``: ``binpack`` or ``spread``, ``core.allocation.placement``), and a slice
     counts unseen for at most ``settle_s`` seconds (``OMATICAYA_SHARE_SETTLE_S``). ``mps``: what
     enforces a slice (``MpsConfig``; ``None``: nothing, the limit is only in the container's
     environment)."""
@@ -133,8 +133,8 @@ class PluginConfig:
 
 def plugin_config(settings: Settings) -> PluginConfig:
     """The plugins' configuration from the settings (their device-plugin section,
-    ``core.settings.DevicePluginSettings``, and the agent's stuck-tick bound,
-    ``core.settings.stuck_after_s``, as ``Timing.stale_after_s``); with a trace, its devices
+    ``core.config.settings.DevicePluginSettings``, and the agent's stuck-tick bound,
+    ``core.config.settings.stuck_after_s``, as ``Timing.stale_after_s``); with a trace, its devices
     (whole GPUs not shared, MIG devices by profile, the shared GPUs' units) are known from the
     start."""
     mps = None

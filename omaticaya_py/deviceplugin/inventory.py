@@ -2,7 +2,7 @@
 
 ``Inventory`` keeps the devices of one resource known so far (GPU or MIG UUIDs, from the trace
 and every reading since) and answers, from the latest reading, each one's health: the health
-rules' (``core.health``), ``stale-reading`` while the reading is older than the stuck bound, the
+rules' (``core.rules.health``), ``stale-reading`` while the reading is older than the stuck bound, the
 library's error while NVML cannot be read, ``absent`` while the device is not in the reading.
 Devices that left the reading (``allocation.departed``) leave it.
 """
@@ -15,11 +15,11 @@ from typing import Protocol
 
 from loguru import logger
 
-from ..core.health import Unit
-from ..core.readings import ReadingAge, ReadingCache
-from ..core.sayonce import SayOnce
-from ..core.sharing import unit_count, unit_gpu
-from ..core.snapshot import NodeSnapshot
+from ..core.model.sayonce import SayOnce
+from ..core.model.sharing import unit_count, unit_gpu
+from ..core.model.snapshot import NodeSnapshot
+from ..core.publish.readings import ReadingAge, ReadingCache
+from ..core.rules.health import Unit
 from .allocation import STALE_READING, DeviceState, departed
 from .config import DEFAULT_TIMING, Scope, Timing
 from .slices import expand

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..core.memory_limit import driver_major
-from ..core.readings import AgentFeed, TickResult
+from ..core.allocation.memory_limit import driver_major
+from ..core.publish.readings import AgentFeed, TickResult
 from ..sources.mps import MpsWatch
 from .allocation import DeviceState, mig_resource_name
 from .config import DEFAULT_CONFIG, MpsConfig, PluginConfig, Scope
@@ -25,7 +25,7 @@ class DevicePlugin:
     service on its socket and registering it) and, for the shared resource, its ``slicer``
     (``slicer.Slicer``: the book of slices).
 
-    - ``source``: what it reads from the agent (``core.readings.AgentFeed``: an ``Agent``), or
+    - ``source``: what it reads from the agent (``core.publish.readings.AgentFeed``: an ``Agent``), or
       ``service.CacheFeed`` over a bare cache (``.last`` the latest ``TickResult``) ticked by
       someone else.
     - ``config``: the node's plugins' configuration (``config.PluginConfig``: resource names,

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 
 from loguru import logger
 
-from ..core.readings import AgentFeed, TickResult
-from ..core.settings import Settings
-from ..core.sharing import IndexMoved, gpu_indices
+from ..core.config.settings import Settings
+from ..core.model.sharing import IndexMoved, gpu_indices
+from ..core.publish.readings import AgentFeed, TickResult
 from ..kube.index_moved import post_index_moved
 from ..kube.session import ApiSession
 from ..sources.gpu_indices import check_indices
@@ -79,7 +79,7 @@ class DevicePluginSet:
         """The plugins the settings configure (``config.plugin_config``: the device-plugin
         section, ``OMATICAYA_DEVICE_PLUGIN_*`` and sharing; with a trace, its devices known
         from the start; devices Unhealthy once the reading is older than
-        ``core.settings.stuck_after_s(settings)``, the agent's stuck-tick bound).
+        ``core.config.settings.stuck_after_s(settings)``, the agent's stuck-tick bound).
 
         A moved shared index is posted as the Event ``SharedGpuIndexMoved`` on Node
         ``settings.node_name`` through ``session`` (by default the session of ``source.node``,
@@ -94,7 +94,7 @@ class DevicePluginSet:
 
     def check_indices(self) -> tuple[IndexMoved, ...] | None:
         """Once per start, at the first readable reading (``cache.last``, NVML readable):
-        compare each GPU's NVML index -> UUID (``core.sharing.gpu_indices``:
+        compare each GPU's NVML index -> UUID (``core.model.sharing.gpu_indices``:
         ``nvmlDeviceGetIndex``/``nvmlDeviceGetUUID``) with the last start's
         (``config.indices_file``) by ``sources.gpu_indices.check_indices`` (a warning log line
         for each shared index that names another GPU; this start's map written), set ``moved``

@@ -15,7 +15,7 @@ from loguru import logger
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from ..core.readings import AgentFeed, TickResult
+from ..core.publish.readings import AgentFeed, TickResult
 from .allocation import API_VERSION, KUBELET_SOCKET, plugin_options, socket_name_for
 from .config import DEFAULT_TIMING, Timing
 from .v1beta1 import api_pb2, api_pb2_grpc

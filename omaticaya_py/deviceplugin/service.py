@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 from loguru import logger
 
-from ..core.mps import ClientSpec
-from ..core.readings import ReadingCache, TickListener, Topology
-from ..core.sharing import unit_gpu
+from ..core.allocation.mps import ClientSpec
+from ..core.model.sharing import unit_gpu
+from ..core.publish.readings import ReadingCache, TickListener, Topology
 from .allocation import DeviceState, plugin_options, preferred
 from .inventory import Inventory
 from .slicer import Booking, Slicer

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from ..core.memory_limit import slice_edits
-from ..core.mps import ClientSpec, SliceRequest, client_spec, slice_id, thread_pct
-from ..core.placement import POLICIES, fits_slice
+from ..core.allocation.memory_limit import slice_edits
+from ..core.allocation.mps import ClientSpec, SliceRequest, client_spec, slice_id, thread_pct
+from ..core.allocation.placement import POLICIES, fits_slice
+from ..core.model.sharing import parse_unit_id, slice_mib
 from ..core.schema import GpuInfo
-from ..core.sharing import parse_unit_id, slice_mib
 from ..sources.mps import SliceDaemons, SliceUnavailable
 from .allocation import DeviceState
 from .config import DEFAULT_SETTLE_S, MpsConfig
@@ -44,7 +44,7 @@ __all__ = ["DEFAULT_SETTLE_S", "Booking", "SliceRefused", "Slicer"]
 LIST_MARGIN_S = 1.0
 #: at most this many slices are kept per GPU (the oldest go first)
 MAX_SLICES_PER_GPU = 4096
-#: who the device plugin's slice requests are from (``core.mps.SliceRequest.owner``)
+#: who the device plugin's slice requests are from (``core.allocation.mps.SliceRequest.owner``)
 OWNER = "device-plugin"
 
 
@@ -68,18 +68,18 @@ class Slicer:
     not name is over (``slices.released``); ``None``: not known.
 
     ``mps``: slices are enforced by CUDA MPS (``config.MpsConfig``), one control daemon per slice
-    whose default pinned-memory limit is the slice (``core.mps``): ``allocate`` asks for the
+    whose default pinned-memory limit is the slice (``core.allocation.mps``): ``allocate`` asks for the
     slice's daemon and waits until it is up (``daemons``: ``sources.mps.SliceDaemons``, made
     from ``mps`` when not given), the answer makes the container its client
-    (``core.mps.client_spec``), and a slice's daemon is let go once the kubelet's list no longer
+    (``core.allocation.mps.client_spec``), and a slice's daemon is let go once the kubelet's list no longer
     names its units (``sweep``, on each tick) or a later slice supersedes it; ``None``: the
     limit is only in the environment (``slices.slice_envs``). The slices' daemons asked for
     before a restart are found again on file.
 
-    ``driver_major``: the NVIDIA driver's branch (``core.memory_limit.driver_major`` of the
+    ``driver_major``: the NVIDIA driver's branch (``core.allocation.memory_limit.driver_major`` of the
     latest reading's ``nvmlSystemGetDriverVersion``); from r615 on the answer also carries the
     driver's per-container limit (``NVIDIA_GPU_MEMORY_LIMIT`` and ``_REQUEST``, the slice's MiB:
-    ``core.memory_limit.slice_edits``), which the NVIDIA container toolkit's
+    ``core.allocation.memory_limit.slice_edits``), which the NVIDIA container toolkit's
     ``apply-cuda-memory-limits`` hook applies to the container's cgroup at its creation, for the
     sum of its processes, with or without MPS.
 
@@ -281,7 +281,7 @@ class Slicer:
     def answer(self, gpu_uuid: str, units: int, sid: str) -> ClientSpec:
         """What a container given ``units`` units of ``gpu_uuid`` (the slice ``sid``) gets
         besides the GPU: under MPS, the client's environment and mounts
-        (``core.mps.client_spec``: its slice daemon's pipe folder and shared memory, the
+        (``core.allocation.mps.client_spec``: its slice daemon's pipe folder and shared memory, the
         pinned-memory limit of exactly the slice, and with the thread share its compute share
         of the GPU's ``counts``); else the limit in its environment only
         (``slices.slice_envs``); on a driver of r615 or newer, the driver's per-container limit

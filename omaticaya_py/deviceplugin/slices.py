@@ -1,7 +1,7 @@
 """Pure rules of GPU sharing in the device plugin: unit devices, the one GPU a slice goes to,
 and the slices handed out that the GPU's reading does not show yet.
 
-A shared GPU is served as ``omaticaya.io/gpu-memory`` units (``core.sharing``: one device per
+A shared GPU is served as ``omaticaya.io/gpu-memory`` units (``core.model.sharing``: one device per
 ``unit_mib`` of its total memory, IDs ``<GPU UUID>::<k>``). A slice is the units one container
 gets; all of them come from one GPU, chosen where both books have room:
 
@@ -10,7 +10,7 @@ gets; all of them come from one GPU, chosen where both books have room:
   Kubernetes does not know about counts) minus the slices ``Allocate`` handed out on it that
   the reading does not show yet (``still_pending``).
 
-Which GPU is the placement model's (``core.placement.pick_slice``, the extender's rule too):
+Which GPU is the placement model's (``core.allocation.placement.pick_slice``, the extender's rule too):
 among the healthy GPUs where the slice fits in both books, the one with the least room
 (``binpack``, the default: big holes stay whole for big slices) or the most (``spread``); room
 is the least of the two books, lowest GPU index on a tie. ``Room`` is a GPU as that choice sees
@@ -30,7 +30,7 @@ A slice handed out stops counting against its GPU's live free memory (``still_pe
   Always``) is never over while its pod runs: its units are not reused, and its slice counts
   beside the app containers', as the extender counts it (``scheduler.need.held_slices``).
 
-The first rule is the extender's too (``core.shown``). It is conservative in what it takes as
+The first rule is the extender's too (``core.allocation.shown``). It is conservative in what it takes as
 shown: memory freed by another process at the same time hides a drop, and the slice then waits
 out ``settle_s``; once one slice is not shown, no later one on the GPU is.
 """
@@ -40,11 +40,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..core.mps import LIMIT_ENV, MPS_LIMIT_ENV
-from ..core.placement import pick_slice, whole_key
+from ..core.allocation.mps import LIMIT_ENV, MPS_LIMIT_ENV
+from ..core.allocation.placement import pick_slice, whole_key
+from ..core.allocation.shown import still_pending
+from ..core.model.sharing import parse_unit_id, slice_mib, unit_id
 from ..core.schema import GpuInfo
-from ..core.sharing import parse_unit_id, slice_mib, unit_id
-from ..core.shown import still_pending
 from .allocation import DeviceState
 
 __all__ = [
@@ -106,7 +106,7 @@ class Room:
 
     def room_mib(self, unit_mib: int) -> int:
         """What a slice could still get here: the least of the two books (MiB; -1 unknown), as
-        the placement model reads this GPU (``info``; ``core.sharing.gpu_room_mib``, the rule
+        the placement model reads this GPU (``info``; ``core.model.sharing.gpu_room_mib``, the rule
         the extender judges each shared GPU by)."""
         return -1 if self.free_mib is None else self.info().room_mib(unit_mib)
 
@@ -185,7 +185,7 @@ def rooms(
 
 def choose(candidates: Sequence[Room], size: int, unit_mib: int, policy: str = "binpack") -> Room | None:
     """The GPU of ``candidates`` a slice of ``size`` units goes to, by the placement model
-    (``core.placement.pick_slice``): healthy, ``size`` units available and ``size * unit_mib``
+    (``core.allocation.placement.pick_slice``): healthy, ``size`` units available and ``size * unit_mib``
     MiB of live room; ``binpack`` the least room, ``spread`` the most, lowest index on a tie.
     ``None`` when no GPU has both."""
     infos = [r.info() for r in candidates]
@@ -202,7 +202,7 @@ def preferred_units(
 ) -> list[str]:
     """The ``size`` unit IDs to prefer: every must-include unit, then more from the must-include
     GPU (that GPU is the one); else all from ``choose``'s GPU. When no GPU has room in both
-    books, the healthy GPU with the units that is first by ``core.placement.whole_key`` (the most
+    books, the healthy GPU with the units that is first by ``core.allocation.placement.whole_key`` (the most
     live room, lowest index; ``Allocate`` then refuses it with the reason); ``[]`` when no single GPU has the units (the kubelet then picks, and
     ``Allocate`` refuses a slice across GPUs)."""
     chosen = list(dict.fromkeys(must_include))
@@ -225,6 +225,6 @@ def slice_envs(units: int, unit_mib: int) -> dict[str, str]:
     """The environment of a container given a slice of ``units`` units without enforcement
     (``OMATICAYA_SHARE_ENFORCEMENT=none``): the MPS limit on its one visible device
     (``0=<N>M``, which nothing enforces without a daemon) and
-    ``OMATICAYA_GPU_MEMORY_LIMIT_MIB=<N>`` (N in MiB). Under MPS: ``core.mps.client_spec``."""
+    ``OMATICAYA_GPU_MEMORY_LIMIT_MIB=<N>`` (N in MiB). Under MPS: ``core.allocation.mps.client_spec``."""
     n = slice_mib(units, unit_mib)
     return {MPS_LIMIT_ENV: f"0={n}M", LIMIT_ENV: str(n)}

@@ -38,7 +38,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..core.mps import Mount
+from ..core.allocation.mps import Mount
 from .v1beta1 import api_pb2
 
 #: the variable the NVIDIA container runtime reads the visible devices from
@@ -89,7 +89,7 @@ def container_response(
     (GPU or MIG UUIDs as the plugin advertises them; a slice's one GPU UUID; in order,
     repeats dropped) with ``envs`` added to its environment, by each of ``strategies`` (any of
     ``STRATEGIES``, see the module's docstring). A strategy's variable wins over the same key
-    in ``envs``. ``mounts`` (``core.mps.Mount``: an MPS client's pipe folder and shared
+    in ``envs``. ``mounts`` (``core.allocation.mps.Mount``: an MPS client's pipe folder and shared
     memory) are added as they are. With no device, only ``envs``: nothing names a GPU.
 
     Raises ``ValueError`` for a strategy not in ``STRATEGIES``, an empty device ID, a device

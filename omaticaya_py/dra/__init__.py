@@ -2,7 +2,7 @@
 ``resource.k8s.io/v1``; kubelet DRA API v1, Kubernetes 1.34+): the node's half of the driver.
 
 The other half, the ResourceSlice the agent publishes, and the device model both halves share
-(``core.dra.inventory``: one device per GPU, ``gpu-<index>``, and per MIG device,
+(``core.publish.dra.inventory``: one device per GPU, ``gpu-<index>``, and per MIG device,
 ``gpu-<index>-mig-<MIG index>``) are not here. kube-scheduler allocates named devices from the
 slice and writes its choice into each ResourceClaim; the kubelet then asks this plugin to
 prepare them (``NodePrepareResources``): the plugin reads the claim from the API server, checks

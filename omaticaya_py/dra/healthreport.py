@@ -4,7 +4,7 @@ device's health is in one reading, pure.
 The kubelet keeps each reported device's health for ``health_check_timeout_seconds`` after the
 report that carried it (its own clock), then shows it Unknown; so the plugin reports every
 device again at each tick of the agent, with the timeout set to the agent's stuck-reading bound
-(``core.settings.stuck_after_s``): an agent whose ticks stop has its devices turn Unknown.
+(``core.config.settings.stuck_after_s``): an agent whose ticks stop has its devices turn Unknown.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..core.dra import DraDevice, parse_device_name
+from ..core.publish.dra import DraDevice, parse_device_name
 
 __all__ = ["HEALTHY", "UNHEALTHY", "UNKNOWN", "DeviceHealth", "report"]
 
@@ -35,7 +35,7 @@ class DeviceHealth:
 def report(devices: Sequence[DraDevice] | None, known: Iterable[str],
            why_unknown: str = "no reading of the GPUs yet") -> tuple[DeviceHealth, ...]:  # fmt: skip
     """Each device's health, in name order: every device of ``devices`` (the latest reading's
-    ``core.dra.inventory``; ``None``: no usable reading, ``why_unknown`` says why) Healthy, or
+    ``core.publish.dra.inventory``; ``None``: no usable reading, ``why_unknown`` says why) Healthy, or
     Unhealthy with its reasons; each of ``known`` (devices reported before, or prepared) that
     the reading lacks, Unknown."""
     out: dict[str, DeviceHealth] = {}

@@ -16,7 +16,7 @@ files it writes, and its checkpoint of prepared claims.
   prepared on, which every later prepare of the claim checks (``prepare.check_checkpointed``).
 - ``load_indices`` / ``save_indices``: ``<plugin dir>/gpu-indices.json``, each GPU's NVML index
   -> UUID at the plugin's last start, beside the checkpoint: an ``OMATICAYA_SHARED_GPUS``
-  index that names another GPU than it did then is reported (``core.sharing.moved_indices``).
+  index that names another GPU than it did then is reported (``core.model.sharing.moved_indices``).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class Checkpoint:
 
 
 def load_indices(folder: Path) -> dict[int, str]:
-    """``<folder>/gpu-indices.json`` (``core.sharing.INDICES_FORM``): each GPU's NVML index ->
+    """``<folder>/gpu-indices.json`` (``core.model.sharing.INDICES_FORM``): each GPU's NVML index ->
     UUID at the last start; empty when there is none or it is unreadable
     (``sources.gpu_indices.load_indices``, the device plugin's too)."""
     return gpu_indices.load_indices(Path(folder) / INDICES_FILE)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..core.sharing import IndexMoved
+from ..core.model.sharing import IndexMoved
 from ..kube.index_moved import moved_family
 
 __all__ = ["DraCounters", "DraCounts", "PREPARE_RESULTS", "UNPREPARE_RESULTS"]
@@ -31,7 +31,7 @@ UNPREPARE_RESULTS = ("unprepared", "unknown", "failed")
 class DraCounts:
     """The plugin's live counts: ``prepare[result]`` and ``unprepare[result]`` (claims), and
     ``moved``: the shared GPU indices that name another GPU than at the last start
-    (``core.sharing.IndexMoved``, set once a start's first reading is compared)."""
+    (``core.model.sharing.IndexMoved``, set once a start's first reading is compared)."""
 
     def __init__(self) -> None:
         self.prepare: Counter[str] = Counter()

@@ -27,7 +27,7 @@ plugin's do.
 ``stop()`` removes both sockets (registration first) and keeps the checkpoint and CDI specs:
 running containers keep their devices, and a restarted plugin unprepares what it prepared.
 
-Device identity: devices are named by their GPU's UUID (``core.dra.device_name``), every
+Device identity: devices are named by their GPU's UUID (``core.publish.dra.device_name``), every
 checkpointed device records the UUID it was prepared on and is checked against the reading at
 each prepare (``prepare.check_checkpointed``). At the first reading after each start the plugin
 compares each GPU's NVML index -> UUID with the last start's (``<plugin dir>/gpu-indices.json``,
@@ -53,12 +53,12 @@ from loguru import logger
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from ..core.dra import DRIVER, DraDevice, inventory
-from ..core.memory_limit import driver_major
-from ..core.mps import Layout
-from ..core.readings import AgentFeed, ReadingAge, TickResult
-from ..core.settings import Settings, stuck_after_s
-from ..core.sharing import IndexMoved, Sharing, gpu_indices
+from ..core.allocation.memory_limit import driver_major
+from ..core.allocation.mps import Layout
+from ..core.config.settings import Settings, stuck_after_s
+from ..core.model.sharing import IndexMoved, Sharing, gpu_indices
+from ..core.publish.dra import DRIVER, DraDevice, inventory
+from ..core.publish.readings import AgentFeed, ReadingAge, TickResult
 from ..kube.errors import KubeError, KubeNotFound
 from ..kube.index_moved import post_index_moved
 from ..kube.session import ApiSession
@@ -208,7 +208,7 @@ def _health_servicer(base: type, pb2: Any, plugin: DraPlugin) -> Any:
 class DraPlugin:
     """The kubelet DRA plugin of ``gpu.omaticaya.io`` over the agent's reading.
 
-    - ``feed``: the agent (``core.readings.AgentFeed``): its latest reading (``cache.last``),
+    - ``feed``: the agent (``core.publish.readings.AgentFeed``): its latest reading (``cache.last``),
       tick listeners (``on_tick``: each tick wakes the health streams) and clock.
     - ``settings``: ``dra_plugin_dir``, ``dra_registry_dir``, ``dra_cdi_dir``, ``dra_dev_root``,
       ``node_name`` (the pool; required), ``shared_gpus``, ``share_unit_mib``,
@@ -428,7 +428,7 @@ class DraPlugin:
         """Once per start, at the first readable reading: compare each GPU's NVML index -> UUID
         (``nvmlDeviceGetIndex``/``nvmlDeviceGetUUID`` of ``feed.cache.last``) with the last
         start's (``<plugin dir>/gpu-indices.json``), report each ``OMATICAYA_SHARED_GPUS``
-        index that names another GPU now (``core.sharing.moved_indices``: a warning log line, a
+        index that names another GPU now (``core.model.sharing.moved_indices``: a warning log line, a
         Warning Event ``SharedGpuIndexMoved`` on the Node, ``counts.moved`` for the gauge
         ``omaticaya_shared_gpu_index_moved``), then write this start's map. Returns what moved,
         or ``None`` before a readable reading (and once done). Never raises: a file or API
@@ -459,7 +459,7 @@ class DraPlugin:
             self._wake.notify_all()
 
     def devices(self) -> tuple[list[DraDevice] | None, str]:
-        """The node's devices in the latest reading (``core.dra.inventory``, the publisher's
+        """The node's devices in the latest reading (``core.publish.dra.inventory``, the publisher's
         rule), or ``(None, why)``: no reading yet, NVML unreadable, or the reading older than
         the stuck bound on the plugin's clock (``stale-reading``)."""
         last = self.feed.cache.last

@@ -1,5 +1,5 @@
 """What ``NodePrepareResources`` decides for one ResourceClaim: pure, from the claim's JSON, the
-node's devices (``core.dra.inventory``) and facts read before the call (``NodeFacts``).
+node's devices (``core.publish.dra.inventory``) and facts read before the call (``NodeFacts``).
 
 ``decide(claim, ref, devices, facts)`` returns a ``PreparedClaim`` (one ``PreparedDevice`` per
 allocation result of our driver on this node, each with the CDI container edits it gets) or
@@ -24,16 +24,16 @@ What a prepared device gives its container (CDI ``containerEdits``):
 - a shared GPU's slice (``DraDevice.shared``): its ``consumedCapacity`` ``memory`` must be a
   whole number of ``unit_mib`` units. Under MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``) the
   container becomes the client of an MPS daemon of the slice's own, whose default pinned-memory
-  limit is the slice (``core.mps``: a limit the container's environment cannot raise), named
-  by ``claim_slice_id`` (``core.mps.client_spec``: env and mounts; ``PreparedDevice.daemon``:
+  limit is the slice (``core.allocation.mps``: a limit the container's environment cannot raise), named
+  by ``claim_slice_id`` (``core.allocation.mps.client_spec``: env and mounts; ``PreparedDevice.daemon``:
   the request the plugin makes and waits for), and the claim is refused while the GPU's probe
   daemon is not up (fail closed); the slice must then be its claim's only device (a process is
   the client of one daemon). Without enforcement: the limit in the environment only. From
-  driver r615 on, the driver's per-container limit too (``core.memory_limit``: the toolkit's
+  driver r615 on, the driver's per-container limit too (``core.allocation.memory_limit``: the toolkit's
   hook applies it at the container's creation). Either way the slice
   must fit its GPU's live free memory less the slices prepared there that the reading does not
   show yet (``PendingSlice``, ``slices_pending``), by the device plugin's ``Allocate`` rule
-  (``core.placement.fits_slice``); a claim's own slices never count against it.
+  (``core.allocation.placement.fits_slice``); a claim's own slices never count against it.
 
 Opaque configuration (``status.allocation.devices.config`` entries whose ``opaque.driver`` is
 ours): ``{"apiVersion": "gpu.omaticaya.io/v1alpha1", "kind": "GpuConfig"}`` with an optional
@@ -51,9 +51,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..core.dra import DRIVER, DraDevice, parse_device_name
-from ..core.memory_limit import slice_edits
-from ..core.mps import (
+from ..core.allocation.memory_limit import slice_edits
+from ..core.allocation.mps import (
     LIMIT_ENV,
     MPS_LIMIT_ENV,
     Layout,
@@ -63,9 +62,10 @@ from ..core.mps import (
     slice_id,
     thread_pct,
 )
-from ..core.placement import fits_slice
+from ..core.allocation.placement import fits_slice
+from ..core.allocation.shown import still_pending
+from ..core.publish.dra import DRIVER, DraDevice, parse_device_name
 from ..core.schema import GpuInfo
-from ..core.shown import still_pending
 
 __all__ = [
     "CDI_CLASS",
@@ -167,7 +167,7 @@ class PendingSlice:
     baseline_free_mib: int | None
 
 
-#: the one look at a book of slices (``core.shown.still_pending``), as the device plugin's
+#: the one look at a book of slices (``core.allocation.shown.still_pending``), as the device plugin's
 slices_pending = still_pending
 
 
@@ -186,9 +186,9 @@ class NodeFacts:
       each shared GPU; ``thread_share``: ``OMATICAYA_MPS_THREAD_SHARE``.
     - ``pending``: GPU UUID -> the slices this plugin prepared there that its reading does not
       show yet (``slices_pending`` at the devices' free memory; oldest first).
-    - ``driver_major``: the NVIDIA driver's branch (``core.memory_limit.driver_major`` of the
+    - ``driver_major``: the NVIDIA driver's branch (``core.allocation.memory_limit.driver_major`` of the
       reading's ``nvmlSystemGetDriverVersion``; ``None``: unknown): from r615 on, a slice also
-      gets the driver's per-container limit in its environment (``core.memory_limit``).
+      gets the driver's per-container limit in its environment (``core.allocation.memory_limit``).
     """
 
     pool: str
@@ -207,7 +207,7 @@ class PreparedDevice:
     """One allocation result prepared: the kubelet's ``Device`` (``request_names``, ``pool``,
     ``device``, ``share_id``) and its CDI device (``cdi_name``, its ``edits``); ``uuid``: the
     device's UUID; ``mib``: a slice's memory (``None``: a whole device); ``daemon``: under MPS,
-    the request for the slice's own MPS daemon (``core.mps.SliceRequest``, ``at_s`` 0: the
+    the request for the slice's own MPS daemon (``core.allocation.mps.SliceRequest``, ``at_s`` 0: the
     plugin asks for it and waits before the claim counts as prepared)."""
 
     request_names: tuple[str, ...]
@@ -234,13 +234,13 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
 
 
-#: who the DRA plugin's slice requests are from (``core.mps.SliceRequest.owner``)
+#: who the DRA plugin's slice requests are from (``core.allocation.mps.SliceRequest.owner``)
 OWNER = "dra"
 
 
 def claim_slice_id(claim_uid: str, device: str) -> str:
     """The MPS slice ID of ``device`` prepared for claim ``claim_uid``
-    (``core.mps.slice_id`` of ``claim:<uid>:<device>``): the unprepare finds it again."""
+    (``core.allocation.mps.slice_id`` of ``claim:<uid>:<device>``): the unprepare finds it again."""
     return slice_id(f"claim:{claim_uid}:{device}")
 
 
@@ -361,7 +361,7 @@ def _node(facts: NodeFacts, name: str) -> tuple[DevNode, ...]:
 def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice] | None,
            facts: NodeFacts, *, no_reading: str = "") -> PreparedClaim:  # fmt: skip
     """Prepare ``claim`` (the ResourceClaim's JSON, as GET returns it) named by ``ref`` on a
-    node whose devices are ``devices`` (``core.dra.inventory`` of the latest reading; ``None``:
+    node whose devices are ``devices`` (``core.publish.dra.inventory`` of the latest reading; ``None``:
     no usable reading, ``no_reading`` says why). Returns the ``PreparedClaim``; raises ``Refused`` with the reason: the
     claim is another one now (UID), not allocated, allocated on another node's pool, a device
     unknown or not in the reading, unhealthy (its reasons), a bad opaque config, a slice that
@@ -447,7 +447,7 @@ def live_room(dev: DraDevice, mib: int, ref: ClaimRef, facts: NodeFacts) -> None
     live free memory (``DraDevice.free_memory_mib``: the reading's, rounded down to the memory
     step) less the slices pending there (``facts.pending``, but those of ``ref``'s own claim:
     a claim prepared again already holds its memory) cannot hold: the rule the device plugin's
-    ``Allocate`` refuses a slice by (``core.placement.fits_slice``). Free memory unknown: not
+    ``Allocate`` refuses a slice by (``core.allocation.placement.fits_slice``). Free memory unknown: not
     refused (as ``Allocate``). Raises ``Refused`` naming the device, the GPU, its free MiB, the
     pending MiB and the slice's MiB."""
     free = dev.free_memory_mib
@@ -520,7 +520,7 @@ def check_checkpointed(entries: Sequence[Mapping[str, Any]], devices: Sequence[D
                        no_reading: str = "") -> None:  # fmt: skip
     """Check a claim answered from the checkpoint against the node's devices now: each of its
     ``entries`` (the checkpoint's devices: ``device_name`` and the ``uuid`` prepared) must be a
-    device of ``devices`` (``core.dra.inventory`` of the latest reading; ``None``: no usable
+    device of ``devices`` (``core.publish.dra.inventory`` of the latest reading; ``None``: no usable
     reading, ``no_reading`` says why) whose UUID is still the one prepared. Raises ``Refused``
     naming the device and both UUIDs otherwise: the GPU is gone (a reboot that lost it), the
     name now stands for another device, an entry without a UUID (written before UUIDs were

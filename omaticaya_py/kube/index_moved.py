@@ -1,4 +1,4 @@
-"""A shared GPU index that moved (``core.sharing.IndexMoved``), told to the cluster: the Warning
+"""A shared GPU index that moved (``core.model.sharing.IndexMoved``), told to the cluster: the Warning
 Event ``SharedGpuIndexMoved`` on the Node (``post_index_moved``) and the gauge
 ``omaticaya_shared_gpu_index_moved`` (``moved_family``, ``MovedGauge``). Both kubelet plugins, the DRA plugin
 and the device plugin, report a moved index with these two."""
@@ -11,7 +11,7 @@ from loguru import logger
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..core.sharing import IndexMoved
+from ..core.model.sharing import IndexMoved
 from .errors import KubeError
 from .events import post_event
 from .session import ApiSession

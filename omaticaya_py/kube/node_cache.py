@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..core.patch import NodeMeta
+from ..core.publish.patch import NodeMeta
 from .informer import Informer
 
 __all__ = ["NodeCache"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..core.patch import MergePatch, NodeMeta
+from ..core.publish.patch import MergePatch, NodeMeta
 from .events import post_event
 from .session import ApiSession
 

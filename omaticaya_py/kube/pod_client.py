@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.attribution import PodIdentity
+from ..core.rules.attribution import PodIdentity
 from .events import post_event
 from .session import ApiSession
 

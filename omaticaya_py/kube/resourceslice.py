@@ -1,9 +1,9 @@
 """The Node's ResourceSlice of the DRA driver ``gpu.omaticaya.io`` through the API.
 
-One slice per Node (``core.dra.slice_name``), written by server-side apply (one request
+One slice per Node (``core.publish.dra.slice_name``), written by server-side apply (one request
 creates or updates it; field manager ``omaticaya-agent``, forced: the slice is ours alone),
 read back at each heartbeat, deleted on exit. The content is decided elsewhere
-(``core.dra``); this edge only moves it.
+(``core.publish.dra``); this edge only moves it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.dra import DRIVER, slice_name
+from ..core.publish.dra import DRIVER, slice_name
 from .errors import KubeNotFound
 from .session import ApiSession
 
@@ -50,7 +50,7 @@ class ResourceSliceClient:
         return _json(response.data)
 
     def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply ``body`` (``core.dra.slice_body``): creates the slice or brings it
+        """Server-side apply ``body`` (``core.publish.dra.slice_body``): creates the slice or brings it
         to ``body``; returns the slice as stored."""
         response = self.session.call(
             "apply", f"resourceslice {self.name}",

@@ -5,7 +5,7 @@ shared GPU, supervised (``omaticaya mps``, the chart's ``mps`` container).
   through the program's client mode, stopped;
 - ``supervisor``: ``Supervisor``, every shared GPU's daemon, checked and restarted with
   back-off, the shared-memory tmpfs, the state files the device plugin reads
-  (``core.mps``, ``sources.mps``);
+  (``core.allocation.mps``, ``sources.mps``);
 - ``metrics``: ``MpsMetrics`` and the ``/metrics``, ``/healthz``, ``/readyz`` app;
 - ``settings``: ``MpsSettings``.
 

@@ -3,7 +3,7 @@
 ``ControlDaemon`` runs ``<control> -f`` (NVIDIA's ``nvidia-cuda-mps-control`` in the
 foreground) with ``CUDA_VISIBLE_DEVICES`` the GPU's UUID (the daemon sees it as device 0),
 ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` its folders under the layout's root
-(``core.mps.Layout``: ``<root>/slices/<slice id>`` for a slice, ``<root>/<GPU UUID>`` for a
+(``core.allocation.mps.Layout``: ``<root>/slices/<slice id>`` for a slice, ``<root>/<GPU UUID>`` for a
 GPU's probe), in a session of its own (so that stopping it reaches the MPS servers it spawns),
 its stdout and stderr appended to ``<log>/supervisor-daemon.log``. It is asked through the same
 program's client mode (``<control>`` with the command on stdin), as an operator would.
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from ..core.mps import LOG_ENV, PIPE_ENV, Layout, limit_value
+from ..core.allocation.mps import LOG_ENV, PIPE_ENV, Layout, limit_value
 
 __all__ = [
     "DIR_MODE",
@@ -88,7 +88,7 @@ class ControlDaemon:
     """An MPS control daemon on GPU ``uuid`` (NVML ``index``) under ``layout``: slice ``sid``'s
     (``""``: the GPU's probe), run from ``control`` (a program path or name on ``PATH``), given
     the default pinned-memory limit ``limit_mib`` (MiB per client, device 0: the slice; the
-    probe's, ``core.mps.probe_limit_mib``) and, with ``threads_pct``, the default active-thread
+    probe's, ``core.allocation.mps.probe_limit_mib``) and, with ``threads_pct``, the default active-thread
     percentage. ``shm``: a tmpfs to bind over the daemon's ``/dev/shm`` in a mount namespace of
     its own (``None``: the supervisor's ``/dev/shm``). ``answer_timeout_s``: how long one client
     command may take. ``env``: the environment its processes get besides the MPS variables

@@ -22,15 +22,15 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from ..core.settings import DevicePluginSettings
-from ..core.settings_base import check_bind_address, check_trace
+from ..core.config.settings import DevicePluginSettings
+from ..core.config.settings_base import check_bind_address, check_trace
 
 __all__ = ["MpsSettings"]
 
 
 class MpsSettings(DevicePluginSettings):
     """The settings of ``omaticaya mps`` (see the module docstring for the variables and their
-    defaults). Raises ``ValueError`` (``SettingsError`` through ``core.settings.load``, naming
+    defaults). Raises ``ValueError`` (``SettingsError`` through ``core.config.settings.load``, naming
     the variable) on a bad value."""
 
     model_config = SettingsConfigDict(env_prefix="OMATICAYA_", populate_by_name=True)

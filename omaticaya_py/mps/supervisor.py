@@ -4,16 +4,16 @@ probe per shared GPU.
 Why one daemon per slice (issue 47): the limit a tenant cannot raise comes from the daemon's
 side. A client's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` can only lower its daemon's default, and
 the container owns its environment; so each slice's daemon is given the slice as its default
-pinned-memory limit (``core.mps``'s module docstring says the rest).
+pinned-memory limit (``core.allocation.mps``'s module docstring says the rest).
 
 ``Supervisor.start()`` takes the supervisor's lock (an exclusive ``flock`` on ``<state
 dir>/supervisor.lock``, held until the process ends: a reader that can take it knows no
-supervisor runs, ``sources.mps``), makes the layout's root (``core.mps.Layout``; it remembers
+supervisor runs, ``sources.mps``), makes the layout's root (``core.allocation.mps.Layout``; it remembers
 each folder it made, parents such as ``/run/omaticaya`` included, to remove them at ``stop``),
 starts every GPU's probe daemon and waits for them (at most ``start_timeout_s``), then starts
 the daemons of the slices already asked for (a restarted supervisor finds its requests again).
 
-The slices: a plugin writes a request (``core.mps.SliceRequest``) to ``<state dir>/slices/<slice
+The slices: a plugin writes a request (``core.allocation.mps.SliceRequest``) to ``<state dir>/slices/<slice
 id>.json``; ``sync()`` (every 0.1 s in ``run_forever``: a folder listing) starts a daemon for
 each new request (its folder ``<root>/slices/<slice id>``, its default pinned-memory limit the
 slice's MiB, its active-thread percentage when asked, and with ``shm_mib > 0`` a tmpfs of that
@@ -39,10 +39,10 @@ it sees the new daemon's sockets) and its slice's tmpfs (a restarted supervisor 
 tmpfs still mounted, after a crash, and keeps it): a running container's next CUDA process
 reaches it.
 
-Each check writes every daemon's state (``core.mps.state_json``) atomically: a probe's to
+Each check writes every daemon's state (``core.allocation.mps.state_json``) atomically: a probe's to
 ``<state dir>/<GPU UUID>.json``, a slice's to ``<state dir>/slices/<slice id>.state.json``. The
 device plugin serves a shared GPU's units only while its probe says ``up`` and is fresh, and
-hands a slice out only once its daemon says ``up`` (``core.mps.enforced``).
+hands a slice out only once its daemon says ``up`` (``core.allocation.mps.enforced``).
 
 Mounting needs ``CAP_SYS_ADMIN`` (the chart's ``mps`` container is privileged); without it a
 slice's daemon cannot start (``spawn-failed``, said once). ``shm_mib == 0``: nothing is mounted
@@ -58,7 +58,7 @@ path, so that the daemons' pipe folders have the very paths the clients get.
 
 ``stop()`` stops every daemon, removes the state files (not the plugins' requests), unmounts
 and removes every folder it made: after ``helm uninstall`` no directory is left.
-Failures are logged once per episode (``core.sayonce.SayOnce``), not every check.
+Failures are logged once per episode (``core.model.sayonce.SayOnce``), not every check.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ from typing import IO, Literal
 from loguru import logger
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_fixed
 
-from ..core.mps import (
+from ..core.allocation.mps import (
     SLICE_ID_RE,
     DaemonState,
     Layout,
@@ -88,14 +88,14 @@ from ..core.mps import (
     probe_limit_mib,
     state_json,
 )
-from ..core.sayonce import SayOnce
+from ..core.model.sayonce import SayOnce
 from ..sources.files import write_atomic
 from .daemon import DIR_MODE, NOT_ANSWERING, START_TIMEOUT, ControlDaemon, DaemonError
 from .metrics import MpsMetrics
 
 __all__ = ["MAX_BACKOFF_S", "SILENT_CHECKS", "Gpu", "MpsError", "Supervisor"]
 
-#: a daemon's states (``core.mps.UP``, ``STARTING``, ``DOWN``), typed as ``DaemonState`` wants
+#: a daemon's states (``core.allocation.mps.UP``, ``STARTING``, ``DOWN``), typed as ``DaemonState`` wants
 UP: Literal["up"] = "up"
 STARTING: Literal["starting"] = "starting"
 DOWN: Literal["down"] = "down"
@@ -123,7 +123,7 @@ class MpsError(Exception):
 @dataclass(frozen=True, slots=True)
 class Gpu:
     """A shared GPU: NVML ``index``, ``uuid`` (``GPU-...``), and its ``units``
-    (``core.sharing.unit_count``)."""
+    (``core.model.sharing.unit_count``)."""
 
     index: int
     uuid: str
@@ -157,7 +157,7 @@ class _Slot:
 
 class Supervisor:
     """The MPS control daemons of ``gpus`` (``Gpu`` or ``(index, uuid, units)`` each: one probe
-    each, its default limit one unit, ``core.mps.probe_limit_mib``) and of the slices asked for
+    each, its default limit one unit, ``core.allocation.mps.probe_limit_mib``) and of the slices asked for
     on them, under ``layout``, run from ``control``. ``unit_mib``: MiB per unit. ``check_s``:
     seconds between checks; ``start_timeout_s``: how long a daemon may take to answer;
     ``shm_mib``: each slice's tmpfs, MiB (0: a plain folder, no mount: see the module

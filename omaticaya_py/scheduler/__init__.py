@@ -17,7 +17,7 @@ neither passes through untouched (every node passes, every score is 0).
 Filter, per node, from the agent's labels and its ``<prefix>/telemetry`` annotation:
 
 - no Omaticaya data on the node (or the node is unknown to the cache), or stale telemetry (the
-  agent is not reporting, by ``core.liveness``: its Lease lapsed, or its telemetry past its
+  agent is not reporting, by ``core.rules.liveness``: its Lease lapsed, or its telemetry past its
   ``expires_at`` (the agent's promise: heartbeat + schedule period + jitter after ``read_at``)
   plus ``grace_s``, or, from an agent that does not publish ``expires_at``, older than ``ttl_s +
   grace_s``; judged by when the extender saw the value change, on its own clock), or a time

@@ -11,7 +11,7 @@ from typing import Any
 
 from loguru import logger as log
 
-from ..core.sayonce import SayOnce
+from ..core.model.sayonce import SayOnce
 from ..core.schema import NodeGpuState
 from ..serving import metrics_route
 from .metrics import metrics_registry

@@ -41,7 +41,7 @@ from itertools import compress, repeat
 from operator import is_not
 from typing import Any
 
-from ..core.liveness import LeaseOf
+from ..core.rules.liveness import LeaseOf
 from ..core.schema import NodeGpuState
 from .fit import INF, Judged, JudgingContext, NodeRecord, ReasonText, build_record, judge_all
 from .inflight import ASSUME_S, expiry, pending

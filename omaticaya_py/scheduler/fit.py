@@ -6,7 +6,7 @@ victims are gone): ``judge`` over a ``NodeRecord`` (the node's GPU state as the 
 parsed it, and ``left``: that state less the reservations still counting,
 ``inflight.adjust``), with a ``JudgingContext`` built once per request. The kept
 verdicts are a cache in front of it: ``judge_all`` takes ``fresh_window``'s answer (the
-liveness rule as a window on the record) instead of ``core.liveness.node_liveness`` for a node
+liveness rule as a window on the record) instead of ``core.rules.liveness.node_liveness`` for a node
 that is fresh and healthy, and the rest of the rule (``room``) is the same function.
 
 In order, a node:
@@ -15,7 +15,7 @@ In order, a node:
   a published time more than ``max_skew_s`` ahead of the clock makes it unknown too
   (``Verdict.problem`` set). Unknown: the unknown policy (``nodeview``: reject, else it passes
   unscored);
-- whose agent is not reporting (``core.liveness.node_liveness``) is *stale*: the stale policy
+- whose agent is not reporting (``core.rules.liveness.node_liveness``) is *stale*: the stale policy
   (reject; ``score-zero``: it passes unscored; ``allow``: judged on its last reading);
 - with ``gpu.health`` Unhealthy or Unknown fails;
 - has room (``room``) when ``Need.count`` healthy GPUs each have ``Need.memory_mib`` free in
@@ -38,8 +38,15 @@ from itertools import repeat
 from operator import add, mul, sub, truediv
 from typing import Any
 
-from ..core.liveness import AHEAD, STALE, node_liveness
-from ..core.placement import DEFAULT_POLICY, Need, choose_gpus, place, place_slices, slice_room
+from ..core.allocation.placement import (
+    DEFAULT_POLICY,
+    Need,
+    choose_gpus,
+    place,
+    place_slices,
+    slice_room,
+)
+from ..core.rules.liveness import AHEAD, STALE, node_liveness
 from ..core.schema import NodeGpuState
 from .inflight import Placement, adjust
 from .nodeview import seen_of
@@ -124,7 +131,7 @@ PASS_UNSCORED = Verdict(True)
 
 def room(rec: NodeRecord, need: Need, prefix: str, policy: str = DEFAULT_POLICY) -> Verdict:
     """The room part of the rule on a usable, healthy node, by the placement model
-    (``core.placement.place`` under ``policy``): fits (scored by ``Taken.room_mib``), or fails
+    (``core.allocation.placement.place`` under ``policy``): fits (scored by ``Taken.room_mib``), or fails
     with ``IN_FLIGHT`` (``rec.state`` had room, the reservations took it) or ``NO_ROOM``. A
     need of ``count`` GPUs with memory, no device and no slice, is read off the sorted free
     MiB (the same answer as ``place``, for thousands of nodes)."""
@@ -156,7 +163,7 @@ def usable(rec: NodeRecord | None, need: Need, ctx: JudgingContext, *,
            fresh: bool = False) -> Verdict | None:  # fmt: skip
     """What makes a node usable, before its room: ``None`` when ``rec``'s node is judged by its
     room, else its verdict (fails, or passes unscored by a policy): a bad pod, a node not in the
-    cache, without telemetry or with unusable telemetry, not live (``core.liveness``), with bad
+    cache, without telemetry or with unusable telemetry, not live (``core.rules.liveness``), with bad
     health. ``fresh``: the record's window (``fresh_window``) already says the node is live, so
     the liveness rule is not run again. Both ``judge`` and the kept verdicts' fast path
     (``judge_all``) call it: a precondition added here holds on both."""

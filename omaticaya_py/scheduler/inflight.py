@@ -18,7 +18,7 @@ leaves it out) when
 - every device it is on shows it: the device's own free memory, read after the pod started
   (``started_at``: the pod's ``status.startTime``), dropped since the extender first counted
   it there (``baselines``) by at least its memory there plus every earlier grant still in the
-  book of that device, as the device plugin keeps its slices (``core.shown.still_in_book``;
+  book of that device, as the device plugin keeps its slices (``core.allocation.shown.still_in_book``;
   judged only on devices healthy then and now; a placement whose devices are not known, and
   a whole device given with no memory asked (a pod without the memory annotation,
   ``need.pod_need``), are shown only by the kubelet's books), or
@@ -32,8 +32,8 @@ bound pod's slices that the kubelet holds and does not list count for the pod's 
 (``_unlisted``).
 
 ``adjust`` takes each pending placement off where the placement model puts it
-(``core.placement.take``): the devices it was given (``gpus``, ``whole_gpus``, ``migs``: chosen
-by the filter as the device plugin would, ``core.placement.place``), and for devices not known
+(``core.allocation.placement.take``): the devices it was given (``gpus``, ``whole_gpus``, ``migs``: chosen
+by the filter as the device plugin would, ``core.allocation.placement.place``), and for devices not known
 (learned from the pod watch: bound by another path, or after a restart) the healthy ones first
 in the model's order, clamped at zero.
 """
@@ -44,9 +44,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core.placement import Need, Taken, take, whole_key
+from ..core.allocation.placement import Need, Taken, take, whole_key
+from ..core.allocation.shown import Grant, still_in_book
 from ..core.schema import GpuInfo, NodeGpuState
-from ..core.shown import Grant, still_in_book
 
 __all__ = ["ASSUME_S", "Device", "Placement", "adjust", "baselines", "expiry", "live_free_mib",
            "pending"]
@@ -115,7 +115,7 @@ class Placement:
 
     @property
     def need(self) -> Need:
-        """What it takes, as the placement model reads it (``core.placement.Need``)."""
+        """What it takes, as the placement model reads it (``core.allocation.placement.Need``)."""
         return Need(self.memory_mib, self.count, slices=self.slices, profile=self.profile,
                     exclusive=self.exclusive or self.profile is not None,
                     slice_memory=self.slice_memory)  # fmt: skip
@@ -225,7 +225,7 @@ def baselines(state: NodeGpuState | None, p: Placement) -> tuple[int | None, ...
 def _counting(live: list[Placement], state: NodeGpuState) -> set[int]:
     """The ids of the placements of ``live`` whose memory a reading does not show yet, judged
     per device on each GPU's own free memory as the device plugin's book of slices judges it
-    (``core.shown.still_in_book``: the grants in the order they were made, each added after a
+    (``core.allocation.shown.still_in_book``: the grants in the order they were made, each added after a
     look at its own baseline): shown once every device it is on shows it, or (whole devices)
     once its pod is a holder read after it started. A device absent or unhealthy then or now
     shows nothing; a placement whose devices are not known is shown only by its holders."""
@@ -281,7 +281,7 @@ def _held_on(p: Placement, state: NodeGpuState) -> tuple[int, ...]:
 
 
 def adjust(state: NodeGpuState, placements: Sequence[Placement]) -> NodeGpuState:
-    """``state`` with each placement's need taken off where it is (``core.placement.take``):
+    """``state`` with each placement's need taken off where it is (``core.allocation.placement.take``):
     its own devices when known and still healthy on the node, else the healthy ones with the
     most free (or room) left; known devices first. A slice comes off each book it still counts
     in (``Placement.in_memory``, ``in_units``); everything is clamped at zero."""
@@ -321,7 +321,7 @@ def _where(state: NodeGpuState, p: Placement, need: Need) -> Taken:
 def _mine(healthy: list[int], known: tuple[int, ...], count: int,
           gpus: Sequence[GpuInfo]) -> tuple[int, ...]:  # fmt: skip
     """``count`` of ``healthy``: the ``known`` ones first, then in the placement model's order
-    of whole devices (``core.placement.whole_key``: the most free first)."""
+    of whole devices (``core.allocation.placement.whole_key``: the most free first)."""
     good = set(healthy)
     mine = [i for i in known if i in good][:count]
     if len(mine) < count:

@@ -14,7 +14,7 @@ A pod's life in the ledger (``Ledger.phase``; each arrow a verb, counted in ``Le
        │ add: seen bound,    │                        │ on another node   EXPIRED
        │ never reserved      │                        ▼
        └───────────────────► BOUND ──── show: the reading shows it ────► SHOWN
-                               │        (``inflight.pending``: ``core.shown``; or its pod
+                               │        (``inflight.pending``: ``core.allocation.shown``; or its pod
                                │         is a holder in the kubelet's books)
                                └──────── settle_s passes ──────────────► EXPIRED
 
@@ -55,7 +55,7 @@ from typing import Any
 
 from loguru import logger as log
 
-from ..core.sayonce import SayOnce
+from ..core.model.sayonce import SayOnce
 from ..core.schema import NodeGpuState, json_mapping, rfc3339_s
 from .inflight import ASSUME_S, Placement, expiry, pending
 from .need import Need, pod_need

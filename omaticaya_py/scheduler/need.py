@@ -2,7 +2,7 @@
 
 Whole GPUs by annotation (``<prefix>/gpu-memory-mib``, ``<prefix>/gpu-count``), or memory
 slices of shared GPUs by resource (``resources.limits`` or ``requests`` of the shared resource,
-``omaticaya.io/gpu-memory`` by default, in units: ``core.sharing``); ``pod_need`` adds the pods
+``omaticaya.io/gpu-memory`` by default, in units: ``core.model.sharing``); ``pod_need`` adds the pods
 that ask for whole devices (``nvidia.com/gpu``, a MIG profile) without the memory annotation:
 every GPU pod counts in flight.
 
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core.placement import Need
+from ..core.allocation.placement import Need
+from ..core.model.sharing import DEFAULT_SHARED_RESOURCE
 from ..core.schema import json_int, json_mapping
-from ..core.sharing import DEFAULT_SHARED_RESOURCE
 
 #: the device plugin's whole-GPU resource (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``)
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -418,7 +418,7 @@ def pod_need(
     asks for whole devices of ``gpu_resource`` (``nvidia.com/gpu``: ``effective_request`` of
     its containers), or of one MIG profile, those devices with no memory asked
     (``Need(0, n, exclusive=True)``, ``profile`` for MIG): the device plugin hands it the
-    devices first in its order (``core.placement.first_whole``) as it would any pod, so the
+    devices first in its order (``core.allocation.placement.first_whole``) as it would any pod, so the
     next pod must be judged without them. ``None`` for a pod that asks for no GPU at all (or
     for two MIG profiles). A malformed device count (``1.5``) is the ``Need``'s ``error``."""
     need = parse_need(pod, prefix, shared_resource, gpu_resource)

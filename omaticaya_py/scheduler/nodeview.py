@@ -3,7 +3,7 @@ policy override and when the watch saw it change (``NodeView``).
 
 The staleness policy: what the filter does with a node whose GPU state is stale or unknown.
 
-Whether a node is ``stale`` is the one liveness rule of ``core.liveness`` (``node_liveness``),
+Whether a node is ``stale`` is the one liveness rule of ``core.rules.liveness`` (``node_liveness``),
 which ``omaticaya top`` uses as well: the agent's published time (its telemetry's ``read_at``,
 current until its ``expires_at``, or for ``ttl_s`` from an agent that publishes no
 ``expires_at``; or, for a node whose telemetry names a Lease, when the extender watches Leases
@@ -27,7 +27,7 @@ the agent owns and removes when it does not write them):
 
 The free-memory signal (``OMATICAYA_EXTENDER_SIGNAL``): ``now`` (the default) uses each GPU's free memory as last read. ``window-min`` uses
 ``min(now, the least free memory over the agent's peak window)``: a GPU whose free memory dips
-every few minutes is judged by its dips (``core.window``; the agent publishes the minimum in the
+every few minutes is judged by its dips (``core.model.window``; the agent publishes the minimum in the
 telemetry as ``memory_free_min_mib``). A GPU without a published minimum (window off, not yet
 half covered, an older agent) is judged by ``now``. Pure, applied once per Node change.
 """
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, TypeVar
 
-from ..core.liveness import MAX_LEASE_DURATION_S, LeaseState, Seen, lease_from_object
+from ..core.rules.liveness import MAX_LEASE_DURATION_S, LeaseState, Seen, lease_from_object
 from ..core.schema import GpuInfo, NodeGpuState, json_mapping, state_from_object
 
 __all__ = [
@@ -76,7 +76,7 @@ def policy_key(prefix: str) -> str:
 class NodeView(NodeGpuState):
     """A node's GPU state plus its ``scheduler.<prefix>/stale-policy`` override (``None``: none, or a
     value that is not a policy: ignored) and ``seen``: when the extender's watch saw ``read_at``
-    take its value (``core.liveness.Seen``, monotonic clock; ``None``: not watched)."""
+    take its value (``core.rules.liveness.Seen``, monotonic clock; ``None``: not watched)."""
 
     policy: str | None = None
     seen: Seen | None = None

@@ -7,7 +7,7 @@ one best node and reserves its need there (``Narrowing``): it judges the nodes a
 picks among those that fit the one the strategy prefers (``binpack``: the least free memory
 after the reservations, ``spread``: the most; ties: the first asked about), returns only that
 node as passing (every other node that passed fails with ``OTHER_NODE``), and reserves the pod's
-need there, on the devices the device plugin would give it (``core.placement.place``). A
+need there, on the devices the device plugin would give it (``core.allocation.placement.place``). A
 refilter of the same pod (by uid) first releases its earlier reservation. When no node fits, the nodes that the staleness policies let pass (no known room:
 nothing to reserve) pass as before. Prioritize scores as the filter judged (``fit.scores``), the
 node holding the pod's reservation first. Without a ledger each request is judged node by node
@@ -21,8 +21,8 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
-from ..core.liveness import LeaseOf
-from ..core.placement import Taken, place
+from ..core.allocation.placement import Taken, place
+from ..core.rules.liveness import LeaseOf
 from ..core.schema import NodeGpuState, json_mapping, json_str
 from .cache import NodeIndex, VerdictsByNeed
 from .fit import (
@@ -202,7 +202,7 @@ class Narrowing:
 def reservation(need: Need, rec: NodeRecord, key: str, uid: str, now: float,
                 strategy: str) -> Placement:  # fmt: skip
     """The pod's reservation on ``rec``'s node: on the devices the device plugin would give it,
-    by the placement model (``core.placement.place`` under ``strategy``, the plugin's policy
+    by the placement model (``core.allocation.placement.place`` under ``strategy``, the plugin's policy
     too): its whole GPUs or MIG devices, and its slices in ``need.slices``' order. A pod that
     passed the filter fits; otherwise its devices are left unknown (taken from the freest)."""
     node = rec.state.name
@@ -242,7 +242,7 @@ class Extender:
     #: used only while ``leases_synced()``, else nodes are judged by their telemetry's times
     leases: LeaseOf | None = None
     leases_synced: Callable[[], bool] = field(default=lambda: True)
-    #: the monotonic clock the watches' ``Seen`` times are on (``core.liveness``)
+    #: the monotonic clock the watches' ``Seen`` times are on (``core.rules.liveness``)
     monotonic: Callable[[], float] = time.monotonic
     #: told of each node's problem at judging time (a time ahead of the clock, judging
     #: raised): ``app.NodeProblems.judged``

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from ..core.placement import Need
+from ..core.allocation.placement import Need
 
 __all__ = ["TEXTS", "Reason", "ReasonText", "reason_text", "wanted_text"]
 

@@ -3,7 +3,7 @@ record (its GPU state less the reservations still counting, and its telemetry's 
 
 ``JudgingContext`` is built once per request; a ``NodeRecord`` once per node change
 (``build_record``), kept by the Node index (``cache``). ``fresh_window`` reads the liveness rule
-(``core.liveness.node_liveness``) off the record's window, for ``fit.judge_all``'s fast path.
+(``core.rules.liveness.node_liveness``) off the record's window, for ``fit.judge_all``'s fast path.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S, LeaseOf
-from ..core.placement import DEFAULT_POLICY
+from ..core.allocation.placement import DEFAULT_POLICY
+from ..core.rules.liveness import DEFAULT_MAX_CLOCK_SKEW_S, LeaseOf
 from ..core.schema import NodeGpuState
 from .inflight import Placement, adjust
 from .nodeview import effective, legacy_default, seen_of
@@ -51,7 +51,7 @@ class JudgingContext:
     leases: LeaseOf | None = None
     on_problem: ProblemOf | None = None
     scoring: bool = False
-    #: the placement policy (``core.placement.POLICIES``), the device plugin's too
+    #: the placement policy (``core.allocation.placement.POLICIES``), the device plugin's too
     policy: str = DEFAULT_POLICY
 
     @classmethod
@@ -84,7 +84,7 @@ NO_WINDOW: Window = (INF, -INF, -INF)
 
 
 def window(published_s: float, valid_s: float, seen: Any, grace_s: float, skew_s: float) -> Window:
-    """``core.liveness.judge_liveness`` as a window: the published time is not ahead once the
+    """``core.rules.liveness.judge_liveness`` as a window: the published time is not ahead once the
     wall clock reaches ``published_s - skew_s``; its age is the time since ``seen`` changed it
     (monotonic), or, before a change was seen, the larger of that and the publisher's age."""
     limit = valid_s + grace_s

@@ -9,7 +9,7 @@ from typing import Any
 
 from loguru import logger as log
 
-from ..core.liveness import observe
+from ..core.rules.liveness import observe
 from ..core.schema import NodeGpuState, parse_node
 from ..serving import HttpServer
 from .app import LeaseProblems, NodeProblems, create_app
@@ -95,7 +95,7 @@ def _start_node_cache(settings: ExtenderSettings, problems: NodeProblems,
 
     def transform(meta: Any) -> NodeGpuState:
         state = problems.seen(parse_node(meta.name, meta.labels, meta.annotations, prefix))
-        # when this watch saw read_at take its value (core.liveness): the agent's liveness
+        # when this watch saw read_at take its value (core.rules.liveness): the agent's liveness
         before = cache.get(meta.name) if cache is not None else None
         seen = observe(before.read_at if before is not None else None, seen_of(before),
                        state.read_at, time.monotonic())  # fmt: skip
@@ -217,7 +217,7 @@ def _start_lease_cache(settings: ExtenderSettings) -> Any:
         meta = lease.get("metadata") if isinstance(lease, dict) else None
         key = (meta or {}).get("name", "")
         name = f"{settings.lease_namespace}/{key}"
-        # the state held before: when this watch saw renewTime change (core.liveness)
+        # the state held before: when this watch saw renewTime change (core.rules.liveness)
         before = leases.get(key) if leases is not None and isinstance(key, str) else None
         state = lease_from_object(lease, before, time.monotonic())
         problems.good(name)

@@ -7,10 +7,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from ..core.liveness import DEFAULT_MAX_CLOCK_SKEW_S
-from ..core.settings import CommonSettings, check_resource_name, load, parse_schedule
-from ..core.settings_base import check_bind_address, placement_policy_field
-from ..core.sharing import DEFAULT_SHARED_RESOURCE
+from ..core.config.settings import CommonSettings, check_resource_name, load, parse_schedule
+from ..core.config.settings_base import check_bind_address, placement_policy_field
+from ..core.model.sharing import DEFAULT_SHARED_RESOURCE
+from ..core.rules.liveness import DEFAULT_MAX_CLOCK_SKEW_S
 from .need import DEFAULT_GPU_RESOURCE
 
 #: kube-scheduler's default ``httpTimeout`` for an extender, and the one our examples and the

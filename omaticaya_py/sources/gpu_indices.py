@@ -3,7 +3,7 @@ with it at each start (``check_indices``): the DRA plugin (``<plugin dir>/gpu-in
 and the device plugin (``<device-plugins dir>/omaticaya-gpu-indices.json``).
 
 An ``OMATICAYA_SHARED_GPUS`` index that names another GPU than it did at the last start (a GPU
-lost or added at boot renumbers the others) is found by ``core.sharing.moved_indices`` and said
+lost or added at boot renumbers the others) is found by ``core.model.sharing.moved_indices`` and said
 here as a warning log line; the caller adds the Event (``kube.index_moved.post_index_moved``)
 and the gauge (``kube.index_moved.moved_family``).
 """
@@ -16,14 +16,14 @@ from pathlib import Path
 
 from loguru import logger
 
-from ..core.sharing import IndexMoved, SharedGpus, moved_indices, parse_indices
+from ..core.model.sharing import IndexMoved, SharedGpus, moved_indices, parse_indices
 from .files import write_atomic
 
 __all__ = ["check_indices", "load_indices", "save_indices"]
 
 
 def load_indices(path: Path) -> dict[int, str]:
-    """The map at ``path`` (``core.sharing.INDICES_FORM``): each GPU's NVML index -> UUID at the
+    """The map at ``path`` (``core.model.sharing.INDICES_FORM``): each GPU's NVML index -> UUID at the
     last start; empty when there is none. A file that cannot be read or parsed is logged and
     taken as empty (nothing to compare with: nothing reported). Never raises."""
     try:
@@ -45,9 +45,9 @@ def save_indices(path: Path, gpus: Mapping[int, str]) -> None:
 def check_indices(path: Path, shared: SharedGpus, now: Mapping[int, str], who: str
                   ) -> tuple[IndexMoved, ...]:  # fmt: skip
     """One start's check: compare ``now`` (NVML index -> GPU UUID of the first readable reading,
-    ``core.sharing.gpu_indices``) with the map at ``path`` from the last start, log a warning
+    ``core.model.sharing.gpu_indices``) with the map at ``path`` from the last start, log a warning
     (prefixed ``who``: ``DRA plugin``, ``device plugin``) for each ``shared`` index that names
-    another GPU now (``core.sharing.moved_indices``), then write ``now`` to ``path``. Returns
+    another GPU now (``core.model.sharing.moved_indices``), then write ``now`` to ``path``. Returns
     what moved, in index order. Never raises: a file that cannot be written is logged (the next
     start then compares with the older map, or nothing)."""
     moved = tuple(moved_indices(shared, load_indices(path), now))

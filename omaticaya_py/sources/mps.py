@@ -1,4 +1,4 @@
-"""The MPS supervisor's daemon states, read from its state folder (``core.mps``: the file format,
+"""The MPS supervisor's daemon states, read from its state folder (``core.allocation.mps``: the file format,
 the layout and the rule that says whether a shared GPU is enforced), and the slices' daemons
 asked for there.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from ..core.mps import (
+from ..core.allocation.mps import (
     DaemonState,
     Layout,
     SliceRequest,
@@ -37,7 +37,7 @@ from ..core.mps import (
     parse_state,
     request_json,
 )
-from ..core.sayonce import SayOnce
+from ..core.model.sayonce import SayOnce
 from .files import write_atomic
 
 __all__ = ["Enforcement", "MpsWatch", "SliceDaemons", "SliceUnavailable", "read_state",
@@ -64,9 +64,9 @@ def supervisor_gone(layout: Layout) -> bool:
 
 
 def read_state(layout: Layout, uuid: str) -> tuple[DaemonState | None, str | None]:
-    """The state file of ``uuid``'s daemon (``core.mps.Layout.state``), parsed: ``(state,
+    """The state file of ``uuid``'s daemon (``core.allocation.mps.Layout.state``), parsed: ``(state,
     None)``; ``(None, None)`` when there is no file; ``(None, problem)`` when it cannot be read
-    or is not a state of that GPU (``core.mps.parse_state``)."""
+    or is not a state of that GPU (``core.allocation.mps.parse_state``)."""
     return _read(layout.state(uuid), uuid, "")
 
 
@@ -99,7 +99,7 @@ class Enforcement:
 
 
 class MpsWatch:
-    """The MPS daemons' states under ``layout`` (``core.mps.Layout``): ``enforcement(uuid)`` per
+    """The MPS daemons' states under ``layout`` (``core.allocation.mps.Layout``): ``enforcement(uuid)`` per
     shared GPU, from its state file, re-read at most every ``min_interval_s`` seconds (on
     ``monotonic``), judged against ``stale_after_s`` on ``wall`` (the supervisor's clock:
     ``time.time``). ``errors`` counts unreadable state files. Thread-safe."""

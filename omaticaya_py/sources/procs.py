@@ -1,5 +1,5 @@
 """Which pod each process is in: reads ``/proc/<pid>/cgroup`` for a set of PIDs and hands the
-text to ``core.attribution.pod_from_cgroup``.
+text to ``core.rules.attribution.pod_from_cgroup``.
 
 The PIDs are NVML's (the host's PID namespace), so the answers are only right where this
 process sees the host's ``/proc``: on the host, or in a pod with ``hostPID``. Elsewhere most
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..core.attribution import PodRef, pod_from_cgroup
+from ..core.rules.attribution import PodRef, pod_from_cgroup
 
 __all__ = ["PROC_ROOT", "read_pod_refs"]
 

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..core.snapshot import (
+from ..core.model.snapshot import (
     ARCHITECTURES,
     GpuProcess,
     GpuReading,

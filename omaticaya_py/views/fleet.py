@@ -3,7 +3,7 @@
 Everything comes from the Node's labels and its telemetry annotation, parsed by
 ``core.schema`` (``parse_node`` for the node's state and problem, ``parse_gpu_readings`` for
 each GPU), and, for a node whose telemetry names a Lease, from that Lease: fresh or stale is
-the extender's rule (``core.liveness.node_liveness``). A Node's content is untrusted: nothing
+the extender's rule (``core.rules.liveness.node_liveness``). A Node's content is untrusted: nothing
 here raises on it; a Node whose telemetry cannot be used (a time ahead of the clock included)
 shows ``Invalid`` with the reason.
 """
@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from ..core import schema
-from ..core.liveness import AHEAD, DEFAULT_MAX_CLOCK_SKEW_S, STALE, LeaseState, Seen, node_liveness
+from ..core.rules.liveness import (
+    AHEAD,
+    DEFAULT_MAX_CLOCK_SKEW_S,
+    STALE,
+    LeaseState,
+    Seen,
+    node_liveness,
+)
 from .rows import (
     SORTS,
     GpuRow,

@@ -1,6 +1,6 @@
 """The agents' liveness Leases for ``omaticaya top``: read where the nodes' telemetry names one,
 so that a quiet node whose agent renews its Lease shows fresh, by the extender's rule
-(``core.liveness``).
+(``core.rules.liveness``).
 
 One ``kube.LeaseCache`` (list+watch) per namespace named, started when a node first names it.
 RBAC: ``list`` and ``watch`` on ``leases`` in that namespace; where they are refused (or the
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..core.liveness import LeaseState, lease_from_object
+from ..core.rules.liveness import LeaseState, lease_from_object
 from ..kube import KubeError, LeaseCache
 
 __all__ = ["MAX_NAMESPACES", "TopLeases"]

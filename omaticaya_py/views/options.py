@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.liveness import Seen
+from ..core.rules.liveness import Seen
 from .fleet import GRACE_S, TTL_S, LeaseView, NodeRow, filter_rows, fleet_rows, sort_rows
 
 __all__ = ["OUTPUTS", "TopOptions", "select_rows", "top_options"]
@@ -21,7 +21,7 @@ class TopOptions:
     how to show (``output``: one of ``OUTPUTS``; ``sort``: name, free, util or age; ``gpus``: a
     row per GPU), which rows (``unhealthy``, ``stale``, ``all_nodes``: also Nodes without data),
     ``watch`` (redrawn at least every ``interval_s`` seconds), the label ``prefix``, and when a
-    reading is stale: by the extender's rule (``core.liveness``), with ``grace_s`` past its
+    reading is stale: by the extender's rule (``core.rules.liveness``), with ``grace_s`` past its
     expiry or its Lease's, or ``ttl_s`` + ``grace_s`` from an agent that publishes no expiry."""
 
     kubeconfig: str | None = None

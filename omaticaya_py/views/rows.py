@@ -70,7 +70,7 @@ class NodeRow:
     (``gpu.memory.free-mib``, else the freest healthy GPU of the telemetry); ``util_pct``: the
     mean utilisation of the healthy whole GPUs in the telemetry, else ``gpu.utilization-pct``;
     ``age_s``: seconds since ``read_at``; ``stale``: the agent is not reporting, by the
-    extender's rule (``core.liveness.node_liveness``: its Lease when the telemetry names one and
+    extender's rule (``core.rules.liveness.node_liveness``: its Lease when the telemetry names one and
     the Leases are read, else ``expires_at`` + the grace, or the TTL + the grace), ``stale_why``
     saying why."""
 

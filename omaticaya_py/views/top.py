@@ -7,7 +7,7 @@ terminal (``NO_COLOR`` is honoured), fitted to 80 columns when the output is not
 ``-o json`` prints ``{"nodes": [...]}`` (one line per redraw with ``--watch``); ``-o wide`` adds
 columns. The options and the rows they select are in ``options``. A node whose telemetry names
 a Lease is fresh while its Lease is renewed (``leases``: the Leases of the namespaces named are
-listed and, with ``watch``, watched), by the extender's rule (``core.liveness``). RBAC: ``list``
+listed and, with ``watch``, watched), by the extender's rule (``core.rules.liveness``). RBAC: ``list``
 and ``watch`` on ``nodes``, and on ``leases`` in the agents' namespace.
 """
 
@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.live import Live
 
 from ..core import schema
-from ..core.liveness import Seen, observe
-from ..core.patch import NodeMeta
+from ..core.publish.patch import NodeMeta
+from ..core.rules.liveness import Seen, observe
 from ..kube import KubeError, KubeUnavailable, NodeCache
 from ..kube.errors import is_transient
 from .fleet import NodeRow, to_json
@@ -126,7 +126,7 @@ def _emit_json(rows: list[NodeRow], stream: IO[str], one_line: bool) -> None:
 
 
 class Sightings:
-    """When ``top`` saw each Node's ``read_at`` take its value (``core.liveness.observe``, on
+    """When ``top`` saw each Node's ``read_at`` take its value (``core.rules.liveness.observe``, on
     ``monotonic``), and the Lease each names; ``see(node)`` with every Node listed or changed."""
 
     def __init__(self, prefix: str, monotonic: Callable[[], float] = time.monotonic) -> None:

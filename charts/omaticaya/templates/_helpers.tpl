@@ -369,7 +369,7 @@ deprecated); else "".
 
 {{/*
 The schedule (OMATICAYA_SCHEDULE), checked as the agent parses it: the pattern mirrors
-omaticaya_py/core/schedule.py's parse_schedule (the @hourly-style macros; '@every' and a Go
+omaticaya_py/core/config/schedule.py's parse_schedule (the @hourly-style macros; '@every' and a Go
 duration of h, m, s, ms parts, 100ms to 366 days; a 5-field crontab or 6 fields with seconds
 first, '?' as '*', each field's numbers within APScheduler's CronTrigger ranges, steps above 0,
 month and weekday names, weekdays 0-7, day 'last'). What it does not check, the agent still
@@ -402,7 +402,7 @@ the render (and helm lint) with the reason and what to set:
 - sharing.gpus without devicePlugin.enabled or dra.enabled: nothing serves the shared GPUs' units,
   and the agent leaves those GPUs out of the whole-GPU labels (gpu.memory.free-mib 0,
   gpu.healthy-count 0 when all are shared): every nodeAffinity on them stops matching;
-- sharing.resource equal to devicePluginResource: the agent refuses it at start (core/settings.py,
+- sharing.resource equal to devicePluginResource: the agent refuses it at start (core/config/settings.py,
   DevicePluginSettings._two_resources), whether the device plugin is on or not.
 */}}
 {{- define "omaticaya.checks" -}}

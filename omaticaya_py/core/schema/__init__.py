@@ -3,7 +3,7 @@
 The agent writes Node labels ``<prefix>/<name>`` (``names``: the label table, ``LABELS``, and
 each name) and one annotation
 ``<prefix>/telemetry`` (``telemetry``: one versioned pydantic model, written by
-``core.render`` and parsed by every reader); ``nodestate.parse_node`` turns a Node's labels and
+``core.publish.render`` and parsed by every reader); ``nodestate.parse_node`` turns a Node's labels and
 telemetry back into typed state (``NodeGpuState``), treating them as untrusted input
 (``values``). Readers import the names from here.
 """

@@ -3,10 +3,10 @@
 ``LABELS`` says of each label its name, where it sits (the node, each GPU: ``gpu-N.<name>``,
 each MIG profile: ``mig-<profile>.<name>``), whether it is a hardware fact (kept on graceful
 exit: ``STATIC_NAMES``), its unit, and which way it moves when the Node gets less attractive to
-a scheduler (``core.budget`` sends those changes at once). The writer (``core.render``), the
-write budget (``core.budget``), every reader (``schema.nodestate``, the extender, ``omaticaya
+a scheduler (``core.publish.budget`` sends those changes at once). The writer (``core.publish.render``), the
+write budget (``core.publish.budget``), every reader (``schema.nodestate``, the extender, ``omaticaya
 top``) and the label tables of README.md and docs/labels.md (checked by ``tests/test_label_table.py``) agree with it.
-Adding a label is one row here, plus its value in ``core.render``.
+Adding a label is one row here, plus its value in ``core.publish.render``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ SM_ACTIVE = "gpu.sm-active-pct"
 IDLE_COUNT = "gpu.idle-count"
 HEALTHY_COUNT = "gpu.healthy-count"
 MIG_STRATEGY = "mig.strategy"
-#: with shared GPUs (``core.sharing``): the largest slice one healthy shared GPU can take now
+#: with shared GPUs (``core.model.sharing``): the largest slice one healthy shared GPU can take now
 #: (live free memory, no more than its units not held), MiB rounded down to the memory step
 SHARED_MEMORY_FREE = "gpu.shared.memory.free-mib"
 
@@ -84,7 +84,7 @@ MIG_MEMORY_FREE = "memory.free-mib"
 #: where a label sits: on the node, per GPU (``gpu-N.<name>``), per MIG profile
 Scope = Literal["node", "gpu", "mig"]
 #: which way a change makes the Node less attractive: ``less`` (a number down), ``more`` (a
-#: number up), ``health`` (down the ``core.budget.HEALTH_RANK``), ``neutral`` (never: not a
+#: number up), ``health`` (down the ``core.publish.budget.HEALTH_RANK``), ``neutral`` (never: not a
 #: scheduling input), ``changed`` (text: a value that changes, never one that appears)
 Worse = Literal["less", "more", "health", "neutral", "changed"]
 
@@ -103,7 +103,7 @@ class Label:
     worse: Worse
 
 
-#: every label the agent writes (``core.render`` gives each its value)
+#: every label the agent writes (``core.publish.render`` gives each its value)
 LABELS: tuple[Label, ...] = (
     Label(HEALTH, "node", False, None, "health"),
     Label(GPU_COUNT, "node", True, "count", "less"),

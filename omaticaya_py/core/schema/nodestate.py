@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..sharing import gpu_room_mib
+from ..model.sharing import gpu_room_mib
 from .names import (
     GPU_HEALTH,
     GPU_MEMORY_FREE,
@@ -51,7 +51,7 @@ class GpuInfo:
     ``pods``, from PodResources): it has no room for another pod whatever NVML shows, and its
     ``free_mib`` is 0. A shared GPU is never ``assigned``: it has two books, its live
     ``free_mib`` and ``units_left``, the units no container holds (``None``: not published),
-    and a slice's room is the least of them (``room_mib``, ``core.sharing.gpu_room_mib``)."""
+    and a slice's room is the least of them (``room_mib``, ``core.model.sharing.gpu_room_mib``)."""
 
     index: int
     free_mib: int
@@ -74,7 +74,7 @@ class GpuInfo:
 
     def room_mib(self, unit_mib: int) -> int:
         """The largest slice this (shared) GPU can take at ``unit_mib`` MiB per unit: the least
-        of its two books (``core.sharing.gpu_room_mib``), its units bounded by ``units_cap``;
+        of its two books (``core.model.sharing.gpu_room_mib``), its units bounded by ``units_cap``;
         its ``free_mib`` when no unit count is known."""
         if self.units_left is None:
             return max(self.free_mib, 0)
@@ -171,7 +171,7 @@ def parse_node(
     Shared GPUs (the telemetry's ``gpus[].shared``, with its ``share_unit_mib``) go to
     ``shared``, never to ``gpus``: a pod asking for whole GPUs cannot be given one.
 
-    The kubelet's books count as the device plugin counts them (``core.sharing``): a whole GPU
+    The kubelet's books count as the device plugin counts them (``core.model.sharing``): a whole GPU
     with a holder in the telemetry's ``pods`` is ``assigned`` (``free_mib`` 0), and a shared
     GPU's ``free_mib`` is at most its units no holder has (``share_units`` less the holders'
     ``limit_mib`` over ``share_unit_mib``: ``gpu_room_mib``). Both need the agent's PodResources
@@ -182,7 +182,7 @@ def parse_node(
     ``gpu.memory.free-mib`` (the most free on any one healthy unit, so a bound on every GPU;
     for a shared GPU ``gpu.shared.memory.free-mib``, the largest slice one can take);
     ``free_total_mib`` is also at most ``gpu.memory.free-total-mib``. Labels go down at once
-    and are rounded down (``core.budget``, ``core.labelvalues.stable_down``), while the
+    and are rounded down (``core.publish.budget``, ``core.model.labelvalues.stable_down``), while the
     telemetry may be a drop behind (it is rewritten when a label changes or free memory drops by
     ``OMATICAYA_TELEMETRY_FREE_DROP_MIB``): whichever is lower is the one to trust. A label that
     is absent or not a whole number bounds nothing.

@@ -166,7 +166,7 @@ class XidTelemetry(_Document):
     """A fatal Xid that keeps its GPU Unhealthy: the code and when the agent saw its latest
     event (``at``, RFC 3339 with milliseconds, UTC). Written since schema 2 without a version
     bump (older readers ignore it); a restarted agent seeds its Xid window from it
-    (``core.xid_seed``)."""
+    (``core.rules.xid_seed``)."""
 
     xid: Index
     at: Str = None
@@ -179,7 +179,7 @@ class XidTelemetry(_Document):
 
 class MigTelemetry(_Document):
     """One MIG device of a GPU with MIG on (from ``nvmlDeviceGetMigDeviceHandleByIndex`` and
-    its memory, processes and attributes); ``health``/``reasons`` from ``core.health``."""
+    its memory, processes and attributes); ``health``/``reasons`` from ``core.rules.health``."""
 
     _OPTIONAL = frozenset({"error", "pods", "memory_out_of_band_mib"})
     index: Index
@@ -201,7 +201,7 @@ class GpuTelemetry(_Document):
     """One GPU as published: NVML's values (MiB, %, °C, W, error counts), its health and the
     reasons for it, and, with MIG on, its MIG devices. ``memory_free_min_mib`` and
     ``utilization_p95_pct``: the least free memory and the p95 utilisation over the document's
-    ``window_s`` (``core.window``; absent until the window is half covered). ``pods``: the
+    ``window_s`` (``core.model.window``; absent until the window is half covered). ``pods``: the
     containers holding it; ``memory_out_of_band_mib``: memory of processes in no pod (both
     absent when the agent attributes nothing; with MIG on, per MIG device, and the GPU's
     out-of-band memory is their sum). ``xids``: the fatal Xids behind its ``xid-N`` reasons,
@@ -250,9 +250,9 @@ class GpuTelemetry(_Document):
     xids: Annotated[
         tuple[XidTelemetry, ...] | None, BeforeValidator(_optional_entries(XidTelemetry))
     ] = None
-    #: served as memory units (``core.sharing``), not whole; absent when not shared
+    #: served as memory units (``core.model.sharing``), not whole; absent when not shared
     shared: Annotated[bool | None, BeforeValidator(lambda v: True if v is True else None)] = None
-    #: units it is served as (``core.sharing.unit_count``); absent when not shared
+    #: units it is served as (``core.model.sharing.unit_count``); absent when not shared
     share_units: Int = None
     #: a shared GPU's enforcement by CUDA MPS (issue 39): ``"up"`` while its MPS control
     #: daemon answers with a fresh heartbeat (each slice capped at its limit), else the reason

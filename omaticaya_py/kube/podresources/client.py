@@ -1,5 +1,5 @@
 """A thin client of the kubelet's PodResources API (gRPC v1 ``List``): which container holds
-which device, as ``core.attribution.ContainerDevices`` values.
+which device, as ``core.rules.attribution.ContainerDevices`` values.
 
 The kubelet serves it on a unix socket, ``<kubelet --root-dir>/pod-resources/kubelet.sock``
 (``/var/lib/kubelet/pod-resources/kubelet.sock`` by default), from v1.20 on for API v1. No
@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from ...core.attribution import ContainerDevices
+from ...core.rules.attribution import ContainerDevices
 
 if TYPE_CHECKING:
     import grpc

@@ -13,7 +13,7 @@ from typing import Any
 
 import pynvml
 
-from ...core.snapshot import ARCHITECTURES
+from ...core.model.snapshot import ARCHITECTURES
 from .library import LOST, MIB, Calls, decode
 
 __all__ = ["Device", "attach", "read_facts", "read_mig_mode"]

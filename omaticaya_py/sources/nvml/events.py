@@ -20,7 +20,7 @@ from typing import Any
 import pynvml
 import tenacity
 
-from ...core.snapshot import XidEvent
+from ...core.model.snapshot import XidEvent
 from .device import Device
 from .library import decode, error_name, handle_address
 

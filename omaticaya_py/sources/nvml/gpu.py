@@ -18,7 +18,7 @@ from typing import Any
 
 import pynvml
 
-from ...core.snapshot import GpuReading
+from ...core.model.snapshot import GpuReading
 from .device import Device, attach
 from .gpm import GPM_FIELDS, free, read_gpm
 from .library import LIBRARY_GONE, LOST, MIB, Calls, error_name, processes

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from ...core.snapshot import GpuProcess
+from ...core.model.snapshot import GpuProcess
 
 __all__ = [
     "LIBRARY_GONE", "LOST", "MIB", "Calls", "decode", "error_name", "handle_address",

@@ -21,7 +21,7 @@ from typing import Any
 import pynvml
 from loguru import logger
 
-from ...core.snapshot import MigReading, mig_profile_name
+from ...core.model.snapshot import MigReading, mig_profile_name
 from .device import Device, attach, read_mig_mode
 from .gpm import free
 from .library import LIBRARY_GONE, MIB, Calls, decode, error_name, processes

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 import pynvml
 from loguru import logger
 
-from ...core.snapshot import NodeSnapshot
+from ...core.model.snapshot import NodeSnapshot
 from .device import Device, attach
 from .events import XidWatcher
 from .gpm import free as free_gpm

@@ -28,7 +28,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .schema.names import Worse, by_worse
+from ..schema.names import Worse, by_worse
 
 __all__ = [
     "BETTER",

@@ -1,11 +1,11 @@
 """Whether a slice over its limit is the workload's fault or the enforcement's (issues 39, 47).
 
 A container whose processes together hold more memory on a shared GPU than its slice
-(``core.slice_use.over_limit``: the container's total, not each process's) means one of three
+(``core.allocation.slice_use.over_limit``: the container's total, not each process's) means one of three
 things:
 
 - nothing enforces the slice there (``OMATICAYA_SHARE_ENFORCEMENT=none``, or that GPU's MPS
-  control daemon is not up: ``core.mps.enforced``): the workload took more than it asked for.
+  control daemon is not up: ``core.allocation.mps.enforced``): the workload took more than it asked for.
   The pod gets ``GpuMemoryOverLimit`` (``OVER_LIMIT``), as before MPS;
 - the GPU's MPS daemon is up and every one of the container's processes there is within the
   slice, but there are several (``several_within``): MPS held each CUDA process to its limit
@@ -30,9 +30,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..model.snapshot import GpuReading
 from .mps import MISSING, UP, DaemonState
 from .slice_use import SliceUse
-from .snapshot import GpuReading
 
 __all__ = [
     "DAEMON_RESTARTED",
@@ -97,7 +97,7 @@ def over_reason(s: SliceUse, enforced: bool) -> str:
 class OverLimit:
     """One container over its slice (``slice``) of shared GPU ``gpu``, judged: ``enforced``
     when that GPU's MPS control daemon was up (each process's limit should have held), else
-    ``why`` it was not (a ``core.mps`` reason: ``mps-daemon-down``, ``mps-state-stale``, ...;
+    ``why`` it was not (a ``core.allocation.mps`` reason: ``mps-daemon-down``, ``mps-state-stale``, ...;
     ``""`` with enforcement off)."""
 
     gpu: GpuReading
@@ -174,7 +174,7 @@ def judge(
     over: Iterable[tuple[GpuReading, SliceUse]],
     enforcement: Mapping[str, str] | None,
 ) -> list[OverLimit]:
-    """Each over-limit slice (``core.slice_use.over_limit``: ``(GPU, slice)``, GPU order) with
+    """Each over-limit slice (``core.allocation.slice_use.over_limit``: ``(GPU, slice)``, GPU order) with
     whether its GPU was enforced: ``enforcement`` maps a shared GPU's UUID to ``"up"`` (its
     MPS daemon answers, its heartbeat fresh) or the reason it is not; ``None``: enforcement
     off (``OMATICAYA_SHARE_ENFORCEMENT=none``), nothing is enforced. A GPU missing from the

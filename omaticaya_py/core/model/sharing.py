@@ -12,7 +12,7 @@ NVIDIA's time-slicing uses for its replicas), so the kubelet's checkpoint, PodRe
 What the agent shares (``Sharing``: the shared GPUs and the unit, from the settings), whether a
 GPU is served in units (``is_shared``) and the over-use episodes its Events follow
 (``episodes``); who holds which slice and how much each uses is the attribution's
-(``core.slice_use.gpu_slices``).
+(``core.allocation.slice_use.gpu_slices``).
 
 Pure: the agent (render, attribution), the device plugin and the extender use the same rules.
 """
@@ -268,7 +268,7 @@ def gpu_room_mib(free_mib: int, units_left: int, unit_mib: int) -> int:
     ``unit_mib``; never below 0.
 
     The one rule of "a slice fits on this GPU": the agent's ``gpu.shared.memory.free-mib``
-    (``core.slice_use.slice_room_mib``), the extender's per-GPU room (``core.schema.parse_node``, from the
+    (``core.allocation.slice_use.slice_room_mib``), the extender's per-GPU room (``core.schema.parse_node``, from the
     telemetry's ``share_units`` and its holders' ``limit_mib``) and the device plugin's choice
     (``deviceplugin.slices.Room``) all call it."""
     return max(min(free_mib, max(units_left, 0) * unit_mib), 0)

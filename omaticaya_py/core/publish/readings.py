@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .attribution import GpuAttribution
-from .health import NodeHealth
+from ..model.snapshot import NodeSnapshot
+from ..rules.attribution import GpuAttribution
+from ..rules.health import NodeHealth
 from .patch import MergePatch
 from .render import Desired
-from .snapshot import NodeSnapshot
 
 __all__ = [
     "AgentFeed", "ReadingAge", "ReadingCache", "TickListener", "Topology", "TopologyReader",

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .snapshot import GpuReading, MigReading, NodeSnapshot, XidEvent
+from ..model.snapshot import GpuReading, MigReading, NodeSnapshot, XidEvent
 
 __all__ = [
     "GpuHealth",
@@ -57,7 +57,7 @@ class GpuHealth:
 
     ``xid_at_s``: ``(xid, at_s)`` of the latest event of each fatal Xid code in the window, on
     the reader's clock, in code order (the telemetry publishes them as times, so that a
-    restarted agent's window runs on from them: ``core.xid_seed``); bookkeeping, not part of
+    restarted agent's window runs on from them: ``core.rules.xid_seed``); bookkeeping, not part of
     equality."""
 
     index: int
@@ -147,7 +147,7 @@ class XidLedger:
 
     The only state the health rules need; the agent feeds it each snapshot's events and passes
     ``recent(now_s)`` to ``assess``. At start it is seeded (``seed``) with the events the
-    Node's own telemetry still names (``core.xid_seed``: NVML does not replay old events);
+    Node's own telemetry still names (``core.rules.xid_seed``: NVML does not replay old events);
     ``seeded`` and ``seed_refused`` count the events taken and the GPUs whose entry was refused.
     """
 

@@ -1,9 +1,9 @@
 """Slices of shared GPUs as the agent sees them: who holds which, and how much each uses.
 
 A container's slice on a shared GPU is its units of that GPU (the kubelet's PodResources,
-``core.attribution.ContainerDevices``) times ``unit_mib``; its use is the memory of its
+``core.rules.attribution.ContainerDevices``) times ``unit_mib``; its use is the memory of its
 processes there, placed through their cgroups and named through the API's pods
-(``core.attribution.GpuAttribution``), with each of those processes' own memory where the GPU's
+(``core.rules.attribution.GpuAttribution``), with each of those processes' own memory where the GPU's
 NVML process list gives it (``SliceUse.processes``: what tells a container with several CUDA
 processes, each held to the slice by MPS, from one process over it): ``gpu_slices``; the largest slice a GPU can still take
 (``slice_room_mib``), the slices over their limit (``over_limit``) and unit IDs naming no GPU
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .attribution import ContainerDevices, GpuAttribution
-from .sharing import Sharing, gpu_room_mib, is_shared, parse_unit_id, unit_count
-from .snapshot import GpuProcess, GpuReading, NodeSnapshot
+from ..model.sharing import Sharing, gpu_room_mib, is_shared, parse_unit_id, unit_count
+from ..model.snapshot import GpuProcess, GpuReading, NodeSnapshot
+from ..rules.attribution import ContainerDevices, GpuAttribution
 
 __all__ = ["SliceUse", "gpu_slices", "over_limit", "slice_room_mib", "stray_unit_ids"]
 
@@ -32,7 +32,7 @@ class SliceUse:
     processes counted in it, ``(pid, MiB)`` by pid (the MiB from the GPU's NVML process list,
     ``None`` where NVML gave none or the list was not given); ``()`` when ``used_mib`` is
     ``None`` or no process list was given (``gpu_slices``). ``unit_ids``: those unit IDs, in the
-    kubelet's order (what names the slice's MPS daemon: ``core.mps.slice_id`` of them sorted).
+    kubelet's order (what names the slice's MPS daemon: ``core.allocation.mps.slice_id`` of them sorted).
     Neither is compared."""
 
     namespace: str

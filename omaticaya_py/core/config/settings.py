@@ -15,9 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from .mps import DEFAULT_ROOT as DEFAULT_MPS_ROOT
-from .mps import DEFAULT_STATE_DIR as DEFAULT_MPS_STATE_DIR
-from .mps import MAX_ROOT_BYTES as MAX_MPS_ROOT_BYTES
+from ..allocation.mps import DEFAULT_ROOT as DEFAULT_MPS_ROOT
+from ..allocation.mps import DEFAULT_STATE_DIR as DEFAULT_MPS_STATE_DIR
+from ..allocation.mps import MAX_ROOT_BYTES as MAX_MPS_ROOT_BYTES
+from ..model.sharing import (
+    DEFAULT_SHARED_RESOURCE,
+    DEFAULT_UNIT_MIB,
+    SharedGpus,
+    parse_shared_gpus,
+)
 from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
 from .settings_base import (
     DNS_SUBDOMAIN,
@@ -29,12 +35,6 @@ from .settings_base import (
     check_trace,
     load,
     placement_policy_field,
-)
-from .sharing import (
-    DEFAULT_SHARED_RESOURCE,
-    DEFAULT_UNIT_MIB,
-    SharedGpus,
-    parse_shared_gpus,
 )
 
 #: NVIDIA's device list strategies, the ways ``Allocate`` hands a container its GPUs
@@ -59,7 +59,7 @@ __all__ = [
 class DevicePluginSettings(CommonSettings):
     """The device plugin's section of the agent's settings (``deviceplugin.config.plugin_config``
     reads it): whether to serve the GPUs to the kubelet, the resource names and folder, GPU
-    sharing by memory (``core.sharing``), the placement policy (one setting with the scheduler
+    sharing by memory (``core.model.sharing``), the placement policy (one setting with the scheduler
     extender's: ``OMATICAYA_PLACEMENT_POLICY``) and the device list strategies. Environment
     names are ``OMATICAYA_<FIELD>`` in upper case, except the policy's. The agent reads some
     of them too (the shared GPUs and resources, for its labels and attribution). Raises
@@ -80,7 +80,7 @@ class DevicePluginSettings(CommonSettings):
         description="The kubelet's device-plugins folder (kubelet.sock and the plugin socket).",
     )
 
-    # -- GPU sharing by memory (core/sharing.py) -----------------------------------------
+    # -- GPU sharing by memory (core/model/sharing.py) -----------------------------------------
     shared_gpus: Annotated[SharedGpus, NoDecode] = Field(
         default=SharedGpus(),
         description="GPUs served as memory units instead of whole: none, all, GPU UUIDs "
@@ -141,7 +141,7 @@ class DevicePluginSettings(CommonSettings):
         description="A daemon's state older than this counts as down (the supervisor writes it "
         "every check).",
     )
-    # -- the DRA driver gpu.omaticaya.io (omaticaya_py/dra, core/dra.py) -------------------
+    # -- the DRA driver gpu.omaticaya.io (omaticaya_py/dra, core/publish/dra.py) -------------------
     dra: bool = Field(
         default=False,
         description="Serve the GPUs through Dynamic Resource Allocation as the driver "

@@ -65,7 +65,7 @@ PLACEMENT_POLICY_ENV = "OMATICAYA_PLACEMENT_POLICY"
 
 
 def placement_policy_field(old: str, description: str) -> Any:
-    """The field of the placement policy (``core.placement.POLICIES``: ``binpack``, the
+    """The field of the placement policy (``core.allocation.placement.POLICIES``: ``binpack``, the
     default, or ``spread``), read from ``OMATICAYA_PLACEMENT_POLICY`` and from ``old``, the
     program's former variable (``Renamed``): one setting, declared once, for both sides."""
     return Field(default="binpack", validation_alias=Renamed(PLACEMENT_POLICY_ENV, old),

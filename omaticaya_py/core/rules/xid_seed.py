@@ -29,9 +29,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from .schema import Telemetry
-from .schema.telemetry import XidTelemetry
-from .snapshot import NodeSnapshot, XidEvent
+from ..model.snapshot import NodeSnapshot, XidEvent
+from ..schema import Telemetry
+from ..schema.telemetry import XidTelemetry
 
 __all__ = ["MAX_AHEAD_S", "MAX_XIDS_PER_GPU", "XidSeed", "seed_events"]
 

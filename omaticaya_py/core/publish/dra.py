@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .attribution import ContainerDevices
-from .health import NodeHealth
-from .labelvalues import sanitise_value, stable_down
-from .sharing import Sharing, is_shared, unit_count
-from .snapshot import NodeSnapshot
+from ..model.labelvalues import sanitise_value, stable_down
+from ..model.sharing import Sharing, is_shared, unit_count
+from ..model.snapshot import NodeSnapshot
+from ..rules.attribution import ContainerDevices
+from ..rules.health import NodeHealth
 
 __all__ = [
     "API_VERSION",
@@ -125,7 +125,7 @@ class DraDevice:
       labels' hysteresis (``labelvalues.stable_down``: it falls at once, rises only past the
       next step by the margin); ``None`` while it cannot be read.
     - ``reasons``: empty when healthy, else the health rules' tokens (``xid-79``,
-      ``ecc-uncorrected``, ``gpu-lost``; ``core.health``), the GPU's first.
+      ``ecc-uncorrected``, ``gpu-lost``; ``core.rules.health``), the GPU's first.
     - ``unit_mib``: the sharing unit for a shared GPU (the capacity's request policy), else 0.
     """
 
@@ -156,7 +156,7 @@ def inventory(
 ) -> list[DraDevice]:
     """The Node's devices in one reading, in name order of GPU then MIG index.
 
-    ``health``: the health rules' verdict on ``snapshot`` (``core.health.assess``);
+    ``health``: the health rules' verdict on ``snapshot`` (``core.rules.health.assess``);
     ``sharing``: which GPUs are shared and the unit (``Sharing.of(settings)``);
     ``memory_step_mib`` and ``hysteresis_pct``: the labels' (``OMATICAYA_MEMORY_STEP_MIB``,
     ``OMATICAYA_HYSTERESIS_PCT``); ``previous_free_mib``: device name -> the free memory last
@@ -368,7 +368,7 @@ def _static(device: Mapping[str, Any]) -> Any:
 
 def worse_devices(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> bool:
     """Whether going from the published ``before`` to ``after`` makes the Node less attractive
-    and must go at once (the labels' write budget, ``core.budget.urgent``): a device gone, a
+    and must go at once (the labels' write budget, ``core.publish.budget.urgent``): a device gone, a
     device's free memory down, a taint added or changed, anything else about a device changed
     (its UUID, capacity: a scheduler may decide otherwise). More free memory, a taint removed
     or a new device may wait (``held_devices``)."""

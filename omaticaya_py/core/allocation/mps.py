@@ -29,7 +29,7 @@ control daemon of its own, whose default pinned-memory limit IS the slice, with 
 and its clients alone). A tenant who sets the variable higher is still held to the daemon's
 default; a tenant who removes its own control socket or unsets ``CUDA_MPS_PIPE_DIRECTORY``
 leaves MPS (and its limit) but reaches no other tenant's daemon: the agent sees that process
-outside its slice's daemon and says so (``core.slice_enforcement``). What it costs: clients of
+outside its slice's daemon and says so (``core.allocation.slice_enforcement``). What it costs: clients of
 different slices are in different MPS servers, so their kernels are time-sliced on the GPU, not
 run concurrently (processes of one slice still share a server). The plugins ask for a slice's
 daemon by writing a request (``SliceRequest``, ``<state dir>/slices/<slice id>.json``) and wait

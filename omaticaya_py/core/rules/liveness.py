@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple
 
-from .schema.nodestate import NodeGpuState
-from .schema.values import epoch_text, json_mapping, rfc3339_s
+from ..schema.nodestate import NodeGpuState
+from ..schema.values import epoch_text, json_mapping, rfc3339_s
 
 __all__ = [
     "AHEAD",

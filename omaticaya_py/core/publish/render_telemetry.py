@@ -1,7 +1,7 @@
 """Render the telemetry annotation: a snapshot and its health -> the ``Telemetry`` model.
 
 Pure functions, no I/O. The model and its JSON form are defined once, in
-``core.schema.telemetry``; this is the writer's side, called by ``core.render.render`` and by
+``core.schema.telemetry``; this is the writer's side, called by ``core.publish.render.render`` and by
 the agent for a patch that carries the annotation.
 """
 
@@ -11,18 +11,22 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .. import __version__
-from .attribution import (
+from ... import __version__
+from ..allocation.slice_enforcement import mps_status
+from ..allocation.slice_use import gpu_slices
+from ..model.labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
+from ..model.sharing import Sharing, is_shared, unit_count
+from ..model.snapshot import GpuReading, NodeSnapshot
+from ..model.window import PeakWindow
+from ..rules.attribution import (
     ContainerDevices,
     GpuAttribution,
     gpu_out_of_band_mib,
     holder_memory_mib,
     out_of_band_mib,
 )
-from .budget import UnitMark
-from .health import NodeHealth
-from .labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
-from .schema import (
+from ..rules.health import NodeHealth
+from ..schema import (
     TELEMETRY,
     TELEMETRY_VERSION,
     GpuTelemetry,
@@ -30,12 +34,8 @@ from .schema import (
     PodTelemetry,
     Telemetry,
 )
-from .schema.telemetry import XidTelemetry
-from .sharing import Sharing, is_shared, unit_count
-from .slice_enforcement import mps_status
-from .slice_use import gpu_slices
-from .snapshot import GpuReading, NodeSnapshot
-from .window import PeakWindow
+from ..schema.telemetry import XidTelemetry
+from .budget import UnitMark
 
 __all__ = [
     "UnitKey",
@@ -66,14 +66,14 @@ def telemetry_document(
     agent's liveness (then no ``refresh_s``: the document is rewritten only with a label
     change); ``refresh_s``: the publisher's promise to rewrite it within that many seconds of
     ``read_at`` (published with ``expires_at``); ``window``: the peak signal per GPU
-    (``core.window``), published with its ``window_s``; ``attribution``: who uses each GPU or
-    MIG device, by UUID (``core.attribution``; ``None``: not attributed, the keys are absent);
-    ``sharing``: the GPUs served as memory units (``core.sharing``): each such GPU without MIG
+    (``core.model.window``), published with its ``window_s``; ``attribution``: who uses each GPU or
+    MIG device, by UUID (``core.rules.attribution``; ``None``: not attributed, the keys are absent);
+    ``sharing``: the GPUs served as memory units (``core.model.sharing``): each such GPU without MIG
     is ``shared`` with its ``share_units``, its holders carry their slice (``limit_mib``), their
     own use and ``over_limit``, and the document its ``share_unit_mib``; ``mps``: each shared
     GPU's enforcement by CUDA MPS, by UUID (``"up"`` or the reason it is not: the agent's
     ``sources.mps.MpsWatch`` at render time; ``None``: enforcement off, no GPU has the field;
-    ``core.slice_enforcement.mps_status``). Utilisation, the GPM percentages
+    ``core.allocation.slice_enforcement.mps_status``). Utilisation, the GPM percentages
     (``sm_active_pct``, ``tensor_active_pct``, ``dram_bw_pct``: absent without GPM) and power
     are rounded to 0.1."""
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
@@ -268,7 +268,7 @@ def telemetry_marks(
     mps: Mapping[str, str] | None = None,
 ) -> dict[UnitKey, UnitMark]:
     """What the telemetry of ``snapshot`` (with ``attribution``, ``sharing`` and ``mps``) would
-    say of each GPU and MIG device that no label shows (``core.budget.telemetry_change``): exact
+    say of each GPU and MIG device that no label shows (``core.publish.budget.telemetry_change``): exact
     free memory, holders, the holders over their slice and a shared GPU's MPS enforcement,
     keyed ``(gpu index, mig index or -1)``.
     Equal to ``published_marks`` of that telemetry, parsed, without building or encoding it (a

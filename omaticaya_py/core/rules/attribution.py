@@ -4,9 +4,9 @@ device assignments into per-GPU attribution (pods holding it, memory per pod, ou
 No I/O here: ``sources.procs`` reads ``/proc/<pid>/cgroup`` and ``kube.podresources`` asks the
 kubelet; both hand their findings to these functions as plain values. Device IDs are what the
 device plugin advertised, i.e. GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``), or
-memory units of a shared GPU (``GPU-...::<k>``, ``core.sharing``), which count on their GPU.
+memory units of a shared GPU (``GPU-...::<k>``, ``core.model.sharing``), which count on their GPU.
 
-The slices of shared GPUs, who holds which and how much each uses, are ``core.slice_use``'s,
+The slices of shared GPUs, who holds which and how much each uses, are ``core.allocation.slice_use``'s,
 from these attributions and the pods as the API names them (``PodIdentity``).
 """
 
@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .sharing import unit_gpu
-from .snapshot import GpuProcess, GpuReading
+from ..model.sharing import unit_gpu
+from ..model.snapshot import GpuProcess, GpuReading
 
 __all__ = [
     "ContainerDevices",

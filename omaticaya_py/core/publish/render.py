@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from .attribution import GpuAttribution, gpu_out_of_band_mib
-from .health import NodeHealth, Unit
-from .labelvalues import (
+from ..allocation.slice_use import slice_room_mib
+from ..model.labelvalues import (
     is_valid_key,
     is_valid_value,
     quantise_down,
@@ -24,16 +24,17 @@ from .labelvalues import (
     stable_down,
     stable_nearest,
 )
+from ..model.sharing import SharedGpus, Sharing, is_shared
+from ..model.snapshot import NodeSnapshot
+from ..rules.attribution import GpuAttribution, gpu_out_of_band_mib
+from ..rules.health import NodeHealth, Unit
+from ..schema import TELEMETRY, names
+from ..schema.names import STATIC_NAMES, gpu_key, mig_key
 from .render_telemetry import telemetry, telemetry_annotation, telemetry_document
-from .schema import TELEMETRY, names
-from .schema.names import STATIC_NAMES, gpu_key, mig_key
-from .settings import Settings
-from .sharing import Sharing, is_shared
-from .slice_use import slice_room_mib
-from .snapshot import NodeSnapshot
 
 __all__ = [
     "Desired",
+    "RenderSettings",
     "STATIC_NAMES",
     "TELEMETRY",
     "driver_version_parts",
@@ -65,10 +66,40 @@ class Desired:
     dropped: tuple[tuple[str, str], ...] = field(default=())
 
 
+class RenderSettings(Protocol):
+    """The values rendering reads: the agent's ``config.settings.Settings`` has them (each
+    documented there; ``OMATICAYA_<NAME>``), and a test may pass any object that does. Pure
+    rendering takes these, not the settings object, so that the publishing floor does not
+    import the configuration above it."""
+
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def hysteresis_pct(self) -> float: ...
+    @property
+    def memory_step_mib(self) -> int: ...
+    @property
+    def utilization_step_pct(self) -> int: ...
+    @property
+    def temperature_step_c(self) -> int: ...
+    @property
+    def idle_utilization_pct(self) -> float: ...
+    @property
+    def per_gpu_labels(self) -> bool: ...
+    @property
+    def temperature_labels(self) -> bool: ...
+    @property
+    def sm_active_labels(self) -> bool: ...
+    @property
+    def shared_gpus(self) -> SharedGpus: ...
+    @property
+    def share_unit_mib(self) -> int: ...
+
+
 def _node_labels(
     snapshot: NodeSnapshot,
     health: NodeHealth,
-    s: Settings,
+    s: RenderSettings,
     previous: Mapping[str, str],
     attribution: Mapping[str, GpuAttribution],
 ) -> dict[str, str]:
@@ -239,7 +270,7 @@ def _idle(unit: Unit, below_pct: float, sm_active_pct: float | None = None) -> b
 
 
 def _mig_labels(
-    units: tuple[Unit, ...], s: Settings, down: Callable[[str, float, int], str]
+    units: tuple[Unit, ...], s: RenderSettings, down: Callable[[str, float, int], str]
 ) -> dict[str, str]:
     """MIG labels, in GPU Feature Discovery's vocabulary: ``mig.strategy=mixed`` (each profile
     is its own resource, ``nvidia.com/mig-<profile>``), and per profile ``mig-<profile>.count``
@@ -267,7 +298,7 @@ def _mig_labels(
 def render(
     snapshot: NodeSnapshot,
     health: NodeHealth,
-    settings: Settings,
+    settings: RenderSettings,
     previous: Mapping[str, str] | None = None,
     *,
     with_telemetry: bool = True,

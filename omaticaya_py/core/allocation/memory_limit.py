@@ -1,7 +1,7 @@
 """The driver-enforced per-container GPU memory limit (NVIDIA driver branch r615, CUDA 13.4), and
 what a slice container is given to have it.
 
-Below r615 a slice rests on MPS alone (``core.mps.client_spec``): the control daemon's default is
+Below r615 a slice rests on MPS alone (``core.allocation.mps.client_spec``): the control daemon's default is
 the whole GPU and each client lowers its own limit with ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` in
 its environment, which a process inside the container can raise again before CUDA starts.
 
@@ -141,7 +141,7 @@ ASSUMED_SET_BELOW_MIN_DRIVER_FAILS_CREATION: Final = True
 #: gpu-fractioning runs MPS clients under this very hook, but no source read says whose cgroup an
 #: MPS client's allocation is charged to. Until a GPU check confirms it (an MPS client allocating
 #: past its ``LIMIT_ENV`` on r615 must get out-of-memory), keep ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
-#: (``core.mps``) as well: the two are the same number, so whichever binds first binds right.
+#: (``core.allocation.mps``) as well: the two are the same number, so whichever binds first binds right.
 ASSUMED_MPS_CLIENT_MEMORY_CHARGED_TO_CLIENT_CGROUP: Final = True
 
 #: a display driver version as NVML gives it (``nvmlSystemGetDriverVersion``): ``X.Y`` or ``X.Y.Z``,
@@ -157,7 +157,7 @@ def driver_major(version: str | None) -> int | None:
     (``nvmlSystemGetDriverVersion``): ``"580.159.04"`` -> ``580``, ``"615.71.09"`` -> ``615``,
     ``"580.65"`` -> ``580``. Surrounding whitespace is ignored. ``None`` for no version or one
     that is not ``X.Y[.Z]`` of ASCII digits (the shapes GPU Feature Discovery accepts too:
-    ``core.render.driver_version_parts``)."""
+    ``core.publish.render.driver_version_parts``)."""
     if version is None:
         return None
     m = _DRIVER_VERSION.fullmatch(version.strip())

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from .schema import GpuInfo, NodeGpuState
-from .sharing import DEFAULT_SHARED_RESOURCE, device_order
+from ..model.sharing import DEFAULT_SHARED_RESOURCE, device_order
+from ..schema import GpuInfo, NodeGpuState
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -135,7 +135,7 @@ class Taken:
 
 def whole_key(g: GpuInfo) -> tuple[bool, int, int, int]:
     """The sort key of a whole device (GPU or MIG device) not yet handed out, first preferred
-    first: ``core.sharing.device_order`` (healthy first, most free MiB, lowest index), then
+    first: ``core.model.sharing.device_order`` (healthy first, most free MiB, lowest index), then
     the MIG index."""
     return (*device_order(g.healthy, g.free_mib, g.index), g.mig_index or 0)
 
