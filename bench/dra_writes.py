@@ -4,7 +4,7 @@ costs the API server, side by side with the Node label patches of the same readi
 Replays recorded traces (looped over an hour of trace time) through the agent's own pure
 stages at the default settings, with no API server: ``bench.label_churn.readings`` (the trace
 on a hand-driven clock, one schedule period per tick, assessed with the Xid ledger), then
-``agent.slice_writer.SliceWriter`` (no client: it counts the server-side applies it would
+``agent.resourceslice_writer.ResourceSliceWriter`` (no client: it counts the server-side applies it would
 send; the same rule as in the agent: change-only, worse at once, better once the budget
 allows) and, beside it, ``bench.label_churn``'s Node side (the labels' rule) on the same
 ticks. One row per trace and write budget (``min_patch_interval_s``; 0: no budget).
@@ -18,7 +18,7 @@ beside GPU 1 with rows pending 300 s of every 600 s; 8 GPUs dipping every 120 s,
 
 Issue 48: each row runs the rule twice, the agent's now (each part of each device on its own
 calm clock, ``core.publish.budget.held_keys``) and the node-wide calm clock of 7078aa3
-(``NodeWideSliceWriter``, the before column), with the longest a device's taint stayed on the
+(``NodeWideResourceSliceWriter``, the before column), with the longest a device's taint stayed on the
 slice after the reading cleared it.
 
     .venv/bin/python bench/dra_writes.py            # 1 h of each trace, budgets 0 and 30: ~10 s
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, bench_settings, emit, header, table  # noqa: E402
 from bench.label_churn import HOUR_S, NodeSide, neighbour_traces, readings, whole  # noqa: E402
 from bench.label_churn import traces as churn_traces  # noqa: E402
-from omaticaya_py.agent.slice_writer import SliceWriter  # noqa: E402
+from omaticaya_py.agent.resourceslice_writer import ResourceSliceWriter  # noqa: E402
 from omaticaya_py.agent.state import SnapshotCache  # noqa: E402
 from omaticaya_py.core.publish.budget import hold_back  # noqa: E402
 from omaticaya_py.core.publish.dra import held_devices, worse_devices  # noqa: E402
@@ -48,7 +48,7 @@ from omaticaya_py.core.publish.render_telemetry import telemetry_marks  # noqa: 
 FAULTS = ROOT / "tests" / "data" / "faults-trace.json"
 
 
-class NodeWideSliceWriter(SliceWriter):
+class NodeWideResourceSliceWriter(ResourceSliceWriter):
     """The slice's write budget of 7078aa3 (before issue 48), for the before column: one calm
     clock for the whole Node (``calm_since_s``: the last tick whose devices were worse than
     the tick's before), every change for the better held while it or the last write is under
@@ -71,7 +71,7 @@ class NodeWideSliceWriter(SliceWriter):
         return desired
 
 
-def taints_held_s(writer: SliceWriter, since: dict[str, float], now_s: float) -> float:
+def taints_held_s(writer: ResourceSliceWriter, since: dict[str, float], now_s: float) -> float:
     """The longest any device's published taints have been more than the reading's, as of
     ``now_s`` (``since``: device name -> when that began, updated in place)."""
     def keys(d: dict[str, Any]) -> set[tuple[Any, ...]]:
@@ -93,13 +93,13 @@ def replay(
     """Per budget: ResourceSlice applies, held ticks, Node patches over ``duration_s`` of the
     trace at ``path`` (the start-up write of each is not counted), and the longest a taint
     the reading had cleared stayed published (s). ``node_wide``: the rule of 7078aa3 on both
-    (``NodeWideSliceWriter``, ``NodeSide(per_key=False)``)."""
+    (``NodeWideResourceSliceWriter``, ``NodeSide(per_key=False)``)."""
     sides = []
     for budget in budgets:
         settings = bench_settings(node_name="dra", dra=True, shared_gpus="0,1",
                                   min_patch_interval_s=budget)  # fmt: skip
         cache = SnapshotCache(lambda: 0.0)
-        kind = NodeWideSliceWriter if node_wide else SliceWriter
+        kind = NodeWideResourceSliceWriter if node_wide else ResourceSliceWriter
         writer = kind(settings, None, cache, wall=lambda: 0.0)
         node = NodeSide(budget, settings.telemetry_free_drop_mib, per_key=not node_wide)
         ticks, held_s, since = 0, 0.0, {}

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.agent.attribution import Attribution, make_attribution
+from omaticaya_py.agent.attribution_reader import Attribution, make_attribution
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader

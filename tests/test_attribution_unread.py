@@ -10,7 +10,7 @@ the slices of a GPU whose free memory it does not know whatever the list says.
 
 from __future__ import annotations
 
-from omaticaya_py.agent.attribution import Attribution, unread_devices
+from omaticaya_py.agent.attribution_reader import Attribution, unread_devices
 from omaticaya_py.core.allocation.slice_use import SliceUse, gpu_slices
 from omaticaya_py.core.model.snapshot import GpuProcess
 from omaticaya_py.core.rules.attribution import (

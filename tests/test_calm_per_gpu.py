@@ -4,7 +4,7 @@ real kube-apiserver.
 At 7078aa3 the clock that holds back a change for the better was node-wide: one GPU whose free
 memory dipped every 20 s kept GPU 1's ``gpu-1.health=Unhealthy`` (remapped rows pending) on the
 Node, and its ``remap-pending`` taint on the ResourceSlice, 1,790 s after GPU 1 recovered, and
-counting. Here the agent's ``SliceWriter`` (no API: it keeps what it would apply) and an agent
+counting. Here the agent's ``ResourceSliceWriter`` (no API: it keeps what it would apply) and an agent
 in Lease mode on the real kube-apiserver (a hand-driven clock, the defaults' 30 s budget)
 replay that node; the pure rule's tables are in ``tests/test_write_budget.py``."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from omaticaya_py.agent.daemon import Daemon
-from omaticaya_py.agent.slice_writer import SliceWriter
+from omaticaya_py.agent.resourceslice_writer import ResourceSliceWriter
 from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.rules.health import assess
@@ -55,7 +55,7 @@ def test_a_churning_neighbour_does_not_hold_a_recovered_gpus_taint(effect):
     settings = load_settings(node_name="n", dra=True, min_patch_interval_s=INTERVAL_S,
                              dra_taint_effect=effect)  # fmt: skip
     cache = SnapshotCache(lambda: 0.0)
-    writer = SliceWriter(settings, None, cache, wall=lambda: 0.0)
+    writer = ResourceSliceWriter(settings, None, cache, wall=lambda: 0.0)
     cleared_at, t = None, 0.0
     while t <= 1800.0:
         writer.write(*churn_reading(t), None, t)
@@ -125,7 +125,7 @@ def test_a_churning_neighbour_does_not_hold_a_recovered_gpus_label(
 
 # -- the ResourceSlice's budget, part by part -------------------------------------------------
 
-from omaticaya_py.agent.slice_writer import _within_budget  # noqa: E402
+from omaticaya_py.agent.resourceslice_writer import _within_budget  # noqa: E402
 from omaticaya_py.core.publish.budget import Calm  # noqa: E402
 
 

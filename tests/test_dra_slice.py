@@ -1,12 +1,12 @@
 """Issue 41: the Node's DRA ResourceSlice: the devices (``core.publish.dra``) from the recorded traces,
-the write budget's rules, and the agent's ``SliceWriter`` against the real kube-apiserver
+the write budget's rules, and the agent's ``ResourceSliceWriter`` against the real kube-apiserver
 (``resource.k8s.io/v1``, v1.37: what it keeps of consumable capacity and taints)."""
 
 from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.agent.slice_writer import SliceWriter
+from omaticaya_py.agent.resourceslice_writer import ResourceSliceWriter
 from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.model.sharing import Sharing, parse_shared_gpus
@@ -173,7 +173,7 @@ def test_unhealthy_gpu_is_tainted_with_its_reason_and_cleared_when_healthy(at_s,
 def test_driver_gone_keeps_the_devices_tainted(tmp_path):
     settings = load_settings(node_name="n", dra=True, shared_gpus="0,1",
                              dra_taint_effect="NoExecute")
-    writer = SliceWriter(settings, None, SnapshotCache(lambda: 0.0))
+    writer = ResourceSliceWriter(settings, None, SnapshotCache(lambda: 0.0))
     snapshot, health = read(FAULTS, 0.0)
     assert writer.write(snapshot, health, None, 0.0)
     gone, gone_health = read(FAULTS, 32.0)
@@ -264,7 +264,7 @@ def writer_for(dev_cluster, node: str, **env):
     settings = load_settings(node_name=node, dra=True, shared_gpus="0,1", **env)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
     cache = SnapshotCache(lambda: 0.0)
-    return SliceWriter(settings, ResourceSliceClient(client.session, node), cache), client, cache
+    return ResourceSliceWriter(settings, ResourceSliceClient(client.session, node), cache), client, cache
 
 
 def stored(admin_client, node: str):
@@ -418,8 +418,8 @@ def test_without_rbac_on_resourceslices_the_labels_still_go(
     labels, _ = node_metadata(core, node)
     assert labels["omaticaya.io/gpu.count"] == "8"
     assert agent.cache.slice_errors >= 1 and stored(admin_client, node) is None
-    assert agent.slice_writer is not None and agent.slice_writer.client is not None
-    assert agent.slice_writer.client.session.requests[("get", "403")] >= 1
+    assert agent.resourceslice_writer is not None and agent.resourceslice_writer.client is not None
+    assert agent.resourceslice_writer.client.session.requests[("get", "403")] >= 1
 
 
 # -- who holds each device: the kubelet's PodResources lists DRA devices -------------------------

@@ -136,7 +136,7 @@ def test_forbidden_is_reported_and_not_hammered(dev_cluster, admin_api, make_nod
         clock.t = tick * 10.0
         agent.safe_tick()
     # 10 s, 20 s, 40 s, 80 s, 160 s, then every 300 s: 6 tries in 600 s, not 60; and the one
-    # GET at start that would carry Xid health over a restart (agent.xid_seed), refused too
+    # GET at start that would carry Xid health over a restart (agent.xid_seed_reader), refused too
     assert client.requests == {("get", "403"): 6 + 1}
     with pytest.raises(KubeForbidden, match="RBAC"):
         client.get_node()

@@ -186,7 +186,7 @@ def run(trace_path: Path, sample_file: Path, steps: list[int]) -> list[dict[str,
     import tempfile
 
     from omaticaya_py.agent import Agent
-    from omaticaya_py.agent.slice_writer import SliceWriter
+    from omaticaya_py.agent.resourceslice_writer import ResourceSliceWriter
     from omaticaya_py.deviceplugin import DevicePluginSet
     from omaticaya_py.deviceplugin.config import PluginConfig
     from omaticaya_py.sources.nvml import NvmlReader
@@ -197,7 +197,7 @@ def run(trace_path: Path, sample_file: Path, steps: list[int]) -> list[dict[str,
     agent = Agent(s, reader, None, dry_run=True, lease=None, attribution=None)
     folder = Path(tempfile.mkdtemp(prefix="mig-mode-"))
     plugins = DevicePluginSet(agent, PluginConfig("example.com/gpu", folder, units={PROFILE: []}))
-    slices = SliceWriter(s, None, agent.cache)
+    slices = ResourceSliceWriter(s, None, agent.cache)
     out = []
     try:
         for index in steps:

@@ -539,7 +539,7 @@ def test_refused_pod_reads_and_events_are_counted_and_retried():
 
 
 def _names_after_one_read(found=True):
-    from omaticaya_py.agent.attribution import PodNames
+    from omaticaya_py.agent.attribution_reader import PodNames
     from omaticaya_py.core.rules.attribution import PodIdentity
 
     names = PodNames()

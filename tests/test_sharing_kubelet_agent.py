@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.attribution import Attribution
+from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader

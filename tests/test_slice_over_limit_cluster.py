@@ -41,7 +41,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.attribution import Attribution
+from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.allocation.mps import DaemonState, slice_id, state_json
 from omaticaya_py.core.allocation.slice_enforcement import (

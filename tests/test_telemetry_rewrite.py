@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from omaticaya_py.agent import Agent
-from omaticaya_py.agent.attribution import Attribution
+from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.model.snapshot import MigReading

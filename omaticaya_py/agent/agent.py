@@ -36,14 +36,14 @@ from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
 from ..kube.pod_client import PodClient
 from ..kube.resourceslice import ResourceSliceClient
 from ..sources.mps import MpsWatch
-from .attribution import Attribution, make_attribution
+from .attribution_reader import Attribution, make_attribution
 from .events import HealthEvents, SliceWatch, mps_enforcement
 from .heartbeat import Heartbeat, make_lease
 from .node_writer import NodeWriter
 from .outage import ApiOutage
-from .slice_writer import SliceWriter
+from .resourceslice_writer import ResourceSliceWriter
 from .state import AgentStopping, Runner, SnapshotCache
-from .xid_seed import XidSeeder
+from .xid_seed_reader import XidSeeder
 
 __all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
 
@@ -137,8 +137,8 @@ class Agent:
             if self.mps is not None else None,
         )
         #: the Node's DRA ResourceSlice (``OMATICAYA_DRA``), kept in step with each tick
-        self.slice_writer: SliceWriter | None = (
-            SliceWriter(
+        self.resourceslice_writer: ResourceSliceWriter | None = (
+            ResourceSliceWriter(
                 settings,
                 ResourceSliceClient(node.session, node.node_name)
                 if node is not None and not dry_run else None,
@@ -275,8 +275,8 @@ class Agent:
                 if self.heartbeat.lease_due(now_s) and not self.dry_run:
                     if self.heartbeat.renew(now_s):
                         self.writer.forget()  # re-read the Node each heartbeat: re-created, edited
-                        if self.slice_writer is not None:
-                            self.slice_writer.forget()
+                        if self.resourceslice_writer is not None:
+                            self.resourceslice_writer.forget()
                 desired, patch, sent = self.writer.write(
                     desired, snapshot, health, now_s, attribution
                 )
@@ -296,15 +296,15 @@ class Agent:
         return TickResult(snapshot, health, desired, patch, sent, attribution)
 
     def write_slice(self, snapshot: NodeSnapshot, health: NodeHealth, now_s: float) -> None:
-        """Bring the Node's DRA ResourceSlice to this reading (``slice_writer``; nothing without
+        """Bring the Node's DRA ResourceSlice to this reading (``resourceslice_writer``; nothing without
         ``OMATICAYA_DRA``). A failure is logged once per kind until a write succeeds, counted
         (``omaticaya_resourceslice_errors``) and retried next tick; the Node's labels do not
         wait for it."""
-        if self.slice_writer is None:
+        if self.resourceslice_writer is None:
             return
         uid = self.writer.meta.uid if self.writer.meta else None
         try:
-            self.slice_writer.write(snapshot, health, uid, now_s)
+            self.resourceslice_writer.write(snapshot, health, uid, now_s)
         except KubeError as exc:
             if self._slice_failing.start(type(exc).__name__, True):
                 logger.error("could not write the ResourceSlice (retried each tick): {}", exc)

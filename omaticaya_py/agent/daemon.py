@@ -204,8 +204,8 @@ class Daemon:
         agent.heartbeat.release(delete=agent.settings.cleanup_on_exit)
         if not agent.settings.cleanup_on_exit:
             return
-        if agent.slice_writer is not None:  # its devices leave the scheduler's view now
-            agent.slice_writer.delete()
+        if agent.resourceslice_writer is not None:  # its devices leave the scheduler's view now
+            agent.resourceslice_writer.delete()
         try:
             patch = agent.cleanup(keep_static=True)
             removed = len((patch or {}).get("metadata", {}).get("labels", {}))

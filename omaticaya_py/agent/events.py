@@ -44,7 +44,7 @@ from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
 from ..kube.errors import KubeConflict, KubeTooManyRequests
 from ..kube.pod_client import PodClient
 from ..sources.mps import MpsWatch, read_slice_state
-from .attribution import PodNames
+from .attribution_reader import PodNames
 
 __all__ = [
     "DAEMON_RESTARTED",

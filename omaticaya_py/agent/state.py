@@ -73,7 +73,7 @@ class SnapshotCache:
         self.last_patch_wall_s: float | None = None
         self.patches_sent = 0
         self.patches_held = 0  # ticks whose patch the write budget held back
-        #: the DRA ResourceSlice (``agent.slice_writer``): applies sent, ticks whose changes for
+        #: the DRA ResourceSlice (``agent.resourceslice_writer``): applies sent, ticks whose changes for
         #: the better the write budget held back, requests that failed
         self.slice_writes = 0
         self.slice_held = 0

@@ -40,7 +40,7 @@ from ..kube import KubeError
 from ..kube.quantity import parse_quantity
 from ..kube.resourceslice import ResourceSliceClient
 
-__all__ = ["SliceWriter"]
+__all__ = ["ResourceSliceWriter"]
 
 #: the health reason of every device while NVML cannot be read at all
 READING_FAILED = "nvml-unreadable"
@@ -50,7 +50,7 @@ def _rfc3339(wall_s: float) -> str:
     return datetime.fromtimestamp(wall_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class SliceWriter:
+class ResourceSliceWriter:
     """Publishes the Node's ResourceSlice through ``client`` (``None``: dry run, nothing sent).
 
     - ``settings``: the memory step and hysteresis (``inventory``), the sharing, the taint
