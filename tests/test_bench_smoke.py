@@ -15,6 +15,9 @@ import pytest
 
 from tests.devcluster import DevCluster
 
+# not in `scripts/test --quick`: runs the bench scripts as processes
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 

@@ -28,6 +28,9 @@ from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import H100_TRACE, Clock, settings
 from tests.waiting import wait_for
 
+# not in `scripts/test --quick`: a real APScheduler ticking across clock steps (seconds of wall time)
+pytestmark = pytest.mark.slow
+
 T = 1_800_000_000.0  # a wall-clock time (Unix seconds)
 HOUR = 3600.0
 YEARS_10 = 10 * 365 * 86400.0

@@ -13,8 +13,13 @@ import urllib.request
 import uuid
 from typing import Any
 
+import pytest
+
 from devtools.devcluster.cluster import K8S_VERSION, minor
 from tests.devcluster import DevCluster
+
+# the real dev cluster's processes (kube-apiserver, etcd): not in `scripts/test --quick`
+pytestmark = pytest.mark.cluster
 
 
 def _request(

@@ -234,6 +234,7 @@ def test_http_bodies(client, verb, body, status, text):
     assert ok.status_code == 200 and ok.json()["NodeNames"] == ["good"]
 
 
+@pytest.mark.slow  # ten megabytes through the real HTTP stack
 def test_ten_megabytes_of_node_names_are_answered(client):
     names = [f"node-{i:07d}" for i in range(700_000)]  # ~11 MB of JSON
     body = json.dumps({"Pod": POD, "NodeNames": ["good", *names]}).encode()

@@ -33,6 +33,9 @@ from tests.helpers import MULTI_TRACE, free_port, run_cli
 from tests.mps_rig import STANDIN, Running
 from tests.waiting import wait_for
 
+# not in `scripts/test --quick`: real MPS stand-in daemons under the supervisor (processes, sockets)
+pytestmark = pytest.mark.slow
+
 UUID0 = "GPU-00000000-0000-0000-0000-000000000001"
 UUID1 = "GPU-00000000-0000-0000-0000-000000000002"
 GPUS = (Gpu(0, UUID0, 79), Gpu(1, UUID1, 40))
