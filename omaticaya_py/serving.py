@@ -14,7 +14,28 @@ import socket
 import threading
 from typing import Any
 
-__all__ = ["HttpServer", "bind", "metrics_route", "probe_app"]
+__all__ = ["UNIX_PATH_MAX", "HttpServer", "bind", "listen_unix", "metrics_route", "probe_app"]
+
+#: the longest path of a unix socket, bytes (``sun_path`` is 108 with its terminating NUL)
+UNIX_PATH_MAX = 107
+
+
+def listen_unix(server: Any, path: Any) -> None:
+    """Have the gRPC ``server`` (``grpc.server``) listen on the unix socket ``path``: the one way
+    both kubelet plugins (the device plugin, the DRA driver) do it. Raises ``OSError`` naming
+    the path when it cannot: a path over ``UNIX_PATH_MAX`` bytes (gRPC itself raises a bare
+    ``RuntimeError`` then, which a plugin's retry did not catch: its registration thread died
+    and the plugin never served), or any other failure to bind."""
+    size = len(str(path).encode())
+    if size > UNIX_PATH_MAX:
+        raise OSError(f"cannot listen on {path}: {size} bytes, a unix socket's path is at most "
+                      f"{UNIX_PATH_MAX}: use a shorter folder")  # fmt: skip
+    try:
+        port = server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {path}: {str(exc).split(';')[0]}") from None
+    if port == 0:
+        raise OSError(f"cannot listen on {path}")
 
 
 def bind(address: str, port: int) -> socket.socket:

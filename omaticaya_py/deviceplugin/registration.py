@@ -16,6 +16,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from ..core.publish.readings import AgentFeed, TickResult
+from ..serving import listen_unix
 from .allocation import API_VERSION, KUBELET_SOCKET, plugin_options, socket_name_for
 from .config import DEFAULT_TIMING, Timing
 from .v1beta1 import api_pb2, api_pb2_grpc
@@ -182,8 +183,11 @@ class KubeletRegistration:
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="device-plugin-rpc")
         )
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        if server.add_insecure_port(f"unix://{self.socket_path}") == 0:
-            raise OSError(f"cannot listen on {self.socket_path}")
+        try:
+            listen_unix(server, self.socket_path)
+        except OSError:
+            server.stop(0)
+            raise
         server.start()
         self._server = server
         self.serves += 1

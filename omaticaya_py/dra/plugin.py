@@ -62,6 +62,7 @@ from ..core.publish.readings import AgentFeed, ReadingAge, TickResult
 from ..kube.errors import KubeError, KubeNotFound
 from ..kube.index_moved import post_index_moved
 from ..kube.session import ApiSession
+from ..serving import listen_unix
 from ..sources.gpu_indices import check_indices
 from ..sources.mps import MpsWatch, SliceDaemons, SliceUnavailable
 from . import healthreport as dra_health
@@ -351,8 +352,11 @@ class DraPlugin:
             pass
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=name))
         add(server)
-        if server.add_insecure_port(f"unix://{socket}") == 0:
-            raise OSError(f"cannot listen on {socket}")
+        try:
+            listen_unix(server, socket)
+        except OSError:
+            server.stop(0)
+            raise
         server.start()
         return server
 
