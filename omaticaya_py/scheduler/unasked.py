@@ -209,8 +209,12 @@ class UnaskedPreemption:
         return out
 
     def run_once(self) -> int:
-        """Act for every pod due now; returns the pods evicted."""
-        return sum(self._act(w) for w in self.due(self.clock()))
+        """Act for every pod due now; returns the pods evicted. Evictions older than
+        ``hold_s`` are forgotten first (they hold nothing any more)."""
+        now = self.clock()
+        for uid in [u for u, (_, _, at) in self._evicted.items() if now - at >= self.hold_s]:
+            del self._evicted[uid]
+        return sum(self._act(w) for w in self.due(now))
 
     def run(self, stop: threading.Event, every_s: float = EVERY_S) -> None:
         """``run_once`` every ``every_s`` seconds until ``stop`` is set; a failure is logged
