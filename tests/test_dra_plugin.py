@@ -466,7 +466,7 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
 
     from omaticaya_py.core.allocation.mps import Layout
     from omaticaya_py.dra.prepare import claim_slice_id
-    from omaticaya_py.mps.supervisor import Gpu, Supervisor
+    from omaticaya_py.mps.supervisor import Gpu, Supervisor, SupervisorOptions
     from tests.test_mps_supervisor import STANDIN
     from tests.waiting import wait_for
 
@@ -475,8 +475,8 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
     p = make(feed, dirs, session, shared_gpus="0", share_enforcement="mps",
              mps_root=layout.root, mps_state_dir=layout.state_dir)
     p.start()
-    sup = Supervisor(layout, [Gpu(0, G0, 79)], 1024, str(STANDIN), check_s=0.2,
-                     start_timeout_s=10, shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, [Gpu(0, G0, 79)], 1024,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=10, shm_mib=0))  # fmt: skip
     stop = threading.Event()
     sock = dirs["plugin"] / "dra.sock"
     share = str(uuidlib.uuid4())

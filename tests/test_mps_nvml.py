@@ -421,7 +421,7 @@ def node() -> Iterator[Node]:
     from omaticaya_py.core.model.sharing import unit_count
     from omaticaya_py.deviceplugin import DevicePluginSet
     from omaticaya_py.deviceplugin.v1beta1 import api_pb2_grpc
-    from omaticaya_py.mps import Supervisor
+    from omaticaya_py.mps import Supervisor, SupervisorOptions
     from omaticaya_py.sources.nvml import NvmlReader
     from tests.helpers import settings
     from tests.test_device_plugin import FakeKubelet
@@ -439,8 +439,8 @@ def node() -> Iterator[Node]:
     plugin_dir.mkdir()
     # a 64 MiB tmpfs per slice: its daemon's /dev/shm (a mount namespace of its own) and its
     # clients' (the answer's mount)
-    supervisor = Supervisor(layout, [(0, uuid, units)], UNIT_MIB, control="nvidia-cuda-mps-control",
-                            check_s=0.5, start_timeout_s=30.0, shm_mib=64)  # fmt: skip
+    supervisor = Supervisor(layout, [(0, uuid, units)], UNIT_MIB,
+                            SupervisorOptions("nvidia-cuda-mps-control", check_s=0.5, start_timeout_s=30.0, shm_mib=64))  # fmt: skip
     cleanup: list[tuple[str, Any]] = []
     stopped: dict[str, bool] = {}
     channel = None

@@ -21,7 +21,7 @@ import pytest
 
 from omaticaya_py.core.allocation.mps import UP, Layout, slice_id
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2
-from omaticaya_py.mps.supervisor import Gpu, Supervisor
+from omaticaya_py.mps.supervisor import Gpu, Supervisor, SupervisorOptions
 from tests.test_device_plugin import folder  # noqa: F401
 from tests.test_device_plugin_mps import allocate, health_by_gpu
 from tests.test_device_plugin_sharing import UUID, Rig, units_of
@@ -35,7 +35,7 @@ def seam(folder: Path) -> Iterator[tuple[Rig, Supervisor]]:  # noqa: F811
     tmp = Path(tempfile.mkdtemp(prefix="om-seam-", dir="/tmp"))
     layout = Layout(tmp / "mps", tmp / "state")
     sup = Supervisor(layout, [Gpu(0, UUID[0], 79), Gpu(1, UUID[1], 79)], 1024,
-                     control=str(STANDIN), check_s=0.2, start_timeout_s=10.0, shm_mib=0)  # fmt: skip
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=10.0, shm_mib=0))  # fmt: skip
     stop = threading.Event()
     thread = threading.Thread(target=sup.run_forever, args=(stop,), daemon=True)
     rig = Rig(folder, share_enforcement="mps", mps_root=str(layout.root),

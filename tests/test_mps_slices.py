@@ -41,8 +41,8 @@ from omaticaya_py.core.allocation.mps import (
     request_json,
     slice_id,
 )
-from omaticaya_py.mps.daemon import NOT_ANSWERING, ControlDaemon
-from omaticaya_py.mps.supervisor import SILENT_CHECKS, Gpu, Supervisor
+from omaticaya_py.mps.daemon import NOT_ANSWERING, ControlDaemon, DaemonProgram, SliceSpec
+from omaticaya_py.mps.supervisor import SILENT_CHECKS, Gpu, Supervisor, SupervisorOptions
 from omaticaya_py.sources.mps import (
     MpsWatch,
     SliceDaemons,
@@ -89,7 +89,8 @@ def _request(units: int, gpu: Gpu = GPUS[0], *, threads: int | None = None,
 
 def _ask(layout: Layout, sid: str, line: str) -> str:
     """One command to slice ``sid``'s daemon, as an operator would."""
-    daemon = ControlDaemon(layout, UUID0, 0, 1, control=str(STANDIN), sid=sid)
+    daemon = ControlDaemon(layout, UUID0, 0, 1, program=DaemonProgram(str(STANDIN)),
+                           slice_spec=SliceSpec(sid))  # fmt: skip
     return daemon.command(line)
 
 
@@ -159,8 +160,8 @@ def test_a_slice_gets_a_daemon_whose_default_limit_is_the_slice(tmp: Path) -> No
     removed, the daemon and its folder go."""
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
-    with Running(Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2,
-                             start_timeout_s=5, shm_mib=0)) as sup:  # fmt: skip
+    with Running(Supervisor(layout, GPUS, UNIT_MIB,
+                            SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))) as sup:  # fmt: skip
         small, large = _request(8, threads=11), _request(16)
         got = daemons.ask(small)
         assert (got.state, got.limit_mib, got.uuid, got.sid) == (UP, 8192, UUID0, small.sid)
@@ -192,8 +193,8 @@ def test_a_restarted_daemon_serves_the_same_pipe_folder(tmp: Path) -> None:
     running container's bind mount holds), so the container's next process reaches it."""
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
-    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
-                             start_timeout_s=5, shm_mib=0)):  # fmt: skip
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB,
+                            SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))):  # fmt: skip
         req = _request(4)
         first = daemons.ask(req)
         pipe = layout.slice_pipe(req.sid)
@@ -220,8 +221,8 @@ def test_a_removed_control_socket_does_not_end_a_serving_daemon(tmp: Path) -> No
     ``SILENT_CHECKS`` checks); once its server is gone it is restarted, its socket back."""
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
-    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.1,
-                             start_timeout_s=5, shm_mib=0)):  # fmt: skip
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB,
+                            SupervisorOptions(str(STANDIN), check_s=0.1, start_timeout_s=5, shm_mib=0))):  # fmt: skip
         req = _request(4)
         state = daemons.ask(req)
         _ask(layout, req.sid, "start_server -uid 0")
@@ -296,8 +297,8 @@ def test_a_dead_supervisor_fails_closed_at_once(tmp: Path) -> None:
 def test_bad_and_foreign_requests_are_skipped_counted_and_answered(tmp: Path) -> None:
     layout = _layout(tmp)
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=5)
-    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
-                             start_timeout_s=5, shm_mib=0)) as sup:  # fmt: skip
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB,
+                            SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))) as sup:  # fmt: skip
         foreign = _request(4, GPUS[1])  # GPU 1 is not shared by this supervisor
         with pytest.raises(SliceUnavailable, match="unknown-gpu"):
             daemons.ask(foreign)
@@ -337,8 +338,8 @@ def test_each_slice_has_shared_memory_of_its_own(tmp: Path) -> None:
     subprocess.run(["umount", str(probe)], check=True)
     probe.rmdir()
     daemons = SliceDaemons(layout, "device-plugin", 5.0, timeout_s=10)
-    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=8)  # fmt: skip
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=8))  # fmt: skip
     running = Running(sup)
     running.__enter__()
     crashed = False
@@ -361,11 +362,11 @@ def test_each_slice_has_shared_memory_of_its_own(tmp: Path) -> None:
         running.thread.join(10)
         for slot in [*sup._slots, *sup._slices.values()]:
             slot.daemon.kill(0.5)
-        assert sup._lock_file is not None
-        sup._lock_file.close()
+        assert sup.host.lock_file is not None
+        sup.host.lock_file.close()
         crashed = True
-        again = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
-                           start_timeout_s=5, shm_mib=8)  # fmt: skip
+        again = Supervisor(layout, GPUS[:1], UNIT_MIB,
+                           SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=8))  # fmt: skip
         again.start()
         try:
             wait_for("a back", lambda: (s := read_slice_state(layout, a.sid)[0]) is not None
@@ -399,8 +400,8 @@ def test_the_device_plugin_lets_go_of_a_slice_the_kubelet_released(tmp: Path) ->
     mps = MpsConfig(layout, 5.0, slice_wait_s=10)
     gpu = DeviceState(UUID0, 0, True, free_mib=79 * UNIT_MIB)
     units = [f"{UUID0}::{k}" for k in range(8)]
-    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2,
-                             start_timeout_s=5, shm_mib=0)):  # fmt: skip
+    with Running(Supervisor(layout, GPUS[:1], UNIT_MIB,
+                            SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))):  # fmt: skip
         slicer = Slicer(UNIT_MIB, held=lambda: listed[-1], stamp=lambda: t[0], mps=mps)
         _, spec = slicer.allocate(units[:4], [gpu])
         sid = slice_id(",".join(sorted(units[:4])))

@@ -26,8 +26,14 @@ from prometheus_client import generate_latest
 
 from omaticaya_py.core.allocation.mps import DOWN, UP, Layout, probe_limit_mib
 from omaticaya_py.mps import metrics
-from omaticaya_py.mps.daemon import EXITED, NOT_ANSWERING, SPAWN_FAILED, ControlDaemon
-from omaticaya_py.mps.supervisor import Gpu, MpsError, Supervisor
+from omaticaya_py.mps.daemon import (
+    EXITED,
+    NOT_ANSWERING,
+    SPAWN_FAILED,
+    ControlDaemon,
+    DaemonProgram,
+)
+from omaticaya_py.mps.supervisor import Clock, Gpu, MpsError, Supervisor, SupervisorOptions
 from omaticaya_py.sources.mps import MpsWatch, read_state
 from tests.helpers import MULTI_TRACE, free_port, run_cli
 from tests.mps_rig import STANDIN, Running
@@ -71,8 +77,8 @@ def _get(port: int, path: str) -> tuple[int, str]:
 def test_probes_come_up_with_one_unit_as_limit_and_stop_leaves_nothing(tmp: Path):
     before = _tree(tmp)
     layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, GPUS, UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))  # fmt: skip
     with Running(sup):
         for g in GPUS:
             state, problem = read_state(layout, g.uuid)
@@ -83,7 +89,7 @@ def test_probes_come_up_with_one_unit_as_limit_and_stop_leaves_nothing(tmp: Path
             assert state.limit_mib == probe_limit_mib(UNIT_MIB) == UNIT_MIB
             assert state.pid is not None and state.reason == ""
             # what the daemon holds, asked as an operator would
-            asked = ControlDaemon(layout, g.uuid, g.index, 1, control=str(STANDIN))
+            asked = ControlDaemon(layout, g.uuid, g.index, 1, program=DaemonProgram(str(STANDIN)))
             assert asked.command("get_default_device_pinned_mem_limit 0") == f"{UNIT_MIB}M"
             assert stat.S_IMODE(os.stat(layout.pipe(g.uuid)).st_mode) == 0o755
             assert (layout.pipe(g.uuid) / "control").exists()
@@ -117,8 +123,8 @@ def test_stop_removes_a_slice_folder_no_daemon_owns_with_what_is_in_it(tmp: Path
     ``<root>/slices`` stayed (ENOTEMPTY) and with it the root and ``/run/omaticaya``, as seen
     once after ``helm uninstall`` in CI. A folder not named as a slice is not ours: left."""
     layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, GPUS, UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))  # fmt: skip
     with Running(sup):
         left = layout.slice_dir("0123456789abcdef")
         for sub, name in (("pipe", "control"), ("shm", "cuda.shm.1"), ("log", "control.log")):
@@ -128,15 +134,15 @@ def test_stop_removes_a_slice_folder_no_daemon_owns_with_what_is_in_it(tmp: Path
 
 
 def test_a_slice_folder_that_stays_is_logged_with_the_reason(tmp: Path, monkeypatch):
-    """What cannot be removed is tried again (``_REMOVE_TRIES``), then logged with the folder
+    """What cannot be removed is tried again (``REMOVE_TRIES``), then logged with the folder
     and the reason, and ``stop`` goes on (the rest is removed as far as it can be)."""
     from loguru import logger
 
-    from omaticaya_py.mps import supervisor as sup_mod
+    from omaticaya_py.mps import host as host_mod
 
     layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, GPUS, UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))  # fmt: skip
     tries = []
 
     def busy(path, *args, **kwargs):
@@ -148,13 +154,13 @@ def test_a_slice_folder_that_stays_is_logged_with_the_reason(tmp: Path, monkeypa
     try:
         with Running(sup):
             layout.slice_dir("fedcba9876543210").mkdir(parents=True)
-            monkeypatch.setattr(sup_mod.shutil, "rmtree", busy)
+            monkeypatch.setattr(host_mod.shutil, "rmtree", busy)
     finally:
         logger.remove(sink)
     # (shutil is one module: the probes' own removals are refused too)
     assert [t for t in tries if str(t).endswith("fedcba9876543210")] == [
         layout.slice_dir("fedcba9876543210")
-    ] * sup_mod._REMOVE_TRIES
+    ] * host_mod.REMOVE_TRIES
     assert any("cannot remove slice fedcba9876543210's folder" in m and "busy" in m
                for m in said), said  # fmt: skip
 
@@ -162,8 +168,8 @@ def test_a_slice_folder_that_stays_is_logged_with_the_reason(tmp: Path, monkeypa
 def test_a_killed_daemon_is_said_down_restarted_and_readyz_follows(tmp: Path):
     layout = _layout(tmp)
     # check_s 0.5: the first restart waits 1 s (check_s * 2), long enough to be seen down
-    sup = Supervisor(layout, GPUS, UNIT_MIB, str(STANDIN), check_s=0.5, start_timeout_s=5,
-                     shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, GPUS, UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.5, start_timeout_s=5, shm_mib=0))  # fmt: skip
     server = metrics.serve(sup.metrics.registry, sup.healthy, sup.ready, "127.0.0.1", 0)
     try:
         with Running(sup):
@@ -202,8 +208,8 @@ def test_a_daemon_that_cannot_start_stays_down_and_backs_off(tmp: Path):
     failing.write_text("#!/bin/sh\necho 'no GPU here' >&2\nexit 1\n")
     failing.chmod(0o755)
     layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(failing), check_s=0.05, start_timeout_s=2,
-                     shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB,
+                     SupervisorOptions(str(failing), check_s=0.05, start_timeout_s=2, shm_mib=0))  # fmt: skip
     running = Running(sup)
     with running:
         state = read_state(layout, UUID0)[0]
@@ -221,8 +227,8 @@ def test_a_daemon_that_cannot_start_stays_down_and_backs_off(tmp: Path):
 
 def test_a_control_program_that_is_not_there_is_said(tmp: Path):
     layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(tmp / "nowhere"), check_s=0.05,
-                     start_timeout_s=1, shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB,
+                     SupervisorOptions(str(tmp / "nowhere"), check_s=0.05, start_timeout_s=1, shm_mib=0))  # fmt: skip
     sup.start()
     try:
         state = read_state(layout, UUID0)[0]
@@ -249,8 +255,8 @@ def test_the_host_root_seen_elsewhere_is_bound_at_the_roots_path(tmp: Path):
     (tmp / "host" / "run").mkdir(parents=True)
     (tmp / "ctr").mkdir()
     layout = Layout(tmp / "ctr" / "omaticaya" / "mps", tmp / "state")
-    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=8, host_root=host_root)  # fmt: skip
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=8, host_root=host_root))  # fmt: skip
     try:
         sup.start()
     except MpsError as exc:  # no CAP_SYS_ADMIN here
@@ -352,8 +358,8 @@ def test_a_bad_variable_is_named(tmp: Path, variable: str, value: str):
 
 def test_heartbeats_are_on_the_wall_clock_given(tmp: Path):
     layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=0, wall=lambda: 1000.0)  # fmt: skip
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0), clock=Clock(wall=lambda: 1000.0))  # fmt: skip
     sup.start()
     try:
         state = read_state(layout, UUID0)[0]
@@ -370,8 +376,8 @@ def test_a_stopped_daemon_is_down_at_once_and_kept_when_it_answers_again(tmp: Pa
     down at once, fail closed, but not killed before ``SILENT_CHECKS`` checks: its clients'
     MPS server lives on, and when it answers again it is up without a restart."""
     layout = _layout(tmp)
-    sup = Supervisor(layout, GPUS[:1], UNIT_MIB, str(STANDIN), check_s=0.2, start_timeout_s=5,
-                     shm_mib=0)  # fmt: skip
+    sup = Supervisor(layout, GPUS[:1], UNIT_MIB,
+                     SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))  # fmt: skip
     with Running(sup):
         pid = sup.states()[UUID0].pid
         assert pid is not None

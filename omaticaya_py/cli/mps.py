@@ -113,7 +113,7 @@ def _run(settings: MpsSettings, gpus: list[Gpu], stop: threading.Event) -> int:
 
     from ..core.allocation.mps import Layout
     from ..mps import metrics
-    from ..mps.supervisor import MpsError, Supervisor
+    from ..mps.supervisor import MpsError, Supervisor, SupervisorOptions
 
     layout = Layout(settings.mps_root, settings.mps_state_dir)
     supervisor = None
@@ -124,11 +124,12 @@ def _run(settings: MpsSettings, gpus: list[Gpu], stop: threading.Event) -> int:
         registry = metrics.MpsMetrics().registry
         healthz = readyz = lambda: (True, f"idle: {why}")  # noqa: E731
     else:
-        supervisor = Supervisor(
-            layout, gpus, settings.share_unit_mib, settings.mps_control,
-            check_s=settings.mps_check_s, start_timeout_s=settings.mps_start_timeout_s,
-            shm_mib=settings.mps_shm_mib, host_root=settings.mps_host_root,
+        options = SupervisorOptions(
+            settings.mps_control, check_s=settings.mps_check_s,
+            start_timeout_s=settings.mps_start_timeout_s, shm_mib=settings.mps_shm_mib,
+            host_root=settings.mps_host_root,
         )  # fmt: skip
+        supervisor = Supervisor(layout, gpus, settings.share_unit_mib, options)
         registry, healthz, readyz = (
             supervisor.metrics.registry,
             supervisor.healthy,

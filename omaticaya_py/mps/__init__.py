@@ -5,7 +5,9 @@ shared GPU, supervised (``omaticaya mps``, the chart's ``mps`` container).
   through the program's client mode, stopped;
 - ``supervisor``: ``Supervisor``, every shared GPU's daemon, checked and restarted with
   back-off, the shared-memory tmpfs, the state files the device plugin reads
-  (``core.allocation.mps``, ``sources.mps``);
+  (``core.allocation.mps``, ``sources.mps``); ``slots``: one daemon's states and back-off
+  (``Keeper``), ``SupervisorOptions``; ``slice_requests``: the plugins' requests read;
+  ``host``: the folders, mounts and lock it makes on the host;
 - ``metrics``: ``MpsMetrics`` and the ``/metrics``, ``/healthz``, ``/readyz`` app;
 - ``settings``: ``MpsSettings``.
 
@@ -17,6 +19,6 @@ from __future__ import annotations
 
 from .daemon import ControlDaemon, DaemonError
 from .metrics import MpsMetrics
-from .supervisor import Gpu, MpsError, Supervisor
+from .supervisor import Gpu, MpsError, Supervisor, SupervisorOptions
 
-__all__ = ["ControlDaemon", "DaemonError", "Gpu", "MpsError", "MpsMetrics", "Supervisor"]
+__all__ = ["ControlDaemon", "DaemonError", "Gpu", "MpsError", "MpsMetrics", "Supervisor", "SupervisorOptions"]

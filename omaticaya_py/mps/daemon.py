@@ -32,6 +32,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -47,7 +48,10 @@ __all__ = [
     "START_TIMEOUT",
     "ControlDaemon",
     "DaemonError",
+    "DaemonProgram",
+    "SliceSpec",
     "parse_limit_mib",
+    "serves_clients",
 ]
 
 #: the mode of a daemon's folders (see the module docstring)
@@ -84,37 +88,58 @@ def parse_limit_mib(text: str) -> int | None:
     return int(float(m.group(1)) * _MIB_PER[m.group(2).upper()])
 
 
+@dataclass(frozen=True, slots=True)
+class DaemonProgram:
+    """How a control daemon is run and asked: ``control``, the program (a path, or a name on
+    ``PATH``); ``answer_timeout_s``, how long one client command may take, seconds; ``env``, the
+    environment its processes get besides the MPS variables (``None``: this process's ``PATH``
+    and ``HOME``)."""
+
+    control: str = "nvidia-cuda-mps-control"
+    answer_timeout_s: float = 2.0
+    env: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceSpec:
+    """What makes a daemon a slice's: ``sid``, the slice ID (its folder
+    ``<root>/slices/<sid>``); ``threads_pct``, the default active-thread percentage (``None``:
+    the daemon's own); ``shm``, a tmpfs to bind over the daemon's ``/dev/shm`` in a mount
+    namespace of its own (``None``: the supervisor's ``/dev/shm``)."""
+
+    sid: str
+    threads_pct: int | None = None
+    shm: Path | None = None
+
+
 class ControlDaemon:
-    """An MPS control daemon on GPU ``uuid`` (NVML ``index``) under ``layout``: slice ``sid``'s
-    (``""``: the GPU's probe), run from ``control`` (a program path or name on ``PATH``), given
-    the default pinned-memory limit ``limit_mib`` (MiB per client, device 0: the slice; the
-    probe's, ``core.allocation.mps.probe_limit_mib``) and, with ``threads_pct``, the default active-thread
-    percentage. ``shm``: a tmpfs to bind over the daemon's ``/dev/shm`` in a mount namespace of
-    its own (``None``: the supervisor's ``/dev/shm``). ``answer_timeout_s``: how long one client
-    command may take. ``env``: the environment its processes get besides the MPS variables
-    (default: this process's ``PATH`` and ``HOME``). Raises ``ValueError`` for a bad UUID or
-    slice ID.
+    """An MPS control daemon on GPU ``uuid`` (NVML ``index``) under ``layout``, run as
+    ``program`` says (``DaemonProgram``; its defaults when ``None``), given the default pinned-memory limit ``limit_mib``
+    (MiB per client, device 0: the slice; the probe's, ``core.allocation.mps.probe_limit_mib``).
+    ``slice_spec``: the slice it serves, its active-thread percentage and its ``/dev/shm``
+    (``SliceSpec``; ``None``: the GPU's probe). Raises ``ValueError`` for a bad UUID or slice
+    ID.
 
     Not thread-safe: one owner (the ``Supervisor``) calls it."""
 
     def __init__(self, layout: Layout, uuid: str, index: int, limit_mib: int, *,
-                 control: str = "nvidia-cuda-mps-control", answer_timeout_s: float = 2.0,
-                 env: Mapping[str, str] | None = None, sid: str = "",
-                 threads_pct: int | None = None, shm: Path | None = None) -> None:  # fmt: skip
+                 program: DaemonProgram | None = None,
+                 slice_spec: SliceSpec | None = None) -> None:  # fmt: skip
         self.layout = layout
         self.uuid = uuid
         self.index = index
         self.limit_mib = limit_mib
-        self.control = control
-        self.answer_timeout_s = answer_timeout_s
-        self.sid = sid
-        self.threads_pct = threads_pct
-        self.shm = shm
+        program = program if program is not None else DaemonProgram()
+        self.control = program.control
+        self.answer_timeout_s = program.answer_timeout_s
+        self.sid = slice_spec.sid if slice_spec is not None else ""
+        self.threads_pct = slice_spec.threads_pct if slice_spec is not None else None
+        self.shm = slice_spec.shm if slice_spec is not None else None
         layout.gpu_dir(uuid)  # raises ValueError for a bad UUID
-        self.folder = layout.slice_dir(sid) if sid else layout.gpu_dir(uuid)
+        self.folder = layout.slice_dir(self.sid) if self.sid else layout.gpu_dir(uuid)
         self.pipe = self.folder / "pipe"
         self.log = self.folder / "log"
-        base = env if env is not None else {
+        base = program.env if program.env is not None else {
             k: v for k, v in os.environ.items() if k in ("PATH", "HOME")
         }  # fmt: skip
         self.env = {
@@ -318,3 +343,30 @@ class ControlDaemon:
         except OSError:
             return ""
         return f": {lines[-1][-150:]}" if lines else ""
+
+
+def serves_clients(pid: int | None) -> bool:
+    """Whether the process ``pid`` (a control daemon) has a child still running, not a zombie
+    (its MPS server: the daemon spawns one per user while clients are connected), from
+    ``/proc/<pid>/task/*/children`` and each child's ``/proc/<child>/stat``. ``None``: no."""
+    if pid is None:
+        return False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = f.read().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                with open(f"/proc/{child}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                return True
+    return False
