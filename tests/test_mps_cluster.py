@@ -90,7 +90,9 @@ def standins(pipe: Path | None = None) -> dict[int, str]:
     """Host pid -> pipe folder of every stand-in control daemon running under the chart's root
     (of ``pipe`` only, if given), read from /proc: its command line names the stand-in, its
     environment the pipe. Not the stand-ins other tests run on this machine meanwhile, under
-    folders of their own."""
+    folders of their own, and not the stand-in's clients (no ``-f``/``-d``: the supervisor's
+    ``get_server_list`` checks, each alive for a moment, which CI once counted as a second
+    daemon on its GPU's pipe)."""
     out: dict[int, str] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -99,6 +101,8 @@ def standins(pipe: Path | None = None) -> dict[int, str]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             if not any(a.endswith(b"standin/nvidia-cuda-mps-control") for a in cmdline):
                 continue
+            if not {b"-f", b"-d"} & set(cmdline):
+                continue  # a client (no argument): the supervisor's check, gone in a moment
             env = dict(
                 kv.split(b"=", 1)
                 for kv in (proc / "environ").read_bytes().split(b"\0")
