@@ -22,7 +22,13 @@ import yaml
 
 from omaticaya_py.cli import main
 from omaticaya_py.kube import ApiSession, KubeError
-from omaticaya_py.kube.workloads import DaemonSetStop, label_selector, owned_pods, stop_daemonset
+from omaticaya_py.kube.workloads import (
+    DaemonSetStop,
+    StopWait,
+    label_selector,
+    owned_pods,
+    stop_daemonset,
+)
 from tests.helpers import Clock
 
 NS, NAME, UID = "omaticaya", "omaticaya", "ds-uid-1"
@@ -193,7 +199,7 @@ def test_deletes_in_the_foreground_then_waits_for_its_own_pods(api):
     fake, kubeconfig = api
     clock = Clock(100.0)  # moves only when slept on
     result = stop_daemonset(
-        session(kubeconfig), NS, NAME, timeout_s=30, clock=clock, sleep=clock.sleep
+        session(kubeconfig), NS, NAME, StopWait(timeout_s=30, clock=clock, sleep=clock.sleep)
     )
     assert result == DaemonSetStop(NS, NAME, found=True, stopped=True, waited_s=2.0, pods_seen=1)
     methods = [(m, p.rsplit("/", 1)[1]) for m, p, _, _ in fake.requests]
@@ -214,7 +220,7 @@ def test_deletes_in_the_foreground_then_waits_for_its_own_pods(api):
 def test_a_daemonset_not_there_is_nothing_to_stop(api):
     fake, kubeconfig = api
     fake.exists = False
-    result = stop_daemonset(session(kubeconfig), NS, NAME, timeout_s=30)
+    result = stop_daemonset(session(kubeconfig), NS, NAME, StopWait(timeout_s=30))
     assert (result.found, result.stopped) == (False, True)
     assert [m for m, *_ in fake.requests] == ["GET"]
 
@@ -224,7 +230,7 @@ def test_a_daemonset_already_being_deleted_is_waited_for_not_deleted_again(api):
     fake.deleted = True  # a first hook attempt deleted it
     clock = Clock(100.0)  # moves only when slept on
     result = stop_daemonset(
-        session(kubeconfig), NS, NAME, timeout_s=30, clock=clock, sleep=clock.sleep
+        session(kubeconfig), NS, NAME, StopWait(timeout_s=30, clock=clock, sleep=clock.sleep)
     )
     assert result.stopped and "DELETE" not in [m for m, *_ in fake.requests]
 
@@ -235,7 +241,7 @@ def test_a_daemonset_gone_or_replaced_between_get_and_delete_is_waited_for(api, 
     fake.status_delete = code
     fake.lists_until_gone = None
     fake.pods = []
-    result = stop_daemonset(session(kubeconfig), NS, NAME, timeout_s=30)
+    result = stop_daemonset(session(kubeconfig), NS, NAME, StopWait(timeout_s=30))
     assert result.stopped and result.pods_seen == 0
 
 
@@ -244,7 +250,10 @@ def test_pods_left_at_the_timeout_are_named(api):
     fake.lists_until_gone = None  # a NotReady node: its pod never goes
     clock = Clock(100.0)  # moves only when slept on
     result = stop_daemonset(
-        session(kubeconfig), NS, NAME, timeout_s=2.5, poll_s=1.0, clock=clock, sleep=clock.sleep
+        session(kubeconfig),
+        NS,
+        NAME,
+        StopWait(timeout_s=2.5, poll_s=1.0, clock=clock, sleep=clock.sleep),
     )
     assert not result.stopped and result.left == ["omaticaya-a on gpu-1"]
     assert result.waited_s == 2.5 and clock.sleeps == [1.0, 1.0, 0.5]
@@ -254,7 +263,7 @@ def test_forbidden_raises(api):
     fake, kubeconfig = api
     fake.status_get = 403
     with pytest.raises(KubeError) as err:
-        stop_daemonset(session(kubeconfig), NS, NAME, timeout_s=30)
+        stop_daemonset(session(kubeconfig), NS, NAME, StopWait(timeout_s=30))
     assert err.value.status == 403
 
 

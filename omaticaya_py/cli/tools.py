@@ -70,7 +70,7 @@ def stop_daemonset_command(args: argparse.Namespace) -> int:
     timeout or an API failure; 2 for a ``--timeout-s`` that is not a positive number)."""
     import math
 
-    from ..kube import ApiSession, KubeError, stop_daemonset
+    from ..kube import ApiSession, KubeError, StopWait, stop_daemonset
 
     if not math.isfinite(args.timeout_s) or args.timeout_s <= 0:
         print(
@@ -81,7 +81,7 @@ def stop_daemonset_command(args: argparse.Namespace) -> int:
     try:
         session = ApiSession(kubeconfig=args.kubeconfig)
         try:
-            result = stop_daemonset(session, args.namespace, args.name, timeout_s=args.timeout_s)
+            result = stop_daemonset(session, args.namespace, args.name, StopWait(args.timeout_s))
         finally:
             session.close()
     except KubeError as exc:

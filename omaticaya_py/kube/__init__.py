@@ -34,7 +34,7 @@ from .node_client import MERGE_PATCH, NodeClient
 from .pod_cache import PodCache
 from .quantity import parse_quantity
 from .session import ApiSession
-from .workloads import stop_daemonset
+from .workloads import StopWait, stop_daemonset
 
 __all__ = [
     "MERGE_PATCH",
@@ -52,6 +52,7 @@ __all__ = [
     "NodeCache",
     "NodeClient",
     "PodCache",
+    "StopWait",
     "parse_quantity",
     "stop_daemonset",
 ]

@@ -3,13 +3,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from .errors import KubeConflict
 from .session import ApiSession
 
-__all__ = ["post_event"]
+__all__ = ["EventNote", "post_event"]
+
+
+@dataclass(frozen=True, slots=True)
+class EventNote:
+    """What an Event says: ``reason``, CamelCase (``GpuUnhealthy``); ``message``, cut at 1,024
+    characters when posted; ``warning``, type Warning (else Normal)."""
+
+    reason: str
+    message: str
+    warning: bool
 
 
 def post_event(
@@ -17,17 +28,15 @@ def post_event(
     *,
     namespace: str,
     involved: dict[str, Any],
-    reason: str,
-    message: str,
-    warning: bool,
+    note: EventNote,
     reporter: str,
     what: str,
 ) -> None:
     """POST a core/v1 Event about ``involved`` (its ``involvedObject``: apiVersion, kind, name,
-    uid, and for a namespaced object its namespace) in ``namespace``.
+    uid, and for a namespaced object its namespace) in ``namespace``, saying ``note`` (its
+    reason, message and type: ``EventNote``).
 
-    ``reason`` is CamelCase (``GpuUnhealthy``), ``warning`` picks type Warning or Normal, the
-    message is cut at 1,024 characters; reporting component ``omaticaya``, instance and source
+    Reporting component ``omaticaya``, instance and source
     host ``reporter`` (the Node's name). The Event's name is ``<object>.omaticaya.<time in µs>``
     (at most 253 characters), unique to this call, so a 409 (AlreadyExists: an earlier attempt
     of it got through) counts as posted and is never retried. ``what`` names the call in errors
@@ -43,9 +52,9 @@ def post_event(
             "namespace": namespace,
         },
         "involvedObject": involved,
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning" if warning else "Normal",
+        "reason": note.reason,
+        "message": note.message[:1024],
+        "type": "Warning" if note.warning else "Normal",
         "source": {"component": "omaticaya", "host": reporter},
         "reportingComponent": "omaticaya",
         "reportingInstance": reporter,

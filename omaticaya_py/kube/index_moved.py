@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from ..core.model.sharing import IndexMoved
 from .errors import KubeError
-from .events import post_event
+from .events import EventNote, post_event
 from .session import ApiSession
 
 __all__ = ["EVENT_REASON", "GAUGE", "MovedGauge", "moved_family", "post_index_moved"]
@@ -33,7 +33,7 @@ def post_index_moved(session: ApiSession, node: str, moved: IndexMoved, who: str
     try:
         post_event(session, namespace="default",
                    involved={"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-                   reason=EVENT_REASON, message=moved.message(), warning=True,
+                   note=EventNote(EVENT_REASON, moved.message(), warning=True),
                    reporter=node, what=f"event {EVENT_REASON} on node {node}")  # fmt: skip
     except KubeError as exc:
         logger.warning("{}: could not post the Event {}: {}", who, EVENT_REASON, exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, Self, TypeVar, cast
 
 import tenacity
@@ -15,9 +16,73 @@ from .errors import KubeError, KubeUnavailable, wrap
 from .listwatch import end_read, list_pages, open_watch, release, watch_events
 from .session import ApiSession
 
-__all__ = ["Informer"]
+__all__ = ["Informer", "InformerHooks", "InformerOptions", "informer_arguments"]
 
 V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class InformerOptions:
+    """How an informer reaches the API and paces its loop. ``kubeconfig``, ``context`` (a
+    kubeconfig context, as kubectl's ``--context``), ``environ``: the configuration, as
+    ``ApiSession``; ``timeout_s``: one request's, seconds; ``watch_timeout_s``: after how many
+    seconds the server ends a WATCH; ``backoff_s`` to ``backoff_max_s``: the retries' delays,
+    seconds; ``stall_s``: ``health()`` fails without a LIST or WATCH answer within it, seconds
+    (``None``: ``stall_bound_s``); ``page_size``: objects per LIST page; ``clock``: monotonic
+    seconds; ``rbac``: what a refused (403) request lacked, in the error's message (``None``:
+    ``list and watch on <what>``)."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    environ: Mapping[str, str] | None = None
+    timeout_s: float = 10.0
+    watch_timeout_s: int = 300
+    backoff_s: float = 0.5
+    backoff_max_s: float = 10.0
+    stall_s: float | None = None
+    page_size: int = 500
+    clock: Callable[[], float] = time.monotonic
+    rbac: str | None = None
+
+    def stall_bound_s(self) -> float:
+        """``stall_s``, or by default ``watch_timeout_s + 2 * timeout_s + backoff_max_s``: a
+        quiet cluster sends nothing on an open watch until the server ends it after
+        ``watch_timeout_s``; the client's read timeout ends a dead one ``timeout_s`` later."""
+        if self.stall_s is not None:
+            return self.stall_s
+        return self.watch_timeout_s + (2 * self.timeout_s + self.backoff_max_s)
+
+
+@dataclass(frozen=True, slots=True)
+class InformerHooks:
+    """Whom an informer tells, from its thread (each optional): ``on_error(KubeError)``, a
+    failure before its retry; ``on_skip(key, exception)``, an object the transform raised on;
+    ``on_change(key, old, new)``, a stored value changed (``None``: absent)."""
+
+    on_error: Callable[[KubeError], None] | None = None
+    on_skip: Callable[[str, Exception], None] | None = None
+    on_change: Callable[[str, Any, Any], None] | None = None
+
+
+_OPTION_NAMES = frozenset(f.name for f in fields(InformerOptions))
+_HOOK_NAMES = frozenset(f.name for f in fields(InformerHooks))
+
+
+def informer_arguments(keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """The caches' keyword arguments (``NodeCache(transform, kubeconfig=..., on_error=...)``):
+    each a field of ``InformerOptions`` or ``InformerHooks``, or ``options``, ``hooks`` or
+    ``query`` themselves, as ``Informer``'s (``options``, ``hooks``, ``query``); the fields
+    given override those of ``options`` and ``hooks``. Raises ``TypeError`` for any other."""
+    rest = dict(keywords)
+    options = rest.pop("options", None) or InformerOptions()
+    hooks = rest.pop("hooks", None) or InformerHooks()
+    query = rest.pop("query", None)
+    unknown = sorted(set(rest) - _OPTION_NAMES - _HOOK_NAMES)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    options = replace(options, **{k: v for k, v in rest.items() if k in _OPTION_NAMES})
+    hooks = replace(hooks, **{k: v for k, v in rest.items() if k in _HOOK_NAMES})
+    return {"options": options, "hooks": hooks, "query": query}
 
 
 class Informer(Generic[V]):
@@ -46,56 +111,39 @@ class Informer(Generic[V]):
     absent), from the watch thread: each event, and after a LIST the keys it added, changed or
     dropped. ``health()``: is the loop alive, with a LIST or WATCH
     answer within ``stall_s`` seconds? Subclasses set ``path``, ``what`` (its name in messages)
-    and ``label`` (in health reasons and the thread's name). Configuration as ``ApiSession``
-    (``context``: a kubeconfig context). ``rbac``: what a refused (403) request lacked, in the
-    error's message (default: ``list and watch on <what>``); the caller says it for whom.
+    and ``label`` (in health reasons and the thread's name). ``options``: the configuration (as
+    ``ApiSession``), the timeouts, back-off, page size, clock and ``rbac``, what a refused (403)
+    request lacked, in the error's message (the caller says it for whom): ``InformerOptions``.
+    ``hooks``: ``on_error``, ``on_skip``, ``on_change`` (``InformerHooks``).
     """
 
     path = ""
     what = "objects"
     label = "informer"
 
-    def __init__(
-        self,
-        transform: Callable[..., Any],
-        *,
-        kubeconfig: str | None = None,
-        environ: Mapping[str, str] | None = None,
-        timeout_s: float = 10.0,
-        watch_timeout_s: int = 300,
-        backoff_s: float = 0.5,
-        backoff_max_s: float = 10.0,
-        on_error: Callable[[KubeError], None] | None = None,
-        on_skip: Callable[[str, Exception], None] | None = None,
-        stall_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        query: Mapping[str, str] | None = None,
-        context: str | None = None,
-        on_change: Callable[[str, Any, Any], None] | None = None,
-        page_size: int = 500,
-        rbac: str | None = None,
-    ) -> None:
+    def __init__(self, transform: Callable[..., Any], options: InformerOptions | None = None, *,
+                 hooks: InformerHooks | None = None,
+                 query: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        options = options if options is not None else InformerOptions()
+        hooks = hooks if hooks is not None else InformerHooks()
         self._transform = transform
-        self.rbac = rbac if rbac is not None else f"list and watch on {self.what}"
-        self._on_change = on_change
-        self._page_size = page_size
-        self._on_skip = on_skip
-        self._on_error = on_error
-        self._clock = clock
+        self.rbac = options.rbac if options.rbac is not None else f"list and watch on {self.what}"
+        self._on_change = hooks.on_change
+        self._page_size = options.page_size
+        self._on_skip = hooks.on_skip
+        self._on_error = hooks.on_error
+        self._clock = options.clock
         self._query = dict(query or {})
-        # a quiet cluster sends nothing on an open watch until the server ends it after
-        # watch_timeout_s; the client's read timeout ends a dead one timeout_s later
-        slack_s = 2 * timeout_s + backoff_max_s
-        self.stall_s = stall_s if stall_s is not None else watch_timeout_s + slack_s
+        self.stall_s = options.stall_bound_s()
         self._last_ok_s: float | None = None
-        self._timeout_s = timeout_s
-        self._watch_timeout_s = watch_timeout_s
+        self._timeout_s = options.timeout_s
+        self._watch_timeout_s = options.watch_timeout_s
         # the session brings the configuration, token rotation and request accounting; its
         # retries are kept to one attempt: this loop does its own backoff
         # (``context``: a kubeconfig context, as kubectl's ``--context``)
         self._session = ApiSession(
-            kubeconfig=kubeconfig, context=context, environ=environ, timeout_s=timeout_s,
-            attempts=1,
+            kubeconfig=options.kubeconfig, context=options.context, environ=options.environ,
+            timeout_s=options.timeout_s, attempts=1,
         )  # fmt: skip
         self._items: dict[str, V] = {}
         self._lock = threading.Lock()
@@ -104,16 +152,7 @@ class Informer(Generic[V]):
         self._thread: threading.Thread | None = None
         self._response: Any = None
         self._need_list = True
-        # at the n-th failure in a row: d/2 + uniform(0, d/2), d = min(max, backoff_s * 2**n)
-        half = tenacity.wait_exponential(multiplier=backoff_s, max=backoff_max_s / 2)
-        self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(Exception),
-            stop=tenacity.stop_when_event_set(self._stop),
-            wait=half + tenacity.wait_random_exponential(multiplier=backoff_s, max=backoff_max_s / 2),
-            sleep=self._stop.wait,  # type: ignore[arg-type]  # stop() ends the delay at once
-            before_sleep=self._failed,
-            retry_error_callback=lambda state: None,  # stopped while failing: end quietly
-        )
+        self._retrying = self._retry_policy(options.backoff_s, options.backoff_max_s)
         self.resource_version = ""
         self.version = 0
         self.lists = 0
@@ -121,6 +160,20 @@ class Informer(Generic[V]):
         self.last_error: KubeError | None = None
         #: objects dropped because the transform raised on them (counted once per event)
         self.skipped = 0
+
+    def _retry_policy(self, backoff_s: float, backoff_max_s: float) -> tenacity.Retrying:
+        """The loop's retries: at the n-th failure in a row a delay of ``d/2 + uniform(0,
+        d/2)``, ``d = min(backoff_max_s, backoff_s * 2**n)`` seconds, cut short by ``stop()``;
+        each failure passed to ``_failed``."""
+        half = tenacity.wait_exponential(multiplier=backoff_s, max=backoff_max_s / 2)
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(Exception),
+            stop=tenacity.stop_when_event_set(self._stop),
+            wait=half + tenacity.wait_random_exponential(multiplier=backoff_s, max=backoff_max_s / 2),
+            sleep=self._stop.wait,  # type: ignore[arg-type]  # stop() ends the delay at once
+            before_sleep=self._failed,
+            retry_error_callback=lambda state: None,  # stopped while failing: end quietly
+        )
 
     @property
     def server(self) -> str:

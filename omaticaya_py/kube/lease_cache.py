@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .informer import Informer
+from .informer import Informer, informer_arguments
 
 __all__ = ["LeaseCache"]
 
@@ -30,7 +30,7 @@ class LeaseCache(Informer[V]):
     def __init__(self, transform: Callable[[dict[str, Any]], V], namespace: str, **kwargs: Any):
         if not _NAMESPACE.match(namespace or ""):
             raise ValueError(f"not a namespace name: {namespace!r}")
-        super().__init__(transform, **kwargs)
+        super().__init__(transform, **informer_arguments(kwargs))
         self.namespace = namespace
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..core.publish.patch import NodeMeta
-from .informer import Informer
+from .informer import Informer, informer_arguments
 
 __all__ = ["NodeCache"]
 
@@ -25,8 +25,10 @@ class NodeCache(Informer[V]):
     is dropped from the cache (readers see it as unknown), ``skipped`` is incremented and
     ``on_skip(name, exception)`` is called; the other Nodes and the watch go on.
 
-    Keyword arguments as ``Informer`` (``kubeconfig``, ``timeout_s``, ``watch_timeout_s``,
-    ``backoff_s`` to ``backoff_max_s``, ``on_error``, ``on_skip``, ``stall_s``, ``clock``).
+    Keyword arguments: the fields of ``InformerOptions`` (``kubeconfig``, ``timeout_s``,
+    ``watch_timeout_s``, ``backoff_s`` to ``backoff_max_s``, ``stall_s``, ``clock``...) and of
+    ``InformerHooks`` (``on_error``, ``on_skip``, ``on_change``), or ``options``, ``hooks`` and
+    ``query`` as ``Informer`` takes them (``informer.informer_arguments``).
     RBAC: ``list`` and ``watch`` on ``nodes``.
     """
 
@@ -35,7 +37,7 @@ class NodeCache(Informer[V]):
     label = "node cache"
 
     def __init__(self, transform: Callable[[NodeMeta], V], **kwargs: Any) -> None:
-        super().__init__(transform, **kwargs)
+        super().__init__(transform, **informer_arguments(kwargs))
 
     def _value(self, obj: Any, previous: V | None) -> V | None:
         """``transform`` of the Node's ``NodeMeta``; raises what ``transform`` raises."""

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ..core.publish.patch import MergePatch, NodeMeta
-from .events import post_event
+from .events import EventNote, post_event
 from .session import ApiSession
 
 __all__ = ["MERGE_PATCH", "NodeClient"]
@@ -104,9 +104,7 @@ class NodeClient:
                 "name": self.node_name,
                 "uid": node_uid or self.node_name,
             },
-            reason=reason,
-            message=message,
-            warning=warning,
+            note=EventNote(reason, message, warning),
             reporter=self.node_name,
             what=f"event {reason} on node {self.node_name}",
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from .informer import Informer
+from .informer import Informer, informer_arguments
 
 __all__ = ["PodCache", "pod_key"]
 
@@ -48,7 +48,7 @@ class PodCache(Informer[V]):
         **kwargs: Any,
     ) -> None:
         query = {"fieldSelector": field_selector} if field_selector else {}
-        super().__init__(transform, query=query, **kwargs)
+        super().__init__(transform, **informer_arguments({**kwargs, "query": query}))
 
     def _key(self, obj: Any) -> str:
         """``namespace/name`` of the pod ("" when it has neither)."""

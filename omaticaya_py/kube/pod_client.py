@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.rules.attribution import PodIdentity
-from .events import post_event
+from .events import EventNote, post_event
 from .session import ApiSession
 
 __all__ = ["PodClient", "pod_identity"]
@@ -56,9 +56,7 @@ class PodClient:
                 "apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
                 **({"uid": uid} if uid else {}),
             },
-            reason=reason,
-            message=message,
-            warning=warning,
+            note=EventNote(reason, message, warning),
             reporter=self.reporter,
             what=f"event {reason} on pod {namespace}/{name}",
         )  # fmt: skip

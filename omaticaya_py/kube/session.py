@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import tenacity
@@ -23,43 +24,62 @@ from kubernetes.config import incluster_config
 
 from .errors import KubeError, KubeUnavailable, RetryWait, is_transient, wrap
 
-__all__ = ["ApiSession"]
+__all__ = ["ApiConfig", "ApiSession", "RetryPolicy"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """Where the configuration and credentials come from. ``kubeconfig``: a path, else the
+    in-cluster configuration when ``KUBERNETES_SERVICE_HOST`` is set in ``environ`` (``None``:
+    this process's; the service account's ``token_file`` and ``ca_file``; a rotated token file is
+    re-read before the next request), else the default kubeconfig; ``context``: the
+    kubeconfig's context to use (kubectl's ``--context``; ``None``: its current one)."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    environ: Mapping[str, str] | None = None
+    token_file: str = incluster_config.SERVICE_TOKEN_FILENAME
+    ca_file: str = incluster_config.SERVICE_CERT_FILENAME
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """One call's requests: ``timeout_s`` per request, seconds; at most ``attempts`` of it,
+    waiting ``backoff_s`` to ``backoff_max_s`` seconds between (``errors.RetryWait``);
+    ``sleep``, tenacity's sleep (tests pass a no-op)."""
+
+    timeout_s: float = 10.0
+    attempts: int = 4
+    backoff_s: float = 0.2
+    backoff_max_s: float = 5.0
+    sleep: Callable[[float], None] = tenacity.nap.sleep
+
+
+_CONFIG_NAMES = frozenset(f.name for f in fields(ApiConfig))
+_RETRY_NAMES = frozenset(f.name for f in fields(RetryPolicy))
 
 
 class ApiSession:
     """Requests to the API server with retries and accounting.
 
-    - ``kubeconfig``: path, else in-cluster config when ``KUBERNETES_SERVICE_HOST`` is set in
-      ``environ`` (service-account ``token_file`` and ``ca_file``; a rotated token file is
-      re-read before the next request), else the default kubeconfig; ``context``: the
-      kubeconfig's context to use (kubectl's ``--context``; ``None``: its current one).
-    - ``timeout_s``: per request; ``attempts`` and ``backoff_s``/``backoff_max_s`` bound the
-      retries of one call; ``sleep`` is tenacity's sleep (tests pass a no-op).
+    - ``config``: where the configuration and credentials come from (``ApiConfig``);
+    - ``retries``: the per-request timeout and the retries of one call (``RetryPolicy``);
+    - ``named``: any field of either, by name (``ApiSession(kubeconfig=..., attempts=1)``),
+      over ``config`` and ``retries``; another name raises ``TypeError``.
     - ``requests`` counts requests by ``(verb, result)``, result being the HTTP status or
       ``"error"`` for no answer (read by the metrics collector).
     A bad or missing configuration raises ``KubeError``.
     """
 
-    def __init__(
-        self,
-        *,
-        kubeconfig: str | None = None,
-        context: str | None = None,
-        environ: Mapping[str, str] | None = None,
-        token_file: str = incluster_config.SERVICE_TOKEN_FILENAME,
-        ca_file: str = incluster_config.SERVICE_CERT_FILENAME,
-        timeout_s: float = 10.0,
-        attempts: int = 4,
-        backoff_s: float = 0.2,
-        backoff_max_s: float = 5.0,
-        sleep: Callable[[float], None] = tenacity.nap.sleep,
-    ) -> None:
-        self.timeout_s = timeout_s
-        self._kubeconfig = kubeconfig
-        self._context = context or None
-        self._environ = os.environ if environ is None else environ
-        self._token_file = token_file
-        self._ca_file = ca_file
+    def __init__(self, config: ApiConfig | None = None, retries: RetryPolicy | None = None,
+                 **named: Any) -> None:  # fmt: skip
+        config, retries = _with_fields(config or ApiConfig(), retries or RetryPolicy(), named)
+        self.timeout_s = retries.timeout_s
+        self._kubeconfig = config.kubeconfig
+        self._context = config.context or None
+        self._environ = os.environ if config.environ is None else config.environ
+        self._token_file = config.token_file
+        self._ca_file = config.ca_file
         self._token_stamp: tuple[int, int] | None = None
         self.requests: Counter[tuple[str, str]] = Counter()
         #: set by ``begin_shutdown``: no more retries, requests bounded by the deadline
@@ -67,9 +87,10 @@ class ApiSession:
         self._deadline_s: float | None = None
         self._retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(is_transient),
-            stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_when_event_set(self.stopping),
-            wait=RetryWait(backoff_s, backoff_max_s),
-            sleep=sleep,
+            stop=tenacity.stop_after_attempt(retries.attempts)
+            | tenacity.stop_when_event_set(self.stopping),
+            wait=RetryWait(retries.backoff_s, retries.backoff_max_s),
+            sleep=retries.sleep,
             reraise=True,
         )
         self._api = self._connect()
@@ -226,3 +247,15 @@ class ApiSession:
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._api.close()
+
+
+def _with_fields(config: ApiConfig, retries: RetryPolicy,
+                 named: Mapping[str, Any]) -> tuple[ApiConfig, RetryPolicy]:  # fmt: skip
+    """``config`` and ``retries`` with the fields ``named`` gives replaced. Raises
+    ``TypeError`` for a name that is neither's field."""
+    unknown = sorted(set(named) - _CONFIG_NAMES - _RETRY_NAMES)
+    if unknown:
+        raise TypeError(f"ApiSession: unexpected keyword argument(s): {', '.join(unknown)}")
+    config = replace(config, **{k: v for k, v in named.items() if k in _CONFIG_NAMES})
+    retries = replace(retries, **{k: v for k, v in named.items() if k in _RETRY_NAMES})
+    return config, retries

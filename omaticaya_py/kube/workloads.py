@@ -21,7 +21,7 @@ from typing import Any
 from .errors import KubeConflict, KubeNotFound
 from .session import ApiSession
 
-__all__ = ["DaemonSetStop", "label_selector", "owned_pods", "stop_daemonset"]
+__all__ = ["DaemonSetStop", "StopWait", "label_selector", "owned_pods", "stop_daemonset"]
 
 _DS_PATH = "/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
 _PODS_PATH = "/api/v1/namespaces/{namespace}/pods"
@@ -94,78 +94,51 @@ def _where(pod: Mapping[str, Any]) -> str:
     return f"{name} on {node}" if node else name
 
 
-def stop_daemonset(
-    session: ApiSession,
-    namespace: str,
-    name: str,
-    *,
-    timeout_s: float,
-    poll_s: float = 1.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> DaemonSetStop:
+@dataclass(frozen=True, slots=True)
+class StopWait:
+    """How ``stop_daemonset`` waits for the pods: at most ``timeout_s`` seconds, listing them
+    every ``poll_s`` seconds; ``clock`` (monotonic seconds) and ``sleep`` are replaced in
+    tests."""
+
+    timeout_s: float
+    poll_s: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def stop_daemonset(session: ApiSession, namespace: str, name: str,
+                   wait: StopWait) -> DaemonSetStop:  # fmt: skip
     """Delete DaemonSet ``namespace/name`` (propagationPolicy Foreground, precondition: its uid)
-    and poll until no pod it owns is left, at most ``timeout_s`` seconds.
+    and poll until no pod it owns is left, as ``wait`` says (at most ``wait.timeout_s``
+    seconds).
 
     A DaemonSet that is not there is nothing to stop (``found`` False). Returns a
     ``DaemonSetStop``: ``stopped`` False when pods were left at the timeout. Raises
     ``KubeError`` when the API refuses or does not answer."""
-    what = f"daemonset {namespace}/{name}"
-    rbac = f"stop-daemonset needs get and delete on daemonsets, list on pods in {namespace}"
-    params = {"namespace": namespace, "name": name}
+    target = _Target(namespace, name)
     try:
-        response = session.call(
-            "get", what, lambda: session.http("GET", _DS_PATH, path_params=params), rbac=rbac
-        )
+        response = _get_daemonset(session, target)
     except KubeNotFound:
         return DaemonSetStop(namespace, name, found=False, stopped=True)
     ds = json.loads(response.data)
     uid = ds["metadata"]["uid"]
     selector = label_selector((ds.get("spec") or {}).get("selector") or {})
-    start = clock()
+    start = wait.clock()
     if not ds["metadata"].get("deletionTimestamp"):
-        body = {
-            "apiVersion": "v1",
-            "kind": "DeleteOptions",
-            "propagationPolicy": "Foreground",
-            "preconditions": {"uid": uid},
-        }
         try:
-            session.call(
-                "delete",
-                what,
-                lambda: session.http(
-                    "DELETE",
-                    _DS_PATH,
-                    path_params=params,
-                    body=body,
-                    content_type="application/json",
-                ),
-                rbac=rbac,
-            )
+            _delete_daemonset(session, target, uid)
         except (KubeNotFound, KubeConflict):  # gone already, or replaced (uid precondition)
             pass
     seen: set[str] = set()
     while True:
-        response = session.call(
-            "list",
-            f"pods of {what}",
-            lambda: session.http(
-                "GET",
-                _PODS_PATH,
-                path_params={"namespace": namespace},
-                query={"labelSelector": selector} if selector else None,
-            ),
-            rbac=rbac,
-        )
-        left = owned_pods(json.loads(response.data).get("items") or [], uid)
+        left = owned_pods(json.loads(_list_pods(session, target, selector).data).get("items") or [], uid)
         seen.update(p["metadata"]["uid"] for p in left)
-        waited = clock() - start
+        waited = wait.clock() - start
         if not left:
             return DaemonSetStop(
                 namespace, name, found=True, stopped=True, waited_s=waited, pods_seen=len(seen)
             )
-        if waited >= timeout_s:
+        if waited >= wait.timeout_s:
             return DaemonSetStop(
                 namespace,
                 name,
@@ -175,4 +148,74 @@ def stop_daemonset(
                 pods_seen=len(seen),
                 left=sorted(_where(p) for p in left),
             )
-        sleep(min(poll_s, max(timeout_s - waited, 0.0)))
+        wait.sleep(min(wait.poll_s, max(wait.timeout_s - waited, 0.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The DaemonSet ``namespace/name`` that ``stop_daemonset``'s requests are about."""
+
+    namespace: str
+    name: str
+
+    @property
+    def what(self) -> str:
+        """How errors name it."""
+        return f"daemonset {self.namespace}/{self.name}"
+
+    @property
+    def rbac(self) -> str:
+        """What a refused request lacked."""
+        return f"stop-daemonset needs get and delete on daemonsets, list on pods in {self.namespace}"
+
+    @property
+    def params(self) -> dict[str, str]:
+        """The DaemonSet's path parameters."""
+        return {"namespace": self.namespace, "name": self.name}
+
+
+def _get_daemonset(session: ApiSession, target: _Target) -> Any:
+    """GET the DaemonSet; the response. Raises ``KubeError``."""
+    return session.call(
+        "get", target.what, lambda: session.http("GET", _DS_PATH, path_params=target.params),
+        rbac=target.rbac,
+    )  # fmt: skip
+
+
+def _delete_daemonset(session: ApiSession, target: _Target, uid: str) -> None:
+    """DELETE the DaemonSet, propagationPolicy Foreground, precondition: ``uid``. Raises
+    ``KubeError``."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "propagationPolicy": "Foreground",
+        "preconditions": {"uid": uid},
+    }
+    session.call(
+        "delete",
+        target.what,
+        lambda: session.http(
+            "DELETE",
+            _DS_PATH,
+            path_params=target.params,
+            body=body,
+            content_type="application/json",
+        ),
+        rbac=target.rbac,
+    )
+
+
+def _list_pods(session: ApiSession, target: _Target, selector: str) -> Any:
+    """GET the pods of the DaemonSet's namespace that match ``selector`` (``""``: all); the
+    response. Raises ``KubeError``."""
+    return session.call(
+        "list",
+        f"pods of {target.what}",
+        lambda: session.http(
+            "GET",
+            _PODS_PATH,
+            path_params={"namespace": target.namespace},
+            query={"labelSelector": selector} if selector else None,
+        ),
+        rbac=target.rbac,
+    )
