@@ -219,6 +219,25 @@ def _sum_mib(procs: Iterable[GpuProcess]) -> int:
     return sum(p.used_memory_mib or 0 for p in procs)
 
 
+def _sort_processes(
+    procs: Iterable[GpuProcess], pod_refs: Mapping[int, PodRef | None]
+) -> tuple[dict[tuple[str, str | None], list[GpuProcess]], list[GpuProcess], list[GpuProcess]]:
+    """One device's processes by where they run, by ``pod_refs`` (PID -> ``PodRef``, or
+    ``None``: in no pod): ``(by (pod UID, container ID), out-of-band, unknown)``, a PID
+    missing from ``pod_refs`` unknown."""
+    by_container: dict[tuple[str, str | None], list[GpuProcess]] = {}
+    out_of_band: list[GpuProcess] = []
+    unknown: list[GpuProcess] = []
+    for p in procs:
+        if p.pid not in pod_refs:
+            unknown.append(p)
+        elif (ref := pod_refs[p.pid]) is None:
+            out_of_band.append(p)
+        else:
+            by_container.setdefault((ref.pod_uid, ref.container_id), []).append(p)
+    return by_container, out_of_band, unknown
+
+
 def attribute(
     processes: Mapping[str, Sequence[GpuProcess]],
     pod_refs: Mapping[int, PodRef | None],
@@ -259,16 +278,7 @@ def attribute(
                 holders[device_id].append(a)
     out: dict[str, GpuAttribution] = {}
     for device_id, procs in processes.items():
-        by_container: dict[tuple[str, str | None], list[GpuProcess]] = {}
-        out_of_band: list[GpuProcess] = []
-        unknown: list[GpuProcess] = []
-        for p in procs:
-            if p.pid not in pod_refs:
-                unknown.append(p)
-            elif (ref := pod_refs[p.pid]) is None:
-                out_of_band.append(p)
-            else:
-                by_container.setdefault((ref.pod_uid, ref.container_id), []).append(p)
+        by_container, out_of_band, unknown = _sort_processes(procs, pod_refs)
         out[device_id] = GpuAttribution(
             device_id=device_id,
             holders=tuple(holders[device_id]),

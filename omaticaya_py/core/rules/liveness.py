@@ -273,24 +273,8 @@ def node_liveness(
         why = ahead_text(f"{prefix}/telemetry read_at", telemetry, max_skew_s)
         return NodeLiveness(AHEAD, why, READ_AT_AHEAD)
     if leases is not None and state.lease is not None:
-        ref = state.lease
-        lease = leases(ref)
-        if lease is None:
-            return NodeLiveness(STALE, f"Lease {ref} not found")
-        if not lease.holder:
-            return NodeLiveness(STALE, f"Lease {ref} released (no holder)")
-        verdict = lease_liveness(
-            lease, now_s=now_s, now_mono_s=now_mono_s, grace_s=grace_s, max_skew_s=max_skew_s
-        )
-        if verdict.kind == AHEAD:
-            why = ahead_text(f"Lease {ref} renewTime", verdict, max_skew_s)
-            return NodeLiveness(AHEAD, why, RENEW_TIME_AHEAD)
-        if verdict.kind == STALE:
-            if verdict.observed:
-                return NodeLiveness(STALE, unchanged_text(f"Lease {ref} renewTime", verdict))
-            stamp = epoch_text(lease.renewed_at + lease.duration_s)
-            return NodeLiveness(STALE, f"Lease {ref} expired at {stamp}, grace {grace_s:g}s")
-        return FRESH_NODE
+        lease = leases(state.lease)
+        return _by_lease(state.lease, lease, LeaseClock(now_s, now_mono_s, grace_s, max_skew_s))
     # the common case first, no objects made: fresh by read_at
     if _age(read_at, seen, now_s, now_mono_s)[0] <= valid_s + grace_s:
         return FRESH_NODE
@@ -305,3 +289,38 @@ def node_liveness(
         stamp = epoch_text(state.expires_at)
         return NodeLiveness(STALE, f"{prefix}/telemetry expired at {stamp}, grace {grace_s:g}s")
     return NodeLiveness(STALE, f"{what} older than {ttl_s + grace_s:g}s")
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseClock:
+    """How a Lease is judged: ``now_s``, the reader's wall clock (epoch seconds);
+    ``now_mono_s``, its monotonic clock (``None``: no observation used); ``grace_s``, seconds
+    past the Lease's duration; ``max_skew_s``, how far ahead a ``renewTime`` may be."""
+
+    now_s: float
+    now_mono_s: float | None
+    grace_s: float
+    max_skew_s: float
+
+
+def _by_lease(ref: str, lease: LeaseState | None, clock: LeaseClock) -> NodeLiveness:
+    """A node's liveness by Lease ``ref`` (``"<namespace>/<name>"``), as the watch holds it
+    (``lease``; ``None``: no such Lease): stale when missing or released, else by its
+    ``renewTime`` over ``leaseDurationSeconds`` (``lease_liveness``)."""
+    if lease is None:
+        return NodeLiveness(STALE, f"Lease {ref} not found")
+    if not lease.holder:
+        return NodeLiveness(STALE, f"Lease {ref} released (no holder)")
+    verdict = lease_liveness(
+        lease, now_s=clock.now_s, now_mono_s=clock.now_mono_s, grace_s=clock.grace_s,
+        max_skew_s=clock.max_skew_s,
+    )  # fmt: skip
+    if verdict.kind == AHEAD:
+        why = ahead_text(f"Lease {ref} renewTime", verdict, clock.max_skew_s)
+        return NodeLiveness(AHEAD, why, RENEW_TIME_AHEAD)
+    if verdict.kind == STALE:
+        if verdict.observed:
+            return NodeLiveness(STALE, unchanged_text(f"Lease {ref} renewTime", verdict))
+        stamp = epoch_text(lease.renewed_at + lease.duration_s)
+        return NodeLiveness(STALE, f"Lease {ref} expired at {stamp}, grace {clock.grace_s:g}s")
+    return FRESH_NODE
