@@ -36,7 +36,7 @@ from omaticaya_py.dra.host import (
     save_indices,
 )
 from omaticaya_py.dra.metrics import DraCounters
-from omaticaya_py.dra.plugin import DraPlugin
+from omaticaya_py.dra.plugin import DraPlugin, PluginTiming
 from omaticaya_py.dra.pluginregistration import api_pb2 as reg
 from omaticaya_py.dra.pluginregistration import api_pb2_grpc as reg_grpc
 from omaticaya_py.dra.prepare import cdi_file_name
@@ -94,7 +94,7 @@ def make(feed: Feed, dirs: dict[str, Path], session: Any = None, **kw: Any) -> D
     s = settings(dra=True, node_name=NODE, dra_plugin_dir=dirs["plugin"],
                  dra_registry_dir=dirs["registry"], dra_cdi_dir=dirs["cdi"],
                  dra_dev_root=dirs["dev"], **kw)
-    return DraPlugin(feed, s, session, resync_s=0.2, poll_s=0.05)
+    return DraPlugin(feed, s, session, timing=PluginTiming(resync_s=0.2, poll_s=0.05))
 
 
 @pytest.fixture

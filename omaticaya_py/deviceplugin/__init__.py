@@ -34,7 +34,8 @@ cannot hold, and sets ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``OMATICAYA_GPU_M
 - Registration: the plugin serves ``<dir>/<socket>`` and registers on ``<dir>/kubelet.sock``.
   A kubelet that restarts deletes every socket in the folder and creates a new
   ``kubelet.sock``; the folder is watched (``watchdog``, inotify) and the plugin re-serves and
-  re-registers at once, with a periodic check as a backstop.
+  re-registers at once, with a periodic check as a backstop (``kubeletplugin.KubeletPluginHost``,
+  the DRA plugin's host too).
 - GPU indices across starts: at the first readable reading after a start each GPU's NVML index
   -> UUID is compared with the last start's (``<dir>/omaticaya-gpu-indices.json``); a shared
   index (``OMATICAYA_SHARED_GPUS`` by index) that names another GPU now is reported (log line,
@@ -49,7 +50,7 @@ options served, the preferred allocation of whole devices by ``core.allocation.p
 (NVIDIA's device list strategies), ``config`` (``PluginConfig``: the settings' device-plugin
 section, read once by ``plugin_config``), ``slicer`` (the book of slices), ``inventory`` (one
 resource's devices and health from the agent's cache), ``service`` (the gRPC servicer of one
-resource), ``registration`` (serving it on its socket and registering it with the kubelet),
+resource), ``registration`` (registering it with the kubelet, served on ``kubeletplugin``'s host),
 ``plugin`` (those parts composed: one resource), ``plugin_set`` (every resource of the node),
 ``v1beta1`` (generated from the kubelet's ``api.proto``; ``scripts/gen-deviceplugin-proto``).
 """

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterable
 from loguru import logger
 
 from ..core.config.settings import Settings
-from ..core.model.sharing import IndexMoved, gpu_indices
+from ..core.model.sharing import IndexMoved
 from ..core.publish.readings import AgentFeed, TickResult
 from ..kube.index_moved import post_index_moved
 from ..kube.session import ApiSession
-from ..sources.gpu_indices import check_indices
+from ..kubeletplugin import IndexCheck
 from .config import DEFAULT_CONFIG, PluginConfig, plugin_config
 from .plugin import DevicePlugin
 
@@ -40,7 +40,8 @@ class DevicePluginSet:
     GPU indices across starts: at the first readable reading after ``start()`` (on the tick
     that brings it, before any plugin's listener sees it) each GPU's NVML index -> UUID is
     compared with the last start's (``config.indices_file``,
-    ``<plugin_dir>/omaticaya-gpu-indices.json``; ``check_indices``, the DRA plugin's step): an
+    ``<plugin_dir>/omaticaya-gpu-indices.json``; ``check_indices``: ``kubeletplugin.IndexCheck``,
+    the DRA plugin's step): an
     ``OMATICAYA_SHARED_GPUS`` index that names another GPU now is a warning log line, ``moved``
     (the gauge ``omaticaya_shared_gpu_index_moved``, ``kube.index_moved.MovedGauge``) and, with
     ``report`` (``from_settings``: the Warning Event ``SharedGpuIndexMoved`` on the Node),
@@ -56,8 +57,7 @@ class DevicePluginSet:
         self._report = report
         #: the shared indices that name another GPU than at the last start (``check_indices``)
         self.moved: tuple[IndexMoved, ...] = ()
-        self.indices_checked = False
-        self._indices_lock = threading.Lock()
+        self._indices = IndexCheck(config.indices_file, config.sharing.shared, "device plugin")
         self._reporter: threading.Thread | None = None
         self.resource_name = config.resource_name
         self.plugin_dir = config.plugin_dir
@@ -92,24 +92,25 @@ class DevicePluginSet:
             report = functools.partial(_post, session, settings.node_name)
         return cls(source, plugin_config(settings), report=report)
 
+    @property
+    def indices_checked(self) -> bool:
+        """Whether this start's first readable reading was compared (``check_indices``)."""
+        return self._indices.done
+
     def check_indices(self) -> tuple[IndexMoved, ...] | None:
         """Once per start, at the first readable reading (``cache.last``, NVML readable):
         compare each GPU's NVML index -> UUID (``core.model.sharing.gpu_indices``:
         ``nvmlDeviceGetIndex``/``nvmlDeviceGetUUID``) with the last start's
-        (``config.indices_file``) by ``sources.gpu_indices.check_indices`` (a warning log line
-        for each shared index that names another GPU; this start's map written), set ``moved``
-        and hand each to ``report`` on a thread of its own. Returns what moved, or ``None``
-        before a readable reading (and once done). Never raises."""
-        with self._indices_lock:
-            if self.indices_checked:
-                return None
-            last = self._source.cache.last
-            if last is None or last.snapshot.error is not None:
-                return None
-            moved = check_indices(self.config.indices_file, self.config.sharing.shared,
-                                  gpu_indices(last.snapshot.gpus), "device plugin")  # fmt: skip
-            self.moved = moved
-            self.indices_checked = True
+        (``config.indices_file``) by ``kubeletplugin.IndexCheck``, the DRA plugin's step (a
+        warning log line for each shared index that names another GPU; this start's map
+        written), set ``moved`` and hand each to ``report`` on a thread of its own. Returns
+        what moved, or ``None`` before a readable reading (and once done). Never raises."""
+        return self._indices(self._source.cache.last, self._record_moved)
+
+    def _record_moved(self, moved: tuple[IndexMoved, ...]) -> None:
+        """``moved`` kept, and each handed to ``report`` on a thread of its own (no API request
+        on the tick's thread)."""
+        self.moved = moved
         if moved and self._report is not None:
             report = self._report
             self._reporter = threading.Thread(
@@ -117,7 +118,6 @@ class DevicePluginSet:
                 daemon=True,
             )  # fmt: skip
             self._reporter.start()
-        return moved
 
     def _add(self, profile: str | None, devices: Iterable[tuple[int, str]] | None = ()
              ) -> DevicePlugin:  # fmt: skip

@@ -14,7 +14,11 @@ Device health streams to the kubelet (``DRAResourceHealth``, KEP-4680) at each t
 
 Modules: ``prepare`` (pure: the decision and the CDI spec), ``healthreport`` (pure: device
 health), ``host`` (device nodes, minors, atomic files, the checkpoint), ``metrics`` (the
-counters), ``plugin`` (``DraPlugin``: the gRPC servers and the lifecycle); generated from the
+counters), ``deviceinfo`` (the node's devices now), ``sharing`` (the slices of shared GPUs and
+their MPS daemons), ``claims`` (prepared claims: CDI files and checkpoint entries),
+``registration`` (the registration socket), ``services`` (the DRA socket's servicers),
+``plugin`` (``DraPlugin``: the parts composed on ``kubeletplugin.KubeletPluginHost``, the
+sockets' lifecycle the device plugin shares); generated from the
 kubelet's protos (``scripts/gen-dra-proto``): ``v1`` (DRAPlugin), ``pluginregistration``,
 ``health.v1`` and ``health.v1alpha1``.
 """
