@@ -433,7 +433,7 @@ def _node(*gpus: dict) -> fleet.NodeRow:
            "expires_at": datetime.fromtimestamp(NOW + 325, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "gpus": list(gpus)}  # fmt: skip
     labels = {"omaticaya.io/gpu.health": "Healthy", "omaticaya.io/gpu.count": str(len(gpus))}
-    return fleet.node_row("n1", labels, {"omaticaya.io/telemetry": json.dumps(doc)}, now=NOW)
+    return fleet.node_row("n1", labels, {"omaticaya.io/telemetry": json.dumps(doc)}, fleet.RowContext(now=NOW))
 
 
 def _g(index: int, **extra) -> dict:

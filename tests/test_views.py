@@ -104,7 +104,7 @@ CASES = [
 @pytest.mark.parametrize(("labels_", "annotations", "expected"),
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_node_row(labels_, annotations, expected):
-    row = fleet.node_row("n1", labels_, annotations, now=NOW)
+    row = fleet.node_row("n1", labels_, annotations, fleet.RowContext(now=NOW))
     got = {k: getattr(row, k) for k in expected}
     assert got == expected
 
@@ -151,24 +151,24 @@ LEASE_CASES = [
 @pytest.mark.parametrize(("annotations", "leases", "expected"),
                          [c[1:] for c in LEASE_CASES], ids=[c[0] for c in LEASE_CASES])  # fmt: skip
 def test_node_row_by_the_extenders_rule(annotations, leases, expected):
-    row = fleet.node_row("n1", labels(), annotations, now=NOW, leases=leases)
+    row = fleet.node_row("n1", labels(), annotations, fleet.RowContext(now=NOW, leases=leases))
     assert {k: getattr(row, k) for k in expected} == expected
     assert row.stale == (row.stale_why is not None)
 
 
 def test_a_node_ahead_of_the_clock_shows_why():
-    row = fleet.node_row("n1", labels(), quiet(read_at=NOW + 365 * 86400), now=NOW)
+    row = fleet.node_row("n1", labels(), quiet(read_at=NOW + 365 * 86400), fleet.RowContext(now=NOW))
     assert row.problem.startswith(f"{P}telemetry read_at {stamp(NOW + 365 * 86400)} is 31536000s ahead")
     row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([gpu(0)]).replace(
-        stamp(NOW - 5), "0001-01-01T00:00:00+23:59")}, now=NOW)  # fmt: skip
+        stamp(NOW - 5), "0001-01-01T00:00:00+23:59")}, fleet.RowContext(now=NOW))  # fmt: skip
     assert row.problem == "telemetry annotation without a valid read_at" and not row.stale
 
 
 def test_an_agent_behind_by_10_minutes_is_fresh_while_top_sees_it_change():
     """``top --watch`` saw ``read_at`` change 5 s ago on its own clock."""
     ann = {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 605, refresh_s=330)}
-    assert fleet.node_row("n1", labels(), ann, now=NOW).stale
-    row = fleet.node_row("n1", labels(), ann, now=NOW, seen=Seen(95.0, True), now_mono=100.0)
+    assert fleet.node_row("n1", labels(), ann, fleet.RowContext(now=NOW)).stale
+    row = fleet.node_row("n1", labels(), ann, fleet.RowContext(now=NOW, now_mono=100.0), seen=Seen(95.0, True))
     assert not row.stale
 
 
@@ -181,14 +181,14 @@ def test_an_agent_behind_by_10_minutes_is_fresh_while_top_sees_it_change():
                       ' "expires_at": "0001-01-01T00:05:00+23:59"}'},
 ])
 def test_hostile_telemetry_never_raises_and_renders(hostile):
-    row = fleet.node_row("n1", {P + "gpu.health": "Healthy"}, hostile, now=NOW)
+    row = fleet.node_row("n1", {P + "gpu.health": "Healthy"}, hostile, fleet.RowContext(now=NOW))
     text = _text([row], TopOptions()) + _text([row], TopOptions(gpus=True, output="wide"))
     assert "n1" in text
     json.dumps(fleet.to_json([row]))
 
 
 def test_gpu_rows_from_telemetry():
-    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, now=NOW)
+    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, fleet.RowContext(now=NOW))
     assert [(g.index, g.free_mib, g.health, g.processes) for g in row.gpu_rows] == [
         (0, 40960, "Healthy", 1), (1, 20480, "Healthy", 1)]
     assert fleet.short_uuid(row.gpu_rows[0].uuid) == "00000000"
@@ -203,7 +203,7 @@ def test_gpu_rows_name_the_pods_holding_them():
                               {"namespace": "b", "pod": "y", "container": "c"}]},
         {"index": 2, "pods": [{"namespace": 5, "pod": None}]},  # untrusted: skipped
     ])
-    row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([held, mig])}, now=NOW)
+    row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([held, mig])}, fleet.RowContext(now=NOW))
     assert [(g.pods, g.out_of_band_mib) for g in row.gpu_rows] == [
         (("ml/train-0",), 6144), (("a/x", "b/y"), None)]
     text = _text([row], TopOptions(gpus=True), width=160)
@@ -222,7 +222,7 @@ def test_gpu_rows_show_used_and_limit_of_slices_on_shared_gpus():
     ])
     whole = gpu(1, pods=[{"namespace": "ml", "pod": "t", "container": "c",
                           "memory_used_mib": 30720}])
-    row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([shared, whole])}, now=NOW)
+    row = fleet.node_row("n1", labels(), {P + "telemetry": telemetry([shared, whole])}, fleet.RowContext(now=NOW))
     g0, g1 = row.gpu_rows
     assert g0.shared and not g1.shared and g1.slices == ()
     assert g0.slices == (
@@ -276,8 +276,8 @@ def test_fleet_rows_hides_nodes_without_data_unless_asked():
     nodes = [NodeMeta("plain", labels={"x": "y"}),
              NodeMeta("gpu", labels=labels(), annotations={P + "telemetry": GOOD}),
              NodeMeta("bad", annotations={P + "telemetry": "nope"})]
-    assert [r.name for r in fleet.fleet_rows(nodes, now=NOW)] == ["bad", "gpu"]
-    assert [r.name for r in fleet.fleet_rows(nodes, now=NOW, include_unknown=True)] == [
+    assert [r.name for r in fleet.fleet_rows(nodes, fleet.RowContext(now=NOW))] == ["bad", "gpu"]
+    assert [r.name for r in fleet.fleet_rows(nodes, fleet.RowContext(now=NOW), include_unknown=True)] == [
         "bad", "gpu", "plain"]
     assert [r.name for r in select_rows(nodes, TopOptions(unhealthy=True), NOW)] == ["bad"]
 
@@ -285,12 +285,12 @@ def test_fleet_rows_hides_nodes_without_data_unless_asked():
 def test_prefix_is_honoured():
     nodes = [NodeMeta("n", labels={"example.com/gpu.health": "Healthy",
                                    "example.com/gpu.count": "1"})]
-    assert fleet.fleet_rows(nodes, now=NOW) == []
-    assert fleet.fleet_rows(nodes, now=NOW, prefix="example.com")[0].gpus == 1
+    assert fleet.fleet_rows(nodes, fleet.RowContext(now=NOW)) == []
+    assert fleet.fleet_rows(nodes, fleet.RowContext(now=NOW, prefix="example.com"))[0].gpus == 1
 
 
 def test_json_shape():
-    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, now=NOW)
+    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, fleet.RowContext(now=NOW))
     doc = fleet.to_json([row])
     node = doc["nodes"][0]
     assert node["name"] == "n1" and node["gpu_count"] == 2 and node["unhealthy"] is False
@@ -310,9 +310,10 @@ def _text(rows, options, width=80):
 def test_table_fits_80_columns_with_long_names(gpus):
     rows = [
         fleet.node_row("ip-10-0-12-34.eu-west-1.compute.internal-with-a-very-long-suffix",
-                       labels(), {P + "telemetry": GOOD}, now=NOW),
+                       labels(), {P + "telemetry": GOOD}, fleet.RowContext(now=NOW)),
         fleet.node_row("stale-node", labels(),
-                       {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 7200)}, now=NOW),
+                       {P + "telemetry": telemetry([gpu(0)], read_at=NOW - 7200)},
+                       fleet.RowContext(now=NOW)),
     ]
     text = _text(rows, TopOptions(gpus=gpus))
     assert max(len(line) for line in text.splitlines()) <= 80
@@ -321,7 +322,7 @@ def test_table_fits_80_columns_with_long_names(gpus):
 
 
 def test_node_table_cells():
-    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, now=NOW)
+    row = fleet.node_row("n1", labels(), {P + "telemetry": GOOD}, fleet.RowContext(now=NOW))
     lines = _text([row], TopOptions()).splitlines()
     assert lines[0].split() == ["NODE", "HEALTH", "GPUS", "FREE", "TOTAL", "UTIL", "TEMP", "AGE"]
     assert lines[2].split() == ["n1", "Healthy", "2/2", "40.0Gi", "79.6Gi", "50%", "51C", "5s"]
@@ -465,7 +466,7 @@ _gpu_docs = st.fixed_dictionaries({}, optional={
 )
 def test_any_node_content_renders(label_values, doc):
     annotations = {P + "telemetry": json.dumps(doc)}
-    row = fleet.node_row("n", {P + k: v for k, v in label_values.items()}, annotations, now=NOW)
+    row = fleet.node_row("n", {P + k: v for k, v in label_values.items()}, annotations, fleet.RowContext(now=NOW))
     for options in (TopOptions(), TopOptions(gpus=True), TopOptions(output="wide")):
         assert "n" in _text([row], options, width=200 if options.output == "wide" else 80)
     json.dumps(fleet.to_json([row]), allow_nan=False)

@@ -10,7 +10,8 @@ shows ``Invalid`` with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core import schema
@@ -41,6 +42,7 @@ __all__ = [
     "SliceRow",
     "LeaseView",
     "NodeRow",
+    "RowContext",
     "filter_rows",
     "fleet_rows",
     "node_row",
@@ -89,23 +91,35 @@ def _label_gpus(name: str, mine: Mapping[str, str]) -> tuple[GpuRow, ...]:
     return tuple(rows)
 
 
+@dataclass(frozen=True, slots=True)
+class RowContext:
+    """What a Node's row is judged with: ``now``, the wall clock (epoch seconds); ``prefix``,
+    the labels' and the telemetry's; ``grace_s`` and ``ttl_s``, the staleness rule's
+    (``GRACE_S``, ``TTL_S``); ``leases``, the agents' Leases (``None``: judged by ``read_at``
+    alone); ``now_mono``, the monotonic clock of the ``seen`` given with each Node and of the
+    Leases' (``None``: no observation used); ``max_skew_s``, how far ahead of ``now`` a
+    published time may be, seconds."""
+
+    now: float
+    prefix: str = "omaticaya.io"
+    grace_s: float = GRACE_S
+    ttl_s: float = TTL_S
+    leases: LeaseView | None = None
+    now_mono: float | None = None
+    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
+
+
 def node_row(
     name: str,
     labels: Mapping[str, str] | None,
     annotations: Mapping[str, str] | None,
+    context: RowContext,
     *,
-    now: float,
-    prefix: str = "omaticaya.io",
-    grace_s: float = GRACE_S,
-    ttl_s: float = TTL_S,
-    leases: LeaseView | None = None,
     seen: Seen | None = None,
-    now_mono: float | None = None,
-    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
 ) -> NodeRow:
-    """The row of one Node (``now``: epoch seconds; ``now_mono``: the monotonic clock of
-    ``seen``, when ``read_at`` was seen to take its value, and of the Leases'). Never raises on
-    the Node's content."""
+    """The row of one Node, judged as ``context`` says (``seen``: when ``read_at`` was seen to
+    take its value, on ``context.now_mono``). Never raises on the Node's content."""
+    prefix = context.prefix
     state = schema.parse_node(name, labels, annotations, prefix)
     p = prefix + "/"
     mine = {
@@ -121,81 +135,31 @@ def node_row(
             problem=state.problem,
         )
     readings = schema.parse_gpu_readings(annotations, prefix)
-    if readings:
-        gpu_rows = tuple(
-            GpuRow(
-                node=name,
-                index=r.index,
-                uuid=r.uuid,
-                free_mib=r.memory_free_mib,
-                total_mib=r.memory_total_mib,
-                util_pct=r.utilization_pct,
-                temperature_c=r.temperature_c,
-                health=r.health,
-                reasons=r.reasons,
-                processes=r.process_count,
-                mig=bool(r.mig_enabled),  # None: not known to be MIG
-                pods=holders(r),
-                out_of_band_mib=r.memory_out_of_band_mib,
-                shared=r.shared is True,
-                slices=slices(r),
-                mps=mps(r),
-            )
-            for r in readings
-        )
-    else:
-        gpu_rows = _label_gpus(name, mine)
-    total = schema.json_int(mine.get(schema.names.MEMORY_TOTAL))
-    if total is None:
-        totals = [g.total_mib for g in gpu_rows if g.total_mib is not None]
-        total = min(totals) if totals else None
-    free = schema.json_int(mine.get(schema.names.MEMORY_FREE))
-    if free is None:
-        frees = [g.free_mib for g in state.gpus if g.healthy]
-        free = max(frees) if frees else None
-    healthy_whole = [g for g in gpu_rows if g.health == "Healthy" and not g.mig]
-    utils = [g.util_pct for g in healthy_whole if g.util_pct is not None]
-    util = sum(utils) / len(utils) if utils else None
-    if util is None:
-        label_util = schema.json_int(mine.get(schema.names.UTILIZATION))
-        util = float(label_util) if label_util is not None else None
-    temps = [g.temperature_c for g in gpu_rows if g.temperature_c is not None]
+    gpu_rows = tuple(_gpu_row(name, r) for r in readings) if readings else _label_gpus(name, mine)
+    problem, stale, stale_why = _liveness(state, context, seen)
+    health = state.health or "Unknown"
+    if problem:
+        health = INVALID
     count = schema.json_int(mine.get(schema.names.GPU_COUNT))
     healthy = schema.json_int(mine.get(schema.names.HEALTHY_COUNT))
     if count is None and gpu_rows:
         count = len(gpu_rows)
     if healthy is None and gpu_rows:
         healthy = sum(1 for g in gpu_rows if g.health == "Healthy")
-    age = now - state.read_at if state.read_at is not None else None
-    problem, stale, stale_why = state.problem, False, None
-    if state.read_at is not None and not problem:
-        lookup = None
-        if leases is not None and state.lease is not None and leases.watched(state.lease):
-            lookup = leases.lease
-        alive = node_liveness(
-            state, seen=seen, leases=lookup, prefix=prefix, now_s=now, now_mono_s=now_mono,
-            ttl_s=ttl_s, grace_s=grace_s, max_skew_s=max_skew_s,
-        )  # fmt: skip
-        if alive.kind == AHEAD:
-            problem = alive.why
-        stale = alive.kind == STALE
-        stale_why = alive.why if stale else None
-    health = state.health or "Unknown"
-    if problem:
-        health = INVALID
+    temps = [g.temperature_c for g in gpu_rows if g.temperature_c is not None]
     return NodeRow(
         name=name,
         health=health,
         gpus=count,
         healthy=healthy,
-        free_mib=free,
-        total_mib=total,
+        free_mib=_free_mib(mine, state),
+        total_mib=_total_mib(mine, gpu_rows),
         free_total_mib=schema.json_int(mine.get(schema.names.MEMORY_FREE_TOTAL)),
-        util_pct=util,
+        util_pct=_util_pct(mine, gpu_rows),
         idle=schema.json_int(mine.get(schema.names.IDLE_COUNT)),
         temperature_c=max(temps) if temps else None,
         product=mine.get(schema.names.PRODUCT),
-        age_s=age,
+        age_s=context.now - state.read_at if state.read_at is not None else None,
         stale=stale,
         stale_why=stale_why,
         problem=problem,
@@ -203,21 +167,90 @@ def node_row(
     )
 
 
+def _gpu_row(node: str, r: schema.GpuTelemetry) -> GpuRow:
+    """The row of GPU reading ``r`` of Node ``node``."""
+    return GpuRow(
+        node=node,
+        index=r.index,
+        uuid=r.uuid,
+        free_mib=r.memory_free_mib,
+        total_mib=r.memory_total_mib,
+        util_pct=r.utilization_pct,
+        temperature_c=r.temperature_c,
+        health=r.health,
+        reasons=r.reasons,
+        processes=r.process_count,
+        mig=bool(r.mig_enabled),  # None: not known to be MIG
+        pods=holders(r),
+        out_of_band_mib=r.memory_out_of_band_mib,
+        shared=r.shared is True,
+        slices=slices(r),
+        mps=mps(r),
+    )
+
+
+def _total_mib(mine: Mapping[str, str], gpu_rows: Sequence[GpuRow]) -> int | None:
+    """The node's memory per GPU, MiB: its label, else the least of its GPUs'."""
+    total = schema.json_int(mine.get(schema.names.MEMORY_TOTAL))
+    if total is None:
+        totals = [g.total_mib for g in gpu_rows if g.total_mib is not None]
+        total = min(totals) if totals else None
+    return total
+
+
+def _free_mib(mine: Mapping[str, str], state: schema.NodeGpuState) -> int | None:
+    """The node's free memory, MiB: its label, else the most of a healthy GPU's."""
+    free = schema.json_int(mine.get(schema.names.MEMORY_FREE))
+    if free is None:
+        frees = [g.free_mib for g in state.gpus if g.healthy]
+        free = max(frees) if frees else None
+    return free
+
+
+def _util_pct(mine: Mapping[str, str], gpu_rows: Sequence[GpuRow]) -> float | None:
+    """The node's utilisation, percent: the mean of its healthy whole GPUs', else its label."""
+    healthy_whole = [g for g in gpu_rows if g.health == "Healthy" and not g.mig]
+    utils = [g.util_pct for g in healthy_whole if g.util_pct is not None]
+    if utils:
+        return sum(utils) / len(utils)
+    label_util = schema.json_int(mine.get(schema.names.UTILIZATION))
+    return float(label_util) if label_util is not None else None
+
+
+def _liveness(
+    state: schema.NodeGpuState, context: RowContext, seen: Seen | None
+) -> tuple[str | None, bool, str | None]:
+    """``(problem, stale, why stale)`` of a known Node, by ``node_liveness`` (a Lease the
+    ``context`` does not read: judged by ``read_at``); a time ahead of the clock is a
+    problem."""
+    problem = state.problem
+    if state.read_at is None or problem:
+        return problem, False, None
+    leases = context.leases
+    lookup = None
+    if leases is not None and state.lease is not None and leases.watched(state.lease):
+        lookup = leases.lease
+    alive = node_liveness(
+        state, seen=seen, leases=lookup, prefix=context.prefix, now_s=context.now,
+        now_mono_s=context.now_mono, ttl_s=context.ttl_s, grace_s=context.grace_s,
+        max_skew_s=context.max_skew_s,
+    )  # fmt: skip
+    if alive.kind == AHEAD:
+        problem = alive.why
+    stale = alive.kind == STALE
+    return problem, stale, alive.why if stale else None
+
+
 def fleet_rows(
     nodes: Iterable[Any],
+    context: RowContext,
     *,
-    now: float,
-    prefix: str = "omaticaya.io",
-    grace_s: float = GRACE_S,
-    ttl_s: float = TTL_S,
     include_unknown: bool = False,
-    leases: LeaseView | None = None,
     seen: Callable[[str], Seen | None] | None = None,
-    now_mono: float | None = None,
 ) -> list[NodeRow]:
     """Rows of Nodes (anything with ``name``, ``labels``, ``annotations``: ``NodeMeta``), by
-    name; Nodes with no Omaticaya data at all only with ``include_unknown``. ``leases``,
-    ``seen`` (by Node name) and ``now_mono`` as ``node_row``."""
+    name, judged as ``context`` says; Nodes with no Omaticaya data at all only with
+    ``include_unknown``. ``seen``: by Node name, as ``node_row``'s."""
     rows = []
     for node in nodes:
         name = str(getattr(node, "name", "") or "")
@@ -225,13 +258,8 @@ def fleet_rows(
             name,
             getattr(node, "labels", None),
             getattr(node, "annotations", None),
-            now=now,
-            prefix=prefix,
-            grace_s=grace_s,
-            ttl_s=ttl_s,
-            leases=leases,
+            context,
             seen=seen(name) if seen is not None else None,
-            now_mono=now_mono,
         )
         if row.known or row.problem or include_unknown:
             rows.append(row)

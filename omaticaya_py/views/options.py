@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.rules.liveness import Seen
-from .fleet import GRACE_S, TTL_S, LeaseView, NodeRow, filter_rows, fleet_rows, sort_rows
+from .fleet import (
+    GRACE_S,
+    TTL_S,
+    LeaseView,
+    NodeRow,
+    RowContext,
+    filter_rows,
+    fleet_rows,
+    sort_rows,
+)
 
 __all__ = ["OUTPUTS", "TopOptions", "select_rows", "top_options"]
 
@@ -51,17 +60,8 @@ def select_rows(
 ) -> list[NodeRow]:
     """Nodes -> the rows shown: parsed, judged (``leases``, ``seen``, ``now_mono`` as
     ``fleet.node_row``), filtered and sorted as the options say."""
-    rows = fleet_rows(
-        nodes,
-        now=now,
-        prefix=options.prefix,
-        grace_s=options.grace_s,
-        ttl_s=options.ttl_s,
-        include_unknown=options.all_nodes,
-        leases=leases,
-        seen=seen,
-        now_mono=now_mono,
-    )
+    context = RowContext(now, options.prefix, options.grace_s, options.ttl_s, leases, now_mono)
+    rows = fleet_rows(nodes, context, include_unknown=options.all_nodes, seen=seen)
     rows = filter_rows(rows, unhealthy=options.unhealthy, stale=options.stale)
     return sort_rows(rows, options.sort)
 

@@ -192,12 +192,12 @@ def _top(
     out: IO[str],
     clock: Callable[[], float],
 ) -> int:
+    """The Nodes of ``feed`` shown once, or watched (``options.watch``) until interrupted;
+    Leases read through ``leases``, ages by ``clock`` (epoch seconds). Returns 0."""
     nodes = feed.start()
     sightings = Sightings(options.prefix)
-    node: NodeMeta | None  # a Node, then each change (None: deleted)
     for node in nodes.values():
         sightings.see(node)
-    as_json = options.output == "json"
 
     def rows_now() -> list[NodeRow]:
         leases.follow(sightings.namespaces())
@@ -208,12 +208,28 @@ def _top(
 
     if not options.watch:
         rows = rows_now()
-        if as_json:
+        if options.output == "json":
             _emit_json(rows, out, one_line=False)
         else:
             _console(out, options.output == "wide").print(render(rows, options))
         return 0
+    _watch(feed, nodes, sightings, rows_now, options, out)
+    return 0
 
+
+def _watch(
+    feed: NodeFeed,
+    nodes: dict[str, NodeMeta],
+    sightings: Sightings,
+    rows_now: Callable[[], list[NodeRow]],
+    options: TopOptions,
+    out: IO[str],
+) -> None:
+    """Draw ``rows_now()`` on ``out``, then again after each batch of the ``feed``'s changes
+    (kept in ``nodes`` and ``sightings``) or every ``options.interval_s`` seconds (ages move
+    on); in place on a terminal, JSON lines with ``-o json``. Ends only by an exception
+    (Ctrl-C)."""
+    as_json = options.output == "json"
     console = _console(out, options.output == "wide")
     live: Live | None = None
     if not as_json and out.isatty():
@@ -231,6 +247,7 @@ def _top(
             console.print()
             out.flush()
 
+    node: NodeMeta | None  # each change (None: deleted)
     try:
         draw()
         interval = max(1, int(options.interval_s))
