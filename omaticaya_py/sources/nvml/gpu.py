@@ -108,31 +108,7 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
     try:
         mem = calls.call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, h)
         util, mem_util, gpm = _utilization(calls, device)
-        temp = calls.field(
-            "nvmlDeviceGetTemperature",
-            pynvml.nvmlDeviceGetTemperature,
-            h,
-            pynvml.NVML_TEMPERATURE_GPU,
-        )
-        power_mw = calls.field("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, h)
-        pstate = calls.field(
-            "nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, h
-        )
-        ecc_u = calls.field(
-            "nvmlDeviceGetTotalEccErrors",
-            pynvml.nvmlDeviceGetTotalEccErrors,
-            h,
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            pynvml.NVML_VOLATILE_ECC,
-        )
-        ecc_c = calls.field(
-            "nvmlDeviceGetTotalEccErrors",
-            pynvml.nvmlDeviceGetTotalEccErrors,
-            h,
-            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-            pynvml.NVML_VOLATILE_ECC,
-        )
-        remap = calls.field("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, h)
+        sensors = _sensors(calls, h)
         procs = calls.field(
             "nvmlDeviceGetComputeRunningProcesses",
             pynvml.nvmlDeviceGetComputeRunningProcesses,
@@ -154,16 +130,50 @@ def read_gpu(calls: Calls, device: Device) -> GpuReading:
         sm_active_pct=gpm["sm_active_pct"],
         tensor_active_pct=gpm["tensor_active_pct"],
         dram_bw_pct=gpm["dram_bw_pct"],
-        temperature_c=int(temp) if temp is not None else None,
-        power_w=power_mw / 1000.0 if power_mw is not None else None,
-        performance_state=int(pstate) if pstate is not None else None,
-        ecc_uncorrected_volatile=int(ecc_u) if ecc_u is not None else None,
-        ecc_corrected_volatile=int(ecc_c) if ecc_c is not None else None,
-        # (correctable, uncorrectable, isPending, failureOccurred)
-        remapped_rows_pending=bool(remap[2]) if remap is not None else None,
-        remapped_rows_failure=bool(remap[3]) if remap is not None else None,
+        **sensors,
         process_count=len(procs) if procs is not None else None,
         processes=processes(procs),
         mig_devices=migs,
         **static,
     )
+
+
+def _sensors(calls: Calls, h: Any) -> dict[str, Any]:
+    """The GPU ``h``'s temperature, power, performance state, volatile ECC counts and row
+    remapping, as ``GpuReading``'s fields (``temperature_c``, ``power_w``,
+    ``performance_state``, ``ecc_uncorrected_volatile``, ``ecc_corrected_volatile``,
+    ``remapped_rows_pending``, ``remapped_rows_failure``): ``None`` where NVML does not
+    support one. Raises the ``pynvml.NVMLError`` of the GPU (lost...) or ``LIBRARY_GONE``."""
+    temp = calls.field(
+        "nvmlDeviceGetTemperature",
+        pynvml.nvmlDeviceGetTemperature,
+        h,
+        pynvml.NVML_TEMPERATURE_GPU,
+    )
+    power_mw = calls.field("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, h)
+    pstate = calls.field("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, h)
+    ecc_u = calls.field(
+        "nvmlDeviceGetTotalEccErrors",
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        h,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    )
+    ecc_c = calls.field(
+        "nvmlDeviceGetTotalEccErrors",
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        h,
+        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    )
+    remap = calls.field("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, h)
+    return {
+        "temperature_c": int(temp) if temp is not None else None,
+        "power_w": power_mw / 1000.0 if power_mw is not None else None,
+        "performance_state": int(pstate) if pstate is not None else None,
+        "ecc_uncorrected_volatile": int(ecc_u) if ecc_u is not None else None,
+        "ecc_corrected_volatile": int(ecc_c) if ecc_c is not None else None,
+        # (correctable, uncorrectable, isPending, failureOccurred)
+        "remapped_rows_pending": bool(remap[2]) if remap is not None else None,
+        "remapped_rows_failure": bool(remap[3]) if remap is not None else None,
+    }
