@@ -61,8 +61,8 @@ def start_extender(tree: Path, kubeconfig: str, name: str, port: int, strategy: 
     reads it); waits for ``/readyz`` (its Node cache synced)."""
     env = {k: val for k, val in os.environ.items() if not k.startswith("OMATICAYA_")}
     env.update(PYTHONPATH=str(tree), OMATICAYA_EXTENDER_PORT=str(port),
-               OMATICAYA_EXTENDER_ADDRESS="127.0.0.1", OMATICAYA_EXTENDER_STRATEGY=strategy,
-               OMATICAYA_EXTENDER_SETTLE_S="3600", OMATICAYA_EXTENDER_SCHEDULER_NAME=name,
+               OMATICAYA_EXTENDER_ADDRESS="127.0.0.1", OMATICAYA_PLACEMENT_POLICY=strategy,
+               OMATICAYA_SETTLE_S="3600", OMATICAYA_EXTENDER_SCHEDULER_NAME=name,
                OMATICAYA_EXTENDER_KUBECONFIG=kubeconfig)  # fmt: skip
     cwd = tmp / f"{name}-cwd"
     cwd.mkdir()

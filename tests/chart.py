@@ -46,8 +46,8 @@ NESTED_VALUE = {
     "share_unit_mib": "sharing.unitMib",
     "shared_resource": "sharing.resource",
     # one policy for the device plugin and the extender (issue 38), not a sharing value
-    "share_policy": "placement.policy",
-    "share_settle_s": "sharing.settleS",
+    "placement_policy": "placement.policy",
+    "settle_s": "placement.settleS",
     "share_enforcement": "sharing.enforcement",
     # evict also grants create on pods/eviction (clusterrole.yaml)
     "slice_over_limit_action": "sharing.overLimitAction",

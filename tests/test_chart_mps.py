@@ -171,7 +171,7 @@ AGENT_CHANGES = {
     "labels": {"perGpuLabels": False, "temperatureLabels": True, "prefix": "gpu.example.com"},
     "podResourcesSocket": {"podResourcesSocket": "off"},
     "placement": {"placement": {"policy": "spread"}},
-    "sharing.settleS": {"sharing": {"gpus": "0-1", "settleS": 5}},
+    "placement.settleS": {"sharing": {"gpus": "0-1"}, "placement": {"settleS": 5}},
     "sharing.mps.threadShare": {"sharing": {"gpus": "0-1", "mps": {"threadShare": True}}},
     "scheduler": {"scheduler": {"enabled": True}},
     "vap": {"validatingAdmissionPolicy": {"enabled": False}},

@@ -124,8 +124,8 @@ def extender(r: Rendered) -> bool:
 
 
 def extender_pods(r: Rendered) -> bool:
-    """The in-flight pod cache runs when ``OMATICAYA_EXTENDER_SETTLE_S`` > 0."""
-    return extender(r) and float(r.extender_env.get("OMATICAYA_EXTENDER_SETTLE_S", "0")) > 0
+    """The in-flight pod cache runs when ``OMATICAYA_SETTLE_S`` > 0."""
+    return extender(r) and float(r.extender_env.get("OMATICAYA_SETTLE_S", "0")) > 0
 
 
 def extender_preempts(r: Rendered) -> bool:

@@ -94,7 +94,7 @@ ENV_CASES = [
         "OMATICAYA_PLACEMENT_POLICY",
         "spread",
     ),
-    ("sharing-settleS", {"sharing": {"settleS": 15}}, "OMATICAYA_SHARE_SETTLE_S", "15"),
+    ("placement-settleS", {"placement": {"settleS": 15}}, "OMATICAYA_SETTLE_S", "15"),
     (
         "sharing-resource",
         {"sharing": {"resource": "example.com/vram"}},
@@ -239,11 +239,13 @@ EXTENDER_ENV = "OMATICAYA_EXTENDER_"
 
 def _env_names() -> dict[str, Any]:
     """Each setting's variable (the first of ``field_env_names``: one a setting both the agent
-    and the extender read, the placement policy, once) -> its pydantic field."""
+    and the extender read, the placement section's, once) -> its pydantic field; the agent's,
+    the MPS supervisor's and the extender's."""
+    from omaticaya_py.mps.settings import MpsSettings
     from omaticaya_py.scheduler import ExtenderSettings
 
     out: dict[str, Any] = {}
-    for cls in (Settings, ExtenderSettings):
+    for cls in (Settings, MpsSettings, ExtenderSettings):
         for field, info in cls.model_fields.items():
             out.setdefault(field_env_names(cls, field)[0], info)
     return out
@@ -296,16 +298,54 @@ def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):
         if any(e["name"].startswith(EXTENDER_ENV) for e in c.get("env", []))
     ]  # fmt: skip
     env = {e["name"]: e["value"] for e in extender["env"] if "value" in e}
-    assert env["OMATICAYA_EXTENDER_SHARED_RESOURCE"] == "example.com/vram"
+    assert env["OMATICAYA_SHARED_RESOURCE"] == "example.com/vram"
     assert env_of(docs)["OMATICAYA_SHARED_RESOURCE"] == "example.com/vram"
     for key in list(os.environ):
         if key.startswith("OMATICAYA_"):
             monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
     for key, value in env.items():
-        if key.startswith(EXTENDER_ENV):
+        if key.startswith("OMATICAYA_"):
             monkeypatch.setenv(key, value)
     assert load_extender_settings().shared_resource == "example.com/vram"
+    # one name per fact (issue 49): the extender's container has none of its former names
+    assert not {"OMATICAYA_EXTENDER_SHARED_RESOURCE", "OMATICAYA_EXTENDER_DEVICE_PLUGIN_RESOURCE",
+                "OMATICAYA_EXTENDER_SETTLE_S", "OMATICAYA_EXTENDER_STRATEGY"} & set(env)  # fmt: skip
+
+
+@pytest.mark.parametrize("settle_s", [None, 0, 15])
+def test_settle_time_reaches_both_sides(helm, monkeypatch, tmp_path, settle_s):
+    """``placement.settleS`` is the one value (issue 49): rendered as OMATICAYA_SETTLE_S into the
+    agent (a slice's memory counts on its GPU until the reading shows it) and the extender (a
+    placed pod's), and both load it."""
+    from omaticaya_py.scheduler.settings import load_extender_settings
+
+    values: dict[str, Any] = {"scheduler": {"enabled": True}, "devicePlugin": True}
+    if settle_s is not None:
+        values["placement"] = {"settleS": settle_s}
+    docs = render(helm, values)
+    agent, extender = env_of(docs), _extender_env(docs)
+    want = 60 if settle_s is None else settle_s
+    assert agent["OMATICAYA_SETTLE_S"] == extender["OMATICAYA_SETTLE_S"] == str(want)
+    for key in list(os.environ):
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    for key, value in extender.items():
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.setenv(key, value)
+    assert load_extender_settings().settle_s == want
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [("sharing.settleS", {"sharing": {"settleS": 5}}),
+     ("scheduler.extender.settleS", {"scheduler": {"enabled": True, "extender": {"settleS": 5}}})],
+)  # fmt: skip
+def test_a_removed_settle_value_fails_the_render_naming_the_new_one(helm, name, values):
+    proc = template(helm, values, check=False)
+    assert proc.returncode != 0
+    assert f"{name} (5): removed, use placement.settleS instead" in proc.stderr
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,7 +384,7 @@ def test_placement_policy_reaches_both_sides(helm, monkeypatch, tmp_path, policy
     for key, value in extender.items():
         if key.startswith("OMATICAYA_"):
             monkeypatch.setenv(key, value)
-    assert load_extender_settings().strategy == want
+    assert load_extender_settings().placement_policy == want
 
 
 REMOVED_POLICY_VALUES = [

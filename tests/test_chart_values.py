@@ -71,7 +71,7 @@ BAD_VALUES = [
     ("sharing-unitMib-zero", {"sharing": {"unitMib": 0}}, "/sharing/unitMib"),
     ("placement-policy", {"placement": {"policy": "pack"}}, "/placement/policy"),
     ("placement-unknown-key", {"placement": {"strategy": "spread"}}, "strategy"),
-    ("sharing-settleS-negative", {"sharing": {"settleS": -1}}, "/sharing/settleS"),
+    ("placement-settleS-negative", {"placement": {"settleS": -1}}, "/placement/settleS"),
     ("sharing-resource-no-domain", {"sharing": {"resource": "vram"}}, "/sharing/resource"),
     ("sharing-unknown-key", {"sharing": {"gpu": "all"}}, "gpu"),
     ("deviceListStrategy-unknown", {"deviceListStrategy": ["volumes"]}, "/deviceListStrategy"),

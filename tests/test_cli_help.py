@@ -81,10 +81,10 @@ def test_cleanup_takes_dry_run():
 
 @pytest.mark.parametrize(
     ("command", "old", "field"),
-    [("run", "--share-policy", "share_policy"), ("once", "--share-policy", "share_policy"),
-     ("show", "--share-policy", "share_policy"),
-     ("device-plugin", "--share-policy", "share_policy"),
-     ("extender", "--strategy", "strategy")],
+    [("run", "--share-policy", "placement_policy"), ("once", "--share-policy", "placement_policy"),
+     ("show", "--share-policy", "placement_policy"),
+     ("device-plugin", "--share-policy", "placement_policy"),
+     ("extender", "--strategy", "placement_policy")],
 )  # fmt: skip
 def test_the_placement_policy_flag_is_named_for_its_variable(capsys, command, old, field):
     parser = subparsers()[command]

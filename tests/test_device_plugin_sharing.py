@@ -448,7 +448,7 @@ def test_out_of_band_memory_in_a_later_reading_steers_slices_away(rig: Rig) -> N
 
 
 def test_spread(folder: Path) -> None:
-    rig = Rig(folder, share_policy="spread")
+    rig = Rig(folder, placement_policy="spread")
     rig.at(0.0)
     gpus = rig.set.shared_plugin.gpu_states()
     first = rig.set.shared_plugin.slicer.preferred(gpus, all_units(), [], 30)

@@ -5,7 +5,7 @@ NVML test library, which serves the 8-GPU sharing trace (``test_device_plugin_sh
 GPU 0 81,079 MiB free, GPU 1 50,359 with 30 GiB held out of band, GPU 2 70,839, GPU 3 9,399,
 every GPU 79 units of 1,024 MiB) at the sample the test writes to a sample file, so each phase
 lasts as long as the test needs it. GPUs 0-3 are shared (``omaticaya.io/gpu-memory``), 4-7
-whole (``nvidia.com/gpu``). ``OMATICAYA_SHARE_SETTLE_S`` is an hour: the test pods (busybox)
+whole (``nvidia.com/gpu``). ``OMATICAYA_SETTLE_S`` is an hour: the test pods (busybox)
 never use their slices, so only the plugin's book keeps them counted against live memory.
 
 The tests follow one another (pods stay): A, B, C, then the out-of-band phase, F, health,
@@ -61,7 +61,7 @@ class Plugin:
             OMATICAYA_SHARED_GPUS="0-3",
             # no MPS daemon here (tests/test_mps_cluster.py runs one): the units served as before
             OMATICAYA_SHARE_ENFORCEMENT="none",
-            OMATICAYA_SHARE_SETTLE_S="3600",
+            OMATICAYA_SETTLE_S="3600",
             PYTHONPATH=str(REPO_ROOT),
         )
         env.pop("OMATICAYA_TRACE", None)

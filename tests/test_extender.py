@@ -223,7 +223,7 @@ PRIORITY_CASES = [
 def test_prioritize(pod_doc, strategy, ranked, zero):
     """Assert the ordering the strategy promises, not the formula's numbers: the best fit gets
     the top score, each next one strictly less, every fitting node more than 0, the rest 0."""
-    result = handle_prioritize(args_with_nodes(pod_doc, ALL), settings(strategy=strategy), now=NOW)
+    result = handle_prioritize(args_with_nodes(pod_doc, ALL), settings(placement_policy=strategy), now=NOW)
     assert [r["Host"] for r in result] == ALL
     assert all(0 <= r["Score"] <= MAX_PRIORITY and set(r) == {"Host", "Score"} for r in result)
     score = {r["Host"]: r["Score"] for r in result}
@@ -240,12 +240,12 @@ def test_prioritize(pod_doc, strategy, ranked, zero):
 
 def test_settings_defaults_and_env(monkeypatch):
     s = settings()
-    assert (s.port, s.strategy, s.ttl_s, s.grace_s, s.fail_open, s.prefix) == (
+    assert (s.port, s.placement_policy, s.ttl_s, s.grace_s, s.fail_open, s.prefix) == (
         8888, "binpack", 300, 60, False, "omaticaya.io")  # fmt: skip
     monkeypatch.setenv("OMATICAYA_EXTENDER_STRATEGY", "Spread")
     monkeypatch.setenv("OMATICAYA_EXTENDER_FAIL_OPEN", "true")
     s = load_extender_settings()
-    assert s.strategy == "spread" and s.fail_open
+    assert s.placement_policy == "spread" and s.fail_open
 
 
 @pytest.mark.parametrize(
@@ -272,7 +272,7 @@ def test_subcommand_flags_and_exit_status_2(capsys):
 
     argv = ["extender", "--strategy", "spread", "--port", "0", "--fail-open"]
     args = build_parser().parse_args(argv)
-    assert (args.command, args.strategy, args.port, args.fail_open) == ("extender", "spread", "0", True)
+    assert (args.command, args.placement_policy, args.port, args.fail_open) == ("extender", "spread", "0", True)
     assert main(argv) == 2
     assert "OMATICAYA_EXTENDER_PORT='0'" in capsys.readouterr().err
 

@@ -254,7 +254,7 @@ def test_a_burst_onto_idle_gpus_all_passes_and_no_gpu_is_overcommitted(strategy)
     in-flight pods) though there was room for 160."""
     names = [f"n{i}" for i in range(10)]
     states = {n: node(n, *[H100_FREE] * 8) for n in names}
-    ext = extender(states, strategy=strategy)
+    ext = extender(states, placement_policy=strategy)
     chosen = []
     for i in range(40):
         out = ext.filter({"Pod": pod(f"p{i}"), "NodeNames": names})

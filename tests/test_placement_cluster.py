@@ -54,7 +54,7 @@ def burst(api, scheduling_cluster, tmp_path_factory) -> Iterator[dict[str, Any]]
     api.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
     agents = Agents(scheduling_cluster, tmp)
     names = {role: f"burst-{role}-{os.getpid()}" for role in FREE}
-    env = {"OMATICAYA_EXTENDER_SETTLE_S": "600", "OMATICAYA_EXTENDER_SCHEDULER_NAME": SCHEDULER}
+    env = {"OMATICAYA_SETTLE_S": "600", "OMATICAYA_EXTENDER_SCHEDULER_NAME": SCHEDULER}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     sched = None

@@ -284,7 +284,7 @@ class ExtenderScheduler:
         settings = ExtenderSettings(
             address="127.0.0.1",
             port=port,
-            strategy=strategy,
+            placement_policy=strategy,
             ttl_s=TTL_S,
             grace_s=GRACE_S,
             kubeconfig=str(cluster.kubeconfig),

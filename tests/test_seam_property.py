@@ -203,7 +203,7 @@ class Node:
         self.ext = Extender(s, lambda name: self.state if name == "n" else None,
                             clock=lambda: self.read_s + 5, monotonic=lambda: 0.0,
                             ledger=self.ledger)  # fmt: skip
-        self.slicer = Slicer(U, policy=s.strategy, clock=lambda: 0.0)
+        self.slicer = Slicer(U, policy=s.placement_policy, clock=lambda: 0.0)
         self.free = [g.free_mib for g in self.specs]
         shared = [i for i, g in enumerate(self.specs) if g.shared]
         self.agent_settings = settings(shared_gpus=",".join(map(str, shared)))

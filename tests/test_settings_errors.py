@@ -176,7 +176,7 @@ def clean_env(monkeypatch, tmp_path):
 def test_the_extender_reads_the_placement_policy(clean_env, monkeypatch, env, strategy):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert load_extender_settings().strategy == strategy
+    assert load_extender_settings().placement_policy == strategy
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_both_names_set_differently_is_an_error_naming_both(clean_env, monkeypat
 def test_a_flag_wins_over_both_names(clean_env, monkeypatch):
     monkeypatch.setenv(POLICY, "spread")
     monkeypatch.setenv(OLD_STRATEGY, "binpack")
-    assert load_extender_settings(strategy="spread").strategy == "spread"
+    assert load_extender_settings(placement_policy="spread").placement_policy == "spread"
 
 
 @pytest.mark.parametrize("var", [POLICY, OLD_STRATEGY])

@@ -41,7 +41,7 @@ def test_the_plugins_policy_is_the_placement_policy(env, given, policy) -> None:
     for key, value in given.items():
         env.setenv(key, value)
     settings = load_settings()
-    assert settings.share_policy == policy
+    assert settings.placement_policy == policy
     assert plugin_config(settings).sharing.policy == policy
 
 
@@ -64,10 +64,12 @@ def test_a_bad_policy_names_the_variable_it_came_from(env) -> None:
 
 def test_the_device_plugin_section_is_one_model() -> None:
     """The plugin's settings are a section of their own that the agent's settings include."""
-    section = set(DevicePluginSettings.model_fields) - set(DevicePluginSettings.__base__.model_fields)
+    from omaticaya_py.core.config.settings_base import CommonSettings
+
+    section = set(DevicePluginSettings.model_fields) - set(CommonSettings.model_fields)
     assert section == {
         "device_plugin", "device_plugin_resource", "device_plugin_dir", "shared_gpus",
-        "share_unit_mib", "shared_resource", "share_policy", "share_settle_s",
+        "share_unit_mib", "shared_resource", "placement_policy", "settle_s",
         "device_list_strategy", "share_enforcement", "mps_root", "mps_state_dir",
         "mps_thread_share", "mps_stale_s", "dra", "dra_plugin_dir", "dra_registry_dir",
         "dra_cdi_dir", "dra_dev_root", "dra_taint_effect",

@@ -122,8 +122,11 @@ def test_a_bad_unit_request_fails_every_node_with_the_reason(raw):
     assert out["FailedAndUnresolvableNodes"] == out["FailedNodes"]  # evicting cannot help
 
 
-def test_the_shared_resource_is_a_setting(monkeypatch):
-    monkeypatch.setenv("OMATICAYA_EXTENDER_SHARED_RESOURCE", "example.com/vram")
+@pytest.mark.parametrize("name", ["OMATICAYA_SHARED_RESOURCE", "OMATICAYA_EXTENDER_SHARED_RESOURCE"])
+def test_the_shared_resource_is_a_setting(monkeypatch, name):
+    """One name for the device plugin and the extender (issue 49); the extender's former name
+    still read."""
+    monkeypatch.setenv(name, "example.com/vram")
     s = ExtenderSettings(_env_file=None)
     assert s.shared_resource == "example.com/vram"
     pod = slice_pod(8, resource="example.com/vram")

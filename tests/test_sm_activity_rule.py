@@ -35,7 +35,7 @@ def gpu(free: int, **kw: Any) -> dict[str, Any]:
 def judged(
     nodes: dict[str, str], mib: int, strategy: str = "binpack"
 ) -> tuple[Any, dict[str, int]]:
-    settings = ExtenderSettings(_env_file=None, strategy=strategy)  # type: ignore[call-arg]
+    settings = ExtenderSettings(_env_file=None, placement_policy=strategy)  # type: ignore[call-arg]
     states = {
         name: parse_node(name, HEALTHY, {P + "telemetry": raw}) for name, raw in nodes.items()
     }

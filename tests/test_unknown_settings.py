@@ -23,9 +23,14 @@ EXTENDER = env_names(ExtenderSettings)
 def test_env_names_are_the_variables_the_settings_read():
     assert {"OMATICAYA_SCHEDULE", "OMATICAYA_SHARED_GPUS", "OMATICAYA_PREFIX", "NODE_NAME"} <= AGENT
     assert {"OMATICAYA_EXTENDER_PORT", "OMATICAYA_EXTENDER_PREFIX"} <= EXTENDER
-    # one setting both sides read (issue 38): the placement policy
-    assert AGENT & EXTENDER <= {"OMATICAYA_PLACEMENT_POLICY"}
-    assert "OMATICAYA_PLACEMENT_POLICY" in EXTENDER
+    # the settings both sides read (issues 38, 49): the placement section, one name per fact
+    # (and the former names, still read)
+    assert AGENT & EXTENDER == {
+        "OMATICAYA_PLACEMENT_POLICY", "OMATICAYA_SHARE_POLICY", "OMATICAYA_EXTENDER_STRATEGY",
+        "OMATICAYA_SETTLE_S", "OMATICAYA_SHARE_SETTLE_S", "OMATICAYA_EXTENDER_SETTLE_S",
+        "OMATICAYA_SHARED_RESOURCE", "OMATICAYA_EXTENDER_SHARED_RESOURCE",
+        "OMATICAYA_DEVICE_PLUGIN_RESOURCE", "OMATICAYA_EXTENDER_DEVICE_PLUGIN_RESOURCE",
+    }
     assert not (AGENT | EXTENDER) & NOT_SETTINGS
 
 
@@ -102,3 +107,51 @@ def test_the_extender_says_a_misspelt_variable(tmp_path):
                      OMATICAYA_EXTENDER_STRATEGI="spread")
     assert ("OMATICAYA_EXTENDER_STRATEGI is not a setting of omaticaya extender and is "
             "ignored; did you mean OMATICAYA_EXTENDER_STRATEGY?") in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# former names (issue 49: one name per fact; the old ones still read, with a warning)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cls", "environ", "expected"),
+    [
+        (Settings, {}, []),
+        (Settings, {"OMATICAYA_SETTLE_S": "5", "OMATICAYA_PLACEMENT_POLICY": "spread"}, []),
+        (Settings, {"OMATICAYA_SHARE_SETTLE_S": "5"}, ["OMATICAYA_SHARE_SETTLE_S:OMATICAYA_SETTLE_S"]),
+        (ExtenderSettings, {"OMATICAYA_EXTENDER_SETTLE_S": "5", "OMATICAYA_EXTENDER_STRATEGY": "spread"},
+         ["OMATICAYA_EXTENDER_SETTLE_S:OMATICAYA_SETTLE_S",
+          "OMATICAYA_EXTENDER_STRATEGY:OMATICAYA_PLACEMENT_POLICY"]),
+        # as pydantic-settings reads them: without regard to case (a .env's names come lowered)
+        (ExtenderSettings, {"omaticaya_extender_shared_resource": "a.io/b"},
+         ["OMATICAYA_EXTENDER_SHARED_RESOURCE:OMATICAYA_SHARED_RESOURCE"]),
+        (ExtenderSettings, {"OMATICAYA_EXTENDER_DEVICE_PLUGIN_RESOURCE": "a.io/gpu"},
+         ["OMATICAYA_EXTENDER_DEVICE_PLUGIN_RESOURCE:OMATICAYA_DEVICE_PLUGIN_RESOURCE"]),
+    ],
+)  # fmt: skip
+def test_a_former_name_is_said_with_the_new_one(cls, environ, expected):
+    from omaticaya_py.core.config.settings_base import deprecated_variable_lines
+
+    lines = deprecated_variable_lines(cls, environ)
+    assert len(lines) == len(expected)
+    for line, pair in zip(lines, expected, strict=True):
+        old, new = pair.split(":")
+        assert line.startswith(f"{old} is deprecated: it is read as {new}"), line
+
+
+def test_the_extender_reads_and_warns_of_its_former_names(tmp_path, monkeypatch):
+    """A user upgrading with the extender's former variables: each former name is said once at
+    start, naming the new one, and the values still apply."""
+    old_env = {"OMATICAYA_EXTENDER_STRATEGY": "spread", "OMATICAYA_EXTENDER_SETTLE_S": "7"}
+    result = run_cli("extender", "--port", "1", "--kubeconfig", str(tmp_path / "none"), **old_env)
+    for old, new in (("OMATICAYA_EXTENDER_STRATEGY", "OMATICAYA_PLACEMENT_POLICY"),
+                     ("OMATICAYA_EXTENDER_SETTLE_S", "OMATICAYA_SETTLE_S")):  # fmt: skip
+        assert result.stderr.count(f"{old} is deprecated: it is read as {new}") == 1, result.stderr
+    from omaticaya_py.scheduler.settings import load_extender_settings
+
+    monkeypatch.chdir(tmp_path)  # no .env
+    for key, value in old_env.items():
+        monkeypatch.setenv(key, value)
+    s = load_extender_settings()
+    assert (s.placement_policy, s.settle_s) == ("spread", 7)

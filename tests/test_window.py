@@ -140,7 +140,7 @@ def test_window_min_rejects_a_dipping_gpu_that_now_would_choose():
     now_s = dips_snap.read_at.timestamp() + 1
 
     def place(signal: str) -> tuple[list[str], dict[str, int]]:
-        settings = ExtenderSettings(_env_file=None, strategy="spread", signal=signal)  # type: ignore[call-arg]
+        settings = ExtenderSettings(_env_file=None, placement_policy="spread", signal=signal)  # type: ignore[call-arg]
         states = {
             name: with_signal(
                 parse_node(name, {P + "gpu.health": "Healthy"}, {P + "telemetry": raw}), signal

@@ -29,15 +29,15 @@ class SettingsFlags:
     ``names`` gives a field another name, which comes first (``{"node_name": "--node"}``: the
     flags ``--node`` and ``--node-name``; errors name ``--node``). The flag's destination in the
     parsed ``Namespace`` is the field's name; a flag not given is ``None`` there (the settings
-    class then takes the environment, ``.env`` or its default). A field in ``deprecated`` (one
-    that ``names`` renames) keeps its generated flag as a deprecated alias, left out of the
-    help: given, it warns in one line on stderr and sets the field as the new flag does
-    (``{"share_policy": "--placement-policy"}``: ``--share-policy`` warns)."""
+    class then takes the environment, ``.env`` or its default). ``old`` gives a field its
+    former flags, kept as deprecated aliases left out of the help: given, one warns in one
+    line on stderr and sets the field as the new flag does
+    (``{"placement_policy": ("--share-policy",)}``: ``--share-policy`` warns)."""
 
     model: type[BaseSettings]
     skip: frozenset[str] = frozenset()
     names: Mapping[str, str] = field(default_factory=dict)
-    deprecated: frozenset[str] = frozenset()
+    old: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def fields(self) -> list[str]:
         """The fields that have a flag, in the model's order."""
@@ -49,13 +49,11 @@ class SettingsFlags:
         given = self.names.get(name)
         if given in (None, generated):
             return [generated]
-        return [given] if name in self.deprecated else [given, generated]
+        return [given, generated]
 
-    def deprecated_flag(self, name: str) -> str | None:
-        """The deprecated alias of field ``name`` (its generated flag), or ``None``."""
-        if name not in self.deprecated or self.names.get(name) is None:
-            return None
-        return "--" + name.replace("_", "-")
+    def deprecated_flags(self, name: str) -> tuple[str, ...]:
+        """The deprecated aliases of field ``name`` (``old``), none by default."""
+        return tuple(self.old.get(name, ()))
 
     def flag_names(self, args: argparse.Namespace | None = None) -> dict[str, str]:
         """Field -> the flag that sets it (the first one; with ``args``, the deprecated alias
@@ -76,16 +74,14 @@ class SettingsFlags:
             elif name in self.names:  # the value named as the flag is: --node NODE
                 kwargs["metavar"] = self.names[name].lstrip("-").replace("-", "_").upper()
             parser.add_argument(*self.option_strings(name), **kwargs)
-            alias = self.deprecated_flag(name)
-            if alias is None:
-                continue
-            if info.annotation is bool:
-                raise ValueError(f"{alias}: a bool setting cannot have a deprecated alias")
-            parser.add_argument(
-                alias, dest=name, default=None, help=argparse.SUPPRESS,
-                action=_DeprecatedAlias, new=self.option_strings(name)[0],
-                env=env_name(self.model, name),
-            )  # fmt: skip
+            for alias in self.deprecated_flags(name):
+                if info.annotation is bool:
+                    raise ValueError(f"{alias}: a bool setting cannot have a deprecated alias")
+                parser.add_argument(
+                    alias, dest=name, default=None, help=argparse.SUPPRESS,
+                    action=_DeprecatedAlias, new=self.option_strings(name)[0],
+                    env=env_name(self.model, name),
+                )  # fmt: skip
 
     def overrides(self, args: argparse.Namespace) -> dict[str, Any]:
         """Field -> the value its flag was given in ``args`` (``None``: not given)."""
@@ -94,9 +90,9 @@ class SettingsFlags:
     def _help(self, name: str, info: FieldInfo) -> str:
         default = _shown(info.get_default(call_default_factory=True))
         where = env_name(self.model, name) + (f"; default {default}" if default else "")
-        alias = self.deprecated_flag(name)
-        if alias is not None:
-            where += f"; {alias}, its old flag, is deprecated"
+        aliases = self.deprecated_flags(name)
+        if aliases:
+            where += f"; {', '.join(aliases)}, its old flag, is deprecated"
         text = f"{info.description or ''} [{where}]".strip()
         return text.replace("%", "%%")  # argparse formats help with %
 
@@ -142,16 +138,36 @@ def say_unknown_variables(
     """Log one warning per ``OMATICAYA_*`` environment variable that no field of ``models``
     reads (a misspelt one does nothing otherwise), with the closest known name
     (``core.config.settings_base.unknown_variables``); ``others``: prefixes another program reads
-    (the agent leaves ``OMATICAYA_EXTENDER_`` to the extender)."""
+    (the agent leaves ``OMATICAYA_EXTENDER_`` to the extender). Then one per former name of a
+    setting of ``models[0]`` (the program's own) set in the environment or ``.env``, naming
+    the new one (``deprecated_variable_lines``)."""
     import os
 
     from loguru import logger
 
-    from ..core.config.settings_base import env_names, unknown_variable_lines, unknown_variables
+    from ..core.config.settings_base import (
+        deprecated_variable_lines,
+        env_names,
+        unknown_variable_lines,
+        unknown_variables,
+    )
 
     known = frozenset().union(*(env_names(m) for m in models))
     for line in unknown_variable_lines(unknown_variables(os.environ, known, others=others), program):
         logger.warning(line)
+    for line in deprecated_variable_lines(models[0], _environment(models[0])):
+        logger.warning(line)
+
+
+def _environment(model: type[BaseSettings]) -> dict[str, str]:
+    """The variables ``model`` reads: the ``.env`` file of the working directory (read by
+    pydantic-settings' own source, names in lower case), the environment over it."""
+    import os
+
+    from pydantic_settings import DotEnvSettingsSource
+
+    dotenv = DotEnvSettingsSource(model, env_file=".env").env_vars
+    return {**{k: v for k, v in dotenv.items() if v is not None}, **os.environ}
 
 
 def _shown(value: Any) -> str:

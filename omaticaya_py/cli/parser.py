@@ -32,14 +32,16 @@ _DEVICE_PLUGIN_USES = frozenset({
     "log_json", "log_level", "schedule", "trace", "xid_ignore", "xid_all_fatal", "xid_quiet_s",
     "jitter_s", "metrics_port", "metrics_address", "fail_on_init_error",
     "device_plugin_resource", "device_plugin_dir", "device_list_strategy",
-    "shared_gpus", "share_unit_mib", "shared_resource", "share_policy", "share_settle_s",
+    "shared_gpus", "share_unit_mib", "shared_resource", "placement_policy", "settle_s",
 })  # fmt: skip
 #: the settings ``cleanup`` uses: the Node, its prefix, the API and logging (it reads no GPU)
 _CLEANUP_USES = frozenset({"prefix", "log_json", "log_level", "node_name", "kube_timeout_s"})
 _NODE_FLAG = {"node_name": "--node"}
-#: the placement policy's flag, named for what it sets (``OMATICAYA_PLACEMENT_POLICY``); the
-#: field's own flag (``--share-policy``, the extender's ``--strategy``) is a deprecated alias
-_POLICY_FLAG = "--placement-policy"
+#: the former flags of settings now one for the agent and the extender (issue 49), kept as
+#: deprecated aliases: the policy's (``OMATICAYA_PLACEMENT_POLICY``) and the settle time's
+#: (``OMATICAYA_SETTLE_S``)
+_AGENT_OLD_FLAGS = {"placement_policy": ("--share-policy",), "settle_s": ("--share-settle-s",)}
+_EXTENDER_OLD_FLAGS = {"placement_policy": ("--strategy",)}
 
 
 @cache
@@ -48,12 +50,11 @@ def _agent_settings_flags() -> dict[str, SettingsFlags]:
     from ..core.config.settings import Settings
     from .flags import SettingsFlags
 
-    agent_names = {**_NODE_FLAG, "share_policy": _POLICY_FLAG}
-    policy_alias = frozenset({"share_policy"})
+    old = _AGENT_OLD_FLAGS
     return {
-        "run": SettingsFlags(Settings, names=agent_names, deprecated=policy_alias),
-        "once": SettingsFlags(Settings, _DAEMON_ONLY, agent_names, policy_alias),
-        "show": SettingsFlags(Settings, _DAEMON_ONLY, agent_names, policy_alias),
+        "run": SettingsFlags(Settings, names=_NODE_FLAG, old=old),
+        "once": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG, old),
+        "show": SettingsFlags(Settings, _DAEMON_ONLY, _NODE_FLAG, old),
         "cleanup": SettingsFlags(
             Settings, frozenset(Settings.model_fields) - _CLEANUP_USES, _NODE_FLAG
         ),
@@ -63,9 +64,8 @@ def _agent_settings_flags() -> dict[str, SettingsFlags]:
             {
                 "device_plugin_resource": "--resource",
                 "device_plugin_dir": "--plugin-dir",
-                "share_policy": _POLICY_FLAG,
             },
-            policy_alias,
+            old,
         ),
     }
 
@@ -107,9 +107,7 @@ def extender_settings_flags() -> SettingsFlags:
     from ..scheduler.settings import ExtenderSettings
     from .flags import SettingsFlags
 
-    return SettingsFlags(
-        ExtenderSettings, names={"strategy": _POLICY_FLAG}, deprecated=frozenset({"strategy"})
-    )
+    return SettingsFlags(ExtenderSettings, old=_EXTENDER_OLD_FLAGS)
 
 
 class _SubParser(argparse.ArgumentParser):

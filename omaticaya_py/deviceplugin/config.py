@@ -143,7 +143,7 @@ def plugin_config(settings: Settings) -> PluginConfig:
                         settings.mps_thread_share)  # fmt: skip
     sharing = SharingConfig(
         settings.shared_gpus, settings.shared_resource, settings.share_unit_mib,
-        settings.share_policy, settings.share_settle_s, mps,
+        settings.placement_policy, settings.settle_s, mps,
     )  # fmt: skip
     units: dict[str | None, list[tuple[int, str]]] = {}
     shared_units: list[tuple[int, str]] = []

@@ -1,6 +1,6 @@
-"""``omaticaya mps``'s settings: the device plugin's section (which GPUs are shared, the unit,
-the enforcement, the MPS folders) and the supervisor's own. Environment names are
-``OMATICAYA_<FIELD>`` in upper case:
+"""``omaticaya mps``'s settings: the node's plugin sections (``DevicePluginSettings``: which GPUs
+are shared, the unit, the enforcement, the MPS folders) and the supervisor's own section,
+``MpsSection``. Environment names are ``OMATICAYA_<FIELD>`` in upper case:
 
 - ``OMATICAYA_MPS_CONTROL`` (``nvidia-cuda-mps-control``): the control program, a name on
   ``PATH`` or a path (the image's test stand-in: ``/opt/omaticaya/standin/nvidia-cuda-mps-control``);
@@ -23,15 +23,15 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from ..core.config.settings import DevicePluginSettings
-from ..core.config.settings_base import check_bind_address, check_trace
+from ..core.config.settings_base import CommonSettings, check_bind_address, check_trace
 
-__all__ = ["MpsSettings"]
+__all__ = ["MpsSection", "MpsSettings"]
 
 
-class MpsSettings(DevicePluginSettings):
-    """The settings of ``omaticaya mps`` (see the module docstring for the variables and their
-    defaults). Raises ``ValueError`` (``SettingsError`` through ``core.config.settings.load``, naming
-    the variable) on a bad value."""
+class MpsSection(CommonSettings):
+    """The MPS supervisor's own settings (see the module docstring for the variables and their
+    defaults). Raises ``ValueError`` (``SettingsError`` through ``core.config.settings.load``,
+    naming the variable) on a bad value."""
 
     model_config = SettingsConfigDict(env_prefix="OMATICAYA_", populate_by_name=True)
 
@@ -105,3 +105,10 @@ class MpsSettings(DevicePluginSettings):
     @classmethod
     def _check_address(cls, value: str) -> str:
         return check_bind_address(value)
+
+
+class MpsSettings(MpsSection, DevicePluginSettings):
+    """Every setting of ``omaticaya mps``: its own section (``MpsSection``) and the node's
+    plugin sections it shares with the agent (``DevicePluginSettings``)."""
+
+    model_config = SettingsConfigDict(env_prefix="OMATICAYA_", populate_by_name=True)

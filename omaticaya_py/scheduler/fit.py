@@ -44,6 +44,7 @@ from ..core.allocation.placement import (
     choose_gpus,
     place,
     place_slices,
+    policy_sign,
     slice_room,
 )
 from ..core.rules.liveness import AHEAD, STALE, node_liveness
@@ -298,7 +299,7 @@ def judge_each(states: Iterable[tuple[str, NodeGpuState | None]], need: Need,
 # ---------------------------------------------------------------------- scores ----
 
 
-def scores(free: Mapping[str, int], strategy: str) -> dict[str, int]:
+def scores(free: Mapping[str, int], policy: str) -> dict[str, int]:
     """Scores 1..``MAX_PRIORITY`` of the fitting nodes by ``free`` MiB, linear between the
     least and the most free among them (all equal: ``MAX_PRIORITY``): ``binpack`` gives 10 to
     the least free, ``spread`` to the most. In ``map``: no Python code runs per node."""
@@ -308,7 +309,7 @@ def scores(free: Mapping[str, int], strategy: str) -> dict[str, int]:
     if hi == lo:
         return dict.fromkeys(free, MAX_PRIORITY)
     frac: Iterator[float] = map(truediv, map(sub, free.values(), repeat(lo)), repeat(hi - lo))
-    if strategy == "binpack":
+    if policy_sign(policy) > 0:  # binpack: the least free scores the most
         frac = map(sub, repeat(1.0), frac)
     top = MAX_PRIORITY - 1
     return dict(zip(free, map(add, repeat(1), map(round, map(mul, frac, repeat(top)))),

@@ -23,11 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.allocation.placement import Need
-from ..core.model.sharing import DEFAULT_SHARED_RESOURCE
+from ..core.model.sharing import DEFAULT_GPU_RESOURCE, DEFAULT_SHARED_RESOURCE
 from ..core.schema import json_int, json_mapping
-
-#: the device plugin's whole-GPU resource (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``)
-DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 __all__ = ["DEFAULT_GPU_RESOURCE", "MAX_GPU_COUNT", "MAX_MEMORY_MIB", "MAX_UNITS", "MIB", "Asks",
            "Need", "container_asks", "effective_request", "held_groups", "held_slices",

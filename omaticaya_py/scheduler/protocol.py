@@ -21,7 +21,7 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
-from ..core.allocation.placement import Taken, place
+from ..core.allocation.placement import Taken, place, policy_sign
 from ..core.rules.liveness import LeaseOf
 from ..core.schema import NodeGpuState, json_mapping, json_str
 from .cache import NodeIndex, VerdictsByNeed
@@ -153,8 +153,8 @@ class Narrowing:
         self._last = (uid, need, ctx.now, asked.names, fits)
         if not fits:
             return passed, failed
-        pick = min if self.settings.strategy == "binpack" else max
-        best = pick(fits, key=fits.__getitem__)  # ties: the first asked about
+        sign = policy_sign(self.settings.placement_policy)
+        best = min(fits, key=lambda name: sign * fits[name])  # ties: the first asked about
         other = reason_text(Reason.OTHER_NODE, prefix=ctx.prefix)
         if len(failed) * 2 < len(fits):
             failed = {**dict.fromkeys(fits, other), **dict.fromkeys(passed, other), **failed}
@@ -165,7 +165,7 @@ class Narrowing:
         rec = self._record(asked, best, ages_s(ctx))
         if uid and rec is not None:
             self.ledger.reserve(reservation(need, rec, pod_name(pod), uid, ages_s(ctx),
-                                            self.settings.strategy))  # fmt: skip
+                                            self.settings.placement_policy))  # fmt: skip
         return [best], failed
 
     def _reused(self, pod: Any, need: Need, names: Sequence[str], now: float
@@ -190,7 +190,7 @@ class Narrowing:
         free = self._reused(pod, need, asked.names, ctx.now)
         if free is None:
             free, _, _ = self.judged(asked, need, replace(ctx, scoring=True), flagged)
-        scored = scores(free, self.settings.strategy)
+        scored = scores(free, self.settings.placement_policy)
         uid = pod_uid(pod)
         mine = self.ledger.get(uid) if uid else None
         if mine is not None:
@@ -364,7 +364,7 @@ class Extender:
         else:
             ctx = replace(self.context(), scoring=True)
             free, _, _ = judge_each(self._states(asked), need, ctx, self.inflight_of(pod))
-            get = scores(free, self.settings.strategy).get
+            get = scores(free, self.settings.placement_policy).get
             result = [{"Host": name, "Score": get(name, MIN_PRIORITY)} for name in asked.names]
         self.decisions.prioritized(pod_name(pod), result)
         return result

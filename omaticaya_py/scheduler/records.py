@@ -63,7 +63,7 @@ class JudgingContext:
         s = settings
         return cls(now, s.ttl_s, s.grace_s, now_mono, s.max_clock_skew_s, s.prefix,
                    s.stale_policy, s.unknown_policy, s.fail_open, leases, on_problem,
-                   policy=s.strategy)  # fmt: skip
+                   policy=s.placement_policy)  # fmt: skip
 
     def policies(self, state: NodeGpuState | None) -> tuple[str, str]:
         """(unknown policy, stale policy) for ``state``'s node: its override, else the

@@ -70,8 +70,8 @@ def serve(
     _signal_when(server, ready, stop)
     s = settings
     log.info(
-        "extender on {}:{} strategy={} signal={} ttl={:g}s+{:g}s max_clock_skew={:g}s "
-        "fail_open={} prefix={} leases={} preempt_unasked={}", s.address, s.port, s.strategy,
+        "extender on {}:{} placement_policy={} signal={} ttl={:g}s+{:g}s max_clock_skew={:g}s "
+        "fail_open={} prefix={} leases={} preempt_unasked={}", s.address, s.port, s.placement_policy,
         s.signal, s.ttl_s, s.grace_s, s.max_clock_skew_s, s.fail_open, s.prefix,
         s.lease_namespace or "-", s.preempt_unasked,
     )  # fmt: skip

@@ -7,11 +7,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from ..core.config.settings import CommonSettings, check_resource_name, load, parse_schedule
-from ..core.config.settings_base import check_bind_address, placement_policy_field
-from ..core.model.sharing import DEFAULT_SHARED_RESOURCE
+from ..core.config.settings import PlacementSection, load, parse_schedule
+from ..core.config.settings_base import CommonSettings, check_bind_address
 from ..core.rules.liveness import DEFAULT_MAX_CLOCK_SKEW_S
-from .need import DEFAULT_GPU_RESOURCE
 
 #: kube-scheduler's default ``httpTimeout`` for an extender, and the one our examples and the
 #: chart's KubeSchedulerConfiguration set
@@ -20,11 +18,9 @@ DEFAULT_HTTP_TIMEOUT_S = 5.0
 # ---------------------------------------------------------------------------- settings ----
 
 
-class ExtenderSettings(CommonSettings):
-    """Settings of the extender: environment ``OMATICAYA_EXTENDER_<FIELD>``, ``.env``, flags;
-    the key prefix and logging as every service has them (``CommonSettings``). The placement
-    policy (``strategy``) is ``OMATICAYA_PLACEMENT_POLICY``, the device plugin's too: one
-    setting for both sides (``OMATICAYA_EXTENDER_STRATEGY``, its old name, still read)."""
+class ExtenderSection(CommonSettings):
+    """The extender's own settings: environment ``OMATICAYA_EXTENDER_<FIELD>``, ``.env``,
+    flags (``ExtenderSettings`` combines it with the placement section)."""
 
     model_config = SettingsConfigDict(env_prefix="OMATICAYA_EXTENDER_", populate_by_name=True)
 
@@ -33,13 +29,6 @@ class ExtenderSettings(CommonSettings):
         description="Address to listen on (the scheduler runs in the same pod: loopback).",
     )
     port: int = Field(default=8888, ge=1, le=65535, description="Port to listen on.")
-    strategy: Literal["binpack", "spread"] = placement_policy_field(
-        "OMATICAYA_EXTENDER_STRATEGY",
-        "The placement policy, the device plugin's too (the chart's "
-        "placement.policy sets both): binpack prefers the least free GPU memory that fits, "
-        "spread the most. OMATICAYA_EXTENDER_STRATEGY is its old name, still read; both set "
-        "to different values is an error.",
-    )
     ttl_s: float = Field(
         default=300,
         gt=0,
@@ -83,14 +72,6 @@ class ExtenderSettings(CommonSettings):
         description="Free memory to decide on: now (the last reading) or window-min (the "
         "least of now and the agent's window minimum, OMATICAYA_WINDOW_S).",
     )
-    settle_s: float = Field(
-        default=60,
-        ge=0,
-        le=86400,
-        description="A pod placed through the extender counts against its node's free GPU "
-        "memory until the node's telemetry shows it, or for at most this many seconds "
-        "(0: no in-flight accounting).",
-    )
     assume_s: float = Field(
         default=30,
         gt=0,
@@ -114,19 +95,6 @@ class ExtenderSettings(CommonSettings):
         "release namespace): a node whose telemetry names a Lease is fresh while the Lease is "
         "held and renewTime + leaseDurationSeconds + grace_s is ahead. Empty: no Lease watch, "
         "every node judged by its telemetry's expires_at or read_at + ttl_s.",
-    )
-    shared_resource: str = Field(
-        default=DEFAULT_SHARED_RESOURCE,
-        description="The resource of GPU memory slices (the device plugin's "
-        "OMATICAYA_SHARED_RESOURCE): a pod asking for it in units passes a node only where one "
-        "shared GPU has each slice free by the live reading less the reservations.",
-    )
-    device_plugin_resource: str = Field(
-        default=DEFAULT_GPU_RESOURCE,
-        description="The whole-GPU resource of the node's device plugin (the agent's "
-        "OMATICAYA_DEVICE_PLUGIN_RESOURCE): a pod with the memory annotation that also asks "
-        "for it is given whole GPUs by the kubelet, so each GPU reserved for it is taken whole, "
-        "and its gpu-count is that many GPUs.",
     )
     http_timeout_s: float = Field(
         default=DEFAULT_HTTP_TIMEOUT_S,
@@ -166,20 +134,24 @@ class ExtenderSettings(CommonSettings):
                 "expected seconds (5) or a Go duration of at least 100ms (5s, 1m30s, 500ms)"
             ) from None
 
-    @field_validator("strategy", "stale_policy", "unknown_policy", "signal", mode="before")
+    @field_validator("stale_policy", "unknown_policy", "signal", mode="before")
     @classmethod
     def _lower_strategy(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("shared_resource", "device_plugin_resource")
-    @classmethod
-    def _check_shared_resource(cls, value: str) -> str:
-        return check_resource_name(value)  # the agent's rule for the same name
 
     @field_validator("address")
     @classmethod
     def _check_address(cls, value: str) -> str:
         return check_bind_address(value, "'127.0.0.1' or '0.0.0.0'")
+
+
+class ExtenderSettings(ExtenderSection, PlacementSection):
+    """Every setting of ``omaticaya extender``: its own section (``OMATICAYA_EXTENDER_*``) and
+    the placement section it shares with the node's plugins (``OMATICAYA_PLACEMENT_POLICY``,
+    ``OMATICAYA_SETTLE_S``, ``OMATICAYA_SHARED_RESOURCE``, ``OMATICAYA_DEVICE_PLUGIN_RESOURCE``:
+    one name each for both sides; the extender's former names are still read)."""
+
+    model_config = SettingsConfigDict(env_prefix="OMATICAYA_EXTENDER_", populate_by_name=True)
 
 
 def load_extender_settings(**overrides: Any) -> ExtenderSettings:

@@ -215,6 +215,26 @@ the extender reserve a GPU the plugin would not hand out: either one set fails t
 {{- end }}
 
 {{/*
+The settle time, one for both sides of the seam (issue 49): placement.settleS, rendered as
+OMATICAYA_SETTLE_S into the agent (a slice's memory counts on its GPU until the reading shows
+it) and the scheduler extender (a placed pod's). The two values it replaces, set apart, made the
+two sides count a pod's memory for different times: either one set fails the render.
+*/}}
+{{- define "omaticaya.settleS" -}}
+{{- $removed := list }}
+{{- if hasKey (.Values.sharing | default dict) "settleS" }}
+{{- $removed = append $removed (printf "sharing.settleS (%v)" .Values.sharing.settleS) }}
+{{- end }}
+{{- if hasKey ((.Values.scheduler | default dict).extender | default dict) "settleS" }}
+{{- $removed = append $removed (printf "scheduler.extender.settleS (%v)" .Values.scheduler.extender.settleS) }}
+{{- end }}
+{{- if $removed }}
+{{- include "omaticaya.fail" (printf "%s: removed, use placement.settleS instead: one settle time that both the device plugin and the scheduler extender read (OMATICAYA_SETTLE_S)" (join " and " $removed)) }}
+{{- end }}
+{{- .Values.placement.settleS }}
+{{- end }}
+
+{{/*
 "true" when the chart runs the MPS supervisor (the DaemonSet <fullname>-mps, its container `mps`,
 `omaticaya mps`): the agent is the node's device plugin or DRA driver (a shared-GPU claim's
 container becomes an MPS client the same way), some GPUs are shared and MPS enforces their

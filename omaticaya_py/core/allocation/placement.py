@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import TypeVar
 
 from ..model.sharing import DEFAULT_SHARED_RESOURCE, device_order
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
     "Need",
+    "PlacementPolicy",
     "Placed",
     "Taken",
     "choose_gpus",
@@ -53,6 +55,7 @@ __all__ = [
     "pick_whole",
     "place",
     "place_slices",
+    "policy_sign",
     "slice_key",
     "slice_room",
     "take",
@@ -62,9 +65,32 @@ __all__ = [
     "whole_key",
 ]
 
+class PlacementPolicy(StrEnum):
+    """The placement policy (``OMATICAYA_PLACEMENT_POLICY``, the chart's ``placement.policy``),
+    read by the scheduler extender and the device plugin alike: among the devices or nodes
+    that fit, ``binpack`` prefers the one with the least room (big holes stay whole for big
+    pods), ``spread`` the one with the most. A ``str``: ``PlacementPolicy("spread") ==
+    "spread"``. Raises ``ValueError`` for any other value."""
+
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+    @property
+    def sign(self) -> int:
+        """``+1`` (binpack: the least room first) or ``-1`` (spread: the most first): the one
+        place a policy is compared; multiply a room by it to sort the preferred first."""
+        return -1 if self is PlacementPolicy.SPREAD else 1
+
+
+def policy_sign(policy: str) -> int:
+    """``PlacementPolicy(policy).sign``: ``+1`` for ``binpack``, ``-1`` for ``spread``. Raises
+    ``ValueError`` for another policy."""
+    return PlacementPolicy(policy).sign
+
+
 #: placement policies: the fitting device with the least room, or with the most
-POLICIES = ("binpack", "spread")
-DEFAULT_POLICY = "binpack"
+POLICIES: tuple[str, ...] = tuple(p.value for p in PlacementPolicy)
+DEFAULT_POLICY = PlacementPolicy.BINPACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +170,7 @@ def slice_key(g: GpuInfo, unit_mib: int, policy: str) -> tuple[int, int]:
     """The sort key of a shared GPU a slice fits on, first chosen first: its room
     (``GpuInfo.room_mib``) least first under ``binpack``, most under ``spread``; lowest
     index on a tie."""
-    room = g.room_mib(unit_mib)
-    return (-room if policy == "spread" else room, g.index)
+    return (policy_sign(policy) * g.room_mib(unit_mib), g.index)
 
 
 def fits_slice(g: GpuInfo, mib: int, unit_mib: int) -> bool:
@@ -224,7 +249,7 @@ def pick_memory(gpus: Iterable[GpuInfo], count: int, memory_mib: int, policy: st
     fit = [g for g in gpus if g.healthy and not g.assigned and g.free_mib >= memory_mib]
     if len(fit) < count:
         return None
-    sign = -1 if policy == "spread" else 1
+    sign = policy_sign(policy)
     return tuple(sorted(fit, key=lambda g: (sign * g.free_mib, g.index))[:count])
 
 

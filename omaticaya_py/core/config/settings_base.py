@@ -12,6 +12,7 @@ import difflib
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -28,6 +29,7 @@ __all__ = [
     "check_bind_address",
     "check_prefix",
     "check_trace",
+    "deprecated_variable_lines",
     "env_names",
     "field_env_names",
     "load",
@@ -60,24 +62,14 @@ class Renamed(AliasChoices):
         return tuple(c for c in self.choices if isinstance(c, str))
 
 
-#: the one placement policy's variable, read by the scheduler extender and the device plugin
-PLACEMENT_POLICY_ENV = "OMATICAYA_PLACEMENT_POLICY"
-
-
-def placement_policy_field(old: str, description: str) -> Any:
-    """The field of the placement policy (``core.allocation.placement.POLICIES``: ``binpack``, the
-    default, or ``spread``), read from ``OMATICAYA_PLACEMENT_POLICY`` and from ``old``, the
-    program's former variable (``Renamed``): one setting, declared once, for both sides."""
-    return Field(default="binpack", validation_alias=Renamed(PLACEMENT_POLICY_ENV, old),
-                 description=description)  # fmt: skip
-
-
 def _expected_form(info: FieldInfo) -> str:
-    """``'binpack' or 'spread'`` for a ``Literal`` field (the form pydantic's own message
-    gives), else empty."""
+    """``expected 'binpack' or 'spread'`` for a ``Literal`` or ``Enum`` field (the form
+    pydantic's own message gives), else empty."""
     annotation = info.annotation
     if get_origin(annotation) is Literal:
         return "expected " + " or ".join(repr(a) for a in get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return "expected " + " or ".join(repr(a.value) for a in annotation)
     return ""
 
 
@@ -384,3 +376,24 @@ def unknown_variable_lines(unknown: Iterable[tuple[str, str | None]], program: s
             + (f"; did you mean {close}?" if close else " (docs/commands.md lists every setting)")
         )
     return lines
+
+
+def deprecated_variable_lines(cls: type[BaseSettings], environ: Mapping[str, str]) -> list[str]:
+    """One warning line per former name of a ``Renamed`` setting of ``cls`` set in ``environ``
+    (names compared without regard to case, as pydantic-settings reads them), naming the one to
+    use: ``OMATICAYA_EXTENDER_SETTLE_S is deprecated: it is read as OMATICAYA_SETTLE_S, the
+    setting's one name (for the agent and the extender alike); rename it``. Sorted by name.
+    Pure."""
+    upper = {k.upper() for k in environ}
+    lines = []
+    for info in cls.model_fields.values():
+        alias = info.validation_alias
+        if not isinstance(alias, Renamed):
+            continue
+        new, *old = alias.names
+        for name in old:
+            if name.upper() in upper:
+                lines.append(f"{name} is deprecated: it is read as {new}, the "
+                             "setting's one name (for the agent and the extender alike); "
+                             "rename it")  # fmt: skip
+    return sorted(lines)

@@ -27,6 +27,7 @@ from typing import TypeVar
 from .snapshot import GpuReading
 
 __all__ = [
+    "DEFAULT_GPU_RESOURCE",
     "DEFAULT_SHARED_RESOURCE",
     "DEFAULT_UNIT_MIB",
     "SHARED_GPUS_FORM",
@@ -53,6 +54,9 @@ __all__ = [
 
 #: the shared resource the device plugin serves and the extender places
 DEFAULT_SHARED_RESOURCE = "omaticaya.io/gpu-memory"
+#: the whole-GPU extended resource (``OMATICAYA_DEVICE_PLUGIN_RESOURCE``), NVIDIA's device
+#: plugin's name too
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: MiB per unit device (``OMATICAYA_SHARE_UNIT_MIB``)
 DEFAULT_UNIT_MIB = 1024
 #: between the GPU UUID and the unit number in a unit device ID
