@@ -216,7 +216,7 @@ def main() -> int:
     ap.add_argument("--every-s", type=float, default=1.5)
     ap.add_argument("--lifetime-s", type=float, default=20)
     ap.add_argument("--seed", type=int, default=30)
-    ap.add_argument("--settle-s", type=float, default=60, help="the chart's sharing.settleS")
+    ap.add_argument("--settle-s", type=float, default=60, help="the chart's placement.settleS")
     ap.add_argument("--quiet-s", type=float, default=90,
                     help="after the soak, no arrival or departure this long before the count "
                     "(kube-scheduler 1.20 retries a pod it found no room for on a cluster event, "
