@@ -29,13 +29,13 @@ from omaticaya_py.core.publish.dra import (
 )
 from omaticaya_py.core.rules.attribution import ContainerDevices
 from omaticaya_py.core.rules.health import assess
+from omaticaya_py.dra.host import check_checkpointed
 from omaticaya_py.dra.prepare import (
     MAX_SLICE_MIB,
     ClaimRef,
     NodeFacts,
     Refused,
     capacity_mib,
-    check_checkpointed,
     decide,
 )
 from tests.helpers import gpu, lost, snapshot

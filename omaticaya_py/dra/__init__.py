@@ -12,7 +12,8 @@ CDI spec (``gpu.omaticaya.io/claim=<claim UID>-<device>``, one file per claim in
 that preparing again is answered the same and a restarted plugin unprepares what it prepared.
 Device health streams to the kubelet (``DRAResourceHealth``, KEP-4680) at each tick.
 
-Modules: ``prepare`` (pure: the decision and the CDI spec), ``healthreport`` (pure: device
+Modules: ``prepare`` (pure: the decision and the CDI spec), ``resourceclaim`` (pure: the
+claim's JSON, opaque config), ``cdi`` (pure: CDI devices and files), ``healthreport`` (pure: device
 health), ``host`` (device nodes, minors, atomic files, the checkpoint), ``metrics`` (the
 counters), ``deviceinfo`` (the node's devices now), ``sharing`` (the slices of shared GPUs and
 their MPS daemons), ``claims`` (prepared claims: CDI files and checkpoint entries),

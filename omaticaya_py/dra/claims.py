@@ -14,7 +14,7 @@ from typing import Any
 from loguru import logger
 
 from ..core.publish.dra import DraDevice
-from .host import Checkpoint, Entry, remove, write_atomic
+from .host import Checkpoint, Entry, check_checkpointed, remove, write_atomic
 from .metrics import DraCounts
 from .prepare import (
     ClaimRef,
@@ -22,7 +22,6 @@ from .prepare import (
     Refused,
     cdi_file_name,
     cdi_spec,
-    check_checkpointed,
     spec_bytes,
 )
 from .sharing import SliceBook, SliceDaemonRequests
@@ -62,7 +61,7 @@ class ClaimState:
 
     def repeat(self, ref: ClaimRef, now: DevicesNow) -> tuple[list[dict[str, Any]], str] | None:
         """The answer for a claim already in the checkpoint, ``None`` for one that is not: its
-        devices once checked to be the same GPUs ``now`` (``prepare.check_checkpointed``: a GPU
+        devices once checked to be the same GPUs ``now`` (``host.check_checkpointed``: a GPU
         gone or another one under the name fails the claim with that reason and rewrites no CDI
         spec; its CDI file is written again if it went), or ``([], error)``."""
         with self.lock:

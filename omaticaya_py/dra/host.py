@@ -13,7 +13,7 @@ files it writes, and its checkpoint of prepared claims.
   kubelet's answer and the CDI spec written), so that preparing again answers the same and a
   restarted plugin can unprepare what it prepared before. A corrupt file is logged and moved
   aside (``checkpoint.json.corrupt-<time>``), not fatal. Each device records the UUID it was
-  prepared on, which every later prepare of the claim checks (``prepare.check_checkpointed``).
+  prepared on, which every later prepare of the claim checks (``check_checkpointed``).
 - ``load_indices`` / ``save_indices``: ``<plugin dir>/gpu-indices.json``, each GPU's NVML index
   -> UUID at the plugin's last start, beside the checkpoint: an ``OMATICAYA_SHARED_GPUS``
   index that names another GPU than it did then is reported (``core.model.sharing.moved_indices``).
@@ -26,22 +26,25 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from ..core.publish.dra import DraDevice
 from ..sources import gpu_indices
 from ..sources.files import write_atomic
-from .prepare import DevNode
+from .cdi import DevNode
+from .resourceclaim import Refused
 
 __all__ = [
     "CHECKPOINT_FILE",
     "INDICES_FILE",
     "Checkpoint",
     "Entry",
+    "check_checkpointed",
     "device_nodes",
     "gpu_minors",
     "load_indices",
@@ -192,3 +195,33 @@ def save_indices(folder: Path, gpus: Mapping[int, str]) -> None:
     """Write ``<folder>/gpu-indices.json`` whole with ``gpus`` (NVML index -> UUID;
     ``sources.gpu_indices.save_indices``). Raises ``OSError``."""
     gpu_indices.save_indices(Path(folder) / INDICES_FILE, gpus)
+
+
+def check_checkpointed(entries: Sequence[Mapping[str, Any]], devices: Sequence[DraDevice] | None,
+                       no_reading: str = "") -> None:  # fmt: skip
+    """Check a claim answered from the checkpoint against the node's devices now: each of its
+    ``entries`` (the checkpoint's devices: ``device_name`` and the ``uuid`` prepared) must be a
+    device of ``devices`` (``core.publish.dra.inventory`` of the latest reading; ``None``: no usable
+    reading, ``no_reading`` says why) whose UUID is still the one prepared. Raises ``Refused``
+    naming the device and both UUIDs otherwise: the GPU is gone (a reboot that lost it), the
+    name now stands for another device, an entry without a UUID (written before UUIDs were
+    recorded), or no reading to check by; the caller then answers the error and writes no CDI
+    spec (a claim is never moved onto another GPU)."""
+    if devices is None:
+        raise Refused("cannot check the prepared claim's GPUs against the node's: "
+                      + (no_reading or "no reading of the GPUs yet"))  # fmt: skip
+    known = {d.name: d for d in devices}
+    for e in entries:
+        name, uuid = e.get("device_name"), e.get("uuid")
+        if not isinstance(uuid, str) or not uuid:
+            raise Refused(f"device {name!r:.64} of the prepared claim has no UUID in the "
+                          "checkpoint (prepared by an older version): unprepare it and prepare "
+                          "it again")  # fmt: skip
+        dev = known.get(name) if isinstance(name, str) else None
+        if dev is None:
+            raise Refused(f"device {name!r:.64} (GPU {uuid:.64}) prepared for this claim is no "
+                          "longer on this node (lost at a reboot, or repartitioned): not "
+                          "prepared again on another GPU")  # fmt: skip
+        if dev.uuid != uuid:
+            raise Refused(f"device {name:.64} was {uuid:.64} when prepared and is {dev.uuid} now: "
+                          "not prepared again on another GPU")  # fmt: skip

@@ -32,7 +32,7 @@ running containers keep their devices, and a restarted plugin unprepares what it
 
 Device identity: devices are named by their GPU's UUID (``core.publish.dra.device_name``), every
 checkpointed device records the UUID it was prepared on and is checked against the reading at
-each prepare (``prepare.check_checkpointed``). At the first reading after each start the plugin
+each prepare (``host.check_checkpointed``). At the first reading after each start the plugin
 compares each GPU's NVML index -> UUID with the last start's (``<plugin dir>/gpu-indices.json``,
 ``sources.gpu_indices``): an ``OMATICAYA_SHARED_GPUS`` index that now names another GPU is
 reported by a log line, a Warning Event ``SharedGpuIndexMoved`` on the Node and the gauge
@@ -104,7 +104,7 @@ class DraPlugin:
     - ``settings``: ``dra_plugin_dir``, ``dra_registry_dir``, ``dra_cdi_dir``, ``dra_dev_root``,
       ``node_name`` (the pool; required), ``shared_gpus``, ``share_unit_mib``,
       ``share_enforcement``, ``mps_root``, ``mps_state_dir``, ``mps_stale_s``,
-      ``mps_thread_share``, ``share_settle_s``, ``memory_step_mib``, ``hysteresis_pct``,
+      ``mps_thread_share``, ``settle_s``, ``memory_step_mib``, ``hysteresis_pct``,
       ``proc_root`` and the stuck-reading bound (``stuck_after_s``).
     - ``session``: the API session that GETs ResourceClaims (``kube.session.ApiSession``; the
       agent's ``node.session``); ``None``: every claim of ours is refused.
@@ -143,7 +143,7 @@ class DraPlugin:
         self.poll_s = timing.poll_s
         #: the slices of shared GPUs prepared and not yet shown by the reading, and their MPS
         #: daemons (asked for at prepare, let go at unprepare)
-        self.book = SliceBook(feed.clock, settings.share_settle_s)
+        self.book = SliceBook(feed.clock, settings.settle_s)
         self.daemons = SliceDaemonRequests(
             SliceDaemons(self.layout, OWNER, settings.mps_stale_s) if self.layout is not None else None)
         self.claims = ClaimState(self.plugin_dir, self.cdi_dir, self.counts, self.book, self.daemons)

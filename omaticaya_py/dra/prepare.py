@@ -35,19 +35,15 @@ What a prepared device gives its container (CDI ``containerEdits``):
   show yet (``PendingSlice``, ``slices_pending``), by the device plugin's ``Allocate`` rule
   (``core.allocation.placement.fits_slice``); a claim's own slices never count against it.
 
-Opaque configuration (``status.allocation.devices.config`` entries whose ``opaque.driver`` is
-ours): ``{"apiVersion": "gpu.omaticaya.io/v1alpha1", "kind": "GpuConfig"}`` with an optional
-``mpsActiveThreadPercentage`` (1..100, a shared GPU under MPS only); anything else is refused,
-naming the field. Entries apply to their ``requests`` (all when empty); a claim's entry wins
-over its class's, a later over an earlier.
+Opaque configuration (``resourceclaim.opaque_configs``): ``GpuConfig``'s
+``mpsActiveThreadPercentage`` applies to a shared GPU under MPS only. The claim's JSON is read by
+``resourceclaim``; the CDI spec's pieces are ``cdi``'s (both re-exported here).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -66,91 +62,43 @@ from ..core.allocation.placement import fits_slice
 from ..core.allocation.shown import still_pending
 from ..core.publish.dra import DRIVER, DraDevice, parse_device_name
 from ..core.schema import GpuInfo
+from .cdi import (
+    CDI_CLASS,
+    CDI_KIND,
+    CDI_VENDOR,
+    CDI_VERSION,
+    DevNode,
+    Edits,
+    cdi_device,
+    cdi_device_name,
+    cdi_file_name,
+    spec_bytes,
+)
+from .resourceclaim import (
+    CONFIG_API_VERSION,
+    CONFIG_KIND,
+    MAX_SLICE_MIB,
+    THREADS_FIELD,
+    ClaimRef,
+    OpaqueConfig,
+    Refused,
+    capacity_mib,
+    items,
+    obj,
+    opaque_configs,
+    threads_for,
+)
 
 __all__ = [
-    "CDI_CLASS",
-    "CDI_KIND",
-    "CDI_VENDOR",
-    "CDI_VERSION",
-    "CONFIG_API_VERSION",
-    "CONFIG_KIND",
-    "CONTROL_NODES",
-    "MAX_SLICE_MIB",
-    "ClaimRef",
-    "DevNode",
-    "Edits",
-    "NodeFacts",
-    "PendingSlice",
-    "PreparedClaim",
-    "PreparedDevice",
-    "Refused",
-    "capacity_mib",
-    "check_checkpointed",
-    "OWNER",
-    "cdi_device_name",
-    "claim_slice_id",
-    "cdi_file_name",
-    "cdi_spec",
-    "decide",
-    "live_room",
-    "slices_pending",
-]
-
-#: the CDI spec version written: 0.5.0 allows device names that start with a digit (claim UIDs
-#: do) and host paths of device nodes; 0.6.0 is what containerd 2's CDI library (v1.1.x) and
-#: CRI-O accept alike
-CDI_VERSION = "0.6.0"
-CDI_VENDOR = DRIVER
-CDI_CLASS = "claim"
-#: every prepared claim's CDI devices are ``gpu.omaticaya.io/claim=<claim UID>-<device name>``
-CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
-
-#: the opaque configuration this driver accepts
-CONFIG_API_VERSION = "gpu.omaticaya.io/v1alpha1"
-CONFIG_KIND = "GpuConfig"
-_THREADS = "mpsActiveThreadPercentage"
+    "CDI_CLASS", "CDI_KIND", "CDI_VENDOR", "CDI_VERSION", "CONFIG_API_VERSION", "CONFIG_KIND",
+    "CONTROL_NODES", "MAX_SLICE_MIB", "OWNER", "ClaimRef", "DevNode", "Edits", "NodeFacts",
+    "PendingSlice", "PreparedClaim", "PreparedDevice", "Refused", "capacity_mib",
+    "cdi_device_name", "cdi_file_name", "cdi_spec", "claim_slice_id", "decide", "live_room",
+    "slices_pending", "spec_bytes",
+]  # fmt: skip
 
 #: the NVIDIA driver's control nodes every GPU container needs (found under the dev root)
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-
-_MIB = Decimal(1 << 20)
-#: the largest slice ``capacity_mib`` takes, MiB (1 PiB: more than any GPU has; a bound so that
-#: an absurd quantity such as ``1e400`` is refused, not carried into the arithmetic)
-MAX_SLICE_MIB = 1 << 30
-
-
-class Refused(Exception):
-    """A claim that cannot be prepared; ``str()`` is the reason (the pod's event)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    """The claim the kubelet names: ``namespace``, ``name``, ``uid``."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class DevNode:
-    """A device node found under the dev root: ``name`` (``nvidia0``, ``nvidiactl``),
-    ``type`` (``c``), ``major``, ``minor``."""
-
-    name: str
-    type: str
-    major: int
-    minor: int
-
-
-@dataclass(frozen=True, slots=True)
-class Edits:
-    """One CDI device's ``containerEdits``: ``env`` (``NAME=value``), ``nodes`` (device nodes
-    under the dev root), ``mounts``."""
-
-    env: tuple[str, ...] = ()
-    nodes: tuple[DevNode, ...] = ()
-    mounts: tuple[Mount, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,112 +192,6 @@ def claim_slice_id(claim_uid: str, device: str) -> str:
     return slice_id(f"claim:{claim_uid}:{device}")
 
 
-def cdi_device_name(claim_uid: str, device: str) -> str:
-    """``<claim UID>-<device name>``: a CDI device name (letters, digits, ``-``)."""
-    return f"{claim_uid}-{device}"
-
-
-def cdi_file_name(claim_uid: str) -> str:
-    """The claim's CDI spec file in the CDI folder: ``gpu.omaticaya.io-claim_<uid>.json``."""
-    return f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"
-
-
-def capacity_mib(quantity: object) -> int:
-    """A ``consumedCapacity`` ``memory`` (a Kubernetes quantity: ``20Gi``, ``20480Mi``) in MiB,
-    from 1 to ``MAX_SLICE_MIB``. Raises ``Refused`` when it is no quantity (``NaN``, a list), not
-    a whole positive number of MiB (``-1``, ``1000k``) or out of range (``1e400``)."""
-    from ..kube.quantity import parse_quantity
-
-    if not isinstance(quantity, str):
-        raise Refused(f"consumedCapacity memory: expected a quantity like '20Gi'; got {quantity!r:.64}")
-    try:
-        amount = Decimal(parse_quantity(quantity))
-        if not amount.is_finite():
-            raise ValueError("not finite")
-        mib = amount / _MIB
-        whole = amount > 0 and mib == mib.to_integral_value()
-    except (ValueError, ArithmeticError):
-        raise Refused(f"consumedCapacity memory: not a quantity: {quantity!r:.64}") from None
-    if not whole:
-        raise Refused(f"consumedCapacity memory {quantity:.64}: not a whole positive number of MiB")
-    if mib > MAX_SLICE_MIB:
-        raise Refused(f"consumedCapacity memory {quantity:.64}: more than {MAX_SLICE_MIB} MiB, "
-                      "larger than any GPU")  # fmt: skip
-    return int(mib)
-
-
-# -- the claim's JSON ------------------------------------------------------------------------
-
-
-def _obj(value: object, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise Refused(f"{where}: expected an object")
-    return value
-
-
-def _list(value: object, where: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise Refused(f"{where}: expected a list")
-    return value
-
-
-def _applies(requests: Sequence[str], request: str) -> bool:
-    """Whether a config entry for ``requests`` (empty: all) applies to a result of
-    ``request`` (``<request>`` or ``<request>/<subrequest>``)."""
-    if not requests:
-        return True
-    return any(request == r or request.startswith(r + "/") for r in requests)
-
-
-def _config_threads(entry: Mapping[str, Any], where: str) -> int | None:
-    """One opaque entry of ours, checked: its ``mpsActiveThreadPercentage`` (``None``: not
-    set). Raises ``Refused`` naming the field."""
-    opaque = _obj(entry.get("opaque"), f"{where}.opaque")
-    params = opaque.get("parameters")
-    if not isinstance(params, dict):
-        raise Refused(f"{where}.opaque.parameters: expected an object with apiVersion "
-                      f"{CONFIG_API_VERSION} and kind {CONFIG_KIND}")  # fmt: skip
-    if params.get("apiVersion") != CONFIG_API_VERSION:
-        raise Refused(f"{where}.opaque.parameters.apiVersion: expected {CONFIG_API_VERSION}; "
-                      f"got {params.get('apiVersion')!r:.64}")  # fmt: skip
-    if params.get("kind") != CONFIG_KIND:
-        raise Refused(f"{where}.opaque.parameters.kind: expected {CONFIG_KIND}; got "
-                      f"{params.get('kind')!r:.64}")  # fmt: skip
-    for key in params:
-        if key not in ("apiVersion", "kind", _THREADS):
-            raise Refused(f"{where}.opaque.parameters.{key:.64}: unknown field (GpuConfig has "
-                          f"only {_THREADS})")  # fmt: skip
-    threads = params.get(_THREADS)
-    if threads is None:
-        return None
-    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 100:
-        raise Refused(f"{where}.opaque.parameters.{_THREADS}: expected an integer from 1 to "
-                      f"100; got {threads!r:.32}")  # fmt: skip
-    return threads
-
-
-def _configs(allocation: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int | None, str]]:
-    """Our opaque entries, checked, in the order they apply (class first, then claim; each
-    in order): ``(requests, threads, where)``."""
-    out: list[tuple[int, int, tuple[str, ...], int | None, str]] = []
-    entries = _list(_obj(allocation.get("devices") or {}, "status.allocation.devices").get("config"),
-                    "status.allocation.devices.config")  # fmt: skip
-    for i, raw in enumerate(entries):
-        where = f"status.allocation.devices.config[{i}]"
-        entry = _obj(raw, where)
-        opaque = entry.get("opaque")
-        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
-            continue  # another driver's, or not opaque
-        requests = tuple(str(r) for r in _list(entry.get("requests"), f"{where}.requests"))
-        threads = _config_threads(entry, where)
-        rank = 1 if entry.get("source") == "FromClaim" else 0
-        out.append((rank, i, requests, threads, where))
-    out.sort(key=lambda e: (e[0], e[1]))
-    return [(requests, threads, where) for _, _, requests, threads, where in out]
-
-
 # -- the decision ----------------------------------------------------------------------------
 
 
@@ -368,7 +210,42 @@ def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice]
     is not a whole number of units, an MPS daemon not up, a slice its GPU's live free memory
     less the other claims' pending slices cannot hold (``live_room``), a device twice in one
     claim, an MPS slice beside other devices."""
-    meta = _obj(claim.get("metadata") or {}, "metadata")
+    allocation = _allocation(claim, ref)
+    results = items(obj(allocation.get("devices") or {}, "status.allocation.devices").get("results"),
+                    "status.allocation.devices.results")  # fmt: skip
+    ours = []
+    for i, raw in enumerate(results):
+        result = obj(raw, f"status.allocation.devices.results[{i}]")
+        if result.get("driver") == DRIVER:
+            ours.append(result)
+    configs = opaque_configs(allocation)
+    if not ours:
+        return PreparedClaim(ref, ())
+    if devices is None:
+        raise Refused(no_reading or "no reading of the GPUs yet (the agent has not finished its first tick)")
+    picked = _pick(ours, devices, facts)
+    mps_slices = [p.device.name for p in picked if p.device.shared and facts.mps is not None]
+    if mps_slices and len(picked) > 1:
+        raise Refused(f"the MPS slice of {mps_slices[0]} must be its claim's only device (a "
+                      f"process is the client of one MPS daemon); this claim has {len(picked)}")  # fmt: skip
+    # the request's UUIDs, for NVIDIA_VISIBLE_DEVICES
+    by_request: dict[str, list[str]] = {}
+    for p in picked:
+        assert p.device.uuid is not None
+        by_request.setdefault(p.request, []).append(p.device.uuid)
+    prepared = []
+    for p in picked:
+        device = _device(p, by_request[p.request], threads_for(configs, p.request), ref, facts)
+        prepared.append(device)
+        if device.mib is not None:
+            live_room(p.device, device.mib, ref, facts)
+    return PreparedClaim(ref, tuple(prepared))
+
+
+def _allocation(claim: Mapping[str, Any], ref: ClaimRef) -> dict[str, Any]:
+    """The claim's ``status.allocation``. Raises ``Refused`` when the claim is another one now
+    (its UID) or not allocated."""
+    meta = obj(claim.get("metadata") or {}, "metadata")
     if meta.get("uid") != ref.uid:
         raise Refused(f"ResourceClaim {ref.namespace}/{ref.name} has UID {meta.get('uid')!r:.64}, "
                       f"not {ref.uid}: it was deleted and created again")  # fmt: skip
@@ -376,21 +253,25 @@ def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice]
     allocation = status.get("allocation") if isinstance(status, dict) else None
     if not isinstance(allocation, dict):
         raise Refused(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
-    results = _list(_obj(allocation.get("devices") or {}, "status.allocation.devices").get("results"),
-                    "status.allocation.devices.results")  # fmt: skip
-    ours = []
-    for i, raw in enumerate(results):
-        result = _obj(raw, f"status.allocation.devices.results[{i}]")
-        if result.get("driver") == DRIVER:
-            ours.append(result)
-    configs = _configs(allocation)
-    if not ours:
-        return PreparedClaim(ref, ())
-    if devices is None:
-        raise Refused(no_reading or "no reading of the GPUs yet (the agent has not finished its first tick)")
-    known = {d.name: d for d in devices}
+    return allocation
 
-    picked: list[tuple[dict[str, Any], DraDevice]] = []
+
+@dataclass(frozen=True, slots=True)
+class _Picked:
+    """One allocation result of ours (``result``: its JSON) and the node's ``device`` it names,
+    for ``request`` (``<request>`` or ``<request>/<subrequest>``; ``""``: none)."""
+
+    result: Mapping[str, Any]
+    device: DraDevice
+    request: str
+
+
+def _pick(ours: Sequence[Mapping[str, Any]], devices: Sequence[DraDevice], facts: NodeFacts) -> list[_Picked]:
+    """Each of our allocation results with its device. Raises ``Refused``: a request that is no
+    string, another node's pool, a device unknown or not in the reading, unhealthy, without a
+    UUID, or twice in the claim."""
+    known = {d.name: d for d in devices}
+    picked: list[_Picked] = []
     seen: dict[str, str] = {}
     for result in ours:
         name, pool, request = result.get("device"), result.get("pool"), result.get("request", "")
@@ -414,32 +295,8 @@ def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice]
             raise Refused(f"device {name} is allocated twice in one claim (requests "
                           f"{seen[name]} and {request}): ask for it in one request")  # fmt: skip
         seen[name] = request
-        picked.append((result, dev))
-
-    mps_slices = [d.name for _, d in picked if d.shared and facts.mps is not None]
-    if mps_slices and len(picked) > 1:
-        raise Refused(f"the MPS slice of {mps_slices[0]} must be its claim's only device (a "
-                      f"process is the client of one MPS daemon); this claim has {len(picked)}")  # fmt: skip
-
-    # the request's UUIDs, for NVIDIA_VISIBLE_DEVICES
-    by_request: dict[str, list[str]] = {}
-    for result, dev in picked:
-        assert dev.uuid is not None
-        by_request.setdefault(str(result.get("request", "")), []).append(dev.uuid)
-
-    prepared = []
-    for result, dev in picked:
-        request = str(result.get("request", ""))
-        threads = None
-        threads_where = ""
-        for requests, value, where in configs:
-            if _applies(requests, request) and value is not None:
-                threads, threads_where = value, where
-        prepared.append(_device(result, dev, request, by_request[request], threads,
-                                threads_where, ref, facts))  # fmt: skip
-        if prepared[-1].mib is not None:
-            live_room(dev, prepared[-1].mib, ref, facts)
-    return PreparedClaim(ref, tuple(prepared))
+        picked.append(_Picked(result, dev, request))
+    return picked
 
 
 def live_room(dev: DraDevice, mib: int, ref: ClaimRef, facts: NodeFacts) -> None:
@@ -461,9 +318,15 @@ def live_room(dev: DraDevice, mib: int, ref: ClaimRef, facts: NodeFacts) -> None
                       f"yet: a slice of {mib} MiB does not fit")  # fmt: skip
 
 
-def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequence[str],
-            threads: int | None, threads_where: str, ref: ClaimRef,
+def _device(picked: _Picked, uuids: Sequence[str], config: OpaqueConfig | None, ref: ClaimRef,
             facts: NodeFacts) -> PreparedDevice:  # fmt: skip
+    """The prepared device of ``picked``: its CDI edits (``uuids``: its request's UUIDs, for
+    ``NVIDIA_VISIBLE_DEVICES``; ``config``: the opaque entry whose thread share applies), a
+    slice's memory and MPS daemon. Raises ``Refused`` (a slice not in whole units, its MPS
+    daemon not up, a thread share for a device that is no MPS slice)."""
+    result, dev, request = picked.result, picked.device, picked.request
+    threads = config.threads_pct if config is not None else None
+    threads_where = config.where if config is not None else ""
     assert dev.uuid is not None
     gpu_uuid = dev.gpu_uuid or dev.uuid
     minor = facts.minors.get(gpu_uuid, dev.gpu_index)
@@ -504,7 +367,7 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
             env += [f"{MPS_LIMIT_ENV}=0={mib}M", f"{LIMIT_ENV}={mib}"]
         env += slice_edits(gpu_uuid, mib, facts.driver_major, name_hook=False).env_list()
     if threads is not None and not (dev.shared and facts.mps is not None):
-        raise Refused(f"{threads_where}.opaque.parameters.{_THREADS}: only for a shared GPU "
+        raise Refused(f"{threads_where}.opaque.parameters.{THREADS_FIELD}: only for a shared GPU "
                       f"under MPS; {dev.name} is not one")  # fmt: skip
     share_id = result.get("shareID")
     return PreparedDevice(
@@ -516,63 +379,13 @@ def _device(result: Mapping[str, Any], dev: DraDevice, request: str, uuids: Sequ
     )  # fmt: skip
 
 
-def check_checkpointed(entries: Sequence[Mapping[str, Any]], devices: Sequence[DraDevice] | None,
-                       no_reading: str = "") -> None:  # fmt: skip
-    """Check a claim answered from the checkpoint against the node's devices now: each of its
-    ``entries`` (the checkpoint's devices: ``device_name`` and the ``uuid`` prepared) must be a
-    device of ``devices`` (``core.publish.dra.inventory`` of the latest reading; ``None``: no usable
-    reading, ``no_reading`` says why) whose UUID is still the one prepared. Raises ``Refused``
-    naming the device and both UUIDs otherwise: the GPU is gone (a reboot that lost it), the
-    name now stands for another device, an entry without a UUID (written before UUIDs were
-    recorded), or no reading to check by; the caller then answers the error and writes no CDI
-    spec (a claim is never moved onto another GPU)."""
-    if devices is None:
-        raise Refused("cannot check the prepared claim's GPUs against the node's: "
-                      + (no_reading or "no reading of the GPUs yet"))  # fmt: skip
-    known = {d.name: d for d in devices}
-    for e in entries:
-        name, uuid = e.get("device_name"), e.get("uuid")
-        if not isinstance(uuid, str) or not uuid:
-            raise Refused(f"device {name!r:.64} of the prepared claim has no UUID in the "
-                          "checkpoint (prepared by an older version): unprepare it and prepare "
-                          "it again")  # fmt: skip
-        dev = known.get(name) if isinstance(name, str) else None
-        if dev is None:
-            raise Refused(f"device {name!r:.64} (GPU {uuid:.64}) prepared for this claim is no "
-                          "longer on this node (lost at a reboot, or repartitioned): not "
-                          "prepared again on another GPU")  # fmt: skip
-        if dev.uuid != uuid:
-            raise Refused(f"device {name:.64} was {uuid:.64} when prepared and is {dev.uuid} now: "
-                          "not prepared again on another GPU")  # fmt: skip
-
-
 # -- the CDI spec ----------------------------------------------------------------------------
 
 
 def cdi_spec(claim: PreparedClaim, dev_root: Path = Path("/dev")) -> dict[str, Any]:
     """The claim's CDI spec (JSON-ready): ``cdiVersion`` ``CDI_VERSION``, kind ``CDI_KIND``,
     one device per prepared device, named ``<claim UID>-<device name>``, with its
-    ``containerEdits`` (device nodes at ``/dev/<name>`` from the host's ``/dev/<name>``;
-    ``dev_root``: the host's /dev as the runtime sees it, ``/dev`` but in tests)."""
-    out = []
-    for d in claim.devices:
-        edits: dict[str, Any] = {"env": list(d.edits.env)}
-        if d.edits.nodes:
-            edits["deviceNodes"] = [
-                {"path": f"/dev/{n.name}", "hostPath": str(dev_root / n.name), "type": n.type,
-                 "major": n.major, "minor": n.minor}
-                for n in d.edits.nodes
-            ]  # fmt: skip
-        if d.edits.mounts:
-            edits["mounts"] = [
-                {"hostPath": m.host_path, "containerPath": m.container_path,
-                 "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
-                for m in d.edits.mounts
-            ]  # fmt: skip
-        out.append({"name": d.cdi_name, "containerEdits": edits})
-    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": out}
-
-
-def spec_bytes(spec: Mapping[str, Any]) -> bytes:
-    """A CDI spec as its file's bytes (indented JSON, a final newline)."""
-    return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+    ``containerEdits`` (``cdi.cdi_device``; ``dev_root``: the host's /dev as the runtime sees
+    it, ``/dev`` but in tests)."""
+    devices = [cdi_device(d.cdi_name, d.edits, dev_root) for d in claim.devices]
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices}
