@@ -10,7 +10,8 @@ One module per thing held, named by it:
   ``pod_client``: ``PodClient``, single pods read and given Events (shared-GPU slices);
   ``index_moved``: a shared GPU index that moved since the last start, as the Node's Event and
   a gauge (the DRA plugin's and the device plugin's report).
-- ``informer``: ``Informer``, the one list+watch loop (``listwatch``: its requests), and the
+- ``informer``: ``Informer``, the one list+watch loop (``listwatch``: its requests;
+  ``informer_options``: its options and hooks), and the
   caches over it: ``node_cache`` (``NodeCache``, every Node: the extender, ``omaticaya top``),
   ``lease_cache`` (``LeaseCache``, the agents' Leases), ``pod_cache`` (``PodCache``).
 - ``workloads``: stopping a DaemonSet (the chart's pre-delete hook); ``quantity``;

@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .informer import Informer, informer_arguments
+from .informer import Informer
+from .informer_options import informer_arguments
 
 __all__ = ["LeaseCache"]
 

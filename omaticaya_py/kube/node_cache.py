@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..core.publish.patch import NodeMeta
-from .informer import Informer, informer_arguments
+from .informer import Informer
+from .informer_options import informer_arguments
 
 __all__ = ["NodeCache"]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from .informer import Informer, informer_arguments
+from .informer import Informer
+from .informer_options import informer_arguments
 
 __all__ = ["PodCache", "pod_key"]
 
