@@ -179,7 +179,7 @@ class KubeletPluginHost:
 
     ``stopping`` (set by ``stop()``, cleared by ``start()``) is the plugin's too: its streams
     end once it is set. ``registered`` is set by ``note_registered`` (each counted in
-    ``registrations``) and cleared at ``start()``.
+    ``registrations``); the plugin clears it when its registration starts over.
     """
 
     def __init__(self, name: str, sockets: Sequence[ServedSocket], steps: PluginSteps, *,
@@ -211,7 +211,6 @@ class KubeletPluginHost:
         for folder in self.folders():
             folder.mkdir(parents=True, exist_ok=True)
         self.stopping.clear()
-        self.registered.clear()
         gone = {s.path.name for s in self.sockets}
         kubelet = self.kubelet_socket.name if self.kubelet_socket is not None else None
         if kubelet is not None:
@@ -223,7 +222,7 @@ class KubeletPluginHost:
         observer.daemon = True
         observer.start()
         self._observer = observer
-        self._thread = threading.Thread(target=self._manage, name=self.name.replace(" ", "-"),
+        self._thread = threading.Thread(target=self._manage, name=self.name.lower().replace(" ", "-"),
                                         daemon=True)  # fmt: skip
         self._thread.start()
 

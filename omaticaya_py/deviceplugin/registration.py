@@ -113,6 +113,7 @@ class KubeletRegistration:
         listeners = self._source.on_tick
         if self._on_tick not in listeners:
             listeners.append(self._on_tick)  # wake the streams as soon as a tick is cached
+        self.host.registered.clear()  # (started again after a stop: registered anew)
         self.host.start()
 
     def _on_tick(self, _result: TickResult) -> None:
