@@ -41,9 +41,10 @@ from bench.label_churn import traces as churn_traces  # noqa: E402
 from omaticaya_py.agent.resourceslice_writer import ResourceSliceWriter  # noqa: E402
 from omaticaya_py.agent.state import SnapshotCache  # noqa: E402
 from omaticaya_py.core.publish.budget import hold_back  # noqa: E402
-from omaticaya_py.core.publish.dra import held_devices, worse_devices  # noqa: E402
 from omaticaya_py.core.publish.render import render  # noqa: E402
 from omaticaya_py.core.publish.render_telemetry import telemetry_marks  # noqa: E402
+from omaticaya_py.core.publish.slice_budget import held_devices, worse_devices  # noqa: E402
+from omaticaya_py.core.publish.slice_device import SliceDevice  # noqa: E402
 
 FAULTS = ROOT / "tests" / "data" / "faults-trace.json"
 
@@ -56,13 +57,13 @@ class NodeWideResourceSliceWriter(ResourceSliceWriter):
 
     calm_since_s: float | None = None
 
-    def note(self, desired: list[dict[str, Any]], now_s: float) -> None:
-        if self._last_desired is not None and worse_devices(self._last_desired, desired):
+    def note(self, desired: list[SliceDevice], now_s: float) -> None:
+        if self.last_desired is not None and worse_devices(self.last_desired, desired):
             self.calm_since_s = now_s
 
     def within_budget(
-        self, before: list[dict[str, Any]], desired: list[dict[str, Any]], now_s: float
-    ) -> list[dict[str, Any]]:
+        self, before: list[SliceDevice], desired: list[SliceDevice], now_s: float
+    ) -> list[SliceDevice]:
         interval_s = self.settings.min_patch_interval_s
         if not worse_devices(before, desired) and hold_back(
             now_s, self.last_write_s, interval_s, False, self.calm_since_s
@@ -74,16 +75,16 @@ class NodeWideResourceSliceWriter(ResourceSliceWriter):
 def taints_held_s(writer: ResourceSliceWriter, since: dict[str, float], now_s: float) -> float:
     """The longest any device's published taints have been more than the reading's, as of
     ``now_s`` (``since``: device name -> when that began, updated in place)."""
-    def keys(d: dict[str, Any]) -> set[tuple[Any, ...]]:
-        return {(t.get("key"), t.get("value")) for t in d.get("taints") or []}
+    def keys(d: SliceDevice) -> set[tuple[Any, ...]]:
+        return {(t.key, t.value) for t in d.taints}
 
-    wanted = {d["name"]: keys(d) for d in writer._last_desired or []}
+    wanted = {d.name: keys(d) for d in writer.last_desired or []}
     longest = 0.0
-    for d in writer.published or []:
-        if keys(d) - wanted.get(d["name"], keys(d)):
-            longest = now_s - since.setdefault(d["name"], now_s)
+    for d in writer.published_devices or []:
+        if keys(d) - wanted.get(d.name, keys(d)):
+            longest = now_s - since.setdefault(d.name, now_s)
         else:
-            since.pop(d["name"], None)
+            since.pop(d.name, None)
     return longest
 
 
@@ -115,7 +116,7 @@ def replay(
         sides.append({
             "budget_s": budget, "ticks": ticks, "slice_writes": cache.slice_writes - 1,
             "slice_held": cache.slice_held, "node_patches": node.patches,
-            "devices": len(writer.published or []), "taint_held_s": held_s,
+            "devices": len(writer.published_devices or []), "taint_held_s": held_s,
         })  # fmt: skip
     return sides
 

@@ -125,17 +125,18 @@ def test_a_churning_neighbour_does_not_hold_a_recovered_gpus_label(
 
 # -- the ResourceSlice's budget, part by part -------------------------------------------------
 
-from omaticaya_py.agent.resourceslice_writer import _within_budget  # noqa: E402
 from omaticaya_py.core.publish.budget import Calm  # noqa: E402
+from omaticaya_py.core.publish.dra import TAINT_UNHEALTHY  # noqa: E402
+from omaticaya_py.core.publish.publisher import Publisher  # noqa: E402
+from omaticaya_py.core.publish.slice_budget import within_budget  # noqa: E402
+from omaticaya_py.core.publish.slice_device import DeviceTaint, SliceDevice  # noqa: E402
 
 
-def dev(name: str, free: int, *taints: str) -> dict:
-    d = {"name": name, "attributes": {"uuid": {"string": f"GPU-{name}"},
-                                      "freeMemoryMiB": {"int": free}}}  # fmt: skip
-    if taints:
-        d["taints"] = [{"key": "gpu.omaticaya.io/unhealthy", "value": v, "effect": "NoSchedule"}
-                       for v in taints]  # fmt: skip
-    return d
+def dev(name: str, free: int, *taints: str) -> SliceDevice:
+    return SliceDevice(
+        name, "gpu", False, 0, uuid=f"GPU-{name}", free_memory_mib=free,
+        taints=tuple(DeviceTaint(TAINT_UNHEALTHY, v, "NoSchedule") for v in taints),
+    )  # fmt: skip
 
 
 SICK = [dev("a", 1024, "remap-pending"), dev("b", 40960)]  # published: a tainted, b at its dip
@@ -165,4 +166,5 @@ SICK = [dev("a", 1024, "remap-pending"), dev("b", 40960)]  # published: a tainte
          "rides-on-a-drop", "flapping-taint"],
 )
 def test_each_part_of_each_device_waits_on_its_own_calm(desired, last_write_s, calm, expected):
-    assert _within_budget(SICK, desired, 100.0, last_write_s, INTERVAL_S, calm) == expected
+    publisher = Publisher(INTERVAL_S, calm, last_write_s)
+    assert within_budget(SICK, desired, publisher, 100.0) == expected

@@ -15,14 +15,13 @@ from omaticaya_py.core.publish.dra import (
     TAINT_MPS,
     TAINT_UNHEALTHY,
     device_name,
-    held_devices,
     inventory,
     parse_device_name,
-    render_devices,
     slice_body,
     slice_name,
-    worse_devices,
 )
+from omaticaya_py.core.publish.slice_budget import held_devices, worse_devices
+from omaticaya_py.core.publish.slice_device import DeviceTaint, SliceDevice, render_devices
 from omaticaya_py.core.rules.health import assess
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.resourceslice import ResourceSliceClient
@@ -213,10 +212,11 @@ def test_taint_time_is_kept():
 
 
 def dev(name, free, taints=None, uuid="GPU-1"):
-    d = {"name": name, "attributes": {"uuid": {"string": uuid}, "freeMemoryMiB": {"int": free}}}
-    if taints:
-        d["taints"] = [{"key": TAINT_UNHEALTHY, "value": v, "effect": "NoSchedule"} for v in taints]
-    return d
+    """A typed device: ``uuid``, ``free`` MiB, tainted unhealthy with each of ``taints``."""
+    return SliceDevice(
+        name, "gpu", False, 0, uuid=uuid, free_memory_mib=free,
+        taints=tuple(DeviceTaint(TAINT_UNHEALTHY, v, "NoSchedule") for v in taints or ()),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -240,7 +240,7 @@ def test_worse_devices(before, after, worse):
 def test_held_devices_keep_the_published_side_of_changes_for_the_better():
     before = [dev("gpu-0", 1024, ["xid-79"]), dev("gpu-1", 4096)]
     after = [dev("gpu-0", 8192), dev("gpu-1", 2048), dev("gpu-2", 1)]
-    held = held_devices(before, after)
+    held = [d.render() for d in held_devices(before, after)]
     assert [d["name"] for d in held] == ["gpu-0", "gpu-1"]  # the new device waits
     assert held[0]["attributes"]["freeMemoryMiB"] == {"int": 1024}  # the rise waits
     assert held[0]["taints"][0]["value"] == "xid-79"  # the cleared taint waits
@@ -248,7 +248,7 @@ def test_held_devices_keep_the_published_side_of_changes_for_the_better():
 
 
 def test_slice_body_names_the_pool_node_and_owner():
-    body = slice_body("node-a", "uid-1", [dev("gpu-0", 1)])
+    body = slice_body("node-a", "uid-1", [dev("gpu-0", 1).render()])
     assert body["metadata"]["name"] == slice_name("node-a") == f"node-a-{DRIVER}"
     assert body["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert body["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}

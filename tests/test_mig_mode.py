@@ -172,7 +172,7 @@ def surfaces(result: Any, plugins: Any, slices: Any) -> dict[str, Any]:
             for profile, plugin in plugins.plugins.items()
         },
         "resource_slice": sorted(  # each device by its UUID attribute (the GPU's or MIG's)
-            d["attributes"]["uuid"]["string"]
+            d.render()["attributes"]["uuid"]["string"]
             for d in slices.desired(result.snapshot, result.health)
         ),
     }

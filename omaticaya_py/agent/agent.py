@@ -39,7 +39,7 @@ from ..sources.mps import MpsWatch
 from .attribution_reader import Attribution, make_attribution
 from .events import HealthEvents, SliceWatch, mps_enforcement
 from .heartbeat import Heartbeat, make_lease
-from .node_writer import NodeWriter
+from .node_writer import NodeWriter, TelemetryFeed
 from .outage import ApiOutage
 from .resourceslice_writer import ResourceSliceWriter
 from .state import AgentStopping, Runner, SnapshotCache
@@ -131,11 +131,12 @@ class Agent:
         #: the peak signal (least free memory, p95 utilisation) per GPU over ``window_s``
         self.window = PeakWindow(settings.window_s) if settings.window_s > 0 else None
         self.writer = NodeWriter(
-            settings, node, self.heartbeat, self.cache, refresh_s=self.refresh_s,
-            dry_run=dry_run, window=self.window,
-            mps=(lambda uuids: mps_enforcement(self.mps, uuids) or {})
-            if self.mps is not None else None,
-        )
+            settings, node, self.heartbeat, self.cache,
+            TelemetryFeed(self.refresh_s, self.window,
+                          (lambda uuids: mps_enforcement(self.mps, uuids) or {})
+                          if self.mps is not None else None),
+            dry_run=dry_run,
+        )  # fmt: skip
         #: the Node's DRA ResourceSlice (``OMATICAYA_DRA``), kept in step with each tick
         self.resourceslice_writer: ResourceSliceWriter | None = (
             ResourceSliceWriter(

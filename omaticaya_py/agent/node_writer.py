@@ -4,7 +4,8 @@ The Node's metadata is cached from the last GET or merge-patch response, so a ti
 value changed sends no request at all. The telemetry annotation goes with any label change
 (``core.publish.patch.volatile_due``), and with the heartbeat where no Lease carries liveness. Each
 patch response is checked against the desired state, so a Node that was re-created or edited by
-hand is put right at once. The write budget (``min_patch_interval_s``, ``core.publish.budget``) holds
+hand is put right at once. The write budget (``min_patch_interval_s``, decided by
+``core.publish.publisher.Publisher`` with ``core.publish.node_budget``, as for the ResourceSlice) holds
 back a change that makes the Node more attractive until that label has been calm (not got
 worse) for an interval, and the last patch is an interval old or a patch goes anyway
 (``core.publish.budget.held_keys``, each label on its own clock: a neighbour GPU's churn never holds a
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from loguru import logger
 
@@ -27,19 +28,8 @@ from ..core.config.settings import Settings
 from ..core.model.sharing import Sharing, is_shared
 from ..core.model.snapshot import NodeSnapshot
 from ..core.model.window import PeakWindow
-from ..core.publish.budget import (
-    WORSE,
-    Calm,
-    UnitMark,
-    held_keys,
-    label_changes,
-    name_of,
-    note_changes,
-    safe_part,
-    telemetry_change,
-    unit_changes,
-    worse,
-)
+from ..core.publish.budget import UnitMark
+from ..core.publish.node_budget import NodeKey, calm_changes, labels_within_budget, telemetry_behind
 from ..core.publish.patch import (
     MergePatch,
     NodeMeta,
@@ -49,6 +39,7 @@ from ..core.publish.patch import (
     removal_patch,
     volatile_due,
 )
+from ..core.publish.publisher import Publisher
 from ..core.publish.render import Desired, is_static, telemetry_annotation
 from ..core.publish.render_telemetry import UnitKey, published_marks, telemetry_marks
 from ..core.rules.attribution import GpuAttribution
@@ -58,14 +49,41 @@ from ..kube import NodeClient
 from .heartbeat import Heartbeat
 from .state import SnapshotCache
 
-__all__ = ["NodeWriter", "remove_keys"]
+__all__ = ["NodeWriter", "TelemetryFeed", "remove_keys"]
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryFeed:
+    """What the Node's telemetry annotation carries besides the reading: ``refresh_s`` (the
+    longest it goes unrewritten, published in annotation-heartbeat mode, seconds), ``window``
+    (the peak signal, ``None``: off) and ``mps`` (shared GPU UUIDs -> their MPS enforcement
+    now, ``"up"`` or the reason it is not, asked once per write for the ``mps`` fields,
+    ``agent.events.mps_enforcement``; ``None``: enforcement off)."""
+
+    refresh_s: float
+    window: PeakWindow | None = None
+    mps: Callable[[Iterable[str]], Mapping[str, str]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """One write's inputs for the telemetry: the reading, its health, who uses each GPU, the
+    shared GPUs' MPS enforcement (by UUID; ``None``: off)."""
+
+    snapshot: NodeSnapshot
+    health: NodeHealth
+    attribution: Mapping[str, GpuAttribution] | None
+    mps: Mapping[str, str] | None
 
 
 class NodeWriter:
     """Writes one Node through ``node`` (``None``: no API; patches are applied to a local copy;
-    ``dry_run``: computed, never sent). ``refresh_s`` is published in annotation-heartbeat
-    mode; ``window``'s peak signal goes into the telemetry, and ``mps(uuids)`` (the shared
-    GPUs' MPS enforcement, by UUID) its ``mps`` fields. Times are the agent's monotonic seconds. Methods raise ``KubeError`` from the edge."""
+    ``dry_run``: computed, never sent), its telemetry fed by ``feed``. Times are the agent's
+    monotonic seconds. Methods raise ``KubeError`` from the edge.
+
+    What goes when is ``publisher``'s (``core.publish.publisher.Publisher``, keyed by label key
+    and telemetry unit, ``core.publish.node_budget``); this class reads the Node, asks it, and
+    sends the patch."""
 
     def __init__(
         self,
@@ -73,33 +91,37 @@ class NodeWriter:
         node: NodeClient | None,
         heartbeat: Heartbeat,
         cache: SnapshotCache,
+        feed: TelemetryFeed,
         *,
-        refresh_s: float,
         dry_run: bool = False,
-        window: PeakWindow | None = None,
-        mps: Callable[[Iterable[str]], Mapping[str, str]] | None = None,
     ) -> None:
         self.settings, self.node, self.heartbeat, self.cache = settings, node, heartbeat, cache
-        #: the MPS enforcement now of the shared GPUs (UUIDs) it is given, by UUID (``"up"`` or
-        #: the reason it is not), asked once per write for the telemetry's ``mps`` fields
-        #: (``agent.events.mps_enforcement``); ``None``: enforcement off
-        self.mps = mps
-        self.refresh_s = refresh_s
+        self.feed = feed
         self.dry_run = dry_run
-        self.window = window
         self.telemetry_key = f"{settings.prefix}/{TELEMETRY}"
         self.meta: NodeMeta | None = None
-        self.last_patch_s: float | None = None
-        #: each label key's calm clock (``core.publish.budget.note_changes``: when it last got worse
-        #: than the tick's before; only the keys that did lately)
-        self.label_calm: dict[str, Calm] = {}
-        #: the same per telemetry unit (a GPU or MIG device): free memory down, a new holder
-        self.unit_calm: dict[UnitKey, Calm] = {}
+        #: the write budget of the Node: each label key's and telemetry unit's calm clock, the
+        #: last patch
+        self.publisher: Publisher[NodeKey] = Publisher(settings.min_patch_interval_s)
         self._last_desired: dict[str, str] | None = None
         #: the last tick's telemetry marks, and the Node's annotation with its marks (parsed
         #: once per value)
         self._last_marks: dict[UnitKey, UnitMark] | None = None
         self._published: tuple[str, dict[UnitKey, UnitMark]] | None = None
+
+    @property
+    def mps(self) -> Callable[[Iterable[str]], Mapping[str, str]] | None:
+        """The MPS enforcement the telemetry asks (``TelemetryFeed.mps``)."""
+        return self.feed.mps
+
+    @property
+    def last_patch_s(self) -> float | None:
+        """When the Node was last patched (``None``: not yet: nothing is held)."""
+        return self.publisher.last_write_s
+
+    @last_patch_s.setter
+    def last_patch_s(self, value: float | None) -> None:
+        self.publisher = replace(self.publisher, last_write_s=value)
 
     def forget(self) -> None:
         """Drop the cached Node: the next write reads it first (re-created or edited)."""
@@ -131,15 +153,10 @@ class NodeWriter:
             if self.mps is not None else None
         )  # fmt: skip
         marks = telemetry_marks(snapshot, attribution, sharing, mps)
-        interval_s = self.settings.min_patch_interval_s
-        if self._last_desired is not None:
-            got_worse, got_better = label_changes(self._last_desired, desired.labels)
-            self.label_calm = note_changes(self.label_calm, got_worse, got_better, now_s,
-                                           interval_s)  # fmt: skip
-        if self._last_marks is not None:
-            units_worse, units_better = unit_changes(self._last_marks, marks, drop_mib)
-            self.unit_calm = note_changes(self.unit_calm, units_worse, units_better, now_s,
-                                          interval_s)  # fmt: skip
+        self.publisher = self.publisher.noted(
+            calm_changes(self._last_desired, desired.labels, self._last_marks, marks, drop_mib),
+            now_s,
+        )
         self._last_desired, self._last_marks = dict(desired.labels), marks
         current = self.current()
         on_node = current.annotations.get(self.telemetry_key)
@@ -148,7 +165,7 @@ class NodeWriter:
         )
         desired = self._within_budget(desired, current, now_s, going=refresh)
         desired = self._with_telemetry(
-            desired, snapshot, health, current, refresh, attribution, mps
+            desired, _Tick(snapshot, health, attribution, mps), current, refresh
         )
         patch = self._diff(desired, current, refresh)
         sent = False
@@ -163,9 +180,7 @@ class NodeWriter:
         return desired, patch, sent
 
     def _with_telemetry(
-        self, desired: Desired, snapshot: NodeSnapshot, health: NodeHealth, current: NodeMeta,
-        refresh: bool, attribution: Mapping[str, GpuAttribution] | None = None,
-        mps: Mapping[str, str] | None = None,
+        self, desired: Desired, tick: _Tick, current: NodeMeta, refresh: bool
     ) -> Desired:
         """``desired`` with the telemetry annotation: built afresh only when the patch will
         carry it (``core.publish.patch.volatile_due``), else the Node's own value, so that a quiet tick
@@ -175,15 +190,15 @@ class NodeWriter:
         if volatile_due(label_changes, key in current.annotations, refresh):
             lease = self.heartbeat.lease
             annotations, bad = telemetry_annotation(
-                snapshot,
-                health,
+                tick.snapshot,
+                tick.health,
                 prefix,
-                refresh_s=None if lease is not None else self.refresh_s,
+                refresh_s=None if lease is not None else self.feed.refresh_s,
                 lease=lease.ref if lease is not None else None,
-                window=self.window,
-                attribution=attribution,
+                window=self.feed.window,
+                attribution=tick.attribution,
                 sharing=Sharing.of(self.settings),
-                mps=mps,
+                mps=tick.mps,
             )
             for k, v in bad:
                 logger.warning("dropped invalid annotation {}={!r}", k, v)
@@ -195,24 +210,15 @@ class NodeWriter:
         self, on_node: str | None, marks: dict[UnitKey, UnitMark], now_s: float
     ) -> bool:
         """Whether the telemetry on the Node (``on_node``) must be rewritten though no label
-        changed: a change for the worse in what no label shows (free memory down by more than
-        ``telemetry_free_drop_mib``, a new holder) at once; one for the better (the same rise,
-        a holder gone) when the write budget lets every unit that rose go
-        (``core.publish.budget.held_keys``: each unit calm for an interval, the last patch an interval
-        old). A value on the Node that cannot be read counts as publishing nothing."""
+        changed (``core.publish.node_budget.telemetry_behind``). A value on the Node that
+        cannot be read counts as publishing nothing."""
         if on_node is None:
             return False  # missing: written anyway (core.publish.patch.volatile_due)
         if self._published is None or self._published[0] != on_node:
             doc, _ = Telemetry.parse(on_node)
             self._published = (on_node, published_marks(doc) if doc is not None else {})
-        drop_mib = self.settings.telemetry_free_drop_mib
-        if telemetry_change(self._published[1], marks, drop_mib) == WORSE:
-            return True
-        rose = unit_changes(self._published[1], marks, drop_mib)[1]
-        return bool(rose) and not held_keys(
-            rose, now_s, self.last_patch_s, self.settings.min_patch_interval_s,
-            self.unit_calm, going=False,
-        )  # fmt: skip
+        return telemetry_behind(self._published[1], marks, self.publisher, now_s,
+                                self.settings.telemetry_free_drop_mib)  # fmt: skip
 
     def _diff(self, desired: Desired, current: NodeMeta, refresh: bool) -> MergePatch | None:
         return diff(
@@ -231,7 +237,7 @@ class NodeWriter:
         self.cache.patches_sent += 1
         self.cache.labels_changed += len(patch["metadata"].get("labels", {}))
         self.cache.last_patch_wall_s = time.time()
-        self.last_patch_s = now_s
+        self.publisher = self.publisher.wrote(now_s)
         if self.telemetry_key in patch["metadata"].get("annotations", {}):
             self.heartbeat.telemetry_at_s = now_s
         if before is not None and before.uid and self.meta.uid != before.uid:
@@ -241,30 +247,16 @@ class NodeWriter:
         self, desired: Desired, current: NodeMeta, now_s: float, going: bool = False
     ) -> Desired:
         """The write budget: ``desired`` with its changes for the better held back (the Node's
-        values kept, ``core.publish.budget.safe_part``) per label (``core.publish.budget.held_keys``): while
-        that label got worse within ``min_patch_interval_s``, or while the last patch is under
-        an interval old and nothing goes anyway (a change for the worse, or ``going``: the
-        telemetry is rewritten this tick). Changes for the worse always go. Never held: with
-        the budget off, at an annotation heartbeat, the first patch."""
-        interval_s = self.settings.min_patch_interval_s
-        if interval_s <= 0 or self.heartbeat.annotation_due(now_s):
-            return desired
+        values kept) per label (``core.publish.node_budget.labels_within_budget``). Changes for
+        the worse always go. Never held: with the budget off, at an annotation heartbeat, the
+        first patch."""
         mine = self.settings.prefix + "/"
         before = {k: v for k, v in current.labels.items() if k.startswith(mine)}
-        pending = []
-        for key in before.keys() | desired.labels.keys():
-            old, new = before.get(key), desired.labels.get(key)
-            if old == new:
-                continue
-            if worse(name_of(key), old, new):
-                going = True
-            else:
-                pending.append(key)
-        held = held_keys(pending, now_s, self.last_patch_s, interval_s, self.label_calm, going)
-        if not held:
-            return desired
-        labels = safe_part(before, desired.labels, ready=set(pending) - held)
-        if labels == desired.labels:
+        labels = labels_within_budget(
+            before, desired.labels, self.publisher, now_s, going=going,
+            hold=not self.heartbeat.annotation_due(now_s),
+        )  # fmt: skip
+        if labels is None or labels == desired.labels:
             return desired
         self.cache.patches_held += 1
         logger.debug(

@@ -2,14 +2,16 @@
 readings change-only, under the labels' write budget.
 
 Each tick's devices come from ``core.publish.dra.inventory`` (the reading, the health rules, the
-damped free memory) and ``core.publish.dra.render_devices``. A write goes out when they differ from
-what was published: at once when the change is for the worse (``core.publish.dra.worse_devices``: free
-memory down, a taint added, a device gone); a change for the better of a device once that
-device has not got worse for ``OMATICAYA_MIN_PATCH_INTERVAL_S`` (its own calm window: a
-neighbour's churn does not hold a recovered GPU's taint) and the last write is an interval old
-or a write goes anyway (``core.publish.budget.held_keys``, the labels' rule), held back until then
-(``core.publish.dra.held_devices``).
-The slice as stored is read back at each heartbeat (re-created when deleted behind our back).
+damped free memory) and ``core.publish.slice_device.slice_devices`` (typed devices, each
+rendering its own JSON). A write goes out when they differ from what was published: at once when
+the change is for the worse (``core.publish.slice_budget``: free memory down, a taint added, a
+device gone); a change for the better of a device once that device has not got worse for
+``OMATICAYA_MIN_PATCH_INTERVAL_S`` (its own calm window: a neighbour's churn does not hold a
+recovered GPU's taint) and the last write is an interval old or a write goes anyway
+(``core.publish.publisher.Publisher``, the labels' rule), held back until then. The budget
+and the hysteresis work from the typed devices last published, never from their JSON.
+The slice as stored is read back at each heartbeat: deleted, or edited behind our back (it is
+no longer what was last applied), it is put right at once, in full.
 """
 
 from __future__ import annotations
@@ -25,16 +27,11 @@ from loguru import logger
 from ..core.config.settings import Settings
 from ..core.model.sharing import Sharing
 from ..core.model.snapshot import NodeSnapshot
-from ..core.publish.budget import Calm, held_keys, note_changes
-from ..core.publish.dra import (
-    DraDevice,
-    held_devices,
-    inventory,
-    render_devices,
-    slice_body,
-    strip_server_fields,
-    worse_devices,
-)
+from ..core.publish.budget import Calm
+from ..core.publish.dra import DraDevice, inventory, slice_body, strip_server_fields
+from ..core.publish.publisher import Publisher
+from ..core.publish.slice_budget import Part, device_changes, within_budget
+from ..core.publish.slice_device import SliceDevice, TaintRule, slice_devices
 from ..core.rules.health import NodeHealth
 from ..kube import KubeError
 from ..kube.quantity import parse_quantity
@@ -62,8 +59,8 @@ class ResourceSliceWriter:
 
     Counters for ``/metrics``, on ``cache`` (``agent.state.SnapshotCache``): ``slice_writes``
     (applies sent), ``slice_held`` (ticks whose changes for the better waited),
-    ``slice_errors`` (failed requests). ``published``: the devices as last applied or read
-    back (``None``: nothing yet, or to be read back)."""
+    ``slice_errors`` (failed requests). ``published_devices``: the devices as last applied
+    (``None``: nothing yet, or to be read back); ``published``: the same as JSON."""
 
     def __init__(self, settings: Settings, client: ResourceSliceClient | None, cache: Any, *,
                  mps: Callable[[Iterable[str]], Mapping[str, str]] | None = None,
@@ -73,31 +70,46 @@ class ResourceSliceWriter:
         self.cache = cache
         self.mps = mps
         self.wall = wall
-        self.published: list[dict[str, Any]] | None = None
-        self.last_write_s: float | None = None
-        #: the calm clock of each part of each device (``(name, "free" or "taints")`` ->
-        #: ``core.publish.budget.Calm``: when it last got worse than the tick's before;
-        #: ``core.publish.budget.note_changes``)
-        self.calm: dict[tuple[Any, str], Calm] = {}
-        self._last_desired: list[dict[str, Any]] | None = None
+        self.published_devices: list[SliceDevice] | None = None
+        #: the write budget: the calm clock of each part of each device (``(name, "free" or
+        #: "taints")``) and the last write
+        self.publisher: Publisher[Part] = Publisher(settings.min_patch_interval_s)
+        self.last_desired: list[SliceDevice] | None = None
+        #: the devices last applied (kept across ``forget``: the read-back is checked against it)
+        self._applied: list[SliceDevice] | None = None
         self._devices: list[DraDevice] = []
         self._taint_times: dict[tuple[str, str], str] = {}
         self._node_uid: str | None = None
 
+    @property
+    def published(self) -> list[dict[str, Any]] | None:
+        """``published_devices`` as the slice's ``spec.devices`` JSON."""
+        return None if self.published_devices is None else _render(self.published_devices)
+
+    @property
+    def last_write_s(self) -> float | None:
+        """When the slice was last written (the agent's monotonic seconds)."""
+        return self.publisher.last_write_s
+
+    @property
+    def calm(self) -> Mapping[Part, Calm]:
+        """Each part's calm clock (``core.publish.budget.Calm``)."""
+        return self.publisher.calm
+
     def forget(self) -> None:
         """Read the slice back before the next write (a heartbeat: deleted or edited behind
         our back)."""
-        self.published = None
+        self.published_devices = None
 
-    def desired(self, snapshot: NodeSnapshot, health: NodeHealth) -> list[dict[str, Any]]:
+    def desired(self, snapshot: NodeSnapshot, health: NodeHealth) -> list[SliceDevice]:
         """The devices this reading calls for (before the budget). While NVML cannot be read
         at all, the devices last seen, each tainted ``nvml-unreadable`` with ``NoSchedule``
         whatever ``OMATICAYA_DRA_TAINT_EFFECT`` says (the GPUs are not known to be bad)."""
         s = self.settings
         previous = {
-            str(d.get("name")): free
-            for d in self.published or []
-            if isinstance(free := (d.get("attributes") or {}).get("freeMemoryMiB", {}).get("int"), int)
+            d.name: d.free_memory_mib
+            for d in self.published_devices or []
+            if d.free_memory_mib is not None
         }
         if snapshot.error is not None:
             devices = [replace(d, reasons=(READING_FAILED,), free_memory_mib=None)
@@ -108,21 +120,17 @@ class ResourceSliceWriter:
             self._devices = devices
         shared = [d.gpu_uuid for d in devices if d.shared and d.gpu_uuid]
         states = self.mps(shared) if self.mps is not None and shared else {}
-        mps_down = {u: why for u, why in states.items() if why != "up"}
-        now = _rfc3339(self.wall())
         # NVML unreadable says nothing of the GPUs (a driver reload, an upgrade): no new claim
         # gets them, but NoExecute would evict every pod of the node
-        effect = "NoSchedule" if snapshot.error is not None else s.dra_taint_effect
-        rendered = render_devices(devices, snapshot, taint_effect=effect,
-                                  mps_down=mps_down, taint_times=self._taint_times)  # fmt: skip
+        rule = TaintRule(
+            effect="NoSchedule" if snapshot.error is not None else s.dra_taint_effect,
+            mps_down={u: why for u, why in states.items() if why != "up"},
+            times=self._taint_times, now=_rfc3339(self.wall()),
+        )  # fmt: skip
+        out = slice_devices(devices, snapshot, rule)
         # the first time each taint is published stays its timeAdded; gone taints are forgotten
-        live: dict[tuple[str, str], str] = {}
-        for dev in rendered:
-            for t in dev.get("taints", []):
-                key = (dev["name"], t["key"])
-                live[key] = t.setdefault("timeAdded", self._taint_times.get(key, now))
-        self._taint_times = live
-        return rendered
+        self._taint_times = {(d.name, t.key): t.time_added or "" for d in out for t in d.taints}
+        return out
 
     def write(self, snapshot: NodeSnapshot, health: NodeHealth, node_uid: str | None,
               now_s: float) -> bool:  # fmt: skip
@@ -133,47 +141,60 @@ class ResourceSliceWriter:
             self._node_uid = node_uid
         desired = self.desired(snapshot, health)
         self.note(desired, now_s)
-        self._last_desired = desired
+        self.last_desired = desired
         try:
-            if self.published is None and self.client is not None:
-                stored = self.client.get()
-                self.published = (
-                    strip_server_fields(stored.get("spec", {}).get("devices")) if stored else None
-                )
-            before = self.published
+            before, stored = self._before()
             target = desired
             if before is not None:
                 target = self.within_budget(before, desired, now_s)
                 if target != desired:
                     self.cache.slice_held += 1
-            if before is not None and _same(before, target):
+                if before == target:
+                    return False
+            elif stored is not None and _same(stored, _render(target)):
+                self.published_devices = target  # as the API server keeps it already
                 return False
             if self.client is not None:
-                self.client.apply(slice_body(self.settings.node_name or "", self._node_uid, target))
-            self.published = target
-            self.last_write_s = now_s
+                body = slice_body(self.settings.node_name or "", self._node_uid, _render(target))
+                self.client.apply(body)
+            self.published_devices = self._applied = target
+            self.publisher = self.publisher.wrote(now_s)
             self.cache.slice_writes += 1
             return True
         except KubeError:
             self.cache.slice_errors += 1
-            self.published = None  # read it back next time
+            self.published_devices = None  # read it back next time
             raise
 
-    def note(self, desired: list[dict[str, Any]], now_s: float) -> None:
+    def _before(self) -> tuple[list[SliceDevice] | None, list[dict[str, Any]] | None]:
+        """``(the devices published, None)`` when known (kept, or read back and still what was
+        last applied); else ``(None, the slice's devices as stored)`` (``None``: no slice, or
+        no API): the write is change-only against the stored slice, with nothing held.
+        Raises ``KubeError``."""
+        if self.published_devices is not None or self.client is None:
+            return self.published_devices, None
+        stored = self.client.get()
+        if not stored:
+            return None, None
+        devices = strip_server_fields(stored.get("spec", {}).get("devices"))
+        if self._applied is not None and _same(devices, _render(self._applied)):
+            self.published_devices = self._applied
+            return self._applied, None
+        return None, devices
+
+    def note(self, desired: list[SliceDevice], now_s: float) -> None:
         """Move the calm clocks by this tick's devices (``desired``) against the last tick's:
-        each part of each device that got worse or better (``core.publish.budget.note_changes``)."""
-        if self._last_desired is not None:
-            got_worse, got_better = _device_changes(self._last_desired, desired)
-            self.calm = note_changes(self.calm, got_worse, got_better, now_s,
-                                     self.settings.min_patch_interval_s)  # fmt: skip
+        each part of each device that got worse or better
+        (``core.publish.slice_budget.device_changes``)."""
+        if self.last_desired is not None:
+            self.publisher = self.publisher.noted(device_changes(self.last_desired, desired), now_s)
 
     def within_budget(
-        self, before: list[dict[str, Any]], desired: list[dict[str, Any]], now_s: float
-    ) -> list[dict[str, Any]]:
+        self, before: list[SliceDevice], desired: list[SliceDevice], now_s: float
+    ) -> list[SliceDevice]:
         """The devices to write now: ``desired`` with the changes for the better the budget
-        holds kept as published (``before``); see ``_within_budget``."""
-        return _within_budget(before, desired, now_s, self.last_write_s,
-                              self.settings.min_patch_interval_s, self.calm)  # fmt: skip
+        holds kept as published (``before``; ``core.publish.slice_budget.within_budget``)."""
+        return within_budget(before, desired, self.publisher, now_s)
 
     def delete(self) -> None:
         """Delete the slice (the agent's exit); a failure is logged, never raised."""
@@ -184,90 +205,11 @@ class ResourceSliceWriter:
                 logger.info("deleted ResourceSlice {}", self.client.name)
         except KubeError as exc:
             logger.error("could not delete ResourceSlice {}: {}", self.client.name, exc)
-        self.published = None
+        self.published_devices = None
 
 
-def _by_name(devices: list[dict[str, Any]] | None) -> dict[Any, dict[str, Any]]:
-    return {d.get("name"): d for d in devices or []}
-
-
-#: the parts of a device the budget judges on their own calm clocks: a GPU's memory churn never
-#: holds back its taint's removal
-FREE, TAINTS = "free", "taints"
-
-
-def _parts(
-    before: dict[str, Any] | None, after: dict[str, Any] | None
-) -> dict[str, tuple[list[Any], list[Any]]]:
-    """One device on both sides (``None``: absent there), seen one part at a time for
-    ``core.publish.dra.worse_devices``: its free memory (and what else it says) without its taints,
-    and its taints with the same attributes on both sides."""
-    attributes = (after or before or {}).get("attributes")
-
-    def view(device: dict[str, Any] | None, part: str) -> list[Any]:
-        if device is None:
-            return []
-        if part == FREE:
-            return [{k: v for k, v in device.items() if k != "taints"}]
-        return [{**device, "attributes": attributes}]
-
-    return {part: (view(before, part), view(after, part)) for part in (FREE, TAINTS)}
-
-
-def _device_changes(
-    before: list[dict[str, Any]] | None, after: list[dict[str, Any]]
-) -> tuple[set[tuple[Any, str]], set[tuple[Any, str]]]:
-    """``(worse, better)``: the parts ``(device name, FREE or TAINTS)`` that changed for the
-    worse from ``before`` to ``after`` (``core.publish.dra.worse_devices`` of that part alone: free
-    memory down, a taint added, the device gone or changed otherwise), and the others that
-    changed (free memory up, a taint gone, a new device)."""
-    old, new = _by_name(before), _by_name(after)
-    worse: set[tuple[Any, str]] = set()
-    better: set[tuple[Any, str]] = set()
-    for name in old.keys() | new.keys():
-        for part, (b, a) in _parts(old.get(name), new.get(name)).items():
-            if _same(b, a):
-                continue
-            (worse if worse_devices(b, a) else better).add((name, part))
-    return worse, better
-
-
-def _within_budget(
-    before: list[dict[str, Any]], desired: list[dict[str, Any]], now_s: float,
-    last_write_s: float | None, interval_s: float, calm: Mapping[tuple[Any, str], Calm],
-) -> list[dict[str, Any]]:
-    """The devices to publish: ``desired`` with each change for the better (more free memory,
-    a taint gone, a new device) held at ``before`` (the published slice;
-    ``core.publish.dra.held_devices``) while the budget holds that part of that device
-    (``core.publish.budget.held_keys``: it got worse itself within its calm window (``calm``), or
-    nothing goes this time and the last write is under an interval old). Changes for the worse
-    always go, and carry the calm parts' changes for the better with them."""
-    old = _by_name(before)
-    worse, better = _device_changes(before, desired)
-    held = held_keys(better, now_s, last_write_s, interval_s, calm, going=bool(worse))
-    if not held:
-        return desired
-    out: list[dict[str, Any]] = []
-    for d in desired:
-        name = d.get("name")
-        hold_free, hold_taints = (name, FREE) in held, (name, TAINTS) in held
-        b = old.get(name)
-        if b is None:
-            if not (hold_free or hold_taints):
-                out.append(d)  # a new device, let go
-            continue
-        if not (hold_free or hold_taints):
-            out.append(d)
-            continue
-        kept = held_devices([b], [d])[0]
-        if not hold_taints:
-            kept = {k: v for k, v in kept.items() if k != "taints"}
-            if "taints" in d:
-                kept["taints"] = d["taints"]
-        if not hold_free:
-            kept["attributes"] = d["attributes"]
-        out.append(kept)
-    return out
+def _render(devices: list[SliceDevice]) -> list[dict[str, Any]]:
+    return [d.render() for d in devices]
 
 
 def _canon(devices: list[dict[str, Any]]) -> list[Any]:

@@ -4,8 +4,9 @@ ResourceSlice the agent publishes and the claims the kubelet plugin prepares.
 Dynamic Resource Allocation (``resource.k8s.io/v1``, Kubernetes 1.34+) lets kube-scheduler
 pick a named device from the ResourceSlices a driver publishes and write its choice into the
 ResourceClaim; the driver's kubelet plugin then prepares exactly that device. Both halves of our
-driver work from ``inventory``: the publisher (``render_slice``) and the plugin
-(``omaticaya_py.dra``), so the device a claim names is the device the plugin prepares.
+driver work from ``inventory``: the publisher (``core.publish.slice_device.slice_devices``, the
+typed devices of the ResourceSlice) and the plugin (``omaticaya_py.dra``), so the device a claim
+names is the device the plugin prepares.
 
 One device per whole GPU, named by its UUID (``gpu-<uuid>``: ``GPU-4a1b...`` lower-cased) and,
 on a GPU with MIG on, one per MIG device (``gpu-<uuid>-mig-<MIG index>``) instead of the GPU.
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..model.labelvalues import sanitise_value, stable_down
+from ..model.labelvalues import stable_down
 from ..model.sharing import Sharing, is_shared, unit_count
 from ..model.snapshot import NodeSnapshot
 from ..rules.attribution import ContainerDevices
@@ -41,14 +42,11 @@ __all__ = [
     "claim_holders",
     "device_name",
     "gpu_part",
-    "held_devices",
     "inventory",
     "parse_device_name",
-    "render_devices",
     "slice_body",
     "slice_name",
     "strip_server_fields",
-    "worse_devices",
 ]
 
 #: the driver's name: the ResourceSlices' ``spec.driver``, the DeviceClass's, the attributes'
@@ -209,110 +207,6 @@ def by_name(devices: Sequence[DraDevice]) -> dict[str, DraDevice]:
     return {d.name: d for d in devices}
 
 
-def _version(parts: Sequence[int | str]) -> str | None:
-    """A semantic version (``major.minor.patch``) from 1 to 3 numeric parts, else ``None``."""
-    nums = [str(int(p)) for p in parts if str(p).isdigit()]
-    if not nums or len(nums) != len(parts) or len(nums) > 3:
-        return None
-    return ".".join((nums + ["0", "0"])[:3])
-
-
-def _taint_value(reason: str) -> str:
-    """A taint value (a label value: at most 63 characters of ``[A-Za-z0-9_.-]``)."""
-    return sanitise_value(reason) or "unknown"
-
-
-def render_devices(
-    devices: Sequence[DraDevice],
-    snapshot: NodeSnapshot,
-    *,
-    taint_effect: str = "NoSchedule",
-    mps_down: Mapping[str, str] | None = None,
-    taint_times: Mapping[tuple[str, str], str] | None = None,
-) -> list[dict[str, Any]]:
-    """The ``spec.devices`` of the Node's ResourceSlice (``resource.k8s.io/v1`` ``Device``
-    objects as JSON), one per ``devices`` entry, in its order.
-
-    Attributes (under our domain, so a selector reads
-    ``device.attributes["gpu.omaticaya.io"].freeMemoryMiB``): ``type`` (``gpu``/``mig``),
-    ``shared``, ``uuid``, ``index`` (the GPU's NVML index), ``productName``, ``architecture``
-    (``nvmlDeviceGetArchitecture``), ``cudaComputeCapability`` (version, from
-    ``nvmlDeviceGetCudaComputeCapability``), ``driverVersion`` (version,
-    ``nvmlSystemGetDriverVersion``), ``cudaDriverVersion`` (version,
-    ``nvmlSystemGetCudaDriverVersion_v2``), ``freeMemoryMiB`` (int, ``DraDevice``'s damped
-    value), and for a MIG device ``profile``, ``parentUUID`` and ``migIndex``. An attribute
-    NVML could not give is left out (a selector on it then does not match). Capacity
-    ``memory`` (``<MiB>Mi``); a shared GPU has ``allowMultipleAllocations`` and a request
-    policy of whole units (default one unit, steps of one unit).
-
-    Taints (``taint_effect``: ``NoSchedule`` or ``NoExecute``): ``TAINT_UNHEALTHY`` with the
-    first health reason on an unhealthy device; ``TAINT_MPS`` with the reason on a shared GPU
-    whose UUID is in ``mps_down`` (GPU UUID -> why its MPS daemon is not up; always
-    ``NoSchedule``: its running clients keep their server). ``taint_times``: ``(device name,
-    taint key) -> RFC 3339 time`` the taint was first published, written as ``timeAdded`` so
-    that a re-publish does not restart a toleration's clock."""
-    mps = mps_down or {}
-    times = taint_times or {}
-    by_index = {g.index: g for g in snapshot.gpus}
-    driver = _version(snapshot.driver_version.split(".")) if snapshot.driver_version else None
-    cuda = _version(snapshot.cuda_driver_version) if snapshot.cuda_driver_version else None
-    out: list[dict[str, Any]] = []
-    for d in devices:
-        g = by_index.get(d.gpu_index)
-        attrs: dict[str, dict[str, Any]] = {
-            "type": {"string": "mig" if d.mig_index is not None else "gpu"},
-            "shared": {"bool": d.shared},
-            "index": {"int": d.gpu_index},
-        }
-        if d.uuid:
-            attrs["uuid"] = {"string": d.uuid}
-        if g is not None and g.product:
-            attrs["productName"] = {"string": g.product[:64]}
-        if g is not None and g.architecture:
-            attrs["architecture"] = {"string": g.architecture[:64]}
-        if g is not None and g.compute_major is not None and g.compute_minor is not None:
-            cc = _version((g.compute_major, g.compute_minor))
-            if cc:
-                attrs["cudaComputeCapability"] = {"version": cc}
-        if driver:
-            attrs["driverVersion"] = {"version": driver}
-        if cuda:
-            attrs["cudaDriverVersion"] = {"version": cuda}
-        if d.free_memory_mib is not None:
-            attrs["freeMemoryMiB"] = {"int": d.free_memory_mib}
-        if d.mig_index is not None:
-            attrs["migIndex"] = {"int": d.mig_index}
-            if d.profile:
-                attrs["profile"] = {"string": d.profile[:64]}
-            if d.gpu_uuid:
-                attrs["parentUUID"] = {"string": d.gpu_uuid}
-        device: dict[str, Any] = {"name": d.name, "attributes": attrs}
-        if d.memory_total_mib is not None:
-            memory: dict[str, Any] = {"value": f"{d.memory_total_mib}Mi"}
-            if d.shared and d.unit_mib > 0:
-                unit = f"{d.unit_mib}Mi"
-                memory["requestPolicy"] = {"default": unit, "validRange": {"min": unit, "step": unit}}
-            device["capacity"] = {"memory": memory}
-        if d.shared:
-            device["allowMultipleAllocations"] = True
-        taints: list[dict[str, Any]] = []
-        if d.reasons:
-            taints.append({"key": TAINT_UNHEALTHY, "value": _taint_value(d.reasons[0]),
-                           "effect": taint_effect})
-        why = mps.get(d.gpu_uuid) if d.shared and d.gpu_uuid else None
-        if why is not None and not d.reasons:
-            taints.append({"key": TAINT_MPS, "value": _taint_value(why),
-                           "effect": "NoSchedule"})
-        for t in taints:
-            since = times.get((d.name, t["key"]))
-            if since:
-                t["timeAdded"] = since
-        if taints:
-            device["taints"] = taints
-        out.append(device)
-    return out
-
-
 def slice_name(node_name: str) -> str:
     """The name of the Node's one ResourceSlice: ``<node>-gpu.omaticaya.io`` (a DNS
     subdomain; a Node name is one, and at most 253 characters in all)."""
@@ -348,66 +242,6 @@ def strip_server_fields(devices: Any) -> list[dict[str, Any]]:
     if not isinstance(devices, list):
         return []
     return [d for d in devices if isinstance(d, dict)]
-
-
-def _free(device: Mapping[str, Any]) -> int | None:
-    value = (device.get("attributes") or {}).get("freeMemoryMiB", {})
-    free = value.get("int") if isinstance(value, dict) else None
-    return free if isinstance(free, int) else None
-
-
-def _taint_keys(device: Mapping[str, Any]) -> set[tuple[str, str, str]]:
-    return {(str(t.get("key")), str(t.get("value")), str(t.get("effect")))
-            for t in device.get("taints") or [] if isinstance(t, dict)}  # fmt: skip
-
-
-def _static(device: Mapping[str, Any]) -> Any:
-    attrs = {k: v for k, v in (device.get("attributes") or {}).items() if k != "freeMemoryMiB"}
-    return attrs, device.get("capacity"), device.get("allowMultipleAllocations")
-
-
-def worse_devices(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether going from the published ``before`` to ``after`` makes the Node less attractive
-    and must go at once (the labels' write budget, ``core.publish.budget.urgent``): a device gone, a
-    device's free memory down, a taint added or changed, anything else about a device changed
-    (its UUID, capacity: a scheduler may decide otherwise). More free memory, a taint removed
-    or a new device may wait (``held_devices``)."""
-    old = {d.get("name"): d for d in before}
-    for d in after:
-        b = old.pop(d.get("name"), None)
-        if b is None:
-            continue  # a new device lets more claims match: it may wait
-        if _static(b) != _static(d):
-            return True
-        fb, fa = _free(b), _free(d)
-        if fa is not None and (fb is None or fa < fb) or fa is None and fb is not None:
-            return True
-        if _taint_keys(d) - _taint_keys(b):
-            return True
-    return bool(old)  # a device gone
-
-
-def held_devices(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``after`` with its changes for the better held back (while the write budget holds): a
-    device's free memory stays at the published value when it rose, a taint that went stays,
-    a new device waits. Changes for the worse are kept (``worse_devices``)."""
-    old = {d.get("name"): d for d in before}
-    out: list[dict[str, Any]] = []
-    for d in after:
-        b = old.get(d.get("name"))
-        if b is None:
-            continue
-        held = dict(d)
-        fb, fa = _free(b), _free(d)
-        if fb is not None and fa is not None and fa > fb:
-            held["attributes"] = {**d["attributes"], "freeMemoryMiB": {"int": fb}}
-        gone = [t for t in b.get("taints") or [] if isinstance(t, dict)
-                and (t.get("key"), t.get("value"), t.get("effect"))
-                not in {(x.get("key"), x.get("value"), x.get("effect")) for x in d.get("taints") or []}]
-        if gone:
-            held["taints"] = [*(d.get("taints") or []), *gone]
-        out.append(held)
-    return out
 
 
 def claim_holders(
