@@ -161,7 +161,7 @@ def test_the_issue_30_call_answers_within_the_examples_http_timeout(monkeypatch)
 
 
 def test_the_budget_is_the_http_timeout_less_a_margin():
-    from omaticaya_py.scheduler.victims import MARGIN_S, preempt_budget_s
+    from omaticaya_py.scheduler.deadline import MARGIN_S, preempt_budget_s
 
     for http_timeout_s, budget_s in [(0.5, 0.4), (2, 1.6), (5, 4.0), (10, 9.0), (30, 29.0)]:
         assert preempt_budget_s(http_timeout_s) == pytest.approx(budget_s)
@@ -169,7 +169,7 @@ def test_the_budget_is_the_http_timeout_less_a_margin():
 
 
 def test_a_node_starts_only_while_its_worst_case_fits_and_each_read_is_cut_to_the_time_left():
-    from omaticaya_py.scheduler.victims import READ_TIMEOUT_S, Deadline
+    from omaticaya_py.scheduler.deadline import READ_TIMEOUT_S, Deadline
 
     clock = FakeClock()
     d = Deadline.start(4.0, clock)
@@ -223,8 +223,8 @@ class FakeSession:
 
 def test_node_reader_gives_each_request_the_time_left_and_sends_none_past_the_deadline():
     from omaticaya_py.kube import KubeUnavailable
+    from omaticaya_py.scheduler.deadline import Deadline
     from omaticaya_py.scheduler.preempt import NodeReader
-    from omaticaya_py.scheduler.victims import Deadline
 
     clock = FakeClock()
     session = FakeSession(clock)

@@ -17,9 +17,15 @@ from omaticaya_py.core.schema import parse_node
 from omaticaya_py.kube import KubeTooManyRequests
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.fit import Reason, reason_text
-from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
-from omaticaya_py.scheduler.unasked import ASK_WAIT_S, UnaskedPreemption, not_eligible, pick_node
-from omaticaya_py.scheduler.victims import ROOM_KEEP_S, RoomSought
+from omaticaya_py.scheduler.preempt import Candidate, PreemptOptions, node_view, preempt
+from omaticaya_py.scheduler.room_sought import ROOM_KEEP_S, RoomSought
+from omaticaya_py.scheduler.unasked import (
+    ASK_WAIT_S,
+    UnaskedEdges,
+    UnaskedPreemption,
+    not_eligible,
+    pick_node,
+)
 from tests.helpers import PREFIX
 from tests.test_preemption import NOW, gpu_node, gpu_pod, kept, meta_args, pod_doc
 
@@ -183,15 +189,14 @@ class Unasked:
                         for p in ON_NODE["counted"]}  # fmt: skip
         self.evicted: list[tuple[str, str, str]] = []
         self.told: list[tuple[str, str]] = []
-        self.unasked = UnaskedPreemption(
+        self.unasked = UnaskedPreemption(UnaskedEdges(
             self.preempt_over,
             lambda ns, name: self.fresh if self.fresh else None,
             lambda node: dict(self.on_node),
             self.evict,
             lambda ns, name, uid, reason, message: self.told.append((f"{ns}/{name}", reason)),
             self.ext.decisions.unasked,
-            clock=lambda: self.now,
-        )  # fmt: skip
+        ), clock=lambda: self.now)  # fmt: skip
         self.ext.unasked = self.unasked
 
     def preempt_over(self, pod: Any, nodes: Any) -> tuple[dict, dict]:
@@ -202,8 +207,8 @@ class Unasked:
             seen.update((p.uid, p) for p in view.pods)
             return view
 
-        return preempt(self.ext, {"Pod": pod, "NodeNameToMetaVictims": {}}, read,
-                       room_nodes=nodes, count=self.ext.decisions.unasked), seen  # fmt: skip
+        options = PreemptOptions(room_nodes=nodes, count=self.ext.decisions.unasked)
+        return preempt(self.ext, {"Pod": pod, "NodeNameToMetaVictims": {}}, read, options), seen
 
     def evict(self, ns: str, name: str, uid: str) -> None:
         if self.refuse is not None:

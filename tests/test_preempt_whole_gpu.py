@@ -33,7 +33,7 @@ from tests.helpers import H100_TOTAL_MIB, PREFIX, gpu, settings, snapshot
 from tests.test_preemption import NOW, holder_books, kept, meta_args, pod_doc
 
 if TYPE_CHECKING:
-    from omaticaya_py.scheduler.victims import Deadline
+    from omaticaya_py.scheduler.deadline import Deadline
 
 GIB = 1024
 NEED_MIB = 60 * GIB  # 61440 MiB on each GPU

@@ -21,7 +21,7 @@ from omaticaya_py.scheduler import Extender, ExtenderSettings, create_app
 from omaticaya_py.scheduler.fit import Reason, ReasonText, reason_text
 from omaticaya_py.scheduler.inflight import Placement
 from omaticaya_py.scheduler.need import Need
-from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
+from omaticaya_py.scheduler.preempt import Candidate, PreemptOptions, node_view, preempt
 from omaticaya_py.scheduler.victims import (
     EXACT_POOL,
     GpuRoom,
@@ -35,7 +35,7 @@ from omaticaya_py.scheduler.victims import (
 from tests.helpers import H100_TOTAL_MIB, PREFIX, READ_AT, gpu, settings, snapshot
 
 if TYPE_CHECKING:
-    from omaticaya_py.scheduler.victims import Deadline
+    from omaticaya_py.scheduler.deadline import Deadline
 
 NOW = READ_AT.timestamp() + 5
 GIB = 1024
@@ -460,7 +460,7 @@ def test_at_most_max_nodes_are_read():
     read: list[str] = []
     ext = extender()
     preempt(ext, meta_args(gpu_pod(), fits=[], shared=[], sick=[], held=[]), reader(read),
-            max_nodes=1)  # fmt: skip
+            PreemptOptions(max_nodes=1))  # fmt: skip
     assert read == ["fits"]
     assert ext.decisions.counts[("preempt", "dropped", "over-cap")] == 1
 

@@ -64,8 +64,8 @@ from omaticaya_py.core.schema import parse_node
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
 from omaticaya_py.scheduler import Extender, ExtenderSettings
+from omaticaya_py.scheduler.container_asks import effective_request, held_slices
 from omaticaya_py.scheduler.ledger import Ledger, placement_from_pod
-from omaticaya_py.scheduler.need import effective_request, held_slices
 from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
 
 NOW = READ_AT.timestamp() + 5

@@ -20,17 +20,15 @@ import pytest
 
 from omaticaya_py.core.schema import parse_node
 from omaticaya_py.scheduler import Extender, ExtenderSettings
-from omaticaya_py.scheduler.ledger import Ledger, placement_from_pod
-from omaticaya_py.scheduler.need import (
+from omaticaya_py.scheduler.container_asks import (
     MAX_UNITS,
     Asks,
-    Need,
     container_asks,
     effective_request,
     held_slices,
-    parse_need,
-    parse_slices,
 )
+from omaticaya_py.scheduler.ledger import Ledger, placement_from_pod
+from omaticaya_py.scheduler.need import Need, parse_need, parse_slices
 from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
 
 NOW = READ_AT.timestamp() + 10

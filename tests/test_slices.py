@@ -16,10 +16,11 @@ import pytest
 
 from omaticaya_py.core.schema import GpuInfo, parse_node
 from omaticaya_py.scheduler import Extender, ExtenderSettings
+from omaticaya_py.scheduler.container_asks import MAX_UNITS
 from omaticaya_py.scheduler.fit import place_slices, slice_room
 from omaticaya_py.scheduler.inflight import Placement, adjust, pending
 from omaticaya_py.scheduler.ledger import Ledger
-from omaticaya_py.scheduler.need import MAX_UNITS, Need, parse_need, parse_slices
+from omaticaya_py.scheduler.need import Need, parse_need, parse_slices
 from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from tests.helpers import READ_AT, evaluate, gpu, settings, snapshot
 

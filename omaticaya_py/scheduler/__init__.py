@@ -10,7 +10,7 @@ Go types have no JSON tags.
 A pod states its need with the annotation ``<prefix>/gpu-memory-mib`` (free MiB on each GPU) and
 optionally ``<prefix>/gpu-count`` (GPUs, default 1), or asks for memory slices of shared GPUs
 by resource (``omaticaya.io/gpu-memory`` in units, per container, sidecars and init containers
-counted as Kubernetes counts them: ``need.held_slices``; each slice must fit on one healthy
+counted as Kubernetes counts them: ``container_asks.held_slices``; each slice must fit on one healthy
 shared GPU by its live free memory less the reservations there). A pod with
 neither passes through untouched (every node passes, every score is 0).
 

@@ -76,7 +76,7 @@ class Placement:
     started_at: float | None = None
     gpus: tuple[int, ...] = ()
     bound: bool = True
-    #: a pod's slices of shared GPUs, units per container (``need.held_slices``: a sidecar's
+    #: a pod's slices of shared GPUs, units per container (``container_asks.held_slices``: a sidecar's
     #: included, a plain init container's shared with the containers reusing it), in the
     #: kubelet's order, init containers first (``gpus`` then the shared GPU of each, in the
     #: same order); empty: whole GPUs

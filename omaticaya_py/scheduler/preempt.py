@@ -47,24 +47,24 @@ from typing import Any
 from loguru import logger as log
 
 from ..core.schema import json_int, json_mapping, json_str, parse_gpu_readings, parse_node
+from .deadline import READ_TIMEOUT_S, Deadline, preempt_budget_s
 from .fit import judge_each
 from .inflight import Placement
 from .need import parse_need
 from .protocol import pod_name, pod_uid
 from .victims import (
-    READ_TIMEOUT_S,
-    Deadline,
     GpuRoom,
     PodOnNode,
     Preemptor,
     choose_victims,
     pod_on_node,
     pod_started_s,
-    preempt_budget_s,
     unresolvable,
 )
 
-__all__ = ["MAX_NODES", "Candidate", "NodeReader", "ReadNode", "gpu_rooms", "preempt"]
+__all__ = [
+    "MAX_NODES", "Candidate", "NodeReader", "PreemptOptions", "ReadNode", "gpu_rooms", "preempt",
+]
 
 #: the most candidate nodes read from the API server per call (two requests each); the rest
 #: are dropped, counted as ``over-cap`` (kube-scheduler picks one node of those kept)
@@ -188,36 +188,40 @@ def _meta(uids: Sequence[str], pdb: int) -> dict[str, Any]:
     return {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
 
 
-def preempt(
-    ext: Any,
-    args: Mapping[str, Any],
-    read: ReadNode,
-    *,
-    reserved_on: Callable[[str], Sequence[Placement]] | None = None,
-    max_nodes: int = MAX_NODES,
-    budget_s: float | None = None,
-    room_nodes: Sequence[str] | None = None,
-    count: Callable[..., None] | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PreemptOptions:
+    """How one ``preempt`` call runs. ``reserved_on(node)``: the ledger's placements still
+    counting on it (``None``: the extender's in-flight placements, as the filter counts them).
+    At most ``max_nodes`` nodes are read, within ``budget_s`` seconds from the call (``None``:
+    ``preempt_budget_s`` of the settings' ``http_timeout_s``, kube-scheduler's
+    ``httpTimeout``). ``room_nodes``: the nodes to add (``None``: those of the pod's latest
+    filter, ``ext.room_sought``; ``unasked`` passes the ones it recorded); ``count(result,
+    reason, n=1)``: where each node's outcome is counted (``None``:
+    ``ext.decisions.preempted``, the ``preempt`` verb's)."""
+
+    reserved_on: Callable[[str], Sequence[Placement]] | None = None
+    max_nodes: int = MAX_NODES
+    budget_s: float | None = None
+    room_nodes: Sequence[str] | None = None
+    count: Callable[..., None] | None = None
+
+
+def preempt(ext: Any, args: Mapping[str, Any], read: ReadNode,
+            options: PreemptOptions = PreemptOptions()) -> dict[str, Any]:  # fmt: skip
     """ExtenderPreemptionArgs -> ExtenderPreemptionResult for the extender ``ext``
     (``protocol.Extender``: settings, the Node cache, clocks, in-flight placements, decision
     counts). ``read(node, deadline)``: the node read fresh (``NodeReader``), its requests
-    within ``deadline``; ``reserved_on(node)``: the ledger's placements still counting on it
-    (``None``: ``ext``'s in-flight placements, as the filter counts them). At most
-    ``max_nodes`` nodes are read, within ``budget_s`` seconds from the call (``None``:
-    ``preempt_budget_s`` of the settings' ``http_timeout_s``, kube-scheduler's
-    ``httpTimeout``) on the extender's monotonic clock (``ext.monotonic``); a node whose worst
-    case no longer fits is not started (``victims.Deadline``). ``room_nodes``: the nodes to add
-    (``None``: those of the pod's latest filter, ``ext.room_sought``; ``unasked`` passes the
-    ones it recorded); ``count(result, reason, n=1)``: where each node's outcome is counted
-    (``None``: ``ext.decisions.preempted``, the ``preempt`` verb's)."""
+    within ``deadline``, on the extender's monotonic clock (``ext.monotonic``); a node whose
+    worst case no longer fits is not started (``victims.Deadline``). ``options``: what to
+    read, how long and where to count (``PreemptOptions``)."""
+    budget_s = options.budget_s
     if budget_s is None:
         budget_s = preempt_budget_s(ext.settings.http_timeout_s)
     deadline = Deadline.start(budget_s, ext.monotonic)
     s, pod = ext.settings, args.get("Pod")
     need = parse_need(pod, s.prefix, s.shared_resource, s.device_plugin_resource)
     candidates, pdb, bad = _candidates(args)
-    count = ext.decisions.preempted if count is None else count
+    count = ext.decisions.preempted if options.count is None else options.count
     if bad:
         count("dropped", "bad-victim", bad)
     if need is None or need.slices:
@@ -229,19 +233,47 @@ def preempt(
         return {"NodeNameToMetaVictims": {}}
     # the nodes its filter failed for room alone: kube-scheduler's dry run names no victim
     # where its own count fits, so it never offers them; victims chosen here alone
+    room_nodes = options.room_nodes
     if room_nodes is None:
         room_nodes = ext.room_sought.nodes(pod_uid(pod), ext.monotonic())
     added = {n: None for n in room_nodes if n not in candidates}
     for n in added:
         candidates[n], pdb[n] = [], 0
+    out = _victims(ext, pod, need, candidates, _Call(read, deadline, options, count, pdb, added))
+    log.info(
+        "preempt {}: {} of {} candidate node(s) kept ({} added): {}", pod_name(pod), len(out),
+        len(candidates), len(added), {n: len(v["Pods"]) for n, v in list(out.items())[:8]},
+    )  # fmt: skip
+    return {"NodeNameToMetaVictims": out}
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call's reads: ``read`` within ``deadline``, by ``options``, counted by ``count``;
+    each candidate's ``pdb`` violations as kube-scheduler gave them, and the nodes ``added``
+    to kube-scheduler's."""
+
+    read: ReadNode
+    deadline: Deadline
+    options: PreemptOptions
+    count: Callable[..., None]
+    pdb: Mapping[str, int]
+    added: Mapping[str, None]
+
+
+def _victims(ext: Any, pod: Any, need: Any, candidates: dict[str, list[str]],
+             run: _Call) -> dict[str, Any]:  # fmt: skip
+    """Node -> its victims' meta, for the ``candidates`` read fresh whose victims hold ``pod``
+    (``choose_victims``); the others dropped and counted."""
     states = {n: ext.lookup(n) for n in candidates}
     inflight = ext.inflight_of(pod)
     ctx = replace(ext.context(), stale_policy="reject", unknown_policy="reject", fail_open=False)
     hopeless = unresolvable(need, judge_each(states.items(), need, ctx, inflight)[2], states.get)
     out: dict[str, Any] = {}
-    for node, view in _read(candidates, hopeless, read, deadline, max_nodes, count):
-        if reserved_on is not None:
-            reserved = reserved_on(node)
+    reads = _read(candidates, hopeless, run.read, run.deadline, run.options.max_nodes, run.count)
+    for node, view in reads:
+        if run.options.reserved_on is not None:
+            reserved = run.options.reserved_on(node)
         else:
             reserved = inflight(node, states[node]) if inflight is not None else ()
         choice = choose_victims(Preemptor(need, _priority(pod), pod_uid(pod)), view.gpus,
@@ -249,15 +281,11 @@ def preempt(
         if (why := _dropped(choice)) is not None:
             if choice.victims is None:
                 log.info("preempt {}: node {} dropped: {}", pod_name(pod), node, choice.reason)
-            count("dropped", why)
+            run.count("dropped", why)
             continue
-        count("kept", "added" if node in added else "")
-        out[node] = _meta(choice.victims, pdb[node])  # type: ignore[arg-type]  # not None here
-    log.info(
-        "preempt {}: {} of {} candidate node(s) kept ({} added): {}", pod_name(pod), len(out),
-        len(candidates), len(added), {n: len(v["Pods"]) for n, v in list(out.items())[:8]},
-    )  # fmt: skip
-    return {"NodeNameToMetaVictims": out}
+        run.count("kept", "added" if node in run.added else "")
+        out[node] = _meta(choice.victims, run.pdb[node])  # type: ignore[arg-type]  # not None here
+    return out
 
 
 def _priority(pod: Any) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypedDict
+from typing import Any
 
 from ..core.allocation.placement import Taken, place, policy_sign
 from ..core.rules.liveness import LeaseOf
@@ -46,42 +46,14 @@ from .metrics import Decisions
 from .need import Need, pod_need
 from .nodeview import view_from_object
 from .records import ages_s
+from .room_sought import RoomSought
 from .settings import ExtenderSettings
-from .victims import RoomSought, unresolvable
+from .victims import unresolvable
 
 # ------------------------------------------------------------------- protocol handlers ----
 
 
 Lookup = Callable[[str], "NodeGpuState | None"]
-
-
-class MetaPod(TypedDict):
-    """A victim by ``UID`` (``extender/v1.MetaPod``)."""
-
-    UID: str
-
-
-class MetaVictims(TypedDict):
-    """A node's victims (``extender/v1.MetaVictims``)."""
-
-    Pods: list[MetaPod]
-    NumPDBViolations: int
-
-
-class ExtenderPreemptionArgs(TypedDict, total=False):
-    """What kube-scheduler POSTs to ``preemptVerb``: the preemptor ``Pod`` and its candidates,
-    ``NodeNameToMetaVictims`` when ``nodeCacheCapable``, else ``NodeNameToVictims`` (node ->
-    ``{"Pods": [v1.Pod], "NumPDBViolations"}``)."""
-
-    Pod: Any
-    NodeNameToVictims: dict[str, Any] | None
-    NodeNameToMetaVictims: dict[str, MetaVictims] | None
-
-
-class ExtenderPreemptionResult(TypedDict):
-    """The answer: the nodes kept, each with its victims (``scheduler.preempt``)."""
-
-    NodeNameToMetaVictims: dict[str, MetaVictims]
 
 
 #: prioritize reuses the judging of the same pod's filter (same uid and need) this recent, s:

@@ -53,6 +53,7 @@ __all__ = [
     "HOLD_S",
     "MAX_WAITING",
     "READ_BUDGET_S",
+    "UnaskedEdges",
     "UnaskedPreemption",
     "Waiting",
     "not_eligible",
@@ -139,8 +140,9 @@ PreemptOver = Callable[
 ]
 
 
-class UnaskedPreemption:
-    """The waiting pods and the evictions made for them (module docstring).
+@dataclass(frozen=True)
+class UnaskedEdges:
+    """What ``UnaskedPreemption`` reads, acts and counts through.
 
     ``preempt_over(pod, nodes)``: the victims ``/preempt`` would give ``pod`` on ``nodes``, and
     the pods it read there (their keys and priorities: ``pick_node``, the evictions);
@@ -149,24 +151,27 @@ class UnaskedPreemption:
     Eviction (raises ``kube.KubeError``: ``KubeTooManyRequests`` when a PodDisruptionBudget
     forbids it); ``tell(namespace, name, uid, reason, message)``: a Normal Event on a pod (its
     failures are logged, never raised further); ``count(result, reason, n)``: the decision
-    counts; ``clock``: monotonic seconds. Thread-safe: the filter, ``/preempt`` and ``run``
-    run on different threads."""
+    counts."""
 
-    def __init__(
-        self,
-        preempt_over: PreemptOver,
-        read_pod: Callable[[str, str], Mapping[str, Any] | None],
-        pods_on: Callable[[str], Mapping[str, str]],
-        evict: Callable[[str, str, str], None],
-        tell: Callable[[str, str, str, str, str], None],
-        count: Callable[[str, str, int], None],
-        *,
-        wait_s: float = ASK_WAIT_S,
-        hold_s: float = HOLD_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._preempt_over, self._read_pod, self._pods_on = preempt_over, read_pod, pods_on
-        self._evict, self._tell, self._count = evict, tell, count
+    preempt_over: PreemptOver
+    read_pod: Callable[[str, str], Mapping[str, Any] | None]
+    pods_on: Callable[[str], Mapping[str, str]]
+    evict: Callable[[str, str, str], None]
+    tell: Callable[[str, str, str, str, str], None]
+    count: Callable[[str, str, int], None]
+
+
+class UnaskedPreemption:
+    """The waiting pods and the evictions made for them (module docstring), acting through
+    ``edges`` (``UnaskedEdges``); a pod is acted for once it waited ``wait_s``, an eviction
+    holds for ``hold_s``, on ``clock`` (monotonic seconds). Thread-safe: the filter,
+    ``/preempt`` and ``run`` run on different threads."""
+
+    def __init__(self, edges: UnaskedEdges, *, wait_s: float = ASK_WAIT_S, hold_s: float = HOLD_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._preempt_over, self._read_pod, self._pods_on = (
+            edges.preempt_over, edges.read_pod, edges.pods_on)
+        self._evict, self._tell, self._count = edges.evict, edges.tell, edges.count
         self.wait_s, self.hold_s, self.clock = wait_s, hold_s, clock
         self._waiting: dict[str, Waiting] = {}
         #: preemptor uid -> (node, its victims' uids, when evicted)
@@ -328,8 +333,8 @@ def unasked_preemption(ext: Any, kubeconfig: str | None = None) -> UnaskedPreemp
     (logged) when the session cannot be configured."""
     from ..kube import ApiSession, KubeError, KubeNotFound
     from ..kube.pod_client import PodClient
-    from .preempt import NodeReader, preempt
-    from .victims import Deadline
+    from .deadline import Deadline
+    from .preempt import NodeReader, PreemptOptions, preempt
 
     try:
         session = ApiSession(kubeconfig=kubeconfig)
@@ -348,8 +353,9 @@ def unasked_preemption(ext: Any, kubeconfig: str | None = None) -> UnaskedPreemp
             seen.update((p.uid, p) for p in view.pods)
             return view
 
-        result = preempt(ext, {"Pod": pod, "NodeNameToMetaVictims": {}}, read,
-                         budget_s=READ_BUDGET_S, room_nodes=nodes, count=ext.decisions.unasked)  # fmt: skip
+        options = PreemptOptions(budget_s=READ_BUDGET_S, room_nodes=nodes,
+                                 count=ext.decisions.unasked)  # fmt: skip
+        result = preempt(ext, {"Pod": pod, "NodeNameToMetaVictims": {}}, read, options)
         return result, seen
 
     def read_pod(namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -370,5 +376,6 @@ def unasked_preemption(ext: Any, kubeconfig: str | None = None) -> UnaskedPreemp
         except KubeError as err:
             log.warning("preempt-unasked: event {} on {}/{}: {}", reason, namespace, name, err)
 
-    return UnaskedPreemption(preempt_over, read_pod, pods_on, pods.evict_pod, tell,
-                             ext.decisions.unasked, clock=ext.monotonic)  # fmt: skip
+    edges = UnaskedEdges(preempt_over, read_pod, pods_on, pods.evict_pod, tell,
+                         ext.decisions.unasked)  # fmt: skip
+    return UnaskedPreemption(edges, clock=ext.monotonic)

@@ -34,7 +34,7 @@ rules can evict pods whose GPUs are not the ones that would make room. The exten
 - the victims kube-scheduler named stay victims: its in-tree filters need them gone (CPU,
   memory, ports), which the extender cannot judge; their GPUs and memory count as freed.
 
-Nodes kube-scheduler does not offer (``RoomSought``): its dry run names victims only where its
+Nodes kube-scheduler does not offer (``room_sought.RoomSought``): its dry run names victims only where its
 in-tree filters fail, so a node where its own count fits (``nvidia.com/gpu`` free, the memory
 not) is never a candidate (1.22+: "expected at least one victim pod on node"). The nodes this
 pod's filter failed for room alone were exactly those its in-tree filters passed in this
@@ -42,7 +42,7 @@ cycle (kube-scheduler sends the extender only those); ``scheduler.preempt`` adds
 candidates, with no victim named, and ``choose_victims`` chooses theirs as above (the protocol
 lets the extender answer any node of kube-scheduler's snapshot, with any pod on it).
 
-The time a ``/preempt`` call may take (``Deadline``): kube-scheduler waits its ``httpTimeout``
+The time a ``/preempt`` call may take (``deadline.Deadline``): kube-scheduler waits its ``httpTimeout``
 for the answer and fails that preemption without it. The call gets ``preempt_budget_s`` of it
 (the timeout less a margin for the way in and out); reading a node takes ``READS_PER_NODE``
 requests of at most ``Deadline.read_s`` each, each cut to the time left, and a node is started
@@ -53,11 +53,9 @@ Nothing here reads the cluster: ``scheduler.preempt`` gathers each node's view a
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations, compress, islice
+from itertools import combinations, compress
 from typing import Any
 
 from ..core.schema import GpuInfo, NodeGpuState, json_int, json_mapping, json_str, rfc3339_s
@@ -67,22 +65,14 @@ from .need import Need
 
 __all__ = [
     "EXACT_POOL",
-    "MARGIN_S",
-    "READS_PER_NODE",
-    "READ_TIMEOUT_S",
-    "ROOM_KEEP_S",
-    "ROOM_REASONS",
     "UNRESOLVABLE",
     "Choice",
-    "Deadline",
     "GpuRoom",
     "PodOnNode",
     "Preemptor",
-    "RoomSought",
     "choose_victims",
     "node_after",
     "pod_on_node",
-    "preempt_budget_s",
     "unresolvable",
 ]
 
@@ -96,75 +86,6 @@ UNRESOLVABLE = frozenset(
      Reason.NOT_IN_CACHE, Reason.BAD_POD, Reason.JUDGING_FAILED}
 )  # fmt: skip
 
-#: filter reasons where evicting pods on the node may make room (the node passed
-#: kube-scheduler's in-tree filters, then the extender's for GPU room only)
-ROOM_REASONS = frozenset({Reason.NO_ROOM, Reason.IN_FLIGHT})
-#: how long a pod's filter's room failures stand for its preemption, seconds (monotonic):
-#: kube-scheduler runs PostFilter right after the extenders' filter, in the same cycle and
-#: on the same snapshot; a later cycle whose in-tree filters pass no node never calls the
-#: filter, so an older record must not outlive the one cycle by much
-ROOM_KEEP_S = 5.0
-
-
-#: requests that read one candidate node (``preempt.NodeReader``): a LIST of the Node, one of
-#: the pods bound to it
-READS_PER_NODE = 2
-#: the longest one of those requests may wait, at most (``Deadline.start``: less when a
-#: quarter of the budget is less)
-READ_TIMEOUT_S = 2.0
-#: what a ``/preempt`` call leaves of kube-scheduler's ``httpTimeout`` for the way in and out
-#: (the request queued and parsed, the last node decided, the answer encoded and sent), or a
-#: fifth of the timeout when that is less
-MARGIN_S = 1.0
-
-
-def preempt_budget_s(http_timeout_s: float) -> float:
-    """Seconds one ``/preempt`` call may spend of kube-scheduler's ``httpTimeout`` for the
-    extender (``ExtenderSettings.http_timeout_s``): the timeout less ``MARGIN_S``, or less a
-    fifth of it when that is less (5 s: 4 s; 2 s: 1.6 s)."""
-    return http_timeout_s - min(MARGIN_S, http_timeout_s / 5)
-
-
-@dataclass(frozen=True, slots=True)
-class Deadline:
-    """The end of one ``/preempt`` call's budget, ``ends_s`` on ``clock`` (monotonic seconds),
-    and ``read_s``, the longest one request that reads a node may wait.
-
-    A node's worst case is ``READS_PER_NODE`` requests of ``read_s``: a node is started only
-    while that much is left (``node_fits``), and each request waits at most ``read_s`` and
-    never past the end (``read_timeout_s``), so the reads end by ``ends_s`` whatever the API
-    server does. Pure: tests drive it with a fake clock."""
-
-    ends_s: float
-    read_s: float
-    clock: Callable[[], float] = time.monotonic
-
-    @classmethod
-    def start(
-        cls,
-        budget_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        read_s: float = READ_TIMEOUT_S,
-    ) -> Deadline:
-        """A deadline ``budget_s`` from now; a request waits at most ``read_s`` or a quarter
-        of the budget, whichever is less (so that two nodes' worst cases fit in it)."""
-        per_read = max(0.0, min(read_s, budget_s / (2 * READS_PER_NODE)))
-        return cls(clock() + budget_s, per_read, clock)
-
-    def left_s(self) -> float:
-        """Seconds left (negative once past the end)."""
-        return self.ends_s - self.clock()
-
-    def node_fits(self) -> bool:
-        """Whether a node may be started: its worst case, ``READS_PER_NODE`` requests of
-        ``read_s``, fits in the time left."""
-        return self.read_s > 0 and self.left_s() >= READS_PER_NODE * self.read_s
-
-    def read_timeout_s(self) -> float | None:
-        """The timeout for the next request: ``read_s``, cut to the time left; ``None`` when
-        nothing is left (the request must not be sent)."""
-        left = self.left_s()
-        return min(self.read_s, left) if left > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,53 +264,6 @@ def _fewest(pool: Sequence[PodOnNode], fits: Callable[[frozenset[str]], bool]) -
                                                [-i for i in reversed(c)]))  # fmt: skip
             return frozenset(pool[i].uid for i in best)
     return None
-
-
-class RoomSought:
-    """Per preemptor (pod uid): the nodes its latest filter failed for GPU room alone
-    (``ROOM_REASONS``, less the nodes eviction cannot help), which ``scheduler.preempt`` adds
-    to kube-scheduler's candidates. Those nodes passed kube-scheduler's in-tree filters in
-    that cycle (it sends the extender only those), so its dry run named no victim there and
-    never offers them. Holds at most ``max_pods`` pods (the oldest record goes first), each
-    with its first ``max_nodes`` such nodes (``/preempt`` reads 32 nodes at most), for
-    ``keep_s`` seconds on the caller's monotonic clock. Thread-safe: the filter and
-    ``/preempt`` run on different threads. Raises ``ValueError`` for a negative ``keep_s``
-    or a bound under 1."""
-
-    def __init__(self, keep_s: float = ROOM_KEEP_S, max_pods: int = 1024,
-                 max_nodes: int = 64) -> None:  # fmt: skip
-        if keep_s < 0 or max_pods < 1 or max_nodes < 1:
-            raise ValueError(f"RoomSought: keep_s {keep_s} must be >= 0, max_pods {max_pods} "
-                             f"and max_nodes {max_nodes} >= 1")  # fmt: skip
-        self.keep_s, self.max_pods, self.max_nodes = keep_s, max_pods, max_nodes
-        self._by_uid: dict[str, tuple[float, tuple[str, ...]]] = {}
-        self._lock = threading.Lock()
-
-    def record(self, uid: str, failed: Mapping[str, ReasonText], hopeless: Container[str],
-               now_s: float) -> None:  # fmt: skip
-        """A filter's answer for pod ``uid``: ``failed`` (name -> reason, the
-        ``FailedNodes``), ``hopeless`` (its ``FailedAndUnresolvableNodes``). Empty
-        ``failed`` (the pod passed somewhere) forgets the pod; no uid records nothing."""
-        if not uid:
-            return
-        names = tuple(islice((n for n, r in failed.items()
-                              if r.code in ROOM_REASONS and n not in hopeless), self.max_nodes))
-        with self._lock:
-            self._by_uid.pop(uid, None)
-            if not names:
-                return
-            while len(self._by_uid) >= self.max_pods:
-                del self._by_uid[next(iter(self._by_uid))]  # the oldest record
-            self._by_uid[uid] = (now_s, names)
-
-    def nodes(self, uid: str, now_s: float) -> tuple[str, ...]:
-        """The nodes pod ``uid``'s filter failed for room alone, in its order, if that filter
-        was at most ``keep_s`` ago (else, or unknown: none)."""
-        with self._lock:
-            got = self._by_uid.get(uid)
-        if got is None or not 0 <= now_s - got[0] <= self.keep_s:
-            return ()
-        return got[1]
 
 
 def _smaller(gpu: GpuInfo, mib: int) -> bool:

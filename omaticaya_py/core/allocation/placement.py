@@ -20,7 +20,7 @@ it was placed for. So both ask this module, and nothing else, "which device":
   ``spread`` the most (``pick_memory``).
 
 A pod's whole need (``Need``) is placed container group by container group in the kubelet's
-order (``place``): its whole devices, then each of its slices as ``need.held_slices`` groups
+order (``place``): its whole devices, then each of its slices as ``container_asks.held_slices`` groups
 them (init containers first, a sidecar's held for the pod's life, a plain init container's
 reused by the containers after it), each slice taken off its GPU before the next is placed.
 What is left (``take``) is what the in-flight book, preemption and the next pod judge by.
@@ -103,7 +103,7 @@ class Need:
       annotation, ``memory_mib`` on each of ``count`` GPUs (no device handed out). A pod of
       slices alone has no whole part (``whole_count`` 0).
     - ``slices``: units of the shared resource ``resource``, one per group of containers that
-      hold them on one shared GPU (``scheduler.need.held_slices``), in the kubelet's order.
+      hold them on one shared GPU (``scheduler.container_asks.held_slices``), in the kubelet's order.
 
     ``error`` is set when the pod's request is malformed (every node then fails with it)."""
 
@@ -122,7 +122,7 @@ class Need:
     #: init container whose units the later containers reuse); empty: each slice's own size
     firsts: tuple[int, ...] = ()
     #: units of each slice whose memory counts once the pod is admitted (a plain init
-    #: container's slice, reused, is over: ``need.held_groups``); empty: each slice's own size
+    #: container's slice, reused, is over: ``container_asks.held_groups``); empty: each slice's own size
     slice_memory: tuple[int, ...] = ()
 
     @property
@@ -335,7 +335,7 @@ def place_slices(gpus: Sequence[GpuInfo], mibs: Sequence[int], policy: str, unit
     """Each slice of ``mibs`` (MiB, whole units of ``unit_mib``, in the kubelet's order) on
     ``gpus`` (shared GPUs), each taken off (``take_slice``) before the next is placed, as the
     device plugin hands them out one container at a time. A slice is a group of containers on
-    one GPU (``scheduler.need.held_slices``): the plugin places the group by its first container
+    one GPU (``scheduler.container_asks.held_slices``): the plugin places the group by its first container
     (``firsts``: MiB of each group's first container; empty: the group's own size), at
     ``pick_slice``'s GPU for that size, and the later containers reusing its units stay there;
     the group fits only if that GPU takes the whole group. ``None`` when a slice fits nowhere,
