@@ -31,7 +31,7 @@ a worst case, a real node is idle or steady most of the hour), its idle phase al
 node, with the recording's noise), and the 8-GPU trace (a steady mixed load).
 
 The calm window per key (issue 48): the last table replays the agent's rule now (each label's
-own calm clock, ``core.publish.budget.held_keys``) beside the node-wide clock it replaced
+own calm clock, ``core.publish.publisher.Publisher``) beside the node-wide clock it replaced
 (``NodeSide(per_key=False)``, the rule of 7078aa3), on the traces above and on churning
 neighbours built from the recording's idle sample (``neighbour_traces``): the issue's node (GPU
 0's free memory dips for a tick every 20 s, GPU 1's rows pending for 300 s of every 600 s), and
@@ -75,17 +75,18 @@ from omaticaya_py.core.publish.budget import (  # noqa: E402
     BETTER,
     HEALTH_RANK,
     WORSE,
-    held_keys,
     hold_back,
-    label_changes,
     name_of,
-    note_changes,
     safe_part,
     telemetry_change,
-    unit_changes,
     urgent,
-    worse,
 )
+from omaticaya_py.core.publish.node_budget import (  # noqa: E402
+    calm_changes,
+    labels_within_budget,
+    telemetry_behind,
+)
+from omaticaya_py.core.publish.publisher import Publisher  # noqa: E402
 from omaticaya_py.core.publish.render import render  # noqa: E402
 from omaticaya_py.core.publish.render_telemetry import telemetry_marks  # noqa: E402
 from omaticaya_py.core.rules.health import NodeHealth, XidLedger, XidPolicy, assess  # noqa: E402
@@ -170,8 +171,8 @@ class NodeSide:
     budget_s: float
     drop_mib: int = 256
     per_key: bool = True
+    #: each label key's and telemetry unit's calm clock (``core.publish.budget.Calm``)
     label_calm: dict = field(default_factory=dict)
-    unit_calm: dict = field(default_factory=dict)
     health_since: dict = field(default_factory=dict)
     health_held_s: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
@@ -209,36 +210,20 @@ class NodeSide:
                 self.health_since.pop(key, None)
 
     def _tick_per_key(self, now_s: float, desired: dict[str, str], marks: dict) -> None:
-        """``agent/node_writer.py``'s rule now: each label and each GPU's telemetry on its own
-        calm clock; a calm change for the better rides on a write that goes anyway, or goes
-        alone once the last patch is an interval old (``core.publish.budget.held_keys``)."""
-        interval = self.budget_s
-        if self.previous is not None:
-            got_worse, got_better = label_changes(self.previous, desired)
-            self.label_calm = note_changes(self.label_calm, got_worse, got_better, now_s, interval)
-        if self.marks is not None:
-            got_worse, got_better = unit_changes(self.marks, marks, self.drop_mib)
-            self.unit_calm = note_changes(self.unit_calm, got_worse, got_better, now_s, interval)
+        """``agent/node_writer.py``'s rule now, by the same pure decision
+        (``core.publish.node_budget`` over ``core.publish.publisher.Publisher``): each label and
+        each GPU's telemetry on its own calm clock; a calm change for the better rides on a
+        write that goes anyway, or goes alone once the last patch is an interval old."""
+        publisher = Publisher(self.budget_s, self.label_calm, self.last_patch_s).noted(
+            calm_changes(self.previous, desired, self.marks, marks, self.drop_mib), now_s
+        )
+        self.label_calm = dict(publisher.calm)
         self.previous, self.marks = dict(desired), marks
-        behind = False
-        if self.published is not None:
-            change = telemetry_change(self.published, marks, self.drop_mib)
-            rose = unit_changes(self.published, marks, self.drop_mib)[1]
-            behind = change == WORSE or bool(rose) and not held_keys(
-                rose, now_s, self.last_patch_s, interval, self.unit_calm, False
-            )
-        going = behind
-        pending = []
-        for key in self.labels.keys() | desired.keys():
-            if self.labels.get(key) == desired.get(key):
-                continue
-            if worse(name_of(key), self.labels.get(key), desired.get(key)):
-                going = True
-            else:
-                pending.append(key)
-        held = held_keys(pending, now_s, self.last_patch_s, interval, self.label_calm, going)
-        if held:
-            safe = safe_part(self.labels, desired, ready=set(pending) - held)
+        behind = self.published is not None and telemetry_behind(
+            self.published, marks, publisher, now_s, self.drop_mib
+        )
+        safe = labels_within_budget(self.labels, desired, publisher, now_s, going=behind)
+        if safe is not None:
             self.held += safe != desired
             desired = safe
         if desired == self.labels and not behind:
