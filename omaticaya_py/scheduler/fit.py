@@ -44,9 +44,9 @@ from ..core.allocation.placement import (
     choose_gpus,
     place,
     place_slices,
-    policy_sign,
     slice_room,
 )
+from ..core.allocation.policy import policy_sign
 from ..core.rules.liveness import AHEAD, STALE, node_liveness
 from ..core.schema import NodeGpuState
 from .inflight import Placement, adjust

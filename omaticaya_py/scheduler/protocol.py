@@ -21,7 +21,8 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core.allocation.placement import Taken, place, policy_sign
+from ..core.allocation.placement import Taken, place
+from ..core.allocation.policy import policy_sign
 from ..core.rules.liveness import LeaseOf
 from ..core.schema import NodeGpuState, json_mapping, json_str
 from .cache import NodeIndex, VerdictsByNeed

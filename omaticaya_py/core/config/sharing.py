@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from ..allocation.placement import DEFAULT_POLICY, PlacementPolicy
+from ..allocation.policy import DEFAULT_POLICY, PlacementPolicy
 from ..model.sharing import (
     DEFAULT_GPU_RESOURCE,
     DEFAULT_SHARED_RESOURCE,
