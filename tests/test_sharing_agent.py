@@ -29,7 +29,7 @@ from omaticaya_py.core.model.sharing import Sharing, episodes, is_shared, unit_i
 from omaticaya_py.core.model.snapshot import GpuProcess
 from omaticaya_py.core.publish.budget import safe_part, urgent
 from omaticaya_py.core.publish.render import render
-from omaticaya_py.core.publish.render_telemetry import telemetry_document
+from omaticaya_py.core.publish.render_telemetry import TelemetryOptions, telemetry_document
 from omaticaya_py.core.rules.attribution import (
     ContainerDevices,
     PodRef,
@@ -399,7 +399,7 @@ def test_telemetry_of_shared_gpus_and_their_slices():
     att = attributed(procs, refs, assignments, NAMES, CONTAINERS)
     snap = snapshot(gpu(0, memory_free_mib=50000), gpu(1))
     sharing = Sharing(settings(shared_gpus="0").shared_gpus, 1024)
-    raw = telemetry_document(snap, assess(snap), attribution=att, sharing=sharing).to_json()
+    raw = telemetry_document(snap, assess(snap), TelemetryOptions(attribution=att, sharing=sharing)).to_json()
     doc = json.loads(raw)
     g0, g1 = doc["gpus"]
     assert doc["share_unit_mib"] == 1024
@@ -490,7 +490,7 @@ def test_marks_of_shared_gpus_read_back_equal():
     snap = snapshot(gpu(0, memory_free_mib=50000), gpu(1))
     sharing = Sharing(settings(shared_gpus="0").shared_gpus, 1024)
     doc, _ = Telemetry.parse(
-        telemetry_document(snap, assess(snap), attribution=att, sharing=sharing).to_json()
+        telemetry_document(snap, assess(snap), TelemetryOptions(attribution=att, sharing=sharing)).to_json()
     )
     marks = telemetry_marks(snap, att, sharing)
     assert published_marks(doc) == marks

@@ -44,6 +44,7 @@ from omaticaya_py.core.model.sharing import Sharing
 from omaticaya_py.core.model.snapshot import GpuProcess, NodeSnapshot
 from omaticaya_py.core.publish.budget import UnitMark, telemetry_change
 from omaticaya_py.core.publish.render_telemetry import (
+    TelemetryOptions,
     published_marks,
     telemetry_document,
     telemetry_marks,
@@ -198,7 +199,7 @@ TELEMETRY_CASES = [
 )
 def test_telemetry_says_each_shared_gpus_enforcement(enforcement, g0, g1):
     raw = telemetry_document(
-        SNAP, assess(SNAP), attribution=_over_att(), sharing=SHARING, mps=enforcement
+        SNAP, assess(SNAP), TelemetryOptions(attribution=_over_att(), sharing=SHARING, mps=enforcement)
     ).to_json()
     gpus = json.loads(raw)["gpus"]
     assert [g.get("mps") for g in gpus] == [g0, g1]
@@ -211,7 +212,7 @@ def test_telemetry_says_each_shared_gpus_enforcement(enforcement, g0, g1):
 
 
 def test_without_the_map_the_telemetry_is_as_before():
-    before = telemetry_document(SNAP, assess(SNAP), attribution=_over_att(), sharing=SHARING)
+    before = telemetry_document(SNAP, assess(SNAP), TelemetryOptions(attribution=_over_att(), sharing=SHARING))
     assert '"mps"' not in before.to_json()
     assert telemetry_marks(SNAP, _over_att(), SHARING)[(0, -1)].mps is None
 

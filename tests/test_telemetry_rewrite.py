@@ -31,6 +31,7 @@ from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.model.snapshot import MigReading
 from omaticaya_py.core.publish.budget import BETTER, WORSE, UnitMark, telemetry_change
 from omaticaya_py.core.publish.render_telemetry import (
+    TelemetryOptions,
     published_marks,
     telemetry_document,
     telemetry_marks,
@@ -110,7 +111,7 @@ def _mig_gpu() -> Any:
 def test_marks_of_a_reading_are_those_of_its_published_telemetry(gpus, attribution):
     snap = snapshot(*gpus)
     health, _ = evaluate(snap)
-    doc, problem = Telemetry.parse(telemetry_document(snap, health, attribution=attribution).to_json())
+    doc, problem = Telemetry.parse(telemetry_document(snap, health, TelemetryOptions(attribution=attribution)).to_json())
     assert problem is None and doc is not None
     assert published_marks(doc) == telemetry_marks(snap, attribution)
     assert telemetry_marks(snap, attribution)  # not vacuous

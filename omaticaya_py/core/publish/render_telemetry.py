@@ -8,6 +8,7 @@ the agent for a patch that carries the annotation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..rules.attribution import (
     holder_memory_mib,
     out_of_band_mib,
 )
-from ..rules.health import NodeHealth
+from ..rules.health import NodeHealth, Unit
 from ..schema import (
     TELEMETRY,
     TELEMETRY_VERSION,
@@ -38,6 +39,7 @@ from ..schema.telemetry import XidTelemetry
 from .budget import UnitMark
 
 __all__ = [
+    "TelemetryOptions",
     "UnitKey",
     "published_marks",
     "telemetry",
@@ -50,96 +52,47 @@ __all__ = [
 UnitKey = tuple[int, int]
 
 
-def telemetry_document(
-    snapshot: NodeSnapshot,
-    health: NodeHealth,
-    refresh_s: float | None = None,
-    lease: str | None = None,
-    window: PeakWindow | None = None,
-    attribution: Mapping[str, GpuAttribution] | None = None,
-    sharing: Sharing | None = None,
-    mps: Mapping[str, str] | None = None,
-) -> Telemetry:
-    """The telemetry model (``core.schema.telemetry``) of a snapshot and its health.
+@dataclass(frozen=True, slots=True)
+class TelemetryOptions:
+    """What the telemetry carries besides the reading and its health.
 
-    ``lease`` (``"namespace/name"``): the ``coordination.k8s.io`` Lease that carries the
-    agent's liveness (then no ``refresh_s``: the document is rewritten only with a label
-    change); ``refresh_s``: the publisher's promise to rewrite it within that many seconds of
-    ``read_at`` (published with ``expires_at``); ``window``: the peak signal per GPU
-    (``core.model.window``), published with its ``window_s``; ``attribution``: who uses each GPU or
-    MIG device, by UUID (``core.rules.attribution``; ``None``: not attributed, the keys are absent);
-    ``sharing``: the GPUs served as memory units (``core.model.sharing``): each such GPU without MIG
-    is ``shared`` with its ``share_units``, its holders carry their slice (``limit_mib``), their
-    own use and ``over_limit``, and the document its ``share_unit_mib``; ``mps``: each shared
-    GPU's enforcement by CUDA MPS, by UUID (``"up"`` or the reason it is not: the agent's
-    ``sources.mps.MpsWatch`` at render time; ``None``: enforcement off, no GPU has the field;
-    ``core.allocation.slice_enforcement.mps_status``). Utilisation, the GPM percentages
+    - ``lease`` (``"namespace/name"``): the ``coordination.k8s.io`` Lease that carries the
+      agent's liveness (then no ``refresh_s``: the document is rewritten only with a label
+      change); ``refresh_s``: the publisher's promise to rewrite it within that many seconds
+      of ``read_at`` (published with ``expires_at``).
+    - ``window``: the peak signal per GPU (``core.model.window``), published with its
+      ``window_s``.
+    - ``attribution``: who uses each GPU or MIG device, by UUID (``core.rules.attribution``;
+      ``None``: not attributed, the keys are absent).
+    - ``sharing``: the GPUs served as memory units (``core.model.sharing``): each such GPU
+      without MIG is ``shared`` with its ``share_units``, its holders carry their slice
+      (``limit_mib``), their own use and ``over_limit``, and the document its
+      ``share_unit_mib``.
+    - ``mps``: each shared GPU's enforcement by CUDA MPS, by UUID (``"up"`` or the reason it
+      is not: the agent's ``MpsWatch`` at render time; ``None``: enforcement off, no GPU has
+      the field; ``core.allocation.slice_enforcement.mps_status``).
+    """
+
+    refresh_s: float | None = None
+    lease: str | None = None
+    window: PeakWindow | None = None
+    attribution: Mapping[str, GpuAttribution] | None = None
+    sharing: Sharing | None = None
+    mps: Mapping[str, str] | None = None
+
+
+def telemetry_document(
+    snapshot: NodeSnapshot, health: NodeHealth, options: TelemetryOptions | None = None
+) -> Telemetry:
+    """The telemetry model (``core.schema.telemetry``) of a snapshot and its health, with
+    ``options`` (``TelemetryOptions``; ``None``: none). Utilisation, the GPM percentages
     (``sm_active_pct``, ``tensor_active_pct``, ``dram_bw_pct``: absent without GPM) and power
     are rounded to 0.1."""
+    o = options or TelemetryOptions()
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
-    gpus = []
-    any_shared = False
-    for g in snapshot.gpus:
-        gh = health.gpus[g.index]
-        shared = is_shared(g, sharing)
-        any_shared = any_shared or shared
-        unit_mib = sharing.unit_mib if sharing is not None else 0
-        peak = window.summary(window.key(g.index, g.uuid)) if window is not None else None
-        migs = None
-        if g.mig_enabled:
-            migs = tuple(
-                MigTelemetry(
-                    index=m.index,
-                    uuid=m.uuid,
-                    profile=m.profile,
-                    gpu_instance_id=m.gpu_instance_id,
-                    memory_total_mib=m.memory_total_mib,
-                    memory_free_mib=m.memory_free_mib,
-                    memory_used_mib=m.memory_used_mib,
-                    process_count=m.process_count,
-                    health=str(mig_units[(g.index, m.index)].state),
-                    reasons=mig_units[(g.index, m.index)].reasons,
-                    error=m.error or None,
-                    **_users(attribution, m.uuid),
-                )
-                for m in g.mig_devices
-            )
-        gpus.append(
-            GpuTelemetry(
-                index=g.index,
-                uuid=g.uuid,
-                product=g.product,
-                memory_total_mib=g.memory_total_mib,
-                memory_free_mib=g.memory_free_mib,
-                memory_used_mib=g.memory_used_mib,
-                utilization_pct=_pct(g.utilization_pct),
-                sm_active_pct=_pct(g.sm_active_pct),
-                tensor_active_pct=_pct(g.tensor_active_pct),
-                dram_bw_pct=_pct(g.dram_bw_pct),
-                temperature_c=g.temperature_c,
-                power_w=None if g.power_w is None else round(g.power_w, 1),
-                ecc_uncorrected_volatile=g.ecc_uncorrected_volatile,
-                ecc_corrected_volatile=g.ecc_corrected_volatile,
-                remapped_rows_pending=g.remapped_rows_pending,
-                remapped_rows_failure=g.remapped_rows_failure,
-                process_count=g.process_count,
-                health=str(gh.state),
-                reasons=gh.reasons,
-                error=g.error or None,
-                mig_enabled=True if g.mig_enabled else None,
-                mig_devices=migs,
-                **(
-                    _mig_users(g, attribution) if migs is not None
-                    else _users(attribution, g.uuid, unit_mib if shared else None)
-                ),
-                shared=True if shared else None,
-                share_units=unit_count(g.memory_total_mib, unit_mib) if shared else None,
-                mps=mps_status(g, shared, mps),
-                memory_free_min_mib=peak.memory_free_min_mib if peak else None,
-                utilization_p95_pct=peak.utilization_p95_pct if peak else None,
-                xids=_xids(snapshot, gh.xid_at_s),
-            )
-        )
+    gpus = tuple(_gpu(snapshot, g, health, mig_units, o) for g in snapshot.gpus)
+    any_shared = any(is_shared(g, o.sharing) for g in snapshot.gpus)
+    refresh_s = o.refresh_s
     return Telemetry(
         version=TELEMETRY_VERSION,
         agent=__version__,
@@ -150,15 +103,87 @@ def telemetry_document(
         cuda=".".join(map(str, snapshot.cuda_driver_version))
         if snapshot.cuda_driver_version
         else None,
-        gpus=tuple(gpus),
+        gpus=gpus,
         error=snapshot.error,
-        lease=lease,
+        lease=o.lease,
         refresh_s=refresh_s,
         expires_at=None
         if refresh_s is None
         else _rfc3339(snapshot.read_at + timedelta(seconds=refresh_s)),
-        window_s=window.window_s if window is not None else None,
-        share_unit_mib=sharing.unit_mib if any_shared and sharing is not None else None,
+        window_s=o.window.window_s if o.window is not None else None,
+        share_unit_mib=o.sharing.unit_mib if any_shared and o.sharing is not None else None,
+    )
+
+
+def _migs(
+    g: GpuReading, mig_units: Mapping[tuple[int, int | None], Unit], o: TelemetryOptions
+) -> tuple[MigTelemetry, ...] | None:
+    """The MIG devices of ``g`` (``None``: MIG off)."""
+    if not g.mig_enabled:
+        return None
+    return tuple(
+        MigTelemetry(
+            index=m.index,
+            uuid=m.uuid,
+            profile=m.profile,
+            gpu_instance_id=m.gpu_instance_id,
+            memory_total_mib=m.memory_total_mib,
+            memory_free_mib=m.memory_free_mib,
+            memory_used_mib=m.memory_used_mib,
+            process_count=m.process_count,
+            health=str(mig_units[(g.index, m.index)].state),
+            reasons=mig_units[(g.index, m.index)].reasons,
+            error=m.error or None,
+            **_users(o.attribution, m.uuid),
+        )
+        for m in g.mig_devices
+    )
+
+
+def _gpu(
+    snapshot: NodeSnapshot, g: GpuReading, health: NodeHealth,
+    mig_units: Mapping[tuple[int, int | None], Unit], o: TelemetryOptions,
+) -> GpuTelemetry:  # fmt: skip
+    """One GPU's entry of the telemetry."""
+    gh = health.gpus[g.index]
+    shared = is_shared(g, o.sharing)
+    unit_mib = o.sharing.unit_mib if o.sharing is not None else 0
+    window = o.window
+    peak = window.summary(window.key(g.index, g.uuid)) if window is not None else None
+    migs = _migs(g, mig_units, o)
+    return GpuTelemetry(
+        index=g.index,
+        uuid=g.uuid,
+        product=g.product,
+        memory_total_mib=g.memory_total_mib,
+        memory_free_mib=g.memory_free_mib,
+        memory_used_mib=g.memory_used_mib,
+        utilization_pct=_pct(g.utilization_pct),
+        sm_active_pct=_pct(g.sm_active_pct),
+        tensor_active_pct=_pct(g.tensor_active_pct),
+        dram_bw_pct=_pct(g.dram_bw_pct),
+        temperature_c=g.temperature_c,
+        power_w=None if g.power_w is None else round(g.power_w, 1),
+        ecc_uncorrected_volatile=g.ecc_uncorrected_volatile,
+        ecc_corrected_volatile=g.ecc_corrected_volatile,
+        remapped_rows_pending=g.remapped_rows_pending,
+        remapped_rows_failure=g.remapped_rows_failure,
+        process_count=g.process_count,
+        health=str(gh.state),
+        reasons=gh.reasons,
+        error=g.error or None,
+        mig_enabled=True if g.mig_enabled else None,
+        mig_devices=migs,
+        **(
+            _mig_users(g, o.attribution) if migs is not None
+            else _users(o.attribution, g.uuid, unit_mib if shared else None)
+        ),
+        shared=True if shared else None,
+        share_units=unit_count(g.memory_total_mib, unit_mib) if shared else None,
+        mps=mps_status(g, shared, o.mps),
+        memory_free_min_mib=peak.memory_free_min_mib if peak else None,
+        utilization_p95_pct=peak.utilization_p95_pct if peak else None,
+        xids=_xids(snapshot, gh.xid_at_s),
     )
 
 
@@ -220,29 +245,20 @@ def _rfc3339(stamp: datetime, timespec: str = "seconds") -> str:
 
 
 def telemetry(snapshot: NodeSnapshot, health: NodeHealth, **options: Any) -> str:
-    """The telemetry annotation's value: ``telemetry_document(snapshot, health, **options)``
-    as compact JSON with sorted keys (the shape is in ``core.schema.telemetry``)."""
-    return telemetry_document(snapshot, health, **options).to_json()
+    """The telemetry annotation's value: ``telemetry_document`` of ``snapshot`` and ``health``
+    with ``TelemetryOptions(**options)``, as compact JSON with sorted keys (the shape is in
+    ``core.schema.telemetry``)."""
+    return telemetry_document(snapshot, health, TelemetryOptions(**options)).to_json()
 
 
 def telemetry_annotation(
-    snapshot: NodeSnapshot,
-    health: NodeHealth,
-    prefix: str,
-    refresh_s: float | None = None,
-    lease: str | None = None,
-    window: PeakWindow | None = None,
-    attribution: Mapping[str, GpuAttribution] | None = None,
-    sharing: Sharing | None = None,
-    mps: Mapping[str, str] | None = None,
+    snapshot: NodeSnapshot, health: NodeHealth, prefix: str, **options: Any
 ) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({"<prefix>/telemetry": json}, [])``, or ``({}, [(key, start of value)])`` when the key is
-    invalid or the JSON too large for the Node's annotations (256 KiB)."""
+    invalid or the JSON too large for the Node's annotations (256 KiB). ``options``: the fields
+    of ``TelemetryOptions``."""
     key = f"{prefix}/{TELEMETRY}"
-    value = telemetry(
-        snapshot, health, refresh_s=refresh_s, lease=lease, window=window,
-        attribution=attribution, sharing=sharing, mps=mps,
-    )
+    value = telemetry(snapshot, health, **options)
     if is_valid_key(key) and len(value) < MAX_ANNOTATIONS_BYTES:
         return {key: value}, []
     return {}, [(key, value[:80])]
