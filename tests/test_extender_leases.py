@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from omaticaya_py.core.rules.liveness import FRESH, node_liveness
+from omaticaya_py.core.rules.liveness import FRESH, LivenessClock, node_liveness
 from omaticaya_py.kube import LeaseCache
 from omaticaya_py.scheduler import ExtenderSettings, parse_node
 from omaticaya_py.scheduler.nodeview import LeaseState, lease_from_object
@@ -57,7 +57,7 @@ HELD = LeaseState("agent-pod", AT + 86400, 40)
 def test_the_lease_rule(lease, now, fresh, why):
     state = parse_node("n", {P + "gpu.health": "Healthy"}, annotations(lease=REF))
     assert state.lease == REF
-    alive = node_liveness(state, leases={REF: lease}.get, now_s=now, ttl_s=300, grace_s=60)
+    alive = node_liveness(state, LivenessClock(now, 60), ttl_s=300, leases={REF: lease}.get)
     assert (alive.kind == FRESH) is fresh
     ok, reason = verdict(state, now, {REF: lease}.get)
     assert ok is fresh

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.core.rules.liveness import LeaseState, Seen, node_liveness
+from omaticaya_py.core.rules.liveness import LeaseState, LivenessClock, Seen, node_liveness
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState
 from omaticaya_py.scheduler.fit import (
     INF,
@@ -89,8 +89,8 @@ GATES = [
      Verdict(False, why(Reason.UNUSABLE_TELEMETRY, why="bad JSON"))),
     ("ahead of the clock: unusable, the problem named", node(70000, **AHEAD), NEED, {},
      Verdict(False, why(Reason.UNUSABLE_TELEMETRY,
-                        why=node_liveness(node(70000, **AHEAD), prefix=P, now_s=NOW, ttl_s=300,
-                                          grace_s=60, max_skew_s=300).why),
+                        why=node_liveness(node(70000, **AHEAD), LivenessClock(NOW, 60, None, 300),
+                                          ttl_s=300, prefix=P).why),
              problem="telemetry read_at ahead of the clock")),
     ("ahead, unknown allowed: passes unscored, the problem still named", node(70000, **AHEAD),
      NEED, {"unknown_policy": "allow"},
@@ -133,13 +133,13 @@ SCORING = [
      Verdict(True, fits=True, free_mib=70000)),
     ("stale, score-zero: not scored (fails)", node(70000, **STALE),
      {"stale_policy": "score-zero"}, Verdict(False, why(Reason.STALE, why=node_liveness(
-         node(70000, **STALE), prefix=P, now_s=NOW, ttl_s=300, grace_s=60).why))),
+         node(70000, **STALE), LivenessClock(NOW, 60), ttl_s=300, prefix=P).why))),
     ("stale, the node rejects over the request's allow", view(node(70000, **STALE),
      policy="reject"), {"stale_policy": "allow"}, Verdict(False, why(Reason.STALE, why=node_liveness(
-         node(70000, **STALE), prefix=P, now_s=NOW, ttl_s=300, grace_s=60).why))),
+         node(70000, **STALE), LivenessClock(NOW, 60), ttl_s=300, prefix=P).why))),
     ("ahead, unknown allowed: no score", node(70000, **AHEAD), {"unknown_policy": "allow"},
      Verdict(False, why(Reason.UNUSABLE_TELEMETRY, why=node_liveness(
-         node(70000, **AHEAD), prefix=P, now_s=NOW, ttl_s=300, grace_s=60, max_skew_s=300).why),
+         node(70000, **AHEAD), LivenessClock(NOW, 60, None, 300), ttl_s=300, prefix=P).why),
          problem="telemetry read_at ahead of the clock")),
 ]  # fmt: skip
 
@@ -214,9 +214,9 @@ def test_the_window_is_the_liveness_rule_at_its_edges(case, state, kw, lease):
     leases = {REF: lease}.get if lease is not None else None
     c = ctx(leases=leases, **kw)
     rec = record(state, c=c)
-    fresh = node_liveness(state, seen=getattr(state, "seen", None), leases=leases, prefix=P,
-                          now_s=c.now, now_mono_s=c.now_mono, ttl_s=300, grace_s=60,
-                          max_skew_s=300).kind == "fresh"  # fmt: skip
+    fresh = node_liveness(state, LivenessClock(c.now, 60, c.now_mono, 300), ttl_s=300,
+                          seen=getattr(state, "seen", None), leases=leases,
+                          prefix=P).kind == "fresh"  # fmt: skip
     assert (fresh_window(rec, c) is not None) == fresh, case
 
 

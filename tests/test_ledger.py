@@ -200,13 +200,13 @@ def test_record_is_rebuilt_on_change_only():
     ],
 )  # fmt: skip
 def test_the_freshness_window_is_the_liveness_rule(seen, now, mono, fresh):
-    from omaticaya_py.core.rules.liveness import node_liveness
+    from omaticaya_py.core.rules.liveness import LivenessClock, node_liveness
 
     state = node("a", 70000)
     w = window(state.read_at, 330, seen, 60, 300)
     got = w[0] <= now <= w[1] and mono <= w[2]
-    rule = node_liveness(state, seen=seen, now_s=now, now_mono_s=mono, ttl_s=300, grace_s=60,
-                         max_skew_s=300).kind == "fresh"  # fmt: skip
+    rule = node_liveness(state, LivenessClock(now, 60, mono, 300), ttl_s=300,
+                         seen=seen).kind == "fresh"  # fmt: skip
     assert got == rule == fresh
 
 

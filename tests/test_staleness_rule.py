@@ -22,6 +22,7 @@ from omaticaya_py.core.rules.liveness import (
     RENEW_TIME_AHEAD,
     STALE,
     LeaseState,
+    LivenessClock,
     Seen,
     judge_liveness,
     lease_from_object,
@@ -70,15 +71,13 @@ RULE = [
     ids=[r[0] for r in RULE],
 )
 def test_the_rule(offset, valid_s, seen, kind, age_s, observed):
-    got = judge_liveness(
-        NOW + offset, valid_s, seen, now_s=NOW, now_mono_s=MONO, grace_s=60, max_skew_s=300
-    )
+    got = judge_liveness(NOW + offset, valid_s, seen, LivenessClock(NOW, 60, MONO, 300))
     assert (got.kind, got.age_s, got.observed) == (kind, age_s, observed)
     assert got.limit_s == valid_s + 60 and got.ahead_s == offset
 
 
 def test_without_a_monotonic_clock_only_the_publisher_counts():
-    got = judge_liveness(NOW - 605, 330, Seen(MONO, True), now_s=NOW, now_mono_s=None, grace_s=60)
+    got = judge_liveness(NOW - 605, 330, Seen(MONO, True), LivenessClock(NOW, 60, None))
     assert (got.kind, got.age_s, got.observed) == (STALE, 605, False)
 
 
@@ -180,8 +179,8 @@ NODES = [
 )
 def test_node_liveness(state, seen, leases, kind, why, problem):
     got = node_liveness(
-        state, seen=seen, leases=leases.get if leases is not None else None, now_s=NOW,
-        now_mono_s=MONO, ttl_s=300, grace_s=60, max_skew_s=300,
+        state, LivenessClock(NOW, 60, MONO, 300), ttl_s=300, seen=seen,
+        leases=leases.get if leases is not None else None,
     )  # fmt: skip
     assert (got.kind, got.problem) == (kind, problem)
     assert why in got.why and (kind != FRESH or got.why == "")

@@ -47,7 +47,7 @@ from ..core.allocation.placement import (
     slice_room,
 )
 from ..core.allocation.policy import policy_sign
-from ..core.rules.liveness import AHEAD, STALE, node_liveness
+from ..core.rules.liveness import AHEAD, STALE, LivenessClock, node_liveness
 from ..core.schema import NodeGpuState
 from .inflight import Placement, adjust
 from .nodeview import seen_of
@@ -181,11 +181,9 @@ def usable(rec: NodeRecord | None, need: Need, ctx: JudgingContext, *,
         why = state.problem or "no telemetry annotation"
         return unknown or Verdict(False, reason_text(Reason.UNUSABLE_TELEMETRY, why=why))
     if not fresh:
-        alive = node_liveness(
-            state, seen=seen_of(state), leases=ctx.leases, prefix=ctx.prefix,
-            now_s=ctx.now, now_mono_s=ctx.now_mono, ttl_s=ctx.ttl_s, grace_s=ctx.grace_s,
-            max_skew_s=ctx.max_skew_s,
-        )  # fmt: skip
+        clock = LivenessClock(ctx.now, ctx.grace_s, ctx.now_mono, ctx.max_skew_s)
+        alive = node_liveness(state, clock, ttl_s=ctx.ttl_s, seen=seen_of(state),
+                              leases=ctx.leases, prefix=ctx.prefix)  # fmt: skip
         if alive.kind == AHEAD:
             if unknown is not None:
                 return Verdict(True, problem=alive.problem)

@@ -20,6 +20,7 @@ from ..core.rules.liveness import (
     DEFAULT_MAX_CLOCK_SKEW_S,
     STALE,
     LeaseState,
+    LivenessClock,
     Seen,
     node_liveness,
 )
@@ -230,11 +231,9 @@ def _liveness(
     lookup = None
     if leases is not None and state.lease is not None and leases.watched(state.lease):
         lookup = leases.lease
-    alive = node_liveness(
-        state, seen=seen, leases=lookup, prefix=context.prefix, now_s=context.now,
-        now_mono_s=context.now_mono, ttl_s=context.ttl_s, grace_s=context.grace_s,
-        max_skew_s=context.max_skew_s,
-    )  # fmt: skip
+    clock = LivenessClock(context.now, context.grace_s, context.now_mono, context.max_skew_s)
+    alive = node_liveness(state, clock, ttl_s=context.ttl_s, seen=seen, leases=lookup,
+                          prefix=context.prefix)  # fmt: skip
     if alive.kind == AHEAD:
         problem = alive.why
     stale = alive.kind == STALE

@@ -41,6 +41,7 @@ __all__ = [
     "STALE",
     "LeaseOf",
     "LeaseState",
+    "LivenessClock",
     "LivenessVerdict",
     "NodeLiveness",
     "Seen",
@@ -108,26 +109,31 @@ class LivenessVerdict(NamedTuple):
         return self.kind == FRESH
 
 
-def judge_liveness(
-    published_s: float,
-    valid_s: float,
-    seen: Seen | None,
-    *,
-    now_s: float,
-    now_mono_s: float | None,
-    grace_s: float,
-    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
-) -> LivenessVerdict:
+@dataclass(frozen=True, slots=True)
+class LivenessClock:
+    """How the reader judges a published time: ``now_s``, its wall clock (epoch seconds);
+    ``grace_s``, seconds allowed past a value's validity (the agent's schedule, clock skew);
+    ``now_mono_s``, its monotonic clock (``None``: no observation used); ``max_skew_s``, how
+    far ahead of ``now_s`` a published time may be before it is ``AHEAD``."""
+
+    now_s: float
+    grace_s: float
+    now_mono_s: float | None = None
+    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
+
+
+def judge_liveness(published_s: float, valid_s: float, seen: Seen | None,
+                   clock: LivenessClock) -> LivenessVerdict:  # fmt: skip
     """The rule in the module's docstring. ``published_s``: ``read_at`` or ``renewTime``
     (epoch seconds, the agent's clock); ``valid_s``: how long it stays current (``expires_at -
     read_at``, ``ttl_s``, ``leaseDurationSeconds``); ``seen``: when this process saw it take its
-    value (``None``: never watched); ``now_s``: the reader's wall clock; ``now_mono_s``: its
-    monotonic clock (``None``: no observation used). Pure; never raises on finite numbers."""
-    ahead_s = published_s - now_s
-    limit_s = valid_s + grace_s
-    if ahead_s > max_skew_s:
+    value (``None``: never watched); ``clock``: the reader's clocks and allowances
+    (``LivenessClock``). Pure; never raises on finite numbers."""
+    ahead_s = published_s - clock.now_s
+    limit_s = valid_s + clock.grace_s
+    if ahead_s > clock.max_skew_s:
         return LivenessVerdict(AHEAD, 0.0, limit_s, False, ahead_s, published_s)
-    age_s, observed = _age(published_s, seen, now_s, now_mono_s)
+    age_s, observed = _age(published_s, seen, clock.now_s, clock.now_mono_s)
     kind: Kind = FRESH if age_s <= limit_s else STALE
     return LivenessVerdict(kind, age_s, limit_s, observed, ahead_s, published_s)
 
@@ -206,19 +212,9 @@ def lease_from_object(
     return LeaseState(holder=holder, renewed_at=renewed_at, duration_s=float(duration), seen=seen)
 
 
-def lease_liveness(
-    lease: LeaseState,
-    *,
-    now_s: float,
-    now_mono_s: float | None,
-    grace_s: float,
-    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
-) -> LivenessVerdict:
+def lease_liveness(lease: LeaseState, clock: LivenessClock) -> LivenessVerdict:
     """``judge_liveness`` of a Lease's ``renewTime`` over its ``leaseDurationSeconds``."""
-    return judge_liveness(
-        lease.renewed_at, lease.duration_s, lease.seen, now_s=now_s, now_mono_s=now_mono_s,
-        grace_s=grace_s, max_skew_s=max_skew_s,
-    )  # fmt: skip
+    return judge_liveness(lease.renewed_at, lease.duration_s, lease.seen, clock)
 
 
 # ------------------------------------------------------------------------------- nodes ----
@@ -246,64 +242,44 @@ RENEW_TIME_AHEAD = "Lease renewTime ahead of the clock"
 
 def node_liveness(
     state: NodeGpuState,
+    clock: LivenessClock,
     *,
+    ttl_s: float,
     seen: Seen | None = None,
     leases: LeaseOf | None = None,
     prefix: str = "omaticaya.io",
-    now_s: float,
-    now_mono_s: float | None = None,
-    ttl_s: float,
-    grace_s: float,
-    max_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
 ) -> NodeLiveness:
     """The liveness of the agent behind ``state`` (a node with usable telemetry: ``read_at``
-    set). ``seen``: when the reader saw ``read_at`` take its value. With ``leases`` (a synced
-    Lease watch), a node whose telemetry names a Lease is judged by that Lease: stale when it
-    is missing or released, else by its ``renewTime`` over ``leaseDurationSeconds``; otherwise
-    by ``read_at`` over ``expires_at - read_at`` (or ``ttl_s`` when the agent promised no
-    expiry). A ``read_at`` (any mode) or ``renewTime`` more than ``max_skew_s`` ahead of
-    ``now_s`` is ``AHEAD``. Times: epoch seconds (``now_mono_s``: the monotonic clock)."""
+    set), judged on ``clock`` (``LivenessClock``: epoch and monotonic seconds, the grace and
+    the skew allowed). ``seen``: when the reader saw ``read_at`` take its value. With
+    ``leases`` (a synced Lease watch), a node whose telemetry names a Lease is judged by that
+    Lease: stale when it is missing or released, else by its ``renewTime`` over
+    ``leaseDurationSeconds``; otherwise by ``read_at`` over ``expires_at - read_at`` (or
+    ``ttl_s`` when the agent promised no expiry). A ``read_at`` (any mode) or ``renewTime``
+    more than ``clock.max_skew_s`` ahead of ``clock.now_s`` is ``AHEAD``."""
+    now_s = clock.now_s
     read_at = state.read_at if state.read_at is not None else now_s
     valid_s = state.expires_at - read_at if state.expires_at is not None else ttl_s
-    if read_at - now_s > max_skew_s:
-        telemetry = judge_liveness(
-            read_at, valid_s, seen, now_s=now_s, now_mono_s=now_mono_s, grace_s=grace_s,
-            max_skew_s=max_skew_s,
-        )  # fmt: skip
-        why = ahead_text(f"{prefix}/telemetry read_at", telemetry, max_skew_s)
+    if read_at - now_s > clock.max_skew_s:
+        telemetry = judge_liveness(read_at, valid_s, seen, clock)
+        why = ahead_text(f"{prefix}/telemetry read_at", telemetry, clock.max_skew_s)
         return NodeLiveness(AHEAD, why, READ_AT_AHEAD)
     if leases is not None and state.lease is not None:
-        lease = leases(state.lease)
-        return _by_lease(state.lease, lease, LeaseClock(now_s, now_mono_s, grace_s, max_skew_s))
+        return _by_lease(state.lease, leases(state.lease), clock)
     # the common case first, no objects made: fresh by read_at
-    if _age(read_at, seen, now_s, now_mono_s)[0] <= valid_s + grace_s:
+    if _age(read_at, seen, now_s, clock.now_mono_s)[0] <= valid_s + clock.grace_s:
         return FRESH_NODE
-    telemetry = judge_liveness(
-        read_at, valid_s, seen, now_s=now_s, now_mono_s=now_mono_s, grace_s=grace_s,
-        max_skew_s=max_skew_s,
-    )  # fmt: skip
+    telemetry = judge_liveness(read_at, valid_s, seen, clock)
     what = f"{prefix}/telemetry read_at"
     if telemetry.observed:
         return NodeLiveness(STALE, unchanged_text(what, telemetry))
     if state.expires_at is not None:
         stamp = epoch_text(state.expires_at)
-        return NodeLiveness(STALE, f"{prefix}/telemetry expired at {stamp}, grace {grace_s:g}s")
-    return NodeLiveness(STALE, f"{what} older than {ttl_s + grace_s:g}s")
+        return NodeLiveness(STALE, f"{prefix}/telemetry expired at {stamp}, grace {clock.grace_s:g}s")
+    return NodeLiveness(STALE, f"{what} older than {ttl_s + clock.grace_s:g}s")
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseClock:
-    """How a Lease is judged: ``now_s``, the reader's wall clock (epoch seconds);
-    ``now_mono_s``, its monotonic clock (``None``: no observation used); ``grace_s``, seconds
-    past the Lease's duration; ``max_skew_s``, how far ahead a ``renewTime`` may be."""
-
-    now_s: float
-    now_mono_s: float | None
-    grace_s: float
-    max_skew_s: float
-
-
-def _by_lease(ref: str, lease: LeaseState | None, clock: LeaseClock) -> NodeLiveness:
+def _by_lease(ref: str, lease: LeaseState | None, clock: LivenessClock) -> NodeLiveness:
     """A node's liveness by Lease ``ref`` (``"<namespace>/<name>"``), as the watch holds it
     (``lease``; ``None``: no such Lease): stale when missing or released, else by its
     ``renewTime`` over ``leaseDurationSeconds`` (``lease_liveness``)."""
@@ -311,10 +287,7 @@ def _by_lease(ref: str, lease: LeaseState | None, clock: LeaseClock) -> NodeLive
         return NodeLiveness(STALE, f"Lease {ref} not found")
     if not lease.holder:
         return NodeLiveness(STALE, f"Lease {ref} released (no holder)")
-    verdict = lease_liveness(
-        lease, now_s=clock.now_s, now_mono_s=clock.now_mono_s, grace_s=clock.grace_s,
-        max_skew_s=clock.max_skew_s,
-    )  # fmt: skip
+    verdict = lease_liveness(lease, clock)
     if verdict.kind == AHEAD:
         why = ahead_text(f"Lease {ref} renewTime", verdict, clock.max_skew_s)
         return NodeLiveness(AHEAD, why, RENEW_TIME_AHEAD)
