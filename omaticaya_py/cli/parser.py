@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -181,99 +182,9 @@ def build_parser(prog: str = "omaticaya") -> argparse.ArgumentParser:
         dest="command", required=True, metavar="COMMAND", parser_class=_SubParser
     )
 
-    def add(name: str, **kwargs: Any) -> None:
-        sub.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
-
-    add(
-        "run",
-        help="the agent: tick on the schedule until SIGTERM",
-        description="The node agent: read the GPUs (NVML, or --trace) on the schedule and "
-        "patch this Node's labels and telemetry annotation (NODE_NAME or --node) when a value "
-        "changes, until SIGTERM/SIGINT, then remove its live labels. Every setting is a flag "
-        "here and an OMATICAYA_* variable; flags win.",
-        add_flags=_agent_flags("run", _kubeconfig, _trace_speed),
-    )
-    add(
-        "once",
-        help="one tick, then exit",
-        description="One tick of the agent: read the GPUs, patch the Node (NODE_NAME or "
-        "--node) if a label changed, print one line and exit; --dry-run prints the merge "
-        "patch instead of sending it.",
-        add_flags=_agent_flags("once", _kubeconfig, _trace_at, _dry_run),
-    )
-    add(
-        "show",
-        help="print the snapshot and labels (no API call)",
-        description="Read the GPUs once (NVML, or --trace) and print them and the labels the "
-        "agent would publish, as a table (--json: the labels and annotations). No API call.",
-        add_flags=_agent_flags("show", _kubeconfig, _trace_at, _json),
-    )
-    add(
-        "cleanup",
-        help="remove every key under the prefix from the Node",
-        description="Remove every label and annotation under the prefix from the Node "
-        "(NODE_NAME or --node), hardware facts too, and delete the agent's Lease where its "
-        "namespace is known (POD_NAMESPACE). --dry-run reads them and prints what would go. "
-        "Run it where the agent no longer runs: a running agent writes its keys back.",
-        add_flags=_agent_flags("cleanup", _kubeconfig, _cleanup_dry_run),
-    )
-    add(
-        "extender",
-        help="kube-scheduler extender: filter/prioritize pods by live GPU state",
-        description="The kube-scheduler extender: an HTTP server answering /filter, "
-        "/prioritize and /preempt from the Nodes' live GPU state (list/watch of Nodes, pods "
-        "and Leases), until SIGTERM.",
-        add_flags=lambda p: extender_settings_flags().add_to(p),
-    )
-    add(
-        "device-plugin",
-        help="serve the GPUs to the kubelet as a device plugin (no Node labels)",
-        description="Read the GPUs on the schedule and serve them to the kubelet as the "
-        "extended resource OMATICAYA_DEVICE_PLUGIN_RESOURCE, with live health.",
-        add_flags=_agent_flags("device-plugin", _trace_speed),
-    )
-    add(
-        "mps",
-        help="run and watch the CUDA MPS control daemons of the slices until SIGTERM",
-        description="Supervise one CUDA MPS control daemon per slice the plugins ask for, its "
-        "default pinned-memory limit the slice (a client's own limit can only lower it), and a "
-        "probe daemon per shared GPU (OMATICAYA_SHARED_GPUS), and write their states for the "
-        "plugins (OMATICAYA_MPS_STATE_DIR): a slice container becomes its slice's MPS client.",
-        add_flags=lambda p: mps_settings_flags().add_to(p),
-    )
-    add(
-        "record",
-        help="write a trace of this node's GPUs from NVML (replay it with --trace)",
-        description="Sample this machine's GPUs through NVML every --interval for --duration "
-        "and write the raw answers, errors included, as a trace file (JSON, the project's "
-        "trace format): replay it with --trace, or attach it to a bug report.",
-        add_flags=_record_flags,
-    )
-    add(
-        "top",
-        help="the fleet's GPUs: a table of every node's live GPU state (list/watch nodes)",
-        description="List the Nodes (and, with --watch, watch them) and print a table of "
-        "their GPUs from Omaticaya's labels and telemetry: health, free memory, utilisation, "
-        "how stale each reading is. Needs only get/list/watch on nodes (and leases).",
-        add_flags=_top_flags,
-    )
-    add(
-        "stop-daemonset",
-        help="delete a DaemonSet (foreground) and wait until its pods are gone",
-        description="Delete the DaemonSet with propagationPolicy Foreground and wait until "
-        "every pod it owns is gone, so that each agent's SIGTERM cleanup runs while the "
-        "release's RBAC still exists. Exit 0 when they are gone (or the DaemonSet is not "
-        "there), 1 on a timeout or an API failure, with one line.",
-        add_flags=_stop_daemonset_flags,
-    )
-    add(
-        "delete-resourceslices",
-        help="delete every ResourceSlice of a DRA driver (the chart's uninstall hook)",
-        description="Delete every ResourceSlice whose spec.driver is --driver (every Node's), "
-        "then list again. Exit 0 when none is left (or resource.k8s.io/v1 is not served), 1 "
-        "when some are left or on an API failure, with one line.",
-        add_flags=_delete_resourceslices_flags,
-    )
+    for command in COMMANDS:
+        sub.add_parser(command.name, formatter_class=_HelpFormatter, help=command.help,
+                       description=command.description, add_flags=command.add_flags)  # fmt: skip
     return parser
 
 
@@ -376,3 +287,109 @@ def _stop_daemonset_flags(p: argparse.ArgumentParser) -> None:
         help="give up after this many seconds (default 120)",
     )  # fmt: skip
     _kubeconfig(p)
+
+
+@dataclass(frozen=True)
+class _Command:
+    """A sub-command: its ``name``, one-line ``help``, ``description`` and the function that
+    adds its flags to its parser (on first use: ``_SubParser``)."""
+
+    name: str
+    help: str
+    description: str
+    add_flags: _AddFlags
+
+
+#: the sub-commands, in the order ``--help`` lists them
+COMMANDS: tuple[_Command, ...] = (
+    _Command(
+        "run",
+        help="the agent: tick on the schedule until SIGTERM",
+        description="The node agent: read the GPUs (NVML, or --trace) on the schedule and "
+        "patch this Node's labels and telemetry annotation (NODE_NAME or --node) when a value "
+        "changes, until SIGTERM/SIGINT, then remove its live labels. Every setting is a flag "
+        "here and an OMATICAYA_* variable; flags win.",
+        add_flags=_agent_flags("run", _kubeconfig, _trace_speed),
+    ),
+    _Command(
+        "once",
+        help="one tick, then exit",
+        description="One tick of the agent: read the GPUs, patch the Node (NODE_NAME or "
+        "--node) if a label changed, print one line and exit; --dry-run prints the merge "
+        "patch instead of sending it.",
+        add_flags=_agent_flags("once", _kubeconfig, _trace_at, _dry_run),
+    ),
+    _Command(
+        "show",
+        help="print the snapshot and labels (no API call)",
+        description="Read the GPUs once (NVML, or --trace) and print them and the labels the "
+        "agent would publish, as a table (--json: the labels and annotations). No API call.",
+        add_flags=_agent_flags("show", _kubeconfig, _trace_at, _json),
+    ),
+    _Command(
+        "cleanup",
+        help="remove every key under the prefix from the Node",
+        description="Remove every label and annotation under the prefix from the Node "
+        "(NODE_NAME or --node), hardware facts too, and delete the agent's Lease where its "
+        "namespace is known (POD_NAMESPACE). --dry-run reads them and prints what would go. "
+        "Run it where the agent no longer runs: a running agent writes its keys back.",
+        add_flags=_agent_flags("cleanup", _kubeconfig, _cleanup_dry_run),
+    ),
+    _Command(
+        "extender",
+        help="kube-scheduler extender: filter/prioritize pods by live GPU state",
+        description="The kube-scheduler extender: an HTTP server answering /filter, "
+        "/prioritize and /preempt from the Nodes' live GPU state (list/watch of Nodes, pods "
+        "and Leases), until SIGTERM.",
+        add_flags=lambda p: extender_settings_flags().add_to(p),
+    ),
+    _Command(
+        "device-plugin",
+        help="serve the GPUs to the kubelet as a device plugin (no Node labels)",
+        description="Read the GPUs on the schedule and serve them to the kubelet as the "
+        "extended resource OMATICAYA_DEVICE_PLUGIN_RESOURCE, with live health.",
+        add_flags=_agent_flags("device-plugin", _trace_speed),
+    ),
+    _Command(
+        "mps",
+        help="run and watch the CUDA MPS control daemons of the slices until SIGTERM",
+        description="Supervise one CUDA MPS control daemon per slice the plugins ask for, its "
+        "default pinned-memory limit the slice (a client's own limit can only lower it), and a "
+        "probe daemon per shared GPU (OMATICAYA_SHARED_GPUS), and write their states for the "
+        "plugins (OMATICAYA_MPS_STATE_DIR): a slice container becomes its slice's MPS client.",
+        add_flags=lambda p: mps_settings_flags().add_to(p),
+    ),
+    _Command(
+        "record",
+        help="write a trace of this node's GPUs from NVML (replay it with --trace)",
+        description="Sample this machine's GPUs through NVML every --interval for --duration "
+        "and write the raw answers, errors included, as a trace file (JSON, the project's "
+        "trace format): replay it with --trace, or attach it to a bug report.",
+        add_flags=_record_flags,
+    ),
+    _Command(
+        "top",
+        help="the fleet's GPUs: a table of every node's live GPU state (list/watch nodes)",
+        description="List the Nodes (and, with --watch, watch them) and print a table of "
+        "their GPUs from Omaticaya's labels and telemetry: health, free memory, utilisation, "
+        "how stale each reading is. Needs only get/list/watch on nodes (and leases).",
+        add_flags=_top_flags,
+    ),
+    _Command(
+        "stop-daemonset",
+        help="delete a DaemonSet (foreground) and wait until its pods are gone",
+        description="Delete the DaemonSet with propagationPolicy Foreground and wait until "
+        "every pod it owns is gone, so that each agent's SIGTERM cleanup runs while the "
+        "release's RBAC still exists. Exit 0 when they are gone (or the DaemonSet is not "
+        "there), 1 on a timeout or an API failure, with one line.",
+        add_flags=_stop_daemonset_flags,
+    ),
+    _Command(
+        "delete-resourceslices",
+        help="delete every ResourceSlice of a DRA driver (the chart's uninstall hook)",
+        description="Delete every ResourceSlice whose spec.driver is --driver (every Node's), "
+        "then list again. Exit 0 when none is left (or resource.k8s.io/v1 is not served), 1 "
+        "when some are left or on an API failure, with one line.",
+        add_flags=_delete_resourceslices_flags,
+    ),
+)
