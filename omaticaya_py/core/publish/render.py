@@ -96,6 +96,32 @@ class RenderSettings(Protocol):
     def share_unit_mib(self) -> int: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """One render's inputs: the reading, its health, the settings it reads, the previous
+    tick's labels (for the hysteresis: ``down``, ``nearest``) and who uses each GPU."""
+
+    snapshot: NodeSnapshot
+    health: NodeHealth
+    s: RenderSettings
+    previous: Mapping[str, str]
+    attribution: Mapping[str, GpuAttribution]
+
+    def _before(self, name: str) -> int | None:
+        value = self.previous.get(f"{self.s.prefix}/{name}")
+        return int(value) if value is not None and value.isdigit() else None
+
+    def down(self, name: str, raw: float, step: int) -> str:
+        """``raw`` rounded down to ``step`` with the hysteresis against label ``name``."""
+        margin = self.s.hysteresis_pct / 100 * step
+        return str(stable_down(raw, step, self._before(name), margin))
+
+    def nearest(self, name: str, raw: float, step: int) -> str:
+        """``raw`` rounded to the nearest ``step`` with the hysteresis against ``name``."""
+        margin = self.s.hysteresis_pct / 100 * step
+        return str(stable_nearest(raw, step, self._before(name), margin))
+
+
 def _node_labels(
     snapshot: NodeSnapshot,
     health: NodeHealth,
@@ -104,22 +130,39 @@ def _node_labels(
     attribution: Mapping[str, GpuAttribution],
 ) -> dict[str, str]:
     out: dict[str, str] = {names.HEALTH: str(health.state)}
-    share = s.hysteresis_pct / 100
-
-    def before(name: str) -> int | None:
-        value = previous.get(f"{s.prefix}/{name}")
-        return int(value) if value is not None and value.isdigit() else None
-
-    def down(name: str, raw: float, step: int) -> str:
-        return str(stable_down(raw, step, before(name), share * step))
-
-    def nearest(name: str, raw: float, step: int) -> str:
-        return str(stable_nearest(raw, step, before(name), share * step))
-
     if snapshot.error is not None:
         return out  # nothing else can be trusted: numbers would be stale
+    t = _Tick(snapshot, health, s, previous, attribution)
+    out.update(_hardware_labels(snapshot))
+    # aggregates count schedulable units: whole GPUs, and MIG devices on GPUs with MIG on; a
+    # shared GPU is no whole GPU (a pod asking for nvidia.com/gpu cannot get it): it has its own
+    # label, the largest slice one shared GPU can take
+    sharing = Sharing.of(s)
+    shared = {g.index for g in snapshot.gpus if is_shared(g, sharing)}
+    healthy = tuple(u for u in health.healthy_units if u.gpu_index not in shared or u.is_mig)
+    out.update(_load_labels(t, healthy))
+    out.update(_mig_labels(health.units, s, t.down))
+    if shared:
+        rooms = [
+            room
+            for g in snapshot.gpus
+            if g.index in shared and g.error is None and health.gpus[g.index].healthy
+            if (room := slice_room_mib(g, attribution.get(g.uuid or ""), s.share_unit_mib))
+            is not None
+        ]
+        out[names.SHARED_MEMORY_FREE] = (
+            t.down(names.SHARED_MEMORY_FREE, max(rooms), s.memory_step_mib) if rooms else "0"
+        )
+    if s.per_gpu_labels:
+        out.update(_per_gpu_labels(t, healthy))
+    return out
+
+
+def _hardware_labels(snapshot: NodeSnapshot) -> dict[str, str]:
+    """The GPU count, the most common product (and whether there are others), its family and
+    compute capability, the driver and CUDA versions, the smallest GPU's memory."""
     gpus = snapshot.gpus
-    out[names.GPU_COUNT] = str(len(gpus))
+    out = {names.GPU_COUNT: str(len(gpus))}
     products = Counter(g.product for g in gpus if g.product)
     if products:
         product, _ = products.most_common(1)[0]
@@ -136,86 +179,83 @@ def _node_labels(
     totals = [g.memory_total_mib for g in gpus if g.memory_total_mib is not None]
     if totals:
         out[names.MEMORY_TOTAL] = str(min(totals))
+    return out
 
-    # aggregates count schedulable units: whole GPUs, and MIG devices on GPUs with MIG on; a
-    # shared GPU is no whole GPU (a pod asking for nvidia.com/gpu cannot get it): it has its own
-    # label, the largest slice one shared GPU can take
-    sharing = Sharing.of(s)
-    shared = {g.index for g in gpus if is_shared(g, sharing)}
-    healthy = tuple(u for u in health.healthy_units if u.gpu_index not in shared or u.is_mig)
+
+def _load_labels(t: _Tick, healthy: tuple[Unit, ...]) -> dict[str, str]:
+    """The aggregates over the ``healthy`` schedulable units: free memory (most on one unit,
+    and summed), lowest utilisation and SM activity, idle and healthy counts."""
+    s, out = t.s, {}
     free = [u.memory_free_mib for u in healthy if u.memory_free_mib is not None]
     mem_step, util_step = s.memory_step_mib, s.utilization_step_pct
-    out[names.MEMORY_FREE] = down(names.MEMORY_FREE, max(free), mem_step) if free else "0"
+    out[names.MEMORY_FREE] = t.down(names.MEMORY_FREE, max(free), mem_step) if free else "0"
     out[names.MEMORY_FREE_TOTAL] = (
-        down(names.MEMORY_FREE_TOTAL, sum(free), mem_step) if free else "0"
+        t.down(names.MEMORY_FREE_TOTAL, sum(free), mem_step) if free else "0"
     )
     utils = [u.utilization_pct for u in healthy if u.utilization_pct is not None]
     if utils:
         # NVML can report a sample above 100 (rounding in the driver): never publish one
-        out[names.UTILIZATION] = nearest(names.UTILIZATION, min(min(utils), 100.0), util_step)
+        out[names.UTILIZATION] = t.nearest(names.UTILIZATION, min(min(utils), 100.0), util_step)
     # GPM SM activity of each whole GPU that has it (``None`` elsewhere: never 0)
-    sm_active = {g.index: g.sm_active_pct for g in gpus if g.error is None and not g.mig_enabled}
+    sm_active = {
+        g.index: g.sm_active_pct for g in t.snapshot.gpus if g.error is None and not g.mig_enabled
+    }
     actives = [
         a for u in healthy if not u.is_mig and (a := sm_active.get(u.gpu_index)) is not None
     ]
     if actives:
-        out[names.SM_ACTIVE] = nearest(names.SM_ACTIVE, min(min(actives), 100.0), util_step)
+        out[names.SM_ACTIVE] = t.nearest(names.SM_ACTIVE, min(min(actives), 100.0), util_step)
     out[names.IDLE_COUNT] = str(
         sum(1 for u in healthy if _idle(u, s.idle_utilization_pct, sm_active.get(u.gpu_index)))
     )
     out[names.HEALTHY_COUNT] = str(len(healthy))
-    out.update(_mig_labels(health.units, s, down))
-    if shared:
-        rooms = [
-            room
-            for g in gpus
-            if g.index in shared and g.error is None and health.gpus[g.index].healthy
-            if (room := slice_room_mib(g, attribution.get(g.uuid or ""), s.share_unit_mib))
-            is not None
-        ]
-        out[names.SHARED_MEMORY_FREE] = (
-            down(names.SHARED_MEMORY_FREE, max(rooms), mem_step) if rooms else "0"
-        )
+    return out
 
-    if s.per_gpu_labels:
-        mig_free: dict[int, list[int]] = {}
-        for u in healthy:
-            if u.is_mig and u.memory_free_mib is not None:
-                mig_free.setdefault(u.gpu_index, []).append(u.memory_free_mib)
-        for g in gpus:
-            def key(name: str, index: int = g.index) -> str:
-                return gpu_key(index, name)
 
-            out[key(names.GPU_HEALTH)] = str(health.gpus[g.index].state)
-            if g.error is not None:
-                continue
-            if g.mig_enabled:
-                out[key(names.GPU_MIG_ENABLED)] = "true"
-                # a MIG GPU's free memory is that of its freest healthy MIG device: the most
-                # one pod can get on it; no utilisation (NVML has none with MIG on)
-                if g.index in mig_free:
-                    out[key(names.GPU_MEMORY_FREE)] = down(
-                        key(names.GPU_MEMORY_FREE), max(mig_free[g.index]), mem_step
-                    )
-            elif g.memory_free_mib is not None:
-                out[key(names.GPU_MEMORY_FREE)] = down(key(names.GPU_MEMORY_FREE), g.memory_free_mib, mem_step)
-            if g.utilization_pct is not None and not g.mig_enabled:
-                out[key(names.GPU_UTILIZATION)] = nearest(
-                    key(names.GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
+def _per_gpu_labels(t: _Tick, healthy: tuple[Unit, ...]) -> dict[str, str]:
+    """``gpu-N.*``: each GPU's health, and for a readable one its free memory (a MIG GPU's:
+    its freest healthy MIG device), utilisation, SM activity (opt-in), out-of-band memory and
+    temperature (opt-in)."""
+    s, out = t.s, {}
+    mem_step, util_step = s.memory_step_mib, s.utilization_step_pct
+    mig_free: dict[int, list[int]] = {}
+    for u in healthy:
+        if u.is_mig and u.memory_free_mib is not None:
+            mig_free.setdefault(u.gpu_index, []).append(u.memory_free_mib)
+    for g in t.snapshot.gpus:
+        def key(name: str, index: int = g.index) -> str:
+            return gpu_key(index, name)
+
+        out[key(names.GPU_HEALTH)] = str(t.health.gpus[g.index].state)
+        if g.error is not None:
+            continue
+        if g.mig_enabled:
+            out[key(names.GPU_MIG_ENABLED)] = "true"
+            # a MIG GPU's free memory is that of its freest healthy MIG device: the most
+            # one pod can get on it; no utilisation (NVML has none with MIG on)
+            if g.index in mig_free:
+                out[key(names.GPU_MEMORY_FREE)] = t.down(
+                    key(names.GPU_MEMORY_FREE), max(mig_free[g.index]), mem_step
                 )
-            if s.sm_active_labels and g.sm_active_pct is not None and not g.mig_enabled:
-                out[key(names.GPU_SM_ACTIVE)] = nearest(
-                    key(names.GPU_SM_ACTIVE), min(g.sm_active_pct, 100.0), util_step
-                )
-            # processes in no pod (needs the host's /proc): only when there is some
-            oob = gpu_out_of_band_mib(g, attribution)
-            if oob and quantise_down(oob, mem_step) > 0:
-                out[key(names.GPU_MEMORY_OUT_OF_BAND)] = str(quantise_down(oob, mem_step))
-            # opt-in: it changes with load and no scheduler decides on it (telemetry has it)
-            if s.temperature_labels and g.temperature_c is not None and g.temperature_c >= 0:
-                out[key(names.GPU_TEMPERATURE)] = nearest(
-                    key(names.GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
-                )
+        elif g.memory_free_mib is not None:
+            out[key(names.GPU_MEMORY_FREE)] = t.down(key(names.GPU_MEMORY_FREE), g.memory_free_mib, mem_step)
+        if g.utilization_pct is not None and not g.mig_enabled:
+            out[key(names.GPU_UTILIZATION)] = t.nearest(
+                key(names.GPU_UTILIZATION), min(g.utilization_pct, 100.0), util_step
+            )
+        if s.sm_active_labels and g.sm_active_pct is not None and not g.mig_enabled:
+            out[key(names.GPU_SM_ACTIVE)] = t.nearest(
+                key(names.GPU_SM_ACTIVE), min(g.sm_active_pct, 100.0), util_step
+            )
+        # processes in no pod (needs the host's /proc): only when there is some
+        oob = gpu_out_of_band_mib(g, t.attribution)
+        if oob and quantise_down(oob, mem_step) > 0:
+            out[key(names.GPU_MEMORY_OUT_OF_BAND)] = str(quantise_down(oob, mem_step))
+        # opt-in: it changes with load and no scheduler decides on it (telemetry has it)
+        if s.temperature_labels and g.temperature_c is not None and g.temperature_c >= 0:
+            out[key(names.GPU_TEMPERATURE)] = t.nearest(
+                key(names.GPU_TEMPERATURE), g.temperature_c, s.temperature_step_c
+            )
     return out
 
 
