@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import tenacity
 import urllib3
@@ -24,7 +24,7 @@ from kubernetes.config import incluster_config
 
 from .errors import KubeError, KubeUnavailable, RetryWait, is_transient, wrap
 
-__all__ = ["ApiConfig", "ApiSession", "RetryPolicy"]
+__all__ = ["ApiConfig", "ApiSession", "HttpRequest", "RetryPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,21 @@ class RetryPolicy:
 
 _CONFIG_NAMES = frozenset(f.name for f in fields(ApiConfig))
 _RETRY_NAMES = frozenset(f.name for f in fields(RetryPolicy))
+
+
+class HttpRequest(TypedDict, total=False):
+    """The optional parts of one ``ApiSession.http`` request: ``path_params`` (the path's
+    ``{name}`` parts), ``query`` (query parameters), ``body`` (serialised by the client),
+    ``content_type`` (a patch's: merge, strategic or apply), ``timeout`` (seconds, or the
+    client's ``(connect, read)``; default the session's) and ``stream`` (leave the body unread:
+    a watch)."""
+
+    path_params: dict[str, str] | None
+    query: dict[str, str] | None
+    body: Any
+    content_type: str | None
+    timeout: Any
+    stream: bool
 
 
 class ApiSession:
@@ -199,43 +214,33 @@ class ApiSession:
 
         return self._retrying(attempt) if retry else attempt()
 
-    def http(
-        self,
-        method: str,
-        path: str,
-        *,
-        path_params: dict[str, str] | None = None,
-        query: dict[str, str] | None = None,
-        body: Any = None,
-        content_type: str | None = None,
-        timeout: Any = None,
-        stream: bool = False,
-    ) -> Any:
+    def http(self, method: str, path: str, **request: Unpack[HttpRequest]) -> Any:
         """One request through the official client's ``ApiClient`` (its serialisation, auth,
-        TLS and token refresh); returns the urllib3 response, its body already read unless
-        ``stream``. A non-2xx status raises the client's ``ApiException``, as its typed API
-        does. ``self._api`` is looked up per call: a 401 swaps in fresh credentials."""
+        TLS and token refresh), ``request`` as ``HttpRequest`` says; returns the urllib3
+        response, its body already read unless ``stream``. A non-2xx status raises the
+        client's ``ApiException``, as its typed API does. ``self._api`` is looked up per call:
+        a 401 swaps in fresh credentials."""
         api = self._api
         headers = {"Accept": "application/json"}
-        if content_type:
+        if content_type := request.get("content_type"):
             headers["Content-Type"] = content_type
         params = api.param_serialize(
             method,
             path,
-            path_params=path_params,
-            query_params=list((query or {}).items()),
+            path_params=request.get("path_params"),
+            query_params=list((request.get("query") or {}).items()),
             header_params=headers,
-            body=body,
+            body=request.get("body"),
             auth_settings=["BearerToken"],
         )
-        answer = api.call_api(*params, _request_timeout=self._timeout(timeout))
+        answer = api.call_api(*params, _request_timeout=self._timeout(request.get("timeout")))
         raw = answer.response
         if not 200 <= answer.status < 300:
             text = raw.data.decode("utf-8", "replace")
             exc = ApiException(status=answer.status, reason=answer.reason, body=text)
             exc.headers = raw.headers  # Retry-After
             raise exc
-        if not stream:
+        if not request.get("stream", False):
             _ = raw.data  # read now, so that the connection goes back to the pool
         return raw
 
