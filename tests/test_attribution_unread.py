@@ -20,7 +20,7 @@ from omaticaya_py.core.rules.attribution import (
     out_of_band_mib,
 )
 from omaticaya_py.deviceplugin.allocation import DeviceState
-from omaticaya_py.deviceplugin.slicer import Slicer
+from omaticaya_py.deviceplugin.slicer import KubeletView, Slicer
 from tests.helpers import gpu, snapshot
 
 MIB = 1024
@@ -74,8 +74,8 @@ def test_the_plugins_book_keeps_the_slices_of_a_gpu_it_cannot_read() -> None:
     """The kubelet's list does not name the slice's units (it was asked for after the slice's
     Allocate), but the GPU's reading failed this tick: the slice is not taken as released."""
     listed = (frozenset[str](), 600.0)
-    slicer = Slicer(MIB, settle_s=60, clock=lambda: 100.0, held=lambda: listed,
-                    stamp=lambda: 500.0)  # fmt: skip
+    slicer = Slicer(MIB, settle_s=60, clock=lambda: 100.0,
+                    kubelet=KubeletView(lambda: listed, lambda: 500.0))  # fmt: skip
     slicer.allocate([f"{UUID1}::{k}" for k in range(20)], [DeviceState(UUID1, 1, True, (), 80 * MIB)])
     unread = DeviceState(UUID1, 1, False, ("NVMLError_Unknown",), None)
     assert slicer.pending_mib([unread]) == {UUID1: 20 * MIB}

@@ -32,7 +32,7 @@ from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import STALE_READING, DeviceState, trace_slices
 from omaticaya_py.deviceplugin.config import Timing, plugin_config
 from omaticaya_py.deviceplugin.service import CacheFeed
-from omaticaya_py.deviceplugin.slicer import Slicer, SliceRefused
+from omaticaya_py.deviceplugin.slicer import KubeletView, Slicer, SliceRefused
 from omaticaya_py.deviceplugin.slices import (
     LIMIT_ENV,
     MPS_LIMIT_ENV,
@@ -291,7 +291,8 @@ def test_slicer_forgets_a_slice_the_kubelet_released() -> None:
     the slice still counts."""
     agent = Clock(500.0)  # the agent's clock, which the lists are timed on
     listed: list[tuple[frozenset[str], float]] = [(frozenset(), 499.0)]
-    slicer = Slicer(MIB, settle_s=60, clock=Clock(100.0), held=lambda: listed[-1], stamp=agent)
+    slicer = Slicer(MIB, settle_s=60, clock=Clock(100.0),
+                    kubelet=KubeletView(lambda: listed[-1], agent))
     gpu = DeviceState(UUID[0], 0, True, free_mib=25 * MIB)
     slicer.allocate(units_of(0, 20), [gpu])  # at 500: a list from before does not name it
     assert slicer.pending_mib([gpu]) == {UUID[0]: 20 * MIB}

@@ -307,10 +307,10 @@ def test_the_device_plugins_answer_carries_the_drivers_limit_from_r615(
     per-container limit (the toolkit's hook applies it to the container's cgroup: the sum of
     its processes); below, nothing of it (the variables would mean nothing)."""
     from omaticaya_py.deviceplugin.allocation import DeviceState
-    from omaticaya_py.deviceplugin.slicer import Slicer
+    from omaticaya_py.deviceplugin.slicer import Enforcement, Slicer
 
     uuid = "GPU-00000000-0000-0000-0000-000000000001"
-    slicer = Slicer(1024, driver_major=lambda: major)
+    slicer = Slicer(1024, enforcement=Enforcement(driver_major=lambda: major))
     gpu = DeviceState(uuid, 0, True, free_mib=40960)
     _, spec = slicer.allocate([f"{uuid}::{k}" for k in range(8)], [gpu])
     got = {k: v for k, v in spec.envs.items() if k.startswith("NVIDIA_GPU_MEMORY_")}

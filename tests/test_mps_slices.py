@@ -392,7 +392,7 @@ def test_the_device_plugin_lets_go_of_a_slice_the_kubelet_released(tmp: Path) ->
     reusing its init container's) goes too. A restarted plugin finds its requests on file."""
     from omaticaya_py.deviceplugin.allocation import DeviceState
     from omaticaya_py.deviceplugin.config import MpsConfig
-    from omaticaya_py.deviceplugin.slicer import Slicer
+    from omaticaya_py.deviceplugin.slicer import Enforcement, KubeletView, Slicer
 
     layout = _layout(tmp)
     t = [500.0]
@@ -402,7 +402,8 @@ def test_the_device_plugin_lets_go_of_a_slice_the_kubelet_released(tmp: Path) ->
     units = [f"{UUID0}::{k}" for k in range(8)]
     with Running(Supervisor(layout, GPUS[:1], UNIT_MIB,
                             SupervisorOptions(str(STANDIN), check_s=0.2, start_timeout_s=5, shm_mib=0))):  # fmt: skip
-        slicer = Slicer(UNIT_MIB, held=lambda: listed[-1], stamp=lambda: t[0], mps=mps)
+        slicer = Slicer(UNIT_MIB, kubelet=KubeletView(lambda: listed[-1], lambda: t[0]),
+                        enforcement=Enforcement(mps))
         _, spec = slicer.allocate(units[:4], [gpu])
         sid = slice_id(",".join(sorted(units[:4])))
         assert spec.envs["CUDA_MPS_PIPE_DIRECTORY"] == str(layout.slice_pipe(sid))
@@ -416,7 +417,8 @@ def test_the_device_plugin_lets_go_of_a_slice_the_kubelet_released(tmp: Path) ->
         wait_for("the superseded slice's daemon gone", lambda: not layout.slice_dir(sid).exists(), 5)
         assert (layout.slice_pipe(later) / "control").is_socket()
         # a restarted plugin: the request is found again, and let go with its units
-        again = Slicer(UNIT_MIB, held=lambda: listed[-1], stamp=lambda: t[0], mps=mps)
+        again = Slicer(UNIT_MIB, kubelet=KubeletView(lambda: listed[-1], lambda: t[0]),
+                       enforcement=Enforcement(mps))
         assert set(again.daemon_book) == {later}
         listed.append((frozenset(), 510.0))  # the pod deleted: the kubelet lists nothing
         assert again.sweep() == [later]

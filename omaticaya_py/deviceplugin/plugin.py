@@ -13,7 +13,7 @@ from .config import DEFAULT_CONFIG, MpsConfig, PluginConfig, Scope
 from .inventory import Inventory
 from .registration import Endpoint, KubeletRegistration
 from .service import DeviceService
-from .slicer import Slicer
+from .slicer import Enforcement, KubeletView, Slicer
 
 __all__ = ["DevicePlugin"]
 
@@ -52,9 +52,10 @@ class DevicePlugin:
             devices = config.shared_units if units else config.units.get(profile, ())
         self.slicer = (
             Slicer(sharing.unit_mib, policy=sharing.policy, settle_s=sharing.settle_s,
-                   clock=timing.clock, held=lambda: source.last_listed,
-                   stamp=lambda: float(source.clock()), mps=sharing.mps,
-                   driver_major=lambda: _driver_major(source))
+                   clock=timing.clock,
+                   kubelet=KubeletView(lambda: source.last_listed, lambda: float(source.clock())),
+                   enforcement=Enforcement(sharing.mps,
+                                           driver_major=lambda: _driver_major(source)))
             if units else None
         )  # fmt: skip
         #: the shared GPUs' MPS daemons, as the supervisor last wrote them (units under MPS)

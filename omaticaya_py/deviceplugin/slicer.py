@@ -37,7 +37,7 @@ from .slices import (
     superseded,
 )
 
-__all__ = ["DEFAULT_SETTLE_S", "Booking", "SliceRefused", "Slicer"]
+__all__ = ["DEFAULT_SETTLE_S", "Booking", "Enforcement", "KubeletView", "SliceRefused", "Slicer"]
 
 #: a PodResources list asked for this long after a slice's Allocate names it if the kubelet
 #: still holds it (the kubelet records the devices as the RPC returns, within milliseconds)
@@ -58,9 +58,33 @@ class Booking:
     superseded: list[Slice] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class KubeletView:
+    """What the ``Slicer`` knows of the kubelet's own books: ``held()``, the unit IDs its last
+    PodResources list names as assigned and when that list was asked for; ``stamp()``, that
+    clock now (both ``None``: not known)."""
+
+    held: Callable[[], tuple[frozenset[str], float] | None] | None = None
+    stamp: Callable[[], float | None] | None = None
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """What enforces the ``Slicer``'s slices: ``mps`` (``config.MpsConfig``; ``None``: the
+    limit only in the environment), ``daemons`` (the slices' MPS daemons; made from ``mps``
+    when ``None``) and ``driver_major()`` (the NVIDIA driver's branch, for its per-container
+    limit)."""
+
+    mps: MpsConfig | None = None
+    daemons: SliceDaemons | None = None
+    driver_major: Callable[[], int | None] | None = None
+
+
 class Slicer:
     """Slices of shared GPUs: ``unit_mib`` MiB per unit, ``policy`` ``binpack`` or ``spread``,
-    ``settle_s`` seconds at most a slice counts unseen, on ``clock`` (monotonic seconds).
+    ``settle_s`` seconds at most a slice counts unseen, on ``clock`` (monotonic seconds);
+    ``kubelet`` (``KubeletView``: ``held`` and ``stamp``) and ``enforcement`` (``Enforcement``:
+    ``mps``, ``daemons``, ``driver_major``), as below.
 
     ``held`` (optional) gives the unit IDs the kubelet's last list names as assigned
     (PodResources, the agent's attribution) and when it was asked for, ``stamp`` that clock now:
@@ -94,12 +118,13 @@ class Slicer:
         policy: str = "binpack",
         settle_s: float = DEFAULT_SETTLE_S,
         clock: Callable[[], float] = time.monotonic,
-        held: Callable[[], tuple[frozenset[str], float] | None] | None = None,
-        stamp: Callable[[], float | None] | None = None,
-        mps: MpsConfig | None = None,
-        daemons: SliceDaemons | None = None,
-        driver_major: Callable[[], int | None] | None = None,
+        kubelet: KubeletView | None = None,
+        enforcement: Enforcement | None = None,
     ) -> None:
+        kubelet = kubelet or KubeletView()
+        enforcement = enforcement or Enforcement()
+        held, stamp = kubelet.held, kubelet.stamp
+        mps, daemons, driver_major = enforcement.mps, enforcement.daemons, enforcement.driver_major
         if policy not in POLICIES:
             raise ValueError(f"expected a policy among {', '.join(POLICIES)}; got {policy!r}")
         self.unit_mib = unit_mib
