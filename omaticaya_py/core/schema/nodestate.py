@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..model.sharing import gpu_room_mib
+from .gpustate import GpuInfo, NodeGpuState
 from .names import (
     GPU_HEALTH,
     GPU_MEMORY_FREE,
@@ -38,104 +38,6 @@ __all__ = [
     "parse_node",
     "state_from_object",
 ]
-
-@dataclass(frozen=True, slots=True)
-class GpuInfo:
-    """One whole GPU as the extender sees it: ``free_mib`` now, ``healthy``, and
-    ``free_min_mib``, the least free memory over the agent's peak window (``None``: not
-    published: window off, not yet half covered, or an older agent); ``total_mib``, its
-    memory (the telemetry's ``memory_total_mib``; ``None``: not published), which tells a
-    GPU too small for a pod whatever is evicted from it (``scheduler.victims``).
-
-    ``assigned``: the kubelet has handed this whole GPU to a container (the telemetry's
-    ``pods``, from PodResources): it has no room for another pod whatever NVML shows, and its
-    ``free_mib`` is 0. A shared GPU is never ``assigned``: it has two books, its live
-    ``free_mib`` and ``units_left``, the units no container holds (``None``: not published),
-    and a slice's room is the least of them (``room_mib``, ``core.model.sharing.gpu_room_mib``)."""
-
-    index: int
-    free_mib: int
-    healthy: bool
-    free_min_mib: int | None = None
-    total_mib: int | None = None
-    assigned: bool = False
-    #: an assigned GPU's free MiB by the live reading (capped as ``free_mib`` is); ``None``
-    #: when not assigned: what evicting its holders would start from (``scheduler.preempt``)
-    assigned_free_mib: int | None = None
-    units_left: int | None = None
-    #: a MIG device (``NodeGpuState.mig``): its profile (``1g.10gb``) and its index under its
-    #: GPU (``index`` is the GPU's); ``None`` for a whole GPU
-    profile: str | None = None
-    mig_index: int | None = None
-    #: the most units a slice here can take by the node's labels (``gpu.shared.memory.free-mib``
-    #: over the unit): a bound on the room, kept apart from ``units_left`` (the kubelet's
-    #: books) so that what is taken off the books is never taken off the bound as well
-    units_cap: int | None = None
-
-    def room_mib(self, unit_mib: int) -> int:
-        """The largest slice this (shared) GPU can take at ``unit_mib`` MiB per unit: the least
-        of its two books (``core.model.sharing.gpu_room_mib``), its units bounded by ``units_cap``;
-        its ``free_mib`` when no unit count is known."""
-        if self.units_left is None:
-            return max(self.free_mib, 0)
-        units = self.units_left if self.units_cap is None else min(self.units_left, self.units_cap)
-        return gpu_room_mib(self.free_mib, units, unit_mib)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeGpuState:
-    """What the extender knows about one node's GPUs, parsed once per Node change.
-
-    ``known`` is False when the node carries no Omaticaya data at all; ``health`` is the
-    ``gpu.health`` label (or the telemetry's); ``read_at`` is epoch seconds (``None``: no
-    telemetry annotation); ``expires_at`` is epoch seconds, the agent's own promise of its next
-    rewrite (``None``: an agent that does not publish it, or a value not to be trusted);
-    ``lease`` is the ``"<namespace>/<name>"`` of the Lease that holds the agent's liveness
-    (``None``: none named, or not of that form): its renewals, not ``read_at``, say whether
-    the telemetry is current; ``gpus`` per GPU; ``free_total_mib`` over healthy GPUs (an
-    assigned one counts 0);
-    ``holders``: the pods the kubelet has handed a GPU, MIG device or slice of this node
-    (``"<namespace>/<name>"``, from the telemetry's ``pods``; empty when the agent attributes
-    nothing): a pod there is in the reading (``scheduler.inflight.pending``)."""
-
-    name: str
-    known: bool = False
-    health: str | None = None
-    read_at: float | None = None
-    expires_at: float | None = None
-    gpus: tuple[GpuInfo, ...] = ()
-    free_total_mib: int = 0
-    problem: str | None = None
-    lease: str | None = None
-    shared: tuple[GpuInfo, ...] = ()
-    share_unit_mib: int | None = None
-    holders: frozenset[str] = frozenset()
-    #: each slice a holder has on a shared GPU: ``("<namespace>/<name>", GPU index, units)``,
-    #: in the telemetry's order (where the device plugin put it)
-    slices_held: tuple[tuple[str, int, int], ...] = ()
-    #: the telemetry publishes the holders of its shared GPUs (the agent's PodResources
-    #: attribution is on): their units left are the kubelet's books
-    units_attributed: bool = False
-    #: free MiB over healthy whole GPUs by the live reading, assigned ones included (``None``:
-    #: not parsed from a Node, then ``free_total_mib``): what the in-flight rule's memory drops
-    #: are measured on (``live_free_total_mib``), since an assignment frees no memory
-    free_live_total_mib: int | None = None
-    #: the MIG devices of the GPUs with MIG on (the telemetry's ``mig_devices`` with a profile):
-    #: ``index`` the GPU's, ``mig_index`` and ``profile`` set, ``assigned`` when the kubelet
-    #: has handed it to a container (its ``pods``), then ``free_mib`` 0
-    mig: tuple[GpuInfo, ...] = ()
-
-    @property
-    def live_free_total_mib(self) -> int:
-        """Free MiB over the healthy whole GPUs by the live reading, assigned GPUs included."""
-        live = self.free_live_total_mib
-        return self.free_total_mib if live is None else live
-
-    @property
-    def shared_free_total_mib(self) -> int:
-        """Free MiB summed over the healthy shared GPUs."""
-        return sum(g.free_mib for g in self.shared if g.healthy)
-
 
 #: the longest ``expires_at - read_at`` trusted (a weekly schedule plus a day of heartbeat):
 #: beyond it the value did not come from a working agent, and the extender's TTL applies
@@ -193,116 +95,184 @@ def parse_node(
     newer than ``TELEMETRY_VERSION``, holds a number that is not finite where a whole number
     belongs, or lacks a valid ``read_at`` sets ``problem``
     (the filter then fails the node with that reason)."""
-    labels = json_mapping(labels)
-    annotations = json_mapping(annotations)
-    p = prefix + "/"
-    mine = {
-        k[len(p) :]: v
-        for k, v in labels.items()
-        if isinstance(k, str) and k.startswith(p) and isinstance(v, str)
-    }
-    raw = annotations.get(p + TELEMETRY)
+    mine = _our_labels(labels, prefix)
+    raw = json_mapping(annotations).get(f"{prefix}/{TELEMETRY}")
     doc, problem = Telemetry.parse(raw) if raw is not None else (None, None)
-    health = json_str(mine.get(HEALTH)) or (doc.health if doc else None)
     if not mine and doc is None:
         return NodeGpuState(name=name, problem=problem)
-    read_at = doc.read_at_s if doc else None
-    if doc is not None and read_at is None:
-        problem = "telemetry annotation without a valid read_at"
-    expires_at = doc.expires_at_s if doc and read_at is not None else None
-    if expires_at is not None and not 0 <= expires_at - read_at <= MAX_REFRESH_S:  # type: ignore[operator]
-        expires_at = None
+    read_at, expires_at, lease = _liveness(doc)
+    unit_mib = _share_unit_mib(doc)
+    books = _TelemetryBooks.read(doc, unit_mib)
+    problem = _problem(problem, doc is not None and read_at is None, books.bad_memory)
+    gpus = books.gpus if books.gpus or (doc is not None and doc.gpus_listed) else _label_gpus(mine)
+    per_gpu_mib, best_mib, total_mib = label_bounds(mine)
+    gpus, free_total, live_total = _whole_totals(gpus, per_gpu_mib, best_mib, total_mib)
+    shared = _bounded_shared(books.shared, per_gpu_mib, mine, unit_mib)
+    return NodeGpuState(
+        name=name, known=True, problem=problem, read_at=read_at, expires_at=expires_at,
+        lease=lease, health=json_str(mine.get(HEALTH)) or (doc.health if doc else None),
+        gpus=tuple(gpus), free_total_mib=free_total, free_live_total_mib=live_total,
+        shared=tuple(shared), share_unit_mib=unit_mib if shared else None, mig=tuple(books.mig),
+        holders=frozenset(books.holders), slices_held=tuple(books.slices_held),
+        units_attributed=books.attributed,
+    )  # fmt: skip
 
-    # whole GPUs only: a GPU with MIG on is given out as MIG devices (nvidia.com/mig-<profile>),
-    # never as a whole GPU, so its whole-GPU free memory must not make room for a pod; a shared
-    # GPU is given out in memory units (slices), never whole either
-    gpus: list[GpuInfo] = []
-    shared: list[GpuInfo] = []
+
+def _our_labels(labels: Mapping[str, str] | None, prefix: str) -> dict[str, str]:
+    """Our labels (``<prefix>/...``) without the prefix -> value; a key or value that is not
+    text is skipped."""
+    p = prefix + "/"
+    return {
+        k[len(p) :]: v
+        for k, v in json_mapping(labels).items()
+        if isinstance(k, str) and k.startswith(p) and isinstance(v, str)
+    }
+
+
+def _problem(parsed: str | None, no_read_at: bool, bad_memory: bool) -> str | None:
+    """What fails the node: a GPU's unreadable ``memory_free_mib`` (``bad_memory``), else a
+    telemetry without a valid ``read_at`` (``no_read_at``), else the parse's own (``parsed``:
+    ``Telemetry.parse``'s problem, ``None`` for none)."""
+    if bad_memory:
+        return "telemetry annotation with a bad memory_free_mib"
+    if no_read_at:
+        return "telemetry annotation without a valid read_at"
+    return parsed
+
+
+def _liveness(doc: Telemetry | None) -> tuple[float | None, float | None, str | None]:
+    """``(read_at, expires_at, lease)`` of the telemetry, epoch seconds and a Lease reference;
+    all ``None`` without a valid ``read_at``. ``expires_at`` is ``None`` when not published or
+    not within ``[read_at, read_at + MAX_REFRESH_S]``; ``lease`` when not ``lease_ref``'s form."""
+    read_at = doc.read_at_s if doc is not None else None
+    if doc is None or read_at is None:
+        return None, None, None
+    expires_at = doc.expires_at_s
+    if expires_at is not None and not 0 <= expires_at - read_at <= MAX_REFRESH_S:
+        expires_at = None
+    return read_at, expires_at, lease_ref(doc.lease)
+
+
+def _share_unit_mib(doc: Telemetry | None) -> int | None:
+    """The telemetry's ``share_unit_mib`` (MiB per memory unit of a shared GPU) when positive,
+    else ``None`` (no slice can then be sized)."""
     unit_mib = doc.share_unit_mib if doc is not None else None
-    unit_mib = unit_mib if unit_mib is not None and unit_mib > 0 else None
-    listed = doc is not None and doc.gpus_listed
-    holders: set[str] = set()
-    slices_held: list[tuple[str, int, int]] = []
-    attributed = False
-    mig: list[GpuInfo] = []
-    for g in doc.gpus if doc is not None else ():
-        holders.update(_holders(g.pods))
-        for m in g.mig_devices or ():
-            holders.update(_holders(m.pods))
-            if m.profile and g.mig:
-                mig.append(_mig_info(g.index, m))
-        if g.mig:
-            continue
-        if g.memory_free_unreadable:
-            problem = "telemetry annotation with a bad memory_free_mib"
+    return unit_mib if unit_mib is not None and unit_mib > 0 else None
+
+
+@dataclass(slots=True)
+class _TelemetryBooks:
+    """What the telemetry's GPU entries say, gathered in one pass (``read``): whole GPUs
+    (``gpus``), shared GPUs (``shared``), MIG devices (``mig``), the holders' names, the slices
+    held, whether the shared GPUs' holders are published (``attributed``), and whether a GPU's
+    ``memory_free_mib`` was there but unreadable (``bad_memory``)."""
+
+    gpus: list[GpuInfo] = field(default_factory=list)
+    shared: list[GpuInfo] = field(default_factory=list)
+    mig: list[GpuInfo] = field(default_factory=list)
+    holders: set[str] = field(default_factory=set)
+    slices_held: list[tuple[str, int, int]] = field(default_factory=list)
+    attributed: bool = False
+    bad_memory: bool = False
+
+    @classmethod
+    def read(cls, doc: Telemetry | None, unit_mib: int | None) -> _TelemetryBooks:
+        """The books of ``doc``'s GPUs (empty without a document). Whole GPUs only in ``gpus``:
+        a GPU with MIG on is given out as MIG devices (``nvidia.com/mig-<profile>``), never as a
+        whole GPU, so its whole-GPU free memory must not make room for a pod; a shared GPU is
+        given out in memory units (slices), never whole either."""
+        books = cls()
+        for g in doc.gpus if doc is not None else ():
+            books.holders.update(_holders(g.pods))
+            for m in g.mig_devices or ():
+                books.holders.update(_holders(m.pods))
+                if m.profile and g.mig:
+                    books.mig.append(_mig_info(g.index, m))
+            if g.mig:
+                continue
+            if g.memory_free_unreadable:
+                books.bad_memory = True
+            books._add_gpu(g, unit_mib)
+        return books
+
+    def _add_gpu(self, g: GpuTelemetry, unit_mib: int | None) -> None:
+        """One GPU without MIG: to ``shared`` (when a unit size is known: without one its
+        slices cannot be sized, and it is not given out) or to ``gpus``, ``assigned`` when a
+        holder has it (its ``free_mib`` is zeroed later, after the live total)."""
         free = g.memory_free_mib
-        room = free or 0
         assigned = False
         units_left = None
         # the units' book needs the holders: ``pods`` is absent when the agent attributes nothing
         if g.shared and unit_mib is not None and g.share_units is not None and g.pods is not None:
-            held = [(k, max(p.limit_mib or 0, 0) // unit_mib)
-                    for p in g.pods or () for k in _holders((p,))]  # fmt: skip
-            slices_held.extend((k, g.index, n) for k, n in held if n > 0)
-            attributed = True
-            units_left = g.share_units - sum(
-                max(p.limit_mib or 0, 0) // unit_mib for p in g.pods or ()
-            )
+            units_left = self._units_left(g, g.share_units, unit_mib)
         elif not g.shared and g.pods:
-            assigned = True  # no room for another pod: free_mib 0 below, after the live total
+            assigned = True
         info = GpuInfo(
             g.index,
-            room,
+            free or 0,
             g.health == "Healthy" and free is not None,
             g.memory_free_min_mib,
             g.memory_total_mib,
             assigned,
             units_left=units_left,
         )
-        if g.shared:  # without a unit size its slices cannot be sized: not given out
-            if unit_mib is not None:
-                shared.append(info)
-            continue
-        gpus.append(info)
-    if not gpus and not listed:
-        gpus = _label_gpus(mine)
-    per_gpu, best, total = label_bounds(mine)
-    gpus = [_capped(g, per_gpu.get(g.index), best) for g in gpus]
-    # the largest slice one shared GPU can take (gpu.shared.memory.free-mib) bounds each one's
-    # room: its units (its live memory stays the live reading's, capped by its own label)
-    shared_best = json_int(mine.get(SHARED_MEMORY_FREE))
-    shared = [_capped(g, per_gpu.get(g.index)) for g in shared]
-    if shared_best is not None and unit_mib is not None:
-        most = max(shared_best, 0) // unit_mib
-        shared = [replace(g, units_left=most) if g.units_left is None
-                  else g if g.units_left <= most else replace(g, units_cap=most)
-                  for g in shared]  # fmt: skip
-    live_total = sum(g.free_mib for g in gpus if g.healthy)
-    if total is not None:
-        live_total = min(live_total, max(total, 0))
+        if not g.shared:
+            self.gpus.append(info)
+        elif unit_mib is not None:
+            self.shared.append(info)
+
+    def _units_left(self, g: GpuTelemetry, share_units: int, unit_mib: int) -> int:
+        """A shared GPU's units no holder has (``share_units`` less each holder's
+        ``limit_mib`` over ``unit_mib``, a negative limit counted 0); notes its slices held."""
+        held = [(k, max(p.limit_mib or 0, 0) // unit_mib)
+                for p in g.pods or () for k in _holders((p,))]  # fmt: skip
+        self.slices_held.extend((k, g.index, n) for k, n in held if n > 0)
+        self.attributed = True
+        return share_units - sum(max(p.limit_mib or 0, 0) // unit_mib for p in g.pods or ())
+
+
+def _whole_totals(
+    gpus: list[GpuInfo],
+    per_gpu_mib: Mapping[int, int],
+    best_mib: int | None,
+    total_mib: int | None,
+) -> tuple[list[GpuInfo], int, int]:
+    """``(gpus, free_total_mib, free_live_total_mib)``: the whole GPUs, each ``free_mib`` at
+    most its ``gpu-N.memory.free-mib`` label (``per_gpu_mib``) and the node's
+    ``gpu.memory.free-mib`` (``best_mib``), then each assigned one's ``free_mib`` 0 (its live
+    value kept as ``assigned_free_mib``); the free MiB over the healthy ones after that and
+    before (the live reading), each at most ``gpu.memory.free-total-mib`` (``total_mib``)."""
+    gpus = [_capped(g, per_gpu_mib.get(g.index), best_mib) for g in gpus]
+    live_total = _at_most(sum(g.free_mib for g in gpus if g.healthy), total_mib)
     gpus = [replace(g, free_mib=0, assigned_free_mib=g.free_mib) if g.assigned else g
             for g in gpus]  # fmt: skip
-    free_total = sum(g.free_mib for g in gpus if g.healthy)
-    if total is not None:
-        free_total = min(free_total, max(total, 0))
-    return NodeGpuState(
-        name=name,
-        known=True,
-        health=health,
-        read_at=read_at,
-        expires_at=expires_at,
-        lease=lease_ref(doc.lease) if doc is not None and read_at is not None else None,
-        gpus=tuple(gpus),
-        free_total_mib=free_total,
-        free_live_total_mib=live_total,
-        problem=problem,
-        shared=tuple(shared),
-        share_unit_mib=unit_mib if shared else None,
-        holders=frozenset(holders),
-        slices_held=tuple(slices_held),
-        units_attributed=attributed,
-        mig=tuple(mig),
-    )
+    return gpus, _at_most(sum(g.free_mib for g in gpus if g.healthy), total_mib), live_total
+
+
+def _at_most(value_mib: int, bound_mib: int | None) -> int:
+    """``value_mib``, at most ``bound_mib`` (taken as 0 when negative) when there is one."""
+    return value_mib if bound_mib is None else min(value_mib, max(bound_mib, 0))
+
+
+def _bounded_shared(
+    shared: list[GpuInfo],
+    per_gpu_mib: Mapping[int, int],
+    mine: Mapping[str, str],
+    unit_mib: int | None,
+) -> list[GpuInfo]:
+    """The shared GPUs, each ``free_mib`` at most its ``gpu-N.memory.free-mib`` label
+    (``per_gpu_mib``), and its units bounded by the largest slice one shared GPU can take (our
+    label ``gpu.shared.memory.free-mib`` in ``mine``, over ``unit_mib``): ``units_left`` when
+    unknown, else ``units_cap`` (its live memory stays the live reading's, capped by its own
+    label). A label that is absent or not a whole number bounds nothing."""
+    shared = [_capped(g, per_gpu_mib.get(g.index)) for g in shared]
+    shared_best_mib = json_int(mine.get(SHARED_MEMORY_FREE))
+    if shared_best_mib is None or unit_mib is None:
+        return shared
+    most = max(shared_best_mib, 0) // unit_mib
+    return [replace(g, units_left=most) if g.units_left is None
+            else g if g.units_left <= most else replace(g, units_cap=most)
+            for g in shared]  # fmt: skip
 
 
 def _mig_info(gpu_index: int, m: MigTelemetry) -> GpuInfo:
