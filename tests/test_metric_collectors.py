@@ -14,11 +14,11 @@ from omaticaya_py.agent.collectors import (
     AgentCounters,
     ApiRequests,
     BuildInfo,
-    GpuReadings,
     NvmlErrors,
     PodResourcesErrors,
     SliceApiErrors,
 )
+from omaticaya_py.agent.gpu_collectors import GpuReadings
 from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.model.sharing import Sharing

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent.collectors import GpuReadings
+from omaticaya_py.agent.gpu_collectors import GpuReadings
 from omaticaya_py.core.model.sharing import Sharing
 from omaticaya_py.core.model.snapshot import MigReading, NodeSnapshot
 from omaticaya_py.core.publish.budget import telemetry_change, urgent

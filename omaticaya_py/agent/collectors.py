@@ -1,11 +1,13 @@
-"""The agent's Prometheus collectors: one small collector per source, as client_python's own.
+"""The agent's Prometheus collectors of counts: one small collector per source, as
+client_python's own.
 
 Each is a ``Collector`` whose ``collect()`` yields metric families from values already held
-(a scrape costs no NVML call and no API request), and each is given only what it reads: the
-last tick's result, a counter of the NVML reader, of the PodResources client, of the API
-session, the ``SnapshotCache``'s counters. None of them sees the ``Agent``; ``metrics.agent_registry``
-wires them. Names follow Prometheus conventions: base units (bytes, seconds, watts, celsius,
-ratio), ``_total`` for counters (prometheus-client adds it to a counter family's name).
+(a scrape costs no NVML call and no API request), and each is given only what it reads: a
+counter of the NVML reader, of the PodResources client, of the API session, of the slices'
+API work, the ``SnapshotCache``'s counters. The readings themselves (per GPU, per slice) are
+``agent.gpu_collectors``'. None of them sees the ``Agent``; ``metrics.agent_registry`` wires
+them. Names follow Prometheus conventions: base units (bytes, seconds, watts, celsius, ratio),
+``_total`` for counters (prometheus-client adds it to a counter family's name).
 """
 
 from __future__ import annotations
@@ -18,13 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..core.allocation.slice_use import gpu_slices
-from ..core.model.sharing import Sharing, is_shared
-from ..core.model.snapshot import GpuReading, NodeSnapshot
-from ..core.rules.attribution import GpuAttribution, gpu_out_of_band_mib
 
 if TYPE_CHECKING:
-    from ..core.publish.readings import TickResult
     from ..core.rules.health import XidLedger
     from .state import SnapshotCache
 
@@ -32,28 +29,12 @@ __all__ = [
     "AgentCounters",
     "ApiRequests",
     "BuildInfo",
-    "GpuReadings",
+    "MpsStateErrors",
     "NvmlErrors",
     "PodResourcesErrors",
-    "MpsStateErrors",
     "SliceApiErrors",
     "SliceOverLimit",
-    "holders",
 ]
-
-MIB = 1024 * 1024
-#: dcgm-exporter's label names for the pod holding a GPU, so that its dashboards work
-POD_LABELS = ("pod", "namespace", "container")
-
-
-def holders(
-    g: GpuReading, attribution: Mapping[str, GpuAttribution]
-) -> list[tuple[str, str, str]]:
-    """(pod, namespace, container) of each container holding whole GPU ``g`` (PodResources);
-    ``[("", "", "")]`` when none does, or for a GPU with MIG on (its MIG devices are held)."""
-    att = attribution.get(g.uuid or "") if not g.mig_enabled else None
-    found = [(h.pod, h.namespace, h.container) for h in att.holders] if att else []
-    return found or [("", "", "")]
 
 
 def _counter(
@@ -76,103 +57,6 @@ class BuildInfo(Collector):
         )
         info.add_metric([__version__, platform.python_version()], 1)
         yield info
-
-
-class GpuReadings(Collector):
-    """The last tick's reading of each GPU (``last()``: the ``TickResult``, ``None`` before the
-    first tick: no series), with the pod holding it (PodResources), its slices (``sharing``),
-    its health and the node's: ``omaticaya_gpu_*{gpu,uuid}`` (the GPM ``_sm_active_pct``,
-    ``_tensor_active_pct``, ``_dram_bw_pct`` only where GPM gave them), ``omaticaya_gpu_memory_used_bytes``
-    and ``_utilization_ratio`` by holder, the slice families, ``omaticaya_node_health{state}``,
-    ``omaticaya_gpu_unhealthy_reason{gpu,uuid,reason}``."""
-
-    def __init__(self, last: Callable[[], TickResult | None], sharing: Sharing) -> None:
-        self._last = last
-        self._sharing = sharing
-
-    def collect(self) -> Iterator[Metric]:
-        last = self._last()
-        gauges = {
-            name: GaugeMetricFamily(f"omaticaya_gpu_{name}", doc, labels=["gpu", "uuid"])
-            for name, doc in (
-                ("memory_free_bytes", "Free GPU memory (nvmlDeviceGetMemoryInfo)."),
-                ("memory_total_bytes", "Total GPU memory."),
-                ("temperature_celsius", "GPU temperature."),
-                ("power_watts", "GPU power draw."),
-                ("sm_active_pct", "GPM SM activity, % over the last interval (Hopper and newer; "
-                 "no series without GPM)."),
-                ("tensor_active_pct", "GPM tensor-core activity, % over the last interval (no "
-                 "series without GPM)."),
-                ("dram_bw_pct", "GPM DRAM bandwidth used, % of peak over the last interval (no "
-                 "series without GPM)."),
-                ("healthy", "1 when the GPU is healthy by the agent's rules, else 0."),
-                (
-                    "out_of_band_memory_bytes",
-                    "GPU memory of processes in no pod (out-of-band); only where processes are "
-                    "placed (OMATICAYA_PROC_ROOT).",
-                ),
-            )
-        }
-        # by the pod holding the GPU, with dcgm-exporter's label names (empty: no holder)
-        by_pod = {
-            name: GaugeMetricFamily(
-                f"omaticaya_gpu_{name}", doc, labels=["gpu", "uuid", *POD_LABELS]
-            )
-            for name, doc in (
-                ("memory_used_bytes", "Used GPU memory, driver reservation included; labelled "
-                 "with the container holding the GPU (kubelet PodResources), if any."),
-                ("utilization_ratio", "GPU utilisation, mean over the last interval (0-1); "
-                 "labelled with the container holding the GPU, if any."),
-            )
-        }
-        node_health = GaugeMetricFamily(
-            "omaticaya_node_health", "1 for the node's current gpu.health state.", labels=["state"]
-        )
-        unhealthy_reason = GaugeMetricFamily(
-            "omaticaya_gpu_unhealthy_reason",
-            "1 for each reason an unhealthy GPU has (lost, read-error, remap-pending, "
-            "remap-failure, ecc-dbe, xid-<N>); no series for a healthy GPU.",
-            labels=["gpu", "uuid", "reason"],
-        )
-        if last is not None:
-            attribution = last.attribution
-            scale: float  # MIB (int) or a ratio
-            for g in last.snapshot.gpus:
-                key = [str(g.index), g.uuid or ""]
-                for name, value, scale in (
-                    ("memory_free_bytes", g.memory_free_mib, MIB),
-                    ("memory_total_bytes", g.memory_total_mib, MIB),
-                    ("temperature_celsius", g.temperature_c, 1),
-                    ("power_watts", g.power_w, 1),
-                    ("sm_active_pct", g.sm_active_pct, 1),
-                    ("tensor_active_pct", g.tensor_active_pct, 1),
-                    ("dram_bw_pct", g.dram_bw_pct, 1),
-                    ("out_of_band_memory_bytes", gpu_out_of_band_mib(g, attribution), MIB),
-                ):
-                    if value is not None:
-                        gauges[name].add_metric(key, value * scale)
-                for pod in holders(g, attribution):
-                    for name, value, scale in (
-                        ("memory_used_bytes", g.memory_used_mib, MIB),
-                        ("utilization_ratio", g.utilization_pct, 0.01),
-                    ):
-                        if value is not None:
-                            by_pod[name].add_metric([*key, *pod], value * scale)
-                gauges["healthy"].add_metric(key, 1 if last.health.gpus[g.index].healthy else 0)
-            for state in ("Healthy", "Degraded", "Unhealthy", "Unknown"):
-                node_health.add_metric([state], 1 if str(last.health.state) == state else 0)
-            for g in last.snapshot.gpus:
-                for reason in last.health.gpus[g.index].reasons:
-                    unhealthy_reason.add_metric([str(g.index), g.uuid or "", reason], 1)
-        yield from gauges.values()
-        yield from by_pod.values()
-        yield from slice_families(
-            last.snapshot if last is not None else None,
-            last.attribution if last is not None else {},
-            self._sharing,
-        )
-        yield node_health
-        yield unhealthy_reason
 
 
 class NvmlErrors(Collector):
@@ -383,35 +267,3 @@ class AgentCounters(Collector):
             value=1 if self._on_lease() else 0,
         )
         yield from cache.tick_seconds.collect()
-
-
-#: the labels of a slice's series, those of ``omaticaya_gpu_memory_used_bytes``
-_SLICE_LABELS = ["gpu", "uuid", "pod", "namespace", "container"]
-
-
-def slice_families(
-    snapshot: NodeSnapshot | None, attribution: Mapping[str, GpuAttribution], sharing: Sharing
-) -> Iterator[Metric]:
-    """Per slice of a shared GPU, with the labels of ``omaticaya_gpu_memory_used_bytes``: its
-    limit (units x the unit, bytes) and the memory its own processes hold (where known)."""
-    labels = _SLICE_LABELS
-    limit = GaugeMetricFamily(
-        "omaticaya_pod_gpu_memory_limit_bytes",
-        "A container's slice of a shared GPU (its memory units x the unit; kubelet "
-        "PodResources).", labels=labels,
-    )
-    used = GaugeMetricFamily(
-        "omaticaya_pod_gpu_memory_used_bytes",
-        "GPU memory held by a container's own processes on a shared GPU (where its processes "
-        "are placed and named).", labels=labels,
-    )
-    for g in snapshot.gpus if snapshot is not None else ():
-        if not is_shared(g, sharing):
-            continue
-        for s in gpu_slices(attribution.get(g.uuid or ""), g.uuid, sharing.unit_mib):
-            key = [str(g.index), g.uuid or "", s.pod, s.namespace, s.container]
-            limit.add_metric(key, s.limit_mib * MIB)
-            if s.used_mib is not None:
-                used.add_metric(key, s.used_mib * MIB)
-    yield limit
-    yield used

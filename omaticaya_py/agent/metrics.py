@@ -1,7 +1,7 @@
 """Prometheus metrics and probes on one port: ``/metrics``, ``/healthz``, ``/readyz``.
 
-``/metrics`` is one ``CollectorRegistry`` of small collectors (``agent.collectors``: build
-info, GPU readings, NVML errors, PodResources, slice API errors, the slices over their limit,
+``/metrics`` is one ``CollectorRegistry`` of small collectors (``agent.gpu_collectors``: GPU
+readings; ``agent.collectors``: build info, NVML errors, PodResources, slice API errors, the slices over their limit,
 API requests, the agent's counters), each given only what it reads, and the probes
 (``liveness``, ``readiness``) over the ``SnapshotCache`` and the running ``Daemon``. ``agent_registry`` and ``serve`` are the wiring:
 the one place that takes these from an ``Agent``. A scrape costs no NVML call and no API
@@ -32,13 +32,13 @@ from .collectors import (
     AgentCounters,
     ApiRequests,
     BuildInfo,
-    GpuReadings,
     MpsStateErrors,
     NvmlErrors,
     PodResourcesErrors,
     SliceApiErrors,
     SliceOverLimit,
 )
+from .gpu_collectors import GpuReadings
 
 if TYPE_CHECKING:
     from .agent import Agent
