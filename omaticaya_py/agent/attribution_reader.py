@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from ..core.rules.attribution import (
 from ..kube.podresources import PodResourcesAbsent, PodResourcesClient, PodResourcesError
 from ..sources.procs import read_pod_refs
 
-__all__ = ["Attribution", "PodNames", "device_processes", "make_attribution", "unread_devices"]
+__all__ = ["Attribution", "DraPool", "PodNames", "device_processes", "make_attribution", "unread_devices"]
 
 #: the most pods ``PodNames`` reads in one API round (a node holds few slices; a burst waits a
 #: round)
@@ -79,6 +80,16 @@ def unread_devices(snapshot: NodeSnapshot) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class DraPool:
+    """The DRA driver's devices an ``Attribution`` reads (``core.publish.dra.claim_holders``):
+    those of ``node_name``'s pool only (this Node's ResourceSlice), the slices of ``sharing``'s
+    shared GPUs left out."""
+
+    node_name: str
+    sharing: Sharing
+
+
 class Attribution:
     """The attribution edge of one agent.
 
@@ -87,9 +98,8 @@ class Attribution:
       whose holders are reported with those of ``nvidia.com/*``.
     - ``proc_root``: where the host's ``/proc`` is seen (``/proc`` on the host or with
       ``hostPID``; ``None``: processes are not placed, all unknown).
-    - ``node_name`` and ``sharing``: for the DRA driver's devices (``core.publish.dra.claim_holders``:
-      this Node's pool only; slices of shared GPUs left out); ``node_name`` ``None``: DRA
-      devices are not read.
+    - ``dra``: the DRA driver's devices to read (``DraPool``); ``None``: DRA devices are not
+      read.
     - ``errors``: PodResources failures by gRPC code (``absent`` for no socket), for
       ``/metrics``; ``skipped``: device IDs skipped, by reason (``unknown-gpu``: a unit of
       ``shared_resource`` that names no GPU of this node; ``unknown-dra-device``: a DRA device
@@ -106,12 +116,10 @@ class Attribution:
         client_factory: Callable[[Path], Any] = PodResourcesClient,
         shared_resource: str = DEFAULT_SHARED_RESOURCE,
         gpu_resource: str = DEFAULT_GPU_RESOURCE,
-        node_name: str | None = None,
-        sharing: Sharing | None = None,
+        dra: DraPool | None = None,
     ) -> None:
         self.proc_root = proc_root
-        self.node_name = node_name
-        self.sharing = sharing or Sharing()
+        self.dra = dra
         self.shared_resource = shared_resource
         self.gpu_resource = gpu_resource
         self.skipped: Counter[str] = Counter()
@@ -135,8 +143,8 @@ class Attribution:
         refs = read_pod_refs(pids, self.proc_root) if pids and self.proc_root else {}
         listed = self._holders()
         holders = tuple(a for a in listed if a.resource_name != DRIVER)
-        if self.node_name is not None:
-            dra, unknown = claim_holders(listed, self.node_name, snapshot, self.sharing)
+        if self.dra is not None:
+            dra, unknown = claim_holders(listed, self.dra.node_name, snapshot, self.dra.sharing)
             holders += tuple(dra)
             if unknown:
                 self.skipped["unknown-dra-device"] += unknown
@@ -194,9 +202,9 @@ def make_attribution(settings: Settings) -> Attribution | None:
         settings.pod_resources_socket, settings.proc_root,
         shared_resource=settings.shared_resource,
         gpu_resource=settings.device_plugin_resource,
-        node_name=settings.node_name if settings.dra else None,
-        sharing=Sharing.of(settings),
-    )
+        dra=DraPool(settings.node_name, Sharing.of(settings))
+        if settings.dra and settings.node_name is not None else None,
+    )  # fmt: skip
 
 
 class PodNames:
