@@ -40,6 +40,7 @@ from ..core.model.sharing import Sharing, episodes, is_shared
 from ..core.model.snapshot import NodeSnapshot
 from ..core.rules.attribution import GpuAttribution, PodIdentity
 from ..core.rules.health import NodeHealth
+from ..core.schema.events import GPU_OUT_OF_BAND_MEMORY, GPU_RECOVERED, GPU_UNHEALTHY
 from ..kube import KubeError, KubeForbidden, KubeNotFound, NodeClient
 from ..kube.errors import KubeConflict, KubeTooManyRequests
 from ..kube.pod_client import PodClient
@@ -91,7 +92,7 @@ class HealthEvents:
             key: str | int = uuids.get(index) or index
             if (key not in self._unhealthy) == gpu.healthy:
                 continue
-            reason = "GpuRecovered" if gpu.healthy else "GpuUnhealthy"
+            reason = GPU_RECOVERED if gpu.healthy else GPU_UNHEALTHY
             detail = "healthy again" if gpu.healthy else "unhealthy: " + ",".join(gpu.reasons)
             try:
                 node.create_node_event(
@@ -132,15 +133,16 @@ class HealthEvents:
             try:
                 node.create_node_event(
                     node_uid=node_uid,
-                    reason="GpuOutOfBandMemory",
+                    reason=GPU_OUT_OF_BAND_MEMORY,
                     message=f"{names.get(device_id, device_id)}: {att.out_of_band_memory_mib} MiB "
                     f"held by processes in no pod (PIDs {pids}), over {threshold_mib} MiB",
                     warning=True,
                 )
             except KubeError as exc:
-                logger.warning("could not post Event GpuOutOfBandMemory for {}: {}", device_id, exc)
+                logger.warning("could not post Event {} for {}: {}", GPU_OUT_OF_BAND_MEMORY,
+                               device_id, exc)  # fmt: skip
                 continue
-            self.posted["GpuOutOfBandMemory"] += 1
+            self.posted[GPU_OUT_OF_BAND_MEMORY] += 1
             self._out_of_band.start(device_id, True)
 
 

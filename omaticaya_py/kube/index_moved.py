@@ -12,14 +12,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..core.model.sharing import IndexMoved
+from ..core.schema.events import SHARED_GPU_INDEX_MOVED
 from .errors import KubeError
 from .events import EventNote, post_event
 from .session import ApiSession
 
 __all__ = ["EVENT_REASON", "GAUGE", "MovedGauge", "moved_family", "post_index_moved"]
 
-#: the Event's reason
-EVENT_REASON = "SharedGpuIndexMoved"
+#: the Event's reason (``core.schema.events``)
+EVENT_REASON = SHARED_GPU_INDEX_MOVED
 #: the gauge's name
 GAUGE = "omaticaya_shared_gpu_index_moved"
 

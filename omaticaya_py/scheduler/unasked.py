@@ -44,6 +44,7 @@ from typing import Any
 from loguru import logger as log
 
 from ..core.schema import json_mapping, json_str
+from ..core.schema.events import GPU_PREEMPTION, PREEMPTED_FOR_GPU_MEMORY
 from .protocol import pod_name, pod_uid
 from .victims import PodOnNode
 
@@ -269,7 +270,7 @@ class UnaskedPreemption:
         if evicted:
             self._evicted[uid] = (node, frozenset(evicted), now)
             keys = ", ".join(on_node[v] for v in evicted)
-            self._tell(ns, name, uid, "GpuPreemption",
+            self._tell(ns, name, uid, GPU_PREEMPTION,
                        f"evicted {len(evicted)} lower-priority pod(s) on node {node} so that its "
                        f"GPU memory holds this pod ({keys}); kube-scheduler's preemption does "
                        "not ask where its own GPU count fits")  # fmt: skip
@@ -305,7 +306,7 @@ class UnaskedPreemption:
                 break
             done.append(victim)
             self._count("evicted", "", 1)
-            self._tell(vns, vname, victim, "PreemptedForGpuMemory",
+            self._tell(vns, vname, victim, PREEMPTED_FOR_GPU_MEMORY,
                        f"evicted by the omaticaya scheduler extender for pod "
                        f"{pod_name(preemptor)} (priority "
                        f"{json_mapping(json_mapping(preemptor).get('spec')).get('priority', 0)}), "

@@ -31,6 +31,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..model.snapshot import GpuReading
+from ..schema.events import (
+    GPU_MEMORY_OVER_LIMIT,
+    MPS_DAEMON_RESTARTED,
+    MPS_LIMIT_NOT_ENFORCED,
+    SLICE_OVER_LIMIT_PROCESSES,
+)
 from .mps import MISSING, UP, DaemonState
 from .slice_use import SliceUse
 
@@ -52,15 +58,15 @@ __all__ = [
 ]
 
 #: the Event reason of a container over its slice where nothing enforces it
-OVER_LIMIT = "GpuMemoryOverLimit"
+OVER_LIMIT = GPU_MEMORY_OVER_LIMIT
 #: the Event reason of a container over its slice although its GPU's MPS daemon is up: one of
 #: its processes alone holds more than the slice (it escaped its daemon)
-NOT_ENFORCED = "MpsLimitNotEnforced"
+NOT_ENFORCED = MPS_LIMIT_NOT_ENFORCED
 #: the Event reason of a container over its slice with its GPU's MPS daemon up and several
 #: processes, each within the slice (MPS's limit is per process: the sum is over)
-OVER_LIMIT_PROCESSES = "SliceOverLimitProcesses"
+OVER_LIMIT_PROCESSES = SLICE_OVER_LIMIT_PROCESSES
 #: the Event reason on a pod holding a slice of a GPU whose MPS daemon was restarted
-DAEMON_RESTARTED = "MpsDaemonRestarted"
+DAEMON_RESTARTED = MPS_DAEMON_RESTARTED
 
 #: MiB a process may read over the slice in NVML and still count as held to it by its MPS
 #: limit: NVML lists a client at what it holds plus 516 MiB of context, while its limit counts
