@@ -133,7 +133,7 @@ class AgentWriter:
         self, kubeconfig: str, node: str, reader: Any, clock: FakeClock, sched: str,
         fleet: bool = False,
     ):
-        from omaticaya_py.agent import Agent
+        from omaticaya_py.agent import Agent, NodeApi
         from omaticaya_py.kube import NodeClient
 
         self.client = NodeClient(node, kubeconfig=kubeconfig)
@@ -144,9 +144,9 @@ class AgentWriter:
         )
         if fleet:  # a Lease in "default", as an agent whose pod runs there would hold
             environ = {"POD_NAMESPACE": "default", "POD_NAME": f"bench-{node}"}
-            self.agent = Agent(settings, reader, self.client, clock=clock, environ=environ)
+            self.agent = Agent(settings, reader, NodeApi(self.client, environ=environ), clock=clock)
         else:  # the heartbeat on the Node's annotation, whatever the environment
-            self.agent = Agent(settings, reader, self.client, clock=clock, lease=None)
+            self.agent = Agent(settings, reader, NodeApi(self.client, lease=None), clock=clock)
         self.heartbeats = 0  # patches that carry no label, only the telemetry annotation
         patch_node = self.client.patch_node
 

@@ -95,7 +95,7 @@ def build_agents(
     the temperature labels on (the behaviour before issue 16); ``fleet``: the write budget at
     ``FLEET_BUDGET_S``, liveness on a Lease in ``default`` (as an agent whose pod runs there)
     and no temperature labels."""
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.kube import NodeClient
     from omaticaya_py.sources.replay import TraceReader
 
@@ -115,9 +115,9 @@ def build_agents(
         client = NodeClient(name, kubeconfig=kubeconfig, attempts=2)
         if behaviour == "fleet":
             env = {"POD_NAMESPACE": "default", "POD_NAME": f"bench-{name}"}
-            agent = Agent(settings, reader, client, environ=env)
+            agent = Agent(settings, reader, NodeApi(client, environ=env))
         else:
-            agent = Agent(settings, reader, client, lease=None)
+            agent = Agent(settings, reader, NodeApi(client, lease=None))
         out.append(FleetAgent(agent, client))
     return out
 

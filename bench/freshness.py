@@ -94,7 +94,7 @@ def run_one(
     from kubernetes import watch
     from urllib3.exceptions import ProtocolError
 
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.agent.daemon import Daemon
     from omaticaya_py.kube import NodeClient
     from omaticaya_py.sources.replay import TraceReader
@@ -110,7 +110,7 @@ def run_one(
         min_patch_interval_s=budget_s, jitter_s=jitter_s,
     )  # fmt: skip
     env = {"POD_NAMESPACE": "default", "POD_NAME": f"bench-{node}"}
-    agent = Agent(settings, reader, NodeClient(node, kubeconfig=kubeconfig), environ=env)
+    agent = Agent(settings, reader, NodeApi(NodeClient(node, kubeconfig=kubeconfig), environ=env))
     tick_starts: list[float] = []
     safe_tick = agent.safe_tick
 

@@ -45,7 +45,7 @@ def measure(blocks: int, per_block: int, warmup: int) -> tuple[str, int]:
         return f"NVML not available: cannot import the NVML reader ({exc})", 1
     if not nvml_available():
         return "NVML not available here (no NVIDIA driver/GPU; --testlib: the test library)", 1
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
 
     follow = gpu_module.follow_mode
 
@@ -58,7 +58,7 @@ def measure(blocks: int, per_block: int, warmup: int) -> tuple[str, int]:
         return f"NVML not available: {first.error}", 1
     n = len(first.gpus)
     node = MemoryNode("bench-node")
-    agent = Agent(bench_settings(node_name="bench-node"), reader, node)  # type: ignore[arg-type]
+    agent = Agent(bench_settings(node_name="bench-node"), reader, NodeApi(node))  # type: ignore[arg-type]
     cases: dict[str, dict[str, Any]] = {
         name: {"cpu": [], "wall": [], "nvml_s": 0.0, "calls": 0, "call_s": 0.0}
         for name in ("before", "after")

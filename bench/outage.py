@@ -56,7 +56,7 @@ def start_agent(mode: str, kubeconfig: str, timeout_s: float) -> tuple[Any, Any,
     """(agent, scheduler, reading times) for ``mode`` ``before`` or ``after``, started."""
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.agent.daemon import Daemon
     from omaticaya_py.kube import NodeClient
     from omaticaya_py.sources.replay import TraceReader
@@ -64,8 +64,8 @@ def start_agent(mode: str, kubeconfig: str, timeout_s: float) -> tuple[Any, Any,
     settings = bench_settings(node_name=f"bench-{mode}", schedule="@every 1s", kube_timeout_s=timeout_s)
     client = NodeClient(settings.node_name, kubeconfig=kubeconfig, timeout_s=timeout_s)
     agent = Agent(
-        settings, TraceReader(H100_TRACE), client,
-        environ={"POD_NAMESPACE": "omaticaya", "POD_NAME": f"agent-{mode}"},
+        settings, TraceReader(H100_TRACE),
+        NodeApi(client, environ={"POD_NAMESPACE": "omaticaya", "POD_NAME": f"agent-{mode}"}),
     )  # fmt: skip
     readings: list[float] = []
     agent.on_tick.append(lambda _result: readings.append(time.monotonic()))

@@ -47,7 +47,7 @@ MIX_WEIGHTS = (4, 3, 2, 1)
 def latency(calls: int) -> list[list[object]]:
     import grpc
 
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.deviceplugin import DevicePluginSet
     from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
     from omaticaya_py.sources.replay import TraceReader
@@ -55,7 +55,7 @@ def latency(calls: int) -> list[list[object]]:
     folder = Path(tempfile.mkdtemp(prefix="dp-bench-", dir="/tmp"))
     s = bench_settings(trace=str(MULTI), device_plugin_dir=str(folder), shared_gpus="all",
                        share_unit_mib=1019)
-    agent = Agent(s, TraceReader(MULTI, at_s=0.0), None, dry_run=True)
+    agent = Agent(s, TraceReader(MULTI, at_s=0.0), NodeApi(None, dry_run=True))
     agent.tick()
     plugins = DevicePluginSet.from_settings(agent, s)
     shared = plugins.shared_plugin

@@ -99,7 +99,7 @@ def measure(fn: Callable[[], Any], iterations: int, budget_s: float, warmup: int
 
 
 def replay_agent(n_gpus: int, mode: str, interval_s: float = 10.0) -> tuple[Any, Callable[[], Any]]:
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.sources.replay import TraceReader
 
     raw = load_raw()
@@ -115,7 +115,7 @@ def replay_agent(n_gpus: int, mode: str, interval_s: float = 10.0) -> tuple[Any,
         # trace time 0 (idle) <-> 15 (30 GiB allocated, 100 % busy), looping
         steps = [15.0, reader.period_s - 15.0]
     node = MemoryNode("bench-node")
-    agent = Agent(settings, reader, node, clock=clock)  # type: ignore[arg-type]
+    agent = Agent(settings, reader, NodeApi(node), clock=clock)  # type: ignore[arg-type]
     state = {"i": 0}
 
     def tick() -> Any:
@@ -243,7 +243,7 @@ def run_nvml(iterations: int, budget_s: float, warmup: int) -> tuple[str, int]:
         return f"NVML not available: cannot import the NVML reader ({exc})", 1
     if not nvml_available():
         return "NVML not available on this machine (no NVIDIA driver/GPU): nothing measured", 1
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
 
     reader = NvmlReader(watch_xid=False)
     first = reader.read()
@@ -252,7 +252,7 @@ def run_nvml(iterations: int, budget_s: float, warmup: int) -> tuple[str, int]:
     n = len(first.gpus)
     settings = bench_settings(node_name="bench-node")
     node = MemoryNode("bench-node")
-    agent = Agent(settings, reader, node)  # type: ignore[arg-type]
+    agent = Agent(settings, reader, NodeApi(node))  # type: ignore[arg-type]
     nvml_before, samples = reader.call_s, []
     cpu_total = [0.0]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.kube import KubeForbidden, KubeNotFound, KubeUnavailable, NodeClient
@@ -40,7 +40,7 @@ def make_agent(dev_cluster, node: str, clock: Clock | None = None, *, at_s=None,
     settings = load_settings(node_name=node, **env)
     reader = TraceReader(H100_TRACE, at_s=at_s, loop=False, window_s=2.0, clock=clock)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
-    return Agent(settings, reader, client, clock=clock), clock
+    return Agent(settings, reader, NodeApi(client), clock=clock), clock
 
 
 def ours(labels: dict[str, str]) -> dict[str, str]:

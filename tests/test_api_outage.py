@@ -13,7 +13,7 @@ from datetime import timezone
 import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader
@@ -35,7 +35,7 @@ def test_readings_keep_the_schedule_while_the_api_hangs(dev_cluster, admin_api, 
     reader = TraceReader(H100_TRACE, at_s=2.0)  # idle
     agent = Agent(
         settings(node_name=node, schedule="@every 0.5s", heartbeat_s=1, min_patch_interval_s=0),
-        reader, client, environ={"POD_NAMESPACE": "default", "POD_NAME": "agent-0"},
+        reader, NodeApi(client, environ={"POD_NAMESPACE": "default", "POD_NAME": "agent-0"}),
     )  # fmt: skip
     scheduler = BackgroundScheduler(timezone=timezone.utc)
     daemon = Daemon(agent)

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.config.settings import load_settings
@@ -108,7 +108,7 @@ def rig(tmp_path: Path) -> Iterator[tuple[Agent, list[str]]]:
     server.start()
     settings = load_settings(node_name="n", min_patch_interval_s=0, out_of_band_event_mib=4096)
     agent = Agent(
-        settings, TraceReader(trace, at_s=1.0), None, dry_run=True,
+        settings, TraceReader(trace, at_s=1.0), NodeApi(None, dry_run=True),
         attribution=Attribution(socket_path, host_proc(tmp_path)),
     )  # fmt: skip
     try:
@@ -172,8 +172,8 @@ def test_without_the_host_proc_nothing_is_called_out_of_band(rig, tmp_path):
 def test_without_the_kubelet_socket_processes_are_still_placed(tmp_path):
     trace, uuids = trace_with_processes(tmp_path)
     edge = Attribution(tmp_path / "absent.sock", host_proc(tmp_path))
-    agent = Agent(load_settings(node_name="n"), TraceReader(trace, at_s=1.0), None,
-                  dry_run=True, attribution=edge)  # fmt: skip
+    agent = Agent(load_settings(node_name="n"), TraceReader(trace, at_s=1.0),
+                  NodeApi(None, dry_run=True), attribution=edge)  # fmt: skip
     for _ in range(3):
         result = agent.tick()
     assert edge.errors == {"absent": 3}  # counted each tick (logged once)
@@ -220,7 +220,7 @@ def test_out_of_band_event_once_per_episode(dev_cluster, admin_api, make_node, t
     node = make_node()
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
     settings = load_settings(node_name=node, min_patch_interval_s=0, out_of_band_event_mib=4096)
-    agent = Agent(settings, TraceReader(trace, at_s=1.0), client, lease=None,
+    agent = Agent(settings, TraceReader(trace, at_s=1.0), NodeApi(client, lease=None),
                   attribution=Attribution(None, proc))  # fmt: skip
     oob_cgroup = proc / str(OUT_OF_BAND_PID) / "cgroup"
     host_line = oob_cgroup.read_text()

@@ -15,7 +15,7 @@ import pytest
 from apscheduler.schedulers import base as apscheduler_base
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.watchdog import SteadyTrigger
 from omaticaya_py.core.config.schedule import (
@@ -125,7 +125,8 @@ def test_real_scheduler_keeps_ticking_across_steps_back_and_forward(schedule, mo
     wall = SteppedWallClock()
     monkeypatch.setattr(apscheduler_base, "datetime", wall.datetime_class())
     agent = Agent(
-        settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE), None, dry_run=True
+        settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE),
+        NodeApi(None, dry_run=True),
     )
     scheduler = BackgroundScheduler(timezone=timezone.utc)
     daemon = Daemon(agent)
@@ -164,7 +165,10 @@ def test_the_watchdog_moves_the_planned_run_on_a_hand_driven_clock(
     """A real scheduler, started paused (so that only the watchdog moves the job), and the
     watchdog's wall and monotonic clocks driven by hand."""
     wall, mono = Clock(T), Clock(50.0)
-    agent = Agent(settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE), None, dry_run=True)
+    agent = Agent(
+        settings(node_name="n1", schedule=schedule), TraceReader(H100_TRACE),
+        NodeApi(None, dry_run=True),
+    )
     scheduler = BackgroundScheduler(timezone=timezone.utc)
     daemon = Daemon(agent)
     watchdog = daemon.schedule_ticks(scheduler, wall=wall, monotonic=mono)

@@ -22,7 +22,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.deviceplugin.config import plugin_config
 from omaticaya_py.deviceplugin.plugin_set import DevicePluginSet
@@ -311,7 +311,7 @@ def serving(trace: Path, strategies: str | None, monkeypatch) -> Iterator[Device
     settings = load_settings(
         trace=trace, device_plugin_dir=folder, device_plugin_resource="example.com/gpu"
     )
-    agent = Agent(settings, TraceReader(trace, at_s=0.0), None, dry_run=True)
+    agent = Agent(settings, TraceReader(trace, at_s=0.0), NodeApi(None, dry_run=True))
     agent.tick()
     kubelet = FakeKubelet(folder)
     kubelet.start()

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from loguru import logger
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.config.settings import Settings, SettingsError, load_settings
 from omaticaya_py.deviceplugin.allocation import (
@@ -71,7 +71,7 @@ class Rig:
     def __init__(self, folder: Path, settings: Settings) -> None:
         self.folder = folder
         self.reader = TraceReader(FAULTS_TRACE, at_s=0.0)
-        self.agent = Agent(settings, self.reader, None, dry_run=True)
+        self.agent = Agent(settings, self.reader, NodeApi(None, dry_run=True))
         self.plugin = DevicePlugin(
             self.agent, PluginConfig(RESOURCE, folder, timing=Timing(resync_s=0.5))
         )

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.allocation.mps import ClientSpec
 from omaticaya_py.core.model.sharing import SharedGpus, unit_ids
@@ -329,7 +329,7 @@ class Rig:
             **{"share_enforcement": "none", **overrides},  # MPS: tests/test_device_plugin_mps.py
         )
         self.reader = TraceReader(trace, at_s=0.0)
-        self.agent = Agent(self.settings, self.reader, None, dry_run=True)
+        self.agent = Agent(self.settings, self.reader, NodeApi(None, dry_run=True))
         self.clock = Clock(1000.0)
         config = plugin_config(self.settings)
         timing = Timing(resync_s=0.5, stale_after_s=10.0, clock=self.clock)
@@ -538,7 +538,7 @@ def test_a_stale_reading_turns_every_unit_unhealthy(rig: Rig) -> None:
 def test_units_appear_with_the_first_reading_without_a_trace(folder: Path) -> None:
     """On NVML no device is known before the first reading: the tick brings the units."""
     s = settings(device_plugin_dir=str(folder), shared_gpus="0-3")
-    agent = Agent(s, TraceReader(MULTI_TRACE, at_s=0.0), None, dry_run=True)
+    agent = Agent(s, TraceReader(MULTI_TRACE, at_s=0.0), NodeApi(None, dry_run=True))
     plugins = DevicePluginSet.from_settings(agent, s)
     assert plugins.shared_plugin is not None and plugins.shared_plugin.devices() == []
     agent.tick()
@@ -551,7 +551,7 @@ def test_mig_gpus_are_never_shared(folder: Path) -> None:
     s = settings(trace=str(mixed), device_plugin_dir=str(folder), shared_gpus="all")
     doc = json.loads(mixed.read_text())
     whole_uuid = doc["devices"][1]["uuid"]
-    agent = Agent(s, TraceReader(mixed, at_s=0.0), None, dry_run=True)
+    agent = Agent(s, TraceReader(mixed, at_s=0.0), NodeApi(None, dry_run=True))
     plugins = DevicePluginSet.from_settings(agent, s)
     agent.tick()
     units = plugins.shared_plugin.devices()

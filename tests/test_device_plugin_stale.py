@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.config.settings import stuck_after_s
 from omaticaya_py.core.model.snapshot import NodeSnapshot
 from omaticaya_py.deviceplugin import DevicePluginSet
@@ -37,7 +37,7 @@ class Rig:
     def __init__(self, folder: Path) -> None:
         self.clock = Clock(1000.0)
         self.reader = TraceReader(FAULTS_TRACE, at_s=0.0)
-        self.agent = Agent(settings(schedule="@every 2s"), self.reader, None, dry_run=True)
+        self.agent = Agent(settings(schedule="@every 2s"), self.reader, NodeApi(None, dry_run=True))
         self.plugin = DevicePlugin(self.agent, PluginConfig(RESOURCE, folder, timing=Timing(
             resync_s=0.5, stale_after_s=STALE_S, clock=self.clock,
         )))  # fmt: skip
@@ -115,7 +115,7 @@ class BlockingReader:
 def test_a_tick_blocked_in_the_reader_turns_devices_unhealthy(folder: Path) -> None:
     clock = Clock(50.0)
     reader = BlockingReader(TraceReader(FAULTS_TRACE, at_s=0.0))
-    agent = Agent(settings(schedule="@every 2s"), reader, None, dry_run=True)
+    agent = Agent(settings(schedule="@every 2s"), reader, NodeApi(None, dry_run=True))
     agent.tick()
     plugins = DevicePluginSet(
         agent, PluginConfig(RESOURCE, folder, timing=Timing(stale_after_s=STALE_S, clock=clock))
@@ -141,7 +141,7 @@ def test_the_bound_is_the_agents_stuck_tick_bound() -> None:
     periods = s.stuck_tick_periods  # OMATICAYA_STUCK_TICK_PERIODS, default 3
     assert periods == 3
     assert stuck_after_s(s) == periods * 10 + 5
-    agent = Agent(s, TraceReader(FAULTS_TRACE), None)
+    agent = Agent(s, TraceReader(FAULTS_TRACE), NodeApi(None))
     plugins = DevicePluginSet.from_settings(agent, s)
     assert plugin_config(s).timing.stale_after_s == periods * 10 + 5
     assert agent.cache.stuck_after_s == periods * 10 + 5  # the agent's /healthz bound
@@ -149,7 +149,7 @@ def test_the_bound_is_the_agents_stuck_tick_bound() -> None:
 
 
 def test_off_without_a_bound(folder: Path) -> None:
-    agent = Agent(settings(), TraceReader(FAULTS_TRACE, at_s=0.0), None, dry_run=True)
+    agent = Agent(settings(), TraceReader(FAULTS_TRACE, at_s=0.0), NodeApi(None, dry_run=True))
     agent.tick()
     clock = Clock(0.0)
     plugin = DevicePlugin(agent, PluginConfig(plugin_dir=folder, timing=Timing(clock=clock)))

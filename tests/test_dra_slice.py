@@ -356,7 +356,7 @@ def test_writer_recreates_a_deleted_slice_at_the_heartbeat_and_deletes_on_exit(
 
 
 def dra_agent(dev_cluster, node: str, kubeconfig: str | None = None):
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from tests.helpers import Clock
 
     clock = Clock()
@@ -364,7 +364,7 @@ def dra_agent(dev_cluster, node: str, kubeconfig: str | None = None):
     reader = TraceReader(MULTI, at_s=0.0, loop=False, clock=clock)
     client = NodeClient(node, kubeconfig=kubeconfig or str(dev_cluster.kubeconfig),
                         sleep=lambda s: None)
-    return Agent(settings, reader, client, clock=clock, lease=None, attribution=None)
+    return Agent(settings, reader, NodeApi(client, lease=None), clock=clock, attribution=None)
 
 
 @pytest.mark.cluster

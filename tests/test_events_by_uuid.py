@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.model.snapshot import NodeSnapshot
 from omaticaya_py.kube import NodeClient
@@ -50,7 +50,7 @@ def test_events_follow_the_gpu_when_indices_shift(dev_cluster, admin_api, make_n
         snap(replace(gpu(0), uuid=B), replace(gpu(1), uuid=C)),
     )
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
-    agent = Agent(load_settings(node_name=node), reader, client)
+    agent = Agent(load_settings(node_name=node), reader, NodeApi(client))
     for _ in range(3):
         agent.tick()
     events = admin_api.list_namespaced_event("default", field_selector=f"involvedObject.name={node}")

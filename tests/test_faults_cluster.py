@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.schema import STATIC_NAMES
 from omaticaya_py.kube import KubeForbidden, KubeUnavailable, NodeClient
@@ -130,7 +130,7 @@ def test_forbidden_is_reported_and_not_hammered(dev_cluster, admin_api, make_nod
     clock = Clock(0.0)
     settings = load_settings(node_name=node, schedule="@every 10s")
     agent = Agent(
-        settings, TraceReader(H100_TRACE, at_s=3.0), client, clock=clock
+        settings, TraceReader(H100_TRACE, at_s=3.0), NodeApi(client), clock=clock
     )
     for tick in range(60):  # ten minutes of ticks
         clock.t = tick * 10.0
@@ -323,7 +323,7 @@ def test_without_nvml_health_is_unknown_and_numbers_are_absent(dev_cluster, admi
     admin_api.patch_node(node, {"metadata": {"labels": stale}})
     settings = load_settings(node_name=node)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
-    agent = Agent(settings, NvmlReader(watch_xid=False), client)
+    agent = Agent(settings, NvmlReader(watch_xid=False), NodeApi(client))
     result = agent.tick()
     assert result.snapshot.error is not None and result.snapshot.error.startswith("NVMLError")
     labels, _ = node_metadata(admin_api, node)
@@ -344,7 +344,7 @@ def test_fault_trace_gives_the_right_labels_and_events(dev_cluster, admin_api, m
     settings = load_settings(node_name=node, xid_quiet_s=8, min_patch_interval_s=0)
     reader = TraceReader(FAULTS_TRACE, loop=False, window_s=1.0, clock=clock)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
-    agent = Agent(settings, reader, client, clock=clock)
+    agent = Agent(settings, reader, NodeApi(client), clock=clock)
     states: dict[int, dict[str, str]] = {}
     for t in range(40):
         clock.t = float(t)
@@ -397,7 +397,7 @@ def test_a_health_event_lost_to_an_outage_is_posted_on_the_next_tick(
     client = NodeClient(
         node, kubeconfig=str(proxy.kubeconfig(tmp_path / "kc")), attempts=2, sleep=lambda s: None
     )
-    agent = Agent(settings, reader, client, clock=clock)
+    agent = Agent(settings, reader, NodeApi(client), clock=clock)
     agent.tick()  # all healthy
     reader.at_s = clock.t = 10.0  # GPU 1: remapped rows pending
     proxy.inject(Fault("POST", status=503), Fault("POST", status=503))

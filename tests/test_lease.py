@@ -49,14 +49,14 @@ class FakeLease:
 
 
 def _agent(lease):
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.core.config.settings import load_settings
     from omaticaya_py.sources.replay import TraceReader
     from tests.helpers import H100_TRACE
 
     settings = load_settings(node_name="n", heartbeat_s=30)
     reader = TraceReader(H100_TRACE, at_s=3.0, loop=False)
-    return Agent(settings, reader, None, lease=lease)
+    return Agent(settings, reader, NodeApi(None, lease=lease))
 
 
 def test_a_403_falls_back_for_good_a_401_or_an_outage_does_not():

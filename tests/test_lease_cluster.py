@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 from loguru import logger
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.config.settings import load_settings
@@ -87,7 +87,7 @@ def make_agent(kubeconfig, node: str, namespace: str, clock: Clock, **env) -> Ag
     reader = TraceReader(H100_TRACE, loop=False, window_s=2.0, clock=clock)
     client = NodeClient(node, kubeconfig=str(kubeconfig), sleep=lambda s: None)
     environ = {"POD_NAMESPACE": namespace, "POD_NAME": POD}
-    return Agent(settings, reader, client, clock=clock, environ=environ)
+    return Agent(settings, reader, NodeApi(client, environ=environ), clock=clock)
 
 
 def test_lease_is_created_and_renewed_while_a_quiet_node_gets_no_patch(

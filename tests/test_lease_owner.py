@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from devtools.devcluster.cluster import bin_dir
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.kube import NodeClient
@@ -44,8 +44,8 @@ def make_agent(dev_cluster, node: str, pod: str = POD, **env) -> Agent:
     clock = Clock()
     reader = TraceReader(H100_TRACE, loop=False, clock=clock)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
-    return Agent(settings, reader, client, clock=clock,
-                 environ={"POD_NAMESPACE": NAMESPACE, "POD_NAME": pod})
+    environ = {"POD_NAMESPACE": NAMESPACE, "POD_NAME": pod}
+    return Agent(settings, reader, NodeApi(client, environ=environ), clock=clock)
 
 
 def read_lease(leases, node: str):

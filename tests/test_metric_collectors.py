@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.collectors import (
     AgentCounters,
     ApiRequests,
@@ -89,7 +89,7 @@ def test_gpu_readings_from_the_last_tick_result_only():
     get = registry.get_sample_value
     assert get("omaticaya_gpu_healthy", {"gpu": "0", "uuid": ""}) is None  # before a tick
     assert get("omaticaya_node_health", {"state": "Healthy"}) is None
-    agent = Agent(load_settings(node_name="n"), TraceReader(H100_TRACE, at_s=14.0), None)
+    agent = Agent(load_settings(node_name="n"), TraceReader(H100_TRACE, at_s=14.0), NodeApi(None))
     last[0] = agent.tick()  # the one thing the collector is given: this result
     g = last[0].snapshot.gpus[0]
     key = {"gpu": "0", "uuid": g.uuid}

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.metrics import agent_registry, readiness, serve
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
@@ -35,7 +35,7 @@ def collect(agent: Agent) -> CollectorRegistry:
 
 
 def test_collector_reads_the_cache_only():
-    agent = Agent(load_settings(node_name="n"), TraceReader(H100_TRACE, at_s=14.0), None)
+    agent = Agent(load_settings(node_name="n"), TraceReader(H100_TRACE, at_s=14.0), NodeApi(None))
     registry = collect(agent)
     assert registry.get_sample_value("omaticaya_gpu_memory_free_bytes", {"gpu": "0", "uuid": ""}) is None
     agent.tick()
@@ -73,7 +73,7 @@ def test_unhealthy_gpus_are_counted_by_reason():
     faults = FAULTS_TRACE
     uuid = "GPU-{:08d}-7fda-b7ae-a94e-630097a14ca4".format
     reader = TraceReader(faults, at_s=12.0)
-    agent = Agent(load_settings(node_name="n", xid_quiet_s=600), reader, None)
+    agent = Agent(load_settings(node_name="n", xid_quiet_s=600), reader, NodeApi(None))
     agent.tick()
     registry = collect(agent)
     name = "omaticaya_gpu_unhealthy_reason"
@@ -100,7 +100,9 @@ def test_unhealthy_gpus_are_counted_by_reason():
     ],
 )
 def test_readiness(read_ago_s, api_ago_s, ready, reason):
-    agent = Agent(load_settings(node_name="n", schedule="@every 10s"), TraceReader(H100_TRACE), None)
+    agent = Agent(
+        load_settings(node_name="n", schedule="@every 10s"), TraceReader(H100_TRACE), NodeApi(None)
+    )
     now = 1000.0
     agent.cache.last_read_ok_s = None if read_ago_s is None else now - read_ago_s
     agent.cache.last_api_ok_s = None if api_ago_s is None else now - api_ago_s
@@ -197,7 +199,7 @@ def get_raising(url: str) -> tuple[int, str]:
 
 @pytest.mark.skipif(not _ipv6(), reason="this host has no IPv6 loopback")
 def test_metrics_address_ipv6_serves_ipv6():
-    agent = Agent(settings(trace=H100_TRACE), TraceReader(H100_TRACE), None, dry_run=True)
+    agent = Agent(settings(trace=H100_TRACE), TraceReader(H100_TRACE), NodeApi(None, dry_run=True))
     agent.tick()
     server = serve(agent, "::", 0)
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.model.snapshot import MigReading, XidEvent, mig_profile_name
 from omaticaya_py.core.publish.render import render, telemetry
 from omaticaya_py.core.rules.health import Health, XidPolicy, assess, schedulable_units
@@ -306,7 +306,7 @@ def test_resources_per_profile_beside_whole_gpus() -> None:
 
 def plugins_at(at_s: float, tmp_path: Path) -> tuple[Agent, DevicePluginSet]:
     reader = TraceReader(MIG_MIXED, at_s=at_s)
-    agent = Agent(settings(), reader, None, dry_run=True)
+    agent = Agent(settings(), reader, NodeApi(None, dry_run=True))
     agent.tick()
     return agent, DevicePluginSet(agent, PluginConfig(plugin_dir=tmp_path, units=trace_units(MIG_MIXED)))
 
@@ -341,7 +341,7 @@ def test_preferred_mig_device_is_the_one_with_most_free_memory(tmp_path: Path) -
 
 def test_a_profile_that_appears_later_gets_its_plugin(tmp_path: Path) -> None:
     reader = TraceReader(H100_MIG, at_s=1.0)
-    agent = Agent(settings(), reader, None, dry_run=True)
+    agent = Agent(settings(), reader, NodeApi(None, dry_run=True))
     timing = Timing(resync_s=60, first_read_timeout_s=0.1)
     plugins = DevicePluginSet(agent, PluginConfig(plugin_dir=tmp_path, timing=timing))
     assert set(plugins.plugins) == {None}

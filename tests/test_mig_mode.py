@@ -185,7 +185,7 @@ def run(trace_path: Path, sample_file: Path, steps: list[int]) -> list[dict[str,
     import os
     import tempfile
 
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.agent.resourceslice_writer import ResourceSliceWriter
     from omaticaya_py.deviceplugin import DevicePluginSet
     from omaticaya_py.deviceplugin.config import PluginConfig
@@ -194,7 +194,7 @@ def run(trace_path: Path, sample_file: Path, steps: list[int]) -> list[dict[str,
 
     s = settings()
     reader = NvmlReader(watch_xid=False)
-    agent = Agent(s, reader, None, dry_run=True, lease=None, attribution=None)
+    agent = Agent(s, reader, NodeApi(None, dry_run=True, lease=None), attribution=None)
     folder = Path(tempfile.mkdtemp(prefix="mig-mode-"))
     plugins = DevicePluginSet(agent, PluginConfig("example.com/gpu", folder, units={PROFILE: []}))
     slices = ResourceSliceWriter(s, None, agent.cache)

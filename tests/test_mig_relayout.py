@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.model.snapshot import MigReading, NodeSnapshot
 from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import departed
@@ -116,7 +116,7 @@ def test_which_whole_gpus_left_the_reading(snap: NodeSnapshot, gone: set[str]) -
 class Rig:
     def __init__(self, folder: Path) -> None:
         self.reader = Reader(h100(layout(0, SEVEN)))
-        self.agent = Agent(settings(), self.reader, None, dry_run=True)
+        self.agent = Agent(settings(), self.reader, NodeApi(None, dry_run=True))
         self.plugins = DevicePluginSet(
             self.agent, PluginConfig(RESOURCE, folder, timing=Timing(resync_s=0.5))
         )
@@ -195,7 +195,7 @@ def test_a_profile_that_left_is_emptied_stopped_and_its_socket_removed(rig: Rig)
 
 def test_a_gpu_turned_to_mig_leaves_the_whole_gpu_resource(folder: Path) -> None:
     reader = Reader(snapshot(gpu(0), gpu(1)))
-    agent = Agent(settings(), reader, None, dry_run=True)
+    agent = Agent(settings(), reader, NodeApi(None, dry_run=True))
     agent.tick()
     plugins = DevicePluginSet(agent, PluginConfig(RESOURCE, folder))
     assert [s.index for s in plugins.plugins[None].devices()] == [0, 1]

@@ -416,7 +416,7 @@ class Node:
 
 @pytest.fixture
 def node() -> Iterator[Node]:
-    from omaticaya_py.agent import Agent
+    from omaticaya_py.agent import Agent, NodeApi
     from omaticaya_py.core.allocation.mps import Layout
     from omaticaya_py.core.model.sharing import unit_count
     from omaticaya_py.deviceplugin import DevicePluginSet
@@ -457,7 +457,7 @@ def node() -> Iterator[Node]:
             device_list_strategy="envvar",  # the runtime's /dev/null mounts mean nothing here
             schedule="@every 1s",
         )  # fmt: skip
-        agent = Agent(s, NvmlReader(watch_xid=False), None, dry_run=True, lease=None,
+        agent = Agent(s, NvmlReader(watch_xid=False), NodeApi(None, dry_run=True, lease=None),
                       attribution=None)  # fmt: skip
         cleanup.append(("reader.close", agent.reader.close))
         agent.tick()

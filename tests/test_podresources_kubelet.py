@@ -30,7 +30,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.rules.attribution import ContainerDevices, PodRef
@@ -275,7 +275,9 @@ def agent(pod_resources: PodResourcesClient) -> Iterator[Agent]:
 
     edge = Attribution(pod_resources.socket_path, None)
     settings = load_settings(node_name="n", min_patch_interval_s=0)
-    yield Agent(settings, TraceReader(TRACE, at_s=1.0), None, dry_run=True, attribution=edge)
+    yield Agent(
+        settings, TraceReader(TRACE, at_s=1.0), NodeApi(None, dry_run=True), attribution=edge
+    )
     edge.close()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.config.settings import load_settings
@@ -57,7 +57,9 @@ def test_the_agent_sees_the_kubelets_slices(admin_api, dev_cluster, kubelet, plu
     trace = write_sharing_trace(Path(tempfile.mkdtemp(prefix="omaticaya-agent-")) / "trace.json")
     settings = load_settings(node_name=kubelet, shared_gpus="0-3", share_enforcement="none")
     edge = Attribution(socket_path, None)
-    agent = Agent(settings, TraceReader(trace, at_s=0.0), None, dry_run=True, attribution=edge)
+    agent = Agent(
+        settings, TraceReader(trace, at_s=0.0), NodeApi(None, dry_run=True), attribution=edge
+    )
     try:
         result = agent.tick()
     finally:

@@ -27,7 +27,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.collectors import SliceOverLimit
 from omaticaya_py.agent.events import SliceWatch, mps_enforcement
 from omaticaya_py.core.allocation.mps import DaemonState, Layout, state_json
@@ -397,7 +397,7 @@ def test_the_agent_watches_the_daemons_only_with_sharing_and_mps(shared, enforce
                                                                  watched):  # fmt: skip
     s = settings(node_name="n1", shared_gpus=shared, share_enforcement=enforcement,
                  device_plugin=plugin)  # fmt: skip
-    agent = Agent(s, _Still(snapshot(gpu(0))), None, lease=None, attribution=None)
+    agent = Agent(s, _Still(snapshot(gpu(0))), NodeApi(None, lease=None), attribution=None)
     assert (agent.mps is not None) is watched
     assert (agent.writer.mps is not None) is watched
     if agent.slices is not None:
@@ -410,7 +410,7 @@ def test_the_agents_telemetry_carries_the_daemons_state(tmp_path):
     s = settings(node_name="n1", shared_gpus="0", share_enforcement="mps", device_plugin=True,
                  mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir)  # fmt: skip
     snap = NodeSnapshot(read_at=datetime.now(UTC), clock_s=0.0, gpus=(gpu(0), gpu(1)))
-    agent = Agent(s, _Still(snap), None, lease=None, attribution=None)
+    agent = Agent(s, _Still(snap), NodeApi(None, lease=None), attribution=None)
     result = agent.tick()
     doc, _ = Telemetry.parse(result.desired.annotations["omaticaya.io/telemetry"])
     assert [g.mps for g in doc.gpus] == ["mps-state-missing", None]
@@ -491,11 +491,11 @@ def test_unreadable_state_files_are_counted_in_the_agents_metrics(tmp_path):
     s = settings(node_name="n1", shared_gpus="0", share_enforcement="mps", device_plugin=True,
                  mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir)  # fmt: skip
     snap = NodeSnapshot(read_at=datetime.now(UTC), clock_s=0.0, gpus=(gpu(0),))
-    agent = Agent(s, _Still(snap), None, lease=None, attribution=None)
+    agent = Agent(s, _Still(snap), NodeApi(None, lease=None), attribution=None)
     (state_dir / f"{U0}.json").write_text("{not json")
     assert agent.mps is not None and agent.mps.enforcement(U0).reason == "mps-state-unreadable"
     text = generate_latest(agent_registry(agent)).decode()
     assert "omaticaya_mps_state_errors_total 1.0" in text
     off = Agent(settings(node_name="n1", shared_gpus="0", share_enforcement="none"),
-                _Still(snap), None, lease=None, attribution=None)  # fmt: skip
+                _Still(snap), NodeApi(None, lease=None), attribution=None)  # fmt: skip
     assert "omaticaya_mps_state_errors" not in generate_latest(agent_registry(off)).decode()

@@ -27,7 +27,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.events import OVER_LIMIT
 from omaticaya_py.agent.metrics import agent_registry
@@ -103,7 +103,7 @@ def shared_rig(dev_cluster, admin_api, make_node, tmp_path: Path) -> Iterator[tu
     node = make_node()
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
     settings = load_settings(node_name=node, min_patch_interval_s=0, shared_gpus="0")
-    agent = Agent(settings, TraceReader(trace, at_s=1.0), client, lease=None,
+    agent = Agent(settings, TraceReader(trace, at_s=1.0), NodeApi(client, lease=None),
                   attribution=Attribution(socket_path, proc))  # fmt: skip
     try:
         yield agent, kubelet, namespace, uid, uuids, node

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from omaticaya_py import cli
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.state import AgentStopping
 from omaticaya_py.core.schema import STATIC_NAMES
@@ -38,7 +38,9 @@ def test_no_tick_writes_after_the_cleanup(dev_cluster, admin_api, make_node):
     put the labels back that the cleanup removed."""
     node = make_node()
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
-    agent = Agent(settings(node_name=node, trace=H100_TRACE), TraceReader(H100_TRACE), client)
+    agent = Agent(
+        settings(node_name=node, trace=H100_TRACE), TraceReader(H100_TRACE), NodeApi(client)
+    )
     agent.tick()
     assert dynamic(node_metadata(admin_api, node)[0])
     agent.stop()
@@ -106,8 +108,8 @@ def test_a_tick_stuck_in_nvml_does_not_hold_the_cleanup_back(dev_cluster, admin_
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
     reader = BlockingReader()
     agent = Agent(
-        settings(node_name=node, schedule="@every 0.2s", shutdown_timeout_s=3), reader, client,
-        environ={},
+        settings(node_name=node, schedule="@every 0.2s", shutdown_timeout_s=3), reader,
+        NodeApi(client, environ={}),
     )  # fmt: skip
     scheduler = BackgroundScheduler(timezone=timezone.utc)
     daemon = Daemon(agent)

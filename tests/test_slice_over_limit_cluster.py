@@ -40,7 +40,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.allocation.mps import DaemonState, slice_id, state_json
@@ -151,7 +151,7 @@ def rig(dev_cluster, admin_api, make_node, tmp_path: Path) -> Iterator:
             device_plugin=True, mps_root=Path("/run/omaticaya/mps"), mps_state_dir=state_dir,
             slice_over_limit_action=action,
         )  # fmt: skip
-        agent = Agent(settings, _Reader(), kube, lease=None,
+        agent = Agent(settings, _Reader(), NodeApi(kube, lease=None),
                       attribution=Attribution(socket_path, proc))  # fmt: skip
         agents.append(agent)
         return agent

@@ -14,7 +14,7 @@ from datetime import datetime
 
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.rules.liveness import (
     AHEAD,
     FRESH,
@@ -221,7 +221,8 @@ def test_an_hourly_agent_is_not_stale_between_its_writes(dev_cluster, admin_api,
     extender's fixed 300 + 60 s window called such a node stale after six minutes."""
     node = make_node()
     s = settings(node_name=node, trace=H100_TRACE, schedule="@hourly", heartbeat_s=7200, jitter_s=30)
-    agent = Agent(s, TraceReader(H100_TRACE), NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig)))
+    client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))
+    agent = Agent(s, TraceReader(H100_TRACE), NodeApi(client))
     agent.tick()
     labels, annotations = node_metadata(admin_api, node)
     doc = json.loads(annotations[P + "telemetry"])

@@ -17,7 +17,7 @@ import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
 from loguru import logger
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import liveness, serve
 from omaticaya_py.agent.watchdog import Watchdog
@@ -65,7 +65,7 @@ def test_a_blocked_read_fails_healthz_and_is_logged_once(log_lines) -> None:
     reader = BlockingReader()
     agent = Agent(
         settings(node_name="n1", schedule="@every 0.2s", stuck_tick_periods=3),
-        reader, None, dry_run=True,
+        reader, NodeApi(None, dry_run=True),
     )  # fmt: skip
     scheduler = BackgroundScheduler(timezone=timezone.utc)
     daemon = Daemon(agent)
@@ -101,7 +101,7 @@ def test_a_blocked_read_fails_healthz_and_is_logged_once(log_lines) -> None:
 def test_the_stuck_rule_on_a_hand_driven_clock(log_lines) -> None:
     clock = Clock(100.0)
     s = settings(node_name="n1", schedule="@every 10s", stuck_tick_periods=3, jitter_s=5)
-    agent = Agent(s, TraceReader(H100_TRACE), None, dry_run=True, clock=clock)
+    agent = Agent(s, TraceReader(H100_TRACE), NodeApi(None, dry_run=True), clock=clock)
 
     class Running:
         running = True

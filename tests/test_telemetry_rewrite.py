@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.core.config.settings import load_settings
@@ -161,7 +161,7 @@ def lease_agent(
     client = NodeClient(node, kubeconfig=str(kubeconfig), sleep=lambda s: None)
     environ = {"POD_NAMESPACE": lease_ns, "POD_NAME": f"agent-{node}"}
     return Agent(
-        settings, reader, client, clock=clock, environ=environ, attribution=attribution
+        settings, reader, NodeApi(client, environ=environ), clock=clock, attribution=attribution
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import LIBRARY_MISSING_RESTART_S, liveness
 from omaticaya_py.agent.state import LIBRARY_NOT_FOUND
@@ -59,8 +59,8 @@ R = LIBRARY_MISSING_RESTART_S
 def test_a_missing_library_fails_healthz_after_the_bound(script, healthy):
     clock = Clock(1000.0)
     reader = ScriptedReader(clock, [error for _, error in script])
-    agent = Agent(settings(node_name="n1", schedule="@every 10s"), reader, None, dry_run=True,
-                  clock=clock)
+    agent = Agent(settings(node_name="n1", schedule="@every 10s"), reader,
+                  NodeApi(None, dry_run=True), clock=clock)
 
     class Running:
         running = True

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.sources.replay import TraceReader
@@ -63,7 +63,7 @@ def run_agent(dev_cluster, api, node: str, trace: Path, until_s: int) -> dict[st
     settings = load_settings(node_name=node, window_s=60, cleanup_on_exit=False, min_patch_interval_s=0)
     reader = TraceReader(trace, loop=False, window_s=1.0, clock=clock)
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda s: None)
-    agent = Agent(settings, reader, client, clock=clock, lease=None)
+    agent = Agent(settings, reader, NodeApi(client, lease=None), clock=clock)
     try:
         for t in range(until_s + 1):
             clock.t = float(t)

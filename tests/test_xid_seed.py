@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from prometheus_client import CollectorRegistry
 
-from omaticaya_py.agent import Agent
+from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.model.snapshot import NodeSnapshot, XidEvent
 from omaticaya_py.core.publish.render import telemetry
@@ -161,7 +161,7 @@ def test_a_restarted_agent_keeps_an_xid_unhealthy_until_the_window_ends(
 
     def agent(reader: Reader) -> Agent:
         client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig), sleep=lambda _: None)
-        return Agent(s, reader, client, lease=None)
+        return Agent(s, reader, NodeApi(client, lease=None))
 
     # agent 1 sees Xid 74 on GPU 0 (reader clock 1000, wall READ_AT) and writes the Node
     one = Reader(snapshot(gpu(0), gpu(1), clock_s=1000.0,
@@ -200,7 +200,7 @@ def test_a_node_that_cannot_be_read_seeds_nothing_and_the_agent_goes_on(
     sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
     try:
         missing = NodeClient("no-such-node", kubeconfig=str(dev_cluster.kubeconfig))
-        a = Agent(settings(node_name=node), Reader(snapshot(gpu(0))), missing, lease=None)
+        a = Agent(settings(node_name=node), Reader(snapshot(gpu(0))), NodeApi(missing, lease=None))
         snap, health, _ = a.evaluate()
         assert a.xid_seeder is None  # done: nothing more to try
         assert a.ledger.seeded == 0 and health.gpus[0].healthy

@@ -14,15 +14,14 @@ Events (``agent.events``).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from typing import Literal
 
 from loguru import logger
 
-from ..core.allocation.mps import Layout
 from ..core.config.settings import Settings, stuck_after_s
 from ..core.model.sayonce import SayOnce
 from ..core.model.snapshot import NodeSnapshot, Reader
@@ -31,46 +30,46 @@ from ..core.publish.patch import MergePatch
 from ..core.publish.readings import TickListener, TickResult, Topology, TopologyReader
 from ..core.publish.render import Desired, render
 from ..core.rules.attribution import GpuAttribution
-from ..core.rules.health import NodeHealth, XidLedger, XidPolicy, assess
-from ..kube import KubeError, KubeNotFound, LeaseClient, NodeClient
+from ..core.rules.health import NodeHealth, XidLedger, assess
+from ..kube import KubeError, KubeNotFound, LeaseClient
 from ..kube.pod_client import PodClient
-from ..kube.resourceslice import ResourceSliceClient
 from ..sources.mps import MpsWatch
 from .attribution_reader import Attribution, make_attribution
-from .events import HealthEvents, SliceWatch, mps_enforcement
-from .heartbeat import Heartbeat, make_lease
+from .events import HealthEvents, SliceWatch
+from .heartbeat import Heartbeat
 from .node_writer import NodeWriter, TelemetryFeed
 from .outage import ApiOutage
-from .resourceslice_writer import ResourceSliceWriter
 from .state import AgentStopping, Runner, SnapshotCache
+from .wiring import (
+    NodeApi,
+    enforcement_now,
+    mps_watch,
+    refresh_s,
+    resourceslice_writer,
+    xid_policy,
+)
 from .xid_seed_reader import XidSeeder
 
-__all__ = ["Agent", "AgentStopping", "SnapshotCache", "TickResult"]
+__all__ = ["Agent", "AgentStopping", "NodeApi", "SnapshotCache", "TickResult"]
 
 
 class Agent:
     """Labels one Node from one reader.
 
-    - ``node``: the Kubernetes edge; ``None`` (dry run without API) diffs against an empty Node.
-    - ``dry_run``: compute patches but never send them (the Node is still read if reachable).
+    - ``api``: the way to the Node (``NodeApi``: its client, dry run, the liveness Lease).
     - ``clock``: monotonic seconds for heartbeat and probe bookkeeping.
-    - ``lease``: the liveness Lease; ``"auto"`` holds ``omaticaya-node-<node>`` in the agent's
-      own namespace (``POD_NAMESPACE`` in ``environ``, else the service account's), or none
-      when there is no such namespace (outside a cluster) or no ``node``; ``None``: no Lease,
-      the heartbeat goes on the Node's telemetry annotation.
+    - ``attribution``: who uses each GPU (``Attribution``); ``"auto"``: as the settings ask
+      (``make_attribution``); ``None``: nobody is attributed.
     """
 
     def __init__(
         self,
         settings: Settings,
         reader: Reader,
-        node: NodeClient | None,
+        api: NodeApi,
         *,
-        dry_run: bool = False,
         clock: Callable[[], float] = time.monotonic,
-        lease: LeaseClient | None | str = "auto",
-        environ: Mapping[str, str] | None = None,
-        attribution: Attribution | None | str = "auto",
+        attribution: Attribution | None | Literal["auto"] = "auto",
     ) -> None:
         self.settings = settings
         self.reader = reader
@@ -79,76 +78,70 @@ class Agent:
         self.topology: Topology | None = (
             reader.topology_level if isinstance(reader, TopologyReader) else None
         )
-        self.node = node
-        self.dry_run = dry_run
+        self.node = api.node
+        self.dry_run = api.dry_run
         self.clock = clock
         self.cache = SnapshotCache(clock)
-        self.policy = XidPolicy(
-            ignore=settings.xid_ignore,
-            all_fatal=settings.xid_all_fatal,
-            quiet_s=settings.xid_quiet_s,
+        self.period_s = settings.schedule.period_s()
+        #: the longest the telemetry annotation goes unrewritten while the agent runs
+        #: (``wiring.refresh_s``)
+        self.refresh_s = refresh_s(settings, self.period_s)
+        self._wire_health(settings)
+        self.heartbeat = Heartbeat(
+            api.liveness_lease(settings, self.refresh_s), settings.heartbeat_s, self.cache
         )
+        self._wire_attribution(settings, attribution)
+        self._wire_writers(settings, api)
+        self._wire_threads()
+
+    def _wire_health(self, settings: Settings) -> None:
+        """The health side: the Xid rules and ledger (seeded from the Node's telemetry), the
+        Events, the API outage bookkeeping and the stuck-tick bound."""
+        self.policy = xid_policy(settings)
         self.ledger = XidLedger(self.policy)
         #: carries Xid health over a restart from the Node's telemetry (until the first seed)
-        self.xid_seeder = XidSeeder(node, settings.prefix) if node is not None else None
+        self.xid_seeder = XidSeeder(self.node, settings.prefix) if self.node is not None else None
         self.events = HealthEvents()
-        self.period_s = settings.schedule.period_s()
         #: no finished tick for this long: /healthz fails (``SnapshotCache.tick_overdue``); the
         #: device plugin applies the same bound to the age of the reading it serves
         self.cache.stuck_after_s = stuck_after_s(settings)
         self.outage = ApiOutage(self.period_s, self.cache)
-        #: the longest the telemetry annotation goes unrewritten while the agent runs: it is
-        #: rewritten on the first tick after the heartbeat is due (published as ``refresh_s``
-        #: and ``expires_at``, so that readers judge staleness by the publisher's own pace)
-        self.refresh_s = settings.heartbeat_s + self.period_s + settings.jitter_s
         self.slow_warned_s = float("-inf")  # the last slow-tick warning (``guarded``)
-        if lease == "auto":
-            env = os.environ if environ is None else environ
-            lease = make_lease(settings, node, env, self.refresh_s, dry_run)
-        self.heartbeat = Heartbeat(lease, settings.heartbeat_s, self.cache)  # type: ignore[arg-type]
-        #: who uses each GPU (PodResources + /proc); the last tick's answer
-        self.attribution = make_attribution(settings) if isinstance(attribution, str) else attribution
+
+    def _wire_attribution(
+        self, settings: Settings, attribution: Attribution | None | Literal["auto"]
+    ) -> None:
+        """Who uses each GPU (PodResources + /proc) and, with shared GPUs, the slices' pods
+        named from the API and the MPS daemons' watch."""
+        self.attribution = make_attribution(settings) if attribution == "auto" else attribution
         self.last_attribution: dict[str, GpuAttribution] = {}
         #: the device IDs the kubelet's last PodResources list that answered names as assigned,
         #: and when (``clock``) it was asked for (``None``: none answered): the device plugin's
         self.last_listed: tuple[frozenset[str], float] | None = None
-        #: shared GPUs enforced by CUDA MPS (``OMATICAYA_SHARE_ENFORCEMENT=mps``) through this
-        #: agent's device plugin or DRA plugin (``OMATICAYA_DEVICE_PLUGIN``, ``OMATICAYA_DRA``:
-        #: they make the containers clients):
-        #: the daemons' states as the supervisor writes them (``omaticaya mps``); ``None``: no
-        #: GPU shared, enforcement off, or no device plugin (no slice is ours to enforce)
-        self.mps: MpsWatch | None = (
-            MpsWatch(Layout(settings.mps_root, settings.mps_state_dir), settings.mps_stale_s)
-            if settings.shared_gpus and settings.share_enforcement == "mps"
-            and (settings.device_plugin or settings.dra) else None
-        )  # fmt: skip
+        #: shared GPUs enforced by CUDA MPS: the daemons' states (``wiring.mps_watch``)
+        self.mps: MpsWatch | None = mps_watch(settings)
         #: shared GPUs: the pods holding slices named from the API, over-use Events
         self.slices = (
             SliceWatch(settings, self.events.posted, self.mps) if settings.shared_gpus else None
         )
         if self.slices is not None and self.attribution is not None:
             self.attribution.names = self.slices.names.maps
+
+    def _wire_writers(self, settings: Settings, api: NodeApi) -> None:
+        """What writes the Node (its labels and telemetry within the write budget, with the
+        peak window) and its DRA ResourceSlice."""
         #: the peak signal (least free memory, p95 utilisation) per GPU over ``window_s``
         self.window = PeakWindow(settings.window_s) if settings.window_s > 0 else None
+        feed = TelemetryFeed(self.refresh_s, self.window, enforcement_now(self.mps))
         self.writer = NodeWriter(
-            settings, node, self.heartbeat, self.cache,
-            TelemetryFeed(self.refresh_s, self.window,
-                          (lambda uuids: mps_enforcement(self.mps, uuids) or {})
-                          if self.mps is not None else None),
-            dry_run=dry_run,
-        )  # fmt: skip
-        #: the Node's DRA ResourceSlice (``OMATICAYA_DRA``), kept in step with each tick
-        self.resourceslice_writer: ResourceSliceWriter | None = (
-            ResourceSliceWriter(
-                settings,
-                ResourceSliceClient(node.session, node.node_name)
-                if node is not None and not dry_run else None,
-                self.cache,
-                mps=(lambda uuids: mps_enforcement(self.mps, uuids) or {})
-                if self.mps is not None else None,
-            )
-            if settings.dra else None
+            settings, self.node, self.heartbeat, self.cache, feed, dry_run=self.dry_run
         )
+        #: the Node's DRA ResourceSlice (``OMATICAYA_DRA``), kept in step with each tick
+        self.resourceslice_writer = resourceslice_writer(settings, api, self.cache, self.mps)
+
+    def _wire_threads(self) -> None:
+        """The locks the read path, the API work and the cleanup take, the stop flag, what is
+        said once, and the tick's listeners."""
         self._said: SayOnce[str, bool] = SayOnce()  # NVML unreadable
         self._slice_failing: SayOnce[str, bool] = SayOnce()  # ResourceSlice writes, by error
         self._dropped_seen: set[tuple[str, str]] = set()

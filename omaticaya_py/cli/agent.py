@@ -43,11 +43,11 @@ def agent_command(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
-    from ..agent import Agent
+    from ..agent import Agent, NodeApi
     from .daemon import run_daemon
 
     if args.command == "show":
-        agent = Agent(settings, reader(settings, args), None, dry_run=True)
+        agent = Agent(settings, reader(settings, args), NodeApi(None, dry_run=True))
         print(show_text(agent.evaluate(), args.json))
         return 0
     if args.command == "cleanup":
@@ -113,7 +113,7 @@ def _once(args: argparse.Namespace, settings: Settings) -> int:
     is no API server) instead of sending it."""
     from loguru import logger
 
-    from ..agent import Agent
+    from ..agent import Agent, NodeApi
     from ..kube import KubeError
 
     node = None
@@ -124,7 +124,7 @@ def _once(args: argparse.Namespace, settings: Settings) -> int:
             if not args.dry_run:
                 raise
             logger.warning("no API server ({}): diffing against an empty Node", exc)
-    agent = Agent(settings, reader(settings, args), node, dry_run=args.dry_run)
+    agent = Agent(settings, reader(settings, args), NodeApi(node, dry_run=args.dry_run))
     try:
         result = agent.tick()
     except KubeError:

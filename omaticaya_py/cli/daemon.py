@@ -26,7 +26,7 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
     ``KubeError`` when there is no Kubernetes configuration."""
     from loguru import logger
 
-    from ..agent import Agent
+    from ..agent import Agent, NodeApi
     from ..agent.daemon import Daemon
 
     gpus = reader(settings, args)
@@ -36,9 +36,9 @@ def run_daemon(args: argparse.Namespace, settings: Settings, *, label_node: bool
             logger.error("NVML failed to start ({}) and fail_on_init_error is set", first.error)
             return 1
     if label_node:
-        agent = Agent(settings, gpus, node_client(settings, args))
+        agent = Agent(settings, gpus, NodeApi(node_client(settings, args)))
     else:
-        agent = Agent(settings, gpus, None, dry_run=True)
+        agent = Agent(settings, gpus, NodeApi(None, dry_run=True))
     daemon = Daemon(agent)
     daemon.install_signal_handlers()  # before any server starts: a SIGTERM must find them
     dra_counts = None
