@@ -52,22 +52,19 @@ class Section:
     """One section as the docs show it: its ``key`` (the marker in docs/commands.md), a
     ``title`` for .env.example, the ``program`` class that names its variables, and the
     ``section`` class whose own fields it lists (``fields``: ``section``'s and, for
-    ``with_common``, the common ones first; none that ``shown_in`` lists already: the
-    supervisor's ``OMATICAYA_TRACE`` is the agent's)."""
+    ``with_common``, the common ones first)."""
 
     key: str
     title: str
     program: type[BaseSettings]
     section: type[BaseSettings]
     with_common: bool = False
-    shown_in: type[BaseSettings] | None = None
 
     def fields(self) -> list[str]:
         from omaticaya_py.core.config.settings import CommonSettings, section_fields
 
         common = section_fields(CommonSettings) if self.with_common else []
-        shown = self.shown_in.model_fields if self.shown_in is not None else {}
-        return common + [f for f in section_fields(self.section) if f not in shown]
+        return common + section_fields(self.section)
 
 
 def sections() -> list[Section]:
@@ -78,6 +75,7 @@ def sections() -> list[Section]:
 
     return [
         Section("agent", "the agent", s.Settings, s.AgentSection, with_common=True),
+        Section("node", "every program on a GPU node", s.Settings, s.NodeSection),
         Section("placement", "placement: the agent's plugins and the extender alike",
                 s.Settings, s.PlacementSection),  # fmt: skip
         Section("sharing", "GPU sharing by memory", s.Settings, s.SharingSection),
@@ -85,7 +83,7 @@ def sections() -> list[Section]:
         Section("dra", "the DRA driver", s.Settings, s.DraSection),
         Section("mps-paths", "the MPS folders (the plugins and omaticaya mps)", s.Settings,
                 s.MpsPathsSection),  # fmt: skip
-        Section("mps", "omaticaya mps", MpsSettings, MpsSection, shown_in=s.Settings),
+        Section("mps", "omaticaya mps", MpsSettings, MpsSection),
         Section("extender", "omaticaya extender", ExtenderSettings, ExtenderSection,
                 with_common=True),  # fmt: skip
     ]

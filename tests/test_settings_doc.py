@@ -67,12 +67,13 @@ def test_every_variable_is_in_the_tables_once():
 @pytest.mark.parametrize(
     ("program", "expected"),
     [
-        (Settings, ["CommonSettings", "AgentSection", "PlacementSection", "SharingSection",
-                    "DevicePluginSection", "DraSection", "MpsPathsSection"]),
-        (DevicePluginSettings, ["CommonSettings", "PlacementSection", "SharingSection",
-                                "DevicePluginSection", "DraSection", "MpsPathsSection"]),
-        (MpsSettings, ["CommonSettings", "MpsSection", "PlacementSection", "SharingSection",
-                       "DevicePluginSection", "DraSection", "MpsPathsSection"]),
+        (Settings, ["CommonSettings", "AgentSection", "NodeSection", "PlacementSection",
+                    "SharingSection", "DevicePluginSection", "DraSection", "MpsPathsSection"]),
+        (DevicePluginSettings, ["CommonSettings", "NodeSection", "PlacementSection",
+                                "SharingSection", "DevicePluginSection", "DraSection",
+                                "MpsPathsSection"]),
+        (MpsSettings, ["CommonSettings", "MpsSection", "NodeSection", "PlacementSection",
+                       "SharingSection", "DevicePluginSection", "DraSection", "MpsPathsSection"]),
         (ExtenderSettings, ["CommonSettings", "ExtenderSection", "PlacementSection"]),
     ],
     ids=["agent", "device-plugin", "mps", "extender"],
@@ -101,3 +102,19 @@ def test_a_shared_fact_has_one_name_in_both_programs():
 def test_default_text():
     assert [default_text(v) for v in (None, True, 10.0, 2.5, frozenset({31, 13}), ("a", "b"), "")] \
         == ["—", "true", "10", "2.5", "13,31", "a,b", "(empty)"]
+
+
+@pytest.mark.parametrize("program", [Settings, MpsSettings, ExtenderSettings],
+                         ids=["agent", "mps", "extender"])  # fmt: skip
+def test_no_two_sections_of_a_program_name_a_validator_alike(program):
+    """pydantic collects validators by attribute name: a section's ``_check_x`` of the same
+    name as another's would silently replace it in the combined class (OMATICAYA_TRACE='' was
+    refused once, the agent's ``_empty_is_none`` shadowing the node section's)."""
+    seen: dict[str, str] = {}
+    for section in sections_of(program):
+        decorators = section.__pydantic_decorators__
+        own = {**decorators.field_validators, **decorators.model_validators}
+        for name in own:
+            if name in vars(section):
+                assert name not in seen, f"{name}: in {seen.get(name)} and {section.__name__}"
+                seen[name] = section.__name__

@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from ..core.config.settings import DevicePluginSettings
-from ..core.config.settings_base import CommonSettings, check_bind_address, check_trace
+from ..core.config.settings_base import CommonSettings
 
 __all__ = ["MpsSection", "MpsSettings"]
 
@@ -70,13 +70,6 @@ class MpsSection(CommonSettings):
         le=65535,
         description="Port of the MPS supervisor's /metrics, /healthz and /readyz (0: off).",
     )
-    metrics_address: str = Field(
-        default="0.0.0.0",
-        description="Address the metrics and probe port binds to ('::' for IPv6).",
-    )
-    trace: Path | None = Field(
-        default=None, description="Read the GPUs from this trace instead of NVML."
-    )
 
     @field_validator("mps_host_root", mode="before")
     @classmethod
@@ -91,20 +84,6 @@ class MpsSection(CommonSettings):
                              "'/host/run/omaticaya/mps' (or empty: the root itself)")
         return value
 
-    @field_validator("trace", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("trace")
-    @classmethod
-    def _trace_exists(cls, value: Path | None) -> Path | None:
-        return check_trace(value)
-
-    @field_validator("metrics_address")
-    @classmethod
-    def _check_address(cls, value: str) -> str:
-        return check_bind_address(value)
 
 
 class MpsSettings(MpsSection, DevicePluginSettings):

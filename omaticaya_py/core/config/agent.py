@@ -15,7 +15,7 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import NoDecode
 
 from .schedule import DAY_S, SCHEDULE_FORM, Schedule, parse_schedule
-from .settings_base import DNS_SUBDOMAIN, CommonSettings, check_bind_address, check_trace
+from .settings_base import DNS_SUBDOMAIN, CommonSettings
 
 __all__ = ["AgentSection"]
 
@@ -65,7 +65,6 @@ class AgentSection(CommonSettings):
         "rides on the same Node writes (bench/label_churn.py: no extra patches).",
     )
     cleanup_on_exit: bool = Field(default=True, description="Remove dynamic labels on SIGTERM.")
-    trace: Path | None = Field(default=None, description="Replay this trace instead of NVML.")
     xid_ignore: Annotated[frozenset[int], NoDecode] = Field(
         default=frozenset({13, 31, 43, 45, 68, 109}),
         description="Xid codes that are application faults, not GPU faults.",
@@ -156,11 +155,6 @@ class AgentSection(CommonSettings):
     metrics_port: int = Field(
         default=9402, ge=0, le=65535, description="Port of /metrics, /healthz and /readyz (0: off)."
     )
-    metrics_address: str = Field(
-        default="0.0.0.0",
-        description="Address the metrics and probe port binds to ('::' for IPv6, and IPv4 too "
-        "on a dual-stack host).",
-    )
     fail_on_init_error: bool = Field(
         default=False, description="Exit when NVML cannot start, instead of reporting Unknown."
     )
@@ -185,7 +179,7 @@ class AgentSection(CommonSettings):
             raise ValueError(f"expected {SCHEDULE_FORM}")
         return parse_schedule(value)
 
-    @field_validator("trace", "pod_resources_socket", "proc_root", mode="before")
+    @field_validator("pod_resources_socket", "proc_root", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -196,16 +190,6 @@ class AgentSection(CommonSettings):
         if value is not None and not value.is_absolute():
             raise ValueError("expected an absolute path, like /proc (or empty: off)")
         return value
-
-    @field_validator("trace")
-    @classmethod
-    def _trace_exists(cls, value: Path | None) -> Path | None:
-        return check_trace(value)
-
-    @field_validator("metrics_address")
-    @classmethod
-    def _check_address(cls, value: str) -> str:
-        return check_bind_address(value)
 
     @field_validator("xid_ignore", mode="before")
     @classmethod

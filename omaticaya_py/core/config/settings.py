@@ -5,6 +5,8 @@ own, parsed by pydantic-settings; one environment name per fact):
 
 - ``CommonSettings`` (``settings_base``): the key prefix and logging, every program's;
 - ``AgentSection`` (``agent``): the agent's own: schedule, labels, health, the write budget;
+- ``NodeSection`` (``node``): what every node program reads (``OMATICAYA_TRACE``,
+  ``OMATICAYA_METRICS_ADDRESS``);
 - ``PlacementSection`` (``sharing``): the facts the scheduler extender and the node's plugins
   share (resources, ``OMATICAYA_PLACEMENT_POLICY``, ``OMATICAYA_SETTLE_S``);
 - ``SharingSection`` (``sharing``): GPU sharing by memory;
@@ -29,6 +31,7 @@ from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .agent import AgentSection
+from .node import NodeSection
 from .plugins import DEVICE_LIST_STRATEGIES, DevicePluginSection, DraSection, MpsPathsSection
 from .schedule import Schedule, parse_schedule
 from .settings_base import RESERVED_PREFIXES, CommonSettings, SettingsError, check_prefix, load
@@ -43,6 +46,7 @@ __all__ = [
     "DevicePluginSettings",
     "DraSection",
     "MpsPathsSection",
+    "NodeSection",
     "PlacementSection",
     "Schedule",
     "Settings",
@@ -58,8 +62,8 @@ __all__ = [
 ]
 
 
-class DevicePluginSettings(PlacementSection, SharingSection, DevicePluginSection, DraSection,
-                           MpsPathsSection):  # fmt: skip
+class DevicePluginSettings(NodeSection, PlacementSection, SharingSection, DevicePluginSection,
+                           DraSection, MpsPathsSection):  # fmt: skip
     """The node's plugin sections (``deviceplugin.config.plugin_config`` and the DRA plugin read
     them; ``omaticaya mps`` too): the device plugin, the DRA driver, the MPS folders, sharing
     and placement. Raises ``ValueError`` (``SettingsError`` through ``load``) on a bad value,
@@ -90,8 +94,8 @@ class Settings(AgentSection, DevicePluginSettings):
 def sections(cls: type[BaseSettings]) -> list[type[CommonSettings]]:
     """The sections of settings class ``cls`` (the ``CommonSettings`` subclasses in its MRO that
     declare fields of their own, ``cls`` included), ``CommonSettings`` first, then in the order
-    of the bases (``Settings``: common, agent, placement, sharing, device plugin, DRA, MPS
-    paths). Pure."""
+    of the bases (``Settings``: common, agent, node, placement, sharing, device plugin, DRA,
+    MPS paths). Pure."""
     own = [c for c in cls.__mro__ if isinstance(c, type) and issubclass(c, CommonSettings)
            and section_fields(c)]  # fmt: skip
     common = [c for c in own if c is CommonSettings]
