@@ -222,7 +222,7 @@ def test_python_packages_are_the_lock(image):
     build-image runs from its wheel, left out), and the project's wheel."""
     from packaging.utils import canonicalize_name
 
-    from tests.test_dockerfile import read_lock
+    from tests.dockerfile_support import read_lock
 
     site = "usr/local/lib/python3.11/dist-packages/"
     installed = {}

@@ -22,8 +22,8 @@ from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.rules.health import assess
 from tests.conftest import node_metadata
 from tests.helpers import Clock, gpu, snapshot
-from tests.test_lease_cluster import namespace  # noqa: F401  (fixture)
-from tests.test_telemetry_rewrite import lease_agent, small_trace
+from tests.lease_cluster_support import namespace  # noqa: F401  (fixture)
+from tests.telemetry_rewrite_support import lease_agent, small_trace
 
 P = "omaticaya.io/"
 TICK_S, INTERVAL_S, RECOVERED_AT_S, END_S = 10.0, 30.0, 100.0, 400.0

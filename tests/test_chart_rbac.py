@@ -24,6 +24,15 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.chart_rbac_support import (  # the names moved out, for this file's tests
+    NODE,  # noqa: F401
+    PROPAGATION_S,  # noqa: F401
+    _apply,  # noqa: F401
+    _core_event,  # noqa: F401
+    _event_name,  # noqa: F401
+    _exists_ok,  # noqa: F401
+    _status,  # noqa: F401
+)
 from tests.tools import ToolUnavailable, helm_path
 
 pytestmark = pytest.mark.cluster
@@ -32,7 +41,6 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "omaticaya"
 NAMESPACE = "omaticaya-test"
 RELEASE = "omaticaya-rbac"  # fullname: the release name (it contains the chart name)
-NODE = "rbac-node"
 OTHER_NODE = "rbac-other-node"
 RBAC_TEMPLATES = (
     "templates/serviceaccount.yaml",
@@ -41,8 +49,6 @@ RBAC_TEMPLATES = (
     "templates/role.yaml",
     "templates/rolebinding.yaml",
 )
-#: RBAC changes reach the authorizer through an informer: allow this long for the binding.
-PROPAGATION_S = 20.0
 
 # The session fixture ``dev_cluster`` comes from tests/conftest.py (tests.devcluster). Importing
 # it here as well would make a module-level copy and start a second cluster.
@@ -86,26 +92,8 @@ class Agent:
     service_account: str
 
 
-def _exists_ok(fn: Callable[[], Any]) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        fn()
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
 
 
-def _apply(admin_client: Any, docs: list[dict[str, Any]]) -> None:
-    """Create each rendered manifest; one that exists already (409) is fine."""
-    from kubernetes import utils
-
-    for doc in docs:
-        try:
-            utils.create_from_dict(admin_client, doc)
-        except utils.FailToCreateError as exc:
-            if any(e.status != 409 for e in exc.api_exceptions):
-                raise
 
 
 @pytest.fixture(scope="module")
@@ -205,16 +193,6 @@ def _agent_of(dev_cluster: Any, admin_client: Any, docs: list[dict]) -> Iterator
                 pass
 
 
-def _status(fn: Callable[[], Any]) -> int:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        fn()
-    except ApiException as exc:
-        if exc.status not in (403, 404):
-            print(f"HTTP {exc.status}: {exc.body}")
-        return exc.status
-    return 200
 
 
 def _merge_patch(api, name: str, labels: dict[str, str | None]) -> Any:
@@ -240,27 +218,8 @@ def test_agent_patches_its_node_labels(agent):
     assert "omaticaya.io/gpu.count" not in agent.admin.read_node(NODE).metadata.labels
 
 
-def _event_name() -> str:
-    return f"{NODE}.omaticaya.{datetime.now(timezone.utc):%Y%m%d%H%M%S%f}"
 
 
-def _core_event(namespace: str) -> dict:
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": _event_name(), "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE},
-        "reason": "GpuUnhealthy",
-        "message": "RBAC test",
-        "type": "Warning",
-        "source": {"component": "omaticaya", "host": NODE},
-        "reportingComponent": "omaticaya",
-        "reportingInstance": NODE,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
 
 
 def _events_v1_event(namespace: str) -> dict:

@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from devtools.devcluster.cluster import K8S_VERSION
+from tests.chart_rbac_support import PROPAGATION_S, _apply, _core_event, _exists_ok, _status
 from tests.helpers import token_kubeconfig
-from tests.test_chart_rbac import PROPAGATION_S, _apply, _core_event, _exists_ok, _status
 from tests.tools import ToolUnavailable, helm_path
 
 pytestmark = pytest.mark.cluster

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import FAULTS_TRACE, free_port
-from tests.test_mps_supervisor import STANDIN
+from tests.mps_rig import STANDIN
 from tests.tools import ToolUnavailable, promtool_path
 from tests.waiting import wait_for
 

@@ -34,8 +34,8 @@ from omaticaya_py.deviceplugin.strategies import (
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
 from tests.devcluster import REPO_ROOT
+from tests.device_plugin_support import FakeKubelet
 from tests.helpers import MIG_MIXED_TRACE as MIG_MIXED
-from tests.test_device_plugin import FakeKubelet
 
 GPU0 = "GPU-178dd196-7fda-b7ae-a94e-630097a14ca4"  # mig-mixed-trace: GPU 0, MIG on
 GPU1 = "GPU-e26e8cb2-ee20-51d1-b6bb-da4b063db955"  # mig-mixed-trace: GPU 1, whole

@@ -12,7 +12,7 @@ import pytest
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2
 
 # the fixtures `folder` and `rig` of test_device_plugin.py, shared by import
-from tests.test_device_plugin import UUID, Rig, folder, rig  # noqa: F401
+from tests.device_plugin_support import UUID, Rig, folder, rig  # noqa: F401
 
 
 def allocate(rig: Rig, *requests: list[str]) -> list[dict[str, str]]:

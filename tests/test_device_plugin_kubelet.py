@@ -24,11 +24,15 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.devcluster import REPO_ROOT, DevCluster
+from tests.device_plugin_kubelet_support import (  # the names moved out, for this file's tests
+    _device_ids,  # noqa: F401
+    admission_error,  # noqa: F401
+    container_id,  # noqa: F401
+)
 from tests.helpers import FAULTS_TRACE
 from tests.kubelet import (
     PLUGIN_DIR,
@@ -160,16 +164,8 @@ def running_visible(admin_api, name: str, out: Path) -> str | None:
     return None
 
 
-def admission_error(admin_api, name: str) -> str | None:
-    pod = admin_api.read_namespaced_pod(name, "default")
-    if pod.status.phase == "Running":
-        raise AssertionError(f"pod {name} was admitted")
-    return pod.status.reason if pod.status.phase == "Failed" else None
 
 
-def container_id(admin_api, name: str) -> tuple[str, int]:
-    (cs,) = admin_api.read_namespaced_pod(name, "default").status.container_statuses
-    return cs.container_id, cs.restart_count
 
 
 # -- the tests, in order: they follow one replay of the trace ------------------------------
@@ -245,11 +241,4 @@ def test_graceful_stop(admin_api, kubelet, plugin) -> None:
     wait_for("allocatable 0", lambda: gpus_of(admin_api, kubelet)[1] == 0, 10)
 
 
-def _device_ids(value: Any) -> list[str]:
-    """``DeviceIDs`` of a checkpoint entry: a list (v1.19-) or {numa node: [ids]} (v1.20+)."""
-    if value is None:  # an entry the kubelet keeps without devices
-        return []
-    if isinstance(value, dict):
-        return [d for ids in value.values() for d in ids]
-    return list(value)
 

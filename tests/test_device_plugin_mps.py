@@ -39,8 +39,12 @@ from omaticaya_py.core.allocation.mps import (
 )
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2
 from omaticaya_py.sources.mps import MpsWatch
-from tests.test_device_plugin import folder  # noqa: F401
-from tests.test_device_plugin_sharing import UUID, Rig, units_of
+from tests.device_plugin_mps_support import (  # the names moved out, for this file's tests
+    allocate,  # noqa: F401
+    health_by_gpu,  # noqa: F401
+)
+from tests.device_plugin_sharing_support import UUID, Rig, units_of
+from tests.device_plugin_support import folder  # noqa: F401
 
 # -- the pure rules ------------------------------------------------------------------------
 
@@ -197,20 +201,8 @@ def mps_rig(folder: Path, short: Path) -> Iterator[tuple[Rig, Layout]]:  # noqa:
     rig.kubelet.stop()
 
 
-def health_by_gpu(rig: Rig) -> dict[int, set[tuple[str, tuple[str, ...]]]]:
-    plugin = rig.set.shared_plugin
-    assert plugin is not None
-    out: dict[int, set[tuple[str, tuple[str, ...]]]] = {}
-    for d in plugin.devices():
-        out.setdefault(d.index, set()).add(("Healthy" if d.healthy else "Unhealthy", d.reasons))
-    return out
 
 
-def allocate(rig: Rig, ids: list[str], shared: bool = True):
-    return rig.stub(shared).Allocate(
-        api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devicesIDs=ids)]),
-        timeout=5,
-    ).container_responses[0]
 
 
 def test_no_daemon_no_units(mps_rig: tuple[Rig, Layout]) -> None:

@@ -25,8 +25,8 @@ from omaticaya_py.deviceplugin.config import PluginConfig, Timing, plugin_config
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
-from tests.helpers import Clock, settings
-from tests.test_device_plugin import FAULTS_TRACE, RESOURCE, UUID, FakeKubelet, folder  # noqa: F401
+from tests.device_plugin_support import RESOURCE, UUID, FakeKubelet, folder  # noqa: F401
+from tests.helpers import FAULTS_TRACE, Clock, settings
 from tests.waiting import wait_for
 
 PERIOD_S = 2.0

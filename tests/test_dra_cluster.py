@@ -74,8 +74,7 @@ from devtools.devcluster.cluster import K8S_VERSION, minor
 from devtools.devcluster.files import FAKE_GPU_DEVICES, fake_gpu_devices
 from omaticaya_py.core.publish.dra import device_name
 from omaticaya_py.dra.prepare import claim_slice_id
-from tests.kubelet import IMAGE
-from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixtures
+from tests.helm_install_support import (  # noqa: F401 - cluster and tools are fixtures
     CHART,
     NAMESPACE,
     RELEASE,
@@ -85,7 +84,8 @@ from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixt
     values_file,
     wait_for,
 )
-from tests.test_product_install import DEV_TAINT, running, unschedulable, uuid
+from tests.kubelet import IMAGE
+from tests.product_install_support import DEV_TAINT, running, unschedulable, uuid
 
 pytestmark = [
     pytest.mark.cluster,

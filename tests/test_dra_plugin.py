@@ -42,8 +42,8 @@ from omaticaya_py.dra.pluginregistration import api_pb2_grpc as reg_grpc
 from omaticaya_py.dra.prepare import cdi_file_name
 from omaticaya_py.dra.v1 import api_pb2 as dra
 from omaticaya_py.dra.v1 import api_pb2_grpc as dra_grpc
+from tests.dra_prepare_support import check_cdi
 from tests.helpers import evaluate, gpu, settings, snapshot, xid
-from tests.test_dra_prepare import check_cdi
 
 NODE = "dra-node-1"
 #: h100-trace.json's one GPU
@@ -467,7 +467,7 @@ def test_a_shared_slice_under_mps(feed: Feed, dirs: dict[str, Path], session: An
     from omaticaya_py.core.allocation.mps import Layout
     from omaticaya_py.dra.prepare import claim_slice_id
     from omaticaya_py.mps.supervisor import Gpu, Supervisor, SupervisorOptions
-    from tests.test_mps_supervisor import STANDIN
+    from tests.mps_rig import STANDIN
     from tests.waiting import wait_for
 
     short = Path(tempfile.mkdtemp(prefix="om-dra-", dir="/tmp"))  # a socket path's 107 bytes

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from omaticaya_py.core.schema.nodestate import label_bounds, parse_node
-from omaticaya_py.scheduler import ExtenderSettings
-from omaticaya_py.scheduler.protocol import handle_filter
-from tests.helpers import READ_AT, evaluate, gpu, snapshot
-
-P = "omaticaya.io/"
-NOW = READ_AT.timestamp() + 10
+from tests.exact_free_support import (  # the names moved out, for this file's tests
+    NOW,  # noqa: F401
+    P,  # noqa: F401
+    extender_verdict,  # noqa: F401
+)
+from tests.helpers import evaluate, gpu, snapshot
 
 
 def node_of(*free_mib: int, mig: tuple[int, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
@@ -120,21 +120,6 @@ def test_label_bounds(mine, expected):
     assert label_bounds(mine) == expected
 
 
-def extender_verdict(
-    labels: dict[str, str], annotations: dict[str, str], need_mib: int, count: int = 1,
-    now: float | None = NOW,
-) -> str | None:
-    """The extender's filter on one Node (``None``: it passes, else the reason it fails) for a
-    pod asking ``count`` GPUs with ``need_mib`` free each (``now``: epoch seconds, ``None``:
-    the wall clock)."""
-    node = {"metadata": {"name": "n", "labels": labels, "annotations": annotations}}
-    asks = {P + "gpu-memory-mib": str(need_mib), P + "gpu-count": str(count)}
-    pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u-1", "annotations": asks}}
-    args = {"Pod": pod, "Nodes": {"metadata": {}, "items": [node]}, "NodeNames": None}
-    result = handle_filter(args, ExtenderSettings(_env_file=None), now=now)  # type: ignore[call-arg]
-    if [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["n"]:
-        return None
-    return result["FailedNodes"]["n"]
 
 
 def test_the_issues_case_is_refused_by_the_extender():

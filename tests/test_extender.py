@@ -18,11 +18,14 @@ from omaticaya_py.scheduler.fit import MAX_PRIORITY
 from omaticaya_py.scheduler.need import Need, parse_need
 from omaticaya_py.scheduler.protocol import handle_filter, handle_prioritize
 from omaticaya_py.scheduler.settings import load_extender_settings
-from tests.helpers import READ_AT, evaluate, gpu, snapshot
+from tests.extender_support import (  # the names moved out, for this file's tests
+    NOW,  # noqa: F401
+    agent_node,  # noqa: F401
+)
+from tests.helpers import READ_AT
 
 REPO = Path(__file__).resolve().parent.parent
 
-NOW = READ_AT.timestamp() + 10  # telemetry 10 s old
 P = "omaticaya.io"
 
 
@@ -30,25 +33,6 @@ def settings(**kw: Any) -> ExtenderSettings:
     return ExtenderSettings(_env_file=None, **kw)  # type: ignore[call-arg]
 
 
-def agent_node(name: str, *free_mib: int | None, unhealthy: tuple[int, ...] = (), age_s: float = 10):
-    """A v1.Node document labelled exactly as the agent renders it (free_mib per GPU)."""
-    from datetime import timedelta
-
-    readings = []
-    for i, free in enumerate(free_mib):
-        kw: dict[str, Any] = {"ecc_uncorrected_volatile": 1} if i in unhealthy else {}
-        readings.append(gpu(i, memory_free_mib=free, **kw))
-    snap = snapshot(*readings, read_at=READ_AT - timedelta(seconds=age_s - 10))
-    _, desired = evaluate(snap)
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {"kubernetes.io/hostname": name, **desired.labels},
-            "annotations": dict(desired.annotations),
-        },
-    }
 
 
 def bare_node(name: str, labels: dict[str, str] | None = None, annotations: dict | None = None):

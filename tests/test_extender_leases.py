@@ -130,7 +130,7 @@ def test_a_quiet_node_with_a_renewed_lease_passes_and_a_lapsed_one_is_stale(
     from kubernetes import client
 
     from tests.helpers import Clock
-    from tests.test_lease_cluster import NAMESPACE, POD, make_agent
+    from tests.lease_cluster_support import NAMESPACE, POD, make_agent
 
     try:
         admin_api.create_namespace({"metadata": {"name": NAMESPACE}})

@@ -98,7 +98,7 @@ def test_a_refusal_by_admission_gets_no_rbac_hint(detail):
 def test_a_refused_pod_get_names_pods_and_a_refused_patch_nodes(
     dev_cluster, admin_api, make_node, tmp_path
 ):
-    from tests.test_views_cluster import _token_kubeconfig
+    from tests.views_cluster_support import _token_kubeconfig
 
     node = make_node()
     kubeconfig = str(_token_kubeconfig(dev_cluster, admin_api, tmp_path, f"errors-{node}"))

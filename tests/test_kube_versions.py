@@ -27,20 +27,23 @@ import pytest
 import yaml
 
 from tests.chart import CHART, NAMESPACE, NOT_CORE, RELEASE, run_helm
-from tests.test_kube_versions_models import (
+from tests.kube_versions_models_support import (
     MODELS,
     SERVED,
     KubeSchedulerConfigurationV1,
     served_by,
+)
+from tests.kube_versions_support import (  # the names moved out, for this file's tests
+    SUPPORTED,  # noqa: F401
+    docs_at,  # noqa: F401
+    render_at,  # noqa: F401
+    under_test,  # noqa: F401
 )
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 GROUP = "kubescheduler.config.k8s.io/"
 
-#: The minors the product supports (README, docs/kubernetes-versions.md): Chart.yaml's kubeVersion
-#: admits each, and each is rendered and validated against its own schemas below.
-SUPPORTED = [f"1.{minor}" for minor in range(31, 38)]
 #: The oldest supported release: Chart.yaml's kubeVersion floor.
 OLDEST = "1.31.0"
 #: kube version -> kube-scheduler image tag the chart picks (the configuration is v1 for all)
@@ -71,26 +74,10 @@ ALL_ON = {
 }
 
 
-def under_test() -> str:
-    """The release under test, as ``helm --kube-version`` takes it (``1.37.2``)."""
-    from devtools.devcluster.cluster import K8S_VERSION
-
-    return K8S_VERSION.removeprefix("v")
 
 
-def render_at(helm, kube_version: str, values: dict | None = None, *, check: bool = True):
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
-    args += ["--kube-version", kube_version]
-    if values:
-        n = len(list(helm["home"].glob("kv-values-*.yaml")))
-        f = helm["home"] / f"kv-values-{n}.yaml"
-        f.write_text(yaml.safe_dump(values))
-        args += ["-f", str(f)]
-    return run_helm(helm, *args, check=check)
 
 
-def docs_at(helm, kube_version: str, values: dict | None = None) -> list[dict]:
-    return [d for d in yaml.safe_load_all(render_at(helm, kube_version, values).stdout) if d]
 
 
 def render_notes(helm, kube_version: str, values: dict | None = None) -> str:

@@ -40,7 +40,7 @@ import pytest
 from tests.audit import audit_events
 from tests.chart import NAMESPACE, RELEASE, Vap
 from tests.helpers import agent_pod_doc, token_kubeconfig
-from tests.test_kube_versions import SUPPORTED, docs_at, under_test
+from tests.kube_versions_support import SUPPORTED, docs_at, under_test
 
 DATA = Path(__file__).parent / "data" / "admission" / "node-patches-v1.37.2.json"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"

@@ -13,23 +13,24 @@ from datetime import datetime
 import pytest
 from loguru import logger
 
-from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
 from omaticaya_py.agent.metrics import agent_registry
-from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.heartbeat_lease import lease_name
-from omaticaya_py.sources.replay import TraceReader
 from tests.audit import audit_count
-from tests.conftest import ensure_namespace, node_metadata
-from tests.helpers import H100_TRACE, Clock, token_kubeconfig
+from tests.conftest import node_metadata
+from tests.helpers import Clock, token_kubeconfig
+from tests.lease_cluster_support import (  # the names moved out, for this file's tests
+    NAMESPACE,  # noqa: F401
+    POD,  # noqa: F401
+    make_agent,  # noqa: F401
+    namespace,  # noqa: F401
+)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
 P = "omaticaya.io/"
-NAMESPACE = "omaticaya-lease-test"
-POD = "omaticaya-agent-x7k2p"
 
 
 def settle_audit(dev_cluster, client: NodeClient, node: str) -> None:
@@ -43,9 +44,6 @@ def settle_audit(dev_cluster, client: NodeClient, node: str) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def namespace(admin_api) -> str:
-    return ensure_namespace(admin_api, NAMESPACE)
 
 
 class NodeWatcher:
@@ -82,12 +80,6 @@ class NodeWatcher:
         self._watch.stop()
 
 
-def make_agent(kubeconfig, node: str, namespace: str, clock: Clock, **env) -> Agent:
-    settings = load_settings(node_name=node, **env)
-    reader = TraceReader(H100_TRACE, loop=False, window_s=2.0, clock=clock)
-    client = NodeClient(node, kubeconfig=str(kubeconfig), sleep=lambda s: None)
-    environ = {"POD_NAMESPACE": namespace, "POD_NAME": POD}
-    return Agent(settings, reader, NodeApi(client, environ=environ), clock=clock)
 
 
 def test_lease_is_created_and_renewed_while_a_quiet_node_gets_no_patch(

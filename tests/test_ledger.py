@@ -32,26 +32,19 @@ from omaticaya_py.scheduler.inflight import Placement, pending
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.need import Need
 from omaticaya_py.scheduler.nodeview import NodeView
+from tests.ledger_support import (  # the names moved out, for this file's tests
+    NOW,  # noqa: F401
+    node,  # noqa: F401
+    res,  # noqa: F401
+)
 
-NOW = 1_800_000_000.0
 P = "omaticaya.io"
 H100_FREE = 81079
 POD_MIB = 40960
 
 
-def node(name: str, *free: int, read_age_s: float = 5, unhealthy: tuple[int, ...] = ()) -> NodeGpuState:
-    gpus = tuple(GpuInfo(i, f, i not in unhealthy) for i, f in enumerate(free))
-    return NodeGpuState(
-        name=name, known=True, health="Healthy", read_at=NOW - read_age_s,
-        expires_at=NOW - read_age_s + 330, gpus=gpus,
-        free_total_mib=sum(g.free_mib for g in gpus if g.healthy),
-    )  # fmt: skip
 
 
-def res(uid: str, node: str, gpus: tuple[int, ...] = (0,), *, at: float = NOW, mib: int = 30000,
-        baseline: int | None = 70000) -> Placement:  # fmt: skip
-    return Placement(f"ns/{uid}", uid, node, mib, len(gpus) or 1, placed_at=at,
-                     gpus=gpus, bound=False)  # fmt: skip
 
 
 def bound(uid: str, node: str, *, at: float = NOW + 1, started: float | None = None,
@@ -312,8 +305,8 @@ def test_nodes_that_only_a_policy_lets_pass_lose_to_a_fitting_one():
 
 
 def test_whole_nodes_are_narrowed_too():
-    from tests.test_extender import NOW as AGENT_NOW
-    from tests.test_extender import agent_node
+    from tests.extender_support import NOW as AGENT_NOW
+    from tests.extender_support import agent_node
 
     ext = extender({})
     ext.clock = lambda: AGENT_NOW

@@ -21,7 +21,11 @@ from omaticaya_py.deviceplugin.config import PluginConfig, Timing
 from omaticaya_py.deviceplugin.plugin import DevicePlugin
 from omaticaya_py.sources.replay import TraceError, TraceReader, load_trace
 from tests.data import make_mig_traces
-from tests.helpers import DATA, VERSIONS, gpu, settings, snapshot
+from tests.helpers import DATA, gpu, settings, snapshot
+from tests.mig_support import (  # the names moved out, for this file's tests
+    H100_MIG_AT_15,  # noqa: F401
+    STATIC,  # noqa: F401
+)
 
 H100_MIG = DATA / "h100-mig-trace.json"
 MIG_MIXED = DATA / "mig-mixed-trace.json"
@@ -195,40 +199,8 @@ def labels_at(path: Path, at_s: float, **overrides) -> dict[str, str]:
     return {k.removeprefix("omaticaya.io/"): v for k, v in desired.labels.items()}
 
 
-STATIC = {
-    "gpu.product": "NVIDIA-H100-80GB-HBM3",
-    "gpu.family": "hopper",
-    "gpu.compute.major": "9",
-    "gpu.compute.minor": "0",
-    **VERSIONS,
-    "gpu.memory.total-mib": "81559",
-}
 
 
-#: one H100 in 3g.40gb + 2g.20gb + 2g.20gb at t=15: the 30 GiB load runs in the 3g.40gb
-#: instance (8832 MiB free there)
-H100_MIG_AT_15 = {
-    **STATIC,
-    "gpu.count": "1",
-    "gpu.health": "Healthy",
-    "gpu.memory.free-mib": "19456",  # the freest unit: a 2g.20gb (20083 MiB)
-    "gpu.memory.free-total-mib": "48128",  # 8832 + 20083 + 20083, rounded down
-    "gpu.idle-count": "2",
-    "gpu.healthy-count": "3",
-    "mig.strategy": "mixed",
-    "mig-2g.20gb.count": "2",
-    "mig-2g.20gb.healthy-count": "2",
-    "mig-2g.20gb.idle-count": "2",
-    "mig-2g.20gb.memory.free-mib": "19456",
-    "mig-3g.40gb.count": "1",
-    "mig-3g.40gb.healthy-count": "1",
-    "mig-3g.40gb.idle-count": "0",
-    "mig-3g.40gb.memory.free-mib": "8192",
-    "gpu-0.health": "Healthy",
-    "gpu-0.mig.enabled": "true",
-    "gpu-0.memory.free-mib": "19456",
-    "gpu-0.temperature-c": "60",
-}
 
 
 def test_labels_of_one_h100_in_three_mig_devices_under_load() -> None:

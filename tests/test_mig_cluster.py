@@ -33,7 +33,7 @@ from tests.kubelet import (
     kubelet_pod,
     stop_plugin,
 )
-from tests.test_mig import H100_MIG_AT_15
+from tests.mig_support import H100_MIG_AT_15
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster]

@@ -19,7 +19,7 @@ import pytest
 from tests import nvmltestlib
 from tests.conftest import node_metadata
 from tests.devcluster import REPO_ROOT
-from tests.test_mig_mode import GPU1_MIG_UUIDS, OFF, ON, trace
+from tests.mig_mode_support import GPU1_MIG_UUIDS, OFF, ON, trace
 from tests.waiting import wait_for
 
 pytestmark = [

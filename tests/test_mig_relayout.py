@@ -22,8 +22,8 @@ from omaticaya_py.deviceplugin import DevicePluginSet
 from omaticaya_py.deviceplugin.allocation import departed
 from omaticaya_py.deviceplugin.config import PluginConfig, Timing
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from tests.device_plugin_support import FakeKubelet, folder  # noqa: F401
 from tests.helpers import gpu, lost, settings, snapshot
-from tests.test_device_plugin import FakeKubelet, folder  # noqa: F401
 from tests.waiting import wait_for
 
 RESOURCE = "example.com/gpu"

@@ -51,8 +51,7 @@ from typing import Any
 
 import pytest
 
-from tests.kubelet import IMAGE
-from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixtures
+from tests.helm_install_support import (  # noqa: F401 - cluster and tools are fixtures
     CHART,
     NAMESPACE,
     RELEASE,
@@ -62,7 +61,8 @@ from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixt
     values_file,
     wait_for,
 )
-from tests.test_product_install import DEV_TAINT, running, uuid
+from tests.kubelet import IMAGE
+from tests.product_install_support import DEV_TAINT, running, uuid
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -423,8 +423,8 @@ def node() -> Iterator[Node]:
     from omaticaya_py.deviceplugin.v1beta1 import api_pb2_grpc
     from omaticaya_py.mps import Supervisor, SupervisorOptions
     from omaticaya_py.sources.nvml import NvmlReader
+    from tests.device_plugin_support import FakeKubelet
     from tests.helpers import settings
-    from tests.test_device_plugin import FakeKubelet
 
     figures = Figures()
     uuid, total_mib, mode = _gpu0()

@@ -22,10 +22,10 @@ import pytest
 from omaticaya_py.core.allocation.mps import UP, Layout, slice_id
 from omaticaya_py.deviceplugin.v1beta1 import api_pb2
 from omaticaya_py.mps.supervisor import Gpu, Supervisor, SupervisorOptions
-from tests.test_device_plugin import folder  # noqa: F401
-from tests.test_device_plugin_mps import allocate, health_by_gpu
-from tests.test_device_plugin_sharing import UUID, Rig, units_of
-from tests.test_mps_supervisor import STANDIN
+from tests.device_plugin_mps_support import allocate, health_by_gpu
+from tests.device_plugin_sharing_support import UUID, Rig, units_of
+from tests.device_plugin_support import folder  # noqa: F401
+from tests.mps_rig import STANDIN
 from tests.waiting import wait_for
 
 

@@ -13,7 +13,6 @@ the bound pods frees their room and the waiting pods bind.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,8 +20,12 @@ from typing import Any
 
 import pytest
 
-from tests.devcluster import DevCluster
-from tests.test_scheduling_cluster import (
+from tests.placement_cluster_support import (  # the names moved out, for this file's tests
+    _restart_extender,  # noqa: F401
+    api,  # noqa: F401
+    sched_settings,  # noqa: F401
+)
+from tests.scheduling_cluster_support import (
     Agents,
     ExtenderScheduler,
     bound_node,
@@ -39,10 +42,6 @@ POD_MIB = 30720
 ROOM = {role: free // POD_MIB for role, free in FREE.items()}  # big 2, mid 1, small 0
 
 
-@pytest.fixture(scope="module")
-def api(scheduling_cluster: DevCluster, admin_api: Any) -> Any:
-    """conftest's admin client, once the cluster runs kube-scheduler."""
-    return admin_api
 
 
 @pytest.fixture(scope="module")
@@ -117,22 +116,6 @@ def _check_room(api, ns: str, names: dict[str, str]) -> Counter[str]:
     return on
 
 
-def _restart_extender(sched: ExtenderScheduler, **serve_kw: Any) -> None:
-    """Stop the extender (the kube-scheduler keeps running) and start a new one on its port
-    (``serve_kw``: more arguments of ``serve``, e.g. the ``ledger`` to fill)."""
-    from omaticaya_py.scheduler.server import serve
-
-    settings = sched_settings(sched)
-    sched.stop_event.set()
-    sched.thread.join(30)
-    assert not sched.thread.is_alive(), "extender did not stop"
-    sched.ready, sched.stop_event = threading.Event(), threading.Event()
-    sched.thread = threading.Thread(
-        target=serve, args=(settings,),
-        kwargs={"ready": sched.ready, "stop": sched.stop_event, **serve_kw}, daemon=True,
-    )  # fmt: skip
-    sched.thread.start()
-    assert sched.ready.wait(15), "extender did not restart"
 
 
 def _metrics(port: int) -> str:
@@ -149,8 +132,6 @@ def _inflight_pods(port: int) -> int:
     raise AssertionError("no omaticaya_extender_inflight_pods in /metrics")
 
 
-def sched_settings(sched: ExtenderScheduler) -> Any:
-    return sched.thread._args[0]  # type: ignore[attr-defined]  (the settings serve() runs with)
 
 
 def test_a_burst_is_not_all_sent_to_the_freest_gpu_and_survives_a_restart(api, burst):
@@ -263,7 +244,7 @@ def test_stale_node_follows_its_policy_annotation(api, burst, policy, binds):
     node): the only home of a 72000 MiB pod. Its ``scheduler.omaticaya.io/stale-policy`` annotation
     decides: ``allow`` and ``score-zero`` let the pod bind there, ``reject`` keeps it Pending
     with the stale reason."""
-    from tests.test_scheduling_cluster import GRACE_S, TTL_S, Agents
+    from tests.scheduling_cluster_support import GRACE_S, TTL_S, Agents
 
     ns = burst["ns"]
     # no other pod may compete for the stale node: the burst's pods still waiting would take its

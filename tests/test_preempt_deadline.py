@@ -26,7 +26,8 @@ import pytest
 from omaticaya_py.core.schema import parse_node
 from omaticaya_py.scheduler import Extender, ExtenderSettings
 from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
-from tests.test_preemption import NODES, NOW, ON_NODE, PREFIX, gpu_pod, kept, meta_args
+from tests.helpers import PREFIX
+from tests.preemption_support import NODES, NOW, ON_NODE, gpu_pod, kept, meta_args
 
 #: the old preempt session's timeout per request (``ApiSession(timeout_s=2.0)``)
 OLD_READ_S = 2.0

@@ -27,7 +27,7 @@ from omaticaya_py.scheduler.unasked import (
     pick_node,
 )
 from tests.helpers import PREFIX
-from tests.test_preemption import NOW, gpu_node, gpu_pod, kept, meta_args, pod_doc
+from tests.preemption_support import NOW, gpu_node, gpu_pod, kept, meta_args, pod_doc
 
 GIB = 1024
 LOWS = ("low/p1", "low/p2", "low/p5", "low/p6")

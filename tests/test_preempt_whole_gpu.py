@@ -30,7 +30,7 @@ from omaticaya_py.scheduler.inflight import Placement
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.preempt import Candidate, node_view, preempt
 from tests.helpers import H100_TOTAL_MIB, PREFIX, gpu, settings, snapshot
-from tests.test_preemption import NOW, holder_books, kept, meta_args, pod_doc
+from tests.preemption_support import NOW, holder_books, kept, meta_args, pod_doc
 
 if TYPE_CHECKING:
     from omaticaya_py.scheduler.deadline import Deadline

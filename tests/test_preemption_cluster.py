@@ -59,9 +59,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_burst_cluster import ledger_scheduler
-from tests.test_preemption import gpu_node
-from tests.test_scheduling_cluster import (  # noqa: F401  (api: a module fixture)
+from tests.burst_cluster_support import ledger_scheduler
+from tests.preemption_cluster_support import (  # the names moved out, for this file's tests
+    server_minor,  # noqa: F401
+)
+from tests.preemption_support import gpu_node
+from tests.scheduling_cluster_support import (  # noqa: F401  (api: a module fixture)
     EXAMPLES,
     api,
     schedulable,
@@ -90,12 +93,6 @@ PODS = {
 }
 
 
-def server_minor(core: Any) -> int:
-    """The API server's minor version from ``/version`` (``"37"``, or ``"37+"`` on some
-    distributions); the dev cluster runs kube-scheduler of the same release."""
-    from kubernetes import client
-
-    return int(re.sub(r"\D", "", client.VersionApi(core.api_client).get_code().minor))
 
 
 def write_node(

@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kubelet import IMAGE
-from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixtures
+from tests.helm_install_support import (  # noqa: F401 - cluster and tools are fixtures
     CHART,
     NAMESPACE,
     PREFIX,
@@ -35,19 +34,23 @@ from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixt
     values_file,
     wait_for,
 )
+from tests.kubelet import IMAGE
+from tests.product_install_support import (  # the names moved out, for this file's tests
+    DEV_TAINT,  # noqa: F401
+    SCHEDULER,  # noqa: F401
+    STACK,  # noqa: F401
+    extender_reason,  # noqa: F401
+    running,  # noqa: F401
+    unschedulable,  # noqa: F401
+    uuid,  # noqa: F401
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TRACE = "multi-gpu-trace.json"
-STACK = CHART.parent.parent / "examples" / "install" / "whole-stack.yaml"
 WORK = "gpu-work"
-SCHEDULER = "omaticaya-scheduler"
-DEV_TAINT = {"key": "omaticaya.io/dev-kubelet", "operator": "Exists", "effect": "NoSchedule"}
 
 
-def uuid(index: int) -> str:
-    """The trace's GPU UUIDs (tests/data/multi-gpu-trace.json)."""
-    return f"GPU-{index:08d}-7fda-b7ae-a94e-630097a14ca4"
 
 
 def pod(name: str, *, limits: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -82,22 +85,10 @@ def work_pods(kube: Kube) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in kube.json("-n", WORK, "get", "pods")["items"]}
 
 
-def running(p: dict[str, Any]) -> bool:
-    return any(c.get("state", {}).get("running") for c in p["status"].get("containerStatuses") or [])
 
 
-def unschedulable(p: dict[str, Any]) -> str | None:
-    """The scheduler's message on a Pending pod it could not place, else ``None``."""
-    for c in p["status"].get("conditions") or []:
-        if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
-            return str(c.get("message", ""))
-    return None
 
 
-def extender_reason(message: str | None) -> bool:
-    """The extender's reasons for a node without room: none, or taken by pods it placed that
-    the telemetry does not show yet (kube-scheduler retries the pod, and the reason follows)."""
-    return message is not None and ("had no room" in message or "room taken by in-flight" in message)
 
 
 def devices(kube: Kube, name: str) -> dict[str, str]:

@@ -6,8 +6,6 @@ Xid events, and replays."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,9 @@ from omaticaya_py.sources.replay import TraceReader, load_trace
 from tests import nvmltestlib
 from tests.helpers import FAULTS_TRACE as FAULTS
 from tests.helpers import MIG_MIXED_TRACE as MIG_MIXED
+from tests.record_support import (  # the names moved out, for this file's tests
+    record,  # noqa: F401
+)
 
 pytestmark = pytest.mark.skipif(
     nvmltestlib.testlib_unavailable_reason() is not None,
@@ -24,27 +25,6 @@ pytestmark = pytest.mark.skipif(
 
 
 
-def record(
-    tmp_path: Path,
-    trace: Path | None,
-    *args: str,
-    speed: float | None = 1.0,
-    sample_file: Path | None = None,
-    faults: dict[str, str] | None = None,
-):
-    """``omaticaya record -o <tmp_path>/recorded.json ARGS`` over ``trace`` through the NVML
-    test library (``nvmltestlib.testlib_env``); the finished process and the output path."""
-    out = tmp_path / "recorded.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "omaticaya_py", "record", "-o", str(out), *args],
-        env=nvmltestlib.testlib_env(trace, sample_file, speed=speed, faults=faults),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return done, out
 
 
 def test_records_static_facts_readings_mig_errors_and_xids(tmp_path: Path) -> None:

@@ -15,18 +15,19 @@ from typing import Any
 
 import pytest
 
-from omaticaya_py.sources.replay import load_trace
 from tests import nvmltestlib
 from tests.nvmltestlib import (
     MIG_MIXED,
-    NvmlWorker,
     fault,
     nvml_worker_fixture,  # noqa: F401  (fixture)
     sample,
     scenario,
     testlib_fixture,  # noqa: F401  (fixture)
 )
-from tests.test_record import record
+from tests.record_faults_support import (  # the names moved out, for this file's tests
+    record_steps,  # noqa: F401
+)
+from tests.record_support import record
 
 pytestmark = pytest.mark.skipif(
     nvmltestlib.testlib_unavailable_reason() is not None,
@@ -40,20 +41,6 @@ LOST = "NVMLError_GpuIsLost"
 GONE = "NVMLError_DriverNotLoaded"
 
 
-def record_steps(
-    worker: NvmlWorker, n: int, tmp_path: Path
-) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
-    """Step the trace through its ``n`` samples, one ``Recorder.sample`` each; the samples,
-    the document after ``close`` (validated as a trace) and the readings."""
-    samples = []
-    for i in range(n):
-        worker.advance(i)
-        samples.append(worker.request({"cmd": "record", "t": float(i)})["sample"])
-    closed = worker.request({"cmd": "record_close"})
-    out = tmp_path / "recorded.json"
-    out.write_text(json.dumps(closed["doc"]))
-    load_trace(out)  # what it wrote is a trace (raises TraceError otherwise)
-    return samples, closed["doc"], closed["readings"]
 
 
 @pytest.fixture

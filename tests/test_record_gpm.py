@@ -18,7 +18,7 @@ from tests.nvmltestlib import (
     scenario,
     testlib_fixture,  # noqa: F401  (fixture)
 )
-from tests.test_record_faults import record_steps
+from tests.record_faults_support import record_steps
 
 pytestmark = pytest.mark.skipif(
     nvmltestlib.testlib_unavailable_reason() is not None,

@@ -9,7 +9,7 @@ from omaticaya_py.agent.outage import MAX_PAUSE_S, ApiOutage, Refusals
 from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.model.sayonce import Episode, SayOnce
 from omaticaya_py.kube import KubeError, KubeForbidden
-from tests.test_stuck_tick import log_lines  # noqa: F401  (fixture)
+from tests.stuck_tick_support import log_lines  # noqa: F401  (fixture)
 
 # (steps: ("start", key, what, at_s) or ("end", key), answers expected, what holds after)
 CASES = [

@@ -46,8 +46,7 @@ import pytest
 import yaml
 
 from tests import waiting
-from tests.kubelet import IMAGE
-from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixtures
+from tests.helm_install_support import (  # noqa: F401 - cluster and tools are fixtures
     CHART,
     NAMESPACE,
     PREFIX,
@@ -58,7 +57,8 @@ from tests.test_helm_install import (  # noqa: F401 - cluster and tools are fixt
     values_file,
     wait_for,
 )
-from tests.test_product_install import (
+from tests.kubelet import IMAGE
+from tests.product_install_support import (
     DEV_TAINT,
     SCHEDULER,
     STACK,

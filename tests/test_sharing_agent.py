@@ -33,20 +33,29 @@ from omaticaya_py.core.publish.render_telemetry import TelemetryOptions, telemet
 from omaticaya_py.core.rules.attribution import (
     ContainerDevices,
     PodRef,
-    attribute,
 )
 from omaticaya_py.core.rules.health import assess
 from omaticaya_py.core.schema import Telemetry
 from omaticaya_py.kube.pod_client import pod_identity
 from tests.helpers import gpu, h100_static, prefixed, settings, snapshot
+from tests.sharing_agent_support import (  # the names moved out, for this file's tests
+    CID_A,  # noqa: F401
+    CID_A2,  # noqa: F401
+    CID_B,  # noqa: F401
+    CONTAINERS,  # noqa: F401
+    NAMES,  # noqa: F401
+    RES,  # noqa: F401
+    U0,  # noqa: F401
+    U1,  # noqa: F401
+    UID_A,  # noqa: F401
+    UID_B,  # noqa: F401
+    attributed,  # noqa: F401
+    holder,  # noqa: F401
+)
 
 P = "omaticaya.io/"
 SHARED = "gpu.shared.memory.free-mib"
-U0, U1 = gpu(0).uuid, gpu(1).uuid
-UID_A, UID_B = "0b3a4f6e-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "1b3a4f6e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 UID_C = "2b3a4f6e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
-CID_A, CID_A2, CID_B = "a" * 64, "c" * 64, "b" * 64
-RES = "omaticaya.io/gpu-memory"
 
 
 def labels(snap, attribution=None, previous=None, **overrides):
@@ -144,19 +153,10 @@ def test_no_shared_gpu_renders_exactly_as_before():
     assert render(snap, assess(snap), s_default).labels == render(snap, assess(snap), s_none).labels
 
 
-def holder(ns, pod, container, uuid, units, *, first=0, resource=RES):
-    ids = [unit_id(uuid, k) for k in range(first, first + units)]
-    return ContainerDevices(ns, pod, container, resource, tuple(ids))
 
 
-def attributed(procs, refs, assignments, pod_names=None, container_names=None, uuids=(U0, U1)):
-    processes = {u: tuple(procs.get(u, ())) for u in uuids}
-    return attribute(processes, refs, assignments, pod_names=pod_names,
-                     container_names=container_names)  # fmt: skip
 
 
-NAMES = {UID_A: ("ml", "infer-a"), UID_B: ("ml", "infer-b")}
-CONTAINERS = {CID_A: "server", CID_A2: "sidecar", CID_B: "server"}
 
 ROOM_CASES = [
     # (id, free MiB on GPU 0, units held on GPU 0 by one container, expected label)

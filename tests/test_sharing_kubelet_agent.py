@@ -24,8 +24,7 @@ from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.metrics import agent_registry
 from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.sources.replay import TraceReader
-from tests.test_device_plugin_sharing import UUID, write_sharing_trace
-from tests.test_device_plugin_sharing_kubelet import (  # noqa: F401  (fixtures)
+from tests.device_plugin_sharing_kubelet_support import (  # noqa: F401  (fixtures)
     MEM,
     kubelet,
     plugin,
@@ -34,6 +33,7 @@ from tests.test_device_plugin_sharing_kubelet import (  # noqa: F401  (fixtures)
     run,
     slice_of,
 )
+from tests.device_plugin_sharing_support import UUID, write_sharing_trace
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

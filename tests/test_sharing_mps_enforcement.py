@@ -57,7 +57,7 @@ from omaticaya_py.sources.mps import MpsWatch
 from omaticaya_py.views import fleet
 from omaticaya_py.views.top import TopOptions, render
 from tests.helpers import gpu, settings, snapshot
-from tests.test_sharing_agent import (
+from tests.sharing_agent_support import (
     CID_A,
     CID_B,
     CONTAINERS,

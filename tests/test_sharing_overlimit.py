@@ -36,14 +36,14 @@ from omaticaya_py.core.model.sharing import unit_ids
 from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
 from omaticaya_py.sources.replay import TraceReader
-from tests.conftest import ensure_namespace
-from tests.test_attribution_publish import (
+from tests.attribution_publish_support import (
     CONTAINER_ID,
     IN_POD_MIB,
     IN_POD_PID,
     host_proc,
     trace_with_processes,
 )
+from tests.conftest import ensure_namespace
 
 pytestmark = pytest.mark.cluster
 

@@ -102,7 +102,7 @@ def test_a_tick_stuck_in_nvml_does_not_hold_the_cleanup_back(dev_cluster, admin_
 
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from tests.test_stuck_tick import BlockingReader
+    from tests.stuck_tick_support import BlockingReader
 
     node = make_node()
     client = NodeClient(node, kubeconfig=str(dev_cluster.kubeconfig))

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from tests.test_burst_cluster import ledger_scheduler
-from tests.test_preemption_cluster import server_minor
-from tests.test_scheduling_cluster import (  # noqa: F401  (api: a module fixture)
+from tests.burst_cluster_support import ledger_scheduler
+from tests.preemption_cluster_support import server_minor
+from tests.scheduling_cluster_support import (  # noqa: F401  (api: a module fixture)
     api,
     bound_node,
     unschedulable_message,
 )
-from tests.test_slices_cluster import R, slice_pod, write_shared_node
+from tests.slices_cluster_support import R, slice_pod, write_shared_node
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -49,7 +49,7 @@ from omaticaya_py.kube import KubeForbidden, KubeNotFound
 from omaticaya_py.kube.errors import KubeConflict, KubeTooManyRequests
 from omaticaya_py.sources.mps import MpsWatch
 from tests.helpers import gpu, settings, snapshot
-from tests.test_sharing_agent import (
+from tests.sharing_agent_support import (
     CID_A,
     CID_B,
     CONTAINERS,

@@ -305,7 +305,7 @@ def test_the_window_minimum_bounds_shared_gpus_too():
 
 def test_preemption_of_a_slice_pod_is_kube_schedulers_own():
     from omaticaya_py.scheduler.preempt import preempt
-    from tests.test_preemption import extender, kept, meta_args, reader
+    from tests.preemption_support import extender, kept, meta_args, reader
 
     args = meta_args(slice_pod(20, uid="uid-preemptor"), fits=["uid-a"], small=[])
     assert kept(preempt(extender(), args, reader())) == {"fits": ["uid-a"], "small": []}

@@ -21,20 +21,21 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
-from tests.helpers import gpu, settings, snapshot
-from tests.test_burst_cluster import bound, ledger_scheduler, waiting_reason
-from tests.test_placement_cluster import api  # noqa: F401
-from tests.test_scheduling_cluster import schedulable
+from tests.burst_cluster_support import bound, ledger_scheduler, waiting_reason
+from tests.placement_cluster_support import api  # noqa: F401
+from tests.slices_cluster_support import (  # the names moved out, for this file's tests
+    R,  # noqa: F401
+    slice_pod,  # noqa: F401
+    write_shared_node,  # noqa: F401
+)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-R = "omaticaya.io/gpu-memory"
 UNITS = 20
 SLICE_MIB = UNITS * 1024
 # node -> (live free MiB per shared GPU, units in the Node's allocatable)
@@ -48,33 +49,8 @@ FIT = 3 + 1 + 2 + 0 + 0 + 1 + 2
 BURST = 12
 
 
-def write_shared_node(core: Any, name: str, free_mib: list[int], units: int) -> None:
-    """A Node as an agent sharing every GPU writes it (labels + telemetry), schedulable, with
-    ``units`` of the shared resource in its capacity and allocatable."""
-    from omaticaya_py.core.model.sharing import Sharing
-    from omaticaya_py.core.publish.render import render
-    from omaticaya_py.core.publish.render_telemetry import telemetry_annotation
-    from omaticaya_py.core.rules.health import assess
-
-    snap = snapshot(*(gpu(i, memory_free_mib=f) for i, f in enumerate(free_mib)),
-                    read_at=datetime.now(timezone.utc))  # fmt: skip
-    health = assess(snap)
-    s = settings(shared_gpus="all")
-    labels = dict(render(snap, health, s, with_telemetry=False).labels)
-    annotations, _ = telemetry_annotation(snap, health, s.prefix, refresh_s=600,
-                                          sharing=Sharing.of(s))  # fmt: skip
-    core.create_node({"metadata": {"name": name, "annotations": annotations,
-                                  "labels": {"kubernetes.io/hostname": name, **labels}}})  # fmt: skip
-    schedulable(core, name)
-    extra = {R: str(units)}
-    core.patch_node_status(name, {"status": {"capacity": extra, "allocatable": extra}})
 
 
-def slice_pod(name: str, scheduler: str, units: int) -> dict[str, Any]:
-    return {"metadata": {"name": name},
-            "spec": {"schedulerName": scheduler, "containers": [
-                {"name": "main", "image": "registry.k8s.io/pause:3.2",
-                 "resources": {"limits": {R: str(units)}}}]}}  # fmt: skip
 
 
 @pytest.fixture

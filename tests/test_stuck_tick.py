@@ -7,15 +7,11 @@ A reader whose ``read()`` blocks on an Event stands for a hung NVML call: the re
 
 from __future__ import annotations
 
-import threading
 import urllib.error
 import urllib.request
 from datetime import timezone
-from typing import Any
 
-import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
-from loguru import logger
 
 from omaticaya_py.agent import Agent, NodeApi
 from omaticaya_py.agent.daemon import Daemon
@@ -23,34 +19,11 @@ from omaticaya_py.agent.metrics import liveness, serve
 from omaticaya_py.agent.watchdog import Watchdog
 from omaticaya_py.sources.replay import TraceReader
 from tests.helpers import H100_TRACE, Clock, settings
+from tests.stuck_tick_support import (  # the names moved out, for this file's tests
+    BlockingReader,  # noqa: F401
+    log_lines,  # noqa: F401
+)
 from tests.waiting import wait_for
-
-
-class BlockingReader:
-    """A trace reader whose ``read()`` waits on ``gate`` while ``blocked`` is set."""
-
-    def __init__(self) -> None:
-        self.inner = TraceReader(H100_TRACE)
-        self.blocked = threading.Event()
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-
-    def read(self) -> Any:
-        if self.blocked.is_set():
-            self.entered.set()
-            self.gate.wait()
-        return self.inner.read()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-@pytest.fixture
-def log_lines():
-    lines: list[str] = []
-    sink = logger.add(lambda m: lines.append(str(m).rstrip()), level="INFO", format="{message}")
-    yield lines
-    logger.remove(sink)
 
 
 def healthz(port: int) -> tuple[int, str]:

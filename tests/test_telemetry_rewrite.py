@@ -14,7 +14,6 @@ is in ``tests/test_podresources_kubelet.py``)."""
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterator
 from concurrent import futures
@@ -24,10 +23,9 @@ from typing import Any
 import grpc
 import pytest
 
-from omaticaya_py.agent import Agent, NodeApi
+from omaticaya_py.agent import Agent
 from omaticaya_py.agent.attribution_reader import Attribution
 from omaticaya_py.agent.daemon import Daemon
-from omaticaya_py.core.config.settings import load_settings
 from omaticaya_py.core.model.snapshot import MigReading
 from omaticaya_py.core.publish.budget import BETTER, WORSE, UnitMark, telemetry_change
 from omaticaya_py.core.publish.render_telemetry import (
@@ -38,15 +36,18 @@ from omaticaya_py.core.publish.render_telemetry import (
 )
 from omaticaya_py.core.rules.attribution import ContainerDevices, GpuAttribution
 from omaticaya_py.core.schema import Telemetry
-from omaticaya_py.kube import NodeClient
 from omaticaya_py.kube.podresources.v1 import api_pb2, api_pb2_grpc
-from omaticaya_py.sources.replay import TraceReader
 from tests.conftest import node_metadata
-from tests.helpers import H100_TRACE, Clock, evaluate, gpu, snapshot
-from tests.test_lease_cluster import namespace  # noqa: F401  (fixture)
+from tests.helpers import Clock, evaluate, gpu, snapshot
+from tests.lease_cluster_support import namespace  # noqa: F401  (fixture)
+from tests.telemetry_rewrite_support import (  # the names moved out, for this file's tests
+    MIB,  # noqa: F401
+    lease_agent,  # noqa: F401
+    small_trace,  # noqa: F401
+    uuid_of,  # noqa: F401
+)
 
 P = "omaticaya.io/"
-MIB = 1024 * 1024
 
 
 def mark(free: int | None, *pods: str) -> UnitMark:
@@ -119,50 +120,10 @@ def test_marks_of_a_reading_are_those_of_its_published_telemetry(gpus, attributi
 
 # --------------------------------------------------------------- on the real API server ----
 
-def small_trace(tmp_path: Path, frees: list[tuple[float, tuple[int, ...]]], name: str) -> Path:
-    """The H100 recording's first sample held still, with ``(t, free MiB per GPU)`` steps: the
-    GPUs copied from GPU 0 (own index and UUID), only their memory moving."""
-    doc = json.loads(H100_TRACE.read_text())
-    n = len(frees[0][1])
-    dev0 = doc["devices"][0]
-    doc["devices"] = [
-        {**copy.deepcopy(dev0), "index": i, "uuid": uuid_of(dev0["uuid"], i)} for i in range(n)
-    ]
-    doc["device_count"] = n
-    first = doc["samples"][0]["gpus"][0]
-    samples = []
-    for t, free in frees:
-        gpus = []
-        for i, f in enumerate(free):
-            g = copy.deepcopy(first)
-            g["index"] = i
-            total = g["memory_bytes"]["total"]
-            g["memory_bytes"] = {"total": total, "used": total - f * MIB, "free": f * MIB}
-            g.pop("memory_v2_bytes", None)
-            gpus.append(g)
-        samples.append({**copy.deepcopy(doc["samples"][0]), "t": t, "gpus": gpus})
-    doc.update(samples=samples, phases=[])
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(doc))
-    return path
 
 
-def uuid_of(uuid0: str, index: int) -> str:
-    return f"{uuid0[:-12]}{index:012d}"
 
 
-def lease_agent(
-    kubeconfig, node: str, lease_ns: str, trace: Path, clock: Clock,
-    attribution: Attribution | None = None, **env: Any,
-) -> Agent:  # fmt: skip
-    """An agent in Lease mode (its Lease in ``lease_ns``) replaying ``trace`` on ``clock``."""
-    settings = load_settings(node_name=node, **env)
-    reader = TraceReader(trace, loop=False, window_s=1.0, clock=clock)
-    client = NodeClient(node, kubeconfig=str(kubeconfig), sleep=lambda s: None)
-    environ = {"POD_NAMESPACE": lease_ns, "POD_NAME": f"agent-{node}"}
-    return Agent(
-        settings, reader, NodeApi(client, environ=environ), clock=clock, attribution=attribution
-    )
 
 
 def published(admin_api, node: str) -> list[dict[str, Any]]:
@@ -172,7 +133,7 @@ def published(admin_api, node: str) -> list[dict[str, Any]]:
 
 def verdict(admin_api, node: str, need_mib: int, count: int = 1) -> str | None:
     """The extender's filter on the Node as the API server has it (the wall clock)."""
-    from tests.test_exact_free import extender_verdict
+    from tests.exact_free_support import extender_verdict
 
     labels, annotations = node_metadata(admin_api, node)
     return extender_verdict(labels, annotations, need_mib, count, now=None)

@@ -20,6 +20,9 @@ from omaticaya_py.scheduler.app import NodeProblems
 from omaticaya_py.scheduler.metrics import MetricSources, metrics_registry
 from omaticaya_py.scheduler.nodeview import LeaseState, NodeView, with_policy
 from tests.helpers import Clock
+from tests.untrusted_time_support import (  # the names moved out, for this file's tests
+    put_lease,  # noqa: F401
+)
 from tests.waiting import wait_for
 
 P = "omaticaya.io/"
@@ -211,39 +214,6 @@ def test_a_live_agent_behind_by_10_minutes_is_fresh_while_its_values_change():
 NAMESPACE = "omaticaya-skew-test"
 
 
-def put_lease(
-    admin_api: Any,
-    namespace: str,
-    name: str,
-    renew: datetime,
-    *,
-    holder: str = "agent-pod",
-    duration_s: int = 40,
-) -> None:
-    """Create or update Lease ``namespace/name`` as an agent would (``renewTime`` = ``renew``),
-    through the typed client as cluster admin; the namespace is created when missing."""
-    from kubernetes import client
-
-    api = client.CoordinationV1Api(admin_api.api_client)
-    body = client.V1Lease(
-        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-        spec=client.V1LeaseSpec(holder_identity=holder or None, renew_time=renew,
-                                lease_duration_seconds=duration_s),
-    )  # fmt: skip
-    try:
-        admin_api.create_namespace({"metadata": {"name": namespace}})
-    except client.exceptions.ApiException as exc:
-        if exc.status != 409:
-            raise
-    try:
-        current = api.read_namespaced_lease(name, namespace)
-    except client.exceptions.ApiException as exc:
-        if exc.status != 404:
-            raise
-        api.create_namespaced_lease(namespace, body)
-        return
-    body.metadata.resource_version = current.metadata.resource_version
-    api.replace_namespaced_lease(name, namespace, body)
 
 
 @pytest.mark.cluster

@@ -22,7 +22,7 @@ from omaticaya_py.scheduler.fit import JudgingContext, judge_each
 from omaticaya_py.scheduler.inflight import pending
 from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.need import Need
-from tests.test_ledger import NOW, node, res
+from tests.ledger_support import NOW, node, res
 
 NAMES = [f"n{i}" for i in range(6)]
 NEED = Need(40960)

@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAULTS_TRACE, H100_TRACE, token_kubeconfig
+from tests.helpers import FAULTS_TRACE, H100_TRACE
 from tests.tools import ToolUnavailable, kubectl_path
+from tests.views_cluster_support import (  # the names moved out, for this file's tests
+    _token_kubeconfig,  # noqa: F401
+)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -283,12 +286,6 @@ def test_kubectl_plugin(fleet, dev_cluster):
     assert bad.returncode == 1 and "nope" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def _token_kubeconfig(dev_cluster, admin_api, tmp_path: Path, sa: str) -> Path:
-    admin_api.create_namespaced_service_account("default", {"metadata": {"name": sa}})
-    token = admin_api.create_namespaced_service_account_token(
-        sa, "default", {"spec": {"audiences": [], "expirationSeconds": 600}}
-    ).status.token
-    return token_kubeconfig(dev_cluster, token, tmp_path / f"{sa}.kubeconfig")
 
 
 def test_top_needs_only_list_and_watch_on_nodes(fleet, dev_cluster, admin_api, tmp_path):
@@ -344,7 +341,7 @@ def lease_fleet(fleet, admin_api, make_node):
     """Three Lease-mode Nodes labelled by the real agent, whose labels last changed two hours
     ago (a quiet node: the agent rewrites its telemetry only when a label changes): one whose
     Lease was just renewed, one whose Lease lapsed an hour ago, one whose Lease is missing."""
-    from tests.test_untrusted_time import put_lease
+    from tests.untrusted_time_support import put_lease
 
     tag = f"top-leases-{os.getpid()}"
     renewed, lapsed, missing = (make_node(labels={"omaticaya-test": tag}) for _ in range(3))
@@ -401,7 +398,7 @@ def test_top_shows_lease_mode_nodes_fresh_while_their_lease_is_renewed(lease_fle
 def test_top_watch_follows_lease_renewals(lease_fleet, admin_api):
     """With ``--watch`` the Leases are watched: the lapsed node turns fresh at its next redraw
     once its agent renews the Lease again."""
-    from tests.test_untrusted_time import put_lease
+    from tests.untrusted_time_support import put_lease
 
     f = lease_fleet
     proc = subprocess.Popen(

@@ -125,7 +125,7 @@ def test_the_real_kube_scheduler_places_by_the_window_minimum(
     """The same two nodes, Ready, and the real kube-scheduler calling the extender: a
     30 GiB pod goes to the dipping GPU's node with ``signal=now`` (spread: the most free memory
     now) and to the steady one with ``signal=window-min``."""
-    from tests.test_scheduling_cluster import (
+    from tests.scheduling_cluster_support import (
         ExtenderScheduler,
         bound_node,
         gpu_pod,
