@@ -111,8 +111,9 @@ def pod_body(v: Variant, name: str, scheduler: str, mib: int | None) -> dict[str
 
 def run_variant(v: Variant, kubeconfig: str, frees: list[list[int]], args: argparse.Namespace,
                 tmp: Path) -> dict[str, Any]:  # fmt: skip
-    from tests.helpers import free_port as _free_port
     from tests.test_scheduling_cluster import schedulable
+
+    from tests.helpers import free_port as _free_port
     from tests.waiting import wait_for
 
     api = admin_api(kubeconfig)

@@ -82,9 +82,9 @@ def start_scheduler(kubeconfig: str, name: str, extender_port: int | None, tree:
     older rev, has none), the extender removed for stock, profile ``name``, leader election off;
     waits until its log says it started (it serves nothing)."""
     import yaml
+    from tests.test_scheduling_cluster import SCHEDULER_STARTED, scheduler_config
 
     from tests.devcluster import DevCluster, scheduler_binary
-    from tests.test_scheduling_cluster import SCHEDULER_STARTED, scheduler_config
 
     try:
         config = scheduler_config(tree / "examples" / "scheduler")

@@ -5,7 +5,7 @@ one table in docs/commands.md, between ``<!-- settings:KEY -->`` and ``<!-- /set
 and one block in ``.env.example``, in the order of ``SECTIONS``. A row per field of the section,
 in declaration order: the environment variable (``field_env_names``' first, as the program
 that reads it names it; former names after it), the default as the environment writes it, and
-the field's description. tests/test_settings_doc.py fails when the files and the models
+the field's description. tests/core/config/test_settings_doc.py fails when the files and the models
 disagree; rewrite both with:
 
     .venv/bin/python -m devtools.settings_doc

@@ -6,7 +6,7 @@ an evaluator of the admission policies' CEL.
 helm v4 comes from PyPI via tests/tools.py; the chart is rendered for Kubernetes 1.31, the oldest
 release it supports, and its manifests are validated against the 1.31 OpenAPI schemas shipped in
 ``kubernetes-validate`` (strict: unknown fields are errors, so a field newer than 1.31 fails);
-tests/test_kube_versions.py renders and validates it at every supported minor.
+tests/project/test_kube_versions.py renders and validates it at every supported minor.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ RELEASE = "omaticaya"
 
 #: Settings with no chart value, and why.
 NOT_IN_CHART = {
-    "trace": "rendered only when set; tests/test_chart_trace.py",
+    "trace": "rendered only when set; tests/charts/test_chart_trace.py",
     "node_name": "always NODE_NAME from the downward API (spec.nodeName)",
     "metrics_address": "the pod has its own IP; 0.0.0.0 is the only useful bind address",
     "shutdown_timeout_s": "derived: two thirds of terminationGracePeriodSeconds (rendered)",
@@ -159,7 +159,7 @@ def template(
 
 def render(helm: dict[str, Any], values: dict[str, Any] | None = None, *extra: str) -> list[dict]:
     """The release's objects; the uninstall hook's (helm.sh/hook) are checked in
-    tests/test_stop_daemonset_chart.py."""
+    tests/charts/test_stop_daemonset_chart.py."""
     docs = [d for d in yaml.safe_load_all(template(helm, values, *extra).stdout) if d]
     return [d for d in docs if "helm.sh/hook" not in (d["metadata"].get("annotations") or {})]
 

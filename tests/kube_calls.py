@@ -10,7 +10,7 @@ the verb from the method and the path, the API group and resource from the path)
 by its *entry*: the outermost function of its package on the way (``kube.node_client.NodeClient.
 get_node``), or, for a path taken from an attribute, the class that assigned it
 (``kube.node_cache.NodeCache``). Which component calls which entry, and when, is the test's
-table (tests/test_chart_rbac_code.py); the verbs and resources are never written by hand.
+table (tests/charts/test_chart_rbac_code.py); the verbs and resources are never written by hand.
 
 A call whose method or path cannot be worked out raises ``ScanError`` naming the file and line:
 a request the scan cannot see would be a permission nobody checks.

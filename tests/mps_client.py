@@ -1,4 +1,4 @@
-"""A minimal CUDA client for tests/test_mps_nvml.py: stdlib and ctypes only (no CUDA toolkit, no
+"""A minimal CUDA client for tests/mps/test_mps_nvml.py: stdlib and ctypes only (no CUDA toolkit, no
 PyTorch), so that it runs in any environment that has the driver's ``libcuda.so.1``.
 
     python tests/mps_client.py [--hold MIB] [--ready PATH] [--go PATH] [--wait-s S]

@@ -9,7 +9,7 @@ extender refused it), ``"admitted"`` (the plugin gave it what the extender promi
 ``"refused"`` (the extender passed the node and the plugin then refused it there, or handed a
 whole GPU without the pod's memory free: the pod would fail admission, or run without room).
 The pods use no memory (busybox), the worst case the issue names: only the kubelet's books
-show them. Used by tests/test_fit_seam.py's property test and, for the figure before the fix,
+show them. Used by tests/scheduler/test_fit_seam.py's property test and, for the figure before the fix,
 against an older tree.
 """
 

@@ -1,6 +1,6 @@
 """``wait_for``: a bounded wait on an observable condition, for tests that would otherwise sleep
 a fixed time (and flake on a busy 2-core CI, or waste time on a fast one). Its own tests are in
-``tests/test_waiting.py``."""
+``tests/project/test_waiting.py``."""
 
 from __future__ import annotations
 

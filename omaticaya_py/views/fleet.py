@@ -1,4 +1,4 @@
-"""Nodes -> rows of ``omaticaya top``: pure (no I/O), table-tested in tests/test_views.py.
+"""Nodes -> rows of ``omaticaya top``: pure (no I/O), table-tested in tests/views/test_views.py.
 
 Everything comes from the Node's labels and its telemetry annotation, parsed by
 ``core.schema`` (``parse_node`` for the node's state and problem, ``parse_gpu_readings`` for

@@ -6,7 +6,7 @@ reboot that lost GPU 3 (issue 48: a GPU fallen off the bus is not enumerated at 
 Seven GPUs: GPU 3 (``GPU-00000003-...``) is gone from the devices and from every sample, and
 GPUs 4-7 keep their UUIDs, serials and PCI bus IDs but are renumbered 3-6, as NVML numbers GPUs
 in PCI order. Deterministic: the same input gives byte-identical output, and
-``tests/test_dra_identity.py`` checks the file is current.
+``tests/dra/test_dra_identity.py`` checks the file is current.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@
  * c_nvmlMemory_t, c_nvmlMemory_v2_t, c_nvmlUtilization_t, c_nvmlValue_t, c_nvmlSample_t,
  * c_nvmlProcessInfo_v3_t (= c_nvmlProcessInfo_v2_t), c_nvmlEventData_t,
  * c_nvmlDeviceAttributes, and for GPM c_nvmlGpmSupport_t, c_nvmlGpmMetric_t (c_metricInfo_t),
- * c_nvmlGpmMetricsGet_t. tests/test_nvml_testlib.py round-trips a value through each, and
- * tests/test_nvml_testlib_gpm.py through the GPM ones.
+ * c_nvmlGpmMetricsGet_t. tests/sources/test_nvml_testlib.py round-trips a value through each, and
+ * tests/sources/test_nvml_testlib_gpm.py through the GPM ones.
  */
 #ifndef NVML_TESTLIB_SUBSET_H
 #define NVML_TESTLIB_SUBSET_H

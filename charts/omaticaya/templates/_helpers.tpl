@@ -394,7 +394,7 @@ duration of h, m, s, ms parts, 100ms to 366 days; a 5-field crontab or 6 fields 
 first, '?' as '*', each field's numbers within APScheduler's CronTrigger ranges, steps above 0,
 month and weekday names, weekdays 0-7, day 'last'). What it does not check, the agent still
 refuses at start: a reversed range (5-3) and a step longer than its range (10-20/15).
-tests/test_chart_values_mistakes.py holds the two to one table of examples.
+tests/charts/test_chart_values_mistakes.py holds the two to one table of examples.
 */}}
 {{- define "omaticaya.schedule" -}}
 {{- $s := toString .Values.schedule }}

@@ -3,7 +3,7 @@
 Each ``EventReason`` says the Event's ``reason`` (the field ``kubectl get events`` shows), its
 ``type`` (``Warning`` or ``Normal``), the objects it is posted on (``Node``, ``pod``), the
 program that posts it and where its rows are documented. Posters import the reason's constant
-from here, never a string literal (tests/test_event_table.py fails on a literal elsewhere in
+from here, never a string literal (tests/core/schema/test_event_table.py fails on a literal elsewhere in
 ``omaticaya_py`` and on a row the docs lack); the agent counts its Events by reason in
 ``omaticaya_events_total{reason}``.
 

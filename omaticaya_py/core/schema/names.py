@@ -5,7 +5,7 @@ each MIG profile: ``mig-<profile>.<name>``), whether it is a hardware fact (kept
 exit: ``STATIC_NAMES``), its unit, and which way it moves when the Node gets less attractive to
 a scheduler (``core.publish.budget`` sends those changes at once). The writer (``core.publish.render``), the
 write budget (``core.publish.budget``), every reader (``schema.nodestate``, the extender, ``omaticaya
-top``) and the label tables of README.md and docs/labels.md (checked by ``tests/test_label_table.py``) agree with it.
+top``) and the label tables of README.md and docs/labels.md (checked by ``tests/core/publish/test_label_table.py``) agree with it.
 Adding a label is one row here, plus its value in ``core.publish.render``.
 """
 
