@@ -65,7 +65,6 @@ CHOOSE_CASES = [
     ("spread tie: the lowest index", [room(B, 1, 4 * UNIT, 8), room(A, 0, 4 * UNIT, 8)], 2, "spread", A),
     ("room counts the units too: 3 units left is less room than 4 GiB free",
      [room(A, 0, 4 * UNIT, 8), room(B, 1, 9 * UNIT, 3)], 2, "binpack", B),
-    ("an unknown policy packs", [room(A, 0, 8 * UNIT, 8), room(B, 1, 3 * UNIT, 8)], 2, "other", B),
     ("the binpack pick that does not fit is skipped",
      [room(A, 0, 1 * UNIT, 8), room(B, 1, 6 * UNIT, 8)], 2, "binpack", B),
     ("nothing to choose from", [], 1, "binpack", None),
@@ -83,6 +82,15 @@ def test_choose(candidates, size, policy, expected) -> None:
 def test_choose_by_default_packs() -> None:
     candidates = [room(A, 0, 8 * UNIT, 8), room(B, 1, 3 * UNIT, 8)]
     assert choose(candidates, 2, UNIT) == candidates[1]
+
+
+def test_an_unknown_policy_is_refused() -> None:
+    """The policy is one enum compared in one place (core.allocation.policy, issue 49): a
+    policy that is neither binpack nor spread is an error, no longer packed silently (the
+    settings refuse it first: OMATICAYA_PLACEMENT_POLICY)."""
+    candidates = [room(A, 0, 8 * UNIT, 8), room(B, 1, 3 * UNIT, 8)]
+    with pytest.raises(ValueError, match="other"):
+        choose(candidates, 2, UNIT, "other")
 
 
 # --- preferred_units ----------------------------------------------------------------------------
