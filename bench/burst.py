@@ -13,7 +13,7 @@ the extender holds for bound pods (``--settle-s`` 3600) is all that stops overco
 Variants, one after the other on the same kube-apiserver, each on a fresh copy of the cluster
 (its own Nodes and namespace, deleted afterwards) with its own kube-scheduler
 (``examples/scheduler/scheduler-config-v1.yaml`` of the extender's tree, read by
-``tests.test_scheduling_cluster.scheduler_config``, leader election off):
+``tests.scheduler.scheduling_cluster_support.scheduler_config``, leader election off):
 
 - ``stock``: no extender; pods in ``examples/scheduler/pod-affinity.yaml``'s form,
   ``gpu.memory.free-mib Gt <need - 1>`` and ``gpu.health In [Healthy]``;
@@ -91,7 +91,7 @@ class Variant:
 
 def pod_body(v: Variant, name: str, scheduler: str, mib: int | None) -> dict[str, Any]:
     """A pod in the example's form for this variant; ``mib`` None: no GPU need (warm-up)."""
-    from tests.test_scheduling_cluster import EXAMPLES, gpu_pod, load_pod
+    from tests.scheduler.scheduling_cluster_support import EXAMPLES, gpu_pod, load_pod
 
     if v.tree is not None:
         pod = gpu_pod(name, scheduler, mib or 0)
@@ -111,9 +111,8 @@ def pod_body(v: Variant, name: str, scheduler: str, mib: int | None) -> dict[str
 
 def run_variant(v: Variant, kubeconfig: str, frees: list[list[int]], args: argparse.Namespace,
                 tmp: Path) -> dict[str, Any]:  # fmt: skip
-    from tests.test_scheduling_cluster import schedulable
-
     from tests.helpers import free_port as _free_port
+    from tests.scheduler.scheduling_cluster_support import schedulable
     from tests.waiting import wait_for
 
     api = admin_api(kubeconfig)

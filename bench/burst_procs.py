@@ -78,13 +78,13 @@ def start_scheduler(kubeconfig: str, name: str, extender_port: int | None, tree:
                     tmp: Path) -> subprocess.Popen[bytes]:  # fmt: skip
     """A kube-scheduler of the release under test (``devtools.devcluster.cluster.K8S_VERSION``,
     its cached binary) from ``tree``'s example configuration
-    (``tests.test_scheduling_cluster.scheduler_config``; the working tree's when ``tree``, an
+    (``tests.scheduler.scheduling_cluster_support.scheduler_config``; the working tree's when ``tree``, an
     older rev, has none), the extender removed for stock, profile ``name``, leader election off;
     waits until its log says it started (it serves nothing)."""
     import yaml
-    from tests.test_scheduling_cluster import SCHEDULER_STARTED, scheduler_config
 
     from tests.devcluster import DevCluster, scheduler_binary
+    from tests.scheduler.scheduling_cluster_support import SCHEDULER_STARTED, scheduler_config
 
     try:
         config = scheduler_config(tree / "examples" / "scheduler")

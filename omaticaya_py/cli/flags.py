@@ -137,7 +137,7 @@ def say_unknown_variables(
 ) -> None:
     """Log one warning per ``OMATICAYA_*`` environment variable that no field of ``models``
     reads (a misspelt one does nothing otherwise), with the closest known name
-    (``core.config.settings_base.unknown_variables``); ``others``: prefixes another program reads
+    (``core.config.variables.unknown_variables``); ``others``: prefixes another program reads
     (the agent leaves ``OMATICAYA_EXTENDER_`` to the extender). Then one per former name of a
     setting of ``models[0]`` (the program's own) set in the environment or ``.env``, naming
     the new one (``deprecated_variable_lines``)."""
@@ -145,9 +145,9 @@ def say_unknown_variables(
 
     from loguru import logger
 
-    from ..core.config.settings_base import (
+    from ..core.config.settings_base import env_names
+    from ..core.config.variables import (
         deprecated_variable_lines,
-        env_names,
         unknown_variable_lines,
         unknown_variables,
     )

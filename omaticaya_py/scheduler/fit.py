@@ -282,7 +282,7 @@ def judge_each(states: Iterable[tuple[str, NodeGpuState | None]], need: Need,
                ctx: JudgingContext, inflight: InFlightOf | None = None) -> Judged:  # fmt: skip
     """``judge`` of each ``(name, state)`` on a record made for this request (its ``inflight``
     reservations taken off), by the liveness rule itself: the rule without the cache (no
-    ledger, preemption). Equal to ``judge_all`` over kept records (tests/test_fit_cache.py)."""
+    ledger, preemption). Equal to ``judge_all`` over kept records (tests/scheduler/test_fit_rule.py)."""
 
     def one(name: str, state: NodeGpuState | None) -> Verdict:
         if state is None:

@@ -9,7 +9,7 @@ serves a mode changed at runtime as a sample reading's own ``mig_mode`` (tests/n
 
 - the reader, table-driven: a sequence of GPU 1's modes, one per sample -> what each read says;
 - every surface follows the reading: one ``Agent`` ticking over ``NvmlReader`` in a process that
-  loaded the test library (this module run as ``python -m tests.test_mig_mode``), each tick's
+  loaded the test library (this module run as ``python -m tests.agent.test_mig_mode``), each tick's
   labels, telemetry annotation, device plugin inventory (whole GPUs and the ``1g.10gb`` profile)
   and ResourceSlice devices.
 """

@@ -221,3 +221,18 @@ def test_the_extender_says_both_names_differ_and_exits_2(tmp_path):
                OMATICAYA_PLACEMENT_POLICY="spread", OMATICAYA_EXTENDER_STRATEGY="binpack")
     assert done.returncode == 2, done.stderr
     assert POLICY in done.stderr and OLD_STRATEGY in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("cls_name", ["Settings", "ExtenderSettings", "MpsSettings"])
+def test_a_keyword_no_setting_has_is_refused(cls_name):
+    """A caller's misspelt or renamed keyword is a TypeError naming it, never dropped silently:
+    ``strategy=`` for ``placement_policy`` once left a test's extender on binpack without a word
+    (issue 49)."""
+    from omaticaya_py.core.config.settings import Settings
+    from omaticaya_py.mps.settings import MpsSettings
+    from omaticaya_py.scheduler.settings import ExtenderSettings
+
+    cls = {"Settings": Settings, "ExtenderSettings": ExtenderSettings, "MpsSettings": MpsSettings}[cls_name]
+    with pytest.raises(TypeError, match="no setting named strategy"):
+        cls(_env_file=None, strategy="spread")
+    assert cls(_env_file=None, placement_policy="spread").placement_policy == "spread"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from omaticaya_py.core.config.settings import Settings
-from omaticaya_py.core.config.settings_base import (
+from omaticaya_py.core.config.settings_base import env_names
+from omaticaya_py.core.config.variables import (
     NOT_SETTINGS,
-    env_names,
     unknown_variable_lines,
     unknown_variables,
 )
@@ -131,7 +131,7 @@ def test_the_extender_says_a_misspelt_variable(tmp_path):
     ],
 )  # fmt: skip
 def test_a_former_name_is_said_with_the_new_one(cls, environ, expected):
-    from omaticaya_py.core.config.settings_base import deprecated_variable_lines
+    from omaticaya_py.core.config.variables import deprecated_variable_lines
 
     lines = deprecated_variable_lines(cls, environ)
     assert len(lines) == len(expected)

@@ -108,7 +108,7 @@ def test_window_min_leaves_out_a_gpu_that_dips_and_now_chooses_it(
         ("now", names, dipping),  # spread: the most free memory now wins
         ("window-min", [steady], steady),  # the dip leaves no room for 30 GiB
     ):
-        settings = {"strategy": "spread", "signal": signal, "settle_s": 0}
+        settings = {"placement_policy": "spread", "signal": signal, "settle_s": 0}
         ext = RunningExtender(str(dev_cluster.kubeconfig), settings)
         try:
             wait_for(f"the extender ({signal}) to list the Nodes",
