@@ -285,10 +285,24 @@ def test_env_example_defaults_are_the_code_defaults(monkeypatch, tmp_path):
     assert load_extender_settings() == ExtenderSettings(_env_file=None)  # type: ignore[call-arg]
 
 
+def _extender_loading(env: dict[str, str], monkeypatch, tmp_path) -> Any:
+    """``ExtenderSettings`` loaded from the ``OMATICAYA_*`` variables of ``env`` (a rendered
+    container's) alone: no other variable, no ``.env``."""
+    from omaticaya_py.scheduler.settings import load_extender_settings
+
+    for key in list(os.environ):
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    for key, value in env.items():
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.setenv(key, value)
+    return load_extender_settings()
+
+
 def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):
     """The scheduler's extender places slices of the same resource the device plugin serves:
     ``sharing.resource`` reaches both, and the extender's rendered env loads."""
-    from omaticaya_py.scheduler.settings import load_extender_settings
 
     values = {"scheduler": {"enabled": True}, "sharing": {"resource": "example.com/vram"}}
     docs = render(helm, values)
@@ -300,14 +314,7 @@ def test_extender_gets_the_shared_resource(helm, monkeypatch, tmp_path):
     env = {e["name"]: e["value"] for e in extender["env"] if "value" in e}
     assert env["OMATICAYA_SHARED_RESOURCE"] == "example.com/vram"
     assert env_of(docs)["OMATICAYA_SHARED_RESOURCE"] == "example.com/vram"
-    for key in list(os.environ):
-        if key.startswith("OMATICAYA_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
-    for key, value in env.items():
-        if key.startswith("OMATICAYA_"):
-            monkeypatch.setenv(key, value)
-    assert load_extender_settings().shared_resource == "example.com/vram"
+    assert _extender_loading(env, monkeypatch, tmp_path).shared_resource == "example.com/vram"
     # one name per fact (issue 49): the extender's container has none of its former names
     assert not {"OMATICAYA_EXTENDER_SHARED_RESOURCE", "OMATICAYA_EXTENDER_DEVICE_PLUGIN_RESOURCE",
                 "OMATICAYA_EXTENDER_SETTLE_S", "OMATICAYA_EXTENDER_STRATEGY"} & set(env)  # fmt: skip
@@ -318,7 +325,6 @@ def test_settle_time_reaches_both_sides(helm, monkeypatch, tmp_path, settle_s):
     """``placement.settleS`` is the one value (issue 49): rendered as OMATICAYA_SETTLE_S into the
     agent (a slice's memory counts on its GPU until the reading shows it) and the extender (a
     placed pod's), and both load it."""
-    from omaticaya_py.scheduler.settings import load_extender_settings
 
     values: dict[str, Any] = {"scheduler": {"enabled": True}, "devicePlugin": True}
     if settle_s is not None:
@@ -327,14 +333,7 @@ def test_settle_time_reaches_both_sides(helm, monkeypatch, tmp_path, settle_s):
     agent, extender = env_of(docs), _extender_env(docs)
     want = 60 if settle_s is None else settle_s
     assert agent["OMATICAYA_SETTLE_S"] == extender["OMATICAYA_SETTLE_S"] == str(want)
-    for key in list(os.environ):
-        if key.startswith("OMATICAYA_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
-    for key, value in extender.items():
-        if key.startswith("OMATICAYA_"):
-            monkeypatch.setenv(key, value)
-    assert load_extender_settings().settle_s == want
+    assert _extender_loading(extender, monkeypatch, tmp_path).settle_s == want
 
 
 @pytest.mark.parametrize(
@@ -366,7 +365,6 @@ def test_placement_policy_reaches_both_sides(helm, monkeypatch, tmp_path, policy
     agent (the device plugin's slices) and the extender alike, and the extender loads it. The
     two values it replaced could be set apart: the extender reserved a GPU the device plugin
     would not hand out."""
-    from omaticaya_py.scheduler.settings import load_extender_settings
 
     values: dict[str, Any] = {"scheduler": {"enabled": True}, "devicePlugin": True}
     if policy:
@@ -377,14 +375,7 @@ def test_placement_policy_reaches_both_sides(helm, monkeypatch, tmp_path, policy
     assert agent["OMATICAYA_PLACEMENT_POLICY"] == extender["OMATICAYA_PLACEMENT_POLICY"] == want
     for old in ("OMATICAYA_SHARE_POLICY", "OMATICAYA_EXTENDER_STRATEGY"):
         assert old not in agent and old not in extender
-    for key in list(os.environ):
-        if key.startswith("OMATICAYA_"):
-            monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)
-    for key, value in extender.items():
-        if key.startswith("OMATICAYA_"):
-            monkeypatch.setenv(key, value)
-    assert load_extender_settings().placement_policy == want
+    assert _extender_loading(extender, monkeypatch, tmp_path).placement_policy == want
 
 
 REMOVED_POLICY_VALUES = [
