@@ -1,8 +1,8 @@
 """``core.publish.render`` cases that mutation testing (``scripts/mutation``) found no test pinned:
-hysteresis of every rounded label, at the edge of its band; the utilisation cap at 100; the
-out-of-band and temperature labels at their thresholds; the shared GPUs' room; MIG devices
-without a profile; the driver version's parts; the telemetry render hands on. Tables over the
-pure ``assess`` + ``render``."""
+hysteresis of every rounded label, at the edge of its band; the utilisation and SM activity caps
+at 100; the out-of-band and temperature labels at their thresholds; the shared GPUs' room; MIG
+devices without a profile; the driver version's parts; the telemetry render hands on. Tables
+over the pure ``assess`` + ``render``."""
 
 from __future__ import annotations
 
@@ -120,6 +120,11 @@ def test_the_temperature_label_keeps_its_value_within_the_band() -> None:
 def test_utilisation_above_100_is_published_as_100() -> None:
     got = labels(snapshot(gpu(0, utilization_pct=100.6)), utilization_step_pct=1)
     assert (got["gpu.utilization-pct"], got["gpu-0.utilization-pct"]) == ("100", "100")
+
+
+def test_sm_activity_above_100_is_published_as_100() -> None:
+    got = labels(snapshot(gpu(0, sm_active_pct=100.6)), utilization_step_pct=1)
+    assert (got["gpu.sm-active-pct"], got["gpu-0.sm-active-pct"]) == ("100", "100")
 
 
 @pytest.mark.parametrize(
