@@ -14,6 +14,29 @@ from tests.devcluster import DevCluster, dev_cluster  # noqa: F401  (session fix
 _names = itertools.count()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (the whole run of ``scripts/test``): each test
+    module is one group, run on one worker (its tests share module-scoped fixtures: an agent, a
+    device plugin, a dev cluster of its own), and every module marked ``kubelet`` is in one
+    group, "kubelet", put first: the machine has one kubelet (its device-plugin socket is a fixed
+    path), so those modules run one after another on one worker while the other workers take
+    the rest. Each worker brings up its own dev cluster (a session fixture). Without xdist,
+    nothing changes."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    kubelet: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
+    for item in items:
+        if item.get_closest_marker("kubelet") is not None:
+            item.add_marker(pytest.mark.xdist_group("kubelet"))
+            kubelet.append(item)
+        else:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            rest.append(item)
+    items[:] = kubelet + rest
+
+
 @pytest.fixture(scope="session")
 def admin_client(dev_cluster: DevCluster):  # noqa: F811
     """``kubernetes.client.ApiClient`` as cluster admin (client certificate), for any API group;

@@ -36,7 +36,7 @@ from tests.kubelet import (
 )
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.kubelet]
 
 P = "omaticaya.io/"
 RESOURCE = "example.com/gpu"  # MIG profiles then are example.com/mig-<profile>

@@ -54,6 +54,9 @@ from tests.kubelet import (
 )
 from tests.waiting import wait_for
 
+# the machine's one kubelet: these tests run on one pytest-xdist worker (tests/conftest.py)
+pytestmark = pytest.mark.kubelet
+
 UUIDS = {d["uuid"] for d in json.loads(TRACE.read_text())["devices"]}
 RESOURCE = "nvidia.com/gpu"
 POD = "holds-a-gpu"

@@ -36,7 +36,7 @@ from tests.deviceplugin.device_plugin_sharing_kubelet_support import (  # noqa: 
 from tests.deviceplugin.device_plugin_sharing_support import UUID, write_sharing_trace
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.kubelet]
 
 P = "omaticaya.io/"
 

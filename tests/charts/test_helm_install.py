@@ -45,7 +45,7 @@ from tests.charts.helm_install_support import (  # the names moved out, for this
     wait_for,  # noqa: F401
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.kubelet]
 
 #: what the h100 trace's GPU is, whatever its load
 HARDWARE = {

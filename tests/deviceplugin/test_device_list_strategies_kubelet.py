@@ -41,7 +41,7 @@ from tests.kubelet import (
 )
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.kubelet]
 
 UUID = [f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in range(8)]
 RESOURCE = "example.com/gpu"

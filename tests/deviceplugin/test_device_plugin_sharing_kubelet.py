@@ -42,7 +42,7 @@ from tests.kubelet import (
 )
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.kubelet]
 
 CHECKPOINT = PLUGIN_DIR / "kubelet_internal_checkpoint"
 

@@ -96,6 +96,7 @@ pytestmark = [
         "extended resources backed by DRA and device taints on by default (1.36-1.37) are what "
         "this test checks; the dev cluster runs them from v1.37.2",
     ),
+    pytest.mark.kubelet,
 ]
 
 DRIVER = "gpu.omaticaya.io"

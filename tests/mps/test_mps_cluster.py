@@ -64,7 +64,7 @@ from tests.charts.helm_install_support import (  # noqa: F401 - cluster and tool
 from tests.kubelet import IMAGE
 from tests.project.product_install_support import DEV_TAINT, running, uuid
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.kubelet]
 
 TRACE = "multi-gpu-trace.json"
 UNITS = "omaticaya.io/gpu-memory"

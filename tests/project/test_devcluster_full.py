@@ -38,6 +38,9 @@ from tests.chart import CHART, render
 from tests.devcluster import SCRIPT, UP_TIMEOUT_S, DevCluster, _run_script, start_dev_cluster
 from tests.kubelet import kubelet_sock_in_use
 
+# the machine's one kubelet: these tests run on one pytest-xdist worker (tests/conftest.py)
+pytestmark = pytest.mark.kubelet
+
 WAIT_S = float(os.environ.get("OMATICAYA_HELM_WAIT_S", "180"))
 
 

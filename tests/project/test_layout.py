@@ -40,3 +40,38 @@ def test_every_folder_is_a_package():
         for folder in path.relative_to(TESTS).parents:
             if str(folder) != ".":
                 assert (TESTS / folder / "__init__.py").is_file(), folder
+
+
+#: what brings up the machine's one kubelet: tests/kubelet.py's fixture helper, and the dev
+#: cluster's kubelet and --full starts
+_KUBELET_CALLS = ("kubelet_node(", ".start_kubelet(", ".start_full(", "kubelet_sock_in_use(")
+
+
+def _tests_modules(path: Path) -> set[Path]:
+    """The tests/ modules (support modules, helpers) the file at ``path`` imports."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests."):
+            out.add(TESTS.parent / (node.module.replace(".", "/") + ".py"))
+    return {p for p in out if p.is_file()}
+
+
+def _uses_kubelet(path: Path, seen: frozenset[Path] = frozenset()) -> bool:
+    text = path.read_text()
+    if path.name != "kubelet.py" and any(call in text for call in _KUBELET_CALLS):
+        return True
+    return any(_uses_kubelet(m, seen | {path}) for m in _tests_modules(path) - seen
+               if m.name.endswith("_support.py"))  # fmt: skip
+
+
+def test_every_module_that_starts_the_kubelet_is_marked_kubelet():
+    """The machine has one kubelet: under pytest-xdist, tests/conftest.py runs the modules marked
+    ``kubelet`` on one worker. A module that starts it (itself or through its support module)
+    without the mark could run beside another on a second worker and skip ("another kubelet
+    serves ..."), or fail."""
+    unmarked, marked = [], []
+    for path in _test_files():
+        if path != Path(__file__).resolve() and _uses_kubelet(path):
+            (marked if "pytest.mark.kubelet" in path.read_text() else unmarked).append(path.name)
+    assert unmarked == []
+    assert len(marked) >= 12

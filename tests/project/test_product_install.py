@@ -45,7 +45,7 @@ from tests.project.product_install_support import (  # the names moved out, for 
     uuid,  # noqa: F401
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.kubelet]
 
 TRACE = "multi-gpu-trace.json"
 WORK = "gpu-work"

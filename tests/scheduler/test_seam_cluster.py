@@ -68,7 +68,7 @@ from tests.project.product_install_support import (
     uuid,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.kubelet]
 
 TRACE = "multi-gpu-trace.json"
 #: the renamed whole-GPU resource (the chart's devicePluginResource)
