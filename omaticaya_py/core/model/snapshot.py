@@ -81,14 +81,16 @@ def mig_profile_name(
     ``computeInstanceSliceCount``, ``memorySizeMB``, which is MiB) and the parent GPU's total
     memory in bytes (``nvmlDeviceGetMemoryInfo``). The memory part is the instance's share of
     the GPU rounded up to eighths, times the GPU's memory in whole GiB (rounded up), to the
-    nearest integer: an H100 80GB's 9984 MiB instance is ``10gb``. Raises ``ValueError`` for a
-    non-positive slice count or parent memory.
+    nearest integer, a half up (Go's ``math.Round``, as NVIDIA's go-nvlib names them; Python's
+    ``round`` takes a half to even): an H100 80GB's 9984 MiB instance is ``10gb``, half of an
+    H200's 141 GiB ``71gb``. Raises ``ValueError`` for a non-positive slice count or parent
+    memory.
     """
     if gpu_instance_slices <= 0 or compute_instance_slices <= 0 or parent_total_bytes <= 0:
         raise ValueError("MIG slice counts and the parent's memory must be positive")
     gib = 1 << 30
     share = math.ceil(memory_size_mib * (1 << 20) / parent_total_bytes * 8) / 8
-    memory_gb = round(share * -(-parent_total_bytes // gib))
+    memory_gb = math.floor(share * -(-parent_total_bytes // gib) + 0.5)  # eighths: exact
     name = f"{gpu_instance_slices}g.{memory_gb}gb"
     if compute_instance_slices != gpu_instance_slices:
         name = f"{compute_instance_slices}c.{name}"

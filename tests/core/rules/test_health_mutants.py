@@ -240,3 +240,18 @@ def test_ledger_bound_keeps_exactly_max_entries(monkeypatch: pytest.MonkeyPatch)
     ledger.record([XidEvent(i, 79, float(3 - i)) for i in range(3)])  # GPU 2 is the oldest
     ledger.record([XidEvent(9, 79, 4.0)])
     assert [e.index for e in ledger.recent(5.0)] == [1, 0, 9]
+
+
+def test_ledger_bound_drops_the_first_recorded_of_a_tie_at_the_oldest_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the bound, of two entries equally old, the one recorded first goes: the ledger is
+    not reordered while it is at most full (a survivor: ``>`` as ``>=`` sorted it by time each
+    time it was exactly full, so a later tie fell the other way)."""
+    monkeypatch.setattr(XidLedger, "MAX_ENTRIES", 2)
+    ledger = XidLedger(XidPolicy())
+    ledger.record([XidEvent(0, 79, 5.0)])  # GPU 0 first
+    ledger.record([XidEvent(1, 79, 3.0)])  # full: GPU 1 is older, recorded second
+    ledger.record([XidEvent(1, 79, 5.0)])  # GPU 1's latest ties GPU 0's
+    ledger.record([XidEvent(2, 79, 6.0)])  # one too many: of the tie, GPU 0 (first) goes
+    assert [e.index for e in ledger.recent(7.0)] == [1, 2]
