@@ -41,14 +41,19 @@ class TickResult:
     attribution: Mapping[str, GpuAttribution] = field(default_factory=dict)
 
 
+#: ``ReadingAge``'s reading before the first is passed
+_NOT_YET = object()
+
+
 class ReadingAge:
     """How long the reading a server (the device plugin, the DRA plugin) serves has been the
     same, on that server's own clock: counted from when it first saw that reading, so the
     agent's wall clock plays no part. The caller serialises calls (its own lock)."""
 
     def __init__(self) -> None:
-        self._seen: object | None = None
-        self._seen_at_s = 0.0
+        # nothing a caller passes is _NOT_YET: the first reading, whatever it is, starts its clock
+        self._seen: object = _NOT_YET
+        self._seen_at_s: float
 
     def age_s(self, reading: object, now_s: float) -> float:
         """Seconds since ``reading`` (compared by identity) was first passed, at ``now_s``."""
