@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from .budget import BETTER, WORSE
 from .publisher import Changes, Publisher
 from .slice_device import DeviceTaint, SliceDevice
 
@@ -55,23 +56,23 @@ def _added(before: SliceDevice, after: SliceDevice) -> bool:
 
 
 def _part_change(part: str, before: SliceDevice | None, after: SliceDevice | None) -> str | None:
-    """``"worse"``, ``"better"`` or ``None`` (no change) for one ``part`` of one device
-    (``None``: absent on that side)."""
+    """``WORSE``, ``BETTER`` (``core.publish.budget``'s answers) or ``None`` (no change) for one
+    ``part`` of one device (``None``: absent on that side)."""
     if before is None or after is None:
         if before is after:
             return None
-        return "worse" if after is None else "better"  # gone; new
+        return WORSE if after is None else BETTER  # gone; new
     if part == FREE:
         if _static(before) == _static(after) and before.free_memory_mib == after.free_memory_mib:
             return None
         if _static(before) != _static(after):
-            return "worse"
-        return "worse" if _free_worse(before.free_memory_mib, after.free_memory_mib) else "better"
+            return WORSE
+        return WORSE if _free_worse(before.free_memory_mib, after.free_memory_mib) else BETTER
     capacity_b = (before.memory_mib, before.unit_mib, before.shared)
     capacity_a = (after.memory_mib, after.unit_mib, after.shared)
     if capacity_b == capacity_a and before.taints == after.taints:
         return None
-    return "worse" if capacity_b != capacity_a or _added(before, after) else "better"
+    return WORSE if capacity_b != capacity_a or _added(before, after) else BETTER
 
 
 def device_changes(
@@ -87,7 +88,7 @@ def device_changes(
         for part in (FREE, TAINTS):
             change = _part_change(part, old.get(name), new.get(name))
             if change is not None:
-                (worse if change == "worse" else better).add((name, part))
+                (worse if change == WORSE else better).add((name, part))
     return Changes.of(worse, better)
 
 
