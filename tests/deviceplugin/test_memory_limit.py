@@ -147,22 +147,27 @@ def test_limit_env(mib: int, request_mib: int | None, expected: dict[str, str]) 
 
 
 @pytest.mark.parametrize(
-    ("mib", "request_mib", "error"),
+    ("mib", "request_mib", "error", "message"),
     [
-        (0, None, ValueError),
-        (-1, None, ValueError),
-        (MAX_MIB + 1, None, ValueError),
-        (4096, 0, ValueError),
-        (4096, 4097, ValueError),  # the hook fails creation on request > limit
-        (4096, MAX_MIB + 1, ValueError),
-        (True, None, TypeError),
-        (4096.0, None, TypeError),
-        ("4096", None, TypeError),
-        (4096, False, TypeError),
+        (0, None, ValueError, f"NVIDIA_GPU_MEMORY_LIMIT: 0 MiB is outside 1..{MAX_MIB}"),
+        (-1, None, ValueError, f"NVIDIA_GPU_MEMORY_LIMIT: -1 MiB is outside 1..{MAX_MIB}"),
+        (MAX_MIB + 1, None, ValueError,
+         f"NVIDIA_GPU_MEMORY_LIMIT: {MAX_MIB + 1} MiB is outside 1..{MAX_MIB}"),
+        (4096, 0, ValueError, f"NVIDIA_GPU_MEMORY_REQUEST: 0 MiB is outside 1..{MAX_MIB}"),
+        # the hook fails creation on request > limit
+        (4096, 4097, ValueError,
+         "NVIDIA_GPU_MEMORY_REQUEST 4097 MiB is above NVIDIA_GPU_MEMORY_LIMIT 4096 MiB"),
+        (4096, MAX_MIB + 1, ValueError,
+         f"NVIDIA_GPU_MEMORY_REQUEST: {MAX_MIB + 1} MiB is outside 1..{MAX_MIB}"),
+        (True, None, TypeError, "NVIDIA_GPU_MEMORY_LIMIT: MiB must be an int, not bool"),
+        (4096.0, None, TypeError, "NVIDIA_GPU_MEMORY_LIMIT: MiB must be an int, not float"),
+        ("4096", None, TypeError, "NVIDIA_GPU_MEMORY_LIMIT: MiB must be an int, not str"),
+        (4096, False, TypeError, "NVIDIA_GPU_MEMORY_REQUEST: MiB must be an int, not bool"),
     ],
-)
-def test_limit_env_refuses(mib: Any, request_mib: Any, error: type[Exception]) -> None:
-    with pytest.raises(error):
+)  # fmt: skip
+def test_limit_env_refuses(mib: Any, request_mib: Any, error: type[Exception],
+                           message: str) -> None:  # fmt: skip
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
         limit_env(mib, request_mib)
 
 
@@ -206,27 +211,48 @@ def test_hook_as_cdi_leaves_out_an_empty_env() -> None:
         "hookName": "createRuntime", "path": "/x", "args": ["x"]}  # fmt: skip
 
 
+NOT_A_GPU = "not a whole-GPU UUID (GPU-...): "
+
+
 @pytest.mark.parametrize(
-    ("uuids", "kw"),
+    ("uuids", "kw", "message"),
     [
-        ([], {}),
-        ([""], {}),
-        (["GPU-"], {}),
-        (["0"], {}),  # an index, not a UUID
-        (["MIG-00000000-7fda-b7ae-a94e-630097a14ca4"], {}),  # NVML sets no limit on MIG
-        ([" " + U0], {}),
-        ([U0 + "\n"], {}),
-        (["GPU-0000 0000"], {}),
-        ([U0], {"hook_path": "nvidia-cdi-hook"}),
-        ([U0], {"hook_path": "/"}),
-        ([U0], {"hook_path": ""}),
-        ([U0], {"driver_root": "run/nvidia/driver"}),
-        ([U0], {"driver_root": ""}),
+        ([], {}, "the hook needs at least one GPU"),
+        ([""], {}, NOT_A_GPU + "''"),
+        (["GPU-"], {}, NOT_A_GPU + "'GPU-'"),
+        (["0"], {}, NOT_A_GPU + "'0'"),  # an index, not a UUID
+        # NVML sets no limit on MIG
+        (["MIG-00000000-7fda-b7ae-a94e-630097a14ca4"], {},
+         NOT_A_GPU + "'MIG-00000000-7fda-b7ae-a94e-630097a14ca4'"),
+        ([" " + U0], {}, NOT_A_GPU + repr(" " + U0)),
+        ([U0 + "\n"], {}, NOT_A_GPU + repr(U0 + "\n")),
+        (["GPU-0000 0000"], {}, NOT_A_GPU + "'GPU-0000 0000'"),
+        ([U0], {"hook_path": "nvidia-cdi-hook"},
+         "hook_path must be an absolute host path: 'nvidia-cdi-hook'"),
+        ([U0], {"hook_path": "/"}, "hook_path names no binary: '/'"),
+        ([U0], {"hook_path": ""}, "hook_path must be an absolute host path: ''"),
+        ([U0], {"driver_root": "run/nvidia/driver"},
+         "driver_root must be an absolute host path: 'run/nvidia/driver'"),
+        ([U0], {"driver_root": ""}, "driver_root must be an absolute host path: ''"),
+    ],
+)  # fmt: skip
+def test_hook_refuses(uuids: list[str], kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        hook(uuids, **kw)
+
+
+@pytest.mark.parametrize(
+    ("hook_path", "head"),
+    [
+        ("/usr/bin/nvidia-ctk/", ["nvidia-ctk", "hook"]),  # a trailing slash: the same binary
+        ("/opt/t/nvidia-cdi-hook//", ["nvidia-cdi-hook"]),
+        ("/opt/t/hookX", ["hookX"]),  # only slashes are stripped off the end
     ],
 )
-def test_hook_refuses(uuids: list[str], kw: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
-        hook(uuids, **kw)
+def test_hook_names_the_binary_at_the_end_of_its_path(hook_path: str, head: list[str]) -> None:
+    h = hook([U0], hook_path=hook_path)
+    assert h.path == hook_path
+    assert list(h.args) == [*head, "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", U0]
 
 
 @pytest.mark.parametrize(
@@ -291,11 +317,18 @@ def test_common_limit_mib(mibs: Any, expected: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mibs", "error"),
-    [([], ValueError), ([4096, 8192], ValueError), ([0], ValueError), ([4096, True], TypeError)],
-)
-def test_common_limit_mib_refuses(mibs: list[Any], error: type[Exception]) -> None:
-    with pytest.raises(error):
+    ("mibs", "error", "message"),
+    [
+        ([], ValueError, "no slice"),
+        ([8192, 4096, 8192], ValueError,
+         "slices of different sizes in one container ([4096, 8192] MiB): the per-container "
+         "limit is one value for every GPU"),
+        ([0], ValueError, f"NVIDIA_GPU_MEMORY_LIMIT: 0 MiB is outside 1..{MAX_MIB}"),
+        ([4096, True], TypeError, "NVIDIA_GPU_MEMORY_LIMIT: MiB must be an int, not bool"),
+    ],
+)  # fmt: skip
+def test_common_limit_mib_refuses(mibs: list[Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
         common_limit_mib(mibs)
 
 

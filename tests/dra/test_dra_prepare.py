@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -484,8 +486,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
     importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools (the test extra) missing"
 )
 def test_generated_modules_match_the_protos() -> None:
+    # the interpreter running the tests, not the checkout's .venv (a copy of the tree, as
+    # scripts/mutation runs in, has none)
     done = subprocess.run([str(REPO_ROOT / "scripts" / "gen-dra-proto"), "--check"],
-                          capture_output=True, text=True, timeout=120, check=False)
+                          env={**os.environ, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
 
 

@@ -1,5 +1,6 @@
 """The device plugin's choice of a slice's GPU and units (``rooms``, ``choose``,
-``preferred_units``): cases that mutation testing (``scripts/mutation``) found no test pinned,
+``preferred_units``), the unit devices of its GPUs (``expand``, ``gpus_of``) and a refusal's
+message: cases that mutation testing (``scripts/mutation``) found no test pinned,
 above all a slice that exactly fits and the freest-GPU tie-break when free memory is unknown."""
 
 from __future__ import annotations
@@ -7,8 +8,17 @@ from __future__ import annotations
 import pytest
 
 from omaticaya_py.core.model.sharing import unit_id
+from omaticaya_py.core.schema import GpuInfo
 from omaticaya_py.deviceplugin.allocation import DeviceState
-from omaticaya_py.deviceplugin.slices import Room, choose, preferred_units, rooms
+from omaticaya_py.deviceplugin.slices import (
+    Room,
+    SliceRefused,
+    choose,
+    expand,
+    gpus_of,
+    preferred_units,
+    rooms,
+)
 
 UNIT = 1024
 
@@ -136,3 +146,33 @@ def test_preferred_units(candidates, must, size, policy, expected) -> None:
 def test_preferred_units_by_default_packs() -> None:
     candidates = [room(A, 0, 8 * UNIT, 8), room(B, 1, 3 * UNIT, 8)]
     assert preferred_units(candidates, [], 1, UNIT) == [unit_id(B, 0)]
+
+
+# --- the unit devices -----------------------------------------------------------------------
+
+
+def test_expand_gives_each_gpu_its_count_of_units_sharing_its_state() -> None:
+    gpus = [DeviceState("GPU-a", 3, True, (), 5_000), DeviceState("GPU-b", 4, False, ("xid-79",), None),
+            DeviceState("GPU-c", 5, True, (), 9_000)]  # fmt: skip
+    assert expand(gpus, {"GPU-a": 2, "GPU-b": 1, "GPU-zz": 4}) == [
+        DeviceState(unit_id("GPU-a", 0), 3, True, (), 5_000),
+        DeviceState(unit_id("GPU-a", 1), 3, True, (), 5_000),
+        DeviceState(unit_id("GPU-b", 0), 4, False, ("xid-79",), None),
+    ]  # GPU-c has no count: no units
+
+
+def test_gpus_of_in_first_seen_order_a_plain_id_its_own_gpu() -> None:
+    ids = ["GPU-x", unit_id("GPU-a", 1), unit_id("GPU-b", 0), unit_id("GPU-a", 0), "GPU-x"]
+    assert gpus_of(ids) == ["GPU-x", "GPU-a", "GPU-b"]
+    assert gpus_of([]) == []
+
+
+def test_a_room_of_unknown_free_memory_is_minus_1_to_the_model() -> None:
+    assert room(A, 2, None, 3, healthy=False).info() == GpuInfo(2, -1, False, units_left=3)
+    assert room(A, 2, 4_000, 3).info() == GpuInfo(2, 4_000, True, units_left=3)
+
+
+def test_a_refusal_says_its_message() -> None:
+    refused = SliceRefused("FAILED_PRECONDITION", "GPU 2 has 100 MiB free")
+    assert (refused.code, refused.message, str(refused)) == (
+        "FAILED_PRECONDITION", "GPU 2 has 100 MiB free", "GPU 2 has 100 MiB free")

@@ -31,6 +31,8 @@ def g(mib: int, baseline: int | None = BASE, *, read_after: bool = True, held: b
                      id="a-drop-that-covers-only-the-first"),
         pytest.param([g(10 * G), g(20 * G)], BASE - 20 * G, [False, True],
                      id="a-drop-the-size-of-the-second-is-taken-as-the-first"),
+        pytest.param([g(10 * G), g(20 * G), g(5 * G)], BASE - 30 * G, [False, False, True],
+                     id="the-third-must-show-every-earlier-grant-too"),
         pytest.param([g(10 * G), g(5 * G, held=True), g(20 * G)], BASE - 35 * G,
                      [False, False, False], id="held-in-the-middle-its-memory-in-the-drop"),
         pytest.param([g(10 * G), g(5 * G, held=True), g(20 * G)], BASE - 30 * G,
@@ -141,6 +143,19 @@ def test_look_and_rebase() -> None:
     assert look([g(10 * G, held=True)], BASE) == ([False], 0)
 
 
+def test_rebase_keeps_all_but_the_baseline() -> None:
+    kept = g(10 * G, read_after=False, held=True)
+    assert rebase(kept, 4 * G) == Grant(10 * G, BASE - 4 * G, read_after=False, held=True)
+    assert rebase(g(10 * G), 0) == g(10 * G)
+
+
+def test_still_pending_keeps_a_slice_of_unknown_baseline_as_it_is_after_another_shows() -> None:
+    """The first slice shows (10 GiB in use) and leaves; the second, of unknown baseline, still
+    counts and keeps no baseline (nothing to rebase)."""
+    slices = [sl(10 * G, 0), sl(10 * G, 1, None)]
+    assert still_pending(slices, BASE - 10 * G, 10, 60) == (slices[1],)
+
+
 @pytest.mark.parametrize(
     ("grants", "free_now", "expected"),
     [
@@ -151,6 +166,11 @@ def test_look_and_rebase() -> None:
         # both made at one baseline, one in use: the other still counts
         pytest.param([g(10 * G), g(10 * G)], BASE - 10 * G, [False, True], id="same-baseline"),
         pytest.param([g(10 * G), g(10 * G)], BASE - 20 * G, [False, False], id="both-in-use"),
+        # the first showed when the third was made, the second not: rebased, the second still
+        # counts now that the free memory is no lower (without the rebase its old baseline's
+        # drop would show it: the same 10 GiB let go twice)
+        pytest.param([g(10 * G), g(10 * G), g(5 * G, BASE - 10 * G)], BASE - 10 * G,
+                     [False, True, True], id="rebased-at-a-later-grant"),
         pytest.param([g(10 * G, None), g(10 * G)], BASE - 20 * G, [True, True],
                      id="an-unknown-baseline-holds-the-rest"),
     ],

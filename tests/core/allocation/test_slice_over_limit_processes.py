@@ -103,6 +103,15 @@ def test_over_reason(s, enforced, reason):
     assert over_counts([o]) == {("0", U0, "true" if reason == NOT_ENFORCED else "false", reason): 1}
 
 
+def test_a_gpu_without_a_uuid_is_not_enforced_and_counted_under_an_empty_uuid():
+    """Fail closed: a GPU NVML gave no UUID for is never taken as enforced (no state can be
+    its), and the gauge's ``gpu_uuid`` label is empty for it."""
+    g = gpu(0, uuid=None)
+    (o,) = judge([(g, _slice(6000, 6000))], {U0: "up", "": "up"})
+    assert (o.enforced, o.why, o.reason) == (False, "mps-state-missing", OVER_LIMIT)
+    assert over_counts([o]) == {("0", "", "false", OVER_LIMIT): 1}
+
+
 def test_the_message_names_each_process_the_sum_and_the_slice():
     o = OverLimit(G0, _slice(5000, 4000, 3500), True)
     assert o.message(RES).startswith(
@@ -114,6 +123,10 @@ def test_the_message_names_each_process_the_sum_and_the_slice():
     assert "should have held" not in o.message(RES)
     many = OverLimit(G0, _slice(*[600] * 20), True)
     assert "pid 26: 600 MiB, and 4 more)" in many.message(RES) and "pid 27" not in many.message(RES)
+    sixteen = OverLimit(G0, _slice(*[600] * 16), True).message(RES)
+    assert "pid 26: 600 MiB), over its slice" in sixteen and "more" not in sixteen
+    seventeen = OverLimit(G0, _slice(*[600] * 17), True).message(RES)
+    assert "pid 26: 600 MiB, and 1 more), over its slice" in seventeen
 
 
 def test_gpu_slices_give_each_process_its_own_memory():
@@ -176,6 +189,15 @@ RESTART_CASES = [
 )
 def test_daemon_restarted(seen, now, restarted):
     assert daemon_restarted(daemon_generation(seen), daemon_generation(now)) is restarted
+
+
+@pytest.mark.parametrize(
+    ("state", "generation"),
+    [(None, None), (_state(None, 1), None), (_state(100, 0, "down"), None), (_state(100, 1), (100, 1)),
+     (_state(0, 2), (0, 2))],
+)  # fmt: skip
+def test_daemon_generation_needs_a_pid_and_a_start(state, generation):
+    assert daemon_generation(state) == generation
 
 
 class _Pods:
