@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,26 +17,47 @@ from tests.devcluster import DevCluster, dev_cluster  # noqa: F401  (session fix
 _names = itertools.count()
 
 
-@pytest.hookimpl(tryfirst=True)
+#: a test module that uses the machine's one kubelet says so in its ``pytestmark``
+#: (tests/project/test_layout.py holds every module that starts it to the mark)
+_KUBELET_MARK = "pytest.mark.kubelet"
+
+
+@functools.cache
+def _marks_kubelet(root: Path, module: str) -> bool:
+    path = root / module
+    return path.is_file() and _KUBELET_MARK in path.read_text()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist with ``--dist loadscope`` (the whole run of ``scripts/test``): one work
+    unit per test module, so a module's tests stay on one worker (they share module-scoped
+    fixtures: an agent, a device plugin, a dev cluster of their own), and one unit, "kubelet",
+    for every module marked ``kubelet``: the machine has one kubelet (its device-plugin socket
+    is a fixed path), so those modules run one after another on one worker while the others
+    take the rest. Each worker brings up its own dev cluster (a session fixture). (Not
+    ``--dist loadgroup``: its marks no longer reach the scheduler with pytest 9.2, whose node ids
+    xdist 3.8 cannot suffix.)"""
+    if config.getoption("dist", "no") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "kubelet" if _marks_kubelet(root, module) else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (the whole run of ``scripts/test``): each test
-    module is one group, run on one worker (its tests share module-scoped fixtures: an agent, a
-    device plugin, a dev cluster of its own), and every module marked ``kubelet`` is in one
-    group, "kubelet", put first: the machine has one kubelet (its device-plugin socket is a fixed
-    path), so those modules run one after another on one worker while the other workers take
-    the rest. Each worker brings up its own dev cluster (a session fixture). Without xdist,
-    nothing changes."""
-    if config.getoption("dist", "no") != "loadgroup":
+    """On a pytest-xdist worker: the modules marked ``kubelet`` first (the scheduler's work
+    units follow the collection's order, so the longest unit starts at once)."""
+    if not hasattr(config, "workerinput"):
         return
-    kubelet: list[pytest.Item] = []
-    rest: list[pytest.Item] = []
-    for item in items:
-        if item.get_closest_marker("kubelet") is not None:
-            item.add_marker(pytest.mark.xdist_group("kubelet"))
-            kubelet.append(item)
-        else:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-            rest.append(item)
+    kubelet = [i for i in items if i.get_closest_marker("kubelet") is not None]
+    rest = [i for i in items if i.get_closest_marker("kubelet") is None]
     items[:] = kubelet + rest
 
 
