@@ -41,7 +41,8 @@ class TickResult:
     attribution: Mapping[str, GpuAttribution] = field(default_factory=dict)
 
 
-#: ``ReadingAge``'s reading before the first is passed
+#: ``ReadingAge``'s reading before any is passed: no caller's reading is it, so the first one,
+#: whatever it is (``None`` too), starts its clock
 _NOT_YET = object()
 
 
@@ -51,9 +52,8 @@ class ReadingAge:
     agent's wall clock plays no part. The caller serialises calls (its own lock)."""
 
     def __init__(self) -> None:
-        # nothing a caller passes is _NOT_YET: the first reading, whatever it is, starts its clock
         self._seen: object = _NOT_YET
-        self._seen_at_s: float
+        self._seen_at_s: float  # set with the first reading
 
     def age_s(self, reading: object, now_s: float) -> float:
         """Seconds since ``reading`` (compared by identity) was first passed, at ``now_s``."""
