@@ -105,13 +105,12 @@ class _RenamedAgree(PydanticBaseSettingsSource):
             set_ = [(n, v) for n in alias.names if (v := self._value(n)) is not None]
             if len({v.strip().lower() for _, v in set_}) < 2:
                 continue
-            (new, new_value), *rest = set_
             shown = " and ".join(f"{n}={v!r}" for n, v in set_)
-            old = ", ".join(n for n, _ in rest)
+            old = [n for n, _ in set_ if n != alias.names[0]]
             form = _expected_form(info)
             lines.append(
-                f"invalid settings: {shown} differ: set {alias.names[0]} alone ({old} "
-                f"{'is its old name' if len(rest) == 1 else 'are its old names'})"
+                f"invalid settings: {shown} differ: set {alias.names[0]} alone ({', '.join(old)} "
+                f"{'is its old name' if len(old) == 1 else 'are its old names'})"
                 + (f", {form}" if form else "")
             )
         if lines:

@@ -61,8 +61,8 @@ def unknown_variables(
         if upper in by_upper:  # applied: a spelling of a known name
             out.append((name, by_upper[upper]))
             continue
-        close = difflib.get_close_matches(upper.removeprefix(upper_prefix), by_rest, n=1,
-                                          cutoff=0.6)  # fmt: skip
+        rest = upper.removeprefix(upper_prefix)
+        close = difflib.get_close_matches(rest, by_rest, n=1, cutoff=0.6)
         out.append((name, by_rest[close[0]] if close else None))
     return out
 

@@ -49,10 +49,14 @@ def json_int(value: Any) -> int | None:
 
 
 def json_float(value: Any) -> float | None:
-    """A finite number from JSON, or ``None`` (booleans, NaN, infinities, text)."""
+    """A finite number from JSON, or ``None`` (booleans, NaN, infinities, text, a whole number
+    too large for a float)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # JSON's whole numbers have no bound: 10**400 is an int
+        return None
     return number if math.isfinite(number) and abs(number) < 1e18 else None
 
 
@@ -74,7 +78,7 @@ def rfc3339_s(text: Any) -> float | None:
     if not isinstance(text, str) or not text or len(text) > 64:
         return None
     try:
-        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        stamp = datetime.fromisoformat(text)  # Python 3.11 reads a "Z" zone itself
         if stamp.tzinfo is None:
             return None
         epoch_s = stamp.timestamp()
