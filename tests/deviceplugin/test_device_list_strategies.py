@@ -11,8 +11,10 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -291,6 +293,8 @@ def test_generated_modules_match_the_proto() -> None:
     done = subprocess.run(
         [str(REPO_ROOT / "scripts" / "gen-deviceplugin-proto"), "--check"],
         capture_output=True, text=True, timeout=120, check=False,
+        # this interpreter, not the checkout's .venv (a copy of the tree, as mutmut's, has none)
+        env={**os.environ, "PYTHON": sys.executable},
     )
     assert done.returncode == 0, done.stderr
 
