@@ -67,7 +67,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         )
     if kubelet_sock_in_use():
         pytest.skip("another kubelet runs on this machine (one per machine)")
-    state_dir = tmp_path_factory.mktemp("fullcluster")
+    # a short name: the DRA driver's registration socket lies 55 bytes below it, and a unix
+    # socket's path is at most 107 (under pytest-xdist the folder gains "popen-gwN/")
+    state_dir = tmp_path_factory.mktemp("fc")
     try:
         cluster = start_dev_cluster(state_dir, full=True)
     except BaseException:
