@@ -26,8 +26,10 @@ from omaticaya_py.scheduler.fit import (
     judge,
     judge_all,
     judge_each,
+    judge_safely,
     place_slices,
     reason_text,
+    room_on,
     slice_room,
     wanted_text,
 )
@@ -315,3 +317,132 @@ CHOICES = [
 @pytest.mark.parametrize(("case", "free", "need", "gpus"), CHOICES, ids=[c[0] for c in CHOICES])
 def test_which_gpus_a_pod_gets(case, free, need, gpus):
     assert choose_gpus(node(*free), need, "binpack") == gpus, case
+
+
+# ------------------------------------------------- the second mutation run's survivors ----
+
+UNIT = 1024
+
+
+def shared(*units: int, free_mib: int = 80000) -> NodeGpuState:
+    """A fresh node with no whole GPU and a shared GPU per ``units`` (units left each, 1 GiB a
+    unit)."""
+    return replace(node(), shared=tuple(GpuInfo(i, free_mib, True, units_left=u)
+                                        for i, u in enumerate(units)), share_unit_mib=UNIT)  # fmt: skip
+
+
+def test_judging_passes_the_context_policy_to_the_room_rule():
+    """A slice's score is the room of the GPU it goes to: spread takes the roomiest, binpack
+    the tightest, through ``judge`` and the kept verdicts' fast path alike."""
+    state, need = shared(20, 10), Need(0, 1, slices=(5,))
+    for policy, room in (("spread", 20 * UNIT), ("binpack", 10 * UNIT)):
+        c = ctx(policy=policy)
+        assert judge(record(state, c=c), need, c) == Verdict(True, fits=True, free_mib=room)
+        assert fresh_window(record(state, c=c), c) is not None  # judge_all's fast path
+        assert judge_all([("n", record(state, c=c))], need, c) == ({"n": room}, [], {}), policy
+
+
+def test_in_flight_or_no_room_is_judged_under_the_context_policy():
+    """Slices of 3, 2, 2 and 2 units on GPUs of 6 and 3 fit under binpack, never under spread:
+    under spread the node never had room (NO_ROOM), whatever binpack would say."""
+    state, need = shared(6, 3), Need(0, 1, slices=(3, 2, 2, 2))
+    live = (Placement("ns/r", "r", "n", 0, 0, placed_at=NOW, slices=(1,), gpus=(0,),
+                      bound=False),)  # fmt: skip
+    codes = {}
+    for policy in ("binpack", "spread"):
+        c = ctx(policy=policy)
+        v = judge(record(state, live, c), need, c)
+        codes[policy] = v.reason.code if v.reason is not None else None
+    assert codes == {"binpack": Reason.IN_FLIGHT, "spread": Reason.NO_ROOM}
+
+
+ROOM_PATHS = [
+    ("no memory asked: an assigned GPU has no room", (GpuInfo(0, 0, True, assigned=True),), {},
+     Need(0, 1), False),
+    ("no memory asked: a GPU no container holds", (GpuInfo(0, 0, True),), {}, Need(0, 1), True),
+    ("a MIG need is judged on its MIG devices, never on whole GPUs", (GpuInfo(0, 70000, True),),
+     {"mig": (GpuInfo(0, 10000, True, profile="1g.10gb", mig_index=0),)},
+     Need(20000, 1, profile="1g.10gb"), False),
+    ("slices alone: a stray memory_mib asks for no whole GPU", (),
+     {"shared": (GpuInfo(0, 80000, True, units_left=20),), "share_unit_mib": UNIT},
+     Need(1000, 1, slices=(5,)), True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "gpus", "kw", "need", "ok"), ROOM_PATHS,
+                         ids=[r[0] for r in ROOM_PATHS])  # fmt: skip
+def test_the_sorted_free_shortcut_is_only_for_memory_on_whole_gpus(case, gpus, kw, need, ok):
+    state = replace(node(), gpus=gpus, free_total_mib=sum(g.free_mib for g in gpus), **kw)
+    assert judge(record(state), need, ctx()).ok is ok, case
+
+
+def test_a_bad_need_is_never_judged_by_its_window():
+    heard: list[Any] = []
+    c = ctx(on_problem=lambda *a: heard.append(("problem", a)))
+    bad = Need(0, 1, "bad annotation")
+    judged = judge_all([("n", record(node(70000)))], bad, c, flagged={"n"},
+                       on_fast=lambda *a: heard.append(("fast", a)))  # fmt: skip
+    assert judged == ({}, [], {"n": why(Reason.BAD_POD, why="bad annotation")})
+    assert heard == [("problem", ("n", None, why(Reason.BAD_POD, why="bad annotation")))]
+
+
+def test_the_fast_path_does_not_run_the_liveness_rule_again(monkeypatch):
+    from omaticaya_py.scheduler import fit
+
+    ran: list[Any] = []
+    real = fit.node_liveness
+    monkeypatch.setattr(fit, "node_liveness", lambda *a, **k: ran.append(a) or real(*a, **k))
+    c = ctx()
+    assert judge_all([("n", record(node(70000)))], NEED, c) == ({"n": 70000}, [], {})
+    assert ran == []
+    assert judge(record(node(70000)), NEED, c).fits and len(ran) == 1  # judge itself runs it
+
+
+def test_a_node_that_raises_gets_the_whole_failed_verdict():
+    def boom() -> Verdict:
+        raise KeyError("k")
+
+    problem = "judging raised KeyError"
+    assert judge_safely("n", boom, ctx()) == Verdict(
+        False, why(Reason.JUDGING_FAILED, why=problem), problem=problem
+    )
+
+
+def test_the_clock_skew_allowed_is_the_context_one():
+    """Published 200 s ahead: within the default 300 s, not within the context's 100 s."""
+    state, c = node(70000, read_age_s=-200), ctx(max_skew_s=100)
+    alive = node_liveness(state, LivenessClock(NOW, 60, 0.0, 100), ttl_s=300, prefix=P)
+    assert judge(record(state, c=c), NEED, c) == Verdict(
+        False, why(Reason.UNUSABLE_TELEMETRY, why=alive.why), problem=alive.problem
+    )
+    assert judge(record(state, c=ctx()), NEED, ctx()).fits
+
+
+ROOM_ON = [
+    ("fits, scored by the node's free MiB", node(70000, 40000), (), NEED, "binpack",
+     Verdict(True, fits=True, free_mib=110000)),
+    ("a reservation still counting takes the room", node(30000), (reserved(10000),), NEED,
+     "binpack", Verdict(False, reason_text(Reason.IN_FLIGHT, prefix="omaticaya.io",
+                                           wanted=wanted_text(NEED)))),
+    ("never had room: the default prefix named", node(20000), (), NEED, "binpack",
+     Verdict(False, reason_text(Reason.NO_ROOM, prefix="omaticaya.io",
+                                wanted=wanted_text(NEED)))),
+    ("spread: the slice's room is the roomiest GPU's", shared(20, 10), (),
+     Need(0, 1, slices=(5,)), "spread", Verdict(True, fits=True, free_mib=20 * UNIT)),
+    ("binpack: the tightest GPU's", shared(20, 10), (), Need(0, 1, slices=(5,)), "binpack",
+     Verdict(True, fits=True, free_mib=10 * UNIT)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "state", "live", "need", "policy", "verdict"), ROOM_ON,
+                         ids=[r[0] for r in ROOM_ON])  # fmt: skip
+def test_room_on_is_the_room_rule_on_a_node_as_preemption_sees_it(case, state, live, need,
+                                                                  policy, verdict):  # fmt: skip
+    got = room_on(state, live, need, policy=policy)
+    assert got == verdict, case
+    assert (got.reason.code if got.reason else None) == (verdict.reason.code if verdict.reason
+                                                         else None), case  # fmt: skip
+    if verdict.reason is not None:
+        assert room_on(state, live, need, P).reason == reason_text(
+            verdict.reason.code, prefix=P, wanted=wanted_text(need)
+        ), case
