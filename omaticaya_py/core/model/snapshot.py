@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from .topology import NodeTopology
+
 __all__ = [
     "ARCHITECTURES",
     "GpuProcess",
@@ -199,6 +201,9 @@ class NodeSnapshot:
       gives it (text, ``"580.65.06"``).
     - ``cuda_driver_version``: the CUDA version the driver supports,
       ``nvmlSystemGetCudaDriverVersion_v2`` (``13000``) as (major, minor): ``(13, 0)``.
+    - ``topology``: how the GPUs are wired (``core.model.topology.NodeTopology``), read once per
+      ``nvmlInit`` (the same object in every snapshot of that session) or from a trace of
+      format version 3; ``None``: not known (an older trace, or NVML could not say).
     """
 
     read_at: datetime
@@ -209,6 +214,7 @@ class NodeSnapshot:
     error: str | None = None
     xid_events: tuple[XidEvent, ...] = field(default=())
     source: str = "nvml"
+    topology: NodeTopology | None = None
 
 
 class Reader(Protocol):
