@@ -1,4 +1,4 @@
-"""Trace reader: replays a recorded NVML trace (format version 1 or 2, see
+"""Trace reader: replays a recorded NVML trace (format version 1, 2 or 3, see
 ``docs/trace-format.md``) as if it were NVML.
 
 Same interface as ``nvml.NvmlReader``: ``read() -> NodeSnapshot``. A trace is validated once at
@@ -20,6 +20,13 @@ samples since the previous read (on the first read: every one up to the trace ti
 Version 2 adds MIG: a device's ``mig_devices`` (static facts and ``attributes``) and, per
 sample, each MIG device's memory and processes; the profile name is derived from the
 attributes (``snapshot.mig_profile_name``). A version this reader does not know is refused.
+
+Version 3 adds topology to ``devices[]`` (``topology``, ``numa_node``, ``cpu_affinity``,
+``pcie_root``, ``nvlinks``, ``p2p_read``, ``fabric``): built once at load into one
+``NodeTopology`` (``sources.trace_topology.trace_topology``), carried as
+``NodeSnapshot.topology`` by every snapshot whose sample has GPUs (as the NVML reader reads it
+once per ``nvmlInit``; a sample where NVML itself failed has none). A trace without those keys
+replays with ``topology`` ``None``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from ..core.model.snapshot import (
     mig_profile_name,
 )
 from .trace import MIB, GpmSample, GpuSample, NvmlErr, TraceDevice, TraceError, load_trace
+from .trace_topology import trace_topology
 
 __all__ = ["TraceError", "TraceReader", "load_trace"]
 
@@ -203,6 +211,8 @@ class TraceReader:
         devices = {d.index: d for d in trace.devices}
         v = trace.cuda_driver_version
         self.driver_version = trace.driver_version
+        #: the node's topology (format version 3), one object for every snapshot; ``None``: none
+        self.topology = trace_topology(trace.devices)
         self.cuda_driver_version = (v // 1000, (v % 1000) // 10) if v else None
         self.frames = tuple(
             _Frame(
@@ -305,6 +315,7 @@ class TraceReader:
             cuda_driver_version=self.cuda_driver_version,
             xid_events=events,
             source=f"trace:{self.path.name}",
+            topology=self.topology,
         )
 
     def _mean_utilization(
