@@ -27,7 +27,7 @@ from ..core.model.sayonce import SayOnce
 from ..core.model.snapshot import NodeSnapshot, Reader
 from ..core.model.window import PeakWindow
 from ..core.publish.patch import MergePatch
-from ..core.publish.readings import TickListener, TickResult, Topology, TopologyReader
+from ..core.publish.readings import TickListener, TickResult
 from ..core.publish.render import Desired, render
 from ..core.rules.attribution import GpuAttribution
 from ..core.rules.health import NodeHealth, XidLedger, assess
@@ -73,11 +73,6 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.reader = reader
-        #: the distance between two GPUs (the device plugin's preferred allocation), when the
-        #: reader knows the topology (NVML; a trace does not)
-        self.topology: Topology | None = (
-            reader.topology_level if isinstance(reader, TopologyReader) else None
-        )
         self.node = api.node
         self.dry_run = api.dry_run
         self.clock = clock

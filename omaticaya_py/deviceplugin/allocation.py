@@ -5,7 +5,7 @@ left the reading, and the devices a trace describes."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 from ..core.allocation.placement import first_whole
 from ..core.model.sharing import SharedGpus, unit_count, unit_ids
 from ..core.model.snapshot import NodeSnapshot
+from ..core.model.topology import NodeTopology
 from ..core.schema import GpuInfo
 from .v1beta1 import api_pb2
 
@@ -78,22 +79,29 @@ def preferred(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
-    distance: Callable[[str, str], int | None] | None = None,
+    topology: NodeTopology | None = None,
 ) -> list[str]:
     """The preferred ``size`` devices (IDs) out of ``available`` (the kubelet's list), given
     ``states`` (device ID -> ``DeviceState``): every must-include device first, then the
-    placement model's rule of which whole device a container gets (``core.allocation.placement.first_whole``,
-    the rule the extender predicts by): one at a time, healthy first, most free memory by the
-    live reading first, between devices of equal health and free memory the closest in topology
-    to those already chosen (``distance(a, b)``: NVML's common-ancestor level, lower is closer;
-    on real NVML), then the lowest index, then the ID. Devices the plugin does not know come
-    last, by ID."""
+    placement model's rule of which whole devices a container gets
+    (``core.allocation.placement.first_whole``, the rule the extender predicts by): healthy
+    first, most free memory by the live reading first, and, for whole GPUs on a node whose
+    wiring is known (``topology``: the agent's reading's, NVML's), the best connected set among
+    the equally roomy; then the lowest index, then the ID. MIG devices are not placed by
+    topology. Devices the plugin does not know come last, by ID."""
     chosen = list(dict.fromkeys(must_include))
     rest = sorted(d for d in dict.fromkeys(available) if d not in chosen)
     known = [d for d in rest if d in states]
-    infos = {d: states[d].info() for d in known}
-    chosen += first_whole(known, size - len(chosen), infos.__getitem__,
-                          chosen=chosen, distance=distance)  # fmt: skip
+    infos = {d: states[d].info() for d in [*known, *chosen] if d in states}
+    links = None
+    if topology is not None and topology.pairs and all(
+        states[d].mig_index is None for d in infos
+    ):
+        def links(a: str, b: str) -> int:
+            return topology.pair_score(states[a].index, states[b].index)
+    picked = first_whole(known, size - len(chosen), infos.__getitem__,
+                         chosen=[d for d in chosen if d in states], links=links)  # fmt: skip
+    chosen += picked
     chosen += [d for d in rest if d not in states][: max(0, size - len(chosen))]
     return chosen
 

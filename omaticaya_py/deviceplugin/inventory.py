@@ -18,6 +18,7 @@ from loguru import logger
 from ..core.model.sayonce import SayOnce
 from ..core.model.sharing import unit_count, unit_gpu
 from ..core.model.snapshot import NodeSnapshot
+from ..core.model.topology import NodeTopology
 from ..core.publish.readings import ReadingAge, ReadingCache
 from ..core.rules.health import Unit
 from .allocation import STALE_READING, DeviceState, departed
@@ -96,6 +97,13 @@ class Inventory:
         MIG devices, or (the shared resource) each shared GPU's units."""
         gpus = self.gpu_states()
         return gpus if self.slicer is None else expand(gpus, self.slicer.counts)
+
+    def topology(self) -> NodeTopology | None:
+        """How the node's GPUs are wired, as the latest reading says
+        (``NodeSnapshot.topology``: NVML's, read once per ``nvmlInit``, or a version 3
+        trace's); ``None`` before the first reading or when unknown."""
+        last = self._cache.last
+        return last.snapshot.topology if last is not None else None
 
     def gpu_states(self) -> list[DeviceState]:
         """Every known GPU (or MIG device) of this resource with its health from the latest

@@ -67,7 +67,7 @@ class DevicePlugin:
         self.inventory = Inventory(source.cache, scope, devices, timing, self.slicer,
                                    self._enforced if self.mps is not None else None)  # fmt: skip
         self.service = DeviceService(self.inventory, slicer=self.slicer, strategies=config.strategies,
-                                     topology=source.topology, poll_s=timing.poll_s)  # fmt: skip
+                                     poll_s=timing.poll_s)  # fmt: skip
         if units:
             name = sharing.resource_name
         elif profile is not None:

@@ -16,7 +16,7 @@ from loguru import logger
 
 from ..core.allocation.mps import ClientSpec
 from ..core.model.sharing import unit_gpu
-from ..core.publish.readings import ReadingCache, TickListener, Topology
+from ..core.publish.readings import ReadingCache, TickListener
 from .allocation import DeviceState, plugin_options, preferred
 from .inventory import Inventory
 from .slicer import Booking, Slicer
@@ -30,14 +30,13 @@ __all__ = ["CacheFeed", "DeviceService"]
 @dataclass
 class CacheFeed:
     """An ``AgentFeed`` over a bare cache (``cache.last``: the latest ``TickResult``) that
-    someone else ticks: no PodResources list (slices are released by age alone), no topology,
+    someone else ticks: no PodResources list (slices are released by age alone),
     listeners appended to ``on_tick`` are never called. ``clock``: monotonic seconds."""
 
     cache: ReadingCache
     clock: Callable[[], float] = time.monotonic
     last_listed: tuple[frozenset[str], float] | None = None
     on_tick: list[TickListener] = field(default_factory=list)
-    topology: Topology | None = None
 
 
 class DeviceService(api_pb2_grpc.DevicePluginServicer):
@@ -48,8 +47,6 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
       resource (units of shared GPUs).
     - ``strategies``: how ``Allocate`` hands a container its devices, NVIDIA's device list
       strategies (``strategies.container_response``; ``OMATICAYA_DEVICE_LIST_STRATEGY``).
-    - ``topology``: on real NVML, the PCIe/NVLink distance between two GPUs, which breaks ties
-      of the preferred allocation (``allocation.preferred``); ``None``: none.
     - ``poll_s``: how often ``ListAndWatch`` streams look at the inventory besides ``notify()``.
 
     Streams send the last list and end once ``stopping`` is set. ``refusals`` counts the
@@ -59,13 +56,11 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     """
 
     def __init__(self, inventory: Inventory, *, slicer: Slicer | None = None,
-                 strategies: Sequence[str] = DEFAULT_STRATEGIES, topology: Topology | None = None,
-                 poll_s: float = 0.2) -> None:  # fmt: skip
+                 strategies: Sequence[str] = DEFAULT_STRATEGIES, poll_s: float = 0.2) -> None:  # fmt: skip
         self.inventory = inventory
         self.slicer = slicer
         #: NVIDIA's device list strategies Allocate answers by (``strategies.py``)
         self.strategies: tuple[str, ...] = tuple(strategies)
-        self._topology = topology
         self.poll_s = poll_s
         self.stopping = threading.Event()
         self._changed = threading.Condition()
@@ -106,7 +101,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
         """Per container request, the devices to prefer out of the kubelet's available list:
         for the shared resource each container's units from one GPU (``slicer.Slicer``), else
-        whole devices in the placement model's order (``allocation.preferred``)."""
+        whole devices in the placement model's order (``allocation.preferred``; several GPUs by the
+        latest reading's topology, ``Inventory.topology``)."""
         gpus = self.inventory.gpu_states() if self.slicer is not None else []
         states = {s.id: s for s in self.inventory.devices()} if self.slicer is None else {}
         responses = []
@@ -115,7 +111,8 @@ class DeviceService(api_pb2_grpc.DevicePluginServicer):
             if self.slicer is not None:
                 ids = self.slicer.preferred(gpus, available, must, req.allocation_size)
             else:
-                ids = preferred(states, available, must, req.allocation_size, self._topology)
+                ids = preferred(states, available, must, req.allocation_size,
+                                self.inventory.topology())  # fmt: skip
                 logger.info(
                     "device plugin: preferred {} of {} (must include {})", ids, available, must
                 )

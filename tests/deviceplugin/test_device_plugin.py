@@ -14,6 +14,13 @@ from loguru import logger
 
 from omaticaya_py.agent.state import SnapshotCache
 from omaticaya_py.core.config.settings import SettingsError, load_settings
+from omaticaya_py.core.model.topology import (
+    TOPOLOGY_SINGLE,
+    TOPOLOGY_SYSTEM,
+    GpuTopology,
+    NodeTopology,
+    PairLink,
+)
 from omaticaya_py.deviceplugin.allocation import (
     DeviceState,
     preferred,
@@ -303,12 +310,12 @@ def test_resource_name_refused(bad: str, monkeypatch: pytest.MonkeyPatch, tmp_pa
         load_settings(device_plugin_resource=bad)
 
 
-# NVML topology levels between four idle GPUs: 0-1 on one board, 2-3 on another, across the system
-_LEVELS = {frozenset("ab"): 10, frozenset("cd"): 10}
-
-
-def _level(x: str, y: str) -> int:
-    return _LEVELS.get(frozenset((x, y)), 50)
+# four idle GPUs: a-b on one PCIe switch, c-d on another, across the system between them
+_WIRED = NodeTopology(
+    tuple(GpuTopology(i) for i in range(4)),
+    {(a, b): PairLink(TOPOLOGY_SINGLE if (a, b) in {(0, 1), (2, 3)} else TOPOLOGY_SYSTEM)
+     for a in range(4) for b in range(a + 1, 4)},
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -319,12 +326,12 @@ def _level(x: str, y: str) -> int:
         pytest.param(["b"], 3, ["b", "a", "c"], id="fills-closest-first"),
     ],
 )
-def test_preferred_topology_breaks_ties_between_equally_free_gpus(must, size, expected) -> None:
+def test_preferred_topology_chooses_between_equally_free_gpus(must, size, expected) -> None:
     states = {d: DeviceState(d, i, True, free_mib=80896) for i, d in enumerate("abcd")}
-    assert preferred(states, list("abcd"), must, size, _level) == expected
+    assert preferred(states, list("abcd"), must, size, _WIRED) == expected
 
 
 def test_preferred_free_memory_beats_topology() -> None:
     states = {d: DeviceState(d, i, True, free_mib=80896) for i, d in enumerate("abcd")}
     states["d"] = DeviceState("d", 3, True, free_mib=1024)
-    assert preferred(states, list("abcd"), ["c"], 2, _level) == ["c", "a"]
+    assert preferred(states, list("abcd"), ["c"], 2, _WIRED) == ["c", "a"]

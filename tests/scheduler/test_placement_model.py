@@ -29,6 +29,7 @@ from omaticaya_py.core.allocation.placement import (
     take,
 )
 from omaticaya_py.core.model.snapshot import MigReading
+from omaticaya_py.core.model.topology import GpuTopology, NodeTopology, PairLink
 from omaticaya_py.core.schema import GpuInfo, NodeGpuState, parse_node
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred
 from omaticaya_py.scheduler import Extender, ExtenderSettings
@@ -91,33 +92,48 @@ def test_pick_whole(case, devices, count, mib, chosen):
         assert keys == chosen, case
 
 
+def _wired(n: int, nvlinks: dict[frozenset[int], int]) -> NodeTopology:
+    """``n`` GPUs joined by ``nvlinks`` NVLinks per pair (score 100 each), others unknown (0)."""
+    pairs = {(a, b): PairLink(None, nvlinks.get(frozenset((a, b)), 0))
+             for a in range(n) for b in range(a + 1, n)}  # fmt: skip
+    return NodeTopology(tuple(GpuTopology(i) for i in range(n)), pairs)
+
+
 FIRST_WHOLE_CASES = [
-    # (case, free MiB per GPU index (None: unknown), count, chosen, distance between indices)
+    # (case, free MiB per GPU index (None: unknown), count, chosen, NVLinks per pair or None)
     ("most free first, the lower index on a tie", [50, 80, 80, None], 3, [1, 2, 0], None),
     ("unknown free memory last", [None, 10], 2, [1, 0], None),
-    ("a tie of free memory: the closest to those chosen", [80, 80, 80], 2, [0, 2],
-     lambda a, b: 0 if {a, b} == {0, 2} else 3),
-    ("closeness never beats more free memory", [80, 79, 80], 2, [0, 2],
-     lambda a, b: 0 if {a, b} == {0, 1} else 3),
+    ("a tie of free memory: the best linked set", [80000, 80000, 80000], 2, [0, 2],
+     {frozenset((0, 2)): 2}),
+    ("within LINK_TIE_MIB of the most free: links win", [80000, 79500, 80000], 2, [0, 1],
+     {frozenset((0, 1)): 4}),
+    ("links never beat over LINK_TIE_MIB more free memory", [80000, 70000, 80000], 2, [0, 2],
+     {frozenset((0, 1)): 12}),
+    ("one GPU: where it breaks the fewest links", [80000, 80000, 80000, 80000], 1, [2],
+     {frozenset((0, 1)): 2, frozenset((1, 2)): 1, frozenset((0, 3)): 1}),
+    ("four of eight: the island of four, not two pairs", [80000] * 8, 4, [4, 5, 6, 7],
+     {frozenset(p): 2 for p in [(0, 1), (2, 3), (4, 5), (4, 6), (4, 7), (5, 6), (5, 7), (6, 7)]}),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("case", "frees", "count", "chosen", "distance"), FIRST_WHOLE_CASES,
+@pytest.mark.parametrize(("case", "frees", "count", "chosen", "nvlinks"), FIRST_WHOLE_CASES,
                          ids=[c[0] for c in FIRST_WHOLE_CASES])  # fmt: skip
-def test_first_whole_is_the_plugins_and_the_extenders_rule(case, frees, count, chosen, distance):
-    """One rule of which whole devices a container gets (issue 48 item 2): ``first_whole``
-    picks them; the device plugin's ``preferred`` (device IDs, the kubelet's available list,
-    topology on real NVML) and the extender's ``pick_whole`` (without topology) both call it."""
+def test_first_whole_is_the_plugins_and_the_extenders_rule(case, frees, count, chosen, nvlinks):
+    """One rule of which whole devices a container gets (issue 48 item 2, issue 50 item 4):
+    ``first_whole`` picks them; the device plugin's ``preferred`` (device IDs, the kubelet's
+    available list) and the extender's ``pick_whole`` (the telemetry's GPUs) both call it, with
+    the node's topology when it is known."""
     infos = [GpuInfo(i, f if f is not None else -1, True) for i, f in enumerate(frees)]
-    got = first_whole(list(range(len(frees))), count, infos.__getitem__, distance=distance)
-    assert got == chosen, case
+    wiring = None if nvlinks is None else _wired(len(frees), nvlinks)
+    links = None if wiring is None else (lambda a, b: wiring.pair_score(a, b))
+    got = first_whole(list(range(len(frees))), count, infos.__getitem__, links=links)
+    assert sorted(got) == sorted(chosen), case
     ids = {i: f"GPU-{i}" for i in range(len(frees))}
     states = {ids[i]: DeviceState(ids[i], i, True, (), f) for i, f in enumerate(frees)}
-    by_id = None if distance is None else (lambda a, b: distance(int(a[4:]), int(b[4:])))
-    assert preferred(states, list(reversed(states)), [], count, by_id) == [ids[i] for i in chosen]
-    if distance is None and None not in frees:  # unknown free memory (-1) fits nothing there
-        picked = pick_whole(infos, count)
-        assert picked is not None and [g.index for g in picked] == chosen, case
+    assert preferred(states, list(reversed(states)), [], count, wiring) == [ids[i] for i in got]
+    if None not in frees:  # unknown free memory (-1) fits nothing there
+        picked = pick_whole(infos, count, topology=wiring)
+        assert picked is not None and [g.index for g in picked] == got, case
 
 
 def test_pick_memory_by_policy():

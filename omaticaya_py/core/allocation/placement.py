@@ -11,10 +11,12 @@ it was placed for. So both ask this module, and nothing else, "which device":
   device plugin's ``GetPreferredAllocation`` and ``Allocate`` check call it with the kubelet's
   available units; the extender with the units the telemetry says are left.
 - **A whole device** (the device plugin's GPU resource, or a MIG device of one profile) is one
-  of those no container holds, healthy, in ``whole_order``: most live free memory first, the
-  lower index (then MIG index) on a tie. The device plugin does not know a pod's memory need
-  (the device plugin API gives it none), so a pod fits only when the devices first in that
-  order each have its need free (``pick_whole``).
+  of those no container holds, healthy, most live free memory first, the lower index (then MIG
+  index) on a tie; for several whole GPUs on a node whose wiring is known
+  (``core.model.topology``), the best connected set among the equally roomy
+  (``first_whole``: memory first, then links). The device plugin does not know a pod's memory
+  need (the device plugin API gives it none), so a pod fits only when the devices so chosen each
+  have its need free (``pick_whole``).
 - **Memory without a device** (a pod that asks only by the ``gpu-memory-mib`` annotation) takes
   that much on each of ``count`` healthy GPUs with it free: ``binpack`` the least free,
   ``spread`` the most (``pick_memory``).
@@ -31,16 +33,21 @@ sides. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import combinations
 from typing import TypeVar
 
 from ..model.sharing import DEFAULT_SHARED_RESOURCE, device_order
+from ..model.topology import NodeTopology
 from ..schema import GpuInfo, NodeGpuState
 from .policy import DEFAULT_POLICY, POLICIES, PlacementPolicy, policy_sign
 
 __all__ = [
     "DEFAULT_POLICY",
+    "LINK_TIE_MIB",
+    "MAX_LINK_SETS",
     "POLICIES",
     "Need",
     "PlacementPolicy",
@@ -165,47 +172,110 @@ def pick_slice(gpus: Iterable[GpuInfo], mib: int, unit_mib: int, policy: str) ->
 T = TypeVar("T")
 
 
+#: GPUs whose free memory is within this of the least free of the ``count`` most free count as
+#: equally roomy, and the links between them decide (``first_whole``): idle GPUs differ by a
+#: few MiB, a GPU with a neighbour's process on it by GiBs
+LINK_TIE_MIB = 1024
+#: above this many candidate sets, a connected set is grown one GPU at a time instead
+MAX_LINK_SETS = 5000
+
+
 def first_whole(devices: Sequence[T], count: int, info: Callable[[T], GpuInfo],
                 chosen: Sequence[T] = (),
-                distance: Callable[[T, T], int | None] | None = None) -> list[T]:  # fmt: skip
+                links: Callable[[T, T], int] | None = None) -> list[T]:  # fmt: skip
     """The next ``count`` whole devices handed out of ``devices`` (fewer when there are fewer),
-    one at a time, first handed out first: THE rule of which whole device a container gets,
-    called by the device plugin's ``GetPreferredAllocation`` (``deviceplugin.allocation.preferred``:
-    device IDs, the kubelet's available list) and by the extender's prediction (``pick_whole``:
-    the node's devices no container holds), so both choose alike.
+    first handed out first: THE rule of which whole devices a container gets, called by the
+    device plugin's ``GetPreferredAllocation`` (``deviceplugin.allocation.preferred``: device
+    IDs, the kubelet's available list) and by the extender's prediction (``pick_whole``: the
+    node's devices no container holds), so both choose alike.
 
-    Each pick is the device first by ``whole_key`` (``info(device)``: its ``GpuInfo``; healthy
-    first, most free MiB first, lowest index, then MIG index), except that between devices of
-    equal health and free memory the one closest to those chosen so far (``chosen``, then the
-    ones picked here) goes first: ``distance(a, b)`` (NVML's common-ancestor level, lower is
-    closer, ``None``: 0; given only by the plugin on real NVML, where the extender cannot see
-    it). A tie of everything goes to the device earlier in ``devices``."""
-    picked: list[T] = []
-    rest = list(devices)
+    Memory first, then links:
+
+    1. Without ``links`` (no topology known), or when fewer than ``count`` healthy devices are
+       there: the first ``count`` by ``whole_key`` (``info(device)``: its ``GpuInfo``; healthy
+       first, most free MiB first, lowest index, then MIG index); a tie of everything goes to
+       the device earlier in ``devices``.
+    2. With ``links`` (``links(a, b)``: the pair's score, ``core.model.topology``; higher is
+       better connected): the candidates are the healthy devices whose free memory is within
+       ``LINK_TIE_MIB`` of the least free of the ``count`` most free (so no set is more than
+       ``LINK_TIE_MIB`` worse off in memory than rule 1's). Of their sets of ``count``, the one
+       with the highest score with ``chosen`` (the sum of its pairs' ``links``, the devices
+       already chosen included) goes; on a tie the one that leaves the other candidates best
+       connected (the sum of their pairs' scores: a 1-GPU pod goes where it breaks the fewest
+       links); then the most free memory; then the earliest by rule 1's order. Above
+       ``MAX_LINK_SETS`` sets the set is grown one device at a time, each the candidate with the
+       highest score to those chosen so far (rule 1's order on a tie), starting from
+       ``chosen`` or the candidate best connected to the others.
+
+    The result is in rule 1's order."""
+    ranked = sorted(devices, key=lambda d: whole_key(info(d)))
+    first = ranked[:count]
+    if links is None or count <= 0 or len(first) < count or not all(info(d).healthy for d in first):
+        return first
+    floor = min(info(d).free_mib for d in first) - LINK_TIE_MIB
+    pool = [d for d in ranked if info(d).healthy and info(d).free_mib >= floor]
+    if len(pool) == count:
+        return pool
+    rank = {id(d): k for k, d in enumerate(ranked)}
+    score = _pair_scores([*chosen, *pool], links)
+    if math.comb(len(pool), count) > MAX_LINK_SETS:
+        return sorted(_grow(pool, count, chosen, score), key=lambda d: rank[id(d)])
+    fixed = sum(score(a, b) for a, b in combinations(chosen, 2))
+    with_chosen = {id(d): sum(score(d, c) for c in chosen) for d in pool}
+
+    def key(picked: Iterable[T]) -> tuple[int, int, int, tuple[int, ...]]:
+        picked = tuple(picked)
+        inside = set(map(id, picked))
+        rest = [d for d in pool if id(d) not in inside]
+        own = fixed + sum(with_chosen[id(d)] for d in picked)
+        own += sum(score(a, b) for a, b in combinations(picked, 2))
+        left = sum(score(a, b) for a, b in combinations(rest, 2))
+        free = sum(info(d).free_mib for d in picked)
+        return (-own, -left, -free, tuple(rank[id(d)] for d in picked))
+
+    return list(min(combinations(pool, count), key=key))
+
+
+def _pair_scores(devices: Sequence[T], links: Callable[[T, T], int]) -> Callable[[T, T], int]:
+    """``links`` over ``devices``, each pair asked once."""
+    table: dict[tuple[int, int], int] = {}
+    for a, b in combinations(devices, 2):
+        table[(id(a), id(b))] = table[(id(b), id(a))] = links(a, b)
+    return lambda a, b: table.get((id(a), id(b)), 0)
+
+
+def _grow(pool: Sequence[T], count: int, chosen: Sequence[T],
+          score: Callable[[T, T], int]) -> list[T]:  # fmt: skip
+    """``count`` of ``pool`` (in rule 1's order), grown one at a time by the highest score to
+    ``chosen`` and those grown so far; the first is the one best connected to the whole pool
+    when nothing is chosen."""
     near = list(chosen)
-
-    def key(d: T) -> tuple[tuple[bool, int], int, tuple[bool, int, int, int]]:
-        order = whole_key(info(d))
-        far = max((distance(d, c) or 0 for c in near), default=0) if distance else 0
-        return order[:2], far, order
-
+    rest = list(pool)
+    picked: list[T] = []
     while rest and len(picked) < count:
-        best = min(rest, key=key)
+        against = near or rest
+        best = max(rest, key=lambda d: (sum(score(d, c) for c in against if c is not d),
+                                        -rest.index(d)))  # fmt: skip
         picked.append(best)
         near.append(best)
         rest.remove(best)
     return picked
 
 
-def pick_whole(devices: Iterable[GpuInfo], count: int, memory_mib: int = 0
-               ) -> tuple[GpuInfo, ...] | None:  # fmt: skip
+def pick_whole(devices: Iterable[GpuInfo], count: int, memory_mib: int = 0,
+               topology: NodeTopology | None = None) -> tuple[GpuInfo, ...] | None:  # fmt: skip
     """The ``count`` whole devices a pod of the device plugin's resource gets: the first
     ``count`` of the healthy ones no container holds, as the plugin hands them out
     (``first_whole``); ``None`` when there are fewer, or when one of them has less than
     ``memory_mib`` free (the plugin would hand it out all the same). A pod that asks for the
-    devices alone (no memory annotation: ``memory_mib`` 0) fits wherever ``count`` are free."""
+    devices alone (no memory annotation: ``memory_mib`` 0) fits wherever ``count`` are free.
+    ``topology``: the node's wiring (the telemetry's ``links``), whole GPUs only: the links
+    between GPUs then choose among the equally roomy (``first_whole``)."""
     free = [g for g in devices if g.healthy and not g.assigned]
-    got = first_whole(free, count, _same)
+    links = None
+    if topology is not None and topology.pairs:
+        links = lambda a, b: topology.pair_score(a.index, b.index)  # noqa: E731
+    got = first_whole(free, count, _same, links=links)
     if len(got) < count or any(g.free_mib < memory_mib for g in got):
         return None
     return tuple(got)
@@ -277,7 +347,8 @@ def place(state: NodeGpuState, need: Need, policy: str = DEFAULT_POLICY) -> Take
     n = need.whole_count
     if n:
         devices = need_devices(state, need)
-        chosen = (pick_whole(devices, n, need.memory_mib) if need.exclusive or need.profile
+        wiring = state.topology if need.profile is None else None
+        chosen = (pick_whole(devices, n, need.memory_mib, wiring) if need.exclusive or need.profile
                   else pick_memory(devices, n, need.memory_mib, policy))  # fmt: skip
         if chosen is None:
             return None

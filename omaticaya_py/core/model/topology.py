@@ -354,7 +354,7 @@ def build_topology(gpus: Sequence[GpuLinks]) -> NodeTopology:
             if link.remote_type == NVLINK_REMOTE_SWITCH:
                 n_switch += 1
                 continue
-            peer = by_bus.get(link.remote_bus_id)
+            peer = by_bus.get(link.remote_bus_id) if link.remote_bus_id else None
             if peer is not None and peer != g.index:
                 key = (g.index, peer)
                 direct[key] = direct.get(key, 0) + 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from ..model.snapshot import NodeSnapshot
 from ..rules.attribution import GpuAttribution
@@ -20,7 +20,7 @@ from .patch import MergePatch
 from .render import Desired
 
 __all__ = [
-    "AgentFeed", "ReadingAge", "ReadingCache", "TickListener", "Topology", "TopologyReader",
+    "AgentFeed", "ReadingAge", "ReadingCache", "TickListener",
     "TickResult",
 ]
 
@@ -64,21 +64,6 @@ class ReadingAge:
 
 #: called with each tick's result as soon as it is cached, on the tick's thread
 TickListener = Callable[[TickResult], None]
-#: the topology distance between two GPUs by UUID (NVML's common-ancestor level: 0 same board
-#: ... 50 across the system; lower is closer), ``None`` when unknown
-Topology = Callable[[str, str], "int | None"]
-
-
-@runtime_checkable
-class TopologyReader(Protocol):
-    """A reader that knows the PCIe/NVLink topology between two GPUs (NVML's; a trace does
-    not)."""
-
-    def topology_level(self, uuid_a: str, uuid_b: str) -> int | None:
-        """The common-ancestor level between the GPUs ``uuid_a`` and ``uuid_b`` (``Topology``)."""
-        ...
-
-
 class ReadingCache(Protocol):
     """Where the agent keeps its latest tick (``agent.state.SnapshotCache``)."""
 
@@ -100,8 +85,6 @@ class AgentFeed(Protocol):
     - ``on_tick``: the tick listeners; the plugin appends its own (to wake its streams and
       follow MIG profiles) and never removes them. Each is called on the tick's thread, before
       any API request.
-    - ``topology``: the distance between two GPUs (``Topology``), on real NVML; ``None`` when
-      the reader has none (a trace replay).
     """
 
     @property
@@ -115,6 +98,3 @@ class AgentFeed(Protocol):
 
     @property
     def on_tick(self) -> list[TickListener]: ...
-
-    @property
-    def topology(self) -> Topology | None: ...

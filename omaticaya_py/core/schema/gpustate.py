@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.sharing import gpu_room_mib
+from ..model.topology import NodeTopology
 
 __all__ = ["GpuInfo", "NodeGpuState"]
 
@@ -99,6 +100,9 @@ class NodeGpuState:
     #: ``index`` the GPU's, ``mig_index`` and ``profile`` set, ``assigned`` when the kubelet
     #: has handed it to a container (its ``pods``), then ``free_mib`` 0
     mig: tuple[GpuInfo, ...] = ()
+    #: how the whole GPUs are wired (the telemetry's ``links`` and per-GPU topology): the
+    #: placement model's choice of several GPUs follows it; ``None``: not published
+    topology: NodeTopology | None = None
 
     @property
     def live_free_total_mib(self) -> int:

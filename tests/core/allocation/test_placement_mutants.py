@@ -12,8 +12,8 @@ device plugin's slices, ``tests/scheduler/test_placement_model.py``) leave open:
 - ``place_slices`` alone: no slices; memories not given (each slice's own size).
 - ``take`` of memory alone, of units or memory alone, of slices on a node without a unit
   size, of a reservation naming fewer slices than the need.
-- ``take_slice``, ``take_memory``, ``take_whole``, ``whole_key`` and ``first_whole``'s
-  distance ``None`` (counted as 0).
+- ``take_slice``, ``take_memory``, ``take_whole`` and ``whole_key`` (``first_whole`` with
+  links: test_placement_links.py).
 - ``slice_room`` and ``choose_gpus``, which no other in-process test reaches directly.
 """
 
@@ -220,17 +220,6 @@ def test_whole_key():
 def test_first_whole_healthy_before_more_free_and_index_before_list_order():
     infos = [GpuInfo(1, 50000, True), GpuInfo(0, 50000, True), GpuInfo(2, 80000, False)]
     assert [g.index for g in first_whole(infos, 3, lambda g: g)] == [0, 1, 2]
-
-
-@pytest.mark.parametrize("near", [None, 0])
-def test_first_whole_distance_none_counts_as_0(near):
-    """``None`` is as close as 0, closer than 1: the closer device goes first although its
-    index is higher."""
-    infos = {"a": GpuInfo(1, 80000, True), "b": GpuInfo(0, 80000, True)}
-    distance = {("a", "c"): near, ("b", "c"): 1}
-    got = first_whole(["b", "a"], 1, infos.__getitem__, chosen=["c"],
-                      distance=lambda x, y: distance[(x, y)])  # fmt: skip
-    assert got == ["a"]
 
 
 # ------------------------------------------------------ slice_room, choose_gpus ----
