@@ -9,6 +9,10 @@ per line on stdin with one JSON object per line on stdout:
 - ``{"cmd": "errors"}`` -> ``{"errors": [[call, name, n], ...]}``;
 - ``{"cmd": "calls"}`` -> ``{"calls": {call: n}}``: ``NvmlReader.calls_by_name()``'s counts;
 - ``{"cmd": "topology", "a": uuid, "b": uuid}`` -> ``{"level": NvmlReader.topology_level(a, b)}``;
+- ``{"cmd": "topology_matrix"}`` -> ``{"topology": null}`` before a read (or while NVML is down),
+  else ``{"topology": {"matrix": NodeTopology.matrix(), "islands": {index: name},
+  "gpus": [GpuTopology as a dict], "pairs": [[a, b, PairLink as a dict], ...]}}`` of the
+  reader's topology (``topology_data``);
 - ``{"cmd": "pynvml", "fn": "nvmlDeviceGetName", "args": [...]}`` -> ``{"ok": result}`` or
   ``{"error": "NVMLError_..."}`` (the pynvml exception class name). Arguments may name objects
   kept here: ``{"handle": i}`` (nvmlDeviceGetHandleByIndex(i)), ``{"mig": [i, slot]}``,
@@ -19,6 +23,9 @@ per line on stdin with one JSON object per line on stdout:
   itself with a buffer of ``n`` bytes -> ``{"ret": code, "value": str}`` (the short-buffer
   checks pynvml's fixed buffers never reach); ``"fn": "nvmlDeviceGetComputeRunningProcesses_v3"``
   with ``"count": n`` (``null``: a NULL array) -> ``{"ret": code, "count": n}``;
+  ``"fn": "nvmlDeviceGetGpuFabricInfoV"`` with ``"version": 2 | 3 | n`` (pynvml's
+  ``c_nvmlGpuFabricInfo_v2_t`` / ``_v3_t`` with that struct version, or the v2 struct with the
+  raw version ``n``) -> ``{"ret": code, "info": the struct's fields}``;
 - ``{"cmd": "wake", "how": "free" | "shutdown"}``: a thread waits in ``nvmlEventSetWait_v2``
   (30 s) on a new set while this one frees the set or shuts NVML down (after one
   ``nvmlInit`` of its own) -> ``{"waiter": "NVMLError_..." | "event", "waited_s": s}``;
@@ -28,6 +35,8 @@ per line on stdin with one JSON object per line on stdout:
 - ``{"cmd": "reinit"}``: ``NvmlReader.close()``; the next read initialises NVML again;
 - ``{"cmd": "close"}`` -> ``{"ok": true}``, then the process exits.
 Startup options: ``--no-watch-xid`` (no Xid thread), ``--no-reader`` (raw pynvml only).
+Environment read here only: ``OMATICAYA_TEST_SYSFS_ROOT``, the ``sysfs_root`` of the reader and
+the recorder (a fake sysfs tree: ``tests.nvmltestlib.fake_sysfs``; unset: ``/sys``).
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import json
+import os
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -52,6 +63,8 @@ def _plain(value: Any) -> Any:
         or type(value).__name__ == "LP_struct_c_nvmlDevice_t"
     ):
         return {"address": ctypes.cast(value, ctypes.c_void_p).value}
+    if isinstance(value, ctypes.Array):
+        return [_plain(v) for v in value]
     if isinstance(value, ctypes.Structure):
         return {name: _plain(getattr(value, name)) for name, *_ in value._fields_}
     if isinstance(value, ctypes.Union):
@@ -67,13 +80,32 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def topology_data(topology: Any) -> dict[str, Any] | None:
+    """A ``NodeTopology`` as JSON data: its ``matrix()``, ``islands()`` (keys as strings), its
+    GPUs and its pairs; ``None`` for ``None``."""
+    if topology is None:
+        return None
+    return {
+        "matrix": topology.matrix(),
+        "islands": {str(k): v for k, v in topology.islands().items()},
+        "gpus": [dataclasses.asdict(g) for g in topology.gpus],
+        "pairs": [
+            [a, b, dataclasses.asdict(link)] for (a, b), link in sorted(topology.pairs.items())
+        ],
+    }
+
+
+def _sysfs_root() -> Path:
+    return Path(os.environ.get("OMATICAYA_TEST_SYSFS_ROOT") or "/sys")
+
+
 class Worker:
     def __init__(self, watch_xid: bool, with_reader: bool) -> None:
         self.reader = None
         if with_reader:
             from omaticaya_py.sources.nvml import NvmlReader
 
-            self.reader = NvmlReader(watch_xid=watch_xid)
+            self.reader = NvmlReader(watch_xid=watch_xid, sysfs_root=_sysfs_root())
         self.event_sets: dict[str, Any] = {}
         self.recorder: Any = None
 
@@ -95,6 +127,17 @@ class Worker:
             if isinstance(message["handle"], dict)
             else (pynvml.nvmlDeviceGetHandleByIndex(message["handle"]))
         )
+        if message["fn"] == "nvmlDeviceGetGpuFabricInfoV":
+            version = message["version"]
+            info = (
+                pynvml.c_nvmlGpuFabricInfo_v3_t()
+                if version == 3
+                else pynvml.c_nvmlGpuFabricInfo_v2_t()
+            )
+            if version not in (2, 3):
+                info.version = version
+            ret = fn(handle, ctypes.byref(info))
+            return {"ret": ret, "info": _plain(info)}
         if message["fn"] == "nvmlDeviceGetComputeRunningProcesses_v3":
             count = ctypes.c_uint(message["count"] or 0)
             infos = (pynvml.c_nvmlProcessInfo_v3_t * max(1, count.value))()
@@ -153,6 +196,9 @@ class Worker:
         if cmd == "topology":
             assert self.reader is not None
             return {"level": self.reader.topology_level(message["a"], message["b"])}
+        if cmd == "topology_matrix":
+            assert self.reader is not None
+            return {"topology": topology_data(self.reader.topology)}
         if cmd == "errors":
             return {"errors": self.errors()}
         if cmd == "calls":
@@ -170,7 +216,7 @@ class Worker:
             if self.recorder is None:
                 from omaticaya_py.sources.record.recorder import Recorder
 
-                self.recorder = Recorder(1.0)
+                self.recorder = Recorder(1.0, sysfs_root=_sysfs_root())
             return {"sample": self.recorder.sample(message["t"])}
         if cmd == "record_close":
             self.recorder.close()

@@ -10,6 +10,9 @@ recorded trace (docs/trace-format.md) through NVML's C ABI. The dynamic loader r
   it (``faults``: NVML calls that fail, ``NVML_TESTLIB_FAULTS``);
 - ``scenario(path, sample(...), ...)`` writes a small trace, one fault per sample (``fault``),
   GPM readings with ``gpm(...)``;
+- ``topology_scenario(path, [gpu(...), ...])`` writes a format-version-3 trace of whole H100s
+  wired as given (``nvlink(...)`` for each link), and ``fake_sysfs(root, trace)`` the sysfs
+  tree of its GPUs (PCIe root, NUMA node) for the reader's ``sysfs_root``;
 - ``NvmlWorker`` runs ``python -m tests.nvml_worker`` under that environment and talks to it
   with line-based JSON (see tests/nvml_worker.py);
 - ``testlib_unavailable_reason()`` / ``requires_testlib``: skip cleanly where ``cc`` or cJSON
@@ -139,6 +142,7 @@ class NvmlWorker:
         reader: bool = True,
         timeout: float = 30.0,
         faults: dict[str, str] | None = None,
+        sysfs_root: Path | None = None,
     ) -> None:
         self.sample_file = sample_file
         self.timeout = timeout
@@ -149,10 +153,14 @@ class NvmlWorker:
             args.append("--no-watch-xid")
         if not reader:
             args.append("--no-reader")
+        env = testlib_env(trace, sample_file, speed, faults)
+        env.pop("OMATICAYA_TEST_SYSFS_ROOT", None)
+        if sysfs_root is not None:
+            env["OMATICAYA_TEST_SYSFS_ROOT"] = str(sysfs_root)
         self.proc = subprocess.Popen(
             args,
             cwd=str(ROOT),
-            env=testlib_env(trace, sample_file, speed, faults),
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -192,6 +200,15 @@ class NvmlWorker:
 
     def errors(self) -> dict[tuple[str, str], int]:
         return {(c, e): n for c, e, n in self.request({"cmd": "errors"})["errors"]}
+
+    def topology(self) -> dict[str, Any] | None:
+        """The reader's ``NodeTopology`` as data (tests/nvml_worker.py ``topology_matrix``):
+        ``matrix``, ``islands`` (index as a string -> name), ``gpus``, ``pairs``."""
+        return self.request({"cmd": "topology_matrix"})["topology"]
+
+    def calls(self) -> dict[str, int]:
+        """``NvmlReader.calls_by_name()``'s counts."""
+        return self.request({"cmd": "calls"})["calls"]
 
     def pynvml(self, fn: str, *args: Any) -> dict[str, Any]:
         """``pynvml.<fn>(*args)``; arguments ``{"handle": i}`` / ``{"mig": [i, slot]}`` /
@@ -243,8 +260,6 @@ class NvmlWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
 
 
 MIG_MIXED = ROOT / "tests" / "data" / "mig-mixed-trace.json"
@@ -319,6 +334,83 @@ def scenario(
         devices(doc["devices"])
     path.write_text(json.dumps(doc))
     return path
+
+
+H100 = ROOT / "tests" / "data" / "h100-trace.json"
+
+
+def nvlink(link: int, remote: str, remote_type: int = 0, state: int = 1) -> dict[str, Any]:
+    """One ``devices[].nvlinks[]`` entry (trace format 3): link number ``link``, its far end's
+    PCI address ``remote`` (NVML's ``"00000000:07:00.0"`` form), ``remote_type`` 0 a GPU, 2 an
+    NVSwitch, ``state`` 1 active, 0 inactive."""
+    return {
+        "link": link,
+        "state": state,
+        "remote_pci_bus_id": remote,
+        "remote_device_type": remote_type,
+    }
+
+
+def gpu(pci_bus_id: str, **topology: Any) -> dict[str, Any]:
+    """One GPU of ``topology_scenario``: its PCI address (NVML's form) and its version 3 keys
+    (``topology``, ``numa_node``, ``cpu_affinity``, ``pcie_root``, ``nvlinks``, ``p2p_read``,
+    ``fabric``; absent: NVML answers NotSupported)."""
+    return {"pci_bus_id": pci_bus_id, **topology}
+
+
+def topology_scenario(path: Path, gpus: Sequence[dict[str, Any]], samples: int = 1) -> Path:
+    """Write a trace of format version 3 with one whole H100 per ``gpus`` entry (``gpu(...)``):
+    the static facts of ``h100-trace.json``'s GPU with its own index, UUID
+    (``GPU-0000000<i>-...``), serial and the entry's keys, and ``samples`` samples one second
+    apart, each the recording's first reading for every GPU; returns ``path``. Topology keys
+    that name peers (``topology``, ``p2p_read``) take string indices as the format does."""
+    src = json.loads(H100.read_text())
+    base, reading = src["devices"][0], src["samples"][0]["gpus"][0]
+    devices = []
+    for index, entry in enumerate(gpus):
+        device = {**base, "index": index, "serial": f"{base['serial']}{index}"}
+        device["uuid"] = f"GPU-{index:08d}" + base["uuid"][len("GPU-00000000") :]
+        device.update({k: v for k, v in entry.items() if v is not None})
+        devices.append(device)
+    doc = {k: v for k, v in src.items() if k not in ("samples", "phases", "devices")}
+    doc.update(format_version=3, device_count=len(devices), devices=devices, interval_s=1.0)
+    doc["samples"] = [
+        {"t": float(t), "gpus": [{**reading, "index": i} for i in range(len(devices))]}
+        for t in range(samples)
+    ]
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def fake_sysfs(root: Path, trace: Path, numa_nodes: dict[int, int] | None = None) -> Path:
+    """A sysfs tree under ``root`` for the GPUs of ``trace`` (its ``devices[]``), as the reader's
+    ``sysfs_root``: per GPU at BDF ``b`` with ``pcie_root`` ``pci<d>:<bus>``, the folder
+    ``devices/pci<d>:<bus>/<d>:<bus>:00.0/<b>`` (the root port, then the GPU) holding
+    ``numa_node`` (``numa_nodes[index]`` when given, else the trace's value, -1 when absent),
+    and the symlink ``bus/pci/devices/<b>`` to it, as Linux links them. A GPU without
+    ``pcie_root`` sits under ``devices/virtual`` (a path that names no root). Returns
+    ``root``."""
+    from omaticaya_py.core.model.topology import pci_bdf
+
+    links = root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    for device in json.loads(trace.read_text())["devices"]:
+        bdf = pci_bdf(device.get("pci_bus_id"))
+        if bdf is None:
+            continue
+        pcie_root = device.get("pcie_root")
+        if pcie_root:
+            port = f"{pcie_root.removeprefix('pci')}:00.0"
+            folder = root / "devices" / pcie_root / port / bdf
+        else:
+            folder = root / "devices" / "virtual" / bdf
+        folder.mkdir(parents=True, exist_ok=True)
+        numa = (numa_nodes or {}).get(device["index"], device.get("numa_node"))
+        (folder / "numa_node").write_text(f"{numa if isinstance(numa, int) else -1}\n")
+        link = links / bdf
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(folder, links))
+    return root
 
 
 requires_testlib = pytest.mark.skipif(

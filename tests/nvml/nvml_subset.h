@@ -8,8 +8,10 @@
  * c_nvmlMemory_t, c_nvmlMemory_v2_t, c_nvmlUtilization_t, c_nvmlValue_t, c_nvmlSample_t,
  * c_nvmlProcessInfo_v3_t (= c_nvmlProcessInfo_v2_t), c_nvmlEventData_t,
  * c_nvmlDeviceAttributes, and for GPM c_nvmlGpmSupport_t, c_nvmlGpmMetric_t (c_metricInfo_t),
- * c_nvmlGpmMetricsGet_t. tests/sources/test_nvml_testlib.py round-trips a value through each, and
- * tests/sources/test_nvml_testlib_gpm.py through the GPM ones.
+ * c_nvmlGpmMetricsGet_t, and for topology nvmlPciInfo_t and c_nvmlGpuFabricInfo_v2_t / _v3_t.
+ * tests/sources/test_nvml_testlib.py round-trips a value through each,
+ * tests/sources/test_nvml_testlib_gpm.py through the GPM ones and
+ * tests/sources/test_nvml_topology.py through the topology ones.
  */
 #ifndef NVML_TESTLIB_SUBSET_H
 #define NVML_TESTLIB_SUBSET_H
@@ -211,6 +213,97 @@ typedef enum nvmlGpuLevel_enum {
 
 typedef unsigned int nvmlDeviceArchitecture_t;
 
+/* nvml.h: PCI (nvmlDeviceGetPciInfo_v3, nvmlDeviceGetNvLinkRemotePciInfo_v2) */
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
+#define NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT "%04X:%02X:%02X.0"
+#define NVML_DEVICE_PCI_BUS_ID_FMT "%08X:%02X:%02X.0"
+
+typedef struct nvmlPciInfo_st {
+    char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+} nvmlPciInfo_t;
+
+/* nvml.h: generic enable/disable (nvmlDeviceGetNvLinkState's isActive) */
+typedef enum nvmlEnableState_enum {
+    NVML_FEATURE_DISABLED = 0,
+    NVML_FEATURE_ENABLED = 1
+} nvmlEnableState_t;
+
+/* nvml.h: NVLink */
+#define NVML_NVLINK_MAX_LINKS 36
+
+typedef enum nvmlIntNvLinkDeviceType_enum {
+    NVML_NVLINK_DEVICE_TYPE_GPU = 0x00,
+    NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01,
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02,
+    NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
+} nvmlIntNvLinkDeviceType_t;
+
+/* nvml.h: P2P */
+typedef enum nvmlGpuP2PStatus_enum {
+    NVML_P2P_STATUS_OK = 0,
+    NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED,
+    NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED = NVML_P2P_STATUS_CHIPSET_NOT_SUPPORED,
+    NVML_P2P_STATUS_GPU_NOT_SUPPORTED,
+    NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED,
+    NVML_P2P_STATUS_DISABLED_BY_REGKEY,
+    NVML_P2P_STATUS_NOT_SUPPORTED,
+    NVML_P2P_STATUS_UNKNOWN
+} nvmlGpuP2PStatus_t;
+
+typedef enum nvmlGpuP2PCapsIndex_enum {
+    NVML_P2P_CAPS_INDEX_READ = 0,
+    NVML_P2P_CAPS_INDEX_WRITE = 1,
+    NVML_P2P_CAPS_INDEX_NVLINK = 2,
+    NVML_P2P_CAPS_INDEX_ATOMICS = 3,
+    NVML_P2P_CAPS_INDEX_PCI = 4,
+    NVML_P2P_CAPS_INDEX_PROP = NVML_P2P_CAPS_INDEX_PCI,
+    NVML_P2P_CAPS_INDEX_UNKNOWN = 5
+} nvmlGpuP2PCapsIndex_t;
+
+/*
+ * nvml.h: the GPU's NVLink fabric (nvmlDeviceGetGpuFabricInfoV). nvml.h declares the state
+ * `unsigned char`; pynvml 13.x declares it c_uint (`_nvmlGpuFabricState_t`). The offsets and
+ * sizes agree (the 3 bytes after the char are padding before healthMask: 0x24 bytes for v2,
+ * 0x28 for v3, as pynvml's nvmlGpuFabricInfo_v2 = 0x02000024 and _v3 = 0x3000028 say), so the
+ * library zeroes the struct before filling it and pynvml reads the state right.
+ */
+#define NVML_GPU_FABRIC_UUID_LEN 16
+#define NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0
+#define NVML_GPU_FABRIC_STATE_NOT_STARTED 1
+#define NVML_GPU_FABRIC_STATE_IN_PROGRESS 2
+#define NVML_GPU_FABRIC_STATE_COMPLETED 3
+typedef unsigned char nvmlGpuFabricState_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+
+typedef nvmlGpuFabricInfo_v3_t nvmlGpuFabricInfoV_t;
+#define nvmlGpuFabricInfo_v2 NVML_STRUCT_VERSION(GpuFabricInfo, 2)
+#define nvmlGpuFabricInfo_v3 NVML_STRUCT_VERSION(GpuFabricInfo, 3)
+
 /* nvml.h: event types */
 #define nvmlEventTypeSingleBitEccError 0x0000000000000001LL
 #define nvmlEventTypeDoubleBitEccError 0x0000000000000002LL
@@ -315,6 +408,17 @@ DECLDIR nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device
                                                              nvmlProcessInfo_t *infos);
 DECLDIR nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
                                                          nvmlGpuTopologyLevel_t *pathInfo);
+DECLDIR nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci);
+DECLDIR nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node);
+DECLDIR nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet);
+DECLDIR nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
+                                            nvmlGpuP2PCapsIndex_t p2pIndex, nvmlGpuP2PStatus_t *p2pStatus);
+DECLDIR nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive);
+DECLDIR nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                         nvmlPciInfo_t *pci);
+DECLDIR nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                         nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType);
+DECLDIR nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *gpuFabricInfo);
 DECLDIR nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set);
 DECLDIR nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
                                               nvmlEventSet_t set);

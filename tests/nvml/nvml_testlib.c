@@ -294,11 +294,73 @@ static char *read_file(const char *path, size_t *size)
     return buf;
 }
 
+/*
+ * cJSON keeps a number as a double, which holds integers exactly only up to 2^53; a CPU mask
+ * word (devices[].cpu_affinity, 64 CPUs a word) needs all 64 bits. Before parsing, the numbers
+ * of every "cpu_affinity": [...] array are put in quotes, so that they reach the library as
+ * strings and are read with strtoull. A new buffer (NUL-terminated, *size updated); NULL when
+ * out of memory.
+ */
+static char *quote_affinity_words(const char *text, size_t *size)
+{
+    static const char key[] = "\"cpu_affinity\"";
+    const size_t klen = sizeof(key) - 1;
+    size_t n = *size, i = 0, o = 0, count = 0;
+    const char *p;
+    char *out;
+    for (p = text; (p = strstr(p, key)) != NULL; p += klen)
+        count++;
+    out = malloc(n + 1 + count * 2 * 64 + 1); /* at most 64 numbers a key are quoted */
+    if (out == NULL)
+        return NULL;
+    while (i < n) {
+        size_t quoted = 0;
+        if (text[i] != '"' || n - i < klen || memcmp(text + i, key, klen) != 0) {
+            out[o++] = text[i++];
+            continue;
+        }
+        memcpy(out + o, key, klen);
+        o += klen;
+        i += klen;
+#define COPY_SPACE                                                                                 \
+    while (i < n && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r'))      \
+        out[o++] = text[i++];
+        COPY_SPACE
+        if (i >= n || text[i] != ':')
+            continue;
+        out[o++] = text[i++];
+        COPY_SPACE
+        if (i >= n || text[i] != '[')
+            continue;
+        out[o++] = text[i++];
+        for (;;) {
+            COPY_SPACE
+            if (i < n && (text[i] == '-' || (text[i] >= '0' && text[i] <= '9')) && quoted < 64) {
+                out[o++] = '"';
+                while (i < n && strchr("0123456789+-.eE", text[i]) != NULL)
+                    out[o++] = text[i++];
+                out[o++] = '"';
+                quoted++;
+                COPY_SPACE
+            }
+            if (i < n && text[i] == ',') {
+                out[o++] = text[i++];
+                continue;
+            }
+            break; /* ']' or anything else: copied as it is by the outer loop */
+        }
+#undef COPY_SPACE
+    }
+    out[o] = '\0';
+    *size = o;
+    return out;
+}
+
 /* Load the trace named by NVML_TESTLIB_TRACE (once; again if the path changed while down). */
 static nvmlReturn_t load_trace(void)
 {
     const char *path = getenv("NVML_TESTLIB_TRACE");
-    char *text;
+    char *text, *quoted;
     size_t size = 0;
     cJSON *root;
     const cJSON *samples, *s;
@@ -315,8 +377,10 @@ static nvmlReturn_t load_trace(void)
         fprintf(stderr, "nvml-testlib: cannot read trace %s: %s\n", path, strerror(errno));
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
-    root = cJSON_ParseWithLength(text, size);
+    quoted = quote_affinity_words(text, &size);
     free(text);
+    root = quoted ? cJSON_ParseWithLength(quoted, size) : NULL;
+    free(quoted);
     samples = get(root, "samples");
     if (root == NULL || !cJSON_IsArray(samples) || cJSON_GetArraySize(samples) == 0 ||
         !cJSON_IsArray(get(root, "devices"))) {
@@ -324,7 +388,7 @@ static nvmlReturn_t load_trace(void)
         cJSON_Delete(root);
         return NVML_ERROR_UNKNOWN;
     }
-    if (num(root, "format_version", 1) > 2) {
+    if (num(root, "format_version", 1) > 3) {
         fprintf(stderr, "nvml-testlib: %s: unknown format_version\n", path);
         cJSON_Delete(root);
         return NVML_ERROR_UNKNOWN;
@@ -1221,6 +1285,295 @@ DECLDIR nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, n
         *pathInfo = (nvmlGpuTopologyLevel_t)lvl->valueint;
     else
         *pathInfo = device1 == device2 ? NVML_TOPOLOGY_INTERNAL : NVML_TOPOLOGY_SYSTEM;
+    DEVICE_END
+}
+
+/* ---------------------------------------------------------------- topology (trace version 3) */
+
+/*
+ * devices[] entries of format version 3 may carry (docs/trace-format.md): numa_node, cpu_affinity
+ * (64-bit words), nvlinks [{link, state, remote_pci_bus_id, remote_device_type}], p2p_read
+ * {"<peer index>": nvmlGpuP2PStatus_t}, fabric {cluster_uuid, clique_id, state, status}; and,
+ * since version 1, pci_bus_id. A key absent: NVML_ERROR_NOT_SUPPORTED, as for every field; a
+ * value {"nvml_error": X}: X. On a MIG handle the calls whose nvml.h return list has
+ * NOT_SUPPORTED answer it (NVLink, NUMA, CPU affinity, fabric: the parent GPU's), the others
+ * (PCI info, P2P status) INVALID_ARGUMENT ("device is invalid").
+ */
+
+/* "00000000:3B:00.0", "0000:3b:00.0" or "3b:00.0" -> its parts; 0 when not of that form */
+static int parse_bus_id(const char *s, unsigned int *domain, unsigned int *bus, unsigned int *dev,
+                        unsigned int *fn)
+{
+    char tail;
+    if (s == NULL)
+        return 0;
+    if (sscanf(s, "%x:%x:%x.%x%c", domain, bus, dev, fn, &tail) == 4)
+        return 1;
+    *domain = 0;
+    return sscanf(s, "%x:%x.%x%c", bus, dev, fn, &tail) == 3;
+}
+
+/* The devices[] entry whose pci_bus_id is the same address as `bus_id`, or NULL. */
+static const cJSON *device_at_bus(const char *bus_id)
+{
+    unsigned int d, b, v, f, d2, b2, v2, f2;
+    const cJSON *e;
+    if (!parse_bus_id(bus_id, &d, &b, &v, &f))
+        return NULL;
+    cJSON_ArrayForEach(e, get(g_root, "devices"))
+    {
+        const cJSON *id = get(e, "pci_bus_id");
+        if (cJSON_IsString(id) && parse_bus_id(id->valuestring, &d2, &b2, &v2, &f2) && d == d2 &&
+            b == b2 && v == v2 && f == f2)
+            return e;
+    }
+    return NULL;
+}
+
+/* nvmlPciInfo_t of the address `bus_id` (a string), with the device and subsystem ids of the
+ * trace's GPU at that address when it has them. */
+static nvmlReturn_t fill_pci(const cJSON *bus_id, nvmlPciInfo_t *pci)
+{
+    unsigned int domain, bus, dev, fn;
+    const cJSON *facts;
+    if (!cJSON_IsString(bus_id) || !parse_bus_id(bus_id->valuestring, &domain, &bus, &dev, &fn))
+        return NVML_ERROR_UNKNOWN; /* the trace's address is not one */
+    memset(pci, 0, sizeof(*pci));
+    pci->domain = domain;
+    pci->bus = bus & 0xFFu;
+    pci->device = dev & 0x1Fu;
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.%X", domain & 0xFFFFu,
+             bus & 0xFFu, dev & 0x1Fu, fn & 0x7u);
+    snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.%X", domain, bus & 0xFFu, dev & 0x1Fu,
+             fn & 0x7u);
+    facts = device_at_bus(bus_id->valuestring);
+    pci->pciDeviceId = (unsigned int)to_ull(get(facts, "pci_device_id"));
+    pci->pciSubSystemId = (unsigned int)to_ull(get(facts, "pci_subsystem_id"));
+    return NVML_SUCCESS;
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    const cJSON *v;
+    DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceGetPciInfo_v3")
+    NEED(pci)
+    if (c.is_mig) { /* nvml.h lists no NOT_SUPPORTED here: a MIG handle is not a PCI device */
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if ((ret = field(c.facts, "pci_bus_id", &v)) == NVML_SUCCESS)
+        ret = fill_pci(v, pci);
+    DEVICE_END
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
+{
+    const cJSON *v;
+    DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceGetNumaNodeId")
+    GPU_ONLY(c)
+    NEED(node)
+    if ((ret = field(c.facts, "numa_node", &v)) != NVML_SUCCESS)
+        goto out;
+    if (!cJSON_IsNumber(v)) {
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    *node = (unsigned int)(int)v->valuedouble; /* -1 (no NUMA node) as 0xFFFFFFFF; pynvml reads c_int */
+    DEVICE_END
+}
+
+/* One word of a CPU mask: a string (the numbers quote_affinity_words quoted) or a number. */
+static unsigned long affinity_word(const cJSON *w)
+{
+    if (cJSON_IsString(w))
+        return strtoul(w->valuestring, NULL, 0);
+    return (unsigned long)to_ull(w);
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet)
+{
+    const cJSON *v;
+    unsigned int i, n;
+    DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceGetCpuAffinity")
+    GPU_ONLY(c)
+    NEED(cpuSet)
+    if (cpuSetSize == 0) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if ((ret = field(c.facts, "cpu_affinity", &v)) != NVML_SUCCESS)
+        goto out;
+    if (!cJSON_IsArray(v)) {
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    n = (unsigned int)cJSON_GetArraySize(v);
+    for (i = 0; i < cpuSetSize; i++) /* words past the recorded ones: no CPU there */
+        cpuSet[i] = i < n ? affinity_word(cJSON_GetArrayItem(v, (int)i)) : 0UL;
+    DEVICE_END
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
+                                            nvmlGpuP2PCapsIndex_t p2pIndex, nvmlGpuP2PStatus_t *p2pStatus)
+{
+    struct ctx c2;
+    const cJSON *v;
+    char key[16];
+    DEVICE_CALL(device1, c)
+    INJECT("nvmlDeviceGetP2PStatus")
+    NEED(p2pStatus)
+    if ((ret = device_enter(device2, &c2)) != NVML_SUCCESS)
+        goto out;
+    /* nvml.h: INVALID_ARGUMENT "if device1 or device2 or p2pIndex is invalid" (no NOT_SUPPORTED) */
+    if (c.is_mig || c2.is_mig || (unsigned int)p2pIndex >= NVML_P2P_CAPS_INDEX_UNKNOWN) {
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+        goto out;
+    }
+    if (p2pIndex != NVML_P2P_CAPS_INDEX_READ) { /* a trace records the read capability only */
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    snprintf(key, sizeof(key), "%d", device2->gpu);
+    if ((ret = field(get(c.facts, "p2p_read"), key, &v)) != NVML_SUCCESS)
+        goto out;
+    if (!cJSON_IsNumber(v)) {
+        ret = NVML_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    *p2pStatus = (nvmlGpuP2PStatus_t)v->valueint;
+    DEVICE_END
+}
+
+/*
+ * The devices[].nvlinks[] entry of link `link` (a per-link NVLink call, under the lock): the
+ * checks nvml.h lists (MIG handle: NOT_SUPPORTED, link >= NVML_NVLINK_MAX_LINKS:
+ * INVALID_ARGUMENT), then NOT_SUPPORTED for a link the trace does not list (a GPU without it).
+ */
+static nvmlReturn_t nvlink_entry(const struct ctx *c, unsigned int link, const cJSON **out)
+{
+    const cJSON *links, *e;
+    if (c->is_mig)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= NVML_NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    links = get(c->facts, "nvlinks");
+    if (cJSON_IsArray(links)) {
+        cJSON_ArrayForEach(e, links)
+        {
+            const cJSON *n = get(e, "link");
+            if (cJSON_IsNumber(n) && n->valueint >= 0 && (unsigned int)n->valueint == link) {
+                nvmlReturn_t r = recorded_error(e);
+                if (r != NVML_SUCCESS)
+                    return r; /* {"link": 3, "nvml_error": X}: every call on that link */
+                *out = e;
+                return NVML_SUCCESS;
+            }
+        }
+    }
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive)
+{
+    const cJSON *e, *v;
+    DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceGetNvLinkState")
+    if ((ret = nvlink_entry(&c, link, &e)) != NVML_SUCCESS)
+        goto out;
+    NEED(isActive)
+    if ((ret = field(e, "state", &v)) == NVML_SUCCESS)
+        *isActive = to_ull(v) ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    DEVICE_END
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                         nvmlPciInfo_t *pci)
+{
+    const cJSON *e, *v;
+    DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceGetNvLinkRemotePciInfo_v2")
+    if ((ret = nvlink_entry(&c, link, &e)) != NVML_SUCCESS)
+        goto out;
+    NEED(pci)
+    if ((ret = field(e, "remote_pci_bus_id", &v)) == NVML_SUCCESS)
+        ret = fill_pci(v, pci);
+    DEVICE_END
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                         nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType)
+{
+    const cJSON *e, *v;
+    DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceGetNvLinkRemoteDeviceType")
+    if ((ret = nvlink_entry(&c, link, &e)) != NVML_SUCCESS)
+        goto out;
+    NEED(pNvLinkDeviceType)
+    if ((ret = field(e, "remote_device_type", &v)) == NVML_SUCCESS)
+        *pNvLinkDeviceType = (nvmlIntNvLinkDeviceType_t)to_ull(v);
+    DEVICE_END
+}
+
+/* A cluster UUID as 32 hex digits (dashes skipped) -> 16 bytes; zeros when not of that form. */
+static void parse_uuid(const cJSON *v, unsigned char out[NVML_GPU_FABRIC_UUID_LEN])
+{
+    const char *s = cJSON_IsString(v) ? v->valuestring : "";
+    unsigned char tmp[NVML_GPU_FABRIC_UUID_LEN];
+    int nibbles = 0;
+    memset(out, 0, NVML_GPU_FABRIC_UUID_LEN);
+    memset(tmp, 0, sizeof(tmp));
+    for (; *s; s++) {
+        int x;
+        if (*s == '-')
+            continue;
+        if (*s >= '0' && *s <= '9')
+            x = *s - '0';
+        else if (*s >= 'a' && *s <= 'f')
+            x = *s - 'a' + 10;
+        else if (*s >= 'A' && *s <= 'F')
+            x = *s - 'A' + 10;
+        else
+            return;
+        if (nibbles >= 2 * NVML_GPU_FABRIC_UUID_LEN)
+            return;
+        tmp[nibbles / 2] = (unsigned char)(tmp[nibbles / 2] | (x << (nibbles % 2 ? 0 : 4)));
+        nibbles++;
+    }
+    if (nibbles == 2 * NVML_GPU_FABRIC_UUID_LEN)
+        memcpy(out, tmp, sizeof(tmp));
+}
+
+DECLDIR nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *gpuFabricInfo)
+{
+    const cJSON *f, *status;
+    unsigned int version;
+    DEVICE_CALL(device, c)
+    INJECT("nvmlDeviceGetGpuFabricInfoV")
+    NEED(gpuFabricInfo)
+    version = gpuFabricInfo->version;
+    if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3) {
+        ret = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        goto out;
+    }
+    GPU_ONLY(c) /* nvml.h lists NOT_SUPPORTED only: "device doesn't support gpu fabric" */
+    if ((ret = field(c.facts, "fabric", &f)) != NVML_SUCCESS)
+        goto out;
+    /* the caller's struct is v2 (pynvml's c_nvmlGpuFabricInfoV_t) or v3: zero that many bytes */
+    memset(gpuFabricInfo, 0, version == nvmlGpuFabricInfo_v2 ? sizeof(nvmlGpuFabricInfo_v2_t)
+                                                              : sizeof(nvmlGpuFabricInfo_v3_t));
+    gpuFabricInfo->version = version;
+    parse_uuid(get(f, "cluster_uuid"), gpuFabricInfo->clusterUuid);
+    status = get(f, "status");
+    gpuFabricInfo->status = cJSON_IsString(status) ? code_of_name(status->valuestring)
+                                                   : (nvmlReturn_t)to_ull(status);
+    gpuFabricInfo->cliqueId = (unsigned int)to_ull(get(f, "clique_id"));
+    gpuFabricInfo->state = (nvmlGpuFabricState_t)to_ull(get(f, "state"));
+    gpuFabricInfo->healthMask = (unsigned int)to_ull(get(f, "health_mask"));
+    if (version == nvmlGpuFabricInfo_v3)
+        gpuFabricInfo->healthSummary = (unsigned char)to_ull(get(f, "health_summary"));
     DEVICE_END
 }
 
