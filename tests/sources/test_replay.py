@@ -553,7 +553,7 @@ BAD_TRACES = [
     ("duplicate-gpu", _mutate(lambda d: d["samples"][1]["gpus"].append(copy.deepcopy(d["samples"][1]["gpus"][0]))), "samples[1]: gpus[1]: index 0 appears twice"),
     ("10000-gpus", _mutate(lambda d: d["samples"][0].update(gpus=[{"index": i, "nvml_error": "NVMLError_GpuIsLost"} for i in range(10_000)])), "samples[0].gpus: List should have at most 1024 items"),
     ("gpu-index-huge", _mutate(_set(["samples", 0, "gpus", 0, "index"], 10**12)), "samples[0].gpus[0].index: Input should be less than 1024"),
-    ("format-version-3", _mutate(_set(["format_version"], 3)), "format_version: 3 is not a version this reader replays (1, 2); upgrade omaticaya"),
+    ("format-version-4", _mutate(_set(["format_version"], 4)), "format_version: 4 is not a version this reader replays (1, 2, 3); upgrade omaticaya"),
 ]
 
 

@@ -46,8 +46,8 @@ from .policy import DEFAULT_POLICY, POLICIES, PlacementPolicy, policy_sign
 
 __all__ = [
     "DEFAULT_POLICY",
-    "LINK_TIE_MIB",
     "MAX_LINK_SETS",
+    "MEMORY_GRAIN_MIB",
     "POLICIES",
     "Need",
     "PlacementPolicy",
@@ -172,10 +172,11 @@ def pick_slice(gpus: Iterable[GpuInfo], mib: int, unit_mib: int, policy: str) ->
 T = TypeVar("T")
 
 
-#: GPUs whose free memory is within this of the least free of the ``count`` most free count as
-#: equally roomy, and the links between them decide (``first_whole``): idle GPUs differ by a
-#: few MiB, a GPU with a neighbour's process on it by GiBs
-LINK_TIE_MIB = 1024
+#: the grain free memory is compared in when links choose (``first_whole``): GPUs with as many
+#: whole GiB free count as equally roomy (idle GPUs differ by a few MiB, a GPU with a
+#: neighbour's process on it by GiBs). The labels' step, so that the extender, which reads free
+#: memory rounded down to it, and the device plugin, which reads it exact, rank alike
+MEMORY_GRAIN_MIB = 1024
 #: above this many candidate sets, a connected set is grown one GPU at a time instead
 MAX_LINK_SETS = 5000
 
@@ -196,24 +197,24 @@ def first_whole(devices: Sequence[T], count: int, info: Callable[[T], GpuInfo],
        first, most free MiB first, lowest index, then MIG index); a tie of everything goes to
        the device earlier in ``devices``.
     2. With ``links`` (``links(a, b)``: the pair's score, ``core.model.topology``; higher is
-       better connected): the candidates are the healthy devices whose free memory is within
-       ``LINK_TIE_MIB`` of the least free of the ``count`` most free (so no set is more than
-       ``LINK_TIE_MIB`` worse off in memory than rule 1's). Of their sets of ``count``, the one
-       with the highest score with ``chosen`` (the sum of its pairs' ``links``, the devices
-       already chosen included) goes; on a tie the one that leaves the other candidates best
-       connected (the sum of their pairs' scores: a 1-GPU pod goes where it breaks the fewest
-       links); then the most free memory; then the earliest by rule 1's order. Above
-       ``MAX_LINK_SETS`` sets the set is grown one device at a time, each the candidate with the
-       highest score to those chosen so far (rule 1's order on a tie), starting from
-       ``chosen`` or the candidate best connected to the others.
+       better connected), free memory counts in whole ``MEMORY_GRAIN_MIB`` (GiB): the candidates
+       are the healthy devices with at least as many GiB free as the least free of the
+       ``count`` most free (so every set has as much memory as rule 1's, to the GiB). Of their
+       sets of ``count``, the one with the highest score with ``chosen`` (the sum of its pairs'
+       ``links``, the devices already chosen included) goes; on a tie the one that leaves the
+       other candidates best connected (the sum of their pairs' scores: a 1-GPU pod goes where
+       it breaks the fewest links); then the most GiB free in all; then the lowest indices
+       (then MIG indices). Above ``MAX_LINK_SETS`` sets the set is grown one device at a time,
+       each the candidate with the highest score to those chosen so far (rule 1's order on a
+       tie), starting from ``chosen`` or the candidate best connected to the others.
 
     The result is in rule 1's order."""
     ranked = sorted(devices, key=lambda d: whole_key(info(d)))
     first = ranked[:count]
     if links is None or count <= 0 or len(first) < count or not all(info(d).healthy for d in first):
         return first
-    floor = min(info(d).free_mib for d in first) - LINK_TIE_MIB
-    pool = [d for d in ranked if info(d).healthy and info(d).free_mib >= floor]
+    floor = min(_gib(info(d)) for d in first)
+    pool = [d for d in ranked if info(d).healthy and _gib(info(d)) >= floor]
     if len(pool) == count:
         return pool
     rank = {id(d): k for k, d in enumerate(ranked)}
@@ -223,17 +224,23 @@ def first_whole(devices: Sequence[T], count: int, info: Callable[[T], GpuInfo],
     fixed = sum(score(a, b) for a, b in combinations(chosen, 2))
     with_chosen = {id(d): sum(score(d, c) for c in chosen) for d in pool}
 
-    def key(picked: Iterable[T]) -> tuple[int, int, int, tuple[int, ...]]:
+    def key(picked: Iterable[T]) -> tuple[int, int, int, tuple[tuple[int, int], ...]]:
         picked = tuple(picked)
         inside = set(map(id, picked))
         rest = [d for d in pool if id(d) not in inside]
         own = fixed + sum(with_chosen[id(d)] for d in picked)
         own += sum(score(a, b) for a, b in combinations(picked, 2))
         left = sum(score(a, b) for a, b in combinations(rest, 2))
-        free = sum(info(d).free_mib for d in picked)
-        return (-own, -left, -free, tuple(rank[id(d)] for d in picked))
+        free = sum(_gib(info(d)) for d in picked)
+        return (-own, -left, -free, tuple(sorted((info(d).index, info(d).mig_index or 0)
+                                                 for d in picked)))  # fmt: skip
 
     return list(min(combinations(pool, count), key=key))
+
+
+def _gib(g: GpuInfo) -> int:
+    """Whole ``MEMORY_GRAIN_MIB`` free on ``g`` (-1 when unknown)."""
+    return g.free_mib // MEMORY_GRAIN_MIB if g.free_mib >= 0 else -1
 
 
 def _pair_scores(devices: Sequence[T], links: Callable[[T, T], int]) -> Callable[[T, T], int]:

@@ -18,6 +18,7 @@ from ..allocation.slice_use import gpu_slices
 from ..model.labelvalues import MAX_ANNOTATIONS_BYTES, is_valid_key
 from ..model.sharing import Sharing, is_shared, unit_count
 from ..model.snapshot import GpuReading, NodeSnapshot
+from ..model.topology import NodeTopology
 from ..model.window import PeakWindow
 from ..rules.attribution import (
     ContainerDevices,
@@ -35,7 +36,7 @@ from ..schema import (
     PodTelemetry,
     Telemetry,
 )
-from ..schema.telemetry import XidTelemetry
+from ..schema.telemetry import LinkTelemetry, XidTelemetry
 from .budget import UnitMark
 
 __all__ = [
@@ -90,7 +91,8 @@ def telemetry_document(
     are rounded to 0.1."""
     o = options or TelemetryOptions()
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
-    gpus = tuple(_gpu(snapshot, g, health, mig_units, o) for g in snapshot.gpus)
+    gpus = tuple(_placed(_gpu(snapshot, g, health, mig_units, o), snapshot.topology)
+                 for g in snapshot.gpus)  # fmt: skip
     any_shared = any(is_shared(g, o.sharing) for g in snapshot.gpus)
     refresh_s = o.refresh_s
     return Telemetry(
@@ -112,7 +114,27 @@ def telemetry_document(
         else _rfc3339(snapshot.read_at + timedelta(seconds=refresh_s)),
         window_s=o.window.window_s if o.window is not None else None,
         share_unit_mib=o.sharing.unit_mib if any_shared and o.sharing is not None else None,
+        links=_links(snapshot.topology),
     )
+
+
+def _placed(entry: GpuTelemetry, topology: NodeTopology | None) -> GpuTelemetry:
+    """``entry`` with its GPU's topology facts (``GpuTopology``: PCI address, NUMA node, PCIe
+    root, NVLink island), when the topology knows that GPU."""
+    g = topology.gpu(entry.index) if topology is not None else None
+    if topology is None or g is None:
+        return entry
+    island = topology.islands().get(entry.index)
+    return entry.model_copy(update={"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node,
+                                    "pcie_root": g.pcie_root, "nvlink_island": island})  # fmt: skip
+
+
+def _links(topology: NodeTopology | None) -> tuple[LinkTelemetry, ...] | None:
+    """Each pair of the topology (lower index first); ``None`` without one."""
+    if topology is None:
+        return None
+    return tuple(LinkTelemetry(a=a, b=b, level=link.level, nvlinks=link.nvlinks, p2p=link.p2p)
+                 for (a, b), link in sorted(topology.pairs.items()))  # fmt: skip
 
 
 def _migs(

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..model.topology import LEVEL_SCORE, GpuTopology, NodeTopology, PairLink
 from .gpustate import GpuInfo, NodeGpuState
 from .names import (
     GPU_HEALTH,
@@ -29,6 +30,7 @@ from .telemetry import TELEMETRY, GpuTelemetry, MigTelemetry, PodTelemetry, Tele
 from .values import json_int, json_mapping, json_str
 
 __all__ = [
+    "MAX_PAIR_NVLINKS",
     "MAX_REFRESH_S",
     "GpuInfo",
     "NodeGpuState",
@@ -37,6 +39,7 @@ __all__ = [
     "parse_gpu_readings",
     "parse_node",
     "state_from_object",
+    "topology_of",
 ]
 
 #: the longest ``expires_at - read_at`` trusted (a weekly schedule plus a day of heartbeat):
@@ -114,8 +117,34 @@ def parse_node(
         gpus=tuple(gpus), free_total_mib=free_total, free_live_total_mib=live_total,
         shared=tuple(shared), share_unit_mib=unit_mib if shared else None, mig=tuple(books.mig),
         holders=frozenset(books.holders), slices_held=tuple(books.slices_held),
-        units_attributed=books.attributed,
+        units_attributed=books.attributed, topology=topology_of(doc),
     )  # fmt: skip
+
+
+#: the most NVLinks one pair can have that a reader believes (NVML_NVLINK_MAX_LINKS)
+MAX_PAIR_NVLINKS = 36
+
+
+def topology_of(doc: Telemetry | None) -> NodeTopology | None:
+    """The node's wiring from the telemetry (``links`` and each GPU's ``pci_bus_id``,
+    ``numa_node``, ``pcie_root``): what the placement model chooses several GPUs by. ``None``
+    when the document has no ``links``. Untrusted: a pair naming an index that is no GPU of the
+    document, or itself, is left out; a level NVML does not define reads as unknown; an NVLink
+    count below 0 or over ``MAX_PAIR_NVLINKS`` as 0."""
+    if doc is None or doc.links is None:
+        return None
+    gpus = tuple(GpuTopology(g.index, g.uuid, g.pci_bus_id, g.numa_node, g.pcie_root)
+                 for g in doc.gpus)  # fmt: skip
+    indices = {g.index for g in gpus}
+    pairs: dict[tuple[int, int], PairLink] = {}
+    for link in doc.links:
+        a, b = sorted((link.a, link.b))
+        if a == b or a not in indices or b not in indices:
+            continue
+        level = link.level if link.level in LEVEL_SCORE else None
+        n = link.nvlinks if link.nvlinks is not None and 0 <= link.nvlinks <= MAX_PAIR_NVLINKS else 0
+        pairs[(a, b)] = PairLink(level, n, link.p2p)
+    return NodeTopology(gpus, pairs)
 
 
 def _our_labels(labels: Mapping[str, str] | None, prefix: str) -> dict[str, str]:

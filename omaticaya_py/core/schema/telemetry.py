@@ -24,7 +24,9 @@ Shape (``"schema"`` is ``TELEMETRY_VERSION``)::
                "shared"?, "share_units"?, "mps"?, "mig_enabled"?, "mig_devices"?: [{"index", "uuid", "profile",
                "gpu_instance_id", "memory_total_mib", "memory_free_mib", "memory_used_mib",
                "process_count", "health", "reasons", "error"?, "pods"?,
-               "memory_out_of_band_mib"?}]}]}
+               "memory_out_of_band_mib"?}], "pci_bus_id"?, "numa_node"?, "pcie_root"?,
+               "nvlink_island"?}],
+     "links"?: [{"a", "b", "level"?, "nvlinks", "p2p"?}]}
 
 Values NVML did not give (NotSupported) are ``null``; keys marked ``?`` appear only when set.
 """
@@ -53,6 +55,7 @@ __all__ = [
     "TELEMETRY",
     "TELEMETRY_VERSION",
     "GpuTelemetry",
+    "LinkTelemetry",
     "MigTelemetry",
     "PodTelemetry",
     "Telemetry",
@@ -177,6 +180,20 @@ class XidTelemetry(_Document):
         return rfc3339_s(self.at)
 
 
+class LinkTelemetry(_Document):
+    """What joins two GPUs of the node (``core.model.topology.PairLink``), by NVML index:
+    ``level`` the PCIe common ancestor (``NVML_TOPOLOGY_*``: 0 same board ... 50 across the
+    system), ``nvlinks`` the NVLinks joining them, ``p2p`` whether P2P reads work. An entry
+    without two whole indices is skipped. Written since schema 2 without a version bump."""
+
+    _OPTIONAL = frozenset({"level", "p2p"})
+    a: Index
+    b: Index
+    level: Int = None
+    nvlinks: Int = None
+    p2p: Bool = None
+
+
 class MigTelemetry(_Document):
     """One MIG device of a GPU with MIG on (from ``nvmlDeviceGetMigDeviceHandleByIndex`` and
     its memory, processes and attributes); ``health``/``reasons`` from ``core.rules.health``."""
@@ -213,7 +230,8 @@ class GpuTelemetry(_Document):
         {
             "error", "mig_enabled", "mig_devices", "memory_free_min_mib", "utilization_p95_pct",
             "pods", "memory_out_of_band_mib", "xids", "shared", "share_units", "mps",
-            "sm_active_pct", "tensor_active_pct", "dram_bw_pct",
+            "sm_active_pct", "tensor_active_pct", "dram_bw_pct", "pci_bus_id", "numa_node",
+            "pcie_root", "nvlink_island",
         }
     )
     index: Index
@@ -261,6 +279,13 @@ class GpuTelemetry(_Document):
     #: for a GPU not shared and with ``OMATICAYA_SHARE_ENFORCEMENT=none`` (nothing enforces a
     #: slice), and from agents before it
     mps: Str = None
+    #: topology (issue 50; ``core.model.topology.GpuTopology``): its PCI address in BDF form,
+    #: its NUMA node, its PCIe root complex (``pci<domain>:<bus>``) and its NVLink island
+    #: (``NodeTopology.islands``); absent when unknown, and from agents before it
+    pci_bus_id: Str = None
+    numa_node: Int = None
+    pcie_root: Str = None
+    nvlink_island: Str = None
     memory_free_unreadable: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")
@@ -284,7 +309,7 @@ class Telemetry(_Document):
     true when the document lists GPU objects at all, even unreadable ones."""
 
     _OPTIONAL = frozenset(
-        {"error", "lease", "refresh_s", "expires_at", "window_s", "share_unit_mib"}
+        {"error", "lease", "refresh_s", "expires_at", "window_s", "share_unit_mib", "links"}
     )
     version: Int = Field(default=None, alias="schema")
     agent: Str = None
@@ -301,6 +326,11 @@ class Telemetry(_Document):
     window_s: Float = None
     #: MiB per memory unit of the shared GPUs; absent when no GPU is shared
     share_unit_mib: Int = None
+    #: what joins each pair of GPUs (``LinkTelemetry``), lower index first; absent when the
+    #: agent knows no topology (a trace without it, an older agent)
+    links: Annotated[
+        tuple[LinkTelemetry, ...] | None, BeforeValidator(_optional_entries(LinkTelemetry))
+    ] = None
     gpus_listed: bool = Field(default=False, exclude=True)
 
     @model_validator(mode="before")

@@ -1,7 +1,7 @@
 """One GPU's NVML handle and its static facts, read once per ``nvmlInit``.
 
-Static facts: name, UUID, architecture, compute capability, total memory and MIG mode
-(``nvmlDeviceGetMigMode``). A GPU lost at start has no handle; ``attach`` tries again on every
+Static facts: name, UUID, architecture, compute capability, total memory, PCI address
+(``nvmlDeviceGetPciInfo_v3``) and MIG mode (``nvmlDeviceGetMigMode``). A GPU lost at start has no handle; ``attach`` tries again on every
 read, so a GPU back on the bus is read again without a restart. The MIG mode alone is also
 asked again on every read (``mig.follow_mode``): it can be turned on or off at runtime, and
 the facts are read again when it changed.
@@ -14,6 +14,7 @@ from typing import Any
 import pynvml
 
 from ...core.model.snapshot import ARCHITECTURES
+from ...core.model.topology import pci_bdf
 from .library import LOST, MIB, Calls, decode
 
 __all__ = ["Device", "attach", "read_facts", "read_mig_mode"]
@@ -23,7 +24,8 @@ class Device:
     """A GPU handle with its static facts, read once per ``nvmlInit``.
 
     ``facts`` is what ``read_facts`` returns (a missing key is an unknown fact: ``None``);
-    ``total_mib``/``total_bytes`` are the GPU's total memory; ``mig_enabled`` and
+    ``total_mib``/``total_bytes`` are the GPU's total memory; ``pci_bus_id`` its PCI address
+    in BDF form (``"0000:3b:00.0"``, ``core.model.topology.pci_bdf``); ``mig_enabled`` and
     ``mig_pending`` are ``nvmlDeviceGetMigMode``'s current and pending mode (``None``: NVML
     could not say; kept up to date by ``mig.follow_mode``); ``mig_facts`` holds each MIG
     device's static facts by MIG UUID; ``last_ts`` is the NVML timestamp (µs) of the newest
@@ -43,6 +45,7 @@ class Device:
         "cc",
         "total_mib",
         "total_bytes",
+        "pci_bus_id",
         "mig_enabled",
         "mig_pending",
         "mig_facts",
@@ -63,6 +66,7 @@ class Device:
         self.cc = facts.get("cc")
         self.total_mib = facts.get("total_mib")
         self.total_bytes = facts.get("total_bytes")
+        self.pci_bus_id: str | None = facts.get("pci_bus_id")
         self.mig_enabled: bool | None = facts.get("mig_enabled")
         self.mig_pending: bool | None = facts.get("mig_pending")
         self.mig_facts: dict[str, dict[str, Any]] = {}  # MIG UUID -> static facts
@@ -76,8 +80,9 @@ class Device:
 
 def read_facts(calls: Calls, handle: Any) -> dict[str, Any]:
     """A GPU's static facts from NVML: ``product``, ``uuid``, ``architecture`` (a name from
-    ``ARCHITECTURES``), ``cc`` (major, minor), ``total_mib``, ``total_bytes``,
-    ``mig_enabled``, ``mig_pending`` (``read_mig_mode``); a fact NVML cannot give is ``None``, and the facts stop at a GPU that is
+    ``ARCHITECTURES``), ``cc`` (major, minor), ``total_mib``, ``total_bytes``, ``pci_bus_id``
+    (``pci_bdf`` of ``nvmlDeviceGetPciInfo_v3``'s ``busId``), ``mig_enabled``, ``mig_pending``
+    (``read_mig_mode``); a fact NVML cannot give is ``None``, and the facts stop at a GPU that is
     lost on the way (its reads will say so). Never raises an NVML error."""
     facts: dict[str, Any] = {}
     try:
@@ -95,6 +100,8 @@ def read_facts(calls: Calls, handle: Any) -> dict[str, Any]:
         mem = calls.field("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle)
         facts["total_mib"] = mem.total // MIB if mem is not None else None
         facts["total_bytes"] = mem.total if mem is not None else None
+        pci = calls.field("nvmlDeviceGetPciInfo_v3", pynvml.nvmlDeviceGetPciInfo_v3, handle)
+        facts["pci_bus_id"] = pci_bdf(decode(pci.busId)) if pci is not None else None
         mode = read_mig_mode(calls, handle)
         facts["mig_enabled"], facts["mig_pending"] = mode if mode is not None else (None, None)
     except pynvml.NVMLError:

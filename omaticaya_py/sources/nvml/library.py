@@ -17,7 +17,13 @@ import pynvml
 from ...core.model.snapshot import GpuProcess
 
 __all__ = [
-    "LIBRARY_GONE", "LOST", "MIB", "Calls", "decode", "error_name", "handle_address",
+    "LIBRARY_GONE",
+    "LOST",
+    "MIB",
+    "Calls",
+    "decode",
+    "error_name",
+    "handle_address",
     "nvml_available",
 ]
 
@@ -76,7 +82,11 @@ class Calls:
         self.by_call: dict[str, list[float]] = {}
 
     def call(
-        self, call: str, fn: Callable[..., T], *args: Any, expected: tuple[type[BaseException], ...] = ()
+        self,
+        call: str,
+        fn: Callable[..., T],
+        *args: Any,
+        expected: tuple[type[BaseException], ...] = (),
     ) -> T | None:
         """``fn(*args)``; NotSupported -> None; other NVML errors counted and re-raised
         (those in ``expected`` re-raised uncounted: an empty MIG slot is NotFound)."""
@@ -99,11 +109,18 @@ class Calls:
             tally[0] += 1
             tally[1] += spent
 
-    def field(self, call: str, fn: Callable[..., T], *args: Any) -> T | None:
+    def field(
+        self,
+        call: str,
+        fn: Callable[..., T],
+        *args: Any,
+        expected: tuple[type[BaseException], ...] = (),
+    ) -> T | None:
         """Like ``call`` but a non-fatal error of one field is absent (``None``), not a GPU
-        failure; a lost GPU (``LOST``) or a gone library (``LIBRARY_GONE``) is re-raised."""
+        failure; a lost GPU (``LOST``) or a gone library (``LIBRARY_GONE``) is re-raised.
+        ``expected``: errors that are absent too, uncounted (as NotSupported)."""
         try:
-            return self.call(call, fn, *args)
+            return self.call(call, fn, *args, expected=expected)
         except LOST + LIBRARY_GONE:
             raise
         except pynvml.NVMLError:

@@ -11,7 +11,10 @@ Every error other than NotSupported is counted in ``errors`` by ``(call, error n
 Static facts (``device``) are read once per ``nvmlInit``, and again for a GPU whose MIG mode
 changed (asked on every read, ``mig.follow_mode``: the change is in the first read after NVML
 reports it); each read then costs one GPU read (``gpu``, with its MIG mode and MIG devices from
-``mig`` and GPM from ``gpm``) per GPU. A re-init (or
+``mig`` and GPM from ``gpm``) per GPU. The GPUs' wiring (``topology``: PCIe, NVLink, NUMA) is
+read once per ``nvmlInit``, after the handles (and again when a GPU lost at start comes back),
+and carried by every ``NodeSnapshot`` of that session; a topology call that fails is counted and
+that fact is absent, never a failed read. A re-init (or
 ``close()``) frees the GPM sample buffers and stops the Xid watcher (``events``) before ``nvmlShutdown``.
 """
 
@@ -20,16 +23,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pynvml
 from loguru import logger
 
 from ...core.model.snapshot import NodeSnapshot
+from ...core.model.topology import NodeTopology
 from .device import Device, attach
 from .events import XidWatcher
 from .gpm import free as free_gpm
 from .gpu import read_gpu
 from .library import Calls, decode, error_name
+from .topology import read_topology
 
 __all__ = ["NvmlReader"]
 
@@ -41,15 +47,22 @@ class NvmlReader:
     (``nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError``) with
     ``nvmlEventSetWait_v2(timeout)``; events are handed to the next ``read()``.
     ``clock`` gives ``NodeSnapshot.clock_s`` (monotonic seconds).
+    ``sysfs_root``: where sysfs is mounted (``/sys``), for each GPU's PCIe root and, where NVML
+    cannot say, its NUMA node (``topology.read_topology``).
     ``errors``: NVML errors by ``(call, error name)``; ``call_s``: seconds spent inside NVML
     calls (bench).
     """
 
     def __init__(
-        self, *, watch_xid: bool = True, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        watch_xid: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        sysfs_root: Path = Path("/sys"),
     ) -> None:
         self.clock = clock
         self.watch_xid = watch_xid
+        self.sysfs_root = sysfs_root
         self._calls = Calls()
         self.errors = self._calls.errors
         self._devices: list[Device] | None = None
@@ -57,6 +70,7 @@ class NvmlReader:
         self._cuda: tuple[int, int] | None = None
         self._xid = XidWatcher(self.errors, lambda: self.clock())  # follows a later .clock
         self._topology: dict[tuple[str, str], int | None] = {}
+        self._wiring: NodeTopology | None = None  # read once per nvmlInit
 
     @property
     def call_s(self) -> float:
@@ -93,7 +107,19 @@ class NvmlReader:
         for device in devices:
             attach(calls, device)
         self._devices = devices
+        self._read_wiring()
         self._start_watcher()
+
+    def _read_wiring(self) -> None:
+        """Read the GPUs' topology (``topology.read_topology``) into ``_wiring``; never
+        raises: an NVML error is counted per call by ``read_topology``, anything else is
+        counted here as ``("topology", exception name)`` and the topology is unknown."""
+        try:
+            self._wiring = read_topology(self._calls, self._devices or (), self.sysfs_root)
+        except Exception as exc:  # noqa: BLE001 - topology never fails the read
+            self.errors[("topology", type(exc).__name__)] += 1
+            logger.warning("NVML: the GPUs' topology could not be read: {}", exc)
+            self._wiring = None
 
     def _start_watcher(self) -> None:
         """(Re)start the Xid watcher over the GPUs that have a handle."""
@@ -103,6 +129,8 @@ class NvmlReader:
         self._xid.start(watched)
 
     def _shutdown(self) -> None:
+        self._wiring = None  # read again after the next nvmlInit
+        self._topology.clear()
         alive = self._xid.stop()
         if self._devices is not None:
             for device in self._devices:  # GPM sample buffers die with the session
@@ -123,10 +151,24 @@ class NvmlReader:
 
     # -- topology ------------------------------------------------------------------------
 
+    @property
+    def topology(self) -> NodeTopology | None:
+        """The GPUs' wiring read at this session's ``nvmlInit`` (``NodeSnapshot.topology``);
+        ``None`` before the first read and while NVML is down."""
+        return self._wiring
+
     def topology_level(self, uuid_a: str, uuid_b: str) -> int | None:
         """``nvmlDeviceGetTopologyCommonAncestor`` between two GPUs by UUID: 0 same board,
         10 one PCIe switch, 20 several switches, 30 host bridge, 40 same NUMA node, 50 across
-        the system (``NVML_TOPOLOGY_*``); lower is closer. ``None`` when unknown. Cached."""
+        the system (``NVML_TOPOLOGY_*``); lower is closer. ``None`` when unknown. Two GPUs of
+        the topology read at ``nvmlInit`` answer from it (no NVML call); otherwise NVML is
+        asked once and the answer cached."""
+        wiring = self._wiring
+        if wiring is not None and uuid_a != uuid_b:
+            index = {g.uuid: g.index for g in wiring.gpus if g.uuid}
+            if uuid_a in index and uuid_b in index:
+                link = wiring.link(index[uuid_a], index[uuid_b])
+                return link.level if link is not None else None
         key = (uuid_a, uuid_b) if uuid_a <= uuid_b else (uuid_b, uuid_a)
         if key in self._topology:
             return self._topology[key]
@@ -157,7 +199,8 @@ class NvmlReader:
             lost = sum(1 for d in self._devices or () if d.handle is None)
             gpus = tuple(read_gpu(self._calls, d) for d in self._devices or ())
             if lost and lost > sum(1 for d in self._devices or () if d.handle is None):
-                self._start_watcher()  # a GPU came back: watch its Xids too
+                self._read_wiring()  # a GPU came back: its place too
+                self._start_watcher()  # and its Xids
         except pynvml.NVMLError as exc:
             self._shutdown()  # re-init on the next read: the driver may come back
             return NodeSnapshot(read_at=read_at, clock_s=now, error=error_name(exc), source="nvml")
@@ -169,4 +212,5 @@ class NvmlReader:
             cuda_driver_version=self._cuda,
             xid_events=self._xid.take(),
             source="nvml",
+            topology=self._wiring,
         )

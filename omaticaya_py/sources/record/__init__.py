@@ -1,7 +1,8 @@
 """``omaticaya record``: write a trace of this node's GPUs from real NVML.
 
-The output is the project's trace format, version 2 (``docs/trace-format.md``): the static facts
-of every GPU (and of every MIG device), then one sample per interval with what NVML answered,
+The output is the project's trace format, version 2, or 3 with each GPU's place on the node
+(``docs/trace-format.md``): the static facts of every GPU (and of every MIG device, and its
+topology: ``topology``), then one sample per interval with what NVML answered,
 errors recorded where they happened under the ``pynvml`` exception class name (a field that is
 NotSupported, a GPU that is lost, the whole library gone). Critical Xid and double-bit ECC
 events delivered in an interval go into that sample's ``xid_events``. A trace recorded here
@@ -13,7 +14,8 @@ not the agent's rounded readings, so that a replay sees what the agent would hav
 
 - ``command``: ``record()``, the sampling loop and the atomic write;
 - ``recorder``: ``Recorder``, one NVML session into the trace document;
-- ``gpu``: one GPU's static facts and sample; ``values``: NVML answers as trace values.
+- ``gpu``: one GPU's static facts and sample; ``values``: NVML answers as trace values;
+- ``topology``: one GPU's version 3 keys (PCIe, NUMA, CPU affinity, NVLinks, P2P, fabric).
 """
 
 from .command import RecordError, record

@@ -10,14 +10,15 @@ from typing import Any
 import pynvml
 
 from ..nvml import LIBRARY_GONE, decode
+from .topology import pci_bus_id
 from .values import attributes, error, memory, mig_enabled, mig_handles, processes, value
 
 __all__ = ["gpu_facts", "gpu_sample"]
 
 
 def gpu_facts(index: int, h: Any) -> dict[str, Any]:
-    """A GPU's static facts as a trace ``devices`` entry: name, UUID, serial, architecture,
-    compute capability, MIG mode and, with MIG on, its MIG devices; a lost GPU is
+    """A GPU's static facts as a trace ``devices`` entry: name, UUID, serial, PCI address
+    (``pci_bus_id``, when NVML gives it), architecture, compute capability, MIG mode and, with MIG on, its MIG devices; a lost GPU is
     ``{"index", "nvml_error", "message"}``. Raises any other NVML error of a required fact."""
     try:
         device: dict[str, Any] = {
@@ -28,6 +29,9 @@ def gpu_facts(index: int, h: Any) -> dict[str, Any]:
             "architecture": value(lambda: pynvml.nvmlDeviceGetArchitecture(h)),
             "cuda_compute_capability": list(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
         }
+        bus_id = pci_bus_id(h)
+        if bus_id is not None:
+            device["pci_bus_id"] = bus_id
         mode = value(lambda: list(pynvml.nvmlDeviceGetMigMode(h)))
         if isinstance(mode, list):
             device["mig_mode"] = mode

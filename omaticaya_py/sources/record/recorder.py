@@ -1,8 +1,11 @@
 """``Recorder``: one NVML session sampled into a trace document, sample by sample.
 
-The document is the project's trace format, version 2 (``docs/trace-format.md``): the static
-facts of every GPU (and of every MIG device), read at the first ``nvmlInit``, then one sample per
-call with what NVML answered. A GPU NVML cannot describe then (lost: no handle) is its error in
+The document is the project's trace format, version 2, or 3 once a GPU's place on the node
+was recorded (``docs/trace-format.md``): the static facts of every GPU (and of every MIG device),
+read at the first ``nvmlInit``, with each GPU's topology (``topology.py``: PCIe common ancestors,
+NUMA node, CPU affinity, PCIe root from sysfs, NVLinks, P2P, NVLink fabric; recorded once, at
+the first sample where the GPU and its peers have handles), then one sample per call with what
+NVML answered. A GPU NVML cannot describe then (lost: no handle) is its error in
 ``devices`` and in each sample, the others are read; its facts are read once it answers. Critical
 Xid and double-bit ECC events (of the types each GPU supports) delivered since the last sample
 go into that sample's ``xid_events``. GPM (``gpm.py``): each whole GPU's ``gpm`` object, the
@@ -12,6 +15,7 @@ sample is that error and the next sample starts a new session.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -19,6 +23,7 @@ import pynvml
 from ..nvml import LIBRARY_GONE, decode, handle_address
 from .gpm import GpmRecorder
 from .gpu import gpu_facts, gpu_sample
+from .topology import topology_facts
 from .values import error, value
 
 __all__ = ["Recorder"]
@@ -34,11 +39,12 @@ class Recorder:
     ``sample(t)`` appends one sample at trace time ``t`` (seconds from the start); it never
     raises for an NVML failure (the failure is the sample, or that GPU's reading). ``close()``
     frees the event set and shuts NVML down. ``readings``: samples that read the GPUs (not a
-    library error).
+    library error). ``sysfs_root``: where sysfs is mounted, for each GPU's ``pcie_root``.
     """
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, sysfs_root: Path = Path("/sys")) -> None:
         self.interval_s = interval_s
+        self.sysfs_root = sysfs_root
         self.doc: dict[str, Any] = {
             "format_version": 2,
             "source": "recorded with omaticaya record (nvidia-ml-py) on a real GPU machine",
@@ -50,6 +56,7 @@ class Recorder:
         self._registered: set[int] = set()  # GPUs registered for events this session
         self._events: Any = None
         self._gpm = GpmRecorder()
+        self._placed: set[int] = set()  # GPUs whose topology is recorded
         self.readings = 0  # samples that read the GPUs (not a library error)
 
     # -- NVML session ---------------------------------------------------------------------
@@ -158,6 +165,29 @@ class Recorder:
                 reading["gpm"] = gpm
         return reading
 
+    def _topology(self) -> None:
+        """Record the version 3 keys of every GPU that has a handle and facts and has none yet,
+        against the peers that have handles now; the document becomes version 3 with the first
+        GPU that has any. A GPU lost meanwhile is tried again at the next sample. Raises
+        ``LIBRARY_GONE``."""
+        peers = {i: h for i, h in enumerate(self._handles) if h is not None}
+        devices = self.doc["devices"]
+        for index, h in peers.items():
+            if index in self._placed or index >= len(devices) or "uuid" not in devices[index]:
+                continue
+            try:
+                facts = topology_facts(
+                    index, h, peers, devices[index].get("pci_bus_id"), self.sysfs_root
+                )
+            except LIBRARY_GONE:
+                raise
+            except pynvml.NVMLError:
+                continue  # lost on the way: the next sample tries again
+            devices[index].update(facts)
+            self._placed.add(index)
+            if facts:
+                self.doc["format_version"] = 3
+
     def _xid_index(self, device: Any, index_of: dict[str, int]) -> int:
         """The index of the GPU an event came from: by UUID, else (a GPU that fell off the
         bus, Xid 79, has no UUID) by its handle; -1 when neither is known."""
@@ -202,6 +232,7 @@ class Recorder:
             if not self._live:
                 self._start()
             sample = {"t": round(t, 3), "gpus": [self._gpu(i) for i in range(len(self._handles))]}
+            self._topology()
             xids = self._xids()
             if xids:
                 sample["xid_events"] = xids

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from omaticaya_py.core.allocation import placement
-from omaticaya_py.core.allocation.placement import LINK_TIE_MIB, first_whole
+from omaticaya_py.core.allocation.placement import MEMORY_GRAIN_MIB, first_whole
 from omaticaya_py.core.schema import GpuInfo
 
-G = 80000  # free MiB of an idle GPU
+G = 80 * MEMORY_GRAIN_MIB  # free MiB of an idle GPU: 80 GiB
 
 
 def _links(scores: dict[str, int]):
@@ -29,18 +29,22 @@ CASES = [
     ("fewer healthy than count: rule 1", {"a": G, "b": G}, "b", 2, "", {"ab": 300}, "ab"),
     ("an unhealthy device is no candidate", {"a": G, "b": G, "c": G}, "c", 2, "",
      {"ac": 900, "ab": 10}, "ab"),
-    ("exactly count candidates: they go", {"a": G, "b": G, "c": G - LINK_TIE_MIB - 1}, "", 2, "",
+    ("exactly count candidates: they go", {"a": G, "b": G, "c": G - 1}, "", 2, "",
      {"ac": 900}, "ab"),
-    ("the floor is inclusive", {"a": G, "b": G, "c": G - LINK_TIE_MIB}, "", 2, "",
-     {"ac": 900}, "ac"),
+    ("free memory counts in whole GiB", {"a": G + 1023, "b": G, "c": G + 5}, "", 2, "",
+     {"bc": 900}, "cb"),
+    ("unknown free memory is no candidate beside known", {"a": G, "b": G, "c": -1}, "", 2, "",
+     {"ac": 900}, "ab"),
     ("chosen devices count in the score", {"a": G, "b": G, "c": G}, "", 1, "x",
      {"xc": 100, "xa": 50}, "c"),
     ("pairs among chosen count alike for every set", {"a": G, "b": G}, "", 1, "xy",
      {"xy": 500, "yb": 1}, "b"),
     ("a tie of score: leave the rest best connected", {"a": G, "b": G, "c": G, "d": G}, "", 1,
      "", {"ab": 100, "cd": 300}, "a"),
-    ("a tie of score and rest: the most free", {"a": G, "b": G + 10, "c": G}, "", 1, "",
-     {}, "b"),
+    ("a tie of score and rest: the most GiB free", {"a": G, "b": G + 1024, "c": G}, "", 2, "",
+     {}, "ba"),
+    ("a tie of GiB: the lowest indices, not the most MiB", {"a": G, "b": G + 10, "c": G}, "",
+     1, "", {}, "a"),
     ("a tie of everything: rule 1's order", {"a": G, "b": G, "c": G}, "", 2, "",
      {"ab": 5, "ac": 5, "bc": 5}, "ab"),
 ]  # fmt: skip
