@@ -24,9 +24,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-
-
-
 def test_records_static_facts_readings_mig_errors_and_xids(tmp_path: Path) -> None:
     # 3 s at 10x: trace time 0..30 s covers MIG device 5 unreadable (8-11 s) and the Xid (20 s)
     done, out = record(tmp_path, MIG_MIXED, "--duration", "3s", "--interval", "100ms", speed=10)
@@ -34,7 +31,10 @@ def test_records_static_facts_readings_mig_errors_and_xids(tmp_path: Path) -> No
     assert "recorded" in done.stdout and "2 GPUs" in done.stdout
     src = json.loads(MIG_MIXED.read_text())
     doc = json.loads(out.read_text())
-    assert load_trace(out).format_version == 2
+    # version 3: each GPU's place is recorded (here the library's default common ancestors)
+    assert load_trace(out).format_version == 3
+    assert [d["topology"] for d in doc["devices"]] == [{"1": 50}, {"0": 50}]
+    assert [d["pci_bus_id"] for d in doc["devices"]] == [d["pci_bus_id"] for d in src["devices"]]
     assert (doc["driver_version"], doc["cuda_driver_version"]) == (
         src["driver_version"],
         src["cuda_driver_version"],
@@ -77,9 +77,13 @@ def test_records_the_driver_gone_and_back_and_a_lost_gpu(tmp_path: Path) -> None
     samples = json.loads(out.read_text())["samples"]
     gone = [i for i, s in enumerate(samples) if s.get("nvml_error") == "NVMLError_DriverNotLoaded"]
     assert gone, "no sample saw the driver gone"
-    assert any("gpus" in s for s in samples[gone[-1] + 1 :]), "no reading after the driver came back"
+    assert any("gpus" in s for s in samples[gone[-1] + 1 :]), (
+        "no reading after the driver came back"
+    )
     lost = [g for s in samples for g in s.get("gpus", []) if g.get("nvml_error")]
-    assert lost and all(g == {"index": 3, **g} and g["nvml_error"] == "NVMLError_GpuIsLost" for g in lost)
+    assert lost and all(
+        g == {"index": 3, **g} and g["nvml_error"] == "NVMLError_GpuIsLost" for g in lost
+    )
 
 
 def test_without_nvml_it_writes_the_errors_and_exits_1(tmp_path: Path) -> None:
