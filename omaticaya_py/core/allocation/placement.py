@@ -33,15 +33,14 @@ sides. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from itertools import combinations
 from typing import TypeVar
 
 from ..model.sharing import DEFAULT_SHARED_RESOURCE, device_order
 from ..model.topology import NodeTopology
 from ..schema import GpuInfo, NodeGpuState
+from .connected import MAX_LINK_SETS, MEMORY_GRAIN_MIB, connected_set
 from .policy import DEFAULT_POLICY, POLICIES, PlacementPolicy, policy_sign
 
 __all__ = [
@@ -172,15 +171,6 @@ def pick_slice(gpus: Iterable[GpuInfo], mib: int, unit_mib: int, policy: str) ->
 T = TypeVar("T")
 
 
-#: the grain free memory is compared in when links choose (``first_whole``): GPUs with as many
-#: whole GiB free count as equally roomy (idle GPUs differ by a few MiB, a GPU with a
-#: neighbour's process on it by GiBs). The labels' step, so that the extender, which reads free
-#: memory rounded down to it, and the device plugin, which reads it exact, rank alike
-MEMORY_GRAIN_MIB = 1024
-#: above this many candidate sets, a connected set is grown one GPU at a time instead
-MAX_LINK_SETS = 5000
-
-
 def first_whole(devices: Sequence[T], count: int, info: Callable[[T], GpuInfo],
                 chosen: Sequence[T] = (),
                 links: Callable[[T, T], int] | None = None) -> list[T]:  # fmt: skip
@@ -197,76 +187,15 @@ def first_whole(devices: Sequence[T], count: int, info: Callable[[T], GpuInfo],
        first, most free MiB first, lowest index, then MIG index); a tie of everything goes to
        the device earlier in ``devices``.
     2. With ``links`` (``links(a, b)``: the pair's score, ``core.model.topology``; higher is
-       better connected), free memory counts in whole ``MEMORY_GRAIN_MIB`` (GiB): the candidates
-       are the healthy devices with at least as many GiB free as the least free of the
-       ``count`` most free (so every set has as much memory as rule 1's, to the GiB). Of their
-       sets of ``count``, the one with the highest score with ``chosen`` (the sum of its pairs'
-       ``links``, the devices already chosen included) goes; on a tie the one that leaves the
-       other candidates best connected (the sum of their pairs' scores: a 1-GPU pod goes where
-       it breaks the fewest links); then the most GiB free in all; then the lowest indices
-       (then MIG indices). Above ``MAX_LINK_SETS`` sets the set is grown one device at a time,
-       each the candidate with the highest score to those chosen so far (rule 1's order on a
-       tie), starting from ``chosen`` or the candidate best connected to the others.
+       better connected): the best connected set among those with as many whole GiB free as
+       rule 1's (``core.allocation.connected.connected_set``, which states the rule).
 
     The result is in rule 1's order."""
     ranked = sorted(devices, key=lambda d: whole_key(info(d)))
     first = ranked[:count]
     if links is None or count <= 0 or len(first) < count or not all(info(d).healthy for d in first):
         return first
-    floor = min(_gib(info(d)) for d in first)
-    pool = [d for d in ranked if info(d).healthy and _gib(info(d)) >= floor]
-    if len(pool) == count:
-        return pool
-    rank = {id(d): k for k, d in enumerate(ranked)}
-    score = _pair_scores([*chosen, *pool], links)
-    if math.comb(len(pool), count) > MAX_LINK_SETS:
-        return sorted(_grow(pool, count, chosen, score), key=lambda d: rank[id(d)])
-    fixed = sum(score(a, b) for a, b in combinations(chosen, 2))
-    with_chosen = {id(d): sum(score(d, c) for c in chosen) for d in pool}
-
-    def key(picked: Iterable[T]) -> tuple[int, int, int, tuple[tuple[int, int], ...]]:
-        picked = tuple(picked)
-        inside = set(map(id, picked))
-        rest = [d for d in pool if id(d) not in inside]
-        own = fixed + sum(with_chosen[id(d)] for d in picked)
-        own += sum(score(a, b) for a, b in combinations(picked, 2))
-        left = sum(score(a, b) for a, b in combinations(rest, 2))
-        free = sum(_gib(info(d)) for d in picked)
-        return (-own, -left, -free, tuple(sorted((info(d).index, info(d).mig_index or 0)
-                                                 for d in picked)))  # fmt: skip
-
-    return list(min(combinations(pool, count), key=key))
-
-
-def _gib(g: GpuInfo) -> int:
-    """Whole ``MEMORY_GRAIN_MIB`` free on ``g`` (-1 when unknown)."""
-    return g.free_mib // MEMORY_GRAIN_MIB if g.free_mib >= 0 else -1
-
-
-def _pair_scores(devices: Sequence[T], links: Callable[[T, T], int]) -> Callable[[T, T], int]:
-    """``links`` over ``devices``, each pair asked once."""
-    table: dict[tuple[int, int], int] = {}
-    for a, b in combinations(devices, 2):
-        table[(id(a), id(b))] = table[(id(b), id(a))] = links(a, b)
-    return lambda a, b: table.get((id(a), id(b)), 0)
-
-
-def _grow(pool: Sequence[T], count: int, chosen: Sequence[T],
-          score: Callable[[T, T], int]) -> list[T]:  # fmt: skip
-    """``count`` of ``pool`` (in rule 1's order), grown one at a time by the highest score to
-    ``chosen`` and those grown so far; the first is the one best connected to the whole pool
-    when nothing is chosen."""
-    near = list(chosen)
-    rest = list(pool)
-    picked: list[T] = []
-    while rest and len(picked) < count:
-        against = near or rest
-        best = max(rest, key=lambda d: (sum(score(d, c) for c in against if c is not d),
-                                        -rest.index(d)))  # fmt: skip
-        picked.append(best)
-        near.append(best)
-        rest.remove(best)
-    return picked
+    return connected_set(ranked, count, info, chosen, links)
 
 
 def pick_whole(devices: Iterable[GpuInfo], count: int, memory_mib: int = 0,

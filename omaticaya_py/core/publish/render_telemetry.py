@@ -91,7 +91,9 @@ def telemetry_document(
     are rounded to 0.1."""
     o = options or TelemetryOptions()
     mig_units = {(u.gpu_index, u.mig_index): u for u in health.units if u.is_mig}
-    gpus = tuple(_placed(_gpu(snapshot, g, health, mig_units, o), snapshot.topology)
+    topology = snapshot.topology
+    islands = topology.islands() if topology is not None else {}
+    gpus = tuple(_placed(_gpu(snapshot, g, health, mig_units, o), topology, islands)
                  for g in snapshot.gpus)  # fmt: skip
     any_shared = any(is_shared(g, o.sharing) for g in snapshot.gpus)
     refresh_s = o.refresh_s
@@ -118,13 +120,14 @@ def telemetry_document(
     )
 
 
-def _placed(entry: GpuTelemetry, topology: NodeTopology | None) -> GpuTelemetry:
+def _placed(entry: GpuTelemetry, topology: NodeTopology | None,
+            islands: Mapping[int, str]) -> GpuTelemetry:  # fmt: skip
     """``entry`` with its GPU's topology facts (``GpuTopology``: PCI address, NUMA node, PCIe
-    root, NVLink island), when the topology knows that GPU."""
+    root; its NVLink island from ``islands``), when the topology knows that GPU."""
     g = topology.gpu(entry.index) if topology is not None else None
-    if topology is None or g is None:
+    if g is None:
         return entry
-    island = topology.islands().get(entry.index)
+    island = islands.get(entry.index)
     return entry.model_copy(update={"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node,
                                     "pcie_root": g.pcie_root, "nvlink_island": island})  # fmt: skip
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..model.labelvalues import sanitise_value
 from ..model.snapshot import GpuReading, NodeSnapshot
+from ..model.topology import GpuTopology
 from ..schema.attributes import ATTRIBUTES
 from .dra import TAINT_MPS, TAINT_UNHEALTHY, DraDevice
 
@@ -53,7 +54,9 @@ class SliceDevice:
     out): ``device_type`` (``gpu``/``mig``), ``shared``, ``gpu_index``, ``uuid``, ``product``,
     ``architecture`` (each at most 64 characters), ``compute_capability``, ``driver_version``,
     ``cuda_driver_version`` (``major.minor.patch``), ``free_memory_mib`` (the damped free
-    memory, MiB), and for a MIG device ``mig_index``, ``profile``, ``parent_uuid``.
+    memory, MiB), and for a MIG device ``mig_index``, ``profile``, ``parent_uuid``; the
+    GPU's topology (``core.model.topology.GpuTopology``): ``pci_bus_id`` (whole GPUs),
+    ``pcie_root``, ``numa_node`` (Kubernetes' standard attributes) and ``nvlink_island``.
 
     Capacity: ``memory_mib`` (``None``: no capacity), with a request policy of whole
     ``unit_mib`` when above 0 (a shared GPU; ``shared`` also gives
@@ -74,6 +77,10 @@ class SliceDevice:
     mig_index: int | None = None
     profile: str | None = None
     parent_uuid: str | None = None
+    pci_bus_id: str | None = None
+    pcie_root: str | None = None
+    numa_node: int | None = None
+    nvlink_island: str | None = None
     memory_mib: int | None = None
     unit_mib: int = 0
     taints: tuple[DeviceTaint, ...] = field(default=())
@@ -85,7 +92,8 @@ class SliceDevice:
         attrs: dict[str, dict[str, Any]] = {}
         for a in ATTRIBUTES:
             value = getattr(self, a.field)
-            if value is not None and (self.mig_index is not None or not a.mig_only):
+            mig = self.mig_index is not None
+            if value is not None and (mig or not a.mig_only) and not (mig and a.whole_only):
                 attrs[a.name] = {a.type: value}
         device: dict[str, Any] = {"name": self.name, "attributes": attrs}
         if self.memory_mib is not None:
@@ -147,9 +155,12 @@ def _cut(text: str | None) -> str | None:
 
 
 def _device(d: DraDevice, g: GpuReading | None, versions: tuple[str | None, str | None],
-            rule: TaintRule) -> SliceDevice:  # fmt: skip
+            rule: TaintRule, place: tuple[GpuTopology | None, str | None] = (None, None),
+            ) -> SliceDevice:  # fmt: skip
     """One ``SliceDevice`` of inventory device ``d`` on GPU reading ``g`` (``None``: not in
-    the reading), ``versions``: the driver's and CUDA's."""
+    the reading), ``versions``: the driver's and CUDA's, ``place``: its GPU's topology and
+    NVLink island (``None``: unknown)."""
+    t, island = place
     cc = None
     if g is not None and g.compute_major is not None and g.compute_minor is not None:
         cc = _version((g.compute_major, g.compute_minor))
@@ -163,7 +174,9 @@ def _device(d: DraDevice, g: GpuReading | None, versions: tuple[str | None, str 
         free_memory_mib=d.free_memory_mib, mig_index=d.mig_index,
         profile=_cut(d.profile) if mig else None,
         parent_uuid=(d.gpu_uuid or None) if mig else None,
-        memory_mib=d.memory_total_mib, unit_mib=d.unit_mib if d.shared else 0,
+        pci_bus_id=t.pci_bus_id if t else None, pcie_root=t.pcie_root if t else None,
+        numa_node=t.numa_node if t and t.numa_node is not None and t.numa_node >= 0 else None,
+        nvlink_island=island, memory_mib=d.memory_total_mib, unit_mib=d.unit_mib if d.shared else 0,
         taints=rule.taints(d),
     )  # fmt: skip
 
@@ -181,7 +194,14 @@ def slice_devices(
     by_index = {g.index: g for g in snapshot.gpus}
     driver = _version(snapshot.driver_version.split(".")) if snapshot.driver_version else None
     cuda = _version(snapshot.cuda_driver_version) if snapshot.cuda_driver_version else None
-    return [_device(d, by_index.get(d.gpu_index), (driver, cuda), rule) for d in devices]
+    topology = snapshot.topology
+    islands = topology.islands() if topology is not None else {}
+
+    def place(index: int) -> tuple[GpuTopology | None, str | None]:
+        return (topology.gpu(index) if topology else None), islands.get(index)
+
+    return [_device(d, by_index.get(d.gpu_index), (driver, cuda), rule, place(d.gpu_index))
+            for d in devices]  # fmt: skip
 
 
 def render_devices(

@@ -25,10 +25,15 @@ __all__ = [
     "FREE_MEMORY",
     "INDEX",
     "MIG_INDEX",
+    "NUMA_NODE",
+    "NVLINK_ISLAND",
     "PARENT_UUID",
+    "PCIE_ROOT",
+    "PCI_BUS_ID",
     "PRODUCT_NAME",
     "PROFILE",
     "SHARED",
+    "STANDARD_PREFIX",
     "TYPE",
     "UUID",
     "Attribute",
@@ -64,20 +69,35 @@ MIG_INDEX = "migIndex"
 PROFILE = "profile"
 #: a MIG device's GPU's UUID
 PARENT_UUID = "parentUUID"
+#: Kubernetes' standard attributes (docs: "Standard Device Attributes for Dynamic Resource
+#: Allocation"; KEP-6072), fully qualified so that ``matchAttribute`` aligns devices of several
+#: drivers: the GPU's PCI address in extended BDF form (``0000:3b:00.0``; whole GPUs only, a MIG
+#: device is no PCI device), its PCIe root complex (``pci<domain>:<bus>``), its NUMA node
+#: (left out when it has none, sysfs' -1)
+STANDARD_PREFIX = "resource.kubernetes.io/"
+PCI_BUS_ID = STANDARD_PREFIX + "pciBusID"
+PCIE_ROOT = STANDARD_PREFIX + "pcieRoot"
+NUMA_NODE = STANDARD_PREFIX + "numaNode"
+#: the GPU's NVLink island (``core.model.topology.NodeTopology.islands``): GPUs with one value
+#: reach each other by NVLink, so a claim for N GPUs can ask ``matchAttribute`` on it
+NVLINK_ISLAND = "nvlinkIsland"
 
 
 @dataclass(frozen=True, slots=True)
 class Attribute:
     """One attribute of the driver's devices: ``name`` (under the driver's domain), ``type``
-    (the ``DeviceAttribute`` field its value goes in), ``field`` (the
+    (the ``DeviceAttribute`` field its value goes in; a name with a ``/`` is fully
+    qualified, the others are under the driver's domain), ``field`` (the
     ``core.publish.slice_device.SliceDevice`` field it is read from; ``None`` there: the
     attribute is left out, so a selector on it does not match), ``mig_only`` (only MIG
-    devices have it)."""
+    devices have it), ``whole_only`` (MIG devices do not)."""
 
     name: str
     type: AttributeType
     field: str
     mig_only: bool = False
+    #: only whole GPUs (not MIG devices) have it
+    whole_only: bool = False
 
 
 #: every attribute, in the order a device renders them
@@ -95,4 +115,8 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(MIG_INDEX, "int", "mig_index", mig_only=True),
     Attribute(PROFILE, "string", "profile", mig_only=True),
     Attribute(PARENT_UUID, "string", "parent_uuid", mig_only=True),
+    Attribute(PCI_BUS_ID, "string", "pci_bus_id", whole_only=True),
+    Attribute(PCIE_ROOT, "string", "pcie_root"),
+    Attribute(NUMA_NODE, "int", "numa_node"),
+    Attribute(NVLINK_ISLAND, "string", "nvlink_island"),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from omaticaya_py.core.allocation import placement
+from omaticaya_py.core.allocation import connected
 from omaticaya_py.core.allocation.placement import MEMORY_GRAIN_MIB, first_whole
 from omaticaya_py.core.schema import GpuInfo
 
@@ -69,7 +69,7 @@ def test_result_is_in_rule_1_order():
 def test_over_max_link_sets_the_set_grows_from_the_best_connected(monkeypatch):
     """Above ``MAX_LINK_SETS`` sets: the first is the candidate best connected to all others,
     then each the one with the highest score to those chosen; rule 1's order on a tie."""
-    monkeypatch.setattr(placement, "MAX_LINK_SETS", 1)
+    monkeypatch.setattr(connected, "MAX_LINK_SETS", 1)
     infos = _infos({"a": G, "b": G, "c": G, "d": G})
     links = _links({"cd": 300, "bc": 200, "ab": 100, "ad": 1})
     assert first_whole(list("abcd"), 2, infos.__getitem__, links=links) == ["c", "d"]
