@@ -81,12 +81,14 @@ __all__ = [
     "fresh_window",
     "judge",
     "judge_all",
+    "by_links",
     "judge_each",
     "judge_safely",
     "place_slices",
     "reason_text",
     "room",
     "room_on",
+    "link_scores",
     "scores",
     "slice_room",
     "usable",
@@ -297,12 +299,45 @@ def judge_each(states: Iterable[tuple[str, NodeGpuState | None]], need: Need,
 # ---------------------------------------------------------------------- scores ----
 
 
-def scores(free: Mapping[str, int], policy: str) -> dict[str, int]:
+def by_links(need: Need) -> bool:
+    """Whether nodes are ranked for ``need`` by the links between the GPUs it gets: two or more
+    whole GPUs of the device plugin's resource (``Need.exclusive``, no MIG profile)."""
+    return need.exclusive and need.profile is None and need.whole_count >= 2
+
+
+def link_scores(records: Iterable[tuple[str, NodeRecord | None]], need: Need,
+                policy: str) -> dict[str, int]:  # fmt: skip
+    """For a need ranked by links (``by_links``), each node's score of the set of GPUs the
+    placement model gives it there (``core.model.topology.NodeTopology.set_score`` of
+    ``place``'s ``Taken.gpus`` on what is left of it): a 4-GPU pod goes where 4 connected GPUs
+    are free rather than 4 scattered ones. Nodes whose telemetry publishes no topology, or
+    where the need does not fit, are left out (they rank as 0); ``{}`` for any other need."""
+    if not by_links(need):
+        return {}
+    out: dict[str, int] = {}
+    for name, rec in records:
+        topology = rec.state.topology if rec is not None else None
+        if rec is None or topology is None:
+            continue
+        taken = place(rec.left, need, policy)
+        if taken is not None:
+            out[name] = topology.set_score(taken.gpus)
+    return out
+
+
+def scores(free: Mapping[str, int], policy: str,
+           links: Mapping[str, int] | None = None) -> dict[str, int]:  # fmt: skip
     """Scores 1..``MAX_PRIORITY`` of the fitting nodes by ``free`` MiB, linear between the
     least and the most free among them (all equal: ``MAX_PRIORITY``): ``binpack`` gives 10 to
-    the least free, ``spread`` to the most. In ``map``: no Python code runs per node."""
+    the least free, ``spread`` to the most. In ``map``: no Python code runs per node. With
+    ``links`` (``link_scores``) that differ between the fitting nodes, by them instead, the
+    best connected scoring the most, whatever the policy (a node without one counts 0)."""
     if not free:
         return {}
+    if links:
+        ranked = {name: links.get(name, 0) for name in free}
+        if len(set(ranked.values())) > 1:
+            return scores(ranked, "spread")
     lo, hi = min(free.values()), max(free.values())
     if hi == lo:
         return dict.fromkeys(free, MAX_PRIORITY)

@@ -36,8 +36,10 @@ from .fit import (
     ProblemOf,
     Reason,
     ReasonText,
+    by_links,
     judge_all,
     judge_each,
+    link_scores,
     reason_text,
     scores,
 )
@@ -127,7 +129,10 @@ class Narrowing:
         if not fits:
             return passed, failed
         sign = policy_sign(self.settings.placement_policy)
-        best = min(fits, key=lambda name: sign * fits[name])  # ties: the first asked about
+        links = self._links(asked, need, fits, ages_s(ctx))
+        # the best connected set first (pods of several whole GPUs), then by the policy;
+        # ties: the first asked about
+        best = min(fits, key=lambda name: (-links.get(name, 0), sign * fits[name]))
         other = reason_text(Reason.OTHER_NODE, prefix=ctx.prefix)
         if len(failed) * 2 < len(fits):
             failed = {**dict.fromkeys(fits, other), **dict.fromkeys(passed, other), **failed}
@@ -140,6 +145,15 @@ class Narrowing:
             self.ledger.reserve(reservation(need, rec, pod_name(pod), uid, ages_s(ctx),
                                             self.settings.placement_policy))  # fmt: skip
         return [best], failed
+
+    def _links(self, asked: Asked, need: Need, fits: Mapping[str, int], now: float
+               ) -> dict[str, int]:  # fmt: skip
+        """``fit.link_scores`` of the fitting nodes (``{}`` unless the need is ranked by
+        links)."""
+        if not by_links(need):
+            return {}
+        return link_scores(((name, self._record(asked, name, now)) for name in fits), need,
+                           self.settings.placement_policy)  # fmt: skip
 
     def _reused(self, pod: Any, need: Need, names: Sequence[str], now: float
                 ) -> dict[str, int] | None:  # fmt: skip
@@ -163,7 +177,8 @@ class Narrowing:
         free = self._reused(pod, need, asked.names, ctx.now)
         if free is None:
             free, _, _ = self.judged(asked, need, replace(ctx, scoring=True), flagged)
-        scored = scores(free, self.settings.placement_policy)
+        links = self._links(asked, need, free, ages_s(ctx))
+        scored = scores(free, self.settings.placement_policy, links)
         uid = pod_uid(pod)
         mine = self.ledger.get(uid) if uid else None
         if mine is not None:
