@@ -13,7 +13,8 @@
 #               utilisation call timed idle and busy), then bench/tick.py --nvml on the NVML
 #               test library replaying the trace just recorded and the 8-GPU trace (same CPU)
 #   trace.json  omaticaya record (12 s, 250 ms; an all-SM kernel from 4 s to 8 s) + show
-#   tests.txt   pytest -m nvml -s -v tests/sources/test_nvml.py tests/mps/test_mps_nvml.py (+ junit.xml)
+#   tests.txt   pytest -m nvml -s -v tests/sources/test_nvml.py tests/sources/test_nvml_gpu_topology.py
+#               tests/mps/test_mps_nvml.py (+ junit.xml)
 # GPU_CHECK_ONLY_TESTS=1: the tests alone; GPU_CHECK_TESTS="tests/x.py::test_y": those instead.
 # Fails fast, saying why, when the wheels, python3 (3.12, as the wheels), or the GPU are missing
 # (GPU_CHECK_NO_GPU_OK=1 goes on without a GPU: the tests then skip; for trying the script out).
@@ -147,7 +148,7 @@ done
 fi  # GPU_CHECK_ONLY_TESTS
 
 # -- the GPU tests ------------------------------------------------------------------------------
-TESTS=${GPU_CHECK_TESTS:-tests/sources/test_nvml.py tests/mps/test_mps_nvml.py}
+TESTS=${GPU_CHECK_TESTS:-tests/sources/test_nvml.py tests/sources/test_nvml_gpu_topology.py tests/mps/test_mps_nvml.py}
 step "tests: pytest -m nvml $TESTS" "$OUT/tests.txt" "${GPU_CHECK_TEST_TIMEOUT_S:-300}" \
     "$VPY" -m pytest -p no:cacheprovider -m nvml -s -v -rA --junitxml="$OUT/junit.xml" \
     $TESTS || status=1
