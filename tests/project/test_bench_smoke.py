@@ -248,3 +248,17 @@ def test_seam_quick() -> None:
     proc = run_bench("seam.py", "--mixes", "5")
     assert proc.returncode == 0, proc.stderr
     assert "refused at the seam" in proc.stdout and "after (working tree)" in proc.stdout
+
+
+def test_topology_quick() -> None:
+    """bench/topology.py: our placement and the reference of NVIDIA's best-effort policy on the
+    three topology traces, both scenarios: every summary row printed (the ratios not judged)."""
+    proc = run_bench("topology.py", "--quick")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "reference view (from the traces' raw devices[])" in out and "ours below NVIDIA:" in out
+    summary = out[out.index("summary: link score on our scale") :]
+    rows = {tuple(line.split()[:2]) for line in summary.splitlines()[3:] if line.strip()}
+    for trace in ("hgx-h100", "pcie-nvlink-bridge", "workstation-4gpu"):
+        assert {(trace, "uniform"), (trace, "live")} <= rows, summary
+    assert "ratio" in summary and "same free b/e/a" in summary and "NVIDIA fit" in summary
