@@ -59,7 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, emit, header, table  # noqa: E402
-from omaticaya_py.core.allocation.connected import MEMORY_GRAIN_MIB  # noqa: E402
+from omaticaya_py.core.allocation.connected import MEMORY_GRAIN_MIB, roomy_floor  # noqa: E402
 from omaticaya_py.core.model.topology import NodeTopology, pci_bdf  # noqa: E402
 from omaticaya_py.deviceplugin.allocation import DeviceState, preferred  # noqa: E402
 from omaticaya_py.sources.replay import TraceReader  # noqa: E402
@@ -338,7 +338,7 @@ def why_below(node: Node, free: Mapping[int, int], a: Allocation) -> str:
         if a.nvidia_same_score <= a.ours_score:
             return said[0]
     gib = {i: free[i] // MEMORY_GRAIN_MIB for i in a.free_ours}
-    floor = sorted(gib.values(), reverse=True)[a.size - 1]
+    floor = roomy_floor(sorted(gib.values(), reverse=True)[a.size - 1])
     short = [i for i in a.nvidia_same if gib[i] < floor]
     if short:
         shown = ", ".join(f"GPU {i} {gib[i]} GiB" for i in short)

@@ -2,9 +2,10 @@
 ``core.allocation.placement.first_whole`` (pure).
 
 Free memory first, then links. Free memory counts in whole ``MEMORY_GRAIN_MIB`` (GiB): the
-candidates are the healthy devices with at least as many GiB free as the least free of the
-``count`` most free (so the set has as much memory as the most-free-first choice, to the GiB).
-Of their sets of ``count``:
+candidates are the healthy devices with as many GiB free as the least free of the ``count``
+most free, less a slack of an eighth of it (``ROOMY_SLACK``: 9 GiB on an idle H100). A CUDA
+context or a monitoring process (hundreds of MiB) never breaks an NVLink pair; a neighbour's
+job of GiBs takes its GPU out while others have the room. Of their sets of ``count``:
 
 1. the highest score with ``chosen`` (the sum of its pairs' ``links(a, b)``, the devices
    already chosen included; ``core.model.topology.NodeTopology.pair_score``);
@@ -30,7 +31,8 @@ from typing import TypeVar
 
 from ..schema import GpuInfo
 
-__all__ = ["MAX_LINK_SETS", "MEMORY_GRAIN_MIB", "connected_set", "gib_free"]
+__all__ = ["MAX_LINK_SETS", "MEMORY_GRAIN_MIB", "ROOMY_SLACK", "connected_set", "gib_free",
+           "roomy_floor"]
 
 #: the grain free memory is compared in when links choose: GPUs with as many whole GiB free
 #: count as equally roomy (idle GPUs differ by a few MiB, a GPU with a neighbour's process on
@@ -38,6 +40,8 @@ __all__ = ["MAX_LINK_SETS", "MEMORY_GRAIN_MIB", "connected_set", "gib_free"]
 #: which reads free memory rounded down to it, and the device plugin, which reads it exact, rank
 #: alike
 MEMORY_GRAIN_MIB = 1024
+#: a candidate may have this share less free than the least free of the most free: 1/8
+ROOMY_SLACK = 8
 #: above this many candidate sets, a connected set is grown one GPU at a time instead
 MAX_LINK_SETS = 5000
 
@@ -49,13 +53,19 @@ def gib_free(g: GpuInfo) -> int:
     return g.free_mib // MEMORY_GRAIN_MIB if g.free_mib >= 0 else -1
 
 
+def roomy_floor(least_gib: int) -> int:
+    """The fewest whole GiB free a candidate may have, when the least free of the ``count``
+    most free has ``least_gib``: an eighth (``ROOMY_SLACK``) less, rounded in its favour."""
+    return least_gib - max(0, least_gib) // ROOMY_SLACK
+
+
 def connected_set(ranked: Sequence[T], count: int, info: Callable[[T], GpuInfo],
                   chosen: Sequence[T], links: Callable[[T, T], int]) -> list[T]:  # fmt: skip
     """``count`` devices of ``ranked`` (most free first: ``placement.whole_key``'s order; its
     first ``count`` all healthy) by the module's rule, in ``ranked``'s order. ``info``: each
     device's ``GpuInfo``; ``chosen``: devices already handed out to the container (their links
     count); ``links``: a pair's score."""
-    floor = min(gib_free(info(d)) for d in ranked[:count])
+    floor = roomy_floor(min(gib_free(info(d)) for d in ranked[:count]))
     pool = [d for d in ranked if info(d).healthy and gib_free(info(d)) >= floor]
     if len(pool) == count:
         return pool

@@ -187,8 +187,9 @@ def first_whole(devices: Sequence[T], count: int, info: Callable[[T], GpuInfo],
        first, most free MiB first, lowest index, then MIG index); a tie of everything goes to
        the device earlier in ``devices``.
     2. With ``links`` (``links(a, b)``: the pair's score, ``core.model.topology``; higher is
-       better connected): the best connected set among those with as many whole GiB free as
-       rule 1's (``core.allocation.connected.connected_set``, which states the rule).
+       better connected): the best connected set among those with about as much free memory
+       as rule 1's, in whole GiB less an eighth (``core.allocation.connected.connected_set``,
+       which states the rule).
 
     The result is in rule 1's order."""
     ranked = sorted(devices, key=lambda d: whole_key(info(d)))
