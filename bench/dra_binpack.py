@@ -8,9 +8,14 @@ pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go, lines 1414
 ``FirstAvailableDeviceRequestMaxSize - i``, i.e. 8 - i), normalized over the nodes
 (``DefaultNormalizeScore``, line 1469); the allocator tries the subrequests in order and, within
 one, the devices in slice order (staging/.../dynamic-resource-allocation/structured/internal/
-incubating/allocator_incubating.go, ``allocateOne``, lines 977-1011 and 1096-1140). The highest
-total wins; equal totals are broken at random (pkg/scheduler/framework/sorted_nodes.go, lines
-60-64, ``Randomizer`` set by ``rand.Int()`` in schedule_one.go line 1045).
+incubating/allocator_incubating.go, ``allocateOne``, lines 977-1011 and 1085-1197). The highest
+total wins (a max-heap, pkg/scheduler/framework/sorted_nodes.go lines 60-64). Equal totals: with
+an extender, drawn at random (``Randomizer = rand.Int()``, schedule_one.go lines 1039-1047, set
+only for nodes an extender scored); without one, whichever equal node the heap holds at its
+root, decided by the order the filters found the nodes in (the scan starts where the previous
+pod's stopped): a rotating choice. Here every tie is drawn at random from the seed (the
+extender's as kube-scheduler does; the recipe's and the stock scheduler's standing in for the
+rotation).
 
 The same pod sequence (memory needs drawn from fixed seeds, arriving and leaving) is placed on
 N simulated nodes of 8 GPUs by:
@@ -19,15 +24,17 @@ N simulated nodes of 8 GPUs by:
   code: ``core.allocation.placement.place`` on each node's ``NodeGpuState`` (what the fit rule
   ``scheduler.fit.room`` calls), the nodes scored by ``scheduler.fit.scores`` (1..10 linear
   between the least and the most room), the highest score taken, a tie drawn at random as
-  kube-scheduler does; the GPU is ``Taken``'s;
+  kube-scheduler does for extender scores; the GPU is ``Taken``'s (for a whole GPU the device
+  plugin's choice, the node's roomiest: it is not told the need);
 - **recipe (doubling)** and **recipe (even)**: the docs' claim as the scheduler's rule scores it
   (above): per node the first satisfiable subrequest ``i`` and its first device in index (slice)
-  order; the nodes with the least ``i`` (score 8 - i, the highest) tie, one drawn at random.
+  order; the nodes with the least ``i`` (score 8 - i, the highest) tie, one drawn at random
+  (see above).
   ``doubling`` cuts the ranges at 1, 2, 4 ... 64 GiB above the need (the docs' choice);
   ``even`` cuts [need, GPU memory] into 8 equal ranges;
 - **stock**: the stock scheduler with the docs' plain claim (``freeMemoryMiB >= need``, one
-  ``exactly`` request): every fitting node scores the same for DRA (0), one is drawn at random,
-  and on it the first fitting device in index order (first fit).
+  ``exactly`` request): every fitting node scores the same for DRA (0), one is drawn at random
+  (see above), and on it the first fitting device in index order (first fit).
 
 Other score plugins are taken as equal on every node (they are not: NodeResourcesFit's
 LeastAllocated and BalancedAllocation lean to the emptier node, docs/dra.md says by how much).
