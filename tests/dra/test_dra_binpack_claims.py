@@ -26,6 +26,10 @@ b. ``binpack-example: whole-gpu-spread`` (ranges even, most free first): seven p
 c. ``binpack-example: shared-slice`` (20 GiB slices of shared GPUs, consumable capacity): the
    first slice goes to the tightest shared GPU; once its memory use is published (the agent's
    next tick on a trace where that GPU has 20 GiB less), the next goes to the next tightest.
+d. The other scores: node X has a GPU in ``r0`` but 60 of its 64 CPUs requested, node Y a GPU
+   in ``r1`` and none: the default profile sends the pod to Y (NodeResourcesFit and
+   BalancedAllocation outweigh one range), a second kube-scheduler whose profile weighs
+   DynamicResources 10 (the docs' setting) sends the next to X.
 
 Every wait is on a condition with a deadline; the time each took is printed. Kubernetes 1.37
 only (DRA's ``resource.k8s.io/v1``, the prioritized list's scoring, consumable capacity on by
@@ -229,7 +233,7 @@ class Space:
     def template(self, body: dict[str, Any]) -> None:
         self.resource.create_namespaced_resource_claim_template(self.name, body)
 
-    def pod(self, name: str, template: str, run: str) -> None:
+    def pod(self, name: str, template: str, run: str, scheduler: str | None = None) -> None:
         """A pod of one container using a claim ``gpu`` from ``template``, on the Nodes labelled
         ``MINE=run``; its ResourceClaim made as the resourceclaim controller makes it (the
         template's spec, owned by the pod, the pod's claim name annotated, recorded in the pod's
@@ -238,6 +242,7 @@ class Space:
             "metadata": {"name": name},
             "spec": {
                 "nodeSelector": {MINE: run},
+                **({"schedulerName": scheduler} if scheduler else {}),
                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
                 "containers": [{"name": "app", "image": "my-cuda-app",
                                 "resources": {"claims": [{"name": "gpu"}]}}],
@@ -480,3 +485,70 @@ def test_binpack_slices_go_to_the_tightest_shared_gpu(space, gpu_nodes, admin_cl
     space.pod("slice-1", template, gpu_nodes.run)
     node, device, _ = space.placed("slice-1")
     assert (node, device) == extender(free) and node == s1 and free[(node, device)] == 30
+
+
+#: the docs' profile: DynamicResources weighed 10 instead of 2
+WEIGHTED = {"score": {"enabled": [{"name": "DynamicResources", "weight": 10}]}}
+
+
+@pytest.fixture
+def weighted_scheduler(scheduling_cluster: Any, tmp_path: Path) -> Iterator[str]:
+    """A second kube-scheduler, ``dra-weighted``, whose one profile is the default one with the
+    docs' ``WEIGHTED`` score setting; its name (stopped after the test)."""
+    import subprocess
+
+    name = "dra-weighted"
+    config = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(scheduling_cluster.kubeconfig)},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": name, "plugins": WEIGHTED}],
+    }
+    path, log = tmp_path / f"{name}.yaml", tmp_path / f"{name}.log"
+    path.write_text(yaml.safe_dump(config))
+    proc = scheduling_cluster.spawn_scheduler(path, log)
+    start = time.monotonic()
+
+    def started() -> bool:
+        if proc.poll() is not None:
+            tail = "\n".join(log.read_text().splitlines()[-5:])
+            raise AssertionError(f"kube-scheduler {name} exited {proc.returncode}: {tail}")
+        return "Starting Kubernetes Scheduler" in log.read_text()
+
+    wait_for(f"kube-scheduler {name} to start", started, 30)
+    print(f"kube-scheduler {name} started in {time.monotonic() - start:.2f} s")
+    try:
+        yield name
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.cluster
+@on_137
+def test_other_scores_outweigh_a_range_unless_the_profile_weighs_dra_more(
+    space, gpu_nodes, admin_api, admin_client, weighted_scheduler
+):
+    """(d) One range (25 points at weight 2) against a node with 60 of 64 CPUs requested: the
+    default profile picks the emptier node in ``r1``, the docs' weight 10 the GPU in ``r0``."""
+    x, _ = gpu_nodes([20, 20, 10, 10, 10, 10, 10, 10])
+    y, _ = gpu_nodes([21, 21, 10, 10, 10, 10, 10, 10])
+    admin_api.create_namespaced_pod(space.name, {
+        "metadata": {"name": "cpu-filler"},
+        "spec": {"nodeName": x, "containers": [{"name": "app", "image": "my-app",
+                                                "resources": {"requests": {"cpu": "60"}}}]},
+    })  # fmt: skip
+    body = doc_examples()["whole-gpu"]
+    space.template(body)
+    template = body["metadata"]["name"]
+    free = gpus_of(admin_client, [x, y])
+    space.pod("default-profile", template, gpu_nodes.run)
+    node, device, sub = space.placed("default-profile")
+    assert node == y and free[(node, device)] == 21 and sub == "gpu/r1", (node, device, sub)
+    space.pod("weighted-profile", template, gpu_nodes.run, scheduler=weighted_scheduler)
+    node, device, sub = space.placed("weighted-profile")
+    assert node == x and free[(node, device)] == 20 and sub == "gpu/r0", (node, device, sub)
