@@ -42,7 +42,6 @@ import copy
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +50,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.dra_binpack import claim_template
 from devtools.devcluster.cluster import K8S_VERSION, minor
 from omaticaya_py.core.allocation.placement import pick_memory, pick_slice
 from omaticaya_py.core.publish.dra import DRIVER, slice_name
@@ -65,8 +65,6 @@ from tests.scheduler.scheduling_cluster_support import (
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from bench.dra_binpack import claim_template  # noqa: E402
 
 DOCS = REPO / "docs" / "dra.md"
 GIB = 1024
