@@ -36,17 +36,28 @@ drops everything kept.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Container, Mapping, Sequence
-from itertools import compress, repeat
-from operator import is_not
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from itertools import compress, filterfalse, repeat
+from operator import add, and_, eq, ge, is_, is_not, itemgetter, le, lt, ne, not_, sub
 from typing import Any
 
 from ..core.rules.liveness import LeaseOf
 from ..core.schema import NodeGpuState
-from .fit import INF, Judged, JudgingContext, NodeRecord, ReasonText, build_record, judge_all
+from .fit import (
+    INF,
+    Judged,
+    JudgingContext,
+    NodeRecord,
+    ReasonText,
+    build_record,
+    judge_all,
+    room_failure,
+)
 from .inflight import ASSUME_S, expiry, pending
 from .ledger import Ledger
 from .need import Need
+from .nodeview import FREE_SLOTS
 from .records import ages_s
 
 __all__ = ["NodeIndex", "Verdicts", "VerdictsByNeed"]
@@ -118,6 +129,20 @@ class NodeIndex:
 _MISSING = object()
 #: every this many requests, what is kept of Nodes no longer in the cache is dropped
 SWEEP_EVERY = 1024
+#: from this many names to judge, the fresh and unreserved ones are judged in bulk
+BULK_MIN = 16
+
+#: a kept verdict's end in a heap: (until, name, ``id`` of the state judged, ledger version);
+#: it ends that verdict only if the verdict kept is still of that state and version
+Entry = tuple[float, str, int, int]
+
+
+def _bulk_need(need: Need) -> bool:
+    """``need`` is judged by the sorted free MiB alone (``fit.room``'s first branch): GPU
+    memory on ``count`` GPUs (at most ``nodeview.FREE_SLOTS``), no slice, no device of the
+    plugin, no MIG profile, no error."""
+    return (need.memory_mib > 0 and 1 <= need.count <= FREE_SLOTS and not need.error
+            and not (need.slices or need.exclusive or need.profile))  # fmt: skip
 
 
 class Verdicts:
@@ -132,14 +157,12 @@ class Verdicts:
 
     def _reset(self, leases: LeaseOf | None) -> None:
         self._state: dict[str, Any] = {}  # name -> the Node cache's object judged
-        self._version: dict[str, int] = {}  # name -> the ledger's version judged
+        self._version: dict[str, int] = {}  # name -> the ledger's version judged (absent: 0)
         self._lease: dict[str, tuple[str, Any]] = {}  # name -> (Lease ref, Lease object)
         self.free: dict[str, int] = {}  # fitting name -> free MiB
         self.reason: dict[str, ReasonText] = {}  # failing name -> reason
-        self._wall: list[tuple[float, str, int]] = []  # (until, name, token)
-        self._mono: list[tuple[float, str, int]] = []
-        self._token: dict[str, int] = {}
-        self._count = 0
+        self._wall: list[Entry] = []
+        self._mono: list[Entry] = []
         self._seq = -1  # the ledger's change number last looked at (-1: none)
         self._leases, self._now, self._mono_now = leases, -INF, -INF
 
@@ -147,30 +170,37 @@ class Verdicts:
         self._state.pop(name, None)
         self._version.pop(name, None)
         self._lease.pop(name, None)
-        self._token.pop(name, None)
         self.free.pop(name, None)
         self.reason.pop(name, None)
+
+    def _current(self, entry: Entry) -> bool:
+        """``entry`` ends the verdict kept now for its node (one judged since, on another state
+        or version, has its own entry)."""
+        _, name, state_id, version = entry
+        state = self._state.get(name)
+        return state is not None and id(state) == state_id and self._version.get(name, 0) == version
 
     def _compact(self) -> None:
         """Drop the heaps' entries of verdicts judged again since (they pile up on the nodes
         reserved on, request after request)."""
-        token = self._token
         for heap in (self._wall, self._mono):
-            if len(heap) > 2 * len(token) + 1024:
-                heap[:] = [e for e in heap if token.get(e[1]) == e[2]]
+            if len(heap) > 2 * len(self._state) + 1024:
+                heap[:] = [e for e in heap if self._current(e)]
                 heapq.heapify(heap)
 
     def _expire(self, now: float, now_mono: float) -> None:
         """Forget the nodes whose verdict held until a time now passed."""
         for heap, t in ((self._wall, now), (self._mono, now_mono)):
             while heap and heap[0][0] <= t:  # at the end: judged again (as records are)
-                _, name, token = heapq.heappop(heap)
-                if self._token.get(name) == token:
-                    self._forget(name)
+                entry = heapq.heappop(heap)
+                if self._current(entry):
+                    self._forget(entry[1])
 
-    def _look(self, names: Sequence[str], ctx: JudgingContext) -> list[str]:
+    def _look(self, names: Sequence[str], ctx: JudgingContext
+              ) -> dict[str, NodeGpuState | None]:  # fmt: skip
         """Forget what no longer holds at ``ctx``'s clocks (see the module's docstring); the
-        names of ``names`` to judge again, once each."""
+        names of ``names`` to judge again, once each, in their order, with the Node cache's
+        object of each."""
         leases, now = ctx.leases, ctx.now
         mono = ctx.now_mono if ctx.now_mono is not None else -INF
         if leases != self._leases or now < self._now or mono < self._mono_now:
@@ -191,14 +221,18 @@ class Verdicts:
             versions = index.ledger.versions
             seq, moved = index.ledger.changed_since(self._seq)
             if moved is None:  # the first request, or too many changes since: look at all kept
-                moved = list(self._version)
+                kept = list(self._state)
+                moved = list(compress(kept, map(ne, map(self._version.get, kept, repeat(0)),
+                                                map(versions.get, kept, repeat(0)))))  # fmt: skip
             for name in moved:  # forgotten here, judged below if asked about
-                if self._version.get(name, -1) != versions.get(name, 0):
+                if self._version.get(name, 0) != versions.get(name, 0):
                     self._forget(name)
             self._seq = seq
         states = list(map(lookup, names))
-        stale = compress(names, map(is_not, states, map(self._state.get, names, repeat(_MISSING))))
-        return list(dict.fromkeys(stale))
+        if not self._state:  # nothing kept (the first request): every name, with its state
+            return dict(zip(names, states, strict=True))
+        changed = map(is_not, states, map(self._state.get, names, repeat(_MISSING)))
+        return dict(compress(zip(names, states, strict=True), changed))
 
     def _keep(self, name: str, kept: tuple[NodeRecord, float, float, Any], ages_mono: bool
               ) -> None:  # fmt: skip
@@ -207,11 +241,10 @@ class Verdicts:
         reservations age on the monotonic clock (``records.ages_s``)."""
         rec, wall, mono_until, lease = kept
         self._state[name] = rec.state
-        self._version[name] = rec.version
+        if rec.version:
+            self._version[name] = rec.version
         if lease is not None:
             self._lease[name] = (rec.state.lease, lease)  # type: ignore[assignment]  # found by it
-        self._count += 1
-        self._token[name] = token = self._count
         # a record's ``until`` (a reservation ageing out) is on the clock reservations age on
         # (``records.ages_s``): the monotonic one when the request has it
         if ages_mono:
@@ -219,26 +252,117 @@ class Verdicts:
         else:
             wall_until = min(wall, rec.until)
         if wall_until < INF:
-            heapq.heappush(self._wall, (wall_until, name, token))
+            heapq.heappush(self._wall, (wall_until, name, id(rec.state), rec.version))
         if mono_until < INF:
-            heapq.heappush(self._mono, (mono_until, name, token))
+            heapq.heappush(self._mono, (mono_until, name, id(rec.state), rec.version))
+
+    def _bulk(self, todo: dict[str, NodeGpuState | None], ctx: JudgingContext,
+              flagged: Container[str]) -> Collection[str]:  # fmt: skip
+        """Judge and keep, with ``map`` over columns (no Python code per node), the nodes of
+        ``todo`` that ``judge_all`` would judge on its fast path with a record holding no
+        reservation: a ``NodeView`` with ``Facts`` (made when the Node cache stored it) under
+        its own name, fresh by its window (``records.window``, with the index's grace and
+        skew), naming no Lease when ``ctx`` watches Leases, with no placement held on it
+        (``Ledger.on_node``). On such a node ``fit.usable`` finds nothing (``nodeview.facts_of``
+        makes ``Facts`` only for a node with usable telemetry and good health) and ``fit.room``
+        decides on the state as the Node cache holds it: fits (scored by ``free_total_mib``)
+        when ``count`` healthy GPUs have ``memory_mib`` free, else ``NO_ROOM`` (nothing is
+        reserved there: never ``IN_FLIGHT``). Returns the names judged (``todo`` itself when
+        every one was); the others are for ``judge_all``."""
+        names = list(todo)
+        states = list(todo.values())
+        facts = list(map(getattr, states, repeat("facts"), repeat(None)))
+        if None in facts:
+            have = list(map(is_not, facts, repeat(None)))
+            names, states = list(compress(names, have)), list(compress(states, have))
+            facts = list(compress(facts, have))
+            if not names:
+                return ()
+        win = self.index._windows
+        own, published, valid, wall_base, mono_base, desc, _, free_total, lease = zip(*facts, strict=True)
+        limit = list(map(add, valid, repeat(win.grace_s)))
+        wall_until = list(map(add, wall_base, limit))
+        mono_until = list(map(add, mono_base, limit))
+        now, mono = ctx.now, ctx.now_mono
+        if mono is None:  # judge() never asks then: fresh_window needs it
+            return ()
+        checks = [map(eq, own, names),  # judged as records are: fresh_window's bounds
+                  map(le, map(sub, published, repeat(win.max_skew_s)), repeat(now)),
+                  map(ge, wall_until, repeat(now)), map(ge, mono_until, repeat(mono))]  # fmt: skip
+        if ctx.leases is not None:  # judged by the Lease it names
+            checks.append(map(is_, lease, repeat(None)))
+        ledger = self.index.ledger
+        versions: Sequence[int] = ()
+        if ledger is not None:
+            versions = list(map(ledger.versions.get, names, repeat(0)))
+            held = set(filter(ledger.on_node, compress(names, versions)))
+            if held:  # a record there takes the reservations off
+                checks.append(map(not_, map(held.__contains__, names)))
+        mask: list[bool] | None = None
+        for check in checks:
+            flags = list(check)
+            if False in flags:
+                mask = flags if mask is None else list(map(and_, mask, flags))
+        every = mask is None and len(names) == len(todo)
+        if mask is not None:
+            names, states = list(compress(names, mask)), list(compress(states, mask))
+            wall_until, mono_until = list(compress(wall_until, mask)), list(compress(mono_until, mask))
+            desc, free_total = list(compress(desc, mask)), list(compress(free_total, mask))
+            versions = list(compress(versions, mask)) if versions else ()
+            if not names:
+                return ()
+        need = self.need
+        fits = list(map(ge, map(itemgetter(need.count - 1), desc), repeat(need.memory_mib)))
+        self.free.update(compress(zip(names, free_total, strict=True), fits))
+        if False in fits:
+            no_room = room_failure(need, ctx.prefix)
+            self.reason.update(zip(compress(names, map(not_, fits)), repeat(no_room)))
+        if every and not self._state:
+            self._state = todo  # the request's own: nothing else holds it
+        else:
+            self._state.update(zip(names, states, strict=True))
+        if versions:
+            self._version.update(compress(zip(names, versions, strict=True), versions))
+        for heap, until in ((self._wall, wall_until), (self._mono, mono_until)):
+            if min(until) < INF:
+                ends = compress(zip(until, names, map(id, states), versions or repeat(0), strict=False),
+                                map(lt, until, repeat(INF)))  # fmt: skip
+                heap.extend(ends)
+                heapq.heapify(heap)
+        judged: Collection[str] = todo if every else set(names)
+        on_problem = ctx.on_problem
+        if on_problem is not None and flagged:  # as judge_all tells its fast path's nodes
+            if isinstance(flagged, Mapping | AbstractSet):
+                told = [n for n in flagged if n in judged]
+            else:
+                told = [n for n in names if n in flagged]
+            for name in told:
+                on_problem(name, None, "")
+        return judged
 
     def judge(self, names: Sequence[str], ctx: JudgingContext,
               flagged: Container[str] = ()) -> Judged:  # fmt: skip
         """``fit.judge_all`` of ``names`` (the same verdicts), judging again only what
         changed."""
         todo = self._look(names, ctx)
+        self.judged += len(todo)
+        if self._state:
+            for name in list(filter(self._state.__contains__, todo)):  # judged again below
+                self._forget(name)
+        bulk: Collection[str] = ()
+        if len(todo) >= BULK_MIN and _bulk_need(self.need) and ctx.now_mono is not None:
+            bulk = self._bulk(todo, ctx, flagged)
         fast: dict[str, tuple[NodeRecord, float, float, Any]] = {}
 
         def on_fast(name: str, rec: NodeRecord, wall: float, mono_until: float, lease: Any) -> None:
             fast[name] = (rec, wall, mono_until, lease)
 
         now = ages_s(ctx)
-        fits, passed, failed = judge_all(((name, self.index.record(name, now)) for name in todo),
+        slow: Iterable[str] = todo
+        if bulk:
+            slow = () if len(bulk) == len(todo) else filterfalse(bulk.__contains__, todo)
+        fits, passed, failed = judge_all(((name, self.index.record(name, now)) for name in slow),
                                          self.need, ctx, flagged, on_fast)  # fmt: skip
-        self.judged += len(todo)
-        for name in todo:
-            self._forget(name)
         slow_fits = {n: f for n, f in fits.items() if n not in fast}
         slow_failed = {n: r for n, r in failed.items() if n not in fast}
         self.free.update((n, f) for n, f in fits.items() if n in fast)
@@ -249,7 +373,8 @@ class Verdicts:
         on_problem = ctx.on_problem
         if on_problem is not None and isinstance(flagged, Mapping) and flagged:
             asked = set(names)
-            for name in [n for n in flagged if n in asked and n in self._state and n not in fast]:
+            for name in [n for n in flagged if n in asked and n in self._state and n not in fast
+                         and n not in bulk]:  # fmt: skip
                 on_problem(name, None, "")  # asked about, judged well and kept: its problem is over
         return self._assemble(names, slow_fits, passed, slow_failed)
 
@@ -259,8 +384,9 @@ class Verdicts:
         if slow_fits:
             fitting = {n: f for n in names
                        if (f := free.get(n, slow_fits.get(n))) is not None}  # fmt: skip
-        else:
-            fitting = {n: f for n, f in zip(names, map(free.get, names), strict=True) if f is not None}
+        else:  # in C: no Python code per name
+            got = list(map(free.get, names))
+            fitting = dict(compress(zip(names, got, strict=True), map(is_not, got, repeat(None))))  # type: ignore[arg-type]  # the Nones left out
         if len(reason) * 4 < len(names):
             asked = set(names) if reason else ()
             failed = {n: r for n, r in reason.items() if n in asked}

@@ -31,6 +31,7 @@ metrics, the logs and ``FailedAndUnresolvableNodes`` read.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -87,6 +88,7 @@ __all__ = [
     "place_slices",
     "reason_text",
     "room",
+    "room_failure",
     "room_on",
     "link_scores",
     "scores",
@@ -107,6 +109,13 @@ def _room_failures(need: Need, prefix: str) -> tuple[Verdict, Verdict]:
     wanted = wanted_text(need)
     return (Verdict(False, reason_text(Reason.NO_ROOM, wanted=wanted, prefix=prefix)),
             Verdict(False, reason_text(Reason.IN_FLIGHT, wanted=wanted, prefix=prefix)))  # fmt: skip
+
+
+def room_failure(need: Need, prefix: str, taken: bool = False) -> ReasonText:
+    """The reason of a usable, healthy node without room for ``need`` (``room``'s failure):
+    ``IN_FLIGHT`` when ``taken`` (the state before the reservations had room), else
+    ``NO_ROOM``."""
+    return _room_failures(need, prefix)[taken].reason  # type: ignore[return-value]  # has one
 
 
 # ---------------------------------------------------------------------- verdict ----
@@ -341,9 +350,43 @@ def scores(free: Mapping[str, int], policy: str,
     lo, hi = min(free.values()), max(free.values())
     if hi == lo:
         return dict.fromkeys(free, MAX_PRIORITY)
+    binpack = policy_sign(policy) > 0  # binpack: the least free scores the most
+    if set(map(type, free.values())) == {int}:  # MiB: the steps of the same sum, found once
+        cuts = _cuts(lo, hi, binpack)
+        steps = map(bisect_right, repeat(cuts), free.values())
+        if binpack:
+            return dict(zip(free, map(sub, repeat(MAX_PRIORITY), steps), strict=True))
+        return dict(zip(free, map(add, repeat(1), steps), strict=True))
     frac: Iterator[float] = map(truediv, map(sub, free.values(), repeat(lo)), repeat(hi - lo))
-    if policy_sign(policy) > 0:  # binpack: the least free scores the most
+    if binpack:
         frac = map(sub, repeat(1.0), frac)
     top = MAX_PRIORITY - 1
     return dict(zip(free, map(add, repeat(1), map(round, map(mul, frac, repeat(top)))),
                     strict=True))  # fmt: skip
+
+
+def _step(f: int, lo: int, hi: int, binpack: bool) -> int:
+    """``scores``' sum for ``f`` MiB free, less 1: ``round((MAX_PRIORITY - 1) * x)`` of ``x``
+    the share of the way from ``lo`` to ``hi`` (binpack: from ``hi`` to ``lo``), in floats."""
+    frac = (f - lo) / (hi - lo)
+    return round((1.0 - frac if binpack else frac) * (MAX_PRIORITY - 1))
+
+
+def _cuts(lo: int, hi: int, binpack: bool) -> list[int]:
+    """The whole MiB where ``_step`` moves, for ``bisect_right``: ``_step(f)`` is the number of
+    cuts at or below ``f`` (spread), or ``MAX_PRIORITY - 1`` less it (binpack). ``_step`` is
+    monotonic in ``f`` (each float operation of it is), so each cut is found by bisection on
+    the integers from ``lo`` to ``hi``: the same sums as computing each node's, in ~200
+    evaluations instead of one per node."""
+    cuts = []
+    for level in range(1, MAX_PRIORITY):
+        a, b = lo, hi + 1  # the first f in [lo, hi] past the step, or hi + 1: none
+        while a < b:
+            mid = (a + b) // 2
+            step = _step(mid, lo, hi, binpack)
+            if (step <= MAX_PRIORITY - 1 - level) if binpack else (step >= level):
+                b = mid
+            else:
+                a = mid + 1
+        cuts.append(a)
+    return cuts

@@ -35,21 +35,24 @@ half covered, an older agent) is judged by ``now``. Pure, applied once per Node 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypeVar
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from ..core.rules.liveness import MAX_LEASE_DURATION_S, LeaseState, Seen, lease_from_object
 from ..core.schema import GpuInfo, NodeGpuState, json_mapping, state_from_object
 
 __all__ = [
+    "BAD_HEALTH",
     "MAX_LEASE_DURATION_S",
     "POLICIES",
     "SIGNALS",
     "LeaseState",
     "NodeView",
+    "Facts",
     "Seen",
     "Signal",
     "effective",
+    "facts_of",
     "lease_from_object",
     "legacy_default",
     "node_policy",
@@ -72,14 +75,70 @@ def policy_key(prefix: str) -> str:
     return f"scheduler.{prefix}/{POLICY_ANNOTATION}"
 
 
+#: a node whose ``gpu.health`` is one of these is never judged by its room
+BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
+INF = float("inf")
+#: ``Facts.free_desc`` has at least this many entries (a node of 8 GPUs: one each)
+FREE_SLOTS = 8
+
+
+class Facts(NamedTuple):
+    """What the kept verdicts' bulk judging (``cache.Verdicts``) reads of a Node, made once when
+    the Node cache stores it (``NodeView.facts``), from its parsed state alone (no setting):
+
+    - ``name``: the state's node name;
+    - ``published_s``: ``read_at`` (epoch s, the agent's clock); ``valid_s``: ``expires_at -
+      read_at`` (how long the agent promised it current);
+    - ``wall_base_s``, ``mono_base_s``: what the fresh window's ends are ``+ valid_s + grace_s``
+      of (``records.window``): ``read_at`` and ``seen.at_s`` (monotonic), ``inf`` where that end
+      is unbounded (``read_at`` once the watch saw it change; ``seen.at_s`` when not watched);
+    - ``free_desc``: the free MiB of the healthy whole GPUs, most first, then ``-1`` up to
+      ``FREE_SLOTS`` entries (the ``k``-th most free of any ``k <= FREE_SLOTS`` is entry
+      ``k - 1``: ``-1`` when the node has fewer healthy GPUs); ``healthy``: how many;
+      ``free_total_mib``: the state's; ``lease``: the Lease its telemetry names (or ``None``)."""
+
+    name: str
+    published_s: float
+    valid_s: float
+    wall_base_s: float
+    mono_base_s: float
+    free_desc: tuple[int, ...]
+    healthy: int
+    free_total_mib: int
+    lease: str | None
+
+
+def facts_of(state: NodeGpuState, seen: Seen | None) -> Facts | None:
+    """``state``'s ``Facts`` with ``seen``; ``None`` when its telemetry cannot make it fresh
+    (not known, no ``read_at``, a problem, bad or no health) or promises no ``expires_at`` (its
+    window then depends on the extender's ``ttl_s``): such a node is judged one by one."""
+    read_at, expires_at = state.read_at, state.expires_at
+    if (not state.known or read_at is None or expires_at is None or state.problem
+            or state.health is None or state.health in BAD_HEALTH):  # fmt: skip
+        return None
+    free = sorted((g.free_mib for g in state.gpus if g.healthy), reverse=True)
+    healthy = len(free)
+    free += [-1] * (FREE_SLOTS - healthy)
+    return Facts(state.name, read_at, expires_at - read_at,
+                 INF if seen is not None and seen.changed else read_at,
+                 seen.at_s if seen is not None else INF, tuple(free), healthy,
+                 state.free_total_mib, state.lease)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class NodeView(NodeGpuState):
     """A node's GPU state plus its ``scheduler.<prefix>/stale-policy`` override (``None``: none, or a
     value that is not a policy: ignored) and ``seen``: when the extender's watch saw ``read_at``
-    take its value (``core.rules.liveness.Seen``, monotonic clock; ``None``: not watched)."""
+    take its value (``core.rules.liveness.Seen``, monotonic clock; ``None``: not watched).
+    ``facts`` (``facts_of``) is made with the view, that is when the Node cache stores it: a
+    request reads it instead of sorting GPUs (not compared, not a constructor argument)."""
 
     policy: str | None = None
     seen: Seen | None = None
+    facts: Facts | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", facts_of(self, self.seen))
 
 
 def node_policy(annotations: Any, prefix: str) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any
 
 from ..core.allocation.placement import Taken, place
@@ -132,13 +133,19 @@ class Narrowing:
         links = self._links(asked, need, fits, ages_s(ctx))
         # the best connected set first (pods of several whole GPUs), then by the policy;
         # ties: the first asked about
-        best = min(fits, key=lambda name: (-links.get(name, 0), sign * fits[name]))
+        if links:
+            best = min(fits, key=lambda name: (-links.get(name, 0), sign * fits[name]))
+        else:  # the same, in C: min and max keep the first of equals
+            best = (min if sign > 0 else max)(fits, key=fits.__getitem__)
         other = reason_text(Reason.OTHER_NODE, prefix=ctx.prefix)
         if len(failed) * 2 < len(fits):
-            failed = {**dict.fromkeys(fits, other), **dict.fromkeys(passed, other), **failed}
+            others = dict.fromkeys(fits, other)
+            others.update(zip(passed, repeat(other)))
+            others.update(failed)
+            failed = others
         else:
-            failed.update(dict.fromkeys(fits, other))
-            failed.update(dict.fromkeys(passed, other))
+            failed.update(zip(fits, repeat(other)))
+            failed.update(zip(passed, repeat(other)))
         del failed[best]
         rec = self._record(asked, best, ages_s(ctx))
         if uid and rec is not None:

@@ -16,12 +16,11 @@ from ..core.allocation.placement import DEFAULT_POLICY
 from ..core.rules.liveness import DEFAULT_MAX_CLOCK_SKEW_S, LeaseOf
 from ..core.schema import NodeGpuState
 from .inflight import Placement, adjust
-from .nodeview import effective, legacy_default, seen_of
+from .nodeview import BAD_HEALTH, effective, legacy_default, seen_of
 
 __all__ = ["BAD_HEALTH", "NO_WINDOW", "JudgingContext", "NodeRecord", "ProblemOf", "Window",
            "ages_s", "build_record", "fresh_window", "window"]  # fmt: skip
 
-BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
 INF = float("inf")
 
 #: told of each node judged: (name, problem, detail). ``problem``: a short fixed name for
@@ -120,6 +119,9 @@ class NodeRecord:
 
 
 def _sorted_free(state: NodeGpuState) -> tuple[int, ...]:
+    facts = getattr(state, "facts", None)  # a NodeView's, made when the Node cache stored it
+    if facts is not None:
+        return facts.free_desc[: facts.healthy]
     return tuple(sorted((g.free_mib for g in state.gpus if g.healthy), reverse=True))
 
 
