@@ -270,6 +270,8 @@ class Verdicts:
         reserved there: never ``IN_FLIGHT``). Returns the names judged (``todo`` itself when
         every one was); the others are for ``judge_all``."""
         names = list(todo)
+        if not names:
+            return ()
         states = list(todo.values())
         facts = list(map(getattr, states, repeat("facts"), repeat(None)))
         if None in facts:
