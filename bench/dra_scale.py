@@ -100,7 +100,9 @@ GPUS_PER_NODE = 8
 RATES_PER_H = {"steady": 0.0, "busy": 1.0, "failing": 180.0}
 KINDS = ("plain", "cel", "first")
 GATE = "bench.omaticaya.io/hold"
-NS = "dra-scale"
+#: the bench's namespace, its own per run (no namespace controller runs here: a deleted one
+#: stays Terminating, so a second run on the same cluster cannot reuse it)
+NS = f"dra-scale-{os.getpid()}"
 #: the write verbs of ``apiserver_request_total``
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
 #: the chart's selector of whole unshared GPUs (charts/omaticaya/templates/deviceclasses.yaml),
@@ -239,7 +241,8 @@ class StaticSlices:
         return self.inner.apply(body)  # type: ignore[no-any-return]
 
     def get(self) -> dict[str, Any] | None:
-        return self.inner.get()  # type: ignore[no-any-return]
+        """None: the first write goes out whatever is stored (a live slice of the round before)."""
+        return None
 
     def delete(self) -> bool:
         return self.inner.delete()  # type: ignore[no-any-return]
@@ -403,34 +406,68 @@ def scheduler(kubeconfig: str, name: str, qps: int, tmp: Path) -> Iterator[subpr
 
 
 class BindWatch:
-    """A pod watch (raw JSON lines) in ``ns`` on label ``run``: when each pod was first seen
-    bound (``spec.nodeName``), by this process's ``perf_counter``."""
+    """A pod watch (raw JSON lines) in ``ns`` on label ``run``: the pods seen (``seen``) and
+    when each was first seen bound (``spec.nodeName``), by this process's ``perf_counter``.
 
-    def __init__(self, core: Any, ns: str, run: str, resource_version: str, timeout_s: int) -> None:
+    Started with no resourceVersion (the API server sends every pod as ADDED first, so
+    ``seen`` filling up means the watch is on); a watch the server ends (its timeout, an ERROR
+    event such as "too large resource version" from a watch cache behind a busy server) is
+    opened again from the last version seen. ``errors``: what ended them."""
+
+    def __init__(self, core: Any, ns: str, run: str) -> None:
+        self.core, self.ns, self.run = core, ns, run
+        self.seen: set[str] = set()
         self.bound: dict[str, float] = {}
+        self.errors: list[str] = []
         self.done = threading.Event()
-        self.resp = core.list_namespaced_pod(
-            ns, label_selector=f"run={run}", resource_version=resource_version, watch=True,
-            timeout_seconds=timeout_s, _preload_content=False, _request_timeout=None,
-        )  # fmt: skip
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def wait_seen(self, count: int, timeout_s: float = 60) -> None:
+        """Wait until ``count`` pods were seen; raises ``RuntimeError`` after ``timeout_s``."""
+        deadline = time.perf_counter() + timeout_s
+        while len(self.seen) < count:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"pod watch saw {len(self.seen)} of {count}: {self.errors}")
+            time.sleep(0.02)
+
     def _run(self) -> None:
+        rv: str | None = None
+        while not self.done.is_set():
+            try:
+                rv = self._stream(rv)
+            except Exception as exc:  # noqa: BLE001 - noted, the watch is opened again
+                self.errors.append(repr(exc)[:200])
+                time.sleep(0.1)
+
+    def _stream(self, rv: str | None) -> str | None:
+        """One watch from ``rv`` (None: the current state first); the last version seen, or
+        None after an ERROR event (start again from the current state)."""
+        extra = {"resource_version": rv} if rv else {}
+        resp = self.core.list_namespaced_pod(
+            self.ns, label_selector=f"run={self.run}", watch=True, timeout_seconds=300,
+            _preload_content=False, _request_timeout=None, **extra,
+        )  # fmt: skip
         buf = b""
-        with contextlib.suppress(Exception):
-            for chunk in self.resp.stream(amt=None, decode_content=False):
-                if self.done.is_set():
-                    return
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    obj = json.loads(line).get("object", {})
-                    name = obj.get("metadata", {}).get("name")
-                    if obj.get("spec", {}).get("nodeName") and name not in self.bound:
-                        self.bound[name] = time.perf_counter()
+        for chunk in resp.stream(amt=None, decode_content=False):
+            if self.done.is_set():
+                return rv
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                obj = event.get("object", {})
+                if event.get("type") == "ERROR":
+                    self.errors.append(str(obj.get("message"))[:200])
+                    return None
+                meta = obj.get("metadata", {})
+                rv, name = meta.get("resourceVersion", rv), meta.get("name")
+                self.seen.add(name)
+                if obj.get("spec", {}).get("nodeName") and name not in self.bound:
+                    self.bound[name] = time.perf_counter()
+        return rv
 
     def close(self) -> None:
         # closing the stream from this thread can block on the reader's lock: the reader stops at
@@ -491,9 +528,8 @@ def run_kind(kind: str, live: bool, pods: int, ctx: dict[str, Any], timeout_s: f
                                    _preload_content=False)  # fmt: skip
 
     parallel(create, names)
-    listed = json.loads(core.list_namespaced_pod(NS, label_selector=f"run={run}", limit=1,
-                                                 _preload_content=False).data)  # fmt: skip
-    watch = BindWatch(core, NS, run, listed["metadata"]["resourceVersion"], int(timeout_s) + 30)
+    watch = BindWatch(core, NS, run)
+    watch.wait_seen(pods)
     pids = ctx["pids"]
     w0 = write_counts(ctx["host"], ctx["tls"])
     cpu0 = {k: proc_cpu_s(p) for k, p in pids.items()}
@@ -518,6 +554,8 @@ def run_kind(kind: str, live: bool, pods: int, ctx: dict[str, Any], timeout_s: f
     bench_cores = (time.process_time() - bench0) / span
     rss = proc_rss_mib(pids["scheduler"])[0]
     watch.close()
+    if watch.errors:
+        print(f"({run}: pod watch reopened after {watch.errors})", file=sys.stderr, flush=True)
     lat = [bound[n] - released[n] for n in bound if n in released]
     out = KindRun(
         pods=pods, bound=len(bound), span_s=span, pods_per_s=len(bound) / span,
@@ -601,44 +639,63 @@ def mode_name(live: bool, factor: float) -> str:
 
 
 def run_size(n: int, pods: int, churns: Sequence[float], mix: Sequence[float],
-             ctx: dict[str, Any], timeout_s: float) -> list[tuple[str, str, KindRun, dict]]:  # fmt: skip
-    """Every mode (static, then live at each churn factor) and kind on ``n`` Nodes."""
+             ctx: dict[str, Any], timeout_s: float,
+             rounds: int = 1) -> list[tuple[str, str, KindRun, dict]]:  # fmt: skip
+    """Every mode (static, then live at each churn factor) and kind on ``n`` Nodes, ``rounds``
+    times over (modes interleaved: the machine's other load falls on each alike); the median of
+    the rounds per mode and kind."""
     from omaticaya_py.kube.session import ApiSession
 
     group = f"dra-scale-{os.getpid()}-n{n}"
     names = [f"{group}-{i:05d}" for i in range(n)]
     core, custom = ctx["core"], ctx["custom"]
     session = ApiSession(kubeconfig=ctx["kubeconfig"], attempts=2)
-    out = []
+    runs: dict[tuple[str, str], list[KindRun]] = {}
+    infos: dict[str, dict[str, float]] = {}
     try:
         t = time.perf_counter()
         make_nodes(core, names, group)
         print(f"(N={n}: {n} Nodes in {time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
-        for live, factor in [(False, 0.0)] + [(True, f) for f in churns]:
-            fleet = build_fleet(session, names, mix, live)
-            t = time.perf_counter()
-            for node in fleet:
-                node.step(live)  # the slice as it is now (the first write; a GET before it)
-            took = time.perf_counter() - t
-            print(f"(N={n} {mode_name(live, factor)}: {n} slices in {took:.0f} s)",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            churn = Churn(fleet, factor).start() if live else None
-            try:
-                for kind in KINDS:
-                    before = sum(f.writes for f in fleet)
-                    r = run_kind(kind, live, pods, ctx, timeout_s)
-                    info = {"churn_writes": sum(f.writes for f in fleet) - before,
-                            "churn_per_s": churn.expected_per_s if churn else 0.0,
-                            "churn_lag_s": churn.lag_s if churn else 0.0}  # fmt: skip
-                    out.append((mode_name(live, factor), kind, r, info))
-                    print(f"(N={n} {mode_name(live, factor)} {kind}: {r.bound}/{r.pods} bound, "
-                          f"{r.pods_per_s:.1f} pods/s)", file=sys.stderr, flush=True)  # fmt: skip
-            finally:
-                if churn:
-                    churn.stop()
+        for _ in range(rounds):
+            for live, factor in [(False, 0.0)] + [(True, f) for f in churns]:
+                mode = mode_name(live, factor)
+                fleet = build_fleet(session, names, mix, live)
+                t = time.perf_counter()
+                for node in fleet:
+                    node.step(live)  # the slice as it is now (the first write; a GET before it)
+                print(f"(N={n} {mode}: {n} slices in {time.perf_counter() - t:.0f} s)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                first = sum(f.writes for f in fleet)
+                churn = Churn(fleet, factor).start() if live else None
+                t = time.perf_counter()
+                try:
+                    for kind in KINDS:
+                        r = run_kind(kind, live, pods, ctx, timeout_s)
+                        runs.setdefault((mode, kind), []).append(r)
+                        print(f"(N={n} {mode} {kind}: {r.bound}/{r.pods} bound, "
+                              f"{r.pods_per_s:.1f} pods/s)", file=sys.stderr, flush=True)  # fmt: skip
+                finally:
+                    if churn:
+                        churn.stop()
+                info = infos.setdefault(mode, {"writes": 0.0, "wall_s": 0.0, "lag_s": 0.0})
+                info["writes"] += sum(f.writes for f in fleet) - first
+                info["wall_s"] += time.perf_counter() - t
+                info["offered_per_s"] = churn.expected_per_s if churn else 0.0
+                info["lag_s"] = max(info["lag_s"], churn.lag_s if churn else 0.0)
     finally:
         delete_nodes(core, custom, group)
         session.close()
+    return [(mode, kind, middle(rs), infos[mode]) for (mode, kind), rs in runs.items()]
+
+
+def middle(runs: list[KindRun]) -> KindRun:
+    """Each figure's median over the rounds (``bound``: the least)."""
+    out = copy.copy(runs[0])
+    for name in KindRun.__dataclass_fields__:
+        if name in ("pods", "extra"):
+            continue
+        values = [getattr(r, name) for r in runs]
+        setattr(out, name, min(values) if name == "bound" else median(values))
     return out
 
 
@@ -663,8 +720,9 @@ def report(results: dict[int, list[tuple[str, str, KindRun, dict]]], args: Any,
                                    ratio(r.p99_ms, s.p99_ms), ratio(r.sched_cores, s.sched_cores),
                                    "yes" if q >= 0.9 else "no"])  # fmt: skip
             if kind == KINDS[0] and mode != "static":
-                write_rows.append([n, mode, info["churn_per_s"], info["churn_per_s"] * 1000 / n,
-                                   info["churn_lag_s"]])  # fmt: skip
+                sent = info["writes"] / info["wall_s"] if info["wall_s"] else float("nan")
+                write_rows.append([n, mode, info["offered_per_s"], sent, sent * 1000 / n,
+                                   info["lag_s"]])  # fmt: skip
     mix = "/".join(f"{m:g}" for m in args.mix)
     return [
         table(
@@ -707,7 +765,14 @@ def report(results: dict[int, list[tuple[str, str, KindRun, dict]]], args: Any,
         f"per core: pods/s / {args.cores:g} (the machine's cores, shared by etcd, the API "
         "server, the scheduler and this process).",
         table(
-            ["N", "mode", "slice churn writes/s (offered)", "per 1,000 nodes", "churn lag max s"],
+            [
+                "N",
+                "mode",
+                "churn writes/s offered",
+                "sent",
+                "sent per 1,000 nodes",
+                "churn lag max s",
+            ],
             write_rows,
         ),
     ]
@@ -727,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("STEADY", "BUSY", "FAILING"),
         help="fleet mix, %% (85 10 5)",
     )
+    ap.add_argument("--rounds", type=int, default=1, help="modes interleaved, median taken")
     ap.add_argument("--qps", type=int, default=5000, help="kube-scheduler client QPS and burst")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="per kind, for the bindings")
     ap.add_argument("--kubeconfig", help="reuse this API server (default $KUBECONFIG or a new one)")
@@ -774,7 +840,9 @@ def main(argv: list[str] | None = None) -> int:
                        "kubeconfig": c.kubeconfig}  # fmt: skip
                 for n in args.nodes:
                     pods = min(args.pods, int(0.7 * GPUS_PER_NODE * n))
-                    results[n] = run_size(n, pods, args.churn, args.mix, ctx, args.timeout_s)
+                    results[n] = run_size(
+                        n, pods, args.churn, args.mix, ctx, args.timeout_s, args.rounds
+                    )
         finally:
             with contextlib.suppress(Exception):
                 core.delete_namespace(NS, _preload_content=False)

@@ -284,3 +284,27 @@ def test_dra_binpack_quick() -> None:
     body = yaml.safe_load(claim.stdout)
     subs = body["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
     assert 1 < len(subs) <= 8 and all(s["capacity"]["requests"]["memory"] == "20Gi" for s in subs)
+
+
+@pytest.mark.cluster
+def test_dra_scale_quick(dev_cluster: DevCluster) -> None:
+    """bench/dra_scale.py at its smallest (10 Nodes of 8 GPUs, 20 pods a kind) on the session's
+    dev cluster, with its own kube-scheduler of the release: every mode and kind printed with
+    every pod bound, the ratio table first (the figures are not judged here)."""
+    proc = run_bench("dra_scale.py", "--quick", env=cluster_env(dev_cluster), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "machine:" in out and "command:" in out and "DeviceClass: the chart's" in out
+    assert out.index("pods/s live/static") < out.index("apiserver writes/s")
+    runs = {}
+    for line in out[out.index("apiserver writes/s") :].splitlines():
+        cells = line.split()
+        if cells[:1] == ["10"]:
+            mode, rest = (
+                (cells[1], cells[2:]) if cells[1] == "static" else (" ".join(cells[1:3]), cells[3:])
+            )
+            if rest[0] in ("plain", "cel", "first"):
+                runs[(mode, rest[0])] = rest[1:3]  # bound, pods
+    for mode in ("static", "live 1x"):
+        for kind in ("plain", "cel", "first"):
+            assert runs.get((mode, kind)) == ["20", "20"], (mode, kind, out)
