@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from itertools import compress, filterfalse, repeat
-from operator import add, and_, eq, ge, is_, is_not, itemgetter, le, lt, ne, not_, sub
+from operator import ge, is_not, itemgetter, lt, ne, not_
 from typing import Any
 
 from ..core.rules.liveness import LeaseOf
 from ..core.schema import NodeGpuState
+from .bulk import fresh_columns, tell_judged
 from .fit import (
     INF,
     Judged,
@@ -258,88 +258,37 @@ class Verdicts:
 
     def _bulk(self, todo: dict[str, NodeGpuState | None], ctx: JudgingContext,
               flagged: Container[str]) -> Collection[str]:  # fmt: skip
-        """Judge and keep, with ``map`` over columns (no Python code per node), the nodes of
-        ``todo`` that ``judge_all`` would judge on its fast path with a record holding no
-        reservation: a ``NodeView`` with ``Facts`` (made when the Node cache stored it) under
-        its own name, fresh by its window (``records.window``, with the index's grace and
-        skew), naming no Lease when ``ctx`` watches Leases, with no placement held on it
-        (``Ledger.on_node``). On such a node ``fit.usable`` finds nothing (``nodeview.facts_of``
-        makes ``Facts`` only for a node with usable telemetry and good health) and ``fit.room``
-        decides on the state as the Node cache holds it: fits (scored by ``free_total_mib``)
-        when ``count`` healthy GPUs have ``memory_mib`` free, else ``NO_ROOM`` (nothing is
-        reserved there: never ``IN_FLIGHT``). Returns the names judged (``todo`` itself when
-        every one was); the others are for ``judge_all``."""
-        names = list(todo)
-        if not names:
+        """Judge and keep the nodes of ``todo`` that ``judge_all`` would judge on its fast path
+        with a record holding no reservation (``bulk.fresh_columns``, which says which), with
+        ``map`` over columns (no Python code per node): on such a node ``fit.room`` decides on
+        the state as the Node cache holds it: fits (scored by ``free_total_mib``) when
+        ``count`` healthy GPUs have ``memory_mib`` free, else ``NO_ROOM`` (nothing is reserved
+        there: never ``IN_FLIGHT``). Returns the names judged (``todo`` itself when every one
+        was); the others are for ``judge_all``."""
+        cols = fresh_columns(todo, self.index._windows, ctx, self.index.ledger)
+        if cols is None:
             return ()
-        states = list(todo.values())
-        facts = list(map(getattr, states, repeat("facts"), repeat(None)))
-        if None in facts:
-            have = list(map(is_not, facts, repeat(None)))
-            names, states = list(compress(names, have)), list(compress(states, have))
-            facts = list(compress(facts, have))
-            if not names:
-                return ()
-        win = self.index._windows
-        own, published, valid, wall_base, mono_base, desc, _, free_total, lease = zip(*facts, strict=True)
-        limit = list(map(add, valid, repeat(win.grace_s)))
-        wall_until = list(map(add, wall_base, limit))
-        mono_until = list(map(add, mono_base, limit))
-        now, mono = ctx.now, ctx.now_mono
-        if mono is None:  # judge() never asks then: fresh_window needs it
-            return ()
-        checks = [map(eq, own, names),  # judged as records are: fresh_window's bounds
-                  map(le, map(sub, published, repeat(win.max_skew_s)), repeat(now)),
-                  map(ge, wall_until, repeat(now)), map(ge, mono_until, repeat(mono))]  # fmt: skip
-        if ctx.leases is not None:  # judged by the Lease it names
-            checks.append(map(is_, lease, repeat(None)))
-        ledger = self.index.ledger
-        versions: Sequence[int] = ()
-        if ledger is not None:
-            versions = list(map(ledger.versions.get, names, repeat(0)))
-            held = set(filter(ledger.on_node, compress(names, versions)))
-            if held:  # a record there takes the reservations off
-                checks.append(map(not_, map(held.__contains__, names)))
-        mask: list[bool] | None = None
-        for check in checks:
-            flags = list(check)
-            if False in flags:
-                mask = flags if mask is None else list(map(and_, mask, flags))
-        every = mask is None and len(names) == len(todo)
-        if mask is not None:
-            names, states = list(compress(names, mask)), list(compress(states, mask))
-            wall_until, mono_until = list(compress(wall_until, mask)), list(compress(mono_until, mask))
-            desc, free_total = list(compress(desc, mask)), list(compress(free_total, mask))
-            versions = list(compress(versions, mask)) if versions else ()
-            if not names:
-                return ()
+        names, states, versions = cols.names, cols.states, cols.versions
         need = self.need
-        fits = list(map(ge, map(itemgetter(need.count - 1), desc), repeat(need.memory_mib)))
-        self.free.update(compress(zip(names, free_total, strict=True), fits))
+        fits = list(map(ge, map(itemgetter(need.count - 1), cols.desc), repeat(need.memory_mib)))
+        self.free.update(compress(zip(names, cols.free_total, strict=True), fits))
         if False in fits:
             no_room = room_failure(need, ctx.prefix)
             self.reason.update(zip(compress(names, map(not_, fits)), repeat(no_room)))
-        if every and not self._state:
+        if cols.every and not self._state:
             self._state = todo  # the request's own: nothing else holds it
         else:
             self._state.update(zip(names, states, strict=True))
         if versions:
             self._version.update(compress(zip(names, versions, strict=True), versions))
-        for heap, until in ((self._wall, wall_until), (self._mono, mono_until)):
+        for heap, until in ((self._wall, cols.wall_until), (self._mono, cols.mono_until)):
             if min(until) < INF:
                 ends = compress(zip(until, names, map(id, states), versions or repeat(0), strict=False),
                                 map(lt, until, repeat(INF)))  # fmt: skip
                 heap.extend(ends)
                 heapq.heapify(heap)
-        judged: Collection[str] = todo if every else set(names)
-        on_problem = ctx.on_problem
-        if on_problem is not None and flagged:  # as judge_all tells its fast path's nodes
-            if isinstance(flagged, Mapping | AbstractSet):
-                told = [n for n in flagged if n in judged]
-            else:
-                told = [n for n in names if n in flagged]
-            for name in told:
-                on_problem(name, None, "")
+        judged: Collection[str] = todo if cols.every else set(names)
+        tell_judged(ctx, flagged, judged, names)
         return judged
 
     def judge(self, names: Sequence[str], ctx: JudgingContext,

@@ -36,13 +36,13 @@ from omaticaya_py.scheduler.ledger import Ledger
 from omaticaya_py.scheduler.need import Need
 from omaticaya_py.scheduler.nodeview import FREE_SLOTS, NodeView, with_policy
 from omaticaya_py.scheduler.records import build_record, fresh_window
-from tests.scheduler.test_fit_rule import (
+from tests.scheduler.fit_rule_support import (
     NOW,
     World,
-    _placement,
     context_st,
     need_st,
     node_st,
+    placement_of,
     placement_st,
 )
 
@@ -77,7 +77,7 @@ def test_the_bulk_path_answers_as_the_rule_does(nodes, placements, need, context
         w.now += later_s
         w.mono += later_s
         for j, p in enumerate(more):
-            w.ledger.reserve(replace(_placement(100 + j, p), placed_at=w.mono, bound=False))
+            w.ledger.reserve(replace(placement_of(100 + j, p), placed_at=w.mono, bound=False))
         _same(kept.judge(w.names, w.ctx(context)), w.uncached(need, w.ctx(context)))
         # a Node changed: a new object in the cache, judged again
         first = w.names[0]
