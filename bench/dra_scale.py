@@ -32,6 +32,9 @@ Pods, three kinds (``--pods`` each, from an empty cluster), one whole GPU each:
   ``freeMemoryMiB`` [20, 40), [40, 60), >= 60 GiB (tightest first, docs/dra.md's binpack
   shape); static, ``memory`` capacity >= 60, 40, 20 GiB (the first fits every GPU).
 
+``--control`` adds the live slices at the highest churn factor with the static claims: what the
+live slices and their churn cost the scheduler apart from the live claims' selectivity.
+
 Each kind: the claims and pods are created with a scheduling gate (not timed), then the gates
 are removed as fast as 16 threads can; a pod watch records each pod's binding. Printed per
 kind: pods/s to bound (pods over the span from the first gate removed to the last binding),
@@ -43,6 +46,7 @@ load generator shares the machine's cores with all of it). Ratios (live/static) 
 
     flock /tmp/omaticaya-cluster.lock .venv/bin/python bench/dra_scale.py   # N = 50 100 500
     .venv/bin/python bench/dra_scale.py --nodes 100 --pods 300 --churn 1 10
+    .venv/bin/python bench/dra_scale.py --nodes 1000 --pods 500 --control
     .venv/bin/python bench/dra_scale.py --quick     # N = 10, 20 pods a kind (CI smoke)
 """
 
@@ -508,14 +512,15 @@ def parallel(fn: Callable[[Any], Any], items: Sequence[Any], workers: int = 16) 
         return list(pool.map(one, items))
 
 
-def run_kind(kind: str, live: bool, pods: int, ctx: dict[str, Any], timeout_s: float) -> KindRun:
+def run_kind(kind: str, live: bool, pods: int, ctx: dict[str, Any], timeout_s: float,
+             live_claims: bool | None = None) -> KindRun:  # fmt: skip
     """Create ``pods`` gated pods of ``kind`` with their claims, release them, wait for every
     binding (or ``timeout_s``), measure, and delete them again."""
     core, custom = ctx["core"], ctx["custom"]
     run = f"{kind}-{'live' if live else 'static'}-{ctx['seq']}"
     ctx["seq"] += 1
     names = [f"{run}-{i:05d}" for i in range(pods)]
-    spec = claim_spec(kind, live)
+    spec = claim_spec(kind, live if live_claims is None else live_claims)
 
     def create(name: str) -> None:
         custom.create_namespaced_custom_object(
@@ -634,13 +639,15 @@ def delete_nodes(core: Any, custom: Any, group: str) -> None:
 # -- main ----------------------------------------------------------------------------------------
 
 
-def mode_name(live: bool, factor: float) -> str:
+def mode_name(live: bool, factor: float, control: bool = False) -> str:
+    if control:
+        return f"live {factor:g}x, static claims"
     return f"live {factor:g}x" if live else "static"
 
 
 def run_size(n: int, pods: int, churns: Sequence[float], mix: Sequence[float],
              ctx: dict[str, Any], timeout_s: float,
-             rounds: int = 1) -> list[tuple[str, str, KindRun, dict]]:  # fmt: skip
+             rounds: int = 1, control: bool = False) -> list[tuple[str, str, KindRun, dict]]:  # fmt: skip
     """Every mode (static, then live at each churn factor) and kind on ``n`` Nodes, ``rounds``
     times over (modes interleaved: the machine's other load falls on each alike); the median of
     the rounds per mode and kind."""
@@ -657,8 +664,10 @@ def run_size(n: int, pods: int, churns: Sequence[float], mix: Sequence[float],
         make_nodes(core, names, group)
         print(f"(N={n}: {n} Nodes in {time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
         for _ in range(rounds):
-            for live, factor in [(False, 0.0)] + [(True, f) for f in churns]:
-                mode = mode_name(live, factor)
+            modes = [(False, 0.0, False)] + [(True, f, False) for f in churns]
+            modes += [(True, max(churns), True)] if control else []
+            for live, factor, static_claims in modes:
+                mode = mode_name(live, factor, static_claims)
                 fleet = build_fleet(session, names, mix, live)
                 t = time.perf_counter()
                 for node in fleet:
@@ -670,7 +679,8 @@ def run_size(n: int, pods: int, churns: Sequence[float], mix: Sequence[float],
                 t = time.perf_counter()
                 try:
                     for kind in KINDS:
-                        r = run_kind(kind, live, pods, ctx, timeout_s)
+                        r = run_kind(kind, live, pods, ctx, timeout_s,
+                                     live_claims=False if static_claims else None)  # fmt: skip
                         runs.setdefault((mode, kind), []).append(r)
                         print(f"(N={n} {mode} {kind}: {r.bound}/{r.pods} bound, "
                               f"{r.pods_per_s:.1f} pods/s)", file=sys.stderr, flush=True)  # fmt: skip
@@ -793,6 +803,8 @@ def main(argv: list[str] | None = None) -> int:
         help="fleet mix, %% (85 10 5)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="modes interleaved, median taken")
+    ap.add_argument("--control", action="store_true",
+                    help="also the live slices at the highest churn with the static claims")  # fmt: skip
     ap.add_argument("--qps", type=int, default=5000, help="kube-scheduler client QPS and burst")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="per kind, for the bindings")
     ap.add_argument("--kubeconfig", help="reuse this API server (default $KUBECONFIG or a new one)")
@@ -841,7 +853,14 @@ def main(argv: list[str] | None = None) -> int:
                 for n in args.nodes:
                     pods = min(args.pods, int(0.7 * GPUS_PER_NODE * n))
                     results[n] = run_size(
-                        n, pods, args.churn, args.mix, ctx, args.timeout_s, args.rounds
+                        n,
+                        pods,
+                        args.churn,
+                        args.mix,
+                        ctx,
+                        args.timeout_s,
+                        args.rounds,
+                        args.control,
                     )
         finally:
             with contextlib.suppress(Exception):
