@@ -131,6 +131,7 @@ def gib_range(low_gib: int, high_gib: int | None, live: bool) -> str:
 
 def claim_spec(kind: str, live: bool) -> dict[str, Any]:
     """The ResourceClaim ``spec`` of a pod of ``kind`` (``KINDS``), live or static slices."""
+    request: dict[str, Any]
     if kind == "plain":
         request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": 1}}
     elif kind == "cel":
@@ -242,14 +243,14 @@ class StaticSlices:
         body = copy.deepcopy(body)
         for d in body["spec"]["devices"]:
             d.get("attributes", {}).pop("freeMemoryMiB", None)
-        return self.inner.apply(body)  # type: ignore[no-any-return]
+        return self.inner.apply(body)
 
     def get(self) -> dict[str, Any] | None:
         """None: the first write goes out whatever is stored (a live slice of the round before)."""
         return None
 
     def delete(self) -> bool:
-        return self.inner.delete()  # type: ignore[no-any-return]
+        return self.inner.delete()
 
 
 def classes(n: int, mix: Sequence[float], rng: random.Random) -> list[str]:
@@ -348,7 +349,7 @@ def https(kubeconfig: str) -> tuple[str, ssl.SSLContext]:
     cfg = client.Configuration()
     config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    ctx.load_cert_chain(str(cfg.cert_file), str(cfg.key_file))
     return cfg.host, ctx
 
 
@@ -362,12 +363,12 @@ def write_counts(host: str, ctx: ssl.SSLContext) -> Counter[str]:
         text = r.read().decode()
     out: Counter[str] = Counter()
     for line in text.splitlines():
-        m = _REQUEST.match(line)
+        m = _REQUEST.match(line)  # counters are whole numbers
         if not m:
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         if labels.get("verb") in WRITE_VERBS:
-            n = float(m.group(2))
+            n = int(float(m.group(2)))
             out["all"] += n
             out[labels.get("resource", "?")] += n
     return out
@@ -831,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         host, tls = https(c.kubeconfig)
         body, class_src = device_class()
         with contextlib.suppress(client.ApiException):
-            core.create_namespace({"metadata": {"name": NS}}, _preload_content=False)
+            core.create_namespace({"metadata": {"name": NS}}, _preload_content=False)  # type: ignore[arg-type]
         created_class = False
         try:
             custom.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", body,
