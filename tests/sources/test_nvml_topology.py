@@ -19,6 +19,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from omaticaya_py.sources.trace_topology import TOPOLOGY_KEYS
 from tests import nvmltestlib
 from tests.helpers import DATA
 from tests.nvmltestlib import (
@@ -381,16 +382,7 @@ def test_recorder_records_the_version_3_keys_back(nvml_worker, tmp_path: Path, g
     w.request({"cmd": "record", "t": 1.0})
     doc = w.request({"cmd": "record_close"})["doc"]
     assert doc["format_version"] == 3
-    keys = (
-        "pci_bus_id",
-        "topology",
-        "numa_node",
-        "cpu_affinity",
-        "pcie_root",
-        "nvlinks",
-        "p2p_read",
-        "fabric",
-    )
+    keys = ("pci_bus_id", *TOPOLOGY_KEYS)
     src = json.loads(trace.read_text())["devices"]
     for got, want in zip(doc["devices"], src, strict=True):
         expected = {"pcie_root": None, **{k: want[k] for k in keys if k in want}}  # null: none

@@ -35,19 +35,10 @@ from ..nvml.topology import (
     sysfs_pcie_root,
     uuid_text,
 )
+from ..trace_topology import TOPOLOGY_KEYS
 
 __all__ = ["TOPOLOGY_KEYS", "pci_bus_id", "topology_facts"]
 
-#: the ``devices[]`` keys of format version 3 (``pci_bus_id`` is version 1's)
-TOPOLOGY_KEYS = (
-    "topology",
-    "numa_node",
-    "cpu_affinity",
-    "pcie_root",
-    "nvlinks",
-    "p2p_read",
-    "fabric",
-)
 
 
 def _answer(fn: Callable[..., Any], *args: Any) -> Any:
