@@ -33,7 +33,9 @@ RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels 
 # The recorded traces, so that the chart's `trace` value can replay one on a cluster without GPUs.
 COPY tests/data/h100-trace.json tests/data/h100-mig-trace.json tests/data/mig-mixed-trace.json \
      tests/data/multi-gpu-trace.json tests/data/multi-gpu-lost-trace.json \
-     tests/data/faults-trace.json ./traces/
+     tests/data/faults-trace.json tests/data/hgx-h100-topo-trace.json \
+     tests/data/pcie-nvlink-bridge-topo-trace.json tests/data/workstation-4gpu-topo-trace.json \
+     ./traces/
 # The test stand-in of nvidia-cuda-mps-control (python3, stdlib only), for `omaticaya mps` on a
 # cluster without GPUs: used only where OMATICAYA_MPS_CONTROL names it, never on PATH.
 COPY devtools/mps-standin/nvidia-cuda-mps-control ./standin/

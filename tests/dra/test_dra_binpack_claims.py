@@ -41,7 +41,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,7 +54,14 @@ from devtools.devcluster.cluster import K8S_VERSION, minor
 from omaticaya_py.core.allocation.placement import pick_memory, pick_slice
 from omaticaya_py.core.publish.dra import DRIVER, slice_name
 from omaticaya_py.core.schema import GpuInfo
-from tests.chart import render
+from tests.dra.claims_support import (
+    ClaimSpace,
+    chart_device_classes,
+    create_device_classes,
+    delete_device_classes,
+    marked_blocks,
+    resource_api,
+)
 from tests.helpers import MULTI_TRACE
 from tests.scheduler.scheduling_cluster_support import (
     bound_node,
@@ -66,7 +72,6 @@ from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
-DOCS = REPO / "docs" / "dra.md"
 GIB = 1024
 NEED_MIB = 20 * GIB
 #: the marked blocks of the docs' section: the arguments of the generator that gives each
@@ -81,7 +86,6 @@ MULTI_FREE_GIB = (79, 49, 69, 9, 79, 34, 74, 3)
 #: owns its prefix and removes any label there it did not write)
 MINE = "binpack-test.example.com/run"
 BIND_S, PENDING_S = 30.0, 30.0
-POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 
 on_137 = pytest.mark.skipif(
     minor() < 37,
@@ -90,16 +94,9 @@ on_137 = pytest.mark.skipif(
     "(beta, on from 1.36); the dev cluster runs them from v1.37.2",
 )
 
-_BLOCK = re.compile(r"^<!-- binpack-example: ([a-z0-9-]+) -->\n```yaml\n(.*?)^```", re.M | re.S)
-
-
 def doc_examples() -> dict[str, dict[str, Any]]:
     """The YAML blocks of docs/dra.md marked ``<!-- binpack-example: NAME -->``, by NAME."""
-    found: dict[str, dict[str, Any]] = {}
-    for name, text in _BLOCK.findall(DOCS.read_text()):
-        assert name not in found, f"docs/dra.md marks two blocks {name}"
-        found[name] = yaml.safe_load(text)
-    return found
+    return marked_blocks("binpack-example")
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -116,12 +113,6 @@ def test_each_docs_example_is_what_the_generator_prints(name):
 
 
 # -- the cluster's side --------------------------------------------------------------------------
-
-
-def resource_api(admin_client: Any) -> Any:
-    from kubernetes import client
-
-    return client.ResourceV1Api(admin_client)
 
 
 def write_frees(path: Path, free_gib: list[int], later_gib: list[int] | None = None) -> Path:
@@ -194,39 +185,17 @@ def published_free_gib(admin_client: Any, node: str) -> dict[str, int]:
 def device_classes(helm: dict[str, Any], admin_client: Any) -> Iterator[None]:
     """The chart's DeviceClasses, rendered with ``dra.enabled`` for this release (created, and
     deleted after the module, unless one of that name was there)."""
-    from kubernetes.client.exceptions import ApiException
-
     if minor() < 37:
         pytest.skip(f"Kubernetes {K8S_VERSION}: no resource.k8s.io/v1")
-    docs = render(helm, {"dra": {"enabled": True}}, "--kube-version", K8S_VERSION.lstrip("v"))
-    classes = [d for d in docs if d["kind"] == "DeviceClass"]
+    classes = chart_device_classes(helm)
     assert {DRIVER, f"shared.{DRIVER}"} <= {c["metadata"]["name"] for c in classes}
-    api, created = resource_api(admin_client), []
-    for body in classes:
-        try:
-            api.create_device_class(body)
-            created.append(body["metadata"]["name"])
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+    created = create_device_classes(admin_client, classes)
     yield
-    for name in created:
-        try:
-            api.delete_device_class(name)
-        except ApiException:
-            pass
+    delete_device_classes(admin_client, created)
 
 
-class Space:
-    """A namespace of the test's with its ``default`` ServiceAccount (no controller makes one
-    here), the claims kube-controller-manager's resourceclaim controller would make from a
-    pod's template (it does not run on the light cluster), and the cleanup."""
-
-    def __init__(self, admin_client: Any, admin_api: Any, name: str) -> None:
-        self.client, self.core, self.name = admin_client, admin_api, name
-        self.resource = resource_api(admin_client)
-        self.core.create_namespace({"metadata": {"name": name}})
-        self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+class Space(ClaimSpace):
+    """A namespace of the test's (``claims_support.ClaimSpace``) with pods of one claim each."""
 
     def template(self, body: dict[str, Any]) -> None:
         self.resource.create_namespaced_resource_claim_template(self.name, body)
@@ -236,7 +205,7 @@ class Space:
         ``MINE=run``; its ResourceClaim made as the resourceclaim controller makes it (the
         template's spec, owned by the pod, the pod's claim name annotated, recorded in the pod's
         ``status.resourceClaimStatuses``)."""
-        pod = self.core.create_namespaced_pod(self.name, {
+        self.core.create_namespaced_pod(self.name, {
             "metadata": {"name": name},
             "spec": {
                 "nodeSelector": {MINE: run},
@@ -246,24 +215,7 @@ class Space:
                                 "resources": {"claims": [{"name": "gpu"}]}}],
             },
         })  # fmt: skip
-        spec = self.client.sanitize_for_serialization(
-            self.resource.read_namespaced_resource_claim_template(template, self.name)
-        )["spec"]["spec"]
-        claim = self.resource.create_namespaced_resource_claim(self.name, {
-            "metadata": {
-                "generateName": f"{name}-gpu-",
-                "annotations": {POD_CLAIM_NAME: "gpu"},
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
-                                     "uid": pod.metadata.uid, "controller": True}],
-            },
-            "spec": spec,
-        })  # fmt: skip
-        self.core.patch_namespaced_pod_status(
-            name, self.name,
-            {"status": {"resourceClaimStatuses": [{"name": "gpu",
-                                                    "resourceClaimName": claim.metadata.name}]}},
-            _content_type="application/merge-patch+json",
-        )  # fmt: skip
+        self.claims_from_templates(name)
 
     def placed(self, pod: str) -> tuple[str, str, str]:
         """(node, device, subrequest) the scheduler gave ``pod``'s claim, once bound (at most
@@ -289,40 +241,6 @@ class Space:
         print(f"{pod}: {got[0]} {got[1]} by subrequest {got[2]}, "
               f"{time.monotonic() - start:.2f} s")  # fmt: skip
         return got
-
-    def why_not(self, pod: str) -> str:
-        """The pod's PodScheduled condition and its events, for a failure's message."""
-        p = self.core.read_namespaced_pod(pod, self.name)
-        conds = [(c.type, c.status, c.reason, c.message) for c in p.status.conditions or []]
-        events = self.core.list_namespaced_event(
-            self.name, field_selector=f"involvedObject.name={pod}"
-        )
-        return f"conditions {conds}, events {[(e.reason, e.message) for e in events.items]}"
-
-    def cleanup(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        def quietly(call: Callable[..., Any], *args: Any, **kw: Any) -> None:
-            try:
-                call(*args, **kw)
-            except ApiException:
-                pass
-
-        for p in self.core.list_namespaced_pod(self.name).items:
-            quietly(self.core.delete_namespaced_pod, p.metadata.name, self.name,
-                    grace_period_seconds=0)  # fmt: skip
-        for c in self.resource.list_namespaced_resource_claim(self.name).items:
-            quietly(self.resource.patch_namespaced_resource_claim, c.metadata.name, self.name,
-                    {"metadata": {"finalizers": None}},
-                    _content_type="application/merge-patch+json")  # fmt: skip
-            quietly(self.resource.delete_namespaced_resource_claim, c.metadata.name, self.name)
-        for t in self.resource.list_namespaced_resource_claim_template(self.name).items:
-            quietly(self.resource.delete_namespaced_resource_claim_template, t.metadata.name,
-                    self.name)  # fmt: skip
-        quietly(self.core.delete_namespaced_service_account, "default", self.name)
-        quietly(self.core.delete_namespace, self.name)
-        quietly(self.core.replace_namespace_finalize, self.name,
-                {"metadata": {"name": self.name}, "spec": {"finalizers": []}})  # fmt: skip
 
 
 @pytest.fixture

@@ -50,11 +50,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from devtools.devcluster.cluster import K8S_VERSION, minor
 from omaticaya_py.core.publish.dra import DRIVER, slice_name
-from tests.chart import render
+from tests.dra.claims_support import (
+    ClaimSpace,
+    chart_device_classes,
+    create_device_classes,
+    delete_device_classes,
+    marked_blocks,
+    resource_api,
+)
 from tests.scheduler.scheduling_cluster_support import (
     bound_node,
     schedulable,
@@ -63,7 +69,6 @@ from tests.scheduler.scheduling_cluster_support import (
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = REPO / "docs" / "dra.md"
 BRIDGE = REPO / "tests" / "data" / "pcie-nvlink-bridge-topo-trace.json"
 HGX = REPO / "tests" / "data" / "hgx-h100-topo-trace.json"
 NIC_DRIVER = "nic.example.com"
@@ -87,7 +92,6 @@ EXAMPLES = {
     "gpu-and-nic-one-numa-node": "ResourceClaimTemplate",
 }
 #: the claim annotation kube-controller-manager's resourceclaim controller writes
-POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 BIND_S, PENDING_S, MOVE_S = 30.0, 30.0, 90.0
 
 on_137 = pytest.mark.skipif(
@@ -96,16 +100,9 @@ on_137 = pytest.mark.skipif(
     "scheduler the docs were tested with; the dev cluster runs them from v1.37.2",
 )
 
-_BLOCK = re.compile(r"^<!-- topology-example: ([a-z0-9-]+) -->\n```yaml\n(.*?)^```", re.M | re.S)
-
-
 def doc_examples() -> dict[str, dict[str, Any]]:
     """The YAML blocks of docs/dra.md marked ``<!-- topology-example: NAME -->``, by NAME."""
-    found: dict[str, dict[str, Any]] = {}
-    for name, text in _BLOCK.findall(DOCS.read_text()):
-        assert name not in found, f"docs/dra.md marks two blocks {name}"
-        found[name] = yaml.safe_load(text)
-    return found
+    return marked_blocks("topology-example")
 
 
 def test_the_docs_mark_each_topology_example_once_and_each_parses():
@@ -128,12 +125,6 @@ def test_the_docs_mark_each_topology_example_once_and_each_parses():
 
 
 # -- the cluster's side --------------------------------------------------------------------------
-
-
-def resource_api(admin_client: Any) -> Any:
-    from kubernetes import client
-
-    return client.ResourceV1Api(admin_client)
 
 
 def publish_gpus(dev_cluster: Any, node: str, trace: Path) -> None:
@@ -198,43 +189,17 @@ def stored_devices(admin_client: Any, node: str) -> dict[tuple[str, str], dict[s
 def device_classes(helm: dict[str, Any], admin_client: Any) -> Iterator[None]:
     """The chart's DeviceClasses (rendered with ``dra.enabled`` for 1.37.2; created, and deleted
     after the module, unless one of that name was there) and the docs' NIC class."""
-    from kubernetes.client.exceptions import ApiException
-
     if minor() < 37:
         pytest.skip(f"Kubernetes {K8S_VERSION}: no resource.k8s.io/v1")
-    docs = render(helm, {"dra": {"enabled": True}}, "--kube-version", K8S_VERSION.lstrip("v"))
-    classes = [d for d in docs if d["kind"] == "DeviceClass"]
+    classes = chart_device_classes(helm)
     assert DRIVER in [c["metadata"]["name"] for c in classes]
-    classes.append(doc_examples()["nic-device-class"])
-    api, created = resource_api(admin_client), []
-    for body in classes:
-        try:
-            api.create_device_class(body)
-            created.append(body["metadata"]["name"])
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            there = admin_client.sanitize_for_serialization(
-                api.read_device_class(body["metadata"]["name"])
-            )
-            assert there["spec"]["selectors"] == body["spec"]["selectors"], there
+    created = create_device_classes(admin_client, [*classes, doc_examples()["nic-device-class"]])
     yield
-    for name in created:
-        try:
-            api.delete_device_class(name)
-        except ApiException:
-            pass
+    delete_device_classes(admin_client, created)
 
 
-class Namespace:
-    """A namespace of the test's (with its ``default`` ServiceAccount: no controller makes
-    one here), what was applied in it, and the resourceclaim controller's part."""
-
-    def __init__(self, admin_client: Any, admin_api: Any, name: str) -> None:
-        self.client, self.core, self.name = admin_client, admin_api, name
-        self.resource = resource_api(admin_client)
-        self.core.create_namespace({"metadata": {"name": name}})
-        self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+class Namespace(ClaimSpace):
+    """A namespace of the test's (``claims_support.ClaimSpace``) and what was applied in it."""
 
     def apply(self, body: dict[str, Any]) -> str:
         """Create ``body`` (a ResourceClaimTemplate, ResourceClaim or Pod) here; its name.
@@ -250,38 +215,6 @@ class Namespace:
         else:
             raise AssertionError(f"not applied here: {kind}")
         return name
-
-    def claims_from_templates(self, pod_name: str) -> None:
-        """kube-controller-manager's resourceclaim controller, for one pod: each claim of a
-        template becomes a ResourceClaim ``<pod>-<claim>-xxxxx`` with the stored template's spec,
-        the pod as its controlling owner and the pod's claim name annotated; the names go into the
-        pod's ``status.resourceClaimStatuses``."""
-        pod = self.core.read_namespaced_pod(pod_name, self.name)
-        statuses = []
-        for pc in pod.spec.resource_claims or []:
-            if not pc.resource_claim_template_name:
-                continue
-            template = self.client.sanitize_for_serialization(
-                self.resource.read_namespaced_resource_claim_template(
-                    pc.resource_claim_template_name, self.name
-                )
-            )
-            meta = template["spec"].get("metadata") or {}
-            claim = self.resource.create_namespaced_resource_claim(self.name, {
-                "metadata": {
-                    "generateName": f"{pod_name}-{pc.name}-",
-                    "annotations": {**(meta.get("annotations") or {}), POD_CLAIM_NAME: pc.name},
-                    "labels": meta.get("labels") or {},
-                    "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
-                                         "uid": pod.metadata.uid, "controller": True}],
-                },
-                "spec": template["spec"]["spec"],
-            })  # fmt: skip
-            statuses.append({"name": pc.name, "resourceClaimName": claim.metadata.name})
-        if statuses:
-            self.core.patch_namespaced_pod_status(
-                pod_name, self.name, {"status": {"resourceClaimStatuses": statuses}},
-                _content_type="application/merge-patch+json")  # fmt: skip
 
     def claim_of(self, pod_name: str, claim: str) -> str:
         """The ResourceClaim's name behind the pod's claim ``claim``."""
@@ -308,43 +241,6 @@ class Namespace:
             return [(r.request, r.driver, r.pool, r.device) for r in alloc.devices.results]
 
         return wait_for(f"{pod_name}'s claim {claim} to be allocated", results, BIND_S)
-
-    def cleanup(self) -> None:
-        """Pods and claims deleted at once (no kubelet, no controller would finish either), the
-        templates, the ServiceAccount, then the namespace, finalized as its controller would."""
-        from kubernetes.client.exceptions import ApiException
-
-        def quietly(call: Callable[..., Any], *args: Any, **kw: Any) -> None:
-            try:
-                call(*args, **kw)
-            except ApiException:
-                pass
-
-        for p in self.core.list_namespaced_pod(self.name).items:
-            quietly(
-                self.core.delete_namespaced_pod, p.metadata.name, self.name, grace_period_seconds=0
-            )
-        for c in self.resource.list_namespaced_resource_claim(self.name).items:
-            quietly(
-                self.resource.patch_namespaced_resource_claim,
-                c.metadata.name,
-                self.name,
-                {"metadata": {"finalizers": None}},
-                _content_type="application/merge-patch+json",
-            )
-            quietly(self.resource.delete_namespaced_resource_claim, c.metadata.name, self.name)
-        for t in self.resource.list_namespaced_resource_claim_template(self.name).items:
-            quietly(
-                self.resource.delete_namespaced_resource_claim_template, t.metadata.name, self.name
-            )
-        quietly(self.core.delete_namespaced_service_account, "default", self.name)
-        quietly(self.core.delete_namespace, self.name)
-        quietly(
-            self.core.replace_namespace_finalize,
-            self.name,
-            {"metadata": {"name": self.name}, "spec": {"finalizers": []}},
-        )
-        quietly(self.core.delete_namespace, self.name)
 
 
 @pytest.fixture
