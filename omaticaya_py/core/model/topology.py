@@ -28,7 +28,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
+from types import MappingProxyType
 
 __all__ = [
     "LEVEL_NAMES",
@@ -228,7 +230,14 @@ class NodeTopology:
         ``"nvlink-<BDF>"`` by the island's lowest PCI address (``"nvlink-gpu<index>"`` when no
         address is known), or, for a GPU registered in a multi-node NVLink fabric, that fabric's
         ``"fabric-<clusterUuid>.<cliqueId>"``. A GPU no NVLink reaches is an island of its own.
-        The names are stable across a reboot that renumbers GPUs (PCI addresses do not move)."""
+        The names are stable across a reboot that renumbers GPUs (PCI addresses do not move).
+        Worked out once per topology (it does not change while the driver is loaded, and every
+        tick's telemetry and ResourceSlice ask for it); a copy each call."""
+        return dict(self._islands)
+
+    @cached_property
+    def _islands(self) -> Mapping[int, str]:
+        """``islands``' answer, kept on the (frozen) object after its first use."""
         parent = {g.index: g.index for g in self.gpus}
 
         def root(i: int) -> int:
@@ -252,7 +261,7 @@ class NodeTopology:
                      else f"nvlink-gpu{min(g.index for g in group)}")  # fmt: skip
             for g in group:
                 names[g.index] = f"fabric-{g.fabric}" if g.fabric else local
-        return names
+        return MappingProxyType(names)
 
     def matrix(self) -> list[list[str]]:
         """The pairs as ``nvidia-smi topo -m`` draws them, rows and columns in index order
