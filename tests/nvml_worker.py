@@ -7,8 +7,11 @@ per line on stdin with one JSON object per line on stdout:
 - ``{"cmd": "read"}`` -> ``{"snapshot": {...}}``: ``dataclasses.asdict`` of the NodeSnapshot,
   datetimes as ISO strings, plus ``errors``: the reader's counter as ``[[call, name, n], ...]``;
 - ``{"cmd": "errors"}`` -> ``{"errors": [[call, name, n], ...]}``;
+- ``{"cmd": "xid_dropped"}`` -> ``{"dropped": NvmlReader.xid_events_dropped}``;
 - ``{"cmd": "calls"}`` -> ``{"calls": {call: n}}``: ``NvmlReader.calls_by_name()``'s counts;
-- ``{"cmd": "topology", "a": uuid, "b": uuid}`` -> ``{"level": NvmlReader.topology_level(a, b)}``;
+- ``{"cmd": "topology", "a": uuid, "b": uuid}`` -> ``{"level": n}``: the common-ancestor level
+  of the two GPUs' pair in the reader's topology (``NodeTopology.link``), ``null`` when either
+  GPU or the pair is unknown;
 - ``{"cmd": "topology_matrix"}`` -> ``{"topology": null}`` before a read (or while NVML is down),
   else ``{"topology": {"matrix": NodeTopology.matrix(), "islands": {index: name},
   "gpus": [GpuTopology as a dict], "pairs": [[a, b, PairLink as a dict], ...]}}`` of the
@@ -34,7 +37,9 @@ per line on stdin with one JSON object per line on stdout:
   ``{"cmd": "record_close"}`` closes it -> ``{"doc": the trace document, "readings": n}``;
 - ``{"cmd": "reinit"}``: ``NvmlReader.close()``; the next read initialises NVML again;
 - ``{"cmd": "close"}`` -> ``{"ok": true}``, then the process exits.
-Startup options: ``--no-watch-xid`` (no Xid thread), ``--no-reader`` (raw pynvml only).
+Startup options: ``--no-watch-xid`` (no Xid thread), ``--no-reader`` (raw pynvml only),
+``--topology-raises`` (the reader's ``read_topology`` raises ``RuntimeError``: a bug in the
+topology model, beside the real NVML calls).
 Environment read here only: ``OMATICAYA_TEST_SYSFS_ROOT``, the ``sysfs_root`` of the reader and
 the recorder (a fake sysfs tree: ``tests.nvmltestlib.fake_sysfs``; unset: ``/sys``).
 """
@@ -93,6 +98,18 @@ def topology_data(topology: Any) -> dict[str, Any] | None:
             [a, b, dataclasses.asdict(link)] for (a, b), link in sorted(topology.pairs.items())
         ],
     }
+
+
+def pair_level(topology: Any, uuid_a: str, uuid_b: str) -> int | None:
+    """The ``PairLink.level`` of two GPUs named by UUID in ``topology``; ``None`` when either
+    is not in it or their pair is unknown."""
+    if topology is None:
+        return None
+    index = {g.uuid: g.index for g in topology.gpus if g.uuid}
+    if uuid_a not in index or uuid_b not in index:
+        return None
+    link = topology.link(index[uuid_a], index[uuid_b])
+    return link.level if link is not None else None
 
 
 def _sysfs_root() -> Path:
@@ -195,12 +212,15 @@ class Worker:
             return {"snapshot": _plain(snapshot)}
         if cmd == "topology":
             assert self.reader is not None
-            return {"level": self.reader.topology_level(message["a"], message["b"])}
+            return {"level": pair_level(self.reader.topology, message["a"], message["b"])}
         if cmd == "topology_matrix":
             assert self.reader is not None
             return {"topology": topology_data(self.reader.topology)}
         if cmd == "errors":
             return {"errors": self.errors()}
+        if cmd == "xid_dropped":
+            assert self.reader is not None
+            return {"dropped": self.reader.xid_events_dropped}
         if cmd == "calls":
             assert self.reader is not None
             return {"calls": {k: n for k, (n, _) in self.reader.calls_by_name().items()}}
@@ -235,7 +255,20 @@ class Worker:
         raise ValueError(f"unknown command {cmd!r}")
 
 
+def _topology_raises() -> None:
+    import importlib
+
+    reader = importlib.import_module("omaticaya_py.sources.nvml.reader")
+
+    def read_topology(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("a made-up bug in the topology model")
+
+    reader.read_topology = read_topology
+
+
 def main() -> int:
+    if "--topology-raises" in sys.argv:
+        _topology_raises()
     worker = Worker("--no-watch-xid" not in sys.argv, "--no-reader" not in sys.argv)
     for line in sys.stdin:
         if not line.strip():

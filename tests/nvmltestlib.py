@@ -143,6 +143,7 @@ class NvmlWorker:
         timeout: float = 30.0,
         faults: dict[str, str] | None = None,
         sysfs_root: Path | None = None,
+        topology_raises: bool = False,
     ) -> None:
         self.sample_file = sample_file
         self.timeout = timeout
@@ -153,6 +154,8 @@ class NvmlWorker:
             args.append("--no-watch-xid")
         if not reader:
             args.append("--no-reader")
+        if topology_raises:
+            args.append("--topology-raises")
         env = testlib_env(trace, sample_file, speed, faults)
         env.pop("OMATICAYA_TEST_SYSFS_ROOT", None)
         if sysfs_root is not None:

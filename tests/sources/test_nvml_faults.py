@@ -105,3 +105,52 @@ def test_an_xid_from_a_gpu_that_fell_off_the_bus_still_arrives(nvml_worker, tmp_
     # Xid 79 never applied to the GPU once it came back)
     assert uuid_1.startswith("GPU-")
     assert {(e["index"], e["uuid"]) for e in seen if e["xid"] == 79} == {(1, uuid_1)}
+
+
+def test_a_topology_model_that_raises_leaves_the_topology_unknown_and_the_gpus_read(
+    nvml_worker, tmp_path: Path  # noqa: F811
+) -> None:
+    trace = scenario(tmp_path / "scenario.json", sample(), sample())
+    w = nvml_worker(trace, tmp_path / "pos", watch_xid=False, topology_raises=True)
+    first = w.read()
+    assert first["error"] is None and first["topology"] is None
+    assert [g["error"] for g in first["gpus"]] == [None, None]
+    assert w.topology() is None
+    assert w.errors()[("topology", "RuntimeError")] == 1
+    w.advance(1)
+    assert w.read()["gpus"][1]["memory_used_mib"] == first["gpus"][1]["memory_used_mib"]
+    assert w.errors()[("topology", "RuntimeError")] == 1  # read once per nvmlInit
+
+
+def test_an_xid_flood_between_two_reads_is_bounded_and_keeps_the_newest(
+    nvml_worker, tmp_path: Path  # noqa: F811
+) -> None:
+    # bursts of 200 distinct (GPU, Xid) pairs, one per sample: the library's event queue holds
+    # 256, so the reader's own bound (MAX_PENDING, 256) is reached across bursts, with no read
+    bursts = [tuple((i % 2, 1000 * (b + 1) + i) for i in range(200)) for b in range(12)]
+    trace = scenario(tmp_path / "scenario.json", sample(), *(sample(xids=x) for x in bursts))
+    w = nvml_worker(trace, tmp_path / "pos", watch_xid=True)
+    assert w.read()["xid_events"] == []
+    assert w.request({"cmd": "xid_dropped"})["dropped"] == 0
+    current = [0]
+
+    def dropped() -> int:
+        n = w.request({"cmd": "xid_dropped"})["dropped"]
+        if not n and current[0] < len(bursts):
+            current[0] += 1  # the next burst, while the watcher keeps what it has
+            w.advance(current[0])
+        return n
+
+    wait_for("the watcher to drop Xid events beyond its bound", dropped, 30)
+    newest = bursts[current[0] - 1][-1]
+    seen: list[tuple[int, int]] = []
+
+    def newest_seen() -> bool:
+        events = w.read()["xid_events"]
+        assert len(events) <= 256
+        seen.extend((e["index"], e["xid"]) for e in events)
+        return newest in seen
+
+    wait_for("the newest Xid of the last burst", newest_seen, 30)
+    assert set(seen) <= {x for burst in bursts for x in burst}
+    assert len(seen) == len(set(seen))  # each delivered once

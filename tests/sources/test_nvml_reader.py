@@ -100,7 +100,7 @@ def test_topology_between_two_gpus_and_unknown_uuids(worker) -> None:
     w.read()
     a, b = (f"GPU-{i:08d}-7fda-b7ae-a94e-630097a14ca4" for i in (0, 1))
     # the test library answers NVML_TOPOLOGY_SYSTEM (50) between two GPUs of a trace that
-    # records no topology, and the reader caches the answer in both orders
+    # records no topology; the reader's topology (read at nvmlInit) holds it in both orders
     assert w.request({"cmd": "topology", "a": a, "b": b})["level"] == 50
     assert w.request({"cmd": "topology", "a": b, "b": a})["level"] == 50
     assert w.request({"cmd": "topology", "a": a, "b": "GPU-unknown"})["level"] is None

@@ -255,7 +255,7 @@ def test_reader_topology_of_a_pcie_server_with_an_nvlink_bridge(
     assert pairs[(0, 1)] == (10, 4, True)
     assert pairs[(1, 2)] == (50, 0, False)
     assert pairs[(2, 3)] == (10, 0, True)
-    # the device plugin's tie-break answers from it, without asking NVML again
+    # a later look-up answers from the topology read at nvmlInit, without asking NVML again
     uuids = [g["uuid"] for g in topo["gpus"]]
     before = w.calls().get("nvmlDeviceGetTopologyCommonAncestor", 0)
     assert w.request({"cmd": "topology", "a": uuids[3], "b": uuids[0]})["level"] == 50

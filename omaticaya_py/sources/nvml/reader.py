@@ -69,17 +69,12 @@ class NvmlReader:
         self._driver: str | None = None
         self._cuda: tuple[int, int] | None = None
         self._xid = XidWatcher(self.errors, lambda: self.clock())  # follows a later .clock
-        self._topology: dict[tuple[str, str], int | None] = {}
         self._wiring: NodeTopology | None = None  # read once per nvmlInit
 
     @property
     def call_s(self) -> float:
         """Seconds spent inside NVML calls so far (bench)."""
         return self._calls.call_s
-
-    @call_s.setter
-    def call_s(self, value: float) -> None:
-        self._calls.call_s = value
 
     def calls_by_name(self) -> dict[str, tuple[int, float]]:
         """Per NVML call name (``nvmlDeviceGetSamples``, ...): how many calls so far and the
@@ -130,7 +125,6 @@ class NvmlReader:
 
     def _shutdown(self) -> None:
         self._wiring = None  # read again after the next nvmlInit
-        self._topology.clear()
         alive = self._xid.stop()
         if self._devices is not None:
             for device in self._devices:  # GPM sample buffers die with the session
@@ -156,36 +150,6 @@ class NvmlReader:
         """The GPUs' wiring read at this session's ``nvmlInit`` (``NodeSnapshot.topology``);
         ``None`` before the first read and while NVML is down."""
         return self._wiring
-
-    def topology_level(self, uuid_a: str, uuid_b: str) -> int | None:
-        """``nvmlDeviceGetTopologyCommonAncestor`` between two GPUs by UUID: 0 same board,
-        10 one PCIe switch, 20 several switches, 30 host bridge, 40 same NUMA node, 50 across
-        the system (``NVML_TOPOLOGY_*``); lower is closer. ``None`` when unknown. Two GPUs of
-        the topology read at ``nvmlInit`` answer from it (no NVML call); otherwise NVML is
-        asked once and the answer cached."""
-        wiring = self._wiring
-        if wiring is not None and uuid_a != uuid_b:
-            index = {g.uuid: g.index for g in wiring.gpus if g.uuid}
-            if uuid_a in index and uuid_b in index:
-                link = wiring.link(index[uuid_a], index[uuid_b])
-                return link.level if link is not None else None
-        key = (uuid_a, uuid_b) if uuid_a <= uuid_b else (uuid_b, uuid_a)
-        if key in self._topology:
-            return self._topology[key]
-        handles = {d.uuid: d.handle for d in self._devices or ()}
-        level = None
-        if uuid_a in handles and uuid_b in handles:
-            try:
-                level = self._calls.call(
-                    "nvmlDeviceGetTopologyCommonAncestor",
-                    pynvml.nvmlDeviceGetTopologyCommonAncestor,
-                    handles[uuid_a],
-                    handles[uuid_b],
-                )
-            except pynvml.NVMLError:
-                level = None
-            self._topology[key] = level
-        return level
 
     # -- reading -------------------------------------------------------------------------
 
