@@ -201,14 +201,14 @@ def test_each_documented_goal_command_renders_for_every_goal(helm, workdir: Path
 
 def test_the_layer_files_headers_name_every_goal_file() -> None:
     for layer in LAYERS:
-        header = "".join(l for l in (INSTALL / layer).read_text().splitlines() if l.startswith("#"))
+        header = "".join(x for x in (INSTALL / layer).read_text().splitlines() if x.startswith("#"))
         missing = [g for g in GOALS if g not in header]
         assert not missing, f"{layer}'s header does not name {missing}"
 
 
 def test_the_goal_files_count_the_goals_install_md_lists() -> None:
-    table = [l for l in (REPO / "docs" / "install.md").read_text().splitlines()
-             if l.startswith("|") and "examples/install/" in l]  # fmt: skip
+    table = [row for row in (REPO / "docs" / "install.md").read_text().splitlines()
+             if row.startswith("|") and "examples/install/" in row]  # fmt: skip
     listed = [g for row in table for g in GOALS if f"examples/install/{g}" in row]
     assert listed == list(GOALS)
     for n, goal in enumerate(GOALS, start=1):
