@@ -40,6 +40,30 @@ def minor(version: str = K8S_VERSION) -> int:
     return int(version.lstrip("v").split(".")[1])
 
 
+#: the DRA features the product uses that are alpha, off by default, on 1.34 and 1.35 (beta and
+#: on from 1.36: docs/dra.md, "Which path for which cluster"), with the name of each gate:
+#: device taints (KEP-5055), consumable capacity (KEP-5075), DRA-backed extended resources
+#: (KEP-5004), device health in the pod's status (KEP-4680)
+DRA_ALPHA_GATES = ("DRADeviceTaints", "DRAConsumableCapacity", "DRAExtendedResource", "ResourceHealthStatus")
+
+
+def feature_gates(version: str = K8S_VERSION) -> dict[str, bool]:
+    """The feature gates the dev cluster turns on for ``version`` on every component
+    (kube-apiserver, kube-scheduler, kube-controller-manager, kubelet), as docs/dra.md tells a
+    user of that release to: ``DRA_ALPHA_GATES`` on 1.34 and 1.35 (DRA is GA there, its newer
+    features alpha); none before 1.34 (no ``resource.k8s.io/v1``) or from 1.36 (on by default)."""
+    return {gate: True for gate in DRA_ALPHA_GATES} if 34 <= minor(version) < 36 else {}
+
+
+def feature_gate_flags(version: str = K8S_VERSION) -> list[str]:
+    """``feature_gates(version)`` as a component's flag: ``["--feature-gates=A=true,..."]``, or
+    ``[]`` when there is none."""
+    gates = feature_gates(version)
+    if not gates:
+        return []
+    return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in gates.items())]
+
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "dev-cluster-build"
 #: the user agent for the API server: not curl's, for which it pretty-prints JSON (a v1.20 build

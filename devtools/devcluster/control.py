@@ -18,6 +18,7 @@ from devtools.devcluster.cluster import (
     binary,
     build,
     etcd_binary,
+    feature_gate_flags,
 )
 from devtools.devcluster.files import make_pki, write_audit_policy, write_kubeconfig
 from devtools.devcluster.procs import free_port, https_ok, log
@@ -89,6 +90,7 @@ def start_apiserver(c: Cluster) -> None:
         "--audit-log-path", f"{c.dir}/audit.log",
         "--audit-log-maxsize", "200", "--audit-log-maxbackup", "1",
         "--audit-log-mode", "blocking", "--profiling=false", "--v", "1",
+        *feature_gate_flags(),
     ]
     log(f"starting kube-apiserver {K8S_VERSION} on https://127.0.0.1:{st.ports.apiserver}")
     c.start("apiserver", argv)
@@ -107,7 +109,7 @@ def start_scheduler(c: Cluster) -> None:
     argv = [binary("kube-scheduler", "--scheduler"), "--kubeconfig", kubeconfig,
             "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
             "--leader-elect=false", "--bind-address", "127.0.0.1",
-            "--secure-port", str(port), "--v", "1"]
+            "--secure-port", str(port), "--v", "1", *feature_gate_flags()]
     log(f"starting kube-scheduler (secure port 127.0.0.1:{port})")
     c.start("scheduler", argv)
     c.wait_ready("scheduler", "kube-scheduler healthy",

@@ -266,7 +266,8 @@ state = "{c}/state"
 
 
 def kubelet_config(
-    state_dir: Path, node_ip: str, port: int, healthz_port: int, minor: int
+    state_dir: Path, node_ip: str, port: int, healthz_port: int, minor: int,
+    gates: dict[str, bool] | None = None,
 ) -> str:
     """The KubeletConfiguration (``kubelet.config.k8s.io/v1beta1``) a Go release's kubelet
     reads with ``--config``: what the kubelet once took as flags (the flags are deprecated, and
@@ -274,9 +275,12 @@ def kubelet_config(
     only (no anonymous, no webhook), every request allowed; cgroupfs; no eviction, no node
     allocatable enforcement, no image GC (the host's disk is not the test's); status every
     second; the dev taint so that only pods that tolerate it land. ``minor`` >= 31:
-    ``failCgroupV1: false`` (this host runs cgroup v1; kubelet 1.35+ refuses it otherwise)."""
+    ``failCgroupV1: false`` (this host runs cgroup v1; kubelet 1.35+ refuses it otherwise);
+    ``gates``: ``featureGates`` (``cluster.feature_gates``), none when empty."""
     k = state_dir / "kubelet"
     cgroup_v1 = "failCgroupV1: false\n" if minor >= 31 else ""
+    if gates:
+        cgroup_v1 += "featureGates:\n" + "".join(f"  {g}: {str(v).lower()}\n" for g, v in gates.items())
     return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: {node_ip}

@@ -29,6 +29,7 @@ from devtools.devcluster.cluster import (
     Cluster,
     bin_dir,
     binary,
+    feature_gate_flags,
 )
 from devtools.devcluster.files import SCHEDULER_IMAGE, scheduler_image_tar
 from devtools.devcluster.procs import https_ok, log, run
@@ -87,7 +88,7 @@ def start_controller_manager(c: Cluster) -> None:
         "--leader-elect=false", "--bind-address", "127.0.0.1",
         "--secure-port", str(port), "--service-account-private-key-file", f"{p}/sa.key",
         "--root-ca-file", f"{p}/ca.crt", "--use-service-account-credentials=false",
-        "--controllers", "*", "--v", "1",
+        "--controllers", "*", "--v", "1", *feature_gate_flags(),
     ])
     c.wait_ready("controller-manager", "kube-controller-manager healthy",
                  lambda: https_ok(f"https://127.0.0.1:{port}/healthz"), 50)

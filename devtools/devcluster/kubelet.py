@@ -20,6 +20,7 @@ from devtools.devcluster.cluster import (
     binary,
     build,
     containerd_bin_dir,
+    feature_gates,
     minor,
 )
 from devtools.devcluster.files import (
@@ -130,7 +131,7 @@ def start_kubelet(c: Cluster) -> None:
     kl, k = c.st.kubelet, c.dir / "kubelet"
     assert kl is not None
     node_ip = kubelet_node_ip(c)
-    (k / "config.yaml").write_text(kubelet_config(c.dir, node_ip, kl.port, kl.healthz_port, minor()))
+    (k / "config.yaml").write_text(kubelet_config(c.dir, node_ip, kl.port, kl.healthz_port, minor(), feature_gates()))
     argv = [
         binary("kubelet", "--kubelet"), "--config", f"{k}/config.yaml",
         "--kubeconfig", f"{k}/kubeconfig", "--root-dir", f"{k}/root",

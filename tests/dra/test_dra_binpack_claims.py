@@ -88,10 +88,11 @@ MINE = "binpack-test.example.com/run"
 BIND_S, PENDING_S = 30.0, 30.0
 
 on_137 = pytest.mark.skipif(
-    minor() < 37,
-    reason=f"Kubernetes {K8S_VERSION}: these claims need DRA's resource.k8s.io/v1 (1.34), the "
-    "scheduler's scoring of prioritized lists (GA and locked on in 1.37) and consumable capacity "
-    "(beta, on from 1.36); the dev cluster runs them from v1.37.2",
+    minor() < 35,
+    reason=f"Kubernetes {K8S_VERSION}: these claims need DRA's resource.k8s.io/v1 (1.34) and the "
+    "scheduler's scoring of prioritized lists (from 1.35: kubernetes/kubernetes#134711; 1.34 takes "
+    "the first node that fits); consumable capacity is on by default from 1.36, and the dev "
+    "cluster turns its gate on for 1.35 (devtools/devcluster/cluster.py, feature_gates)",
 )
 
 def doc_examples() -> dict[str, dict[str, Any]]:
@@ -185,7 +186,7 @@ def published_free_gib(admin_client: Any, node: str) -> dict[str, int]:
 def device_classes(helm: dict[str, Any], admin_client: Any) -> Iterator[None]:
     """The chart's DeviceClasses, rendered with ``dra.enabled`` for this release (created, and
     deleted after the module, unless one of that name was there)."""
-    if minor() < 37:
+    if minor() < 35:
         pytest.skip(f"Kubernetes {K8S_VERSION}: no resource.k8s.io/v1")
     classes = chart_device_classes(helm)
     assert {DRIVER, f"shared.{DRIVER}"} <= {c["metadata"]["name"] for c in classes}

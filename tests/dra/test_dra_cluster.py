@@ -91,10 +91,11 @@ pytestmark = [
     pytest.mark.cluster,
     pytest.mark.slow,
     pytest.mark.skipif(
-        minor() < 37,
-        reason=f"Kubernetes {K8S_VERSION}: DRA's resource.k8s.io/v1 (1.34), consumable capacity, "
-        "extended resources backed by DRA and device taints on by default (1.36-1.37) are what "
-        "this test checks; the dev cluster runs them from v1.37.2",
+        minor() < 34,
+        reason=f"Kubernetes {K8S_VERSION}: DRA's resource.k8s.io/v1 and the kubelet's DRA plugin "
+        "API v1 are 1.34's; consumable capacity, extended resources backed by DRA and device "
+        "taints are on by default from 1.36, and the dev cluster turns their gates on for 1.34 "
+        "and 1.35 (devtools/devcluster/cluster.py, feature_gates)",
     ),
     pytest.mark.kubelet,
 ]

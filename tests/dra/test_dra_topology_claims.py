@@ -95,9 +95,8 @@ EXAMPLES = {
 BIND_S, PENDING_S, MOVE_S = 30.0, 30.0, 90.0
 
 on_137 = pytest.mark.skipif(
-    minor() < 37,
-    reason=f"Kubernetes {K8S_VERSION}: these claims need DRA's resource.k8s.io/v1 (1.34) and the "
-    "scheduler the docs were tested with; the dev cluster runs them from v1.37.2",
+    minor() < 34,
+    reason=f"Kubernetes {K8S_VERSION}: these claims need DRA's resource.k8s.io/v1 (1.34)",
 )
 
 def doc_examples() -> dict[str, dict[str, Any]]:
@@ -189,7 +188,7 @@ def stored_devices(admin_client: Any, node: str) -> dict[tuple[str, str], dict[s
 def device_classes(helm: dict[str, Any], admin_client: Any) -> Iterator[None]:
     """The chart's DeviceClasses (rendered with ``dra.enabled`` for 1.37.2; created, and deleted
     after the module, unless one of that name was there) and the docs' NIC class."""
-    if minor() < 37:
+    if minor() < 34:
         pytest.skip(f"Kubernetes {K8S_VERSION}: no resource.k8s.io/v1")
     classes = chart_device_classes(helm)
     assert DRIVER in [c["metadata"]["name"] for c in classes]
