@@ -1,4 +1,5 @@
-"""Run the extender: the Node cache (list + watch), the app, and uvicorn until SIGTERM."""
+"""Run the extender: the Node cache (list + watch), the app, and uvicorn until SIGTERM; with
+``scrape_port``, a second server of ``/metrics`` alone on ``scrape_address``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from loguru import logger as log
 
 from ..core.rules.liveness import observe
 from ..core.schema import NodeGpuState, parse_node
-from ..serving import HttpServer
+from ..serving import HttpServer, metrics_route
 from .app import LeaseProblems, NodeProblems, create_app
 from .ledger import Ledger, PodProblems, placement_from_pod
 from .metrics import MetricSources, metrics_registry
@@ -60,27 +61,69 @@ def serve(
         if ext.unasked is not None:
             threading.Thread(target=ext.unasked.run, args=(unasked_stop,),
                              name="preempt-unasked", daemon=True).start()  # fmt: skip
-    try:
-        server = HttpServer(app, settings.address, settings.port, log_level=settings.log_level,
-                            access_log=settings.log_level == "DEBUG")  # fmt: skip
-    except OSError as err:  # port in use, address not on this host, no IPv6
-        log.error("extender cannot listen on {}:{}: {}", settings.address, settings.port, err)
+    servers = _bind(settings, app, registry)
+    if servers is None:
+        unasked_stop.set()
         _stop_caches(cache, pods, leases)
         return 1
+    server, metrics = servers
     _signal_when(server, ready, stop)
     s = settings
     log.info(
-        "extender on {}:{} placement_policy={} signal={} ttl={:g}s+{:g}s max_clock_skew={:g}s "
-        "fail_open={} prefix={} leases={} preempt_unasked={}", s.address, s.port, s.placement_policy,
-        s.signal, s.ttl_s, s.grace_s, s.max_clock_skew_s, s.fail_open, s.prefix,
-        s.lease_namespace or "-", s.preempt_unasked,
+        "extender on {}:{} metrics={} placement_policy={} signal={} ttl={:g}s+{:g}s "
+        "max_clock_skew={:g}s fail_open={} prefix={} leases={} preempt_unasked={}", s.address,
+        s.port, f"{s.scrape_address}:{s.scrape_port}" if s.scrape_port else "-",
+        s.placement_policy, s.signal, s.ttl_s, s.grace_s, s.max_clock_skew_s, s.fail_open,
+        s.prefix, s.lease_namespace or "-", s.preempt_unasked,
     )  # fmt: skip
     try:
         served = server.run()
     finally:
         unasked_stop.set()
+        if metrics is not None:
+            metrics.shutdown()
         _stop_caches(cache, pods, leases)
     return 0 if served else 1
+
+
+def _bind(settings: ExtenderSettings, app: Any,
+          registry: Any) -> tuple[HttpServer, HttpServer | None] | None:  # fmt: skip
+    """The verbs' server on ``address:port`` (bound, not started) and the metrics server
+    (``_metrics_server``: started, or ``None``); ``None`` when either cannot listen (logged,
+    nothing left open)."""
+    try:
+        server = _listen(app, settings.address, settings.port, settings)
+    except OSError:
+        return None
+    try:
+        return server, _metrics_server(settings, registry)
+    except OSError:
+        server.sock.close()
+        return None
+
+
+def _listen(app: Any, address: str, port: int, settings: ExtenderSettings) -> HttpServer:
+    """``HttpServer`` of ``app`` bound on ``address:port`` (not started). Raises ``OSError``,
+    logged here with the address: port in use, address not on this host, no IPv6."""
+    try:
+        return HttpServer(app, address, port, log_level=settings.log_level,
+                          access_log=settings.log_level == "DEBUG")  # fmt: skip
+    except OSError as err:
+        log.error("extender cannot listen on {}:{}: {}", address, port, err)
+        raise
+
+
+def _metrics_server(settings: ExtenderSettings, registry: Any) -> HttpServer | None:
+    """With ``scrape_port``: ``/metrics`` of ``registry`` alone (no verb, no probe: those stay
+    on ``address``, the loopback in the chart) served on ``scrape_address:scrape_port`` in a
+    background thread, for Prometheus to scrape from the pod's IP; ``None`` without. Raises
+    ``OSError`` when it cannot listen (logged)."""
+    if not settings.scrape_port:
+        return None
+    from starlette.applications import Starlette
+
+    app = Starlette(routes=[metrics_route(registry)])
+    return _listen(app, settings.scrape_address, settings.scrape_port, settings).start()
 
 
 def _start_node_cache(settings: ExtenderSettings, problems: NodeProblems,

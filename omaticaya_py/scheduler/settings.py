@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from ..core.config.settings import PlacementSection, load, parse_schedule
@@ -29,6 +29,20 @@ class ExtenderSection(CommonSettings):
         description="Address to listen on (the scheduler runs in the same pod: loopback).",
     )
     port: int = Field(default=8888, ge=1, le=65535, description="Port to listen on.")
+    scrape_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="A second port serving /metrics alone (never the filter, prioritize or "
+        "preempt verbs, nor the probes), on scrape_address: for Prometheus to scrape from the "
+        "pod's IP while the verbs stay on the loopback (the chart: scheduler.extender.metricsPort, "
+        "9404, container port ext-metrics). 0: none. /metrics is served on port either way.",
+    )
+    scrape_address: str = Field(
+        default="0.0.0.0",
+        description="Address scrape_port binds to ('::' for IPv6, and IPv4 too on a "
+        "dual-stack host).",
+    )
     ttl_s: float = Field(
         default=300,
         gt=0,
@@ -143,6 +157,21 @@ class ExtenderSection(CommonSettings):
     @classmethod
     def _check_address(cls, value: str) -> str:
         return check_bind_address(value, "'127.0.0.1' or '0.0.0.0'")
+
+    @field_validator("scrape_address")
+    @classmethod
+    def _check_scrape_address(cls, value: str) -> str:
+        return check_bind_address(value)
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> ExtenderSection:
+        if self.scrape_port == self.port:
+            raise ValueError(
+                f"OMATICAYA_EXTENDER_SCRAPE_PORT must differ from OMATICAYA_EXTENDER_PORT (both "
+                f"{self.port}): the metrics port serves /metrics alone, the extender's port its "
+                "verbs; set 0 for no metrics port"
+            )
+        return self
 
 
 class ExtenderSettings(ExtenderSection, PlacementSection):

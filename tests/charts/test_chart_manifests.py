@@ -5,6 +5,8 @@ NOTES.txt. Helpers: tests/chart.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
@@ -409,6 +411,119 @@ def test_monitors_scrape_the_mps_supervisor_where_it_runs(helm):
     assert [e["port"] for e in one(off, "PodMonitor")["spec"]["podMetricsEndpoints"]] == ["metrics"]
     assert [p["name"] for p in one(off, "Service")["spec"]["ports"]] == ["metrics"]
     assert one(off, "PodMonitor")["spec"]["selector"] == {"matchLabels": svc["spec"]["selector"]}
+
+
+#: ALL_ON with the second scheduler: its extender's metrics port, Service and monitor endpoints
+SCHEDULER_ON = {**ALL_ON, "scheduler": {"enabled": True}}
+
+
+def _load_extender_env(env: dict[str, str], monkeypatch, tmp_path):
+    """``ExtenderSettings`` loaded from a rendered container's ``OMATICAYA_*`` variables alone
+    (no other variable, no ``.env``)."""
+    from omaticaya_py.scheduler.settings import load_extender_settings
+
+    for key in [k for k in os.environ if k.startswith("OMATICAYA_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    for key, value in env.items():
+        if key.startswith("OMATICAYA_"):
+            monkeypatch.setenv(key, value)
+    return load_extender_settings()
+
+
+def _scheduler_pod_labels(docs: list[dict]) -> dict:
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    return deploy["spec"]["template"]["metadata"]["labels"]
+
+
+def test_monitors_scrape_the_extender_on_its_own_port(helm, monkeypatch, tmp_path):
+    """With the scheduler, its extender serves /metrics alone on the pod's IP (container port
+    ext-metrics, 9404) while its verbs stay on 127.0.0.1:port; its own headless Service, which
+    the ServiceMonitor selects beside the agent's, and the PodMonitor selects the scheduler's
+    pods beside the agent's. The rendered env loads into those settings."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = render(helm, SCHEDULER_ON)
+    c = _extender_container(docs)
+    assert c["ports"] == [{"name": "ext-metrics", "containerPort": 9404, "protocol": "TCP"}]
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    s = _load_extender_env(env, monkeypatch, tmp_path)
+    assert (s.address, s.port, s.scrape_address, s.scrape_port) == ("127.0.0.1", 8888, "0.0.0.0", 9404)
+    agent_pod = agent_daemonset(docs)["spec"]["template"]["metadata"]["labels"]
+    sched_pod = _scheduler_pod_labels(docs)
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert set(services) == {f"{RELEASE}-metrics", f"{RELEASE}-extender-metrics"}
+    svc, ext_svc = services[f"{RELEASE}-metrics"], services[f"{RELEASE}-extender-metrics"]
+    for doc in (ext_svc, one(docs, "Deployment")):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert [(p["name"], p["port"], p["targetPort"]) for p in ext_svc["spec"]["ports"]] == [
+        ("ext-metrics", 9404, "ext-metrics")]  # fmt: skip
+    assert ext_svc["spec"]["clusterIP"] == "None"
+    # each Service selects its own pods only
+    assert ext_svc["spec"]["selector"].items() <= sched_pod.items()
+    assert not ext_svc["spec"]["selector"].items() <= agent_pod.items()
+    assert not svc["spec"]["selector"].items() <= sched_pod.items()
+    sm, pm = one(docs, "ServiceMonitor"), one(docs, "PodMonitor")
+    for service in (svc, ext_svc):
+        assert _selects(sm["spec"]["selector"], service["metadata"]["labels"]), service["metadata"]["name"]
+    for labels in (agent_pod, sched_pod):
+        assert _selects(pm["spec"]["selector"], labels), labels
+    assert not _selects(pm["spec"]["selector"], {**agent_pod, "app.kubernetes.io/name": "omaticaya-uninstall"})
+    for endpoints in (sm["spec"]["endpoints"], pm["spec"]["podMetricsEndpoints"]):
+        assert [(e["port"], e["path"]) for e in endpoints] == [
+            ("metrics", "/metrics"), ("ext-metrics", "/metrics")]  # fmt: skip
+        assert endpoints[0].get("relabelings") == endpoints[1].get("relabelings")
+        assert endpoints[0].get("scrapeTimeout") == endpoints[1].get("scrapeTimeout")
+
+
+def test_monitors_scrape_the_agent_the_mps_supervisor_and_the_extender_together(helm):
+    docs = render(helm, {**MPS_ON, "scheduler": {"enabled": True}})
+    pm, sm = one(docs, "PodMonitor"), one(docs, "ServiceMonitor")
+    for endpoints in (sm["spec"]["endpoints"], pm["spec"]["podMetricsEndpoints"]):
+        assert [e["port"] for e in endpoints] == ["metrics", "mps-metrics", "ext-metrics"]
+    mps_pod = next(d for d in docs if d["kind"] == "DaemonSet" and d is not agent_daemonset(docs))
+    pods = (agent_daemonset(docs)["spec"]["template"]["metadata"]["labels"],
+            mps_pod["spec"]["template"]["metadata"]["labels"], _scheduler_pod_labels(docs))  # fmt: skip
+    for labels in pods:
+        assert _selects(pm["spec"]["selector"], labels), labels
+    services = [d for d in docs if d["kind"] == "Service"]
+    assert len(services) == 3
+    for service in services:
+        assert _selects(sm["spec"]["selector"], service["metadata"]["labels"])
+    proc = run_helm(helm, "lint", "--strict", str(CHART),
+                    *values_args(helm, {**MPS_ON, "scheduler": {"enabled": True}}), check=False)  # fmt: skip
+    assert proc.returncode == 0 and "[WARNING]" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_extender_metrics_port_zero_keeps_its_metrics_on_the_loopback(helm, monkeypatch, tmp_path):
+    """scheduler.extender.metricsPort 0: no container port, no Service, no monitor endpoint; the
+    PodMonitor selects the agent's pods alone, as without the scheduler."""
+    docs = render(helm, {**ALL_ON, "scheduler": {"enabled": True, "extender": {"metricsPort": 0}}})
+    c = _extender_container(docs)
+    assert "ports" not in c
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert _load_extender_env(env, monkeypatch, tmp_path).scrape_port == 0
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Service"] == [f"{RELEASE}-metrics"]
+    pm, sm = one(docs, "PodMonitor"), one(docs, "ServiceMonitor")
+    assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
+    assert pm["spec"]["selector"] == {"matchLabels": one(docs, "Service")["spec"]["selector"]}
+    assert not _selects(pm["spec"]["selector"], _scheduler_pod_labels(docs))
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"metricsPort": 8888}, "scheduler.extender.metricsPort 8888 is also scheduler.extender.port"),
+    ({"port": 9404}, "scheduler.extender.metricsPort 9404 is also scheduler.extender.port"),
+    ({"metricsPort": -1}, "metricsPort"),
+    ({"metricsPort": 65536}, "metricsPort"),
+], ids=["same-as-port", "port-on-metrics-port", "negative", "too-large"])  # fmt: skip
+def test_a_bad_extender_metrics_port_fails_the_render_and_lint(helm, values, says):
+    """The extender exits on a metrics port equal to its own (OMATICAYA_EXTENDER_SCRAPE_PORT
+    must differ): the render and helm lint refuse it first, saying which values."""
+    bad = {"scheduler": {"enabled": True, "extender": values}}
+    proc = template(helm, bad, check=False)
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+    lint = run_helm(helm, "lint", "--strict", str(CHART), *values_args(helm, bad), check=False)
+    assert lint.returncode != 0 and says in lint.stdout + lint.stderr, lint.stdout + lint.stderr
 
 
 def test_service_monitor_alone_creates_the_service(helm):
