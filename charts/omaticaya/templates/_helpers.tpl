@@ -467,3 +467,151 @@ your cluster does not turn those feature gates off (docs/dra.md, "Which path for
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Pod Security (docs/install.md, "Pod Security"; issue 52). The template files that render pods
+(Pod, DaemonSet, Deployment, Job), read again by omaticaya.podSecurity: a new one must be named here
+(tests/charts/test_chart_pod_security.py checks every goal's render against this list).
+*/}}
+{{- define "omaticaya.podSecurityTemplates" -}}daemonset.yaml mps-daemonset.yaml scheduler.yaml uninstall-hook.yaml{{- end }}
+
+{{/*
+What in this render's pods the Pod Security Standards forbid, as JSON:
+{"baseline": [...], "restricted": [...]}, one entry per workload ("DaemonSet omaticaya: hostPath
+volumes device-plugins (/var/lib/kubelet/device-plugins), ..."); "restricted" holds baseline's
+too (each level includes the one below). The pods are the templates of
+omaticaya.podSecurityTemplates rendered again and read field by field, as the PodSecurity
+admission plugin reads them (k8s.io/pod-security-admission/policy, v0.37.2):
+- baseline: hostNetwork, hostPID, hostIPC; privileged; capabilities.add beyond the default set;
+  hostPath volumes; hostPort; seccomp or AppArmor Unconfined; procMount other than Default;
+  seLinuxOptions user or role, or a type other than container_t, container_init_t,
+  container_kvm_t, container_engine_t; sysctls outside the safe set; windowsOptions.hostProcess;
+- restricted, in addition: volume types other than configMap, csi, downwardAPI, emptyDir,
+  ephemeral, image, persistentVolumeClaim, projected, secret; allowPrivilegeEscalation not false;
+  runAsNonRoot not true and runAsUser 0 (unless hostUsers is false); a seccomp type neither
+  RuntimeDefault nor Localhost; capabilities.drop without ALL, capabilities.add beyond
+  NET_BIND_SERVICE.
+Not read: probes' and lifecycle handlers' host (no value of this chart sets one).
+*/}}
+{{- define "omaticaya.podSecurity" -}}
+{{- $top := . }}
+{{- $baseline := list }}
+{{- $restricted := list }}
+{{- $defaultCaps := list "AUDIT_WRITE" "CHOWN" "DAC_OVERRIDE" "FOWNER" "FSETID" "KILL" "MKNOD" "NET_BIND_SERVICE" "SETFCAP" "SETGID" "SETPCAP" "SETUID" "SYS_CHROOT" }}
+{{- $volumeTypes := list "configMap" "csi" "downwardAPI" "emptyDir" "ephemeral" "image" "persistentVolumeClaim" "projected" "secret" }}
+{{- $seLinuxTypes := list "" "container_t" "container_init_t" "container_kvm_t" "container_engine_t" }}
+{{- $safeSysctls := list "kernel.shm_rmid_forced" "net.ipv4.ip_local_port_range" "net.ipv4.ip_unprivileged_port_start" "net.ipv4.tcp_syncookies" "net.ipv4.ping_group_range" "net.ipv4.ip_local_reserved_ports" "net.ipv4.tcp_keepalive_time" "net.ipv4.tcp_fin_timeout" "net.ipv4.tcp_keepalive_intvl" "net.ipv4.tcp_keepalive_probes" "net.ipv4.tcp_rmem" "net.ipv4.tcp_wmem" }}
+{{- range $file := splitList " " (include "omaticaya.podSecurityTemplates" $top) }}
+{{- range $text := regexSplit "(?m)^---[ \t]*$" (include (printf "%s/%s" $top.Template.BasePath $file) $top) -1 }}
+{{- $doc := fromYaml $text }}
+{{- $spec := ternary (dig "spec" dict $doc) (dig "spec" "template" "spec" dict $doc) (eq (toString $doc.kind) "Pod") }}
+{{- if and (has (toString $doc.kind) (list "Pod" "DaemonSet" "Deployment" "Job")) $spec }}
+{{- $b := list }}
+{{- $r := list }}
+{{- $psc := $spec.securityContext | default dict }}
+{{- $rootOk := eq (toString $spec.hostUsers) "false" }}
+{{- range $k := list "hostNetwork" "hostPID" "hostIPC" }}
+{{- if index $spec $k }}{{ $b = append $b (printf "%s true" $k) }}{{ end }}
+{{- end }}
+{{- $hostPaths := list }}
+{{- range $v := $spec.volumes }}
+{{- if $v.hostPath }}{{ $hostPaths = append $hostPaths (printf "%s (%s)" $v.name $v.hostPath.path) }}
+{{- else }}
+{{- range $k := keys (omit $v "name") | sortAlpha }}
+{{- if not (has $k $volumeTypes) }}{{ $r = append $r (printf "volume %s of type %s" $v.name $k) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $hostPaths }}{{ $b = append $b (printf "hostPath volumes %s" (join ", " $hostPaths)) }}{{ end }}
+{{- if eq (dig "seccompProfile" "type" "" $psc) "Unconfined" }}{{ $b = append $b "pod seccompProfile Unconfined" }}{{ end }}
+{{- if eq (dig "appArmorProfile" "type" "" $psc) "Unconfined" }}{{ $b = append $b "pod appArmorProfile Unconfined" }}{{ end }}
+{{- with $psc.seLinuxOptions }}
+{{- if or .user .role (not (has (toString (.type | default "")) $seLinuxTypes)) }}{{ $b = append $b "pod seLinuxOptions" }}{{ end }}
+{{- end }}
+{{- range $s := $psc.sysctls }}
+{{- if not (has $s.name $safeSysctls) }}{{ $b = append $b (printf "sysctl %s" $s.name) }}{{ end }}
+{{- end }}
+{{- if dig "windowsOptions" "hostProcess" false $psc }}{{ $b = append $b "pod windowsOptions.hostProcess" }}{{ end }}
+{{- if and (not $rootOk) (hasKey $psc "runAsUser") (eq (int64 $psc.runAsUser) 0) }}{{ $r = append $r "pod runAsUser 0" }}{{ end }}
+{{- range $c := concat ($spec.initContainers | default list) ($spec.containers | default list) }}
+{{- $sc := $c.securityContext | default dict }}
+{{- $who := printf "container %s" $c.name }}
+{{- if $sc.privileged }}{{ $b = append $b (printf "privileged %s" $who) }}{{ end }}
+{{- if dig "windowsOptions" "hostProcess" false $sc }}{{ $b = append $b (printf "%s windowsOptions.hostProcess" $who) }}{{ end }}
+{{- range $cap := dig "capabilities" "add" list $sc }}
+{{- if not (has $cap $defaultCaps) }}{{ $b = append $b (printf "%s adds capability %s" $who $cap) }}
+{{- else if ne $cap "NET_BIND_SERVICE" }}{{ $r = append $r (printf "%s adds capability %s" $who $cap) }}{{ end }}
+{{- end }}
+{{- if not (has "ALL" (dig "capabilities" "drop" list $sc)) }}{{ $r = append $r (printf "%s does not drop ALL capabilities" $who) }}{{ end }}
+{{- range $p := $c.ports }}
+{{- if $p.hostPort }}{{ $b = append $b (printf "%s hostPort %v" $who $p.hostPort) }}{{ end }}
+{{- end }}
+{{- $seccomp := dig "seccompProfile" "type" "" $sc }}
+{{- if eq $seccomp "Unconfined" }}{{ $b = append $b (printf "%s seccompProfile Unconfined" $who) }}{{ end }}
+{{- if not (has ($seccomp | default (dig "seccompProfile" "type" "" $psc)) (list "RuntimeDefault" "Localhost")) }}{{ $r = append $r (printf "%s without seccompProfile RuntimeDefault or Localhost" $who) }}{{ end }}
+{{- if eq (dig "appArmorProfile" "type" "" $sc) "Unconfined" }}{{ $b = append $b (printf "%s appArmorProfile Unconfined" $who) }}{{ end }}
+{{- if and $sc.procMount (ne (toString $sc.procMount) "Default") }}{{ $b = append $b (printf "%s procMount %s" $who $sc.procMount) }}{{ end }}
+{{- with $sc.seLinuxOptions }}
+{{- if or .user .role (not (has (toString (.type | default "")) $seLinuxTypes)) }}{{ $b = append $b (printf "%s seLinuxOptions" $who) }}{{ end }}
+{{- end }}
+{{- if ne (toString $sc.allowPrivilegeEscalation) "false" }}{{ $r = append $r (printf "%s without allowPrivilegeEscalation false" $who) }}{{ end }}
+{{- if not $rootOk }}
+{{- $nonRoot := ternary $sc.runAsNonRoot $psc.runAsNonRoot (hasKey $sc "runAsNonRoot") }}
+{{- if ne (toString $nonRoot) "true" }}{{ $r = append $r (printf "%s without runAsNonRoot true" $who) }}{{ end }}
+{{- if and (hasKey $sc "runAsUser") (eq (int64 $sc.runAsUser) 0) }}{{ $r = append $r (printf "%s runAsUser 0" $who) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $name := printf "%s %s" $doc.kind $doc.metadata.name }}
+{{- if $b }}{{ $baseline = append $baseline (printf "%s: %s" $name (join "; " $b)) }}{{ end }}
+{{- if or $b $r }}{{ $restricted = append $restricted (printf "%s: %s" $name (join "; " (concat $b $r))) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- dict "baseline" $baseline "restricted" $restricted | toJson }}
+{{- end }}
+
+{{/*
+The Pod Security level this render's pods need: "privileged" when something breaks baseline
+(hostPath volumes, a privileged container ...), "baseline" when only restricted is broken,
+else "restricted" (omaticaya.podSecurity says what).
+*/}}
+{{- define "omaticaya.podSecurityLevel" -}}
+{{- $found := include "omaticaya.podSecurity" . | fromJson }}
+{{- if $found.baseline }}privileged{{ else if $found.restricted }}baseline{{ else }}restricted{{ end }}
+{{- end }}
+
+{{/*
+Fails the install when the release's Namespace enforces a Pod Security level its pods break
+(the label pod-security.kubernetes.io/enforce, read with lookup): the PodSecurity admission would
+admit the DaemonSets and Deployments and reject every pod, and `helm install --wait` would only
+time out. Passes when helm asks no cluster (helm template, helm lint: lookup returns nothing),
+when the Namespace is not there yet (helm install --create-namespace renders first) or has no
+enforce label (the cluster's default then applies, which helm cannot read), and on the warn and
+audit labels, which reject nothing. omaticaya.podSecurityRefusal judges the labels.
+*/}}
+{{- define "omaticaya.podSecurityCheck" -}}
+{{- $ns := lookup "v1" "Namespace" "" .Release.Namespace }}
+{{- include "omaticaya.podSecurityRefusal" (dict "top" . "labels" (dig "metadata" "labels" dict $ns)) }}
+{{- end }}
+
+{{/*
+Fails the render with what to do when a Namespace of these labels (.labels, a map; .top the
+chart's context) enforces a level this render's pods break; renders nothing otherwise. An
+enforce value that is not a level is enforced as "restricted" (the admission fails closed:
+k8s.io/pod-security-admission/api ParseLevel).
+*/}}
+{{- define "omaticaya.podSecurityRefusal" -}}
+{{- $key := "pod-security.kubernetes.io/enforce" }}
+{{- if hasKey .labels $key }}
+{{- $ns := .top.Release.Namespace }}
+{{- $set := toString (index .labels $key) }}
+{{- $level := ternary $set "restricted" (has $set (list "privileged" "baseline" "restricted")) }}
+{{- $found := include "omaticaya.podSecurity" .top | fromJson }}
+{{- $broken := index $found $level | default list }}
+{{- if $broken }}
+{{- $need := include "omaticaya.podSecurityLevel" .top }}
+{{- $enforces := ternary (printf "enforces Pod Security %q" $level) (printf "has %s=%q, not a level (privileged, baseline, restricted), which Pod Security enforces as \"restricted\"" $key $set) (eq $set $level) }}
+{{- include "omaticaya.fail" (printf "namespace %s %s; this release's pods need %q, and the API server would reject them (%s). Label the namespace: kubectl label namespace %s %s=%s --overwrite, or install into a namespace of its own (docs/install.md, \"Pod Security\")" $ns $enforces $need (join "; " $broken) $ns $key $need) }}
+{{- end }}
+{{- end }}
+{{- end }}
