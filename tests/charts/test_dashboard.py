@@ -153,9 +153,48 @@ def test_every_metric_named_is_in_a_real_scrape(dev_cluster, make_node):
             p.wait(timeout=30)
         shutil.rmtree(short, ignore_errors=True)
     exposed = _names(text)
-    named = {m for _, expr in _queries() for m in METRIC.findall(expr)}
-    named |= {m for expr in _alert_exprs() for m in METRIC.findall(expr)}
+    named = {m for m in _named() if not m.startswith(SCRAPED_ELSEWHERE)}
     assert len(named) >= 12
+    assert named - exposed == set(), f"not in a real scrape: {sorted(named - exposed)}"
+
+
+def _named() -> set[str]:
+    """Every metric name the dashboard's queries and the alerts' expressions use."""
+    named = {m for _, expr in _queries() for m in METRIC.findall(expr)}
+    return named | {m for expr in _alert_exprs() for m in METRIC.findall(expr)}
+
+
+#: metric families checked by ``test_every_dra_and_extender_metric_named_is_in_their_scrape``
+#: (the DRA plugin's counters, registered only with OMATICAYA_DRA; the extender's, its own
+#: process), not by the agent's and the MPS supervisor's scrape above
+SCRAPED_ELSEWHERE = ("omaticaya_dra_", "omaticaya_extender_")
+
+
+def test_every_dra_and_extender_metric_named_is_in_their_scrape(tmp_path):
+    """The DRA plugin's counters as the agent registers them with OMATICAYA_DRA
+    (``dra.metrics.DraCounters``, cli/daemon.py), rendered by prometheus-client; and a real
+    scrape of the extender's metrics port (``serve`` running, its caches on an API server that
+    refuses connections: every family is there before the first LIST)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from omaticaya_py.dra.metrics import DraCounters, DraCounts
+    from tests.scheduler.offline_extender_support import ServedExtender, http, offline_settings
+
+    registry = CollectorRegistry()
+    registry.register(DraCounters(DraCounts()))
+    text = generate_latest(registry).decode()
+    port, scrape_port = free_port(), free_port()
+    served = ServedExtender(offline_settings(tmp_path, port=port, scrape_port=scrape_port,
+                                             scrape_address="127.0.0.1", lease_namespace="ns"))  # fmt: skip
+    try:
+        assert served.ready.wait(30), "the extender did not start"
+        status, scraped = http(f"http://127.0.0.1:{scrape_port}/metrics")
+        assert status == 200
+    finally:
+        served.close()
+    named = {m for m in _named() if m.startswith(SCRAPED_ELSEWHERE)}
+    assert {"omaticaya_dra_prepare_total", "omaticaya_extender_decisions_total"} <= named
+    exposed = _names(text + scraped)
     assert named - exposed == set(), f"not in a real scrape: {sorted(named - exposed)}"
 
 
@@ -174,10 +213,15 @@ CASES = [
      [(f'omaticaya_node_health{{{INST},state="Unknown"}}', "1x20"),
       (f'omaticaya_node_health{{{INST},state="Healthy"}}', "0x20")],
      "6m", [({"state": "Unknown"}, "1")]),
+    ("OmaticayaNvmlUnreadable",  # unreadable for 3 minutes, then read again
+     [(f'omaticaya_node_health{{{INST},state="Unknown"}}', "1x3 0x20")], "6m", []),
     ("OmaticayaNvmlErrorsRising",
      [(f'omaticaya_nvml_errors_total{{{INST},call="nvmlDeviceGetMemoryInfo",error="GpuIsLost"}}',
        "0+6x30")],
      "15m", [({"call": "nvmlDeviceGetMemoryInfo", "error": "GpuIsLost"}, "100m")]),
+    ("OmaticayaNvmlErrorsRising",  # one error, then none
+     [(f'omaticaya_nvml_errors_total{{{INST},call="nvmlDeviceGetMemoryInfo",error="GpuIsLost"}}',
+       "0 1x30")], "15m", []),
     ("OmaticayaAgentNotReporting",
      [(f'omaticaya_build_info{{{INST},version="0.1.0",python="3.11.7"}}', "1x5 _x40")],
      "20m", [({"version": "0.1.0", "python": "3.11.7"}, "1")]),
@@ -187,6 +231,8 @@ CASES = [
      [(f"omaticaya_ticks_total{{{INST}}}", "0+1x10 10x40"),
       ('omaticaya_ticks_total{instance="node-b:9402"}', "0+1x50")],
      "35m", [({}, "0")]),
+    ("OmaticayaAgentNotTicking",  # ticking
+     [(f"omaticaya_ticks_total{{{INST}}}", "0+1x50")], "35m", []),
     ("OmaticayaAgentNotPatching",
      [(f"omaticaya_last_patch_timestamp_seconds{{{INST}}}", "0x40"),
       ('omaticaya_last_patch_timestamp_seconds{instance="node-b:9402"}', "0+60x40")],
@@ -201,18 +247,92 @@ CASES = [
       ('omaticaya_lease_renewals_total{instance="node-b:9402"}', "0+1x45"),
       ('omaticaya_heartbeat_on_lease{instance="node-b:9402"}', "1x45")],
      "30m", [({}, "0")]),
+    ("OmaticayaLeaseNotRenewed",  # its heartbeat moved to the Node annotation (a 403 on Leases)
+     [(f"omaticaya_lease_renewals_total{{{INST}}}", "0+1x5 5x40"),
+      (f"omaticaya_heartbeat_on_lease{{{INST}}}", "1x5 0x40")], "30m", []),
     ("OmaticayaApiErrorsRising",
      [(f'omaticaya_api_requests_total{{{INST},verb="patch",result="503"}}', "0+3x30"),
       (f'omaticaya_api_requests_total{{{INST},verb="patch",result="200"}}', "0+60x30")],
      "15m", [({"verb": "patch", "result": "503"}, "50m")]),
+    ("OmaticayaApiErrorsRising",  # one 503, then answered
+     [(f'omaticaya_api_requests_total{{{INST},verb="patch",result="503"}}', "0 1x30"),
+      (f'omaticaya_api_requests_total{{{INST},verb="patch",result="200"}}', "0+60x30")],
+     "15m", []),
     ("OmaticayaTickErrors",
      [(f"omaticaya_tick_errors_total{{{INST}}}", "0+1x30")], "15m", [({}, "16.67m")]),
+    ("OmaticayaTickErrors",  # one failed tick
+     [(f"omaticaya_tick_errors_total{{{INST}}}", "0 1x30")], "15m", []),
     ("OmaticayaMpsDaemonDown",  # GPU 1's daemon down from minute 1: fires after 2 minutes
      [(f'omaticaya_mps_daemon_up{{{INST},gpu="0",uuid="GPU-0"}}', "1x10"),
       (f'omaticaya_mps_daemon_up{{{INST},gpu="1",uuid="GPU-1"}}', "1 0x10")],
      "4m", [({"gpu": "1", "uuid": "GPU-1"}, "0")]),
     ("OmaticayaMpsDaemonDown",  # down for one minute, then back: no alert
      [(f'omaticaya_mps_daemon_up{{{INST},gpu="1",uuid="GPU-1"}}', "1 0 1x10")], "4m", []),
+    ("OmaticayaMpsLimitNotEnforced",  # the first episode: the gauge (the counter created at 1)
+     [(f'omaticaya_slice_over_limit{{{INST},gpu="0",uuid="GPU-0",enforced="true",'
+       'reason="MpsLimitNotEnforced"}', "1x10"),
+      (f'omaticaya_slice_over_limit_episodes_total{{{INST},enforced="true",'
+       'reason="MpsLimitNotEnforced"}', "1x10")],
+     "5m", [({}, "1")]),
+    ("OmaticayaMpsLimitNotEnforced",  # an episode shorter than a scrape: the counter
+     [(f'omaticaya_slice_over_limit_episodes_total{{{INST},enforced="true",'
+       'reason="MpsLimitNotEnforced"}', "0 0 1x20")],
+     "5m", [({}, "1")]),
+    ("OmaticayaMpsLimitNotEnforced",  # over its slice where nothing enforced it: not MPS's fault
+     [(f'omaticaya_slice_over_limit{{{INST},gpu="0",uuid="GPU-0",enforced="false",'
+       'reason="GpuMemoryOverLimit"}', "1x10"),
+      (f'omaticaya_slice_over_limit_episodes_total{{{INST},enforced="false",'
+       'reason="GpuMemoryOverLimit"}', "0+1x10")], "5m", []),
+    ("OmaticayaMpsDaemonRestarting",  # GPU 1's daemon exits once a minute; GPU 0's is steady
+     [(f'omaticaya_mps_daemon_failures_total{{{INST},gpu="1",uuid="GPU-1",reason="exited"}}',
+       "0+1x40"),
+      (f'omaticaya_mps_daemon_failures_total{{{INST},gpu="0",uuid="GPU-0",reason="exited"}}',
+       "2x40")],
+     "35m", [({"gpu": "1", "uuid": "GPU-1", "reason": "exited"}, "30")]),
+    ("OmaticayaMpsDaemonRestarting",  # three failures in half an hour: not yet
+     [(f'omaticaya_mps_daemon_failures_total{{{INST},gpu="1",uuid="GPU-1",reason="exited"}}',
+       "0 1 2 3x40")], "25m", []),
+    ("OmaticayaMpsSliceDaemonsFailing",
+     [(f'omaticaya_mps_slice_daemon_failures_total{{{INST},gpu="0",uuid="GPU-0",'
+       'reason="start-timeout"}', "0+1x40")],
+     "35m", [({"gpu": "0", "uuid": "GPU-0", "reason": "start-timeout"}, "30")]),
+    ("OmaticayaMpsSliceDaemonsFailing",  # failed a while ago, quiet for the last half hour
+     [(f'omaticaya_mps_slice_daemon_failures_total{{{INST},gpu="0",uuid="GPU-0",'
+       'reason="exited"}', "0+1x10 10x40")], "45m", []),
+    ("OmaticayaResourceSliceWriteErrors",
+     [(f"omaticaya_resourceslice_errors_total{{{INST}}}", "0+2x30"),
+      (f"omaticaya_resourceslice_writes_total{{{INST}}}", "1x30"),
+      ('omaticaya_resourceslice_errors_total{instance="node-b:9402"}', "0x30")],
+     "25m", [({}, "33.33m")]),
+    ("OmaticayaResourceSliceWriteErrors",  # one failed apply, then written again
+     [(f"omaticaya_resourceslice_errors_total{{{INST}}}", "0 1x30"),
+      (f"omaticaya_resourceslice_writes_total{{{INST}}}", "0+1x30")], "25m", []),
+    ("OmaticayaDraPrepareFailing",
+     [(f'omaticaya_dra_prepare_total{{{INST},result="refused"}}', "0+1x30"),
+      (f'omaticaya_dra_prepare_total{{{INST},result="prepared"}}', "0+5x30"),
+      (f'omaticaya_dra_prepare_total{{{INST},result="failed"}}', "0x30")],
+     "25m", [({"result": "refused"}, "16.67m")]),
+    ("OmaticayaDraPrepareFailing",  # one failure, retried and prepared
+     [(f'omaticaya_dra_prepare_total{{{INST},result="failed"}}', "0 1x30"),
+      (f'omaticaya_dra_prepare_total{{{INST},result="prepared"}}', "0+5x30")], "25m", []),
+    ("OmaticayaDraUnprepareFailing",
+     [(f'omaticaya_dra_unprepare_total{{{INST},result="failed"}}', "0+1x30")],
+     "25m", [({}, "16.67m")]),
+    ("OmaticayaDraUnprepareFailing",  # unprepared: no alert
+     [(f'omaticaya_dra_unprepare_total{{{INST},result="unprepared"}}', "0+1x30"),
+      (f'omaticaya_dra_unprepare_total{{{INST},result="failed"}}', "0x30")], "25m", []),
+    ("OmaticayaDraDeviceTainted",  # GPU 1 unhealthy from minute 1 on a DRA node
+     [(f'omaticaya_gpu_healthy{{{INST},gpu="0",uuid="GPU-0"}}', "1x40"),
+      (f'omaticaya_gpu_healthy{{{INST},gpu="1",uuid="GPU-1"}}', "1 0x40"),
+      (f'omaticaya_dra_prepare_total{{{INST},result="prepared"}}', "0x40")],
+     "35m", [({"gpu": "1", "uuid": "GPU-1"}, "0")]),
+    ("OmaticayaDraDeviceTainted",  # not yet 30 minutes
+     [(f'omaticaya_gpu_healthy{{{INST},gpu="1",uuid="GPU-1"}}', "1 0x40"),
+      (f'omaticaya_dra_prepare_total{{{INST},result="prepared"}}', "0x40")], "25m", []),
+    ("OmaticayaDraDeviceTainted",  # no DRA plugin on that node (no device, no taint)
+     [(f'omaticaya_gpu_healthy{{{INST},gpu="1",uuid="GPU-1"}}', "1 0x40"),
+      ('omaticaya_dra_prepare_total{instance="node-b:9402",result="prepared"}', "0x40")],
+     "35m", []),
 ]
 
 
@@ -257,6 +377,59 @@ def test_alert_rules_unit(tmp_path):
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+def test_every_alert_has_a_case_that_fires_and_one_that_stays_silent():
+    """Each alert of alerts.yaml is in CASES at least twice: input it must fire on, and input
+    close to it that must leave it silent (a test that could not fail proves nothing)."""
+    import yaml
+
+    alerts = [r["alert"] for g in yaml.safe_load(_rules_yaml())["groups"] for r in g["rules"]]
+    assert len(alerts) == len(set(alerts)) >= 17
+    fires = {alert for alert, _, _, expected in CASES if expected}
+    silent = {alert for alert, _, _, expected in CASES if not expected}
+    assert set(alerts) - fires == set(), "no case where it fires"
+    assert set(alerts) - silent == set(), "no case where it stays silent"
+    assert {alert for alert, *_ in CASES} <= set(alerts)
+
+
+def test_docs_list_every_alert():
+    """docs/metrics.md's table of the shipped alerts has a row for each, and no other."""
+    import yaml
+
+    alerts = {r["alert"] for g in yaml.safe_load(_rules_yaml())["groups"] for r in g["rules"]}
+    text = (FILES.parents[2] / "docs" / "metrics.md").read_text()
+    rows = set(re.findall(r"^\| `(Omaticaya[A-Za-z]+)` \|", text, re.M))
+    assert rows == alerts
+
+
+def test_dashboard_covers_dra_mps_and_the_extender():
+    """Panels for the DRA driver (ResourceSlice writes and errors, prepare and unprepare
+    results, tainted devices), the MPS daemons and the extender's decisions; their queries
+    name those families. The MPS supervisor's and the extender's targets are their own pods,
+    not the agents': their panels do not filter by the Agent variable."""
+    panels = {p["title"]: p for p in _dashboard()["panels"]}
+    wanted = {
+        "DRA: ResourceSlice applies, held and failed": ("omaticaya_resourceslice_writes_total",
+                                                        "omaticaya_resourceslice_errors_total"),
+        "DRA: claims prepared and unprepared, by result": ("omaticaya_dra_prepare_total",
+                                                           "omaticaya_dra_unprepare_total"),
+        "DRA: devices tainted": ("omaticaya_gpu_healthy", "omaticaya_dra_prepare_total"),
+        "MPS: daemons up": ("omaticaya_mps_daemon_up", "omaticaya_mps_slice_daemons"),
+        "MPS: daemon failures by reason": ("omaticaya_mps_daemon_failures_total",
+                                           "omaticaya_mps_slice_daemon_failures_total"),
+        "Extender: decisions per node, by verb and result": ("omaticaya_extender_decisions_total",),
+    }  # fmt: skip
+    for title, families in wanted.items():
+        exprs = " ".join(t["expr"] for t in panels[title]["targets"])
+        assert all(f in METRIC.findall(exprs) for f in families), title
+        assert panels[title]["description"], title
+        if title.startswith(("MPS", "Extender")):
+            assert "$instance" not in exprs, title
+        else:
+            assert all("$instance" in t["expr"] for t in panels[title]["targets"]), title
+    boxes = [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in panels.values()]
+    assert len(boxes) == len(set(boxes)), "two panels in one place"
 
 
 # -- the chart -----------------------------------------------------------------------------
