@@ -533,6 +533,7 @@ Not read: probes' and lifecycle handlers' host (no value of this chart sets one)
 {{- end }}
 {{- if dig "windowsOptions" "hostProcess" false $psc }}{{ $b = append $b "pod windowsOptions.hostProcess" }}{{ end }}
 {{- if and (not $rootOk) (hasKey $psc "runAsUser") (eq (int64 $psc.runAsUser) 0) }}{{ $r = append $r "pod runAsUser 0" }}{{ end }}
+{{- if and (not $rootOk) (eq (toString $psc.runAsNonRoot) "false") }}{{ $r = append $r "pod runAsNonRoot false" }}{{ end }}
 {{- range $c := concat ($spec.initContainers | default list) ($spec.containers | default list) }}
 {{- $sc := $c.securityContext | default dict }}
 {{- $who := printf "container %s" $c.name }}
