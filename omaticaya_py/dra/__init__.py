@@ -13,7 +13,9 @@ that preparing again is answered the same and a restarted plugin unprepares what
 Device health streams to the kubelet (``DRAResourceHealth``, KEP-4680) at each tick.
 
 Modules: ``prepare`` (pure: the decision and the CDI spec), ``resourceclaim`` (pure: the
-claim's JSON, opaque config), ``cdi`` (pure: CDI devices and files), ``healthreport`` (pure: device
+claim's JSON, opaque config), ``cdi`` (pure: CDI devices and files), ``drivermounts`` (pure: the
+NVIDIA driver's files as read-only mounts), ``driverfiles`` (those files found at start by
+``omaticaya-driver-files``, the NVIDIA container toolkit's CDI generation), ``healthreport`` (pure: device
 health), ``host`` (device nodes, minors, atomic files, the checkpoint), ``metrics`` (the
 counters), ``deviceinfo`` (the node's devices now), ``sharing`` (the slices of shared GPUs and
 their MPS daemons), ``claims`` (prepared claims: CDI files and checkpoint entries),

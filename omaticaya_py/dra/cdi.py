@@ -2,7 +2,8 @@
 ``OMATICAYA_DRA_CDI_DIR`` (``cdi_file_name``), one CDI device per prepared device
 (``gpu.omaticaya.io/claim=<claim UID>-<device name>``, ``cdi_device_name``) with the
 ``containerEdits`` containerd 2 / CRI-O inject: env, device nodes (``DevNode``), mounts
-(``Edits``). Pure."""
+(``Edits``); a claim's spec-wide edits (``common_edits``: the NVIDIA driver's files, read-only
+mounts, once per claim whatever its number of devices). Pure."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = [
     "Edits",
     "cdi_device",
     "cdi_device_name",
+    "common_edits",
     "cdi_file_name",
     "spec_bytes",
 ]
@@ -81,12 +83,25 @@ def cdi_device(name: str, edits: Edits, dev_root: Path = Path("/dev")) -> dict[s
             for n in edits.nodes
         ]  # fmt: skip
     if edits.mounts:
-        out["mounts"] = [
-            {"hostPath": m.host_path, "containerPath": m.container_path,
-             "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
-            for m in edits.mounts
-        ]  # fmt: skip
+        out["mounts"] = _mounts(edits.mounts)
     return {"name": name, "containerEdits": out}
+
+
+def _mounts(mounts: tuple[Mount, ...]) -> list[dict[str, Any]]:
+    """CDI mounts (JSON-ready): bind mounts, read-only or not, ``nosuid,nodev``."""
+    return [
+        {"hostPath": m.host_path, "containerPath": m.container_path,
+         "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
+        for m in mounts
+    ]  # fmt: skip
+
+
+def common_edits(mounts: tuple[Mount, ...]) -> dict[str, Any]:
+    """A spec's own ``containerEdits`` (JSON-ready), applied once to a container that gets any
+    of the spec's devices (the CDI library applies a spec's edits before its devices'; a mount
+    at a container path already mounted replaces it, so two claims' specs with the same files
+    are fine): ``mounts``, or ``{}``."""
+    return {"mounts": _mounts(mounts)} if mounts else {}
 
 
 def spec_bytes(spec: Mapping[str, Any]) -> bytes:

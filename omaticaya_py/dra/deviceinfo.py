@@ -1,6 +1,7 @@
 """The node's DRA devices as the plugin sees them now: the agent's latest reading made devices by
 the publisher's rule (``core.publish.dra.inventory``), and what prepare reads from the node
-besides (``prepare.NodeFacts``: device nodes, minors, the MPS daemons of shared GPUs)."""
+besides (``prepare.NodeFacts``: device nodes, minors, the MPS daemons of shared GPUs, the
+driver's files: ``driverfiles``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from ..core.model.sharing import Sharing
 from ..core.publish.dra import DraDevice, inventory
 from ..core.publish.readings import AgentFeed, ReadingAge
 from ..sources.mps import MpsWatch
+from .driverfiles import DriverFiles
 from .host import device_nodes, gpu_minors
+from .metrics import DraCounts
 from .prepare import CONTROL_NODES, NodeFacts
 
 __all__ = ["NodeDevices"]
@@ -28,9 +31,11 @@ class NodeDevices:
     ``mps_thread_share``, ``memory_step_mib``, ``hysteresis_pct`` and the stuck-reading bound
     (``stale_after_s``: ``core.config.settings.stuck_after_s``). Shared GPUs enforced by MPS:
     ``layout`` the daemons' folders, ``mps`` their watch (``mps``: the agent's, else one of its
-    own); otherwise both ``None``."""
+    own); otherwise both ``None``. ``driver_files``: the driver's files (``dra_driver_files``,
+    ``dra_driver_root``, ``dra_driver_host_root``), counted in ``counts``."""
 
-    def __init__(self, feed: AgentFeed, settings: Settings, mps: MpsWatch | None) -> None:
+    def __init__(self, feed: AgentFeed, settings: Settings, mps: MpsWatch | None,
+                 counts: DraCounts | None = None) -> None:  # fmt: skip
         self.feed = feed
         self.settings = settings
         self.pool = str(settings.node_name)
@@ -43,6 +48,17 @@ class NodeDevices:
         self.mps = mps if enforced else None
         self.stale_after_s = stuck_after_s(settings)
         self._age = ReadingAge()  # the reading served, on ``feed.clock``
+        self.driver_files = DriverFiles(settings, counts if counts is not None else DraCounts())
+
+    def driver_version(self) -> str | None:
+        """The driver's version in the latest reading (``None``: no reading, or unknown)."""
+        last = self.feed.cache.last
+        return last.snapshot.driver_version if last is not None else None
+
+    def start(self) -> None:
+        """At the plugin's start: find the driver's files (``driverfiles.DriverFiles.load``),
+        for the latest reading's driver version when there is one."""
+        self.driver_files.load(self.driver_version())
 
     def devices(self) -> tuple[list[DraDevice] | None, str]:
         """The node's devices in the latest reading (``core.publish.dra.inventory``, the publisher's
@@ -64,7 +80,7 @@ class NodeDevices:
     def facts(self, devices: Sequence[DraDevice]) -> NodeFacts:
         """What prepare reads from the node for ``devices``: their device nodes under the dev
         root (and the control nodes), minors (``host.gpu_minors``), whether each shared GPU's
-        MPS daemon is up, the driver's branch."""
+        MPS daemon is up, the driver's branch and files."""
         minors = gpu_minors(self.settings.proc_root)
         names = {f"nvidia{minors.get(d.gpu_uuid or '', d.gpu_index)}" for d in devices}
         mps_up = {}
@@ -80,4 +96,5 @@ class NodeDevices:
             minors=minors, mps=self.layout, mps_up=mps_up,
             thread_share=self.settings.mps_thread_share,
             driver_major=driver_major(last.snapshot.driver_version) if last is not None else None,
+            driver_mounts=self.driver_files.mounts(self.driver_version()),
         )  # fmt: skip

@@ -9,6 +9,10 @@ Unprepare results: ``unprepared``, ``unknown`` (not prepared here: success), ``f
 ``omaticaya_shared_gpu_index_moved{index,before,now}``: 1 for each ``OMATICAYA_SHARED_GPUS``
 index that names another GPU (UUID ``now``; empty: none) than at the plugin's last start
 (``before``), until the next start; no series when none moved.
+
+``omaticaya_dra_driver_files{driver_version}``: how many of the NVIDIA driver's files every
+prepared claim's containers get mounted (``driverfiles``); 0 with ``driver_version=""`` when
+none were found (the log says why); no series with ``OMATICAYA_DRA_DRIVER_FILES`` off.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..core.model.sharing import IndexMoved
@@ -31,12 +35,15 @@ UNPREPARE_RESULTS = ("unprepared", "unknown", "failed")
 class DraCounts:
     """The plugin's live counts: ``prepare[result]`` and ``unprepare[result]`` (claims), and
     ``moved``: the shared GPU indices that name another GPU than at the last start
-    (``core.model.sharing.IndexMoved``, set once a start's first reading is compared)."""
+    (``core.model.sharing.IndexMoved``, set once a start's first reading is compared);
+    ``driver_files``: the driver's version and how many of its files claims get mounted
+    (``("", 0)``: none found; ``None``: off, or not looked for yet)."""
 
     def __init__(self) -> None:
         self.prepare: Counter[str] = Counter()
         self.unprepare: Counter[str] = Counter()
         self.moved: tuple[IndexMoved, ...] = ()
+        self.driver_files: tuple[str, int] | None = None
 
 
 class DraCounters(Collector):
@@ -61,3 +68,12 @@ class DraCounters(Collector):
                 family.add_metric([result], counts.get(result, 0))
             yield family
         yield moved_family(self._counts.moved)
+        if self._counts.driver_files is not None:
+            version, count = self._counts.driver_files
+            files = GaugeMetricFamily(
+                "omaticaya_dra_driver_files", "NVIDIA driver files mounted read-only in every "
+                "prepared claim's containers (0: none found under OMATICAYA_DRA_DRIVER_ROOT, the "
+                "log says why; containers then need the nvidia runtime to get their driver).",
+                labels=["driver_version"])  # fmt: skip
+            files.add_metric([version], count)
+            yield files

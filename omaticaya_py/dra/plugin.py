@@ -134,9 +134,9 @@ class DraPlugin:
         self.dra_socket = self.plugin_dir / DRA_SOCKET
         self.registration_socket = self.registry_dir / registration_socket_name()
         #: the devices and what prepare reads from the node (``deviceinfo.NodeDevices``)
-        self.node = NodeDevices(feed, settings, mps)
-        self.layout, self.mps = self.node.layout, self.node.mps
         self.counts = counts if counts is not None else DraCounts()
+        self.node = NodeDevices(feed, settings, mps, self.counts)
+        self.layout, self.mps = self.node.layout, self.node.mps
         #: the kubelet shows a device Unknown this long after its last report
         self.health_timeout_s = max(1, math.ceil(self.node.stale_after_s))
         self.resync_s = timing.resync_s
@@ -199,13 +199,14 @@ class DraPlugin:
         return self._indices.done
 
     def start(self) -> None:
-        """Load the checkpoint, serve the DRA socket, then the registration socket; watch both
-        folders and re-serve a socket that disappears. Raises ``OSError`` when a socket cannot
-        be served."""
+        """Load the checkpoint, find the driver's files (``deviceinfo.NodeDevices.start``),
+        serve the DRA socket, then the registration socket; watch both folders and re-serve a
+        socket that disappears. Raises ``OSError`` when a socket cannot be served."""
         for folder in (self.plugin_dir, self.registry_dir, self.cdi_dir):
             folder.mkdir(parents=True, exist_ok=True)
         self._stopping.clear()
         self.claims.load()
+        self.node.start()
         if self._on_tick not in self.feed.on_tick:
             self.feed.on_tick.append(self._on_tick)
         self._dra.serve()

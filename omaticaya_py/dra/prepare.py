@@ -72,6 +72,7 @@ from .cdi import (
     cdi_device,
     cdi_device_name,
     cdi_file_name,
+    common_edits,
     spec_bytes,
 )
 from .resourceclaim import (
@@ -137,6 +138,8 @@ class NodeFacts:
     - ``driver_major``: the NVIDIA driver's branch (``core.allocation.memory_limit.driver_major`` of the
       reading's ``nvmlSystemGetDriverVersion``; ``None``: unknown): from r615 on, a slice also
       gets the driver's per-container limit in its environment (``core.allocation.memory_limit``).
+    - ``driver_mounts``: the NVIDIA driver's files, read-only (``driverfiles``): every claim's
+      spec mounts them (``cdi_spec``); ``()``: none found, or ``OMATICAYA_DRA_DRIVER_FILES`` off.
     """
 
     pool: str
@@ -148,6 +151,7 @@ class NodeFacts:
     thread_share: bool = False
     pending: Mapping[str, tuple[PendingSlice, ...]] = field(default_factory=dict)
     driver_major: int | None = None
+    driver_mounts: tuple[Mount, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +180,12 @@ class PreparedDevice:
 
 @dataclass(frozen=True, slots=True)
 class PreparedClaim:
-    """A claim prepared: ``ref`` and its ``devices`` (empty: no result of ours)."""
+    """A claim prepared: ``ref``, its ``devices`` (empty: no result of ours), the driver's
+    files its spec mounts (``driver_mounts``, read-only)."""
 
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...]
+    driver_mounts: tuple[Mount, ...] = ()
 
 
 #: who the DRA plugin's slice requests are from (``core.allocation.mps.SliceRequest.owner``)
@@ -239,7 +245,7 @@ def decide(claim: Mapping[str, Any], ref: ClaimRef, devices: Sequence[DraDevice]
         prepared.append(device)
         if device.mib is not None:
             live_room(p.device, device.mib, ref, facts)
-    return PreparedClaim(ref, tuple(prepared))
+    return PreparedClaim(ref, tuple(prepared), facts.driver_mounts)
 
 
 def _allocation(claim: Mapping[str, Any], ref: ClaimRef) -> dict[str, Any]:
@@ -386,6 +392,8 @@ def cdi_spec(claim: PreparedClaim, dev_root: Path = Path("/dev")) -> dict[str, A
     """The claim's CDI spec (JSON-ready): ``cdiVersion`` ``CDI_VERSION``, kind ``CDI_KIND``,
     one device per prepared device, named ``<claim UID>-<device name>``, with its
     ``containerEdits`` (``cdi.cdi_device``; ``dev_root``: the host's /dev as the runtime sees
-    it, ``/dev`` but in tests)."""
+    it, ``/dev`` but in tests); the driver's files as the spec's own ``containerEdits``."""
     devices = [cdi_device(d.cdi_name, d.edits, dev_root) for d in claim.devices]
-    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices}
+    common = common_edits(claim.driver_mounts) if claim.devices else {}
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
+            **({"containerEdits": common} if common else {})}  # fmt: skip

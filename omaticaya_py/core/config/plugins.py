@@ -114,10 +114,39 @@ class DraSection(CommonSettings):
         "have it, unless they tolerate it).",
     )
 
+    dra_driver_files: bool = Field(
+        default=True,
+        description="Mount the NVIDIA driver's files read-only in every prepared claim's "
+        "containers (its libraries of the running version under their SONAME names too, "
+        "nvidia-smi and its other binaries, IPC sockets, GSP firmware), as the NVIDIA container "
+        "toolkit's CDI generation finds them under OMATICAYA_DRA_DRIVER_ROOT (the program "
+        "omaticaya-driver-files, run at start): a container gets its driver from containerd's or "
+        "CRI-O's own CDI, with no nvidia runtime or hook. None found: a warning, the gauge "
+        "omaticaya_dra_driver_files at 0, and claims get their device nodes and "
+        "NVIDIA_VISIBLE_DEVICES only.",
+    )
+    dra_driver_root: Path = Field(
+        default=Path("/"),
+        description="The NVIDIA driver's root folder as the DRA plugin sees it (the chart mounts "
+        "the host's driverRoot at /host/driver-root): where omaticaya-driver-files looks for the "
+        "driver's files.",
+    )
+    dra_driver_host_root: Path = Field(
+        default=Path("/"),
+        description="The same folder on the host (/ for a driver installed on the host, "
+        "/run/nvidia/driver for the GPU Operator's driver container): the CDI specs' host paths "
+        "of the driver's files start with it.",
+    )
+
     @field_validator("dra_plugin_dir", "dra_registry_dir", "dra_cdi_dir", "dra_dev_root")
     @classmethod
     def _check_dra_dir(cls, value: Path) -> Path:
         return _absolute_dir(value, "/var/run/cdi")
+
+    @field_validator("dra_driver_root", "dra_driver_host_root")
+    @classmethod
+    def _check_driver_root(cls, value: Path) -> Path:
+        return _absolute_dir(value, "/run/nvidia/driver")
 
 
 class MpsPathsSection(CommonSettings):

@@ -97,6 +97,9 @@ def test_defaults() -> None:
         "dra_cdi_dir": Path("/var/run/cdi"),
         "dra_dev_root": Path("/dev"),
         "dra_taint_effect": "NoSchedule",
+        "dra_driver_files": True,
+        "dra_driver_root": Path("/"),
+        "dra_driver_host_root": Path("/"),
     }
 
 
@@ -187,6 +190,9 @@ VALID_ENV = [
     ("OMATICAYA_DRA_CDI_DIR", "/etc/cdi", "dra_cdi_dir", Path("/etc/cdi")),
     ("OMATICAYA_DRA_DEV_ROOT", "/host/dev", "dra_dev_root", Path("/host/dev")),
     ("OMATICAYA_DRA_TAINT_EFFECT", "NoExecute", "dra_taint_effect", "NoExecute"),
+    ("OMATICAYA_DRA_DRIVER_FILES", "false", "dra_driver_files", False),
+    ("OMATICAYA_DRA_DRIVER_ROOT", "/host/driver-root", "dra_driver_root", Path("/host/driver-root")),
+    ("OMATICAYA_DRA_DRIVER_HOST_ROOT", "/run/nvidia/driver", "dra_driver_host_root", Path("/run/nvidia/driver")),
 ]
 
 
@@ -449,6 +455,9 @@ BAD_ENV = [
     ("OMATICAYA_DRA_CDI_DIR", "cdi", "absolute folder path"),
     ("OMATICAYA_DRA_DEV_ROOT", "dev", "absolute folder path"),
     ("OMATICAYA_DRA_TAINT_EFFECT", "PreferNoSchedule", "NoSchedule"),
+    ("OMATICAYA_DRA_DRIVER_FILES", "maybe", "expected true or false"),
+    ("OMATICAYA_DRA_DRIVER_ROOT", "run/nvidia/driver", "absolute folder path"),
+    ("OMATICAYA_DRA_DRIVER_HOST_ROOT", "/run/../driver", "without '..'"),
 ]
 
 #: Settings that accept any value, so no bad one exists.

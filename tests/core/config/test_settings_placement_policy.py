@@ -72,6 +72,7 @@ def test_the_device_plugin_section_is_one_model() -> None:
         "share_unit_mib", "shared_resource", "placement_policy", "settle_s",
         "device_list_strategy", "share_enforcement", "mps_root", "mps_state_dir",
         "mps_thread_share", "mps_stale_s", "dra", "dra_plugin_dir", "dra_registry_dir",
-        "dra_cdi_dir", "dra_dev_root", "dra_taint_effect", "trace", "metrics_address",
+        "dra_cdi_dir", "dra_dev_root", "dra_taint_effect", "dra_driver_files", "dra_driver_root",
+        "dra_driver_host_root", "trace", "metrics_address",
     }
     assert issubclass(Settings, DevicePluginSettings)
