@@ -13,6 +13,10 @@
 #               utilisation call timed idle and busy), then bench/tick.py --nvml on the NVML
 #               test library replaying the trace just recorded and the 8-GPU trace (same CPU)
 #   trace.json  omaticaya record (12 s, 250 ms; an all-SM kernel from 4 s to 8 s) + show
+#   driver-files.txt  devtools/driver_files_gpu.py: nvidia-smi and a CUDA kernel (PTX JIT-compiled by
+#               the driver) in a new root where the driver's files are only the DRA plugin's CDI
+#               mounts (omaticaya-driver-files, carried in .whl/; every other driver file and
+#               /etc/ld.so.cache masked; no hook, no ldconfig): issue 52, item 9
 #   tests.txt   pytest -m nvml -s -v tests/sources/test_nvml.py tests/sources/test_nvml_gpu_topology.py
 #               tests/mps/test_mps_nvml.py (+ junit.xml)
 # GPU_CHECK_ONLY_TESTS=1: the tests alone; GPU_CHECK_TESTS="tests/x.py::test_y": those instead.
@@ -40,6 +44,8 @@ if [ "${1:-}" = "--wheels" ]; then
     lib=$(bash tests/nvml/build)
     cp "$lib/libnvidia-ml.so.1" "$WHL/nvml-testlib/"
     cp -L "$(ldconfig -p | awk '/libcjson.so.1 /{print $NF; exit}')" "$WHL/nvml-testlib/"
+    # the DRA plugin's lister of the driver's files (cmd/driverfiles; Go, built here)
+    cp "$(scripts/build-driver-files)" "$WHL/omaticaya-driver-files"
     du -sh "$WHL"
     exit 0
 fi
@@ -145,6 +151,12 @@ for trace in "$OUT/trace.json" "$ROOT/tests/data/multi-gpu-trace.json"; do
     step "bench: bench/tick.py --nvml on the NVML test library ($(basename "$trace"))" "$BENCH" 60 \
         env LD_LIBRARY_PATH="$TESTLIB" NVML_TESTLIB_TRACE="$trace" "$VPY" bench/tick.py --nvml --budget-s 5 || status=1
 done
+
+# -- a DRA claim's container: the driver's files from the CDI mounts alone (issue 52, item 9) -----
+step "driver files: nvidia-smi and a CUDA kernel with only the DRA plugin's mounts" \
+    "$OUT/driver-files.txt" 120 env OMATICAYA_DRIVER_FILES_TOOL="$WHL/omaticaya-driver-files" \
+    "$VPY" devtools/driver_files_gpu.py --python "$VPY" || status=1
+grep -E '^(nvidia-smi|cuda|driver files)' "$OUT/driver-files.txt" | tail -5 >>"$SUMMARY"
 fi  # GPU_CHECK_ONLY_TESTS
 
 # -- the GPU tests ------------------------------------------------------------------------------
