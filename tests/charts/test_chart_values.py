@@ -6,6 +6,7 @@ tests/chart.py.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,38 @@ def test_schema_describes_every_value():
                 sub = schema["definitions"][sub["$ref"].rsplit("/", 1)[1]]
             assert sub.get("additionalProperties") is False, key
             assert set(value) <= set(sub["properties"]), key
+
+
+#: keys the schema allows that values.yaml leaves out on purpose: helm's own ``global``, and the
+#: DaemonSet's ``rollingUpdate.maxSurge`` (Kubernetes' default, 0, unless set)
+SCHEMA_ONLY = {"global", "updateStrategy.rollingUpdate.maxSurge"}
+
+
+def schema_only_keys(schema: dict[str, Any], values: Any, path: str = "") -> list[str]:
+    """The dotted paths the schema's ``properties`` name (recursively) that ``values`` lacks,
+    except those whose description says they were removed (the render fails on them)."""
+    out: list[str] = []
+    for key, sub in (schema.get("properties") or {}).items():
+        at = f"{path}.{key}" if path else key
+        if not isinstance(values, dict) or key not in values:
+            if not str(sub.get("description", "")).startswith("Removed"):
+                out.append(at)
+        elif "properties" in sub:
+            out += schema_only_keys(sub, values[key], at)
+    return out
+
+
+def test_every_key_the_schema_allows_is_a_value_of_the_chart():
+    """A key only the schema knows is one a user can set and nothing reads (a stray copy of
+    sharing.mps under scheduler.extender once let ``scheduler.extender.mps.root`` pass and do
+    nothing)."""
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema_only_keys(schema, chart_values())) == SCHEMA_ONLY
+
+
+def test_a_key_in_the_wrong_section_is_refused(helm):
+    proc = template(helm, {"scheduler": {"extender": {"mps": {"root": "/run/a/b"}}}}, check=False)
+    assert proc.returncode != 0 and "schema" in proc.stderr, proc.stderr
+    assert "mps" in proc.stderr, proc.stderr
