@@ -4,19 +4,25 @@
 #   docker build -t REGISTRY/omaticaya:0.1.0 . && docker push REGISTRY/omaticaya:0.1.0
 #
 # Stage 1 builds the project's wheel with the build backend of requirements/build.lock; stage 2
-# installs the dependencies of requirements/image.lock (every file checked against its sha256:
+# builds omaticaya-driver-files (cmd/driverfiles, our Go module over the NVIDIA container
+# toolkit's pkg/nvcdi, at the versions its go.mod and go.sum pin; cgo on, as
+# scripts/build-driver-files builds it) with the Go release go.mod names, on the same Debian
+# release, so that the binary links the glibc of the final image; stage 3 installs the
+# dependencies of requirements/image.lock (every file checked against its sha256:
 # --require-hashes), then that wheel alone (--no-deps), on a clean python:3.11-slim-bookworm (the
-# Debian release scripts/build-image builds from), adds the recorded traces under
+# Debian release scripts/build-image builds from), adds omaticaya-driver-files to
+# /usr/local/bin (the DRA plugin runs it: docs/dra.md), the recorded traces under
 # /opt/omaticaya/traces/ (the chart's `trace` value) and the test stand-in of
 # nvidia-cuda-mps-control at /opt/omaticaya/standin/ (OMATICAYA_MPS_CONTROL, clusters without
 # GPUs), and runs as the unprivileged uid 65532.
 # Without a Docker daemon, scripts/build-image builds the equivalent image from Debian packages.
 #
-# The base image is named by tag, not digest: no registry that serves it could be reached where
-# this file was written, and a digest copied from elsewhere would be unverified. Pin it where it
-# is built: `docker buildx imagetools inspect python:3.11-slim-bookworm` gives the digest of the
-# index, to append as python:3.11-slim-bookworm@sha256:<digest> to both FROM lines
-# (docs/chart.md, "Building the image").
+# The base images are named by tag, not digest: no registry that serves them could be reached
+# where this file was written, and a digest copied from elsewhere would be unverified. Pin them
+# where they are built: `docker buildx imagetools inspect python:3.11-slim-bookworm` (and
+# golang:1.26-bookworm) gives the digest of the index, to append as
+# python:3.11-slim-bookworm@sha256:<digest> to both python FROM lines (and
+# golang:1.26-bookworm@sha256:<digest> to the Go one) (docs/chart.md, "Building the image").
 
 FROM python:3.11-slim-bookworm AS builder
 
@@ -41,6 +47,21 @@ COPY tests/data/h100-trace.json tests/data/h100-mig-trace.json tests/data/mig-mi
 COPY devtools/mps-standin/nvidia-cuda-mps-control ./standin/
 
 
+FROM golang:1.26-bookworm AS driverfiles
+
+# the modules first (a layer of their own, from the module proxy, checked against go.sum), then
+# the sources; GOTOOLCHAIN=local: the image's Go, never one go.mod would download
+ENV CGO_ENABLED=1 \
+    GOFLAGS=-mod=readonly \
+    GOTOOLCHAIN=local
+
+WORKDIR /src
+COPY cmd/driverfiles/go.mod cmd/driverfiles/go.sum ./
+RUN go mod download
+COPY cmd/driverfiles/*.go ./
+RUN go build -trimpath -ldflags "-s -w" -o /out/omaticaya-driver-files .
+
+
 FROM python:3.11-slim-bookworm
 
 ARG VERSION=0.1.0
@@ -60,8 +81,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
 
+# omaticaya-driver-files on PATH, where the DRA plugin looks for it (omaticaya_py/dra/driverfiles.py)
+COPY --from=driverfiles --chmod=0755 /out/omaticaya-driver-files /usr/local/bin/
+
 # The lock and the wheel are bind-mounted, so they never land in a layer. `pip check`: the lock
-# satisfies every requirement of the wheel.
+# satisfies every requirement of the wheel. `omaticaya-driver-files -help`: the binary runs on
+# this image's glibc.
 RUN --mount=type=bind,source=requirements/image.lock,target=/tmp/image.lock \
     --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/image.lock \
@@ -70,7 +95,8 @@ RUN --mount=type=bind,source=requirements/image.lock,target=/tmp/image.lock \
     && groupadd --system --gid 65532 omaticaya \
     && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
        --shell /usr/sbin/nologin omaticaya \
-    && omaticaya --help > /dev/null
+    && omaticaya --help > /dev/null \
+    && omaticaya-driver-files -help 2> /dev/null
 
 COPY --from=builder /src/traces/ /opt/omaticaya/traces/
 COPY --from=builder --chmod=0755 /src/standin/ /opt/omaticaya/standin/

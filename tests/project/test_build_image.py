@@ -2,10 +2,13 @@
 
 What must agree: ENTRYPOINT, CMD, USER, WORKDIR, EXPOSE, the ENV and LABELs of the final stage,
 the Python minor version of the base image, the system user 65532, and the files (the agent's
-console script and package, the recorded traces the Dockerfile copies, byte for byte). The image
-is the docker-archive scripts/build-image writes (cached under ~/.cache/omaticaya/image; a cold
-build is ~1.5 min and needs root), read with the standard library. As root, the image's own
-Python runs the agent (``omaticaya show`` on a trace) as uid 65532 in a chroot of its layer.
+console script and package, the recorded traces the Dockerfile copies, byte for byte, and
+omaticaya-driver-files where the Dockerfile copies it). The image is the docker-archive
+scripts/build-image writes (cached under ~/.cache/omaticaya/image; a cold build is ~1.5 min,
+plus the Go build of omaticaya-driver-files, and needs root), read with the standard library.
+As root, in a chroot of its layer as uid 65532: the image's own Python runs the agent
+(``omaticaya show`` on a trace), and the image's omaticaya-driver-files lists a fake driver's
+files (tests/dra/driver_root_support.py) as the DRA plugin mounts them.
 """
 
 from __future__ import annotations
@@ -162,6 +165,63 @@ def test_python_minor_version_matches_the_base_image(image):
     assert f"{site}/omaticaya-{VERSION}.dist-info/METADATA" in members
 
 
+#: where the Dockerfile copies omaticaya-driver-files (its driverfiles stage)
+DRIVER_FILES = "/usr/local/bin/omaticaya-driver-files"
+
+
+def test_driver_files_tool_where_the_dockerfile_puts_it(image):
+    """omaticaya-driver-files on PATH, executable by anyone (the agent runs as 65532), at the
+    path the Dockerfile's final stage copies it to."""
+    copies = [a for k, a in final_stage() if k == "COPY" and "--from=driverfiles" in a]
+    folder = DRIVER_FILES.rsplit("/", 1)[0]
+    assert len(copies) == 1 and copies[0].split()[-1] == folder + "/", copies
+    tool = image["members"][DRIVER_FILES.lstrip("/")]
+    assert tool.isfile() and tool.mode & 0o755 == 0o755, oct(tool.mode)
+    env = dict(e.split("=", 1) for e in image["config"]["Env"])
+    assert folder in env["PATH"].split(":")
+
+
+@pytest.fixture(scope="module")
+def rootfs(image_tar: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image's one layer, unpacked (root: its files keep their owners)."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    root = tmp_path_factory.mktemp("image") / "rootfs"
+    root.mkdir()
+    with tarfile.open(image_tar) as t:
+        (manifest,) = json.load(t.extractfile("manifest.json"))
+        with tarfile.open(fileobj=t.extractfile(manifest["Layers"][0]), mode="r|*") as lt:
+            lt.extractall(root, filter="fully_trusted")
+    return root
+
+
+def test_the_images_driver_files_tool_lists_a_fake_driver(rootfs: Path) -> None:
+    """The image's omaticaya-driver-files, run as 65532 on the image's glibc, finds a fake
+    driver laid out under /drv as the DRA plugin's settings would name it (driver root /drv,
+    host root /run/nvidia/driver): every file and link the plugin should mount."""
+    from omaticaya_py.dra.drivermounts import driver_mounts
+    from tests.dra.driver_root_support import VERSION, make_driver_root
+
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    drv = rootfs / "drv"
+    try:
+        expected = make_driver_root(drv)
+        proc = subprocess.run(
+            [chroot, "--userspec=65532:65532", str(rootfs), "omaticaya-driver-files",
+             "--driver-root", "/drv", "--host-driver-root", "/run/nvidia/driver",
+             "--driver-version", VERSION],
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"},
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(drv, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = driver_mounts(json.loads(proc.stdout))
+    assert found.version == VERSION
+    want = {path: f"/run/nvidia/driver/{file.relative_to(drv)}" for path, file in expected.items()}
+    assert {m.container_path: m.host_path for m in found.mounts} == want
+
+
 def test_files_console_script_user_and_traces(image):
     members = image["members"]
     script = members["usr/local/bin/omaticaya"]
@@ -181,15 +241,9 @@ def test_files_console_script_user_and_traces(image):
     assert not [m for m in members if m.endswith(".whl")]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
-def test_the_agent_runs_in_the_image_as_65532(image_tar, tmp_path):
+def test_the_agent_runs_in_the_image_as_65532(rootfs: Path) -> None:
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
-    root = tmp_path / "rootfs"
-    root.mkdir()
-    with tarfile.open(image_tar) as t:
-        (manifest,) = json.load(t.extractfile("manifest.json"))
-        with tarfile.open(fileobj=t.extractfile(manifest["Layers"][0]), mode="r|*") as lt:
-            lt.extractall(root, filter="fully_trusted")
+    root = rootfs
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",

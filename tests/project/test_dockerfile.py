@@ -2,9 +2,10 @@
 
 No Docker daemon runs on the dev machines, so the image is not built here; these tests check that
 the Dockerfile is what docs/chart.md and the chart expect: a multi-stage build of the wheel on
-python:3.11-slim-bookworm (a digest where one is appended), its dependencies installed from
-requirements/image.lock with --require-hashes and the wheel alone (--no-deps) into the final
-stage, running as uid 65532. The locks themselves: every pyproject.toml dependency pinned with
+python:3.11-slim-bookworm (a digest where one is appended), omaticaya-driver-files built from
+cmd/driverfiles with cgo on golang:<go.mod's Go>-bookworm (the same Debian release) and put in
+/usr/local/bin, its dependencies installed from requirements/image.lock with --require-hashes
+and the wheel alone (--no-deps) into the final stage, running as uid 65532. The locks themselves: every pyproject.toml dependency pinned with
 hashes, closed under "via", and what uv resolves today from the committed pins (with uv and the
 index at hand; OMATICAYA_UV names uv, CI's is .tools/uv/bin/uv).
 """
@@ -33,6 +34,9 @@ DOCKERIGNORE = REPO / ".dockerignore"
 BASE = "python:3.11-slim-bookworm"
 REQUIREMENTS = REPO / "requirements"
 BUILD_IMAGE = REPO / "scripts" / "build-image"
+DRIVER_FILES_MOD = REPO / "cmd" / "driverfiles" / "go.mod"
+#: where the DRA plugin finds omaticaya-driver-files in the image (on PATH)
+DRIVER_FILES_BIN = "/usr/local/bin/omaticaya-driver-files"
 
 
 @dataclass(frozen=True)
@@ -117,24 +121,33 @@ def test_hadolint_clean():
 
 
 def test_base_images_pinned_by_tag(dockerfile):
-    """Both stages on one base: the Debian release scripts/build-image builds from (bookworm;
-    python:3.11-slim itself moved to trixie), by tag, or by tag and a well-formed digest."""
+    """The wheel's and the final stage on one base: the Debian release scripts/build-image builds
+    from (bookworm; python:3.11-slim itself moved to trixie), by tag, or by tag and a well-formed
+    digest; the Go stage on the same Debian release (the binary links the final image's glibc)
+    with the Go release cmd/driverfiles/go.mod names."""
     instructions, stages = dockerfile
-    assert len(stages) == 2, [s.base for s in stages]
-    assert stages[0].base == stages[1].base
-    for stage in stages:
+    assert [s.name for s in stages] == ["builder", "driverfiles", None], [s.base for s in stages]
+    builder, go_stage, final = stages
+    assert builder.base == final.base
+    for stage in (builder, final):
         assert re.fullmatch(re.escape(BASE) + r"(@sha256:[0-9a-f]{64})?", stage.base), (
             f"FROM {stage.base}: expected {BASE}[@sha256:<digest>]"
         )
     suite = re.search(r"^SUITE=(\w+)$", BUILD_IMAGE.read_text(), re.MULTILINE)
     assert suite and BASE.endswith("-" + suite.group(1)), "the Dockerfile and build-image agree"
+    go = re.search(r"^go (\d+\.\d+)(\.\d+)?$", DRIVER_FILES_MOD.read_text(), re.MULTILINE)
+    assert go, "cmd/driverfiles/go.mod names its Go release"
+    want = f"golang:{go.group(1)}-{suite.group(1)}"
+    assert re.fullmatch(re.escape(want) + r"(@sha256:[0-9a-f]{64})?", go_stage.base), (
+        f"FROM {go_stage.base}: expected {want}[@sha256:<digest>]"
+    )
     assert not [i for i in instructions if i.keyword == "ARG" and instructions.index(i) == 0], (
         "the base image is a literal tag, not an ARG"
     )
 
 
 def test_builder_builds_the_wheel(dockerfile):
-    _, (builder, final) = dockerfile
+    _, (builder, *_) = dockerfile
     assert builder.name, "the first stage is named (FROM ... AS builder)"
     runs = " ".join(i.args for i in builder.all("RUN"))
     assert re.search(r"\bpip wheel\b[^&;]*--no-deps\b[^&;]*\s\.(\s|$)", runs), runs
@@ -146,10 +159,10 @@ def test_builder_builds_the_wheel(dockerfile):
 
 
 def test_final_stage_installs_only_the_wheel(dockerfile):
-    _, (builder, final) = dockerfile
-    assert not final.all("COPY") or all(
-        f"--from={builder.name}" in i.args for i in final.all("COPY")
-    )
+    _, (builder, *_, final) = dockerfile
+    # what the final stage copies comes from the earlier stages, never from the build context
+    named = {f"--from={s.name}" for s in dockerfile[1][:-1]}
+    assert all(set(i.args.split()) & named for i in final.all("COPY")), final.all("COPY")
     assert not final.all("ADD")
     installs = [i.args for i in final.all("RUN") if "pip install" in i.args]
     assert len(installs) == 1, installs
@@ -171,6 +184,45 @@ def test_final_stage_installs_only_the_wheel(dockerfile):
     )
 
 
+def test_driver_files_built_with_cgo_and_on_path(dockerfile):
+    """omaticaya-driver-files: cmd/driverfiles' go.mod and go.sum, then its sources, built with
+    cgo (go-nvml needs it), the modules read-only (go.sum checks them), the stage's own Go; in
+    the final stage at /usr/local/bin (0755), and run there once (``-help``: it loads on the
+    image's glibc). scripts/build-image puts scripts/build-driver-files' build at the same path
+    and keys its image by the same inputs."""
+    _, stages = dockerfile
+    (stage,) = [s for s in stages if s.name == "driverfiles"]
+    final = stages[-1]
+    env: dict[str, str] = {}
+    for ins in stage.all("ENV"):
+        env.update(kv_pairs(ins.args))
+    assert env == {"CGO_ENABLED": "1", "GOFLAGS": "-mod=readonly", "GOTOOLCHAIN": "local"}, env
+    copies = [i.args.split() for i in stage.all("COPY")]
+    assert copies == [["cmd/driverfiles/go.mod", "cmd/driverfiles/go.sum", "./"],
+                      ["cmd/driverfiles/*.go", "./"]], copies  # fmt: skip
+    runs = [i.args for i in stage.all("RUN")]
+    assert runs[0] == "go mod download", runs
+    (build,) = [r for r in runs if r.startswith("go build")]
+    out = re.search(r"-o (\S+) \.$", build)
+    assert out and "-trimpath" in build, build
+    (copy,) = [i.args.split() for i in final.all("COPY") if "--from=driverfiles" in i.args]
+    folder = DRIVER_FILES_BIN.rsplit("/", 1)[0] + "/"
+    assert copy == ["--from=driverfiles", "--chmod=0755", out.group(1), folder], copy
+    (install,) = [i for i in final.all("RUN") if "pip install" in i.args]
+    assert final.instructions.index(final.all("COPY")[0]) < final.instructions.index(install)
+    assert re.search(r"&& omaticaya-driver-files -help\b", install.args), install.args
+    # build-image: the same binary at the same path, its inputs in the image's key
+    text = BUILD_IMAGE.read_text()
+    assert 'DRIVER_FILES=$("$REPO/scripts/build-driver-files")' in text
+    assert f'install -m 0755 "$DRIVER_FILES" "$R{DRIVER_FILES_BIN}"' in text
+    assert "omaticaya-driver-files -help" in text
+    script = f"source <(sed -n '/^source_files()/,/^}}/p' {BUILD_IMAGE}); REPO={REPO}; source_files"
+    keyed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    for needed in ("scripts/build-driver-files", "cmd/driverfiles/go.mod", "cmd/driverfiles/go.sum",
+                   "cmd/driverfiles/main.go"):  # fmt: skip
+        assert needed in keyed.stdout.split(), f"scripts/build-image's image key leaves out {needed}"
+
+
 def test_pip_never_caches(dockerfile):
     instructions, _ = dockerfile
     for ins in instructions:
@@ -189,7 +241,7 @@ def test_no_remote_add(dockerfile):
 
 
 def test_runs_as_non_root_65532(dockerfile):
-    _, (_, final) = dockerfile
+    _, (*_, final) = dockerfile
     users = final.all("USER")
     assert users, "the final stage sets USER"
     user = users[-1].args.split(":")[0]
@@ -201,13 +253,13 @@ def test_runs_as_non_root_65532(dockerfile):
 
 
 def test_entrypoint_and_cmd(dockerfile):
-    _, (_, final) = dockerfile
+    _, (*_, final) = dockerfile
     assert json.loads(final.all("ENTRYPOINT")[-1].args) == ["omaticaya"]
     assert json.loads(final.all("CMD")[-1].args) == ["run"]
 
 
 def test_python_env(dockerfile):
-    _, (_, final) = dockerfile
+    _, (*_, final) = dockerfile
     env: dict[str, str] = {}
     for ins in final.all("ENV"):
         env.update(kv_pairs(ins.args))
@@ -216,7 +268,7 @@ def test_python_env(dockerfile):
 
 
 def test_oci_labels(dockerfile):
-    _, (_, final) = dockerfile
+    _, (*_, final) = dockerfile
     labels: dict[str, str] = {}
     for ins in final.all("LABEL"):
         labels.update(kv_pairs(ins.args))
@@ -231,7 +283,7 @@ def test_version_label_defaults_to_the_project_version(dockerfile):
     import tomllib
 
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    _, (_, final) = dockerfile
+    _, (*_, final) = dockerfile
     args = dict(a.args.split("=", 1) for a in final.all("ARG") if "=" in a.args)
     assert args.get("VERSION") == version
 
@@ -262,6 +314,9 @@ def test_dockerignore_keeps_the_build_context_small():
         "omaticaya_py/cli/__init__.py",
         "requirements/image.lock",
         "requirements/build.lock",
+        "cmd/driverfiles/go.mod",
+        "cmd/driverfiles/go.sum",
+        "cmd/driverfiles/main.go",
     ):
         assert not _ignored(needed, patterns), f"{needed} must reach the build"
     for secret_or_bulk in (".env", ".venv/bin/python", ".git/config", "tests/charts/test_chart_values.py"):
@@ -269,11 +324,11 @@ def test_dockerignore_keeps_the_build_context_small():
 
 
 def test_copied_sources_exist(dockerfile):
-    _, (builder, _) = dockerfile
-    for ins in builder.all("COPY"):
+    _, stages = dockerfile
+    for ins in [i for s in stages for i in s.all("COPY") if "--from=" not in i.args]:
         words = [w for w in ins.args.split() if not w.startswith("--")]
         for src in words[:-1]:
-            if not (REPO / src).exists():
+            if not list(REPO.glob(src)):
                 if src == "README.md":  # pyproject's readme: the build needs it as well
                     pytest.skip("README.md is not written yet (pyproject.toml's readme needs it)")
                 pytest.fail(f"line {ins.line}: COPY {src}: not in the repository")
