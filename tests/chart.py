@@ -61,6 +61,11 @@ NESTED_VALUE = {
     "dra_cdi_dir": "dra.cdiDir",
     "dra_dev_root": "dra.devRoot",
     "dra_taint_effect": "dra.taintEffect",
+    # the driver's files (issue 52, item 9): OMATICAYA_DRA_DRIVER_ROOT is the host's driverRoot
+    # as mounted (/host/driver-root), OMATICAYA_DRA_DRIVER_HOST_ROOT driverRoot itself
+    "dra_driver_files": "dra.driverFiles",
+    "dra_driver_root": "driverRoot",
+    "dra_driver_host_root": "driverRoot",
 }
 #: Kinds that are not in the core Kubernetes schemas, and why they are not validated.
 NOT_CORE = {

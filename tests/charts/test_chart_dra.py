@@ -90,10 +90,11 @@ def all_docs(helm: dict[str, Any], values: dict[str, Any] | None, kube: str = KU
 
 
 def hooks(helm: dict[str, Any], values: dict[str, Any] | None) -> list[dict]:
+    """The pre-delete hooks (not the ``helm test`` ones)."""
     return [
         d
         for d in all_docs(helm, values)
-        if "helm.sh/hook" in (d["metadata"].get("annotations") or {})
+        if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"
     ]
 
 
@@ -135,7 +136,11 @@ def fails(helm: dict[str, Any], values: dict[str, Any], kube: str = KUBE) -> str
 
 @pytest.mark.parametrize("kube", ["1.31.0", KUBE])
 def test_default_renders_nothing_of_dra(helm, kube):
-    docs = all_docs(helm, None, kube)
+    docs = [  # the helm test's hooks left out
+        d
+        for d in all_docs(helm, None, kube)
+        if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") != "test"
+    ]
     assert not [d for d in docs if d["apiVersion"].startswith("resource.k8s.io/")]
     assert not [
         d
@@ -168,6 +173,7 @@ def test_default_values():
         "cdiDir": "/var/run/cdi",
         "devRoot": "",  # <driverRoot>/dev: /dev with the default driverRoot /
         "taintEffect": "NoSchedule",
+        "driverFiles": True,  # tests/charts/test_chart_dra_driver_files.py
         "deviceClasses": {"create": True},
         "extendedResourceName": "nvidia.com/gpu",
     }
@@ -197,13 +203,17 @@ def test_dra_env_mounts_and_volumes(helm):
         "dra-registry": ("/var/lib/kubelet/plugins_registry", False),
         "dra-cdi": ("/var/run/cdi", False),
         "dra-dev": ("/host/dev", True),
+        "dra-driver-root": ("/host/driver-root", True),  # test_chart_dra_driver_files.py
     }
-    assert not any("mountPropagation" in x for k, x in m.items() if k.startswith("dra-"))
+    assert {k: x["mountPropagation"] for k, x in m.items() if "mountPropagation" in x} == {
+        "dra-driver-root": "HostToContainer"
+    }
     assert {k: x["hostPath"] for k, x in v.items() if k.startswith("dra-")} == {
         "dra-plugin": {"path": f"/var/lib/kubelet/plugins/{DRIVER}", "type": "DirectoryOrCreate"},
         "dra-registry": {"path": "/var/lib/kubelet/plugins_registry", "type": "Directory"},
         "dra-cdi": {"path": "/var/run/cdi", "type": "DirectoryOrCreate"},
         "dra-dev": {"path": "/dev", "type": "Directory"},
+        "dra-driver-root": {"path": "/", "type": "DirectoryOrCreate"},
     }
     # no device plugin folder; the kubelet's PodResources (read-only), as with the device
     # plugin: the telemetry names the pod holding each GPU, DRA devices included
