@@ -10,7 +10,8 @@ Modules: ``parser`` (the argparse tree, the only one), ``flags`` (settings -> fl
 ``dispatch`` (``main``), ``agent`` (``run``/``once``/``show``/``cleanup``/``device-plugin``:
 settings, then the one-shot commands), ``daemon`` (``run`` and ``device-plugin``), ``inputs``
 (the GPU reader and the Node client), ``extender``, ``tools`` (``record``, ``top``,
-``stop-daemonset``), ``errors`` (``UsageError``).
+``stop-daemonset``), ``checks`` (``check-labels``: the chart's ``helm test``), ``errors``
+(``UsageError``).
 """
 
 from .dispatch import console_main, main

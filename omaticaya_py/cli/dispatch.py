@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "omaticaya") -> int:
         from .mps import mps_command
 
         return mps_command(args)
+    if args.command == "check-labels":  # the chart's helm test
+        from .checks import check_labels_command
+
+        return check_labels_command(args)
     if args.command in ("record", "top", "stop-daemonset", "delete-resourceslices"):  # no Node
         from . import tools
 

@@ -289,6 +289,14 @@ def _stop_daemonset_flags(p: argparse.ArgumentParser) -> None:
     _kubeconfig(p)
 
 
+def _check_labels_flags(p: argparse.ArgumentParser) -> None:
+    """``omaticaya check-labels``'s flags (the chart's ``helm test`` passes them)."""
+    p.add_argument("--namespace", required=True, help="the agent DaemonSet's namespace")
+    p.add_argument("--name", required=True, help="the agent DaemonSet's name")
+    p.add_argument("--prefix", help="label key prefix (default $OMATICAYA_PREFIX or omaticaya.io)")
+    _kubeconfig(p)
+
+
 @dataclass(frozen=True)
 class _Command:
     """A sub-command: its ``name``, one-line ``help``, ``description`` and the function that
@@ -391,5 +399,15 @@ COMMANDS: tuple[_Command, ...] = (
         "then list again. Exit 0 when none is left (or resource.k8s.io/v1 is not served), 1 "
         "when some are left or on an API failure, with one line.",
         add_flags=_delete_resourceslices_flags,
+    ),
+    _Command(
+        "check-labels",
+        help="check that the agent labelled every Node its DaemonSet runs on (helm test)",
+        description="Read the agent's DaemonSet, its pods and their Nodes, and check that each "
+        "pod is Ready and its Node carries <prefix>/gpu.health, not Unknown: the chart's helm "
+        "test. One line per Node; exit 0 when every Node is labelled, 1 with one line per "
+        "problem (no DaemonSet, no Node targeted, a pod missing or not Ready, a label missing) "
+        "or on an API failure.",
+        add_flags=_check_labels_flags,
     ),
 )

@@ -14,7 +14,8 @@ One module per thing held, named by it:
   ``informer_options``: its options and hooks), and the
   caches over it: ``node_cache`` (``NodeCache``, every Node: the extender, ``omaticaya top``),
   ``lease_cache`` (``LeaseCache``, the agents' Leases), ``pod_cache`` (``PodCache``).
-- ``workloads``: stopping a DaemonSet (the chart's pre-delete hook); ``quantity``;
+- ``workloads``: stopping a DaemonSet (the chart's pre-delete hook); ``agent_nodes``: whether the
+  agent labelled the Nodes its DaemonSet runs on (the chart's ``helm test``); ``quantity``;
   ``podresources``: the kubelet's PodResources API.
 """
 
