@@ -80,6 +80,20 @@ class Rendered:
             if d["kind"] == "ConfigMap"
         )
 
+    def test_pods(self) -> list[dict[str, Any]]:
+        """The ``helm test`` Pods (``helm.sh/hook: test``)."""
+        return [
+            d
+            for d in self.docs
+            if d["kind"] == "Pod"
+            and (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
+        ]
+
+    def test_args(self) -> list[list[str]]:
+        return [
+            list(c.get("args") or []) for d in self.test_pods() for c in d["spec"]["containers"]
+        ]
+
     def hook_args(self) -> list[list[str]]:
         return [
             list(c.get("args") or [])
@@ -155,12 +169,18 @@ def hook_runs(command: str) -> Cond:
     return lambda r: any(args[:1] == [command] for args in r.hook_args())
 
 
+def helm_test_runs(command: str) -> Cond:
+    """The ``helm test`` Pod runs ``omaticaya <command>``."""
+    return lambda r: any(args[:1] == [command] for args in r.test_args())
+
+
 #: component -> the code it runs (under omaticaya_py/), whose references to an entry's class or
 #: function say that it calls it. The device plugin and the DRA driver run in the agent.
 CODE = {
     "agent": ("agent", "dra", "deviceplugin"),
     "extender": ("scheduler",),
     "uninstall": ("cli/tools.py",),
+    "helm-test": ("cli/checks.py",),
     "mps": ("mps",),
 }
 
@@ -206,6 +226,10 @@ USES: dict[str, list[Use]] = {
     "kube.workloads.stop_daemonset": [("uninstall", hook_runs("stop-daemonset"), "release")],
     "kube.resourceslice.delete_driver_slices": [
         ("uninstall", hook_runs("delete-resourceslices"), None)
+    ],
+    # helm test: the agent's DaemonSet and its pods, then each pod's Node
+    "kube.agent_nodes.check_agent_nodes": [
+        ("helm-test", helm_test_runs("check-labels"), "release")
     ],
 }
 
@@ -305,6 +329,10 @@ def account_of(r: Rendered, component: str) -> str | None:
         )
         assert secret["type"] == "kubernetes.io/service-account-token"
         return secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    if component == "helm-test":
+        accounts = {d["spec"]["serviceAccountName"] for d in r.test_pods()}
+        assert len(accounts) <= 1, accounts
+        return accounts.pop() if accounts else None
     if component == "uninstall":
         jobs = [d for d in r.docs if d["kind"] == "Job"]
         accounts = {j["spec"]["template"]["spec"]["serviceAccountName"] for j in jobs}

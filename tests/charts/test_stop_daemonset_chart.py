@@ -29,7 +29,12 @@ HOOK_KINDS = ["ServiceAccount", "Role", "RoleBinding", "Job"]
 
 def hooks(helm: dict[str, Any], values: dict[str, Any] | None = None) -> list[dict]:
     docs = [d for d in yaml.safe_load_all(template(helm, values).stdout) if d]
-    return [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+    # the pre-delete hooks; the `helm test` hooks: tests/charts/test_chart_helm_test.py
+    return [
+        d
+        for d in docs
+        if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"
+    ]
 
 
 def by_kind(docs: list[dict]) -> dict[str, dict]:

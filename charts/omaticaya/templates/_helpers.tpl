@@ -473,7 +473,7 @@ Pod Security (docs/install.md, "Pod Security"; issue 52). The template files tha
 (Pod, DaemonSet, Deployment, Job), read again by omaticaya.podSecurity: a new one must be named here
 (tests/charts/test_chart_pod_security.py checks every goal's render against this list).
 */}}
-{{- define "omaticaya.podSecurityTemplates" -}}daemonset.yaml mps-daemonset.yaml scheduler.yaml uninstall-hook.yaml{{- end }}
+{{- define "omaticaya.podSecurityTemplates" -}}daemonset.yaml mps-daemonset.yaml scheduler.yaml uninstall-hook.yaml tests/agent-labels.yaml{{- end }}
 
 {{/*
 What in this render's pods the Pod Security Standards forbid, as JSON:
