@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from .hook_flags import (
+    check_labels_flags,
+    delete_resourceslices_flags,
+    kubeconfig_flag,
+    stop_daemonset_flags,
+)
+
 if TYPE_CHECKING:
     from .flags import SettingsFlags
 
@@ -78,8 +85,6 @@ def __getattr__(name: str) -> dict[str, SettingsFlags]:
         return _agent_settings_flags()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-_KUBECONFIG_HELP = "kubeconfig path (default: in-cluster or $KUBECONFIG)"
 
 #: adds a sub-command's flags to its parser
 _AddFlags = Callable[[argparse.ArgumentParser], None]
@@ -202,10 +207,6 @@ def _agent_flags(command: str, *more: _AddFlags) -> _AddFlags:
     return add
 
 
-def _kubeconfig(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", help=_KUBECONFIG_HELP)
-
-
 def _trace_speed(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-speed", type=float, default=1.0, help="replay speed factor")
 
@@ -245,7 +246,7 @@ def _record_flags(p: argparse.ArgumentParser) -> None:
 
 def _top_flags(p: argparse.ArgumentParser) -> None:
     """``omaticaya top``'s flags, also ``kubectl omaticaya top``'s: kubectl's conventions."""
-    _kubeconfig(p)
+    kubeconfig_flag(p)
     p.add_argument("--context", help="kubeconfig context to use")
     p.add_argument("-l", "--selector", help="label selector of the nodes (kubectl's -l)")
     p.add_argument(
@@ -271,32 +272,6 @@ def _top_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", help="label key prefix (default $OMATICAYA_PREFIX or omaticaya.io)")
 
 
-def _delete_resourceslices_flags(p: argparse.ArgumentParser) -> None:
-    """``omaticaya delete-resourceslices``'s flags."""
-    p.add_argument("--driver", default="gpu.omaticaya.io",
-                   help="the DRA driver whose slices go (default gpu.omaticaya.io)")  # fmt: skip
-    _kubeconfig(p)
-
-
-def _stop_daemonset_flags(p: argparse.ArgumentParser) -> None:
-    """``omaticaya stop-daemonset``'s flags (the chart's pre-delete hook passes them)."""
-    p.add_argument("--namespace", required=True, help="the DaemonSet's namespace")
-    p.add_argument("--name", required=True, help="the DaemonSet's name")
-    p.add_argument(
-        "--timeout-s", dest="timeout_s", type=float, default=120.0,
-        help="give up after this many seconds (default 120)",
-    )  # fmt: skip
-    _kubeconfig(p)
-
-
-def _check_labels_flags(p: argparse.ArgumentParser) -> None:
-    """``omaticaya check-labels``'s flags (the chart's ``helm test`` passes them)."""
-    p.add_argument("--namespace", required=True, help="the agent DaemonSet's namespace")
-    p.add_argument("--name", required=True, help="the agent DaemonSet's name")
-    p.add_argument("--prefix", help="label key prefix (default $OMATICAYA_PREFIX or omaticaya.io)")
-    _kubeconfig(p)
-
-
 @dataclass(frozen=True)
 class _Command:
     """A sub-command: its ``name``, one-line ``help``, ``description`` and the function that
@@ -317,7 +292,7 @@ COMMANDS: tuple[_Command, ...] = (
         "patch this Node's labels and telemetry annotation (NODE_NAME or --node) when a value "
         "changes, until SIGTERM/SIGINT, then remove its live labels. Every setting is a flag "
         "here and an OMATICAYA_* variable; flags win.",
-        add_flags=_agent_flags("run", _kubeconfig, _trace_speed),
+        add_flags=_agent_flags("run", kubeconfig_flag, _trace_speed),
     ),
     _Command(
         "once",
@@ -325,14 +300,14 @@ COMMANDS: tuple[_Command, ...] = (
         description="One tick of the agent: read the GPUs, patch the Node (NODE_NAME or "
         "--node) if a label changed, print one line and exit; --dry-run prints the merge "
         "patch instead of sending it.",
-        add_flags=_agent_flags("once", _kubeconfig, _trace_at, _dry_run),
+        add_flags=_agent_flags("once", kubeconfig_flag, _trace_at, _dry_run),
     ),
     _Command(
         "show",
         help="print the snapshot and labels (no API call)",
         description="Read the GPUs once (NVML, or --trace) and print them and the labels the "
         "agent would publish, as a table (--json: the labels and annotations). No API call.",
-        add_flags=_agent_flags("show", _kubeconfig, _trace_at, _json),
+        add_flags=_agent_flags("show", kubeconfig_flag, _trace_at, _json),
     ),
     _Command(
         "cleanup",
@@ -341,7 +316,7 @@ COMMANDS: tuple[_Command, ...] = (
         "(NODE_NAME or --node), hardware facts too, and delete the agent's Lease where its "
         "namespace is known (POD_NAMESPACE). --dry-run reads them and prints what would go. "
         "Run it where the agent no longer runs: a running agent writes its keys back.",
-        add_flags=_agent_flags("cleanup", _kubeconfig, _cleanup_dry_run),
+        add_flags=_agent_flags("cleanup", kubeconfig_flag, _cleanup_dry_run),
     ),
     _Command(
         "extender",
@@ -390,7 +365,7 @@ COMMANDS: tuple[_Command, ...] = (
         "every pod it owns is gone, so that each agent's SIGTERM cleanup runs while the "
         "release's RBAC still exists. Exit 0 when they are gone (or the DaemonSet is not "
         "there), 1 on a timeout or an API failure, with one line.",
-        add_flags=_stop_daemonset_flags,
+        add_flags=stop_daemonset_flags,
     ),
     _Command(
         "delete-resourceslices",
@@ -398,7 +373,7 @@ COMMANDS: tuple[_Command, ...] = (
         description="Delete every ResourceSlice whose spec.driver is --driver (every Node's), "
         "then list again. Exit 0 when none is left (or resource.k8s.io/v1 is not served), 1 "
         "when some are left or on an API failure, with one line.",
-        add_flags=_delete_resourceslices_flags,
+        add_flags=delete_resourceslices_flags,
     ),
     _Command(
         "check-labels",
@@ -408,6 +383,6 @@ COMMANDS: tuple[_Command, ...] = (
         "test. One line per Node; exit 0 when every Node is labelled, 1 with one line per "
         "problem (no DaemonSet, no Node targeted, a pod missing or not Ready, a label missing) "
         "or on an API failure.",
-        add_flags=_check_labels_flags,
+        add_flags=check_labels_flags,
     ),
 )
