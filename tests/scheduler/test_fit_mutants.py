@@ -21,6 +21,7 @@ from omaticaya_py.scheduler.fit import (
     Reason,
     Verdict,
     build_record,
+    by_links,
     choose_gpus,
     fresh_window,
     judge,
@@ -29,7 +30,9 @@ from omaticaya_py.scheduler.fit import (
     judge_safely,
     place_slices,
     reason_text,
+    room_failure,
     room_on,
+    scores,
     slice_room,
     wanted_text,
 )
@@ -446,3 +449,41 @@ def test_room_on_is_the_room_rule_on_a_node_as_preemption_sees_it(case, state, l
         assert room_on(state, live, need, P).reason == reason_text(
             verdict.reason.code, prefix=P, wanted=wanted_text(need)
         ), case
+
+
+@pytest.mark.parametrize(("case", "need", "ranked"), [
+    ("two whole GPUs of the plugin's resource", Need(0, count=2, exclusive=True), True),
+    ("one whole GPU: no pair to rank", Need(0, count=1, exclusive=True), False),
+    ("two GPUs by annotation: nothing handed out", Need(1000, count=2), False),
+    ("two MIG devices: their links are their GPU's", Need(0, count=2, exclusive=True, profile="1g.10gb"), False),
+])  # fmt: skip
+def test_which_needs_are_ranked_by_links(case, need, ranked):
+    assert by_links(need) is ranked, case
+
+
+@pytest.mark.parametrize(("policy", "want"), [
+    ("spread", {"a": 1, "b": 3, "c": 10}),  # 1 + round(9 * 0.25) = 3
+    ("binpack", {"a": 10, "b": 8, "c": 1}),  # 1 + round(9 * 0.75) = 8
+])  # fmt: skip
+def test_scores_of_float_free_are_the_linear_formula(policy, want):
+    assert scores({"a": 0.0, "b": 2.5, "c": 10.0}, policy) == want
+
+
+def test_links_that_differ_rank_before_free_memory_whatever_the_policy():
+    free = {"a": 100, "b": 200, "c": 300}
+    # a's set scores 50, c's 10, b publishes none (0): the best connected first, even binpacking
+    assert scores(free, "binpack", links={"a": 50, "c": 10}) == {"a": 10, "b": 1, "c": 3}
+    assert scores(free, "spread", links={"a": 50, "c": 10}) == {"a": 10, "b": 1, "c": 3}
+
+
+def test_links_that_are_all_equal_leave_the_policy_to_free_memory():
+    free = {"a": 100, "b": 200, "c": 300}
+    same = {"a": 7, "b": 7, "c": 7}
+    assert scores(free, "binpack", links=same) == scores(free, "binpack") == {"a": 10, "b": 5, "c": 1}
+    assert scores(free, "spread", links=same) == {"a": 1, "b": 5, "c": 10}
+
+
+def test_room_failure_is_no_room_unless_the_room_was_taken_in_flight():
+    wanted = wanted_text(NEED)
+    assert room_failure(NEED, P) == reason_text(Reason.NO_ROOM, wanted=wanted, prefix=P)
+    assert room_failure(NEED, P, taken=True) == reason_text(Reason.IN_FLIGHT, wanted=wanted, prefix=P)
