@@ -11,7 +11,8 @@ runs the chart's probes under its securityContext), ``kubectl get nodes --show-l
 labels, the agent's own ServiceAccount token can do exactly its RBAC, ``helm upgrade`` rolls the
 pod, and a plain ``helm uninstall`` lets the pod's SIGTERM remove the dynamic labels: the chart's
 pre-delete hook (``omaticaya stop-daemonset``) stops the DaemonSet and waits for its pods before
-helm deletes the agent's RBAC.
+helm deletes the agent's RBAC. ``helm test`` (``omaticaya check-labels``) fails, saying why,
+while the agent's DaemonSet runs on no Node, and passes once the agent labelled its Node.
 
 Every wait is on a condition; nothing asserts a latency. Needs Linux and root (containerd,
 kubelet, bridge, iptables); cold, ``up --full`` builds containerd 2 (~1-3 min) and the image
@@ -21,6 +22,7 @@ kubelet, bridge, iptables); cold, ``up --full`` builds containerd 2 (~1-3 min) a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +60,6 @@ HARDWARE = {
 }
 
 
-
-
-
-
-
-
-
-
 def ready_pod(kube: Kube, node: str, *, not_uid: str | None = None) -> dict[str, Any] | None:
     """The release's pod on ``node`` once it is Ready (and is not the pod ``not_uid``)."""
     for pod in kube.pods():
@@ -77,8 +71,6 @@ def ready_pod(kube: Kube, node: str, *, not_uid: str | None = None) -> dict[str,
         if conds.get("Ready") == "True":
             return pod
     return None
-
-
 
 
 def _kubeconfig_token(path: Path) -> str:
@@ -395,6 +387,67 @@ def test_helm_install_labels_its_node_then_upgrade_and_uninstall(cluster, tools,
     )
     for key, value in HARDWARE.items():
         assert after.get(key) == value, (key, after)
+
+
+def helm_test_objects(kube: Kube) -> list[str]:
+    """The ``helm test`` objects in the cluster (kind/name): its Pod, ServiceAccount and RBAC."""
+    namespaced = kube.kubectl(
+        "-n", NAMESPACE, "get",
+        "pods,serviceaccounts,roles.rbac.authorization.k8s.io,rolebindings.rbac.authorization.k8s.io",
+        "-l", "app.kubernetes.io/component=helm-test", "-o", "name",
+    ).stdout.split()  # fmt: skip
+    cluster_wide = kube.kubectl(
+        "get", "clusterroles.rbac.authorization.k8s.io,clusterrolebindings.rbac.authorization.k8s.io",
+        "-l", "app.kubernetes.io/component=helm-test", "-o", "name",
+    ).stdout.split()  # fmt: skip
+    return sorted(namespaced + cluster_wide)
+
+
+def test_helm_test_checks_that_the_agent_labelled_its_node(cluster, tools, tmp_path):
+    """``helm test`` (templates/tests/agent-labels.yaml, ``omaticaya check-labels``): installed
+    with a nodeSelector that matches no Node (the chart's default ``nvidia.com/gpu.present``
+    where nothing sets it), it fails, helm printing the Pod's line that says why, and only the
+    failed Pod stays (for ``kubectl logs``); once ``helm upgrade`` has put the agent on the
+    kubelet's Node and it labelled it, it passes, lists the Node, and leaves nothing behind (the
+    failed Pod replaced); ``helm uninstall`` leaves nothing either."""
+    helm, kubectl = tools
+    node = cluster.start_full()
+    kube = Kube(cluster, helm, kubectl, tmp_path / "helm")
+    nowhere = {"nvidia.com/gpu.present": None, "kubernetes.io/hostname": "no-such-node"}
+    values = values_file(tmp_path, cluster, node, nodeSelector=nowhere)
+    wait = ["--wait", "--timeout", f"{int(WAIT_S)}s"]
+    kube.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
+              "-f", str(values), *wait)  # fmt: skip
+    notes = kube.helm("get", "notes", RELEASE, "-n", NAMESPACE).stdout
+    assert f"helm test {RELEASE} -n {NAMESPACE}" in notes, notes
+    test = ["test", RELEASE, "-n", NAMESPACE, "--timeout", f"{int(WAIT_S)}s"]
+
+    # --- no agent anywhere: the test fails and says why
+    assert not kube.pods() and "gpu.health" not in kube.node_labels(node)
+    failed = kube.helm(*test, check=False)
+    said = f"DaemonSet {NAMESPACE}/{RELEASE} targets no Node"
+    assert failed.returncode != 0, failed.stdout
+    assert said in failed.stdout + failed.stderr, (failed.stdout, failed.stderr)
+    # the RBAC went, the failed Pod stays for its log
+    wait_for(
+        "the helm test's RBAC to be gone",
+        lambda: helm_test_objects(kube) == [f"pod/{RELEASE}-test"],
+    )
+    pod = kube.json("-n", NAMESPACE, "get", "pod", f"{RELEASE}-test")
+    assert pod["status"]["phase"] == "Failed", pod["status"]
+    assert said in kube.kubectl("-n", NAMESPACE, "logs", f"{RELEASE}-test").stdout
+
+    # --- the agent on the kubelet's Node: once it labelled it, the test passes
+    kube.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE,
+              "-f", str(values_file(tmp_path, cluster, node)), *wait)  # fmt: skip
+    wait_for("the agent's pod to be Ready", lambda: ready_pod(kube, node))
+    passed = kube.helm(*test, "--logs")
+    assert re.search(r"Phase:\s+Succeeded", passed.stdout), passed.stdout
+    assert f"Node {node}: {PREFIX}gpu.health=Healthy, {PREFIX}gpu.count=1" in passed.stdout
+    assert "the agent labelled all 1 Node(s) it runs on" in passed.stdout, passed.stdout
+    wait_for("the helm test's objects to be gone", lambda: not helm_test_objects(kube))
+    kube.helm("uninstall", RELEASE, "-n", NAMESPACE, *wait)
+    assert not helm_test_objects(kube)
 
 
 def test_plain_helm_uninstall_keeps_rbac_until_cleanup(cluster, tools, tmp_path):
