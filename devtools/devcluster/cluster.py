@@ -64,6 +64,18 @@ def feature_gate_flags(version: str = K8S_VERSION) -> list[str]:
     return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in gates.items())]
 
 
+def runtime_config_flags(version: str = K8S_VERSION) -> list[str]:
+    """The API versions kube-apiserver must also serve for ``feature_gates(version)``, as a
+    flag: on 1.34 and 1.35 ``resource.k8s.io/v1alpha3`` (``DeviceTaintRule``, alpha there, off
+    by default like every alpha API). Without it a kube-scheduler with ``DRADeviceTaints`` on
+    waits for its DeviceTaintRule informer ("failed to list *v1alpha3.DeviceTaintRule: the
+    server could not find the requested resource") and schedules no pod at all; docs/dra.md
+    tells users the same. ``[]`` on other releases."""
+    if "DRADeviceTaints" not in feature_gates(version):
+        return []
+    return ["--runtime-config=resource.k8s.io/v1alpha3=true"]
+
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "dev-cluster-build"
 #: the user agent for the API server: not curl's, for which it pretty-prints JSON (a v1.20 build

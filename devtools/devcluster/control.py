@@ -19,6 +19,7 @@ from devtools.devcluster.cluster import (
     build,
     etcd_binary,
     feature_gate_flags,
+    runtime_config_flags,
 )
 from devtools.devcluster.files import make_pki, write_audit_policy, write_kubeconfig
 from devtools.devcluster.procs import free_port, https_ok, log
@@ -90,7 +91,7 @@ def start_apiserver(c: Cluster) -> None:
         "--audit-log-path", f"{c.dir}/audit.log",
         "--audit-log-maxsize", "200", "--audit-log-maxbackup", "1",
         "--audit-log-mode", "blocking", "--profiling=false", "--v", "1",
-        *feature_gate_flags(),
+        *feature_gate_flags(), *runtime_config_flags(),
     ]
     log(f"starting kube-apiserver {K8S_VERSION} on https://127.0.0.1:{st.ports.apiserver}")
     c.start("apiserver", argv)

@@ -256,6 +256,8 @@ def test_notes_name_the_feature_gates(helm):
     assert "Kubernetes v1.35.0: DRA is GA, but these features the driver uses are alpha" in text
     assert "DRAConsumableCapacity: sharing by memory" in text
     assert "DRADeviceTaints: the taint on an unhealthy GPU's device" in text
+    # the gate without the API version stalls the whole scheduler (seen on v1.34.4)
+    assert "--runtime-config=resource.k8s.io/v1alpha3=true" in text
     assert "feature-gates" not in _flat(_notes(helm, {}))
 
 

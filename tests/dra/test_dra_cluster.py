@@ -461,6 +461,18 @@ def test_the_dev_roots_fake_gpu_device_nodes(tmp_path):
     assert (root / "nvidia1").stat().st_rdev == os.makedev(195, 1)
 
 
+#: whether the pod's status shows its DRA device's health (``allocatedResourcesStatus``). Not on
+#: v1.34.4, seen in the DRA lane with ResourceHealthStatus on for every component: the kubelet
+#: takes the plugin's health stream (its log: "Sending health update notification for pods") yet
+#: no ``allocatedResourcesStatus`` reaches the pod; on v1.37.2 it does (docs/dra.md says so)
+POD_HEALTH = minor() != 34
+#: whether kube-controller-manager's device-taint-eviction-controller spares the pod of a claim
+#: whose request tolerates the NoExecute taint. Not on v1.34.4, seen in the DRA lane: it deleted
+#: that pod too ("Deleting pod" dra-work/on-gpu-2); on v1.37.2 the pod runs through its taint
+#: (docs/dra.md: keep dra.taintEffect NoSchedule, the default, on 1.34)
+TOLERATED = minor() != 34
+
+
 # -- d: health as device taints that clear ------------------------------------------------------
 
 
@@ -482,7 +494,8 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     - a pod holding GPU 2 by a claim whose request tolerates ``gpu.omaticaya.io/unhealthy``
       (Exists, NoExecute) keeps running through its fault, and its status shows the device's
       health from the plugin's health stream (ResourceHealthStatus, beta and on in 1.36+):
-      Healthy, Unhealthy with the reason, Healthy."""
+      Healthy, Unhealthy with the reason, Healthy (neither asked of 1.34: ``POD_HEALTH``,
+      ``TOLERATED``)."""
     st, tmp = stack
     st.timer.tag = "dra faults"
     kube, node, effect = st.kube, st.node, "NoExecute"
@@ -552,21 +565,28 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
         if "deleted" not in gpu1 and (p1.get("metadata") or {}).get("deletionTimestamp"):
             gpu1["deleted"] = t
         return (all(when(dev, value)[1] is not None for dev, value in faults.items())
-                and pod_health_went_and_came_back() and "deleted" in gpu1)
+                and (pod_health_went_and_came_back() or not POD_HEALTH) and "deleted" in gpu1)
 
     # a loop is 40 s: each fault and its recovery come within one loop and a half of any moment
     # (two loops when a pod's claim could not have its GPU before its first fault)
-    st.timer.wait("GPUs 1 and 2 tainted and cleared, the GPU 1 pod evicted, the GPU 2 pod's "
-                  "device Unhealthy and back", probe, timeout=150)  # fmt: skip
-    for t, state in seen:
-        print(f"[dra faults] +{t:5.1f} s " + ", ".join(
-            f"{n}: {'/'.join(v for _, v, _ in sorted(ts)) or '-'}" for n, ts in sorted(state.items())))
-    for dev, value in faults.items():
-        on, off = when(dev, value)
-        print(f"[dra faults] {dev} {value}:{effect}: tainted at +{on:.1f} s, cleared at +{off:.1f} s")
-    for t, h in health:
-        print(f"[dra faults] +{t:5.1f} s the GPU 2 pod's device: {h}")
-    print("[dra faults] the GPU 1 pod: " + ", ".join(f"{k} at +{v:.1f} s" for k, v in gpu1.items()))
+    def report() -> None:
+        """What was seen, printed after the wait, and before its failure (what did not come)."""
+        for t, state in seen:
+            print(f"[dra faults] +{t:5.1f} s " + ", ".join(
+                f"{n}: {'/'.join(v for _, v, _ in sorted(ts)) or '-'}" for n, ts in sorted(state.items())))
+        for dev, value in faults.items():
+            on, off = when(dev, value)
+            at = ["never" if x is None else f"+{x:.1f} s" for x in (on, off)]
+            print(f"[dra faults] {dev} {value}:{effect}: tainted at {at[0]}, cleared at {at[1]}")
+        for t, h in health:
+            print(f"[dra faults] +{t:5.1f} s the GPU 2 pod's device: {h}")
+        print("[dra faults] the GPU 1 pod: " + ", ".join(f"{k} at +{v:.1f} s" for k, v in gpu1.items()))
+
+    try:
+        st.timer.wait("GPUs 1 and 2 tainted and cleared, the GPU 1 pod evicted, the GPU 2 pod's "
+                      "device Unhealthy and back", probe, timeout=150)  # fmt: skip
+    finally:
+        report()
     gpu0 = {v for _, s in seen for _, v, _ in s.get(named(0), set())}
     assert gpu0 <= {"nvml-unreadable"}, seen
     # the health rules' taints evict (NoExecute); NVML unreadable (the trace's driver-gone
@@ -575,11 +595,12 @@ def test_a_gpu_that_goes_unhealthy_is_tainted_then_cleared(stack):
     assert {e for _, s in seen for ts in s.values() for _, v, e in ts if v == "nvml-unreadable"} <= {"NoSchedule"}, seen
 
     # the tolerating side: GPU 2's pod ran through its taint, never restarted
-    (res2,) = results(kube, "gpu-2")
-    assert res2["device"] == named(2), res2
-    assert [(x.get("key"), x.get("operator"), x.get("effect")) for x in res2.get("tolerations") or []] == [
-        (TAINT, "Exists", effect)], res2  # fmt: skip
-    assert [(c[1], c[2]) for c in containers(kube, "on-gpu-2")] == [(0, True)]  # not evicted
+    if TOLERATED:
+        (res2,) = results(kube, "gpu-2")
+        assert res2["device"] == named(2), res2
+        assert [(x.get("key"), x.get("operator"), x.get("effect")) for x in res2.get("tolerations") or []] == [
+            (TAINT, "Exists", effect)], res2  # fmt: skip
+        assert [(c[1], c[2]) for c in containers(kube, "on-gpu-2")] == [(0, True)]  # not evicted
 
     # the other side: GPU 1's pod, deleted by the eviction controller while GPU 1 was tainted
     deleted = gpu1["deleted"]

@@ -451,7 +451,9 @@ Kubernetes {{ $kube }}: DRA is GA, but these features the driver uses are alpha,
 feature gate is on (--feature-gates on kube-apiserver, kube-scheduler, kube-controller-manager and
 every kubelet; docs/dra.md, "Which path for which cluster"):
   - DRADeviceTaints: the taint on an unhealthy GPU's device (without it the API server drops the
-    taint, and new claims can get an unhealthy GPU);
+    taint, and new claims can get an unhealthy GPU); with it, kube-apiserver must also serve
+    resource.k8s.io/v1alpha3 (--runtime-config=resource.k8s.io/v1alpha3=true): a kube-scheduler
+    with the gate on waits for DeviceTaintRules and schedules no pod until it can list them;
 {{- if ne (toString .Values.sharing.gpus) "none" }}
   - DRAConsumableCapacity: sharing by memory (sharing.gpus {{ .Values.sharing.gpus }}: the shared GPUs' memory capacity;
     without it no claim of shared.{{ include "omaticaya.draDriver" . }} is allocated);
