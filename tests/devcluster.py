@@ -289,7 +289,9 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster
     session."""
     if os.environ.get("OMATICAYA_SKIP_CLUSTER") == "1":
         pytest.skip("OMATICAYA_SKIP_CLUSTER=1: real kube-apiserver tests disabled")
-    state_dir = tmp_path_factory.mktemp("devcluster")
+    # short: the kubelet's plugin sockets live under it, and a unix socket's path is at most 107
+    # bytes (pytest-xdist adds popen-gwN/ to the path)
+    state_dir = tmp_path_factory.mktemp("dc")
     try:
         cluster = start_dev_cluster(state_dir)
     except BaseException:

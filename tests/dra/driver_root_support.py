@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,12 @@ def make_driver_root(root: Path, version: str = VERSION) -> dict[str, Path]:
         expected[f"/lib/firmware/nvidia/{version}/{name}"] = firmware / name
     sock = root / "run" / "nvidia-persistenced" / "socket"
     sock.parent.mkdir(parents=True)
-    with socket.socket(socket.AF_UNIX) as s:
-        s.bind(str(sock))
+    # bound in a short folder, then moved: a unix socket's path is at most 107 bytes, and a
+    # test's tmp path under pytest-xdist (popen-gwN/...) can be longer
+    with tempfile.TemporaryDirectory(prefix="omd-", dir="/tmp") as short:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(f"{short}/s")
+        os.rename(f"{short}/s", sock)
     expected["/run/nvidia-persistenced/socket"] = sock
     (root / "tmp" / "nvidia-mps").mkdir(parents=True)
     return expected

@@ -179,7 +179,9 @@ def test_a_claims_container_gets_the_drivers_files_without_a_hook(
     try:
         wait_for("the agent's line on the driver's files",
                  lambda: "mounted read-only in every prepared claim's" in log.read_text(errors="replace"), 60)  # fmt: skip
-        assert metric(agent["port"]) == f'omaticaya_dra_driver_files{{driver_version="{VERSION}"}} {float(len(expected))}'
+        want = f'omaticaya_dra_driver_files{{driver_version="{VERSION}"}} {float(len(expected))}'
+        # the line is logged before the gauge is set and /metrics answers: wait for both
+        wait_for("the gauge omaticaya_dra_driver_files", lambda: metric(agent["port"]) == want, 30)
         wait_for("the node's ResourceSlice", lambda: [
             s for s in resource.list_resource_slice().items
             if s.spec.node_name == node and s.spec.driver == DRIVER and s.spec.devices
