@@ -9,20 +9,17 @@ tests/charts/test_helm_install.py.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import yaml
 
 from omaticaya_py.cli import main
-from omaticaya_py.kube import ApiSession, KubeError
+from omaticaya_py.kube import KubeError
 from omaticaya_py.kube.agent_nodes import check_agent_nodes, judge
+from tests.kube.fake_api_support import serve_fake_api, session, status
 
 NS, NAME, UID, PREFIX = "omaticaya", "omaticaya", "ds-uid-1", "omaticaya.io"
 SELECTOR = {
@@ -142,47 +139,11 @@ class FakeApi:
         return 404, status(404, "NotFound")
 
 
-def status(code: int, reason: str) -> dict[str, Any]:
-    return {"kind": "Status", "status": "Failure", "code": code, "reason": reason,
-            "message": reason.lower()}  # fmt: skip
-
-
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[FakeApi, Path]]:
     fake = FakeApi()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            code, answer = fake.handle(self.command, self.path)
-            data = json.dumps(answer).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
-        "users": [{"name": "u", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }))  # fmt: skip
-    try:
+    with serve_fake_api(lambda method, path, _body: fake.handle(method, path), tmp_path) as kubeconfig:
         yield fake, kubeconfig
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def session(kubeconfig: Path) -> ApiSession:
-    return ApiSession(kubeconfig=str(kubeconfig), attempts=1, sleep=lambda _s: None)
 
 
 def test_reads_the_daemonset_its_pods_by_selector_and_each_node_once(api):

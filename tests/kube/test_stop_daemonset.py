@@ -9,19 +9,15 @@ kube-apiserver + kubelet, is tests/charts/test_helm_install.py.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import yaml
 
 from omaticaya_py.cli import main
-from omaticaya_py.kube import ApiSession, KubeError
+from omaticaya_py.kube import KubeError
 from omaticaya_py.kube.workloads import (
     DaemonSetStop,
     StopWait,
@@ -30,6 +26,7 @@ from omaticaya_py.kube.workloads import (
     stop_daemonset,
 )
 from tests.helpers import Clock
+from tests.kube.fake_api_support import serve_fake_api, session, status
 
 NS, NAME, UID = "omaticaya", "omaticaya", "ds-uid-1"
 SELECTOR = {
@@ -140,59 +137,11 @@ class FakeApi:
         return 404, status(404, "NotFound")
 
 
-def status(code: int, reason: str) -> dict[str, Any]:
-    return {"kind": "Status", "status": "Failure", "code": code, "reason": reason,
-            "message": reason.lower()}
-
-
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[tuple[FakeApi, Path]]:
     fake = FakeApi()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            code, answer = fake.handle(self.command, self.path, json.loads(raw) if raw else None)
-            data = json.dumps(answer).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_DELETE = _serve  # noqa: N815
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}
-                ],
-                "users": [{"name": "u", "user": {"token": "hook-token"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    try:
+    with serve_fake_api(fake.handle, tmp_path, token="hook-token") as kubeconfig:
         yield fake, kubeconfig
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def session(kubeconfig: Path) -> ApiSession:
-    return ApiSession(kubeconfig=str(kubeconfig), attempts=1, sleep=lambda _s: None)
 
 
 def test_deletes_in_the_foreground_then_waits_for_its_own_pods(api):
